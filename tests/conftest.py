@@ -1,0 +1,1 @@
+import torchjax  # noqa: F401  (registers the "tpu" device before any test collects)

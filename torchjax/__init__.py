@@ -1,0 +1,14 @@
+"""torchjax: PyTorch on JAX. ``import torchjax`` adds the device "tpu" to PyTorch.
+
+A tensor on "tpu" is a ``torch.Tensor`` whose data is a ``jax.Array``; every ATen op on it
+runs as a jax computation. See README.md.
+"""
+
+from torchjax import device as _device  # noqa: F401  (registers the "tpu" device)
+from torchjax import ops as _ops  # noqa: F401  (fills the op table)
+from torchjax._interop import from_jax, to_jax
+from torchjax.tensor import JaxTensor
+
+__version__ = "0.1.0"
+
+__all__ = ["JaxTensor", "from_jax", "to_jax", "__version__"]

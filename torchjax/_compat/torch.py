@@ -1,0 +1,67 @@
+"""Private PyTorch API used by torchjax, gathered in one module.
+
+Every name here is private upstream API that may change between torch releases. Keeping
+them in one place (each use covered by tests/compat/test_compat.py) means a torch
+upgrade breaks exactly one module, loudly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._decomp import decomposition_table as decomposition_table
+from torch._prims_common import (
+    ELEMENTWISE_TYPE_PROMOTION_KIND as ELEMENTWISE_TYPE_PROMOTION_KIND,
+)
+from torch._prims_common import (
+    REDUCTION_OUTPUT_TYPE_KIND as REDUCTION_OUTPUT_TYPE_KIND,
+)
+from torch._prims_common import elementwise_dtypes as elementwise_dtypes
+from torch._prims_common import reduction_dtypes as reduction_dtypes
+from torch.utils import backend_registration as _backend_registration
+from torch.utils._python_dispatch import _disable_current_modes as _disable_current_modes
+
+
+def setup_privateuse1_python_backend(name: str, backend_module, device_guard) -> None:
+    """Rename PrivateUse1 to ``name`` and register a Python device guard and module.
+
+    Wraps ``torch.utils.backend_registration._setup_privateuseone_for_python_backend``
+    (private in torch 2.13). Plain ``rename_privateuse1_backend`` is not enough: without
+    a device guard ``x.to("tpu")`` fails with "PyTorch is not linked with support for
+    tpu devices".
+    """
+    _backend_registration._setup_privateuseone_for_python_backend(
+        rename=name, backend_module=backend_module, device_guard=device_guard
+    )
+
+
+def privateuse1_backend_name() -> str:
+    return torch._C._get_privateuse1_backend_name()
+
+
+def set_tensor_data(tensor: torch.Tensor, new: torch.Tensor) -> None:
+    """Run the C++ ``Tensor.set_data`` (the ``.data`` setter) on ``tensor``.
+
+    It copies sizes, strides, offset and dtype from ``new``'s TensorImpl into
+    ``tensor``'s, keeping the Python object (and so autograd identity). torchjax uses it
+    to change a tensor's metadata in place (``t_``, ``resize_`` of ``out=``, ``set_``).
+    """
+    torch._C.TensorBase.data.__set__(tensor, new)
+
+
+def tensor_repr(t: torch.Tensor, cpu_copy: torch.Tensor) -> str:
+    """``repr(t)`` as torch prints it, with the data formatted from ``cpu_copy``.
+
+    torch's own formatter (``torch._tensor_str``) supplies the suffixes (device, dtype,
+    grad_fn, requires_grad); the data is formatted from a CPU copy so printing runs no
+    tpu ops.
+    """
+    from torch import _tensor_str
+
+    prefix = "tensor("
+    with torch.no_grad():
+        contents = _tensor_str._tensor_str(cpu_copy, len(prefix))
+        text = _tensor_str._str_intern(t, tensor_contents=contents)
+    name = type(t).__name__ + "("
+    if text.startswith(name):
+        text = prefix + text[len(name):]
+    return text

@@ -1,0 +1,80 @@
+"""PrivateUse1 kernels for the ops that create tpu tensors from nothing.
+
+``torch.empty(..., device="tpu")`` and ``empty_strided`` (used by ``x.to("tpu")``) have no
+tensor input for ``__torch_dispatch__`` to catch, so they are registered for the
+PrivateUse1 dispatch key with ``torch.library``. Every other factory (zeros, ones, full,
+arange, randn, tensor) is composite in torch and reaches these, then an in-place or
+``out=`` op on the new tensor.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from torchjax._compat.jax import x64
+from torchjax.tensor import dtypes
+from torchjax.tensor._tensor import wrap
+
+_LIB = None
+
+
+def _device_index(device) -> int:
+    if device is None:
+        return 0
+    device = torch.device(device)
+    return 0 if device.index is None else device.index
+
+
+def new_array(size, dtype, device) -> jax.Array:
+    """A zero-filled array on the jax device behind tpu:``index``."""
+    dtype = dtype if dtype is not None else torch.get_default_dtype()
+    index = _device_index(device)
+    with x64(True):
+        arr = jnp.zeros(tuple(size), dtypes.to_jax_dtype(dtype))
+        if index != 0:
+            arr = jax.device_put(arr, jax.devices()[index])
+    return arr
+
+
+def _check_layout(layout, op):
+    if layout not in (None, torch.strided):
+        raise RuntimeError(f"torchjax: aten::{op} supports only torch.strided, got {layout}")
+
+
+def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None,
+                        memory_format=None):
+    _check_layout(layout, "empty.memory_format")
+    return wrap(new_array(size, dtype, device), _device_index(device))
+
+
+def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    # Results are always contiguous: storage is row-major (Note [Aliasing through views]).
+    _check_layout(layout, "empty_strided")
+    return wrap(new_array(size, dtype, device), _device_index(device))
+
+
+def _copy_from(self, dst, non_blocking=False):
+    # torch.tensor(data, device="tpu") copies below the Python dispatch key, so the copy
+    # arrives here instead of in __torch_dispatch__.
+    from torchjax.ops.copy import copy_
+
+    with x64(True):
+        return copy_((dst, self), {})
+
+
+def _copy_from_and_resize(self, dst):
+    with x64(True):
+        if tuple(dst.shape) != tuple(self.shape):
+            torch.ops.aten.resize_.default(dst, self.shape)
+        return _copy_from(self, dst)
+
+
+def register_kernels() -> None:
+    global _LIB
+    _LIB = torch.library.Library("aten", "IMPL", "PrivateUse1")
+    _LIB.impl("empty.memory_format", empty_memory_format)
+    _LIB.impl("empty_strided", empty_strided)
+    _LIB.impl("_copy_from", _copy_from)
+    _LIB.impl("_copy_from_and_resize", _copy_from_and_resize)

@@ -1,0 +1,172 @@
+"""``torch.tpu``: what ``torch.cuda`` users reach for, backed by JAX.
+
+Device indices are positions in ``jax.devices()``: on a TPU host they are the chips, on
+a GPU host the GPUs, on a plain machine the CPU device(s) JAX runs on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import torch
+
+from torchjax.tensor import random as _random
+
+
+def _index(device=None) -> int:
+    if device is None:
+        return current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != "tpu":
+        raise ValueError(f"Expected a tpu device, got {device}")
+    return 0 if device.index is None else device.index
+
+
+def is_available() -> bool:
+    """True: JAX always has at least one device (CPU when there is no accelerator)."""
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _lazy_init() -> None:
+    pass
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    """Number of JAX devices (``len(jax.devices())``)."""
+    return jax.device_count()
+
+
+def current_device() -> int:
+    return 0
+
+
+def set_device(device) -> None:
+    if _index(device) != 0:
+        raise NotImplementedError(
+            "torchjax: only tpu:0 can be the current device; place arrays on other devices "
+            "with a mesh (torchjax.mesh) or an explicit device index"
+        )
+
+
+@contextlib.contextmanager
+def device(device):
+    set_device(device)
+    yield
+
+
+def get_device_name(device=None) -> str:
+    return str(jax.devices()[_index(device)].device_kind)
+
+
+def synchronize(device=None) -> None:
+    """Block until every pending JAX computation has finished (all live arrays ready)."""
+    jax.block_until_ready(jax.live_arrays())
+
+
+# -- RNG (signatures match torch.cuda's, which torch.random.fork_rng calls) -------------
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the RNG of the current tpu device."""
+    _random.manual_seed(seed, current_device())
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed the RNG of every tpu device (called by ``torch.manual_seed``)."""
+    for i in range(device_count()):
+        _random.manual_seed(seed, i)
+
+
+def seed() -> None:
+    import random
+
+    manual_seed(random.getrandbits(63))
+
+
+def seed_all() -> None:
+    import random
+
+    manual_seed_all(random.getrandbits(63))
+
+
+def initial_seed() -> int:
+    return _random.initial_seed(current_device())
+
+
+def get_rng_state(device="tpu") -> torch.Tensor:
+    """The RNG state of ``device`` as a CPU uint8 tensor."""
+    return _random.get_state(_index(device))
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [_random.get_state(i) for i in range(device_count())]
+
+
+def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
+    """Restore a state returned by ``get_rng_state``."""
+    _random.set_state(new_state, _index(device))
+
+
+def set_rng_state_all(new_states) -> None:
+    for i, st in enumerate(new_states):
+        _random.set_state(st, i)
+
+
+# -- AMP ---------------------------------------------------------------------------------
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """Dtypes ``torch.autocast("tpu", dtype=...)`` accepts."""
+    return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+# -- memory --------------------------------------------------------------------------------
+
+
+def memory_stats(device=None) -> dict:
+    """JAX's ``Device.memory_stats()`` (TPU/GPU). On CPU JAX reports none and this
+    returns ``{"bytes_in_use": ...}`` summed over live jax arrays on that device."""
+    dev = jax.devices()[_index(device)]
+    stats = dev.memory_stats()
+    if stats:
+        return dict(stats)
+    in_use = 0
+    for a in jax.live_arrays():
+        if dev in a.devices():
+            in_use += a.nbytes // max(len(a.devices()), 1)
+    return {"bytes_in_use": in_use}
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes currently held by arrays on ``device``."""
+    return int(memory_stats(device).get("bytes_in_use", 0))
+
+
+def max_memory_allocated(device=None) -> int:
+    """Peak bytes in use, where JAX reports it (TPU/GPU); else the current figure."""
+    stats = memory_stats(device)
+    return int(stats.get("peak_bytes_in_use", stats.get("bytes_in_use", 0)))
+
+
+def memory_reserved(device=None) -> int:
+    stats = memory_stats(device)
+    return int(stats.get("bytes_reserved", stats.get("bytes_limit", stats.get("bytes_in_use", 0))))
+
+
+def empty_cache() -> None:
+    """No-op: XLA's allocator frees device buffers when jax arrays die."""

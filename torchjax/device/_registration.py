@@ -1,0 +1,40 @@
+"""Makes "tpu" a real torch device (PrivateUse1), from pure Python, on import.
+
+All use of torch's private Python-backend helper goes through torchjax/_compat/torch.py.
+After this runs, ``torch.device("tpu")``, ``x.to("tpu")``, ``module.to("tpu")`` and
+``torch.zeros(3, device="tpu")`` work with no mode switched on: factory calls reach the
+PrivateUse1 kernels in ``_factory``, and everything else reaches JaxTensor's
+``__torch_dispatch__``. Nothing here is thread-local (transformers copies weights to the
+device from worker threads).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torchjax._compat.torch import privateuse1_backend_name, setup_privateuse1_python_backend
+from torchjax.device import _factory, _module
+
+DEVICE_TYPE = "tpu"
+
+
+class _DeviceGuard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def _register() -> None:
+    current = privateuse1_backend_name()
+    if current == DEVICE_TYPE and hasattr(torch, DEVICE_TYPE):
+        return  # already registered (module re-imported)
+    if current != "privateuseone":
+        raise RuntimeError(
+            f"torchjax: the PrivateUse1 backend is already registered as {current!r} by "
+            "another library; torchjax needs it for the 'tpu' device. Import only one "
+            "PrivateUse1 backend per process."
+        )
+    setup_privateuse1_python_backend(DEVICE_TYPE, _module, _DeviceGuard())
+    _factory.register_kernels()
+
+
+_register()

@@ -1,0 +1,126 @@
+"""Copies, device transfers and metadata ops: the handlers that see tensors, not arrays.
+
+``x.to("tpu")`` arrives as ``empty_strided`` (torchjax/device/_factory.py) and then
+``copy_`` here; ``.cpu()`` and ``.to(dtype)`` arrive as ``_to_copy``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from torchjax.ops.registry import _cpu_to_jax, handler, lowering, write_into
+from torchjax.tensor import dtypes
+from torchjax.tensor._storage import Storage, contiguous_strides
+from torchjax.tensor._tensor import JaxTensor, view_of, wrap
+
+aten = torch.ops.aten
+
+
+def to_cpu(t: JaxTensor) -> torch.Tensor:
+    """A CPU tensor holding a copy of ``t``'s data (blocks until it is computed)."""
+    return dtypes.numpy_to_cpu_tensor(np.asarray(jax.device_get(t._value())))
+
+
+@handler(aten.copy_.default)
+def copy_(args, kwargs):
+    """aten::copy_ - write ``src`` into ``self``, casting and broadcasting; any device pair."""
+    dst, src = args[0], args[1]
+    if not isinstance(dst, JaxTensor):  # tpu -> CPU
+        dst.copy_(to_cpu(src))
+        return dst
+    if isinstance(src, JaxTensor):
+        value = wrap(src._value(), src._device_index) if src._storage is dst._storage else src
+    else:
+        value = wrap(_cpu_to_jax(src))
+    return write_into(aten.copy_.default, dst, value, check_cast=False)
+
+
+@handler(aten._to_copy.default)
+def _to_copy(args, kwargs):
+    """aten::_to_copy - ``.to(dtype/device)`` and ``.cpu()`` from a tpu tensor."""
+    self = args[0]
+    dtype = kwargs.get("dtype") or self.dtype
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type == "cpu":
+        return to_cpu(self).to(dtype)
+    arr = self._value()
+    jdt = dtypes.to_jax_dtype(dtype)
+    arr = arr.astype(jdt) if arr.dtype != jdt else jnp.array(arr, copy=True)
+    index = self._device_index
+    if device is not None:
+        index = torch.device(device).index or 0
+        if index != self._device_index:
+            arr = jax.device_put(arr, jax.devices()[index])
+    return wrap(arr, index)
+
+
+@handler(aten.detach.default, aten.alias.default, aten.lift_fresh.default,
+         aten._unsafe_view.default)
+def alias(args, kwargs):
+    """aten::detach / alias / lift_fresh - a new tensor sharing ``self``'s storage."""
+    self = args[0]
+    if len(args) > 1:  # _unsafe_view(self, size): a view whose result torch treats as fresh
+        return aten.view.default(self, args[1])
+    return view_of(self, self._size, self._stride, self._offset, value=self._value())
+
+
+@handler(aten.clone.default)
+def clone(args, kwargs):
+    """aten::clone - a contiguous copy (memory_format other than contiguous is ignored:
+    tpu storage is always row-major)."""
+    self = args[0]
+    return wrap(self._value(), self._device_index)
+
+
+@handler(aten._local_scalar_dense.default)
+def _local_scalar_dense(args, kwargs):
+    """aten::_local_scalar_dense - ``.item()``: the Python number (blocks)."""
+    return np.asarray(jax.device_get(args[0]._value())).item()
+
+
+@handler(aten.set_.source_Tensor)
+def set_source_tensor(args, kwargs):
+    """aten::set_(source) - make ``self`` alias ``source``'s storage and view."""
+    self, src = args[0], args[1]
+    self._rebind(src._storage, src._size, src._stride, src._offset, src.dtype)
+    return self
+
+
+@handler(aten.set_.source_Tensor_storage_offset)
+def set_source_tensor_view(args, kwargs):
+    """aten::set_(source, offset, size, stride) - alias ``source``'s storage at a view."""
+    self, src, offset, size = args[0], args[1], args[2], tuple(args[3])
+    stride = tuple(args[4]) if len(args) > 4 and args[4] else contiguous_strides(size)
+    self._rebind(src._storage, size, stride, offset, src.dtype)
+    return self
+
+
+@handler(aten.resize_.default)
+def resize_(args, kwargs):
+    """aten::resize_ - keep the leading elements (in storage order), zeros after them."""
+    self, size = args[0], tuple(args[1])
+    if size == self._size:
+        return self
+    n = int(np.prod(size))
+    flat = self._value().reshape(-1)
+    if flat.shape[0] >= n:
+        flat = flat[:n]
+    else:
+        flat = jnp.concatenate([flat, jnp.zeros((n - flat.shape[0],), flat.dtype)])
+    self._rebind(Storage(flat.reshape(size)), size, contiguous_strides(size), 0)
+    return self
+
+
+@lowering(aten.zero_.default, aten.zero.default)
+def zero(self):
+    """aten::zero_ - fill with zeros (dtype kept)."""
+    return jnp.zeros_like(self)
+
+
+@lowering(aten.fill.Scalar, aten.fill.Tensor, aten.fill_.Scalar, aten.fill_.Tensor)
+def fill(self, value):
+    """aten::fill_ - every element set to ``value`` cast to ``self``'s dtype."""
+    return jnp.full(self.shape, value, dtype=self.dtype)

@@ -1,0 +1,492 @@
+"""The op table: ATen overload -> handler, filled by decorators, resolved once per overload.
+
+Lowerings (``@lowering``) are small functions from jax arrays to jax arrays. The registry
+does everything around them, reading each overload's schema once:
+
+- unwrapping tpu tensors to jax arrays; 0-d CPU tensors and Python numbers are scalars;
+  any other CPU tensor is an error naming both devices (CUDA's rule);
+- type promotion declared with torch's own ``ELEMENTWISE_TYPE_PROMOTION_KIND`` and
+  resolved by ``torch._prims_common.elementwise_dtypes`` (cached per dtype signature);
+- view ops (the schema's return aliases ``self``): the result shares ``self``'s storage,
+  its sizes/strides/offset computed by running the same op on a meta tensor;
+- in-place (``op_``) and ``out=`` overloads: derived from the functional sibling, checked
+  with torch's casting rule, written back through the storage (views see the write);
+- everything without a lowering: torch's decomposition table (``torch._decomp``), then
+  CompositeImplicitAutograd, else ``NotImplementedError`` naming the overload and args.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from torchjax._compat.torch import (
+    ELEMENTWISE_TYPE_PROMOTION_KIND,
+    decomposition_table,
+    elementwise_dtypes,
+)
+from torchjax.tensor import dtypes
+from torchjax.tensor._storage import Storage, contiguous_strides
+from torchjax.tensor._tensor import JaxTensor, view_of, wrap
+
+aten = torch.ops.aten
+Kind = ELEMENTWISE_TYPE_PROMOTION_KIND
+
+_SCALAR_TYPES = (bool, int, float, complex)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+    """One registered lowering and the policy the registry applies around it."""
+
+    fn: Callable
+    promote: Kind | None = None
+    promote_args: tuple[str, ...] | None = None
+    cpu_tensors: bool = False  # accept non-0-d CPU tensors (index arguments)
+    raw: bool = False  # fn takes torch-level (args, kwargs) and does everything itself
+
+
+_LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
+_HANDLERS: dict[torch._ops.OpOverload, Callable] = {}
+
+
+def _overloads(op) -> list[torch._ops.OpOverload]:
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return [getattr(op, name) for name in op.overloads()]
+    return [op]
+
+
+def _register(ops, entry: Lowering) -> None:
+    for op in ops:
+        for ov in _overloads(op):
+            if ov in _LOWERINGS:
+                raise RuntimeError(f"torchjax: duplicate lowering registration for {ov}")
+            _LOWERINGS[ov] = entry
+            _HANDLERS.pop(ov, None)
+
+
+def lowering(*ops, promote: Kind | None = None, promote_args=None, cpu_tensors=False):
+    """Register ``fn`` as the jax lowering of ``ops`` (overloads or whole packets).
+
+    ``fn`` receives the op's arguments with tensors as jax arrays (promoted to the
+    computation dtype when ``promote`` is given) and returns arrays (or tuples/lists of
+    arrays). In-place and ``out=`` overloads of a registered functional op need no
+    registration of their own: the registry derives them (see module docstring).
+    """
+
+    def deco(fn):
+        _register(ops, Lowering(fn, promote, tuple(promote_args) if promote_args else None,
+                                cpu_tensors))
+        return fn
+
+    return deco
+
+
+def handler(*ops):
+    """Register ``fn(args, kwargs)`` taking torch-level arguments (tensors unwrapped by
+    the handler itself). For ops whose semantics are about tensors, not arrays: copies,
+    device transfers, metadata changes."""
+
+    def deco(fn):
+        _register(ops, Lowering(fn, raw=True))
+        return fn
+
+    return deco
+
+
+def register_pointwise(op, fn, *, promote: Kind) -> None:
+    """Register a 1:1 elementwise op family (``op`` packet) lowered to ``fn``."""
+    _register([op], Lowering(lambda *a, **k: fn(*a, **k), promote))
+
+
+# ---------------------------------------------------------------------------------------
+# dispatch
+
+
+def dispatch(func, args, kwargs):
+    h = _HANDLERS.get(func)
+    if h is None:
+        h = _HANDLERS[func] = _resolve(func)
+    return h(args, kwargs)
+
+
+def has_lowering(func) -> bool:
+    return func in _LOWERINGS
+
+
+def _resolve(func):
+    entry = _LOWERINGS.get(func)
+    schema = func._schema
+    if entry is not None:
+        if entry.raw:
+            return entry.fn
+        if _is_view(schema):
+            return _view_handler(func, entry)
+        if _out_names(schema):
+            return _out_handler(func, _functional_handler(func, entry, strip_out=True))
+        if _is_inplace(schema):
+            return _inplace_handler(func, _functional_handler(func, entry))
+        return _functional_handler(func, entry)
+    sibling = _functional_sibling(func)
+    if sibling is not None and _resolvable(sibling):
+        sib_handler = _handler_for(sibling)
+        if _out_names(schema):
+            return _out_handler(func, sib_handler)
+        if _is_inplace_view(func, sibling):
+            return _inplace_view_handler(sib_handler)
+        return _inplace_handler(func, sib_handler)
+    decomp = decomposition_table.get(func)
+    if decomp is not None:
+        return lambda args, kwargs: decomp(*args, **kwargs)
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        return lambda args, kwargs: func.decompose(*args, **kwargs)
+    return _missing_handler(func)
+
+
+def _handler_for(func):
+    h = _HANDLERS.get(func)
+    if h is None:
+        h = _HANDLERS[func] = _resolve(func)
+    return h
+
+
+def _resolvable(func) -> bool:
+    return (
+        func in _LOWERINGS
+        or func in decomposition_table
+        or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+    )
+
+
+def _missing_handler(func):
+    def missing(args, kwargs):
+        raise NotImplementedError(
+            f"torchjax has no lowering for aten::{func._opname}.{func._overloadname}, called "
+            f"with {describe_args(args, kwargs)}. Add one in torchjax/ops/ (see "
+            "torchjax/ops/registry.py), or run this op on CPU with .cpu()."
+        )
+
+    return missing
+
+
+def describe_args(args, kwargs) -> str:
+    def one(a):
+        if isinstance(a, torch.Tensor):
+            dt = str(a.dtype).removeprefix("torch.")
+            return f"Tensor[{dt}, {tuple(a.shape)}] on {a.device}"
+        if isinstance(a, (list, tuple)):
+            return "[" + ", ".join(one(x) for x in a) + "]"
+        return repr(a)
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
+    return "(" + ", ".join(parts) + ")"
+
+
+# ---------------------------------------------------------------------------------------
+# schema reading (once per overload)
+
+
+def _out_names(schema) -> list[str]:
+    return [
+        a.name for a in schema.arguments
+        if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+    ]
+
+
+def _is_inplace(schema) -> bool:
+    args = schema.arguments
+    return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write
+
+
+def _is_view(schema) -> bool:
+    if not schema.returns or _is_inplace(schema):
+        return False
+    ai = schema.returns[0].alias_info
+    return ai is not None and not ai.is_write
+
+
+def _functional_sibling(func):
+    """The functional overload an in-place/out= overload derives from, or None."""
+    schema = func._schema
+    outs = _out_names(schema)
+    if not outs and not _is_inplace(schema):
+        return None
+    name = func._opname
+    if not outs:
+        if not name.endswith("_"):
+            return None
+        name = name[:-1]
+    packet = getattr(aten, name, None)
+    if packet is None:
+        return None
+    want = [(a.name, str(a.type)) for a in schema.arguments if a.name not in outs]
+    if not outs:
+        want[0] = (want[0][0], "Tensor")
+    for ov_name in packet.overloads():
+        ov = getattr(packet, ov_name)
+        if ov is func or _out_names(ov._schema) or _is_inplace(ov._schema):
+            continue
+        got = [(a.name, str(a.type)) for a in ov._schema.arguments]
+        if got == want:
+            return ov
+    return None
+
+
+def _is_inplace_view(func, sibling) -> bool:
+    """``t_``, ``unsqueeze_``, ``as_strided_``...: in-place ops that change metadata."""
+    return _is_view(sibling._schema)
+
+
+# ---------------------------------------------------------------------------------------
+# argument conversion
+
+
+def _device_error(func, t) -> RuntimeError:
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"tpu:0 and {t.device}! (in aten::{func._opname}.{func._overloadname}; move the "
+        f"{tuple(t.shape)} {t.dtype} tensor with .to('tpu'); only 0-d CPU tensors are "
+        "accepted as scalars)"
+    )
+
+
+def _cpu_to_jax(t: torch.Tensor) -> jax.Array:
+    return jnp.asarray(dtypes.cpu_tensor_to_numpy(t))
+
+
+def _unwrap(func, entry, x):
+    if isinstance(x, JaxTensor):
+        return x._value()
+    if isinstance(x, torch.Tensor):
+        if x.dim() == 0 or entry.cpu_tensors:
+            return _cpu_to_jax(x)
+        raise _device_error(func, x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(func, entry, y) for y in x)
+    return x
+
+
+def _promotion_key(x):
+    if isinstance(x, torch.Tensor):
+        return (x.dtype, x.dim() == 0)
+    return type(x)
+
+
+_PROMOTION_CACHE: dict = {}
+
+
+def _promoted_dtypes(kind, vals):
+    key = (kind,) + tuple(_promotion_key(v) for v in vals)
+    hit = _PROMOTION_CACHE.get(key)
+    if hit is None:
+        compute, result = elementwise_dtypes(*vals, type_promotion_kind=kind)
+        hit = _PROMOTION_CACHE[key] = (dtypes.to_jax_dtype(compute), dtypes.to_jax_dtype(result))
+    return hit
+
+
+def _promote_indices(schema, entry):
+    names = entry.promote_args
+    args = schema.arguments
+    if names is None:
+        return tuple(
+            i for i, a in enumerate(args)
+            if not a.kwarg_only and str(a.type) in ("Tensor", "Scalar", "Tensor?", "Scalar?")
+        )
+    return tuple(i for i, a in enumerate(args) if a.name in names)
+
+
+def _cast(x, dtype):
+    if isinstance(x, (jax.Array, np.ndarray)):
+        return x if x.dtype == dtype else x.astype(dtype)
+    if isinstance(x, _SCALAR_TYPES):
+        return np.asarray(x, dtype=dtype)
+    return x
+
+
+def _cast_out(x, dtype):
+    if isinstance(x, jax.Array):
+        return x if x.dtype == dtype else x.astype(dtype)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_cast_out(y, dtype) for y in x)
+    return x
+
+
+def _device_index(args):
+    for a in args:
+        if isinstance(a, JaxTensor):
+            return a._device_index
+    return 0
+
+
+def _wrap_out(x, device_index):
+    if isinstance(x, jax.Array):
+        return wrap(x, device_index)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_wrap_out(y, device_index) for y in x)
+    if isinstance(x, np.ndarray):
+        return wrap(jnp.asarray(x), device_index)
+    return x
+
+
+def _compute(func, entry, strip_out):
+    """fn(args, kwargs) -> jax arrays of the functional op (no wrapping)."""
+    schema = func._schema
+    fn = entry.fn
+    kind = entry.promote
+    outs = set(_out_names(schema)) if strip_out else set()
+    pidx = _promote_indices(schema, entry) if kind is not None else ()
+    names = [a.name for a in schema.arguments]
+    pnames = {names[i] for i in pidx}
+
+    def compute(args, kwargs):
+        if outs:
+            kwargs = {k: v for k, v in kwargs.items() if k not in outs}
+        jargs = [_unwrap(func, entry, a) for a in args]
+        jkwargs = {k: _unwrap(func, entry, v) for k, v in kwargs.items()}
+        if kind is None:
+            return fn(*jargs, **jkwargs)
+        vals = [args[i] for i in pidx if i < len(args) and args[i] is not None]
+        vals += [v for k, v in kwargs.items() if k in pnames and v is not None]
+        compute_dt, result_dt = _promoted_dtypes(kind, vals)
+        for i in pidx:
+            if i < len(jargs):
+                jargs[i] = _cast(jargs[i], compute_dt)
+        for k in pnames & jkwargs.keys():
+            jkwargs[k] = _cast(jkwargs[k], compute_dt)
+        return _cast_out(fn(*jargs, **jkwargs), result_dt)
+
+    return compute
+
+
+def _functional_handler(func, entry, strip_out=False):
+    compute = _compute(func, entry, strip_out)
+
+    def functional(args, kwargs):
+        return _wrap_out(compute(args, kwargs), _device_index(args))
+
+    return functional
+
+
+def _view_handler(func, entry):
+    """Value from the lowering; sizes/strides/offset from the op run on a meta tensor."""
+    compute = _compute(func, entry, False)
+
+    def view(args, kwargs):
+        base = args[0]
+        value = compute(args, kwargs)
+        meta = func(_meta_like(base), *args[1:], **kwargs)
+        if isinstance(meta, (list, tuple)):
+            return type(meta)(_view_from_meta(base, m, v) for m, v in zip(meta, value))
+        return _view_from_meta(base, meta, value)
+
+    return view
+
+
+def _meta_like(t: JaxTensor) -> torch.Tensor:
+    flat = torch.empty((t._storage.numel,), dtype=t.dtype, device="meta")
+    return flat.as_strided(t._size, t._stride, t._offset)
+
+
+def _view_from_meta(base, meta, value):
+    return view_of(base, tuple(meta.shape), meta.stride(), meta.storage_offset(),
+                   meta.dtype, value)
+
+
+def _check_cast(func, result_dtype, out_dtype):
+    if not torch.can_cast(result_dtype, out_dtype):
+        raise RuntimeError(
+            f"result type {_type_name(result_dtype)} can't be cast to the desired output "
+            f"type {_type_name(out_dtype)} (in aten::{func._opname}.{func._overloadname})"
+        )
+
+
+def _type_name(dt: torch.dtype) -> str:
+    return {torch.float32: "Float", torch.float64: "Double", torch.int64: "Long",
+            torch.int32: "Int", torch.bool: "Bool", torch.float16: "Half",
+            torch.bfloat16: "BFloat16", torch.complex64: "ComplexFloat",
+            torch.complex128: "ComplexDouble", torch.int16: "Short", torch.int8: "Char",
+            torch.uint8: "Byte"}.get(dt, str(dt))
+
+
+def write_into(func, dst: torch.Tensor, src: JaxTensor, *, check_cast=True, resize=False):
+    """Write ``src`` into ``dst`` with torch's out=/in-place rules (cast, shape)."""
+    if not isinstance(dst, JaxTensor):
+        raise _device_error(func, dst)
+    if check_cast:
+        _check_cast(func, src.dtype, dst.dtype)
+    arr = src._value()
+    if arr.dtype != dtypes.to_jax_dtype(dst.dtype):
+        arr = arr.astype(dtypes.to_jax_dtype(dst.dtype))
+    if tuple(arr.shape) != dst._size:
+        if resize:
+            if dst.numel() != 0:
+                warnings.warn(
+                    f"An output with one or more elements was resized since it had shape "
+                    f"{list(dst._size)}, which does not match the required output shape "
+                    f"{list(arr.shape)}. This behavior is deprecated, and in a future PyTorch "
+                    "release outputs will not be resized unless they have zero elements. You "
+                    "can explicitly reuse an out tensor t by resizing it, inplace, to zero "
+                    "elements with t.resize_(0).",
+                    UserWarning,
+                    stacklevel=4,
+                )
+            size = tuple(arr.shape)
+            dst._rebind(Storage(arr), size, contiguous_strides(size), 0)
+            return dst
+        try:
+            shape = jnp.broadcast_shapes(tuple(arr.shape), dst._size)
+        except ValueError:
+            shape = None
+        if shape != dst._size:
+            raise RuntimeError(
+                f"output with shape {list(dst._size)} doesn't match the broadcast shape "
+                f"{list(arr.shape) if shape is None else list(shape)} "
+                f"(in aten::{func._opname}.{func._overloadname})"
+            )
+        arr = jnp.broadcast_to(arr, dst._size)
+    dst._write(arr)
+    return dst
+
+
+def _inplace_handler(func, functional):
+    def inplace(args, kwargs):
+        result = functional(args, kwargs)
+        if isinstance(result, (list, tuple)):
+            result = result[0]
+        return write_into(func, args[0], result)
+
+    return inplace
+
+
+def _inplace_view_handler(functional_view):
+    def inplace_view(args, kwargs):
+        self = args[0]
+        v = functional_view(args, kwargs)
+        self._rebind(self._storage, v._size, v._stride, v._offset)
+        return self
+
+    return inplace_view
+
+
+def _out_handler(func, functional):
+    names = _out_names(func._schema)
+
+    def out(args, kwargs):
+        outs = [kwargs[n] for n in names]
+        rest = {k: v for k, v in kwargs.items() if k not in names}
+        result = functional(args, rest)
+        results = result if isinstance(result, (list, tuple)) else (result,)
+        for o, r in zip(outs, results):
+            # Integer outputs (indices) follow the out tensor's dtype: torch checks those
+            # by exact dtype in the kernels; the cast rule is for the values.
+            write_into(func, o, r, check_cast=r.dtype.is_floating_point or r.dtype.is_complex,
+                       resize=True)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return out

@@ -1,0 +1,218 @@
+"""Storage: the mutable home of a jax array that several tpu tensors alias.
+
+Note [Aliasing through views]
+jax arrays are immutable, but PyTorch views alias memory: ``x[0].add_(1)`` changes ``x``.
+torchjax mirrors PyTorch's storage model. A ``Storage`` holds one jax array ``arr`` whose
+row-major flattening is the storage's flat buffer. Every tpu tensor is (storage, size,
+stride, storage_offset) exactly as PyTorch reports them, so view metadata is PyTorch's own.
+
+- Reading a tensor that covers its whole storage contiguously is ``storage.arr``.
+- Reading any other view takes the elements at ``offset + sum(i_k * stride_k)`` from the
+  flat buffer (a strided plan: slices and a transpose where the strides allow, a gather
+  otherwise). Tensors cache what they read, tagged with ``storage.version``.
+- Writing (any in-place op, ``copy_``, ``out=``) scatters the new values into the flat
+  buffer through the same plan, replaces ``storage.arr`` and bumps ``storage.version``,
+  so every live view re-reads on next use.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+
+def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(size):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+class Storage:
+    """A jax array that tensors alias; ``version`` counts writes."""
+
+    __slots__ = ("arr", "version", "numel", "shape", "__weakref__")
+
+    def __init__(self, arr: jax.Array):
+        self.arr = arr
+        self.version = 0
+        self.shape = tuple(arr.shape)
+        self.numel = math.prod(self.shape)
+
+    def covers(self, size, stride, offset) -> bool:
+        """True when (size, stride, offset) is the whole storage in its own shape."""
+        return offset == 0 and size == self.shape
+
+    def read(self, size, stride, offset) -> jax.Array:
+        if self.covers(size, stride, offset) and stride == contiguous_strides(size):
+            return self.arr
+        plan = _plan(self.numel, size, stride, offset)
+        return plan.read(self.arr.reshape(-1))
+
+    def write(self, size, stride, offset, value: jax.Array) -> None:
+        """Store ``value`` (shape ``size``, storage dtype) at the strided view."""
+        if value.dtype != self.arr.dtype:
+            raise AssertionError(f"storage write dtype {value.dtype} != {self.arr.dtype}")
+        if self.covers(size, stride, offset) and stride == contiguous_strides(size):
+            self.arr = value
+        else:
+            plan = _plan(self.numel, size, stride, offset)
+            self.arr = plan.write(self.arr.reshape(-1), value).reshape(self.shape)
+        self.version += 1
+
+    def replace(self, arr: jax.Array) -> None:
+        """Swap in a new array of the same shape and dtype (a whole-storage write)."""
+        self.arr = arr
+        self.version += 1
+
+
+class _ContiguousPlan:
+    """A view that is one contiguous run of the flat buffer."""
+
+    def __init__(self, size, offset, numel):
+        self.size, self.offset, self.numel = size, offset, numel
+
+    def read(self, flat):
+        run = flat if (self.offset == 0 and self.numel == flat.shape[0]) else (
+            lax.slice(flat, (self.offset,), (self.offset + self.numel,))
+        )
+        return run.reshape(self.size)
+
+    def write(self, flat, value):
+        if self.offset == 0 and self.numel == flat.shape[0]:
+            return value.reshape(-1)
+        return lax.dynamic_update_slice(flat, value.reshape(-1), (np.int32(self.offset),))
+
+
+class _SlicePlan:
+    """A non-overlapping view expressible as reshape -> slice -> transpose -> expand.
+
+    Dimensions of size 1 are dropped and stride-0 (expanded) dimensions are broadcast.
+    The remaining strides, sorted descending, must each divide the previous one with room
+    for the dimension (s[i-1] >= n[i] * s[i]); then the flat run starting at ``offset``
+    reshaped to (n0, s0/s1, ..., s_k) and sliced to [:n0, :n1, ..., :n_k, 0] is the view
+    with its dimensions sorted by stride.
+    """
+
+    def __init__(self, storage_numel, size, stride, offset):
+        real = [d for d in range(len(size)) if size[d] != 1 and stride[d] != 0]
+        order = sorted(real, key=lambda d: -stride[d])
+        s = [stride[d] for d in order]
+        n = [size[d] for d in order]
+        for i in range(1, len(s)):
+            if s[i - 1] % s[i] or s[i - 1] < n[i] * s[i]:
+                raise _NoPlan
+        self.size = size
+        self.order = order
+        self.offset = offset
+        if not order:
+            self.span, self.shape, self.index = 1, (1,), (0,)
+        else:
+            inner = s[-1]
+            self.shape = (n[0],) + tuple(s[i - 1] // s[i] for i in range(1, len(s))) + (inner,)
+            self.span = n[0] * s[0]
+            self.index = tuple(slice(0, k) for k in n) + (0,)
+        self.pad = max(0, offset + self.span - storage_numel)
+        self.sorted_size = tuple(size[d] for d in order)
+        # Transpose from stride order back to dim order (over the real dims only).
+        self.perm = tuple(sorted(range(len(order)), key=lambda i: order[i]))
+        self.real_size = tuple(size[d] for d in sorted(order))
+        self.expand = any(stride[d] == 0 and size[d] != 1 for d in range(len(size)))
+        self.keep_shape = tuple(size[d] if d in set(order) else 1 for d in range(len(size)))
+
+    def _window(self, flat):
+        if self.pad:
+            flat = jnp.pad(flat, (0, self.pad))
+        return lax.slice(flat, (self.offset,), (self.offset + self.span,)).reshape(self.shape)
+
+    def read(self, flat):
+        part = self._window(flat)[self.index]
+        part = jnp.transpose(part, self.perm) if self.perm != tuple(range(len(self.perm))) else part
+        part = part.reshape(self.keep_shape)
+        return jnp.broadcast_to(part, self.size) if self.expand else part
+
+    def write(self, flat, value):
+        if self.expand:
+            raise _NoPlan
+        value = value.reshape(self.real_size)
+        inv = tuple(np.argsort(self.perm))
+        value = jnp.transpose(value, inv) if inv != tuple(range(len(inv))) else value
+        window = self._window(flat).at[self.index].set(value).reshape(-1)
+        if self.pad:
+            head = lax.slice(flat, (0,), (self.offset,))
+            body = lax.slice(window, (0,), (flat.shape[0] - self.offset,))
+            return jnp.concatenate([head, body])
+        return lax.dynamic_update_slice(flat, window, (np.int32(self.offset),))
+
+
+class _GatherPlan:
+    """Any strided view: explicit flat indices (used when no slice plan exists)."""
+
+    def __init__(self, size, stride, offset):
+        idx = np.full(size, offset, dtype=np.int64)
+        for d, (n, st) in enumerate(zip(size, stride)):
+            shape = [1] * len(size)
+            shape[d] = n
+            idx = idx + (np.arange(n, dtype=np.int64) * st).reshape(shape)
+        self.idx = idx
+        self.overlapping = len(np.unique(idx)) != idx.size
+
+    def read(self, flat):
+        return flat[self.idx]
+
+    def write(self, flat, value):
+        if self.overlapping:
+            raise RuntimeError(
+                "unsupported operation: more than one element of the written-to tensor "
+                "refers to a single memory location. Please clone() the tensor before "
+                "performing the operation."
+            )
+        return flat.at[self.idx.reshape(-1)].set(value.reshape(-1))
+
+
+class _NoPlan(Exception):
+    pass
+
+
+class _Plan:
+    def __init__(self, storage_numel, size, stride, offset):
+        numel = math.prod(size)
+        self.gather = None
+        if numel == 0:
+            self.kind = "empty"
+        elif stride == contiguous_strides(size) or numel == 1:
+            self.kind = "contiguous"
+            self.impl = _ContiguousPlan(size, offset, numel)
+        else:
+            self.size, self.stride, self.offset = size, stride, offset
+            try:
+                self.impl = _SlicePlan(storage_numel, size, stride, offset)
+                self.kind = "slice"
+            except _NoPlan:
+                self.kind = "gather"
+                self.impl = _GatherPlan(size, stride, offset)
+        self.size = size
+
+    def read(self, flat):
+        if self.kind == "empty":
+            return jnp.zeros(self.size, flat.dtype)
+        return self.impl.read(flat)
+
+    def write(self, flat, value):
+        if self.kind == "empty":
+            return flat
+        try:
+            return self.impl.write(flat, value)
+        except _NoPlan:
+            return _GatherPlan(self.size, self.stride, self.offset).write(flat, value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(storage_numel, size, stride, offset) -> _Plan:
+    return _Plan(storage_numel, tuple(size), tuple(stride), offset)

@@ -1,0 +1,168 @@
+"""JaxTensor: a torch.Tensor on device "tpu" whose data is a jax.Array.
+
+A JaxTensor is a wrapper subclass (``_make_wrapper_subclass``): torch sees its sizes,
+strides, dtype and device, autograd runs above it as for any tensor, and every ATen op
+that reaches it arrives in ``__torch_dispatch__``, which hands it to the op registry
+(torchjax/ops/registry.py). The data lives in a ``Storage`` shared by all views of it:
+see Note [Aliasing through views] in torchjax/tensor/_storage.py.
+
+There is no mode to be inside of: a JaxTensor works wherever it goes, including worker
+threads and after any context manager exits.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import torch
+
+from torchjax._compat.jax import x64
+from torchjax._compat.torch import set_tensor_data, tensor_repr
+from torchjax.tensor import dtypes
+from torchjax.tensor._storage import Storage, contiguous_strides
+
+DEVICE_TYPE = "tpu"
+_DEVICES = {}
+
+
+def tpu_device(index: int = 0) -> torch.device:
+    dev = _DEVICES.get(index)
+    if dev is None:
+        dev = _DEVICES[index] = torch.device(DEVICE_TYPE, index)
+    return dev
+
+
+class JaxTensor(torch.Tensor):
+    """A torch tensor on "tpu" backed by a jax.Array (see module docstring).
+
+    Attributes (private): ``_storage`` the shared Storage; ``_size``, ``_stride``,
+    ``_offset`` its view into the storage (mirroring the TensorImpl metadata);
+    ``_cache``/``_cache_version`` the last value read and the storage version it saw.
+    """
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, storage: Storage, size, stride, offset, dtype, device_index=0,
+                requires_grad=False):
+        t = torch.Tensor._make_wrapper_subclass(
+            cls,
+            size,
+            strides=stride,
+            storage_offset=offset,
+            dtype=dtype,
+            device=tpu_device(device_index),
+            requires_grad=requires_grad,
+        )
+        t._storage = storage
+        t._size = tuple(size)
+        t._stride = tuple(stride)
+        t._offset = offset
+        t._device_index = device_index
+        t._cache = None
+        t._cache_version = -1
+        return t
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    # -- data -----------------------------------------------------------------------
+    @property
+    def jax(self) -> jax.Array:
+        """The tensor's value as a jax.Array (shape ``self.shape``, dtype matching)."""
+        return self._value()
+
+    def _value(self) -> jax.Array:
+        storage = self._storage
+        if self._cache_version == storage.version:
+            return self._cache
+        arr = storage.read(self._size, self._stride, self._offset)
+        self._cache = arr
+        self._cache_version = storage.version
+        return arr
+
+    def _write(self, arr: jax.Array) -> None:
+        """Store ``arr`` (exact shape and dtype of self) into this tensor's elements."""
+        self._storage.write(self._size, self._stride, self._offset, arr)
+        self._cache = arr
+        self._cache_version = self._storage.version
+
+    def _rebind(self, storage: Storage, size, stride, offset, dtype=None) -> None:
+        """Point this Python object at another view/storage, metadata included."""
+        other = JaxTensor(storage, size, stride, offset, dtype or self.dtype, self._device_index)
+        set_tensor_data(self, other)
+        self._storage = storage
+        self._size, self._stride, self._offset = tuple(size), tuple(stride), offset
+        self._cache, self._cache_version = None, -1
+
+    # -- conversions users reach for --------------------------------------------------
+    def numpy(self, *, force: bool = False) -> np.ndarray:
+        """A NumPy copy of the data (tpu tensors always copy, like ``.cpu().numpy()``)."""
+        if self.requires_grad and not force:
+            raise RuntimeError(
+                "Can't call numpy() on Tensor that requires grad. Use "
+                "tensor.detach().numpy() instead."
+            )
+        return self.cpu().numpy()
+
+    def tolist(self):
+        return self.detach().cpu().tolist()
+
+    def __repr__(self, *, tensor_contents=None):
+        return tensor_repr(self, self.detach().cpu())
+
+    def __reduce_ex__(self, proto):
+        # Pickle / torch.save as a CPU tensor plus the device to return to.
+        return (_unpickle, (self.detach().cpu(), self.requires_grad))
+
+    @property
+    def data(self):
+        return torch.Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, new):
+        if not isinstance(new, JaxTensor):
+            raise RuntimeError(
+                f"torchjax: cannot assign .data of a tpu tensor from a {new.device} tensor; "
+                "move it with .to('tpu') first"
+            )
+        set_tensor_data(self, new)
+        self._storage = new._storage
+        self._size, self._stride, self._offset = new._size, new._stride, new._offset
+        self._cache, self._cache_version = None, -1
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        with x64(True):
+            return _dispatch(func, args, kwargs or {})
+
+
+def _unpickle(cpu: torch.Tensor, requires_grad: bool) -> JaxTensor:
+    return cpu.to(DEVICE_TYPE).requires_grad_(requires_grad)
+
+
+def wrap(arr: jax.Array, device_index: int = 0) -> JaxTensor:
+    """A new tpu tensor owning ``arr`` (contiguous, fresh storage)."""
+    size = tuple(arr.shape)
+    return JaxTensor(
+        Storage(arr), size, contiguous_strides(size), 0, dtypes.to_torch_dtype(arr.dtype),
+        device_index,
+    )
+
+
+def view_of(base: JaxTensor, size, stride, offset, dtype=None, value=None) -> JaxTensor:
+    """A tensor aliasing ``base``'s storage; ``value`` (if given) seeds its read cache."""
+    t = JaxTensor(base._storage, size, stride, offset, dtype or base.dtype, base._device_index)
+    if value is not None:
+        t._cache = value
+        t._cache_version = base._storage.version
+    return t
+
+
+def _dispatch(func, args, kwargs):
+    # Bound late: torchjax.ops imports this module.
+    from torchjax.ops.registry import dispatch
+
+    global _dispatch
+    _dispatch = dispatch
+    return dispatch(func, args, kwargs)

@@ -1,0 +1,82 @@
+"""The one map between torch dtypes and JAX/NumPy dtypes.
+
+Every torch dtype torchjax supports has exactly one JAX dtype and back, so the dtype a
+tpu tensor reports is always the dtype of its jax array (no 64 -> 32 narrowing: see
+Note [x64 without touching the user's JAX] in torchjax/_compat/jax.py).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import torch
+
+_TORCH_TO_NUMPY: dict[torch.dtype, np.dtype] = {
+    torch.bool: np.dtype(np.bool_),
+    torch.uint8: np.dtype(np.uint8),
+    torch.uint16: np.dtype(np.uint16),
+    torch.uint32: np.dtype(np.uint32),
+    torch.uint64: np.dtype(np.uint64),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64),
+    torch.float16: np.dtype(np.float16),
+    torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+    torch.complex64: np.dtype(np.complex64),
+    torch.complex128: np.dtype(np.complex128),
+    torch.float8_e4m3fn: np.dtype(ml_dtypes.float8_e4m3fn),
+    torch.float8_e5m2: np.dtype(ml_dtypes.float8_e5m2),
+    torch.float8_e4m3fnuz: np.dtype(ml_dtypes.float8_e4m3fnuz),
+    torch.float8_e5m2fnuz: np.dtype(ml_dtypes.float8_e5m2fnuz),
+}
+_NUMPY_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in _TORCH_TO_NUMPY.items()}
+
+# numpy cannot hand these to torch.from_numpy; they cross as same-width integers.
+_BITCAST_VIA: dict[torch.dtype, torch.dtype] = {
+    torch.bfloat16: torch.int16,
+    torch.float8_e4m3fn: torch.int8,
+    torch.float8_e5m2: torch.int8,
+    torch.float8_e4m3fnuz: torch.int8,
+    torch.float8_e5m2fnuz: torch.int8,
+}
+
+
+def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
+    """The NumPy/JAX dtype holding a torch ``dtype``; raises TypeError if unsupported."""
+    try:
+        return _TORCH_TO_NUMPY[dtype]
+    except KeyError:
+        raise TypeError(
+            f"torchjax: torch dtype {dtype} has no JAX equivalent; supported: "
+            f"{sorted(str(d) for d in _TORCH_TO_NUMPY)}"
+        ) from None
+
+
+def to_torch_dtype(dtype) -> torch.dtype:
+    """The torch dtype of a NumPy/JAX ``dtype``; raises TypeError if unsupported."""
+    try:
+        return _NUMPY_TO_TORCH[np.dtype(dtype)]
+    except (KeyError, TypeError):
+        raise TypeError(f"torchjax: JAX dtype {dtype} has no torch equivalent") from None
+
+
+def cpu_tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A fresh, writable, C-contiguous NumPy copy of a CPU tensor, dtype exact."""
+    t = t.detach().resolve_conj().resolve_neg()
+    via = _BITCAST_VIA.get(t.dtype)
+    if via is not None:
+        return t.contiguous().view(via).numpy().copy().view(_TORCH_TO_NUMPY[t.dtype])
+    return np.array(t.numpy(), copy=True, order="C")
+
+
+def numpy_to_cpu_tensor(a: np.ndarray) -> torch.Tensor:
+    """A CPU tensor owning a copy of ``a``, dtype exact."""
+    dtype = to_torch_dtype(a.dtype)
+    via = _BITCAST_VIA.get(dtype)
+    a = np.array(a, copy=True, order="C")
+    if via is not None:
+        return torch.from_numpy(a.view(_TORCH_TO_NUMPY[via])).view(dtype)
+    return torch.from_numpy(a)

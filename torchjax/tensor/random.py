@@ -1,0 +1,82 @@
+"""Per-device RNG state for tpu tensors: a seed and a counter, one jax key per draw.
+
+Each random op draws ``fold_in(key(seed), counter)`` and bumps the counter, so
+``torch.manual_seed(s)`` (which calls ``torch.tpu.manual_seed_all``) makes tpu randomness
+reproducible and no two draws share a key. The state is plain Python ints: nothing is
+thread-local, nothing is baked into a traced graph (torchjax.jit threads the key in).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import numpy as np
+import torch
+
+DEFAULT_SEED = 67280421310721  # torch's default CPU seed, so fresh processes agree
+
+_lock = threading.Lock()
+
+
+class _State:
+    __slots__ = ("seed", "counter", "_base")
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.counter = 0
+        self._base = None
+
+    def base_key(self):
+        if self._base is None:
+            words = np.array([(self.seed >> 32) & 0xFFFFFFFF, self.seed & 0xFFFFFFFF], np.uint32)
+            self._base = jax.random.wrap_key_data(words, impl="threefry2x32")
+        return self._base
+
+
+_STATES: dict[int, _State] = {}
+
+
+def _state(index: int) -> _State:
+    st = _STATES.get(index)
+    if st is None:
+        st = _STATES.setdefault(index, _State(DEFAULT_SEED))
+    return st
+
+
+def next_key(index: int = 0):
+    """A fresh jax PRNG key for one random op on device ``index``."""
+    st = _state(index)
+    with _lock:
+        n = st.counter
+        st.counter += 1
+    return jax.random.fold_in(st.base_key(), n)
+
+
+def manual_seed(seed: int, index: int = 0) -> None:
+    seed = int(seed) & 0xFFFFFFFFFFFFFFFF  # torch accepts negatives; it wraps the same way
+    _STATES[index] = _State(seed)
+
+
+def initial_seed(index: int = 0) -> int:
+    return _state(index).seed
+
+
+def get_state(index: int = 0) -> torch.Tensor:
+    """The state as a CPU uint8 tensor (16 bytes: seed, counter), as torch RNG states are."""
+    st = _state(index)
+    raw = np.array([st.seed, st.counter], dtype=np.uint64).view(np.uint8)
+    return torch.from_numpy(raw.copy())
+
+
+def set_state(state: torch.Tensor, index: int = 0) -> None:
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.numel() != 16:
+        raise RuntimeError(
+            "torch.tpu.set_rng_state expects the uint8 tensor of 16 bytes returned by "
+            f"torch.tpu.get_rng_state(), got {type(state).__name__}"
+            + (f"[{state.dtype}, {tuple(state.shape)}]" if isinstance(state, torch.Tensor) else "")
+        )
+    seed, counter = state.cpu().numpy().view(np.uint64).tolist()
+    st = _State(int(seed))
+    st.counter = int(counter)
+    _STATES[index] = st

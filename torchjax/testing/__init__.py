@@ -1,0 +1,1 @@
+"""Testing helpers: compare torchjax against CPU PyTorch on torch's OpInfo samples."""
