@@ -18,7 +18,6 @@ from torch._prims_common import (
 from torch._prims_common import elementwise_dtypes as elementwise_dtypes
 from torch._prims_common import reduction_dtypes as reduction_dtypes
 from torch.utils import backend_registration as _backend_registration
-from torch.utils._python_dispatch import _disable_current_modes as _disable_current_modes
 
 
 def setup_privateuse1_python_backend(name: str, backend_module, device_guard) -> None:
@@ -61,7 +60,12 @@ def tensor_repr(t: torch.Tensor, cpu_copy: torch.Tensor) -> str:
     with torch.no_grad():
         contents = _tensor_str._tensor_str(cpu_copy, len(prefix))
         text = _tensor_str._str_intern(t, tensor_contents=contents)
+    # torch prefixes subclass reprs with the class name and marks parameters as
+    # "Parameter(...)"; print what a CUDA tensor or parameter prints instead.
+    param = text.startswith("Parameter(")
+    if param:
+        text = text[len("Parameter("):-1]
     name = type(t).__name__ + "("
     if text.startswith(name):
         text = prefix + text[len(name):]
-    return text
+    return "Parameter containing:\n" + text if param else text

@@ -290,13 +290,17 @@ def _promoted_dtypes(kind, vals):
     return hit
 
 
+# str() of the schema types Tensor, Scalar, Tensor?, Scalar?
+_PROMOTABLE_TYPES = ("Tensor", "number", "Optional[Tensor]", "Optional[number]")
+
+
 def _promote_indices(schema, entry):
     names = entry.promote_args
     args = schema.arguments
     if names is None:
         return tuple(
             i for i, a in enumerate(args)
-            if not a.kwarg_only and str(a.type) in ("Tensor", "Scalar", "Tensor?", "Scalar?")
+            if not a.kwarg_only and str(a.type) in _PROMOTABLE_TYPES
         )
     return tuple(i for i, a in enumerate(args) if a.name in names)
 

@@ -8,6 +8,7 @@ differentiable ops, the gradient of a weighted sum of the outputs w.r.t. every i
 
 from __future__ import annotations
 
+import copy as _copy
 import itertools
 
 import torch
@@ -38,7 +39,7 @@ def to_tpu(obj):
             return x.detach().to(TPU).requires_grad_(x.requires_grad)
         return x
 
-    return tree_map(move, obj)
+    return _map_tensors(move, obj)
 
 
 def clone_cpu(obj):
@@ -47,7 +48,19 @@ def clone_cpu(obj):
             return x.detach().clone().requires_grad_(x.requires_grad)
         return x
 
-    return tree_map(copy, obj)
+    return _map_tensors(copy, obj)
+
+
+def _map_tensors(fn, obj):
+    # SampleInput is not a pytree node: tree_map would hand it to fn whole, unchanged,
+    # and the "tpu" run would silently use the CPU tensors.
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    if isinstance(obj, SampleInput):
+        new = _copy.copy(obj)
+        new.input, new.args, new.kwargs = tree_map(fn, (obj.input, obj.args, obj.kwargs))
+        return new
+    return tree_map(fn, obj)
 
 
 def compare(tpu_out, cpu_out, what: str = "output", tol=None) -> None:

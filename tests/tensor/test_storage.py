@@ -1,0 +1,67 @@
+"""Strided read/write plans of Storage against NumPy's as_strided (no ops involved)."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from torchjax._compat.jax import x64
+from torchjax.tensor._storage import Storage, _plan, contiguous_strides
+
+CASES = [
+    # (storage shape, size, stride, offset)
+    ((6,), (2, 3), (3, 1), 0),  # reshape
+    ((2, 3), (3, 2), (1, 3), 0),  # transpose
+    ((4, 5), (4, 2), (5, 2), 1),  # slice with step
+    ((4, 5), (5,), (1,), 10),  # select a row
+    ((4, 5), (4,), (5,), 2),  # select a column
+    ((3, 4), (3, 4), (0, 1), 4),  # expand a row (read only)
+    ((2, 3, 4), (4, 2, 3), (1, 12, 4), 0),  # permute
+    ((2, 3, 4), (2, 2, 2), (12, 4, 2), 1),  # as_strided sub-block
+    ((10,), (3, 2), (2, 3), 0),  # strides that no slice plan covers
+    ((4, 4), (4,), (5,), 0),  # diagonal
+    ((2, 8), (2, 4), (8, 1), 4),  # right half: window runs past the end
+    ((1, 3), (3, 1), (1, 3), 0),  # size-1 dims
+    ((5,), (0,), (1,), 0),  # empty
+]
+
+
+def _np_view(base, size, stride, offset):
+    flat = base.reshape(-1)
+    item = flat.itemsize
+    return np.lib.stride_tricks.as_strided(flat[offset:], size, [s * item for s in stride])
+
+
+@pytest.mark.parametrize("shape,size,stride,offset", CASES)
+def test_read(shape, size, stride, offset):
+    base = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    with x64(True):
+        st = Storage(jnp.asarray(base))
+        got = np.asarray(st.read(size, stride, offset))
+    np.testing.assert_array_equal(got, _np_view(base, size, stride, offset))
+
+
+@pytest.mark.parametrize("shape,size,stride,offset", [c for c in CASES if 0 not in c[2]])
+def test_write(shape, size, stride, offset):
+    base = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    value = -1 - np.arange(int(np.prod(size)), dtype=np.int64).reshape(size)
+    expected = base.copy()
+    _np_view(expected, size, stride, offset)[...] = value
+    with x64(True):
+        st = Storage(jnp.asarray(base))
+        v0 = st.version
+        st.write(size, stride, offset, jnp.asarray(value))
+        got = np.asarray(st.arr)
+    np.testing.assert_array_equal(got, expected)
+    assert st.version == v0 + 1
+
+
+def test_overlapping_write_raises():
+    with x64(True):
+        st = Storage(jnp.zeros(4, dtype=jnp.float32))
+        with pytest.raises(RuntimeError, match="more than one element"):
+            st.write((2, 2), (1, 1), 0, jnp.ones((2, 2), jnp.float32))
+
+
+def test_plans_are_cached():
+    assert _plan(12, (3, 4), (1, 3), 0) is _plan(12, (3, 4), (1, 3), 0)
+    assert contiguous_strides((2, 3, 4)) == (12, 4, 1)
