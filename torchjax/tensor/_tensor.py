@@ -131,6 +131,21 @@ class JaxTensor(torch.Tensor):
         self._size, self._stride, self._offset = new._size, new._stride, new._offset
         self._cache, self._cache_version = None, -1
 
+    # Note [Traceable wrapper subclass]
+    # Defining __tensor_flatten__/__tensor_unflatten__ makes JaxTensor a "traceable wrapper
+    # subclass". nn.Module._apply then moves parameters with torch.utils.swap_tensors,
+    # keeping each Parameter object (and so tied weights: `lm_head.weight is
+    # embed_tokens.weight`) instead of creating new Parameters per module. There are no
+    # inner tensors: the data is the storage's jax array, carried in the context.
+    def __tensor_flatten__(self):
+        return [], (self._storage, self._size, self._stride, self._offset, self.dtype,
+                    self._device_index)
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):
+        storage, size, stride, offset, dtype, index = ctx
+        return JaxTensor(storage, size, stride, offset, dtype, index)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         with x64(True):
