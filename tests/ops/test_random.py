@@ -1,0 +1,368 @@
+"""Tests for torchjax/ops/random.py.
+
+Random values differ from CPU torch's (another generator), so samplers are checked for
+shape, dtype, device, range and statistics (generous bounds on 10k samples), and the RNG
+state for determinism: same seed -> same values, successive draws differ, get/set state
+and fork_rng replay.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
+from torchjax.testing import opinfo as oi
+
+# Deterministic OpInfos of the family (dropout in eval mode is identity).
+OPS = ["native_dropout_backward", "nn.functional.feature_alpha_dropout.without_train"]
+globals().update(make_tests(OPS))
+
+N = 10_000
+FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+def _cpu(t):
+    assert t.device.type == "tpu"
+    return t.cpu().double()
+
+
+# ---------------------------------------------------------------------------------------
+# samplers: shape, dtype, range, statistics
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_uniform(dtype):
+    t = torch.empty(N, dtype=dtype, device="tpu").uniform_(-2, 3)
+    assert t.dtype == dtype and t.shape == (N,)
+    c = _cpu(t)
+    assert c.min() >= -2 and c.max() <= 3
+    assert abs(c.mean() - 0.5) < 0.1 and abs(c.std() - 5 / 12**0.5) < 0.1
+    r = torch.rand(N, dtype=dtype, device="tpu")
+    assert r.dtype == dtype and 0 <= _cpu(r).min() and _cpu(r).max() <= 1
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_normal_(dtype):
+    t = torch.empty(N, dtype=dtype, device="tpu").normal_(2.0, 3.0)
+    assert t.dtype == dtype
+    c = _cpu(t)
+    assert abs(c.mean() - 2) < 0.2 and abs(c.std() - 3) < 0.2
+    r = torch.randn(100, 100, dtype=dtype, device="tpu")
+    assert r.shape == (100, 100) and abs(_cpu(r).std() - 1) < 0.1
+
+
+def test_normal_overloads():
+    mean = torch.full((N,), 5.0, device="tpu")
+    std = torch.full((N,), 0.5, device="tpu")
+    for t, m, s in [
+        (torch.normal(mean, 2.0), 5, 2),
+        (torch.normal(1.0, std), 1, 0.5),
+        (torch.normal(mean, std), 5, 0.5),
+        (torch.normal(-1.0, 3.0, (N,), device="tpu"), -1, 3),
+    ]:
+        assert t.device.type == "tpu" and t.shape == (N,) and t.dtype == torch.float32
+        c = _cpu(t)
+        assert abs(c.mean() - m) < 0.1 * max(s, 1) and abs(c.std() - s) < 0.1 * max(s, 1)
+    b = torch.normal(torch.zeros(3, 1, device="tpu"), torch.ones(1, 4, device="tpu"))
+    assert b.shape == (3, 4)
+    out = torch.empty(0, device="tpu")
+    assert torch.normal(mean, std, out=out) is out and out.shape == (N,)
+    assert torch.normal(mean.double(), 1.0).dtype == torch.float64
+    with pytest.raises(RuntimeError, match="std >= 0.0"):
+        torch.normal(mean, -1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bool])
+def test_bernoulli(dtype):
+    t = torch.empty(N, dtype=dtype, device="tpu").bernoulli_(0.3)
+    assert t.dtype == dtype
+    c = _cpu(t)
+    assert set(c.unique().tolist()) <= {0.0, 1.0} and abs(c.mean() - 0.3) < 0.05
+    p = torch.linspace(0, 1, N, device="tpu")
+    t = torch.empty(N, dtype=dtype, device="tpu").bernoulli_(p)
+    c = _cpu(t)
+    assert c[0] == 0 and c[-1] == 1 and abs(c.mean() - 0.5) < 0.05
+    assert abs(c[: N // 2].mean() - 0.25) < 0.05
+
+
+def test_bernoulli_functional():
+    p = torch.full((N,), 0.8, device="tpu")
+    t = torch.bernoulli(p)
+    assert t.dtype == torch.float32 and abs(_cpu(t).mean() - 0.8) < 0.05
+    t = torch.bernoulli(torch.ones(N, device="tpu"), 0.1)
+    assert abs(_cpu(t).mean() - 0.1) < 0.05
+    assert torch.bernoulli(torch.zeros(4, device="tpu")).sum().item() == 0
+    with pytest.raises(RuntimeError, match="bernoulli_ expects p to be in"):
+        torch.empty(3, device="tpu").bernoulli_(1.5)
+    with pytest.raises(RuntimeError, match="aten::bernoulli"):
+        torch.bernoulli(torch.full((3,), 2.0, device="tpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.bfloat16])
+def test_random_(dtype):
+    t = torch.empty(N, dtype=dtype, device="tpu").random_(3, 10)
+    assert t.dtype == dtype
+    c = _cpu(t)
+    assert set(c.unique().tolist()) == set(range(3, 10))
+    c = _cpu(torch.empty(N, dtype=dtype, device="tpu").random_(5))
+    assert set(c.unique().tolist()) == set(range(5))
+    c = _cpu(torch.empty(N, dtype=dtype, device="tpu").random_())
+    hi = (
+        2**24
+        if dtype == torch.float32
+        else 2**8
+        if dtype == torch.bfloat16
+        else (torch.iinfo(dtype).max)
+    )
+    assert c.min() >= 0 and c.max() <= hi and c.max() > hi / 2
+    with pytest.raises(RuntimeError, match="random_ expects 'from' to be less than 'to'"):
+        torch.empty(3, dtype=dtype, device="tpu").random_(5, 5)
+
+
+def test_random_int64_wide_ranges():
+    lo = 2**40
+    c = torch.empty(N, dtype=torch.int64, device="tpu").random_(lo, lo + 4).cpu()
+    assert set(c.unique().tolist()) == {lo, lo + 1, lo + 2, lo + 3}
+    c = torch.empty(N, dtype=torch.int64, device="tpu").random_(-(2**63), None).cpu()
+    assert c.min() < -(2**61) and c.max() > 2**61  # the full int64 range
+    c = torch.randint(-(2**40), 2**40, (N,), device="tpu").cpu()
+    assert c.dtype == torch.int64 and c.min() < -(2**38) and c.max() > 2**38
+    b = torch.empty(N, dtype=torch.bool, device="tpu").random_().cpu()
+    assert 0.4 < b.double().mean() < 0.6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_continuous_distributions(dtype):
+    e = _cpu(torch.empty(N, dtype=dtype, device="tpu").exponential_(2.0))
+    assert e.min() >= 0 and abs(e.mean() - 0.5) < 0.05
+    g = _cpu(torch.empty(N, dtype=dtype, device="tpu").geometric_(0.25))
+    assert g.min() >= 1 and (g == g.round()).all() and abs(g.mean() - 4) < 0.3
+    c = _cpu(torch.empty(N, dtype=dtype, device="tpu").cauchy_(1.0, 2.0))
+    assert abs(c.median() - 1) < 0.2  # the mean does not exist
+    q = c.quantile(torch.tensor([0.25, 0.75], dtype=torch.float64))
+    assert abs(q[0] + 1) < 0.3 and abs(q[1] - 3) < 0.3
+    ln = _cpu(torch.empty(N, dtype=dtype, device="tpu").log_normal_(0.5, 0.25))
+    assert ln.min() > 0 and abs(ln.log().mean() - 0.5) < 0.03 and abs(ln.log().std() - 0.25) < 0.03
+
+
+def test_geometric_int_dtype():
+    g = torch.empty(N, dtype=torch.int64, device="tpu").geometric_(0.5)
+    assert g.dtype == torch.int64 and g.cpu().min() >= 1
+
+
+def test_distribution_errors():
+    t = torch.empty(3, device="tpu")
+    with pytest.raises(RuntimeError, match="exponential_ expects lambda > 0.0"):
+        t.exponential_(-1)
+    with pytest.raises(RuntimeError, match="geometric_ expects p to be in"):
+        t.geometric_(1.5)
+    with pytest.raises(RuntimeError, match="aten::normal_ expects a floating point"):
+        torch.empty(3, dtype=torch.int64, device="tpu").normal_()
+    with pytest.raises(RuntimeError, match="aten::uniform_ expects a floating point"):
+        torch.empty(3, dtype=torch.int64, device="tpu").uniform_()
+
+
+def test_randperm():
+    for n in (0, 1, 7, 1000):
+        p = torch.randperm(n, device="tpu")
+        assert p.dtype == torch.int64 and p.device.type == "tpu"
+        assert sorted(p.cpu().tolist()) == list(range(n))
+    assert torch.randperm(10, dtype=torch.int32, device="tpu").dtype == torch.int32
+    assert torch.randperm(1000, device="tpu").cpu().tolist() != list(range(1000))
+    out = torch.empty(0, dtype=torch.int64, device="tpu")
+    assert torch.randperm(5, out=out) is out and out.shape == (5,)
+
+
+def test_multinomial():
+    w = torch.tensor([1.0, 0.0, 3.0, 6.0], device="tpu")
+    s = torch.multinomial(w, N, replacement=True)
+    assert s.dtype == torch.int64 and s.shape == (N,)
+    counts = torch.bincount(s.cpu(), minlength=4).double() / N
+    assert counts[1] == 0 and abs(counts[0] - 0.1) < 0.03 and abs(counts[3] - 0.6) < 0.03
+    s = torch.multinomial(w, 3)
+    assert sorted(s.cpu().tolist()) == [0, 2, 3]
+    rows = torch.multinomial(torch.rand(5, 8, device="tpu") + 0.01, 8)
+    assert rows.shape == (5, 8)
+    assert all(sorted(r) == list(range(8)) for r in rows.cpu().tolist())
+    # Without replacement the first draw is proportional to the weights.
+    firsts = torch.multinomial(w.expand(N, 4).contiguous(), 1).cpu().flatten()
+    assert abs((firsts == 3).double().mean() - 0.6) < 0.03
+    with pytest.raises(RuntimeError, match="cannot sample n_sample > prob_dist"):
+        torch.multinomial(w, 5)
+    with pytest.raises(RuntimeError, match="not enough non-negative category"):
+        torch.multinomial(w, 4)
+    with pytest.raises(RuntimeError, match="element < 0"):
+        torch.multinomial(torch.tensor([1.0, -1.0], device="tpu"), 1)
+
+
+def test_like_factories():
+    x = torch.zeros(50, 40, dtype=torch.float64, device="tpu")
+    for t in (torch.rand_like(x), torch.randn_like(x)):
+        assert t.device.type == "tpu" and t.dtype == torch.float64 and t.shape == x.shape
+    assert torch.rand_like(x, dtype=torch.float16).dtype == torch.float16
+    r = torch.randint_like(x, 10).cpu()
+    assert r.dtype == torch.float64 and set(r.unique().tolist()) == set(range(10))
+    r = torch.randint_like(x.long(), 3, 6).cpu()
+    assert r.dtype == torch.int64 and set(r.unique().tolist()) == {3, 4, 5}
+    assert torch.randint(5, (3,), device="tpu", dtype=torch.int32).dtype == torch.int32
+    assert torch.rand(0, device="tpu").shape == (0,)
+    assert torch.randn((), device="tpu").shape == ()
+
+
+# ---------------------------------------------------------------------------------------
+# determinism and RNG state
+
+
+def _draws():
+    return [
+        torch.rand(5, device="tpu").cpu(),
+        torch.randn(5, device="tpu").cpu(),
+        torch.randint(0, 100, (5,), device="tpu").cpu(),
+        torch.randperm(8, device="tpu").cpu(),
+        F.dropout(torch.ones(8, device="tpu"), 0.5).cpu(),
+    ]
+
+
+def test_manual_seed_reproduces():
+    torch.manual_seed(1234)
+    a = _draws()
+    torch.manual_seed(1234)
+    b = _draws()
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+    torch.manual_seed(1235)
+    assert not torch.equal(torch.rand(5, device="tpu").cpu(), a[0])
+
+
+def test_successive_draws_differ():
+    torch.manual_seed(0)
+    a, b = torch.rand(100, device="tpu").cpu(), torch.rand(100, device="tpu").cpu()
+    assert not torch.equal(a, b)
+    x = torch.empty(100, device="tpu")
+    first = x.normal_().cpu()
+    assert not torch.equal(first, x.normal_().cpu())
+
+
+def test_get_set_rng_state_replays():
+    torch.manual_seed(7)
+    torch.rand(3, device="tpu")
+    state = torch.tpu.get_rng_state()
+    assert state.dtype == torch.uint8 and state.device.type == "cpu"
+    a = _draws()
+    torch.tpu.set_rng_state(state)
+    b = _draws()
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_fork_rng_restores_state():
+    torch.manual_seed(3)
+    before = torch.tpu.get_rng_state()
+    with torch.random.fork_rng(device_type="tpu"):
+        torch.rand(10, device="tpu")
+        torch.manual_seed(99)
+        torch.randn(10, device="tpu")
+    assert torch.equal(torch.tpu.get_rng_state(), before)
+    a = torch.rand(4, device="tpu").cpu()
+    torch.manual_seed(3)
+    assert torch.equal(torch.rand(4, device="tpu").cpu(), a)
+
+
+def test_generator_argument_rejected():
+    with pytest.raises(NotImplementedError):
+        torch.Generator(device="tpu")  # torch needs a C++ hooks interface for it
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(RuntimeError, match="generator= is not supported for tpu"):
+        torch.empty(3, device="tpu").normal_(generator=g)
+    with pytest.raises(RuntimeError, match="generator= is not supported for tpu"):
+        torch.randperm(3, device="tpu", generator=g)
+
+
+# ---------------------------------------------------------------------------------------
+# dropout
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_native_dropout(dtype):
+    x = torch.full((N,), 2.0, dtype=dtype, device="tpu")
+    out, mask = torch.ops.aten.native_dropout(x, 0.25, True)
+    assert out.dtype == dtype and mask.dtype == torch.bool and mask.shape == (N,)
+    o, m = out.cpu().double(), mask.cpu()
+    kept = (torch.full((1,), 2.0, dtype=dtype) * (1 / 0.75)).double()  # CPU's rounding
+    assert torch.equal(o[m], kept.expand(int(m.sum()))) and (o[~m] == 0).all()
+    assert abs(m.double().mean() - 0.75) < 0.03
+    out, mask = torch.ops.aten.native_dropout(x, 0.25, False)
+    assert torch.equal(out.cpu(), x.cpu()) and mask.cpu().all()
+    g = torch.ops.aten.native_dropout_backward(
+        torch.ones(N, dtype=dtype, device="tpu"),
+        torch.ops.aten.native_dropout(x, 0.5, True)[1],
+        2.0,
+    )
+    assert set(g.cpu().double().unique().tolist()) <= {0.0, 2.0}
+
+
+def test_dropout_train_eval_and_edges():
+    x = torch.randn(N, device="tpu")
+    assert torch.equal(F.dropout(x, 0.5, training=False).cpu(), x.cpu())
+    assert torch.equal(F.dropout(x, 0.0, training=True).cpu(), x.cpu())
+    assert (F.dropout(x, 1.0, training=True).cpu() == 0).all()
+    y = F.dropout(x, 0.5, training=True).cpu()
+    kept = y != 0
+    torch.testing.assert_close(y[kept], x.cpu()[kept] * 2)
+    assert abs(kept.double().mean() - 0.5) < 0.03
+    m = torch.nn.Dropout(0.3).to("tpu")
+    m.eval()
+    assert torch.equal(m(x).cpu(), x.cpu())
+    with pytest.raises(ValueError, match="dropout probability has to be between 0 and 1"):
+        F.dropout(x, 1.5)
+
+
+def test_dropout_backward():
+    x = torch.randn(1000, device="tpu", requires_grad=True)
+    y = F.dropout(x, 0.4, training=True)
+    y.sum().backward()
+    kept = y.detach().cpu() != 0
+    g = x.grad.cpu()
+    torch.testing.assert_close(g[kept], torch.full_like(g[kept], 1 / 0.6))
+    assert (g[~kept] == 0).all()
+
+
+def test_alpha_dropout():
+    x = torch.randn(N, device="tpu")
+    assert torch.equal(F.alpha_dropout(x, 0.5, training=False).cpu(), x.cpu())
+    y = F.alpha_dropout(x, 0.2, training=True).cpu()
+    assert y.shape == (N,) and abs(y.mean()) < 0.1 and abs(y.std() - 1) < 0.1
+
+
+def test_dropout_determinism():
+    torch.manual_seed(5)
+    a = F.dropout(torch.ones(100, device="tpu"), 0.5).cpu()
+    torch.manual_seed(5)
+    assert torch.equal(F.dropout(torch.ones(100, device="tpu"), 0.5).cpu(), a)
+
+
+def test_opinfo_ids_exist():
+    assert oi.opinfos(OPS)
+
+
+def test_out_variants_and_views():
+    out = torch.empty(0, device="tpu")
+    assert torch.rand(3, 2, out=out) is out and out.shape == (3, 2)
+    out = torch.empty(0, dtype=torch.int64, device="tpu")
+    torch.randint(2**40, 2**40 + 3, (100,), out=out)
+    assert out.shape == (100,) and set(out.cpu().unique().tolist()) <= {2**40, 2**40 + 1, 2**40 + 2}
+    out = torch.empty(0, dtype=torch.int64, device="tpu")
+    torch.randint(4, (50,), out=out)
+    assert set(out.cpu().unique().tolist()) <= set(range(4))
+    out = torch.empty(0, device="tpu")
+    torch.bernoulli(torch.full((10,), 0.5, device="tpu"), out=out)
+    assert out.shape == (10,)
+    x = torch.zeros(3, 4, device="tpu")
+    x[1].normal_()
+    x[:, 0].uniform_(5, 6)
+    c = x.cpu()
+    assert (c[[0, 2], 1:] == 0).all() and (c[1, 1:] != 0).all()
+    assert (c[:, 0] >= 5).all() and (c[:, 0] <= 6).all()

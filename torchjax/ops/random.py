@@ -1,0 +1,482 @@
+"""Random ops: in-place samplers (normal_, uniform_, random_, ...), randperm, multinomial,
+the ``*_like`` random factories and dropout.
+
+Every draw takes a fresh key from the per-device RNG state (torchjax/tensor/random.py,
+``next_key``), so ``torch.manual_seed`` makes tpu randomness reproducible,
+``torch.tpu.get_rng_state``/``set_rng_state`` replay it and no two draws share a key.
+The key is drawn in eager, on the device holding the op's first tensor; values differ
+from CPU torch's (a different generator), so tests check shapes, ranges and statistics.
+While jax is tracing (no concrete device), the key comes from tpu:0's state at trace
+time and is a constant of the traced graph: torchjax.jit must thread keys in itself (see
+``_key``), as design.md requires.
+
+Generators: ``torch.Generator(device="tpu")`` cannot be created (torch needs a C++
+``PrivateUse1HooksInterface`` for it, which a pure-Python backend cannot register), so a
+``generator=`` argument can only be a CPU generator, which torch itself rejects for
+other devices. We raise a RuntimeError naming the op and pointing to
+``torch.manual_seed``, rather than silently ignoring a generator the caller relies on.
+
+Data-dependent checks (bernoulli's ``p`` in [0, 1], multinomial's distribution) read the
+concrete values in eager.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from torchjax.ops.registry import Kind, handler, lowering, write_into
+from torchjax.tensor import dtypes
+from torchjax.tensor import random as _rng
+from torchjax.tensor._tensor import wrap
+
+aten = torch.ops.aten
+
+_DEVICE_INDEX: dict = {}
+
+
+def _key(x) -> jax.Array:
+    """A fresh key for one draw on the device holding ``x`` (device 0 while tracing:
+    torchjax.jit threads keys in through torchjax/tensor/random.py)."""
+    if isinstance(x, jax.core.Tracer) or not isinstance(x, jax.Array):
+        return _rng.next_key(0)
+    devs = x.devices()
+    if len(devs) != 1:  # sharded over a mesh: one stream for the whole array, tpu:0's
+        return _rng.next_key(0)
+    dev = next(iter(devs))
+    index = _DEVICE_INDEX.get(dev)
+    if index is None:
+        index = _DEVICE_INDEX[dev] = jax.devices().index(dev)
+    return _rng.next_key(index)
+
+
+def _check_generator(op: str, generator) -> None:
+    if generator is not None:
+        raise RuntimeError(
+            f"aten::{op}: generator= is not supported for tpu tensors (got {generator!r} on "
+            f"{generator.device}); torch.Generator(device='tpu') cannot exist for a Python "
+            "backend. Seed tpu randomness with torch.manual_seed / torch.tpu.manual_seed."
+        )
+
+
+def _check_float(op: str, x) -> None:
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise RuntimeError(
+            f"aten::{op} expects a floating point tensor, got {dtypes.to_torch_dtype(x.dtype)}"
+        )
+
+
+def _opmath(dtype):
+    return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
+
+
+def _uniform01(key, shape, dtype):
+    """Uniform in [0, 1), drawn in float32 for f16/bf16 (then possibly rounding to 1)."""
+    return jax.random.uniform(key, shape, dtype=_opmath(dtype))
+
+
+# ---------------------------------------------------------------------------------------
+# in-place samplers
+
+
+@lowering(aten.uniform_.default, aten.uniform.default)
+def uniform(self, from_=0.0, to=1.0, *, generator=None, **kw):
+    """aten::uniform_ - fill with U[from, to).
+
+    Dtypes: floating only (torch raises for integers). f16/bf16 drawn in float32 and
+    rounded, as torch's CPU kernel does (a draw may round up to ``to``).
+    Reference: torch.Tensor.uniform_.
+    """
+    from_ = kw.pop("from", from_)  # "from" is a Python keyword: by position or in **kw
+    _check_generator("uniform_", generator)
+    _check_float("uniform_", self)
+    if not from_ <= to:
+        raise RuntimeError(
+            f"uniform_ expects to return a [from, to) range, but found "
+            f"from={from_} > to={to} (in aten::uniform_)"
+        )
+    ct = _opmath(self.dtype)
+    u = jax.random.uniform(_key(self), self.shape, dtype=ct, minval=from_, maxval=to)
+    return u.astype(self.dtype)
+
+
+@lowering(aten.normal_.default)
+def normal_(self, mean=0.0, std=1.0, *, generator=None):
+    """aten::normal_ - fill with N(mean, std**2). Dtypes: floating only.
+    Reference: torch.Tensor.normal_."""
+    _check_generator("normal_", generator)
+    _check_float("normal_", self)
+    _check_std("normal_", std)
+    z = jax.random.normal(_key(self), self.shape, dtype=_opmath(self.dtype))
+    return (z * std + mean).astype(self.dtype)
+
+
+def _check_std(op, std):
+    if not isinstance(std, jax.Array) and std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std} (in aten::{op})")
+    if isinstance(std, jax.Array) and not isinstance(std, jax.core.Tracer):
+        if bool(jnp.any(std < 0)):
+            raise RuntimeError(f"normal expects all elements of std >= 0.0 (in aten::{op})")
+
+
+def _normal(op, mean, std, generator):
+    _check_generator(op, generator)
+    _check_std(op, std)
+    like = mean if isinstance(mean, jax.Array) else std
+    if not jnp.issubdtype(like.dtype, jnp.floating):
+        raise RuntimeError(
+            f"aten::{op}: normal expects floating point mean/std, got "
+            f"{dtypes.to_torch_dtype(like.dtype)}"
+        )
+    shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
+    ct = _opmath(like.dtype)
+    z = jax.random.normal(_key(like), shape, dtype=ct)
+    return (z * jnp.asarray(std, ct) + jnp.asarray(mean, ct)).astype(like.dtype)
+
+
+@lowering(aten.normal.Tensor_float)
+def normal_tensor_float(mean, std=1.0, *, generator=None):
+    """aten::normal.Tensor_float - N(mean[i], std**2); shape and dtype of ``mean``."""
+    return _normal("normal.Tensor_float", mean, std, generator)
+
+
+@lowering(aten.normal.float_Tensor)
+def normal_float_tensor(mean, std, *, generator=None):
+    """aten::normal.float_Tensor - N(mean, std[i]**2); shape and dtype of ``std``."""
+    return _normal("normal.float_Tensor", mean, std, generator)
+
+
+@lowering(aten.normal.Tensor_Tensor)
+def normal_tensor_tensor(mean, std, *, generator=None):
+    """aten::normal.Tensor_Tensor - N(mean[i], std[i]**2); broadcast shape, mean's dtype."""
+    return _normal("normal.Tensor_Tensor", mean, std, generator)
+
+
+@lowering(aten.bernoulli_.float, aten.bernoulli.p)
+def bernoulli_p(self, p=0.5, *, generator=None):
+    """aten::bernoulli_.float / bernoulli.p - 1 with probability ``p`` else 0, in
+    ``self``'s dtype and shape. Reference: torch.Tensor.bernoulli_."""
+    _check_generator("bernoulli_", generator)
+    if not 0 <= p <= 1:
+        raise RuntimeError(
+            f"bernoulli_ expects p to be in [0, 1], but got p={p} (in aten::bernoulli_.float)"
+        )
+    u = jax.random.uniform(_key(self), self.shape, dtype=jnp.float64)
+    return (u < p).astype(self.dtype)
+
+
+@lowering(aten.bernoulli_.Tensor, aten.bernoulli.Tensor)
+def bernoulli_tensor(self, p, *, generator=None):
+    """aten::bernoulli_.Tensor - 1 with probability ``p`` (broadcast to ``self``)."""
+    _check_generator("bernoulli_", generator)
+    return _bernoulli("bernoulli_.Tensor", self, p)
+
+
+@lowering(aten.bernoulli.default)
+def bernoulli(self, *, generator=None):
+    """aten::bernoulli - 1 with probability ``self[i]``; ``self``'s dtype and shape.
+    Dtypes: floating ``self`` (the probabilities). Reference: torch.bernoulli."""
+    _check_generator("bernoulli", generator)
+    _check_float("bernoulli", self)
+    return _bernoulli("bernoulli", self, self)
+
+
+def _bernoulli(op, self, p):
+    if not isinstance(p, jax.core.Tracer) and bool(jnp.any((p < 0) | (p > 1))):
+        raise RuntimeError(
+            f"Expected p_in >= 0 && p_in <= 1 to be true, but got false "
+            f"(in aten::{op}: every probability must lie in [0, 1])"
+        )
+    ct = jnp.float64 if p.dtype == jnp.float64 else jnp.float32
+    u = jax.random.uniform(_key(self), self.shape, dtype=ct)
+    return (u < jnp.broadcast_to(p.astype(ct), self.shape)).astype(self.dtype)
+
+
+_FLOAT_DIGITS = {
+    jnp.dtype(jnp.float16): 11,
+    jnp.dtype(jnp.bfloat16): 8,
+    jnp.dtype(jnp.float32): 24,
+    jnp.dtype(jnp.float64): 53,
+}
+
+
+def _dtype_max(dtype) -> int:
+    """Upper bound (inclusive) of random_() for ``dtype``: 2**digits for floats (every
+    integer up to it is exact), the type's max for integers, 1 for bool."""
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.bool_:
+        return 1
+    if dtype in _FLOAT_DIGITS:
+        return 2 ** _FLOAT_DIGITS[dtype]
+    return int(jnp.iinfo(dtype).max)
+
+
+def _random_range(op, self, lo: int, hi: int):
+    """Integers uniform in [lo, hi) (hi - lo <= 2**64) in ``self``'s dtype, drawn as
+    ``lo + bits % (hi - lo)`` in uint64 as torch's CPU kernel does."""
+    if not lo < hi:
+        raise RuntimeError(
+            f"random_ expects 'from' to be less than 'to', but got "
+            f"from={lo} >= to={hi} (in aten::{op})"
+        )
+    bits = jax.random.bits(_key(self), self.shape, dtype=jnp.uint64)
+    span = hi - lo
+    if span < 2**64:
+        bits = bits % np.uint64(span)
+    vals = lax.bitcast_convert_type(bits + np.uint64(lo % 2**64), jnp.int64)
+    return vals.astype(self.dtype)
+
+
+@lowering(aten.random_.default, aten.random.default)
+def random_(self, *, generator=None):
+    """aten::random_ - integers uniform on [0, max]: the dtype's max for integers,
+    2**mantissa_digits for floats. Reference: torch.Tensor.random_."""
+    _check_generator("random_", generator)
+    return _random_range("random_", self, 0, _dtype_max(self.dtype) + 1)
+
+
+@lowering(getattr(aten.random_, "from"), getattr(aten.random, "from"))
+def random_from(self, from_, to, *, generator=None, **kw):
+    """aten::random_.from - integers uniform on [from, to); ``to=None`` means up to the
+    dtype's max (inclusive)."""
+    from_ = kw.pop("from", from_)
+    _check_generator("random_", generator)
+    hi = _dtype_max(self.dtype) + 1 if to is None else to
+    return _random_range("random_.from", self, from_, hi)
+
+
+@lowering(aten.random_.to, aten.random.to)
+def random_to(self, to, *, generator=None):
+    """aten::random_.to - integers uniform on [0, to)."""
+    _check_generator("random_", generator)
+    return _random_range("random_.to", self, 0, to)
+
+
+@lowering(aten.exponential_.default, aten.exponential.default)
+def exponential(self, lambd=1.0, *, generator=None):
+    """aten::exponential_ - Exp(lambd) samples, -log1p(-U)/lambd. Dtypes: floating."""
+    _check_generator("exponential_", generator)
+    _check_float("exponential_", self)
+    if not lambd > 0:
+        raise RuntimeError(
+            f"exponential_ expects lambda > 0.0, but found lambda={lambd} (in aten::exponential_)"
+        )
+    u = _uniform01(_key(self), self.shape, self.dtype)
+    return (-jnp.log1p(-u) / lambd).astype(self.dtype)
+
+
+@lowering(aten.geometric_.default, aten.geometric.default)
+def geometric(self, p, *, generator=None):
+    """aten::geometric_ - number of Bernoulli(p) trials to the first success (>= 1):
+    ceil(log(U) / log1p(-p)), in ``self``'s dtype. Reference: torch.Tensor.geometric_."""
+    _check_generator("geometric_", generator)
+    if not 0 < p < 1:
+        raise RuntimeError(
+            f"geometric_ expects p to be in (0, 1), but got p={p} (in aten::geometric_)"
+        )
+    u = jax.random.uniform(
+        _key(self), self.shape, dtype=jnp.float64, minval=np.finfo(np.float64).tiny, maxval=1.0
+    )
+    return jnp.maximum(jnp.ceil(jnp.log(u) / math.log1p(-p)), 1.0).astype(self.dtype)
+
+
+@lowering(aten.cauchy_.default, aten.cauchy.default)
+def cauchy(self, median=0.0, sigma=1.0, *, generator=None):
+    """aten::cauchy_ - median + sigma * tan(pi * (U - 1/2)). Dtypes: floating."""
+    _check_generator("cauchy_", generator)
+    _check_float("cauchy_", self)
+    if not sigma > 0:
+        raise RuntimeError(
+            f"cauchy_ expects sigma > 0.0, but found sigma={sigma} (in aten::cauchy_)"
+        )
+    u = _uniform01(_key(self), self.shape, self.dtype)
+    return (median + sigma * jnp.tan(np.pi * (u - 0.5))).astype(self.dtype)
+
+
+@lowering(aten.log_normal_.default, aten.log_normal.default)
+def log_normal(self, mean=1.0, std=2.0, *, generator=None):
+    """aten::log_normal_ - exp(N(mean, std**2)). Dtypes: floating."""
+    _check_generator("log_normal_", generator)
+    _check_float("log_normal_", self)
+    if not std > 0:
+        raise RuntimeError(
+            f"log_normal_ expects std > 0.0, but found std={std} (in aten::log_normal_)"
+        )
+    z = jax.random.normal(_key(self), self.shape, dtype=_opmath(self.dtype))
+    return jnp.exp(z * std + mean).astype(self.dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# randperm, multinomial
+
+
+@handler(aten.randperm.generator_out, aten.randperm.out)
+def randperm_out(args, kwargs):
+    """aten::randperm.out - a random permutation of ``0..n-1`` written into ``out``.
+    Dtypes: ``out``'s (int64 by default). Reference: torch.randperm."""
+    n, out = args[0], kwargs["out"]
+    _check_generator("randperm", kwargs.get("generator"))
+    if n < 0:
+        raise RuntimeError(f"n must be non-negative, got {n} (in aten::randperm)")
+    perm = jax.random.permutation(_rng.next_key(out._device_index), n)
+    arr = perm.astype(dtypes.to_jax_dtype(out.dtype))
+    return write_into(
+        aten.randperm.out, out, wrap(arr, out._device_index), check_cast=False, resize=True
+    )
+
+
+@lowering(aten.multinomial.default)
+def multinomial(self, num_samples, replacement=False, *, generator=None):
+    """aten::multinomial - ``num_samples`` category indices per row of ``self``
+    (unnormalised, non-negative weights), with or without replacement.
+
+    Shapes: (n,) -> (num_samples,); (m, n) -> (m, num_samples). Dtype int64. Without
+    replacement we take the top ``num_samples`` of log(w) + Gumbel noise (equivalent to
+    sequential sampling). Reference: torch.multinomial.
+    """
+    _check_generator("multinomial", generator)
+    op = "aten::multinomial"
+    if self.ndim not in (1, 2):
+        raise RuntimeError(f"prob_dist must be 1 or 2 dim, got {self.ndim} (in {op})")
+    _check_float("multinomial", self)
+    n = self.shape[-1]
+    if num_samples <= 0:
+        raise RuntimeError(f"cannot sample n_sample <= 0 samples (got {num_samples}, in {op})")
+    if not replacement and num_samples > n:
+        raise RuntimeError(
+            f"cannot sample n_sample > prob_dist.size(-1) samples without "
+            f"replacement (n_sample={num_samples}, size={n}, in {op})"
+        )
+    w = jnp.atleast_2d(self).astype(jnp.float64 if self.dtype == jnp.float64 else jnp.float32)
+    if not isinstance(w, jax.core.Tracer):
+        if bool(jnp.any(~jnp.isfinite(w) | (w < 0))):
+            raise RuntimeError(
+                f"probability tensor contains either `inf`, `nan` or element < 0 (in {op})"
+            )
+        if bool(jnp.any(jnp.sum(w, axis=-1) <= 0)):
+            raise RuntimeError(
+                f"invalid multinomial distribution (sum of probabilities <= 0) (in {op})"
+            )
+        if not replacement and bool(jnp.any(jnp.sum(w > 0, axis=-1) < num_samples)):
+            raise RuntimeError(
+                f"invalid multinomial distribution (with replacement=False, "
+                f"not enough non-negative category to sample) (in {op})"
+            )
+    logits = jnp.log(w)
+    key = _key(self)
+    if replacement:
+        idx = jax.random.categorical(
+            key, logits[:, None, :], axis=-1, shape=(w.shape[0], num_samples)
+        )
+    else:
+        g = jax.random.gumbel(key, w.shape, dtype=w.dtype)
+        _, idx = lax.top_k(logits + g, num_samples)
+    idx = idx.astype(jnp.int64)
+    return idx[0] if self.ndim == 1 else idx
+
+
+# ---------------------------------------------------------------------------------------
+# random *_like factories (torch's composite kernels do not run for tpu inputs)
+
+
+def _like(fill):
+    def like_handler(args, kwargs):
+        from torchjax.ops.factory import like_options
+
+        _check_generator("rand_like", kwargs.get("generator"))
+        self = args[0]
+        t = torch.empty(tuple(self.shape), **like_options(self, kwargs))
+        return fill(t, *args[1:])
+
+    return like_handler
+
+
+handler(aten.rand_like.default)(_like(lambda t: t.uniform_()))
+handler(aten.randn_like.default)(_like(lambda t: t.normal_()))
+handler(aten.randint_like.default, aten.randint_like.Tensor)(
+    _like(lambda t, high: t.random_(0, int(high)))
+)
+handler(aten.randint_like.low_dtype)(_like(lambda t, low, high: t.random_(low, high)))
+
+
+def _generator_like(args, kwargs):
+    _check_generator("random *_like", kwargs.get("generator"))
+
+
+for _op in (
+    aten.rand_like.generator,
+    aten.randn_like.generator,
+    aten.randint_like.generator,
+    aten.randint_like.Tensor_generator,
+    aten.randint_like.low_generator_dtype,
+):
+    handler(_op)(_generator_like)
+
+
+def _sized_out(op, fill):
+    """``rand.out``/``randint.out``-style factories: resize ``out`` to ``size`` (torch's
+    out= rule), then fill it in place."""
+
+    def sized_out(args, kwargs):
+        _check_generator(op, kwargs.get("generator"))
+        out, size = kwargs["out"], args[-1]
+        arr = jnp.zeros(tuple(size), dtype=dtypes.to_jax_dtype(out.dtype))
+        write_into(getattr(aten, op).out, out, wrap(arr, out._device_index), resize=True)
+        return fill(out, *args[:-1])
+
+    return sized_out
+
+
+handler(aten.rand.out, aten.rand.generator_out)(_sized_out("rand", lambda o: o.uniform_()))
+handler(aten.randint.out, aten.randint.generator_out)(
+    _sized_out("randint", lambda o, high: o.random_(0, high))
+)
+handler(aten.randint.low_out, aten.randint.low_generator_out)(
+    _sized_out("randint", lambda o, low, high: o.random_(low, high))
+)
+
+
+# ---------------------------------------------------------------------------------------
+# dropout
+
+
+@lowering(aten.native_dropout.default)
+def native_dropout(input, p, train=None):
+    """aten::native_dropout - (input * mask / (1 - p), mask) in training, else
+    (input copy, all-True mask).
+
+    Mask is bool, kept with probability 1 - p; p == 1 gives zeros (scale 0, as torch
+    avoids 1/0). f16/bf16 scaled in float32. Reference: ATen Dropout.cpp.
+    """
+    if not 0 <= p <= 1:
+        raise RuntimeError(
+            f"dropout probability has to be between 0 and 1, but got {p} (in aten::native_dropout)"
+        )
+    if train is False or input.size == 0:
+        return jnp.array(input, copy=True), jnp.ones(input.shape, dtype=jnp.bool_)
+    p1m = 1.0 - p
+    scale = 0.0 if p1m == 0 else 1.0 / p1m
+    u = jax.random.uniform(_key(input), input.shape, dtype=jnp.float32)
+    mask = u < p1m
+    ct = _opmath(input.dtype)
+    out = jnp.where(mask, input.astype(ct) * np.asarray(scale, ct), jnp.zeros((), ct))
+    return out.astype(input.dtype), mask
+
+
+@lowering(
+    aten.native_dropout_backward.default,
+    promote=Kind.DEFAULT,
+    promote_args=("grad_output", "mask", "scale"),
+)
+def native_dropout_backward(grad_output, mask, scale):
+    """aten::native_dropout_backward - grad_output * mask * scale.
+
+    Dtypes: torch's promotion of the three (a float mask or an integer grad promote);
+    f16/bf16 computed in float32. Reference: ATen Dropout.cpp.
+    """
+    return grad_output * mask * scale
