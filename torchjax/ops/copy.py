@@ -124,3 +124,10 @@ def zero(self):
 def fill(self, value):
     """aten::fill_ - every element set to ``value`` cast to ``self``'s dtype."""
     return jnp.full(self.shape, value, dtype=self.dtype)
+
+
+@lowering(aten.copy.default)
+def copy(self, src, non_blocking=False):
+    """aten::copy - functional copy_: ``src`` cast to ``self``'s dtype, broadcast to its
+    shape (torch's decompositions use it)."""
+    return jnp.broadcast_to(src.astype(self.dtype), self.shape)
