@@ -29,7 +29,8 @@ def cases():
 
     def arrays(shape):
         return rng.standard_normal(shape, dtype=np.float32), rng.standard_normal(
-            shape, dtype=np.float32)
+            shape, dtype=np.float32
+        )
 
     a1, b1 = arrays((1, 1))
     a2, b2 = arrays((256, 256))
@@ -40,27 +41,31 @@ def cases():
     ]
 
 
-def run() -> list[tuple[str, float, float, float]]:
-    rows = []
-    for name, a, b, torch_fn, jnp_fn in cases():
-        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        xa, xb = ta.to("tpu"), tb.to("tpu")
-        ja, jb = jnp.asarray(a), jnp.asarray(b)
+def time_case(a, b, torch_fn, jnp_fn) -> tuple[float, float, float]:
+    """(torchjax, raw jnp, torch CPU) median microseconds for one op on (a, b)."""
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    xa, xb = ta.to("tpu"), tb.to("tpu")
+    ja, jb = jnp.asarray(a), jnp.asarray(b)
+    t_tj = median_us(lambda: jax.block_until_ready(torchjax.to_jax(torch_fn(xa, xb))))
+    t_jnp = median_us(lambda: jax.block_until_ready(jnp_fn(ja, jb)))
+    t_cpu = median_us(lambda: torch_fn(ta, tb))
+    return t_tj, t_jnp, t_cpu
 
-        t_tj = median_us(lambda: jax.block_until_ready(torchjax.to_jax(torch_fn(xa, xb))))
-        t_jnp = median_us(lambda: jax.block_until_ready(jnp_fn(ja, jb)))
-        t_cpu = median_us(lambda: torch_fn(ta, tb))
-        rows.append((name, t_tj, t_jnp, t_cpu))
-    return rows
+
+def run() -> list[tuple[str, float, float, float]]:
+    return [(name, *time_case(a, b, tf, jf)) for name, a, b, tf, jf in cases()]
 
 
 def report(rows) -> str:
     lines = [
-        "| op | torchjax eager (us) | raw jnp (us) | torch CPU (us) | torchjax/jnp | torchjax/torch |",
+        "| op | torchjax eager (us) | raw jnp (us) | torch CPU (us) | torchjax/jnp "
+        "| torchjax/torch |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for name, tj, jn, cpu in rows:
-        lines.append(f"| {name} | {tj:.1f} | {jn:.1f} | {cpu:.1f} | {tj / jn:.2f}x | {tj / cpu:.2f}x |")
+        lines.append(
+            f"| {name} | {tj:.1f} | {jn:.1f} | {cpu:.1f} | {tj / jn:.2f}x | {tj / cpu:.2f}x |"
+        )
     return "\n".join(lines)
 
 

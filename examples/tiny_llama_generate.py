@@ -27,9 +27,17 @@ MAX_NEW_TOKENS = 20
 
 def tiny_llama_config() -> LlamaConfig:
     return LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
         eos_token_id=2,
     )
 
@@ -53,8 +61,13 @@ def prompts() -> dict[str, torch.Tensor]:
 
 def generate(model, batch) -> torch.Tensor:
     with torch.no_grad():
-        return model.generate(**batch, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
-                              pad_token_id=0, eos_token_id=None)
+        return model.generate(
+            **batch,
+            max_new_tokens=MAX_NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
 
 
 def main() -> int:

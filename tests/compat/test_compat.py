@@ -19,15 +19,16 @@ def test_elementwise_dtypes_kinds():
     assert ct.elementwise_dtypes(
         h, type_promotion_kind=ct.ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
     ) == (torch.float32, torch.float16)
-    assert ct.reduction_dtypes(
-        a, ct.REDUCTION_OUTPUT_TYPE_KIND.SAME
-    )[1] == torch.int64
+    assert ct.reduction_dtypes(a, ct.REDUCTION_OUTPUT_TYPE_KIND.SAME)[1] == torch.int64
 
 
 def test_decomposition_table_has_what_we_rely_on():
     aten = torch.ops.aten
-    for op in (aten.addcmul.default, aten.native_dropout_backward.default,
-               aten.slice_backward.default):
+    for op in (
+        aten.addcmul.default,
+        aten.native_dropout_backward.default,
+        aten.slice_backward.default,
+    ):
         assert op in ct.decomposition_table, op
 
 

@@ -7,7 +7,6 @@ import threading
 
 import torch
 
-import torchjax
 from torchjax.tensor import JaxTensor
 
 
@@ -118,8 +117,9 @@ def test_tensor_survives_contexts():
 
 
 def _run(code: str) -> str:
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 

@@ -11,8 +11,12 @@ import torchjax  # noqa: F401
 def _mlp():
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 16), torch.nn.SiLU(),
-        torch.nn.LayerNorm(16), torch.nn.Linear(16, 3),
+        torch.nn.Linear(8, 16),
+        torch.nn.GELU(),
+        torch.nn.Linear(16, 16),
+        torch.nn.SiLU(),
+        torch.nn.LayerNorm(16),
+        torch.nn.Linear(16, 3),
     )
 
 
@@ -26,8 +30,9 @@ class Block(torch.nn.Module):
         self.qkv = torch.nn.Linear(d, 3 * d)
         self.proj = torch.nn.Linear(d, d)
         self.norm2 = torch.nn.RMSNorm(d)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU("tanh"),
-                                       torch.nn.Linear(4 * d, d))
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(d, 4 * d), torch.nn.GELU("tanh"), torch.nn.Linear(4 * d, d)
+        )
         self.drop = torch.nn.Dropout(0.0)
 
     def forward(self, x):
@@ -43,8 +48,13 @@ def _grads_match(cpu_model, tpu_model, tol=1e-5):
     for (name, p_cpu), p_tpu in zip(cpu_model.named_parameters(), tpu_model.parameters()):
         assert p_tpu.grad is not None, name
         assert p_tpu.grad.device.type == "tpu", name
-        torch.testing.assert_close(p_tpu.grad.cpu(), p_cpu.grad, rtol=tol, atol=tol,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            p_tpu.grad.cpu(),
+            p_cpu.grad,
+            rtol=tol,
+            atol=tol,
+            msg=lambda m, name=name: f"{name}: {m}",
+        )
 
 
 @pytest.mark.parametrize("make,shape", [(_mlp, (4, 8)), (Block, (2, 5, 16))])
@@ -60,11 +70,14 @@ def test_backward_matches_cpu(make, shape):
     _grads_match(cpu, tpu)
 
 
-@pytest.mark.parametrize("opt", [
-    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
-    lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.01),
-    lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=False),
-])
+@pytest.mark.parametrize(
+    "opt",
+    [
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+        lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.01),
+        lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=False),
+    ],
+)
 def test_optimizer_steps_match_cpu(opt):
     cpu = _mlp()
     tpu = copy.deepcopy(cpu).to("tpu")

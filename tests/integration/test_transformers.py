@@ -22,9 +22,11 @@ def llama_dir(tmp_path_factory):
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_tiny_llama_logits_and_greedy_tokens(llama_dir, attn):
     cpu = transformers.AutoModelForCausalLM.from_pretrained(
-        llama_dir, attn_implementation=attn).eval()
+        llama_dir, attn_implementation=attn
+    ).eval()
     tpu = transformers.AutoModelForCausalLM.from_pretrained(
-        llama_dir, attn_implementation=attn, device_map="tpu").eval()
+        llama_dir, attn_implementation=attn, device_map="tpu"
+    ).eval()
     assert all(p.device.type == "tpu" for p in tpu.parameters())
     batch = tl.prompts()
     tpu_batch = {k: v.to("tpu") for k, v in batch.items()}

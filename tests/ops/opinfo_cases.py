@@ -40,8 +40,9 @@ def _cases(names, check):
         for dtype in oi.DTYPES:
             if dtype not in supported:
                 continue
-            if check == "backward" and (not op.supports_autograd
-                                        or dtype not in (torch.float32, torch.float64)):
+            if check == "backward" and (
+                not op.supports_autograd or dtype not in (torch.float32, torch.float64)
+            ):
                 continue
             if check == "inplace" and op.get_inplace() is None:
                 continue
@@ -65,8 +66,10 @@ def make_tests(names):
 
     @pytest.mark.parametrize("op,dtype", _cases(names, "backward"))
     def test_backward(op, dtype):
-        ran = [oi.check_backward(op, s)
-               for s in oi.samples(op, dtype, requires_grad=True, limit=_SAMPLE_LIMIT)]
+        ran = [
+            oi.check_backward(op, s)
+            for s in oi.samples(op, dtype, requires_grad=True, limit=_SAMPLE_LIMIT)
+        ]
         assert any(ran), "no sample had a differentiable output"
 
     @pytest.mark.parametrize("op,dtype", _cases(names, "inplace"))
@@ -79,5 +82,9 @@ def make_tests(names):
         for s in oi.samples(op, dtype, limit=_SAMPLE_LIMIT):
             oi.check_out(op, s)
 
-    return {"test_opinfo_forward": test_forward, "test_opinfo_backward": test_backward,
-            "test_opinfo_inplace": test_inplace, "test_opinfo_out": test_out}
+    return {
+        "test_opinfo_forward": test_forward,
+        "test_opinfo_backward": test_backward,
+        "test_opinfo_inplace": test_inplace,
+        "test_opinfo_out": test_out,
+    }

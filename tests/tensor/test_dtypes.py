@@ -7,9 +7,20 @@ import torch
 import torchjax
 from torchjax.tensor import dtypes
 
-ALL = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-       torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
-       torch.complex128]
+ALL = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+]
 
 
 @pytest.mark.parametrize("dtype", ALL, ids=str)

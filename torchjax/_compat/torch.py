@@ -64,8 +64,8 @@ def tensor_repr(t: torch.Tensor, cpu_copy: torch.Tensor) -> str:
     # "Parameter(...)"; print what a CUDA tensor or parameter prints instead.
     param = text.startswith("Parameter(")
     if param:
-        text = text[len("Parameter("):-1]
+        text = text[len("Parameter(") : -1]
     name = type(t).__name__ + "("
     if text.startswith(name):
-        text = prefix + text[len(name):]
+        text = prefix + text[len(name) :]
     return "Parameter containing:\n" + text if param else text

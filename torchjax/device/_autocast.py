@@ -17,21 +17,74 @@ _EXCLUDE = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
 
 # aten op names (all overloads) run in the autocast dtype (bfloat16 by default).
 LOWER_PRECISION = (
-    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-    "conv_transpose3d", "convolution", "prelu", "addmm", "addmv", "addr", "matmul",
-    "einsum", "mm", "mv", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul",
-    "linalg_multi_dot", "scaled_dot_product_attention",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
+    "convolution",
+    "prelu",
+    "addmm",
+    "addmv",
+    "addr",
+    "matmul",
+    "einsum",
+    "mm",
+    "mv",
+    "linear",
+    "addbmm",
+    "baddbmm",
+    "bmm",
+    "chain_matmul",
+    "linalg_multi_dot",
+    "scaled_dot_product_attention",
 )
 # aten op names run in float32 (lower-precision float inputs are upcast).
 FP32 = (
-    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
-    "reciprocal", "rsqrt", "sinh", "tan", "pow", "softplus", "layer_norm", "group_norm",
-    "frobenius_norm", "nuclear_norm", "cosine_similarity", "poisson_nll_loss",
-    "cosine_embedding_loss", "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div",
-    "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss",
-    "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
-    "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist",
-    "renorm", "logsumexp", "cross_entropy_loss",
+    "acos",
+    "asin",
+    "cosh",
+    "erfinv",
+    "exp",
+    "expm1",
+    "log",
+    "log10",
+    "log2",
+    "log1p",
+    "reciprocal",
+    "rsqrt",
+    "sinh",
+    "tan",
+    "pow",
+    "softplus",
+    "layer_norm",
+    "group_norm",
+    "frobenius_norm",
+    "nuclear_norm",
+    "cosine_similarity",
+    "poisson_nll_loss",
+    "cosine_embedding_loss",
+    "nll_loss",
+    "nll_loss2d",
+    "hinge_embedding_loss",
+    "kl_div",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "mse_loss",
+    "margin_ranking_loss",
+    "multilabel_margin_loss",
+    "soft_margin_loss",
+    "triplet_margin_loss",
+    "multi_margin_loss",
+    "binary_cross_entropy_with_logits",
+    "dist",
+    "pdist",
+    "cdist",
+    "renorm",
+    "logsumexp",
+    "cross_entropy_loss",
 )
 
 _LIBS: list[torch.library.Library] = []
@@ -67,8 +120,9 @@ def register() -> None:
                 continue
             for overload in packet.overloads():
                 op = getattr(packet, overload)
-                if any(a.alias_info is not None and a.alias_info.is_write
-                       for a in op._schema.arguments):
+                if any(
+                    a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments
+                ):
                     continue  # out=/in-place: casting would detach the written tensor
                 suffix = "" if overload == "default" else f".{overload}"
                 impls.impl(name + suffix, _kernel(op, dtype))

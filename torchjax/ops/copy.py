@@ -57,8 +57,9 @@ def _to_copy(args, kwargs):
     return wrap(arr, index)
 
 
-@handler(aten.detach.default, aten.alias.default, aten.lift_fresh.default,
-         aten._unsafe_view.default)
+@handler(
+    aten.detach.default, aten.alias.default, aten.lift_fresh.default, aten._unsafe_view.default
+)
 def alias(args, kwargs):
     """aten::detach / alias / lift_fresh - a new tensor sharing ``self``'s storage."""
     self = args[0]

@@ -81,8 +81,9 @@ def lowering(*ops, promote: Kind | None = None, promote_args=None, cpu_tensors=F
     """
 
     def deco(fn):
-        _register(ops, Lowering(fn, promote, tuple(promote_args) if promote_args else None,
-                                cpu_tensors))
+        _register(
+            ops, Lowering(fn, promote, tuple(promote_args) if promote_args else None, cpu_tensors)
+        )
         return fn
 
     return deco
@@ -194,7 +195,8 @@ def describe_args(args, kwargs) -> str:
 
 def _out_names(schema) -> list[str]:
     return [
-        a.name for a in schema.arguments
+        a.name
+        for a in schema.arguments
         if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
     ]
 
@@ -299,8 +301,7 @@ def _promote_indices(schema, entry):
     args = schema.arguments
     if names is None:
         return tuple(
-            i for i, a in enumerate(args)
-            if not a.kwarg_only and str(a.type) in _PROMOTABLE_TYPES
+            i for i, a in enumerate(args) if not a.kwarg_only and str(a.type) in _PROMOTABLE_TYPES
         )
     return tuple(i for i, a in enumerate(args) if a.name in names)
 
@@ -398,8 +399,7 @@ def _meta_like(t: JaxTensor) -> torch.Tensor:
 
 
 def _view_from_meta(base, meta, value):
-    return view_of(base, tuple(meta.shape), meta.stride(), meta.storage_offset(),
-                   meta.dtype, value)
+    return view_of(base, tuple(meta.shape), meta.stride(), meta.storage_offset(), meta.dtype, value)
 
 
 def _check_cast(func, result_dtype, out_dtype):
@@ -411,11 +411,20 @@ def _check_cast(func, result_dtype, out_dtype):
 
 
 def _type_name(dt: torch.dtype) -> str:
-    return {torch.float32: "Float", torch.float64: "Double", torch.int64: "Long",
-            torch.int32: "Int", torch.bool: "Bool", torch.float16: "Half",
-            torch.bfloat16: "BFloat16", torch.complex64: "ComplexFloat",
-            torch.complex128: "ComplexDouble", torch.int16: "Short", torch.int8: "Char",
-            torch.uint8: "Byte"}.get(dt, str(dt))
+    return {
+        torch.float32: "Float",
+        torch.float64: "Double",
+        torch.int64: "Long",
+        torch.int32: "Int",
+        torch.bool: "Bool",
+        torch.float16: "Half",
+        torch.bfloat16: "BFloat16",
+        torch.complex64: "ComplexFloat",
+        torch.complex128: "ComplexDouble",
+        torch.int16: "Short",
+        torch.int8: "Char",
+        torch.uint8: "Byte",
+    }.get(dt, str(dt))
 
 
 def write_into(func, dst: torch.Tensor, src: JaxTensor, *, check_cast=True, resize=False):
@@ -489,8 +498,9 @@ def _out_handler(func, functional):
         for o, r in zip(outs, results):
             # Integer outputs (indices) follow the out tensor's dtype: torch checks those
             # by exact dtype in the kernels; the cast rule is for the values.
-            write_into(func, o, r, check_cast=r.dtype.is_floating_point or r.dtype.is_complex,
-                       resize=True)
+            write_into(
+                func, o, r, check_cast=r.dtype.is_floating_point or r.dtype.is_complex, resize=True
+            )
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return out

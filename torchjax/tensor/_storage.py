@@ -79,8 +79,10 @@ class _ContiguousPlan:
         self.size, self.offset, self.numel = size, offset, numel
 
     def read(self, flat):
-        run = flat if (self.offset == 0 and self.numel == flat.shape[0]) else (
-            lax.slice(flat, (self.offset,), (self.offset + self.numel,))
+        run = (
+            flat
+            if (self.offset == 0 and self.numel == flat.shape[0])
+            else (lax.slice(flat, (self.offset,), (self.offset + self.numel,)))
         )
         return run.reshape(self.size)
 

@@ -43,8 +43,9 @@ class JaxTensor(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @staticmethod
-    def __new__(cls, storage: Storage, size, stride, offset, dtype, device_index=0,
-                requires_grad=False):
+    def __new__(
+        cls, storage: Storage, size, stride, offset, dtype, device_index=0, requires_grad=False
+    ):
         t = torch.Tensor._make_wrapper_subclass(
             cls,
             size,
@@ -138,8 +139,14 @@ class JaxTensor(torch.Tensor):
     # embed_tokens.weight`) instead of creating new Parameters per module. There are no
     # inner tensors: the data is the storage's jax array, carried in the context.
     def __tensor_flatten__(self):
-        return [], (self._storage, self._size, self._stride, self._offset, self.dtype,
-                    self._device_index)
+        return [], (
+            self._storage,
+            self._size,
+            self._stride,
+            self._offset,
+            self.dtype,
+            self._device_index,
+        )
 
     @staticmethod
     def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):
@@ -160,7 +167,11 @@ def wrap(arr: jax.Array, device_index: int = 0) -> JaxTensor:
     """A new tpu tensor owning ``arr`` (contiguous, fresh storage)."""
     size = tuple(arr.shape)
     return JaxTensor(
-        Storage(arr), size, contiguous_strides(size), 0, dtypes.to_torch_dtype(arr.dtype),
+        Storage(arr),
+        size,
+        contiguous_strides(size),
+        0,
+        dtypes.to_torch_dtype(arr.dtype),
         device_index,
     )
 

@@ -27,8 +27,16 @@ TOLERANCES = {
     torch.complex128: (1e-7, 1e-7),
 }
 
-DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
-          torch.int32, torch.bool, torch.complex64)
+DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.int64,
+    torch.int32,
+    torch.bool,
+    torch.complex64,
+)
 
 
 def to_tpu(obj):
@@ -65,9 +73,11 @@ def _map_tensors(fn, obj):
 
 def compare(tpu_out, cpu_out, what: str = "output", tol=None) -> None:
     """Assert ``tpu_out`` equals ``cpu_out``: same structure, dtypes, shapes, values."""
-    t_leaves, t_spec = tree_flatten(tpu_out)
-    c_leaves, c_spec = tree_flatten(cpu_out)
-    assert len(t_leaves) == len(c_leaves), f"{what}: {len(t_leaves)} leaves vs {len(c_leaves)} on CPU"
+    t_leaves, _ = tree_flatten(tpu_out)
+    c_leaves, _ = tree_flatten(cpu_out)
+    assert len(t_leaves) == len(c_leaves), (
+        f"{what}: {len(t_leaves)} leaves vs {len(c_leaves)} on CPU"
+    )
     for i, (t, c) in enumerate(zip(t_leaves, c_leaves)):
         name = f"{what}[{i}]" if len(c_leaves) > 1 else what
         if isinstance(c, torch.Tensor):
@@ -77,12 +87,17 @@ def compare(tpu_out, cpu_out, what: str = "output", tol=None) -> None:
             assert t.shape == c.shape, f"{name}: shape {tuple(t.shape)}, CPU gave {tuple(c.shape)}"
             rtol, atol = tol or TOLERANCES.get(c.dtype, (0, 0))
             torch.testing.assert_close(
-                t.detach().cpu(), c.detach(), rtol=rtol, atol=atol, equal_nan=True,
+                t.detach().cpu(),
+                c.detach(),
+                rtol=rtol,
+                atol=atol,
+                equal_nan=True,
                 msg=lambda m, name=name: f"{name}: {m}",
             )
         elif isinstance(c, float):
             assert t == c or (t != t and c != c) or abs(t - c) <= 1e-5 * max(1, abs(c)), (
-                f"{name}: {t} vs {c}")
+                f"{name}: {t} vs {c}"
+            )
         else:
             assert t == c, f"{name}: {t!r} vs {c!r}"
 
@@ -90,7 +105,8 @@ def compare(tpu_out, cpu_out, what: str = "output", tol=None) -> None:
 def _weights_like(out_leaves):
     gen = torch.Generator().manual_seed(0)
     return [
-        torch.randn(o.shape, generator=gen, dtype=o.dtype) if o.dtype.is_complex
+        torch.randn(o.shape, generator=gen, dtype=o.dtype)
+        if o.dtype.is_complex
         else torch.rand(o.shape, generator=gen, dtype=torch.float64).to(o.dtype) + 0.5
         for o in out_leaves
     ]
@@ -103,8 +119,13 @@ def _grad_leaves(sample):
 
 def _differentiable_outputs(out):
     leaves, _ = tree_flatten(out)
-    return [o for o in leaves if isinstance(o, torch.Tensor) and o.requires_grad
-            and (o.dtype.is_floating_point or o.dtype.is_complex)]
+    return [
+        o
+        for o in leaves
+        if isinstance(o, torch.Tensor)
+        and o.requires_grad
+        and (o.dtype.is_floating_point or o.dtype.is_complex)
+    ]
 
 
 def call(fn, sample):
@@ -197,7 +218,9 @@ def opinfos(names):
     from torch.testing._internal.common_methods_invocations import op_db
 
     want = set(names)
-    return [o for o in op_db if full_name(o) in want or (o.name in want and not o.variant_test_name)]
+    return [
+        o for o in op_db if full_name(o) in want or (o.name in want and not o.variant_test_name)
+    ]
 
 
 def full_name(opinfo) -> str:
@@ -206,5 +229,6 @@ def full_name(opinfo) -> str:
 
 def samples(opinfo, dtype, requires_grad=False, limit=8):
     torch.manual_seed(0)
-    return list(itertools.islice(
-        opinfo.sample_inputs("cpu", dtype, requires_grad=requires_grad), limit))
+    return list(
+        itertools.islice(opinfo.sample_inputs("cpu", dtype, requires_grad=requires_grad), limit)
+    )
