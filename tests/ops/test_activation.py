@@ -1,0 +1,111 @@
+"""OpInfo sweep and direct tests for torchjax/ops/activation.py."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
+
+OPS = [
+    "nn.functional.relu",
+    "nn.functional.relu6",
+    "nn.functional.gelu",
+    "nn.functional.silu",
+    "nn.functional.elu",
+    "nn.functional.selu",
+    "nn.functional.celu",
+    "nn.functional.leaky_relu",
+    "nn.functional.hardtanh",
+    "nn.functional.softplus",
+    "nn.functional.mish",
+    "nn.functional.hardswish",
+    "nn.functional.hardsigmoid",
+    "nn.functional.logsigmoid",
+    "nn.functional.glu",
+    "nn.functional.threshold",
+    "nn.functional.hardshrink",
+    "nn.functional.softshrink",
+    "nn.functional.tanhshrink",
+    "nn.functional.softsign",
+    "sigmoid",
+    "tanh",
+    "nn.functional.silu.complex",
+]
+globals().update(make_tests(OPS))
+
+
+def _grad_check(fn, x):
+    x = x.double().requires_grad_()
+    t = x.detach().to("tpu").requires_grad_()
+    fn(x).sum().backward()
+    fn(t).sum().backward()
+    torch.testing.assert_close(t.grad.cpu(), x.grad)
+
+
+X = torch.tensor([-30.0, -3.0, -2.5, -1.0, -0.0, 0.0, 0.5, 1.0, 2.9, 3.0, 25.0])
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        F.relu,
+        F.silu,
+        F.mish,
+        F.hardswish,
+        F.hardsigmoid,
+        F.logsigmoid,
+        torch.sigmoid,
+        torch.tanh,
+        lambda x: F.gelu(x, approximate="tanh"),
+        F.gelu,
+        lambda x: F.elu(x, alpha=0.7),
+        lambda x: F.leaky_relu(x, 0.2),
+        lambda x: F.hardtanh(x, -2.0, 2.0),
+        lambda x: F.softplus(x, beta=2.0, threshold=5.0),
+        lambda x: F.threshold(x, 0.5, -1.0),
+        F.selu,
+        F.relu6,
+    ],
+)
+def test_forward_and_grad_at_edges(fn):
+    torch.testing.assert_close(fn(X.to("tpu")).cpu(), fn(X))
+    _grad_check(fn, X)
+
+
+def test_nan_propagates():
+    x = torch.tensor([float("nan"), 1.0])
+    for fn in (F.relu, F.gelu, F.silu, F.hardtanh, F.leaky_relu):
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), fn(x), equal_nan=True)
+
+
+def test_inplace_activations_on_view():
+    base = torch.randn(4, 5)
+    t = base.to("tpu")
+    F.relu_(t[1])
+    F.relu_(base[1])
+    F.leaky_relu_(t[:, 2], 0.3)
+    F.leaky_relu_(base[:, 2], 0.3)
+    F.elu_(t[3])
+    F.elu_(base[3])
+    torch.testing.assert_close(t.cpu(), base)
+
+
+def test_glu_errors_and_grad():
+    with pytest.raises(RuntimeError, match="aten::glu: Halving dimension must be even"):
+        F.glu(torch.randn(2, 3).to("tpu"))
+    _grad_check(lambda x: F.glu(x, 0), torch.randn(4, 3))
+
+
+def test_relu_bool_raises():
+    with pytest.raises(RuntimeError, match="aten::relu"):
+        F.relu(torch.tensor([True]).to("tpu"))
+
+
+def test_low_precision():
+    for dt in (torch.float16, torch.bfloat16):
+        x = X.to(dt)
+        for fn in (F.gelu, F.silu, F.softplus, F.logsigmoid):
+            got = fn(x.to("tpu"))
+            assert got.dtype == dt
+            torch.testing.assert_close(got.cpu(), fn(x), rtol=1.6e-2, atol=1e-2)

@@ -1,0 +1,206 @@
+"""OpInfo sweep and direct tests for torchjax/ops/pointwise_binary.py."""
+
+import pytest
+import torch
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
+
+OPS = [
+    "add",
+    "sub",
+    "rsub",
+    "mul",
+    "div.no_rounding_mode",
+    "div.trunc_rounding",
+    "div.floor_rounding",
+    "true_divide",
+    "floor_divide",
+    "remainder",
+    "fmod",
+    "pow",
+    "atan2",
+    "maximum",
+    "minimum",
+    "fmax",
+    "fmin",
+    "hypot",
+    "copysign",
+    "xlogy",
+    "special.xlog1py",
+    "lerp",
+    "addcmul",
+    "addcdiv",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "clamp",
+    "clamp_min",
+    "clamp_max",
+    "where",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "bitwise_left_shift",
+    "bitwise_right_shift",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "logaddexp",
+    "logaddexp2",
+    "__radd__",
+    "__rsub__",
+    "__rmul__",
+    "__rdiv__",
+    "__rpow__",
+    "__rmod__",
+    "__rand__",
+    "__ror__",
+    "__rxor__",
+    "float_power",
+    "heaviside",
+    "ldexp",
+    "gcd",
+    "lcm",
+    "nextafter",
+]
+globals().update(make_tests(OPS))
+
+
+def tpu(t):
+    return t.to("tpu")
+
+
+def _same(got, expected):
+    assert got.device.type == "tpu"
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
+
+
+def test_int_division_semantics():
+    a = torch.tensor([7, -7, 7, -7, 2**40 + 3, 0])
+    b = torch.tensor([2, 2, -2, -2, 3, 5])
+    for mode in (None, "trunc", "floor"):
+        _same(torch.div(tpu(a), tpu(b), rounding_mode=mode), torch.div(a, b, rounding_mode=mode))
+    _same(torch.remainder(tpu(a), tpu(b)), torch.remainder(a, b))
+    _same(torch.fmod(tpu(a), tpu(b)), torch.fmod(a, b))
+    _same(tpu(a) // 3, a // 3)
+    _same(tpu(a) % -3, a % -3)
+
+
+def test_float_division_semantics():
+    a = torch.tensor([7.5, -7.5, 1.0, -1.0, 0.0, 5.0, float("nan")])
+    b = torch.tensor([2.0, 2.0, 0.0, 0.0, -3.0, -0.0, 1.0])
+    for mode in (None, "trunc", "floor"):
+        _same(torch.div(tpu(a), tpu(b), rounding_mode=mode), torch.div(a, b, rounding_mode=mode))
+    _same(torch.remainder(tpu(a), tpu(b)), torch.remainder(a, b))
+    _same(torch.fmod(tpu(a), tpu(b)), torch.fmod(a, b))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+        lambda a, b: torch.div(a, b, rounding_mode="floor"),
+        torch.remainder,
+        torch.fmod,
+        torch.floor_divide,
+    ],
+)
+def test_int_division_by_zero_raises(fn):
+    a, b = torch.tensor([5, -5]), torch.tensor([1, 0])
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(a, b)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(tpu(a), tpu(b))
+
+
+def test_int_pow():
+    a = torch.tensor([2, -1, 1, 3, -1, 0, 7])
+    e = torch.tensor([-1, -3, -2, 2, -2, 3, 21])
+    _same(torch.pow(tpu(a), tpu(e)), torch.pow(a, e))
+    _same(tpu(a) ** 3, a**3)
+    _same(2 ** tpu(e.abs()), 2 ** e.abs())
+    with pytest.raises(RuntimeError, match="Integers to negative integer powers"):
+        tpu(a) ** -1
+
+
+def test_nan_propagation():
+    x = torch.tensor([float("nan"), 1.0, 3.0, -1.0])
+    y = torch.tensor([0.0, float("nan"), 2.0, 5.0])
+    for fn in (torch.maximum, torch.minimum, torch.fmax, torch.fmin):
+        _same(fn(tpu(x), tpu(y)), fn(x, y))
+    _same(torch.clamp(tpu(x), 0.0, 2.0), torch.clamp(x, 0.0, 2.0))
+    _same(torch.clamp(tpu(x), min=float("nan")), torch.clamp(x, min=float("nan")))
+    _same(torch.clamp(tpu(x), tpu(y), None), torch.clamp(x, y, None))
+    _same(torch.clamp(tpu(x), 2.0, 0.0), torch.clamp(x, 2.0, 0.0))
+
+
+def test_promotion_with_scalars():
+    i = torch.tensor([1, 2, 3])
+    h = torch.tensor([1.0, 2.0], dtype=torch.float16)
+    _same(tpu(i) + 1.5, i + 1.5)
+    _same(tpu(i) * True, i * True)
+    _same(tpu(h) * 2.5, h * 2.5)
+    _same(torch.add(tpu(i), tpu(i), alpha=3), torch.add(i, i, alpha=3))
+    _same(torch.clamp(tpu(i), min=1.5), torch.clamp(i, min=1.5))
+    _same(torch.where(tpu(i) > 1, tpu(i), 0.5), torch.where(i > 1, i, 0.5))
+    _same(tpu(i) == torch.tensor(2), i == torch.tensor(2))
+
+
+def test_int64_past_2_31():
+    a = torch.tensor([2**40, -(2**35) - 1, 2**62])
+    _same(tpu(a) + 1, a + 1)
+    _same(tpu(a) * 2, a * 2)
+    _same(tpu(a) // 7, a // 7)
+    _same(tpu(a) > 2**33, a > 2**33)
+
+
+def test_bool_errors():
+    b = tpu(torch.tensor([True, False]))
+    with pytest.raises(RuntimeError, match="aten::sub.*bool"):
+        b - b
+    with pytest.raises(RuntimeError, match="aten::add: For integral input tensors"):
+        torch.add(tpu(torch.tensor([1])), tpu(torch.tensor([1])), alpha=0.5)
+    with pytest.raises(RuntimeError, match="aten::add: Boolean alpha"):
+        torch.add(tpu(torch.tensor([1])), tpu(torch.tensor([1])), alpha=True)
+    with pytest.raises(NotImplementedError, match="aten::bitwise_and"):
+        torch.bitwise_and(tpu(torch.tensor([1.0])), tpu(torch.tensor([1.0])))
+    with pytest.raises(RuntimeError, match="aten::div.*rounding_mode"):
+        torch.div(b, b, rounding_mode="bad")
+    with pytest.raises(RuntimeError, match="aten::clamp"):
+        torch.clamp(b)
+
+
+def test_inplace_and_out():
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    t = tpu(base)
+    t[:, 1].add_(10)
+    base[:, 1].add_(10)
+    _same(t, base)
+    t[1].div_(2, rounding_mode="floor")
+    base[1].div_(2, rounding_mode="floor")
+    _same(t, base)
+    t[0].clamp_(min=3)
+    base[0].clamp_(min=3)
+    _same(t, base)
+    out = torch.empty(0, device="tpu", dtype=torch.float64)
+    torch.mul(tpu(base), 2, out=out)
+    _same(out, base.double() * 2)
+    iout = torch.empty(3, 4, dtype=torch.int64, device="tpu")
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        torch.add(tpu(base), 1, out=iout)
+    with pytest.raises(RuntimeError):
+        tpu(torch.tensor([1, 2])).add_(1.5)
+
+
+def test_empty_and_zero_dim():
+    e = torch.empty(0, 2)
+    s = torch.tensor(3.0)
+    _same(tpu(e) + tpu(e), e + e)
+    _same(tpu(s) * tpu(s), s * s)
+    _same(tpu(e) + tpu(s), e + s)
+    _same(torch.where(tpu(s) > 1, tpu(e), 1.0), torch.where(s > 1, e, 1.0))

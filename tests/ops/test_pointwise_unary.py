@@ -1,0 +1,173 @@
+"""OpInfo sweep and direct tests for torchjax/ops/pointwise_unary.py."""
+
+import math
+
+import pytest
+import torch
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
+
+OPS = [
+    "abs",
+    "neg",
+    "sign",
+    "sgn",
+    "exp",
+    "exp2",
+    "expm1",
+    "log",
+    "log2",
+    "log10",
+    "log1p",
+    "sqrt",
+    "rsqrt",
+    "reciprocal",
+    "sin",
+    "cos",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "erf",
+    "erfc",
+    "erfinv",
+    "floor",
+    "ceil",
+    "round",
+    "round.decimals_0",
+    "round.decimals_3",
+    "round.decimals_neg_3",
+    "trunc",
+    "frac",
+    "sigmoid",
+    "logit",
+    "isnan",
+    "isinf",
+    "isfinite",
+    "isposinf",
+    "isneginf",
+    "nan_to_num",
+    "signbit",
+    "square",
+    "bitwise_not",
+    "logical_not",
+    "lgamma",
+    "digamma",
+    "i0",
+    "special.i0e",
+    "special.i1",
+    "special.i1e",
+    "special.ndtri",
+    "special.erfcx",
+    "deg2rad",
+    "rad2deg",
+    "positive",
+    "polygamma.polygamma_n_0",
+    "polygamma.polygamma_n_1",
+    "polygamma.polygamma_n_2",
+    "sinc",
+    "special.entr",
+    "special.ndtr",
+    "special.log_ndtr",
+    "isreal",
+    "mvlgamma.mvlgamma_p_1",
+]
+globals().update(make_tests(OPS))
+
+
+def tpu(t):
+    return t.to("tpu")
+
+
+def test_round_half_to_even():
+    x = torch.tensor([0.5, 1.5, 2.5, -0.5, -2.5, 1.25, 2.675])
+    torch.testing.assert_close(torch.round(tpu(x)).cpu(), torch.round(x))
+    torch.testing.assert_close(torch.round(tpu(x), decimals=1).cpu(), torch.round(x, decimals=1))
+
+
+def test_nan_inf_predicates():
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0])
+    for fn in (
+        torch.isnan,
+        torch.isinf,
+        torch.isfinite,
+        torch.isposinf,
+        torch.isneginf,
+        torch.signbit,
+        torch.nan_to_num,
+    ):
+        torch.testing.assert_close(fn(tpu(x)).cpu(), fn(x), equal_nan=True)
+    got = torch.nan_to_num(tpu(x), nan=1.0, posinf=2.0, neginf=-2.0).cpu()
+    torch.testing.assert_close(got, torch.nan_to_num(x, nan=1.0, posinf=2.0, neginf=-2.0))
+
+
+def test_int_inputs():
+    x = torch.tensor([2**40 + 1, -3, 0], dtype=torch.int64)
+    for fn in (
+        torch.floor,
+        torch.ceil,
+        torch.round,
+        torch.trunc,
+        torch.abs,
+        torch.neg,
+        torch.sign,
+        torch.bitwise_not,
+        torch.logical_not,
+        torch.isnan,
+    ):
+        torch.testing.assert_close(fn(tpu(x)).cpu(), fn(x))
+    assert torch.exp(tpu(x[1:])).dtype == torch.float32
+
+
+def test_empty_and_zero_dim():
+    for x in (torch.empty(0, 3), torch.tensor(0.3)):
+        for fn in (torch.exp, torch.sigmoid, torch.isnan, torch.round):
+            got = fn(tpu(x))
+            assert got.shape == x.shape and got.dtype == fn(x).dtype
+            torch.testing.assert_close(got.cpu(), fn(x))
+
+
+def test_inplace_on_view():
+    base = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    t = tpu(base)
+    t[0].exp_()
+    base[0].exp_()
+    torch.testing.assert_close(t.cpu(), base)
+    t.t().sin_()
+    base.t().sin_()
+    torch.testing.assert_close(t.cpu(), base)
+
+
+def test_out_dtype():
+    x = torch.tensor([1.0, 4.0])
+    out = torch.empty(2, dtype=torch.float64, device="tpu")
+    torch.sqrt(tpu(x), out=out)
+    torch.testing.assert_close(out.cpu(), torch.sqrt(x).double())
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        torch.sqrt(tpu(x), out=torch.empty(2, dtype=torch.int64, device="tpu"))
+
+
+def test_errors():
+    b = tpu(torch.tensor([True, False]))
+    with pytest.raises(RuntimeError, match="aten::neg"):
+        torch.neg(b)
+    with pytest.raises(NotImplementedError, match="aten::abs"):
+        torch.abs(b)
+    with pytest.raises(NotImplementedError, match="aten::bitwise_not"):
+        torch.bitwise_not(tpu(torch.tensor([1.0])))
+
+
+def test_logit_eps_and_grad():
+    x = torch.tensor([0.0, 0.3, 0.9, 1.0], dtype=torch.float64, requires_grad=True)
+    t = x.detach().to("tpu").requires_grad_()
+    torch.logit(t, eps=0.1).sum().backward()
+    torch.logit(x, eps=0.1).sum().backward()
+    torch.testing.assert_close(t.grad.cpu(), x.grad)
+    assert math.isinf(torch.logit(tpu(torch.tensor([1.0]))).item())

@@ -1,0 +1,527 @@
+"""Elementwise binary/ternary math: arithmetic, division modes, pow, comparisons,
+bitwise/logical ops, min/max, clamp, where, lerp, addcmul/addcdiv.
+
+Inputs arrive promoted to torch's computation dtype (``promote=``); lax wants equal
+shapes, so binary lowerings broadcast first (``_bcast``, as ``torch/_refs``'
+``_maybe_broadcast``). Integer division by zero raises ``RuntimeError: ZeroDivisionError``
+as torch's CPU kernels do; that check reads the divisor, so it runs in eager only (under
+``jax.jit`` the divisor is a tracer and integer division by zero gives XLA's result).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from torchjax.ops import registry
+from torchjax.ops.registry import Kind, handler, lowering
+
+aten = torch.ops.aten
+
+
+def _bcast(*xs):
+    shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in xs))
+    return [jnp.broadcast_to(x, shape) for x in xs]
+
+
+def _lax2(fn):
+    return lambda a, b: fn(*_bcast(a, b))
+
+
+def _kind(x) -> str:
+    dt = np.dtype(x.dtype)
+    if dt == np.bool_:
+        return "bool"
+    if np.issubdtype(dt, np.integer):
+        return "int"
+    if np.issubdtype(dt, np.complexfloating):
+        return "complex"
+    return "float"
+
+
+def _type_name(x) -> str:
+    return {
+        "bool": "Bool",
+        "float32": "Float",
+        "float64": "Double",
+        "int64": "Long",
+        "int32": "Int",
+        "float16": "Half",
+        "bfloat16": "BFloat16",
+        "complex64": "ComplexFloat",
+    }.get(str(np.dtype(x.dtype)), str(x.dtype))
+
+
+def _check_divisor(op: str, other) -> None:
+    """torch's integer kernels raise on a zero divisor; XLA returns garbage instead."""
+    if isinstance(other, jax.core.Tracer):
+        return
+    if bool(jnp.any(jnp.asarray(other) == 0)):
+        raise RuntimeError(f"ZeroDivisionError (in aten::{op}: integer division by zero)")
+
+
+def _require(op: str, x, kinds) -> None:
+    if _kind(x) not in kinds:
+        raise NotImplementedError(f"aten::{op}: \"{op}\" not implemented for '{_type_name(x)}'")
+
+
+# ---------------------------------------------------------------------------------------
+# add / sub / mul / div
+
+
+def _scaled(op: str, x, alpha):
+    """``alpha * x`` with torch's checks on alpha's type against the tensor dtype."""
+    kind = _kind(x)
+    if isinstance(alpha, bool):
+        if kind != "bool":
+            raise RuntimeError(f"aten::{op}: Boolean alpha only supported for Boolean results.")
+    elif isinstance(alpha, float) and kind in ("int", "bool"):
+        raise RuntimeError(
+            f"aten::{op}: For integral input tensors, argument alpha must not "
+            f"be a floating point number (got alpha={alpha})."
+        )
+    elif isinstance(alpha, complex) and kind != "complex":
+        raise RuntimeError(
+            f"aten::{op}: For non-complex input tensors, argument alpha must "
+            f"not be a complex number (got alpha={alpha})."
+        )
+    if alpha is True or (not isinstance(alpha, bool) and alpha == 1):
+        return x
+    return _mul(x, np.asarray(alpha, dtype=x.dtype))
+
+
+def _add(a, b):
+    a, b = _bcast(a, b)
+    return lax.bitwise_or(a, b) if a.dtype == jnp.bool_ else lax.add(a, b)
+
+
+def _mul(a, b):
+    a, b = _bcast(a, b)
+    return lax.bitwise_and(a, b) if a.dtype == jnp.bool_ else lax.mul(a, b)
+
+
+def _check_sub_bool(op: str, x) -> None:
+    if x.dtype == jnp.bool_:
+        raise RuntimeError(
+            f"aten::{op}: Subtraction, the `-` operator, with two bool tensors is not "
+            "supported. Use the `^` or `logical_xor()` operator instead."
+        )
+
+
+@lowering(aten.add.Tensor, aten.add.Scalar, promote=Kind.DEFAULT, promote_args=("self", "other"))
+def add(self, other, alpha=1):
+    """aten::add - ``self + alpha * other``. Shapes: broadcast. Dtypes: torch's DEFAULT
+    promotion (f16/bf16 in f32); bool + bool is logical or. alpha checked as torch does
+    (no float alpha for ints, bool alpha only for bool). Reference: torch.add."""
+    return _add(self, _scaled("add", other, alpha))
+
+
+@lowering(aten.sub.Tensor, aten.sub.Scalar, promote=Kind.DEFAULT, promote_args=("self", "other"))
+def sub(self, other, alpha=1):
+    """aten::sub - ``self - alpha * other``; bool raises as in torch. Reference: torch.sub."""
+    _check_sub_bool("sub", self)
+    return _lax2(lax.sub)(self, _scaled("sub", other, alpha))
+
+
+@lowering(aten.rsub.Tensor, aten.rsub.Scalar, promote=Kind.DEFAULT, promote_args=("self", "other"))
+def rsub(self, other, alpha=1):
+    """aten::rsub - ``other - alpha * self``; bool raises. Reference: torch.rsub."""
+    _check_sub_bool("rsub", self)
+    return _lax2(lax.sub)(other, _scaled("rsub", self, alpha))
+
+
+@lowering(aten.mul.Tensor, aten.mul.Scalar, promote=Kind.DEFAULT)
+def mul(self, other):
+    """aten::mul - ``self * other``; bool * bool is logical and. Shapes: broadcast."""
+    return _mul(self, other)
+
+
+@lowering(aten.div.Tensor, aten.div.Scalar, promote=Kind.INT_TO_FLOAT)
+def div(self, other):
+    """aten::div (rounding_mode=None) - true division; ints/bool -> default float."""
+    return _lax2(lax.div)(self, other)
+
+
+def _floor_div_float(a, b):
+    # torch's div_floor_floating (ATen/native/BinaryOps.h): floor of the exact quotient,
+    # computed from fmod so that it agrees with remainder; a / b when b == 0.
+    a, b = _bcast(a, b)
+    zero = jnp.zeros((), a.dtype)
+    one = jnp.ones((), a.dtype)
+    mod = lax.rem(a, b)
+    q = lax.div(a - mod, b)
+    q = jnp.where((mod != zero) & ((b < zero) != (mod < zero)), q - one, q)
+    fq = lax.floor(q)
+    fq = jnp.where(q - fq > np.asarray(0.5, a.dtype), fq + one, fq)
+    true = lax.div(a, b)
+    fq = jnp.where(q == zero, jnp.copysign(zero, true), fq)
+    return jnp.where(b == zero, true, fq)
+
+
+@lowering(aten.floor_divide, promote=Kind.DEFAULT)
+def floor_divide(self, other):
+    """aten::floor_divide (and div rounding_mode='floor') - quotient rounded toward -inf.
+
+    Ints: exact integer floor division; a zero divisor raises ZeroDivisionError as in
+    torch (jax would return a value). Floats: torch's fmod-based algorithm (inf/NaN for a
+    zero divisor). Reference: torch.floor_divide; ATen div_floor_floating."""
+    _require("floor_divide", self, ("int", "float", "bool"))
+    if _kind(self) in ("int", "bool"):
+        _check_divisor("floor_divide", other)
+        if _kind(self) == "bool":
+            return self
+        return _lax2(jnp.floor_divide)(self, other)
+    return _floor_div_float(self, other)
+
+
+def _div_trunc(self, other, *, rounding_mode="trunc"):
+    if _kind(self) in ("int", "bool"):
+        _check_divisor("div", other)
+        if _kind(self) == "bool":
+            return self
+        return _lax2(lax.div)(self, other)  # C integer division truncates
+    return jnp.trunc(_lax2(lax.div)(self, other))
+
+
+# NO_OPMATH: torch rounds the f16/bf16 quotient to its dtype before truncating
+# (2.999 -> 3.0 in bf16 -> 3), so the division runs in the input dtype.
+_DIV_TRUNC = {
+    ov: registry._functional_handler(
+        ov, registry.Lowering(_div_trunc, Kind.NO_OPMATH, ("self", "other"))
+    )
+    for ov in (aten.div.Tensor_mode, aten.div.Scalar_mode)
+}
+
+
+@handler(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(args, kwargs):
+    """aten::div(rounding_mode=...) - None: true division (INT_TO_FLOAT promotion);
+    'trunc': C-style truncation, 'floor': floor_divide (both DEFAULT promotion, so ints
+    stay ints). A handler because the promotion kind depends on the argument."""
+    self, other = args[0], args[1]
+    mode = kwargs.get("rounding_mode", args[2] if len(args) > 2 else None)
+    scalar = not isinstance(other, torch.Tensor)
+    if mode is None:
+        return (aten.div.Scalar if scalar else aten.div.Tensor)(self, other)
+    if mode == "floor":
+        return (aten.floor_divide.Scalar if scalar else aten.floor_divide.default)(self, other)
+    if mode == "trunc":
+        ov = aten.div.Scalar_mode if scalar else aten.div.Tensor_mode
+        return _DIV_TRUNC[ov]((self, other), {})
+    raise RuntimeError(
+        f"aten::div: div expected rounding_mode to be one of None, 'trunc', "
+        f"or 'floor' but found '{mode}'"
+    )
+
+
+@lowering(aten.remainder, promote=Kind.DEFAULT)
+def remainder(self, other):
+    """aten::remainder - Python-style modulus: the sign follows the divisor.
+
+    Ints: zero divisor raises ZeroDivisionError. Floats: ``fmod`` then shifted by the
+    divisor when signs differ (torch's algorithm), NaN for a zero divisor."""
+    _require("remainder", self, ("int", "float"))
+    if _kind(self) == "int":
+        _check_divisor("remainder", other)
+        return _lax2(jnp.remainder)(self, other)
+    a, b = _bcast(self, other)
+    zero = jnp.zeros((), a.dtype)
+    mod = lax.rem(a, b)
+    return jnp.where((mod != zero) & ((b < zero) != (mod < zero)), mod + b, mod)
+
+
+@lowering(aten.fmod, promote=Kind.DEFAULT)
+def fmod(self, other):
+    """aten::fmod - C ``fmod``: the sign follows the dividend; int zero divisor raises."""
+    _require("fmod", self, ("int", "float"))
+    if _kind(self) == "int":
+        _check_divisor("fmod", other)
+    return _lax2(lax.rem)(self, other)
+
+
+# ---------------------------------------------------------------------------------------
+# pow
+
+
+def _int_pow(base, exp):
+    # torch's powi: negative exponents give 1 for base 1, +-1 for base -1, else 0.
+    base, exp = _bcast(base, exp)
+    zero = jnp.zeros((), exp.dtype)
+    neg = exp < zero
+    pos = jnp.power(base, jnp.where(neg, zero, exp))
+    one = jnp.ones((), base.dtype)
+    odd = (exp % 2) != 0
+    neg_val = jnp.where(
+        base == one,
+        one,
+        jnp.where(base == -one, jnp.where(odd, -one, one), jnp.zeros((), base.dtype)),
+    )
+    return jnp.where(neg, neg_val, pos)
+
+
+@lowering(aten.pow, promote=Kind.DEFAULT)
+def pow(self, exponent):
+    """aten::pow (Tensor_Tensor, Tensor_Scalar, Scalar) - ``self ** exponent``.
+
+    Dtypes: DEFAULT promotion. Ints: exact integer power with torch's rule for negative
+    exponents (1 ** -n = 1, (-1) ** -n = +-1, else 0); a negative Python-scalar exponent
+    with an integer base raises, as in torch. bool: ``self or not exponent``."""
+    kind = _kind(self) if hasattr(self, "dtype") else _kind(exponent)
+    if kind == "bool":
+        return _lax2(lax.bitwise_or)(self, lax.bitwise_not(jnp.asarray(exponent)))
+    if kind == "int":
+        if isinstance(exponent, np.ndarray) and exponent.ndim == 0 and exponent < 0:
+            raise RuntimeError(
+                "aten::pow: Integers to negative integer powers are not "
+                f"allowed (got exponent {exponent.item()})."
+            )
+        return _int_pow(self, exponent)
+    return _lax2(lax.pow)(self, exponent)
+
+
+# ---------------------------------------------------------------------------------------
+# float binary math
+
+
+@lowering(aten.atan2, promote=Kind.INT_TO_FLOAT)
+def atan2(self, other):
+    """aten::atan2 - quadrant-aware arctangent of self / other. Reference: jax.lax.atan2."""
+    return _lax2(lax.atan2)(self, other)
+
+
+@lowering(aten.hypot, promote=Kind.DEFAULT)
+def hypot(self, other):
+    """aten::hypot - ``sqrt(self**2 + other**2)`` without overflow (floats only)."""
+    return jnp.hypot(*_bcast(self, other))
+
+
+@lowering(aten.copysign, promote=Kind.INT_TO_FLOAT)
+def copysign(self, other):
+    """aten::copysign - ``|self|`` with the sign bit of ``other`` (-0.0 counts)."""
+    return jnp.copysign(*_bcast(self, other))
+
+
+def _xlog(fn):
+    def lower(self, other):
+        x, y = _bcast(self, other)
+        zero = jnp.zeros((), x.dtype)
+        out = jnp.where(x == zero, zero, x * fn(y))
+        return jnp.where(jnp.isnan(y), y, out)
+
+    return lower
+
+
+@lowering(aten.xlogy, promote=Kind.INT_TO_FLOAT)
+def xlogy(self, other):
+    """aten::xlogy - ``self * log(other)``, 0 where self == 0, NaN where other is NaN."""
+    return _xlog(lax.log)(self, other)
+
+
+@lowering(aten.special_xlog1py, promote=Kind.INT_TO_FLOAT)
+def special_xlog1py(self, other):
+    """aten::special_xlog1py - ``self * log1p(other)``, 0 where self == 0, NaN propagates."""
+    return _xlog(lax.log1p)(self, other)
+
+
+@lowering(aten.logaddexp, promote=Kind.DEFAULT)
+def logaddexp(self, other):
+    """aten::logaddexp - ``log(exp(self) + exp(other))`` computed stably. Complex: as
+    torch, ``big + log1p(exp(small - big))`` ordered by real part (jnp picks another
+    branch of the imaginary part)."""
+    a, b = _bcast(self, other)
+    if _kind(a) != "complex":
+        return jnp.logaddexp(a, b)
+    first = a.real >= b.real
+    big, small = jnp.where(first, a, b), jnp.where(first, b, a)
+    return big + jnp.log1p(jnp.exp(small - big))
+
+
+@lowering(aten.logaddexp2, promote=Kind.DEFAULT)
+def logaddexp2(self, other):
+    """aten::logaddexp2 - ``log2(2**self + 2**other)`` computed stably."""
+    return jnp.logaddexp2(*_bcast(self, other))
+
+
+# ---------------------------------------------------------------------------------------
+# comparisons, min/max, clamp
+
+
+for _op, _fn in [
+    (aten.eq, lax.eq),
+    (aten.ne, lax.ne),
+    (aten.lt, lax.lt),
+    (aten.le, lax.le),
+    (aten.gt, lax.gt),
+    (aten.ge, lax.ge),
+]:
+    registry.register_pointwise(_op, _lax2(_fn), promote=Kind.ALWAYS_BOOL)
+
+
+@lowering(aten.maximum, promote=Kind.DEFAULT)
+def maximum(self, other):
+    """aten::maximum - elementwise max; NaN propagates (as torch, unlike fmax)."""
+    return _lax2(lax.max)(self, other)
+
+
+@lowering(aten.minimum, promote=Kind.DEFAULT)
+def minimum(self, other):
+    """aten::minimum - elementwise min; NaN propagates (as torch, unlike fmin)."""
+    return _lax2(lax.min)(self, other)
+
+
+@lowering(aten.fmax, promote=Kind.DEFAULT)
+def fmax(self, other):
+    """aten::fmax - elementwise max ignoring NaN (NaN only if both are NaN)."""
+    return jnp.fmax(*_bcast(self, other))
+
+
+@lowering(aten.fmin, promote=Kind.DEFAULT)
+def fmin(self, other):
+    """aten::fmin - elementwise min ignoring NaN (NaN only if both are NaN)."""
+    return jnp.fmin(*_bcast(self, other))
+
+
+@lowering(aten.clamp, promote=Kind.DEFAULT)
+def clamp(self, min=None, max=None):
+    """aten::clamp (Scalar and Tensor bounds) - ``min(max(self, min), max)``.
+
+    NaN in self or in a bound propagates (lax.max/min do); min > max gives max, as in
+    torch. Dtypes: DEFAULT promotion over self and the bounds."""
+    if min is None and max is None:
+        raise RuntimeError(
+            "aten::clamp: torch.clamp: At least one of 'min' or 'max' must not be None"
+        )
+    out = self
+    if min is not None:
+        out = _lax2(lax.max)(out, min)
+    if max is not None:
+        out = _lax2(lax.min)(out, max)
+    return out
+
+
+@lowering(aten.clamp_min, promote=Kind.DEFAULT)
+def clamp_min(self, min):
+    """aten::clamp_min - ``max(self, min)``, NaN propagating."""
+    return _lax2(lax.max)(self, min)
+
+
+@lowering(aten.clamp_max, promote=Kind.DEFAULT)
+def clamp_max(self, max):
+    """aten::clamp_max - ``min(self, max)``, NaN propagating."""
+    return _lax2(lax.min)(self, max)
+
+
+@lowering(
+    aten.where.self,
+    aten.where.ScalarOther,
+    aten.where.ScalarSelf,
+    aten.where.Scalar,
+    promote=Kind.NO_OPMATH,
+    promote_args=("self", "other"),
+)
+def where(condition, self, other):
+    """aten::where(condition, self, other) - pick self where condition, else other.
+
+    Shapes: all three broadcast. Dtypes: result_type(self, other); condition must be
+    bool (uint8 accepted, as torch does with a deprecation warning)."""
+    if condition.dtype not in (jnp.bool_, jnp.uint8):
+        raise RuntimeError(
+            f"aten::where: where expected condition to be a boolean tensor, "
+            f"but got a tensor with dtype {_type_name(condition)}"
+        )
+    c, a, b = _bcast(condition, self, other)
+    return lax.select(c.astype(jnp.bool_), a, b)
+
+
+# ---------------------------------------------------------------------------------------
+# bitwise / logical
+
+
+def _bitwise(name, fn):
+    def lower(self, other):
+        _require(name, self, ("int", "bool"))
+        return _lax2(fn)(self, other)
+
+    lower.__name__ = name
+    lower.__doc__ = f"aten::{name} - elementwise on ints and bool; floats raise as in torch."
+    return lower
+
+
+for _op, _fn in [
+    (aten.bitwise_and, lax.bitwise_and),
+    (aten.bitwise_or, lax.bitwise_or),
+    (aten.bitwise_xor, lax.bitwise_xor),
+    (aten.bitwise_left_shift, lax.shift_left),
+    (aten.bitwise_right_shift, lax.shift_right_arithmetic),
+]:
+    lowering(_op, promote=Kind.DEFAULT)(_bitwise(_op._qualified_op_name.split("::")[1], _fn))
+
+
+for _op, _fn in [
+    (aten.logical_and, lax.bitwise_and),
+    (aten.logical_or, lax.bitwise_or),
+    (aten.logical_xor, lax.bitwise_xor),
+]:
+
+    def _logical(self, other, _fn=_fn):
+        a, b = _bcast(self, other)
+        return _fn(a != jnp.zeros((), a.dtype), b != jnp.zeros((), b.dtype))
+
+    lowering(_op, promote=Kind.ALWAYS_BOOL)(_logical)
+
+
+# ---------------------------------------------------------------------------------------
+# ternary
+
+
+@lowering(aten.lerp, promote=Kind.DEFAULT)
+def lerp(self, end, weight):
+    """aten::lerp - ``self + weight * (end - self)``, evaluated from the nearer end as
+    torch does (``end - (end - self) * (1 - weight)`` when |weight| >= 0.5)."""
+    a, b, w = _bcast(self, end, weight)
+    diff = b - a
+    one = jnp.ones((), w.dtype)
+    return jnp.where(jnp.abs(w) < np.asarray(0.5, a.real.dtype), a + w * diff, b - diff * (one - w))
+
+
+@lowering(aten.addcmul, promote=Kind.DEFAULT, promote_args=("self", "tensor1", "tensor2"))
+def addcmul(self, tensor1, tensor2, *, value=1):
+    """aten::addcmul - ``self + value * tensor1 * tensor2``. Shapes: broadcast."""
+    return _add(self, _scaled("addcmul", _mul(tensor1, tensor2), value))
+
+
+@lowering(aten.addcdiv, promote=Kind.DEFAULT, promote_args=("self", "tensor1", "tensor2"))
+def addcdiv(self, tensor1, tensor2, *, value=1):
+    """aten::addcdiv - ``self + value * tensor1 / tensor2``; integer inputs raise as in
+    torch (its historic integer division was removed)."""
+    if _kind(tensor1) in ("int", "bool") and _kind(tensor2) in ("int", "bool"):
+        raise RuntimeError(
+            "aten::addcdiv: Integer division with addcdiv is no longer supported, and in a "
+            "future release addcdiv will perform a true division of tensor1 and tensor2. "
+            "Use (input + value * tensor1 / tensor2) instead."
+        )
+    return _add(self, _scaled("addcdiv", _lax2(lax.div)(tensor1, tensor2), value))
+
+
+@lowering(aten.gcd, promote=Kind.DEFAULT)
+def gcd(self, other):
+    """aten::gcd - greatest common divisor (non-negative), integers only."""
+    _require("gcd", self, ("int",))
+    return jnp.gcd(*_bcast(self, other))
+
+
+@lowering(aten.lcm, promote=Kind.DEFAULT)
+def lcm(self, other):
+    """aten::lcm - least common multiple (non-negative; 0 if either is 0), integers only."""
+    _require("lcm", self, ("int",))
+    return jnp.lcm(*_bcast(self, other))
+
+
+@lowering(aten.nextafter, promote=Kind.NO_OPMATH)
+def nextafter(self, other):
+    """aten::nextafter - the next representable value after self toward other, in the
+    input dtype itself (NO_OPMATH: a bf16 step is not an f32 step)."""
+    return jnp.nextafter(*_bcast(self, other))
