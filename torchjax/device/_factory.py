@@ -55,6 +55,13 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     return wrap(new_array(size, dtype, device), _device_index(device))
 
 
+def efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=None):
+    # Autograd's formulas (e.g. sgn's) ask for a "ZeroTensor"; a plain zero tensor has
+    # the same values, only without CPU's allocation-free trick.
+    _check_layout(layout, "_efficientzerotensor")
+    return wrap(new_array(size, dtype, device), _device_index(device))
+
+
 def _copy_from(self, dst, non_blocking=False):
     # torch.tensor(data, device="tpu") copies below the Python dispatch key, so the copy
     # arrives here instead of in __torch_dispatch__.
@@ -76,5 +83,6 @@ def register_kernels() -> None:
     _LIB = torch.library.Library("aten", "IMPL", "PrivateUse1")
     _LIB.impl("empty.memory_format", empty_memory_format)
     _LIB.impl("empty_strided", empty_strided)
+    _LIB.impl("_efficientzerotensor", efficientzerotensor)
     _LIB.impl("_copy_from", _copy_from)
     _LIB.impl("_copy_from_and_resize", _copy_from_and_resize)
