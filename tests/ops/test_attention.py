@@ -1,0 +1,149 @@
+"""Tests for torchjax/ops/attention.py: F.scaled_dot_product_attention on tpu tensors
+(the math path, see the module docstring) and a transformer block, vs CPU torch."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
+from torchjax.testing import opinfo as oi
+
+OPS = ["torch.ops.aten._safe_softmax.default"]
+globals().update(make_tests(OPS))
+
+# SDPA and multi-head attention samples with dropout draw random masks (torchjax's RNG is
+# not CPU torch's), so the sweep below runs the deterministic OpInfo samples only; dropout
+# is checked statistically in test_sdpa_dropout_statistics.
+_RANDOM_OPS = [
+    "nn.functional.scaled_dot_product_attention",
+    "nn.functional.multi_head_attention_forward",
+]
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _deterministic(samples):
+    return [s for s in samples if not s.kwargs.get("dropout_p") and not s.kwargs.get("training")]
+
+
+@pytest.mark.parametrize("op", oi.opinfos(_RANDOM_OPS), ids=oi.full_name)
+@pytest.mark.parametrize("dtype", _DTYPES, ids=str)
+def test_opinfo_attention_forward(op, dtype):
+    for s in _deterministic(oi.samples(op, dtype)):
+        oi.check_forward(op, s)
+
+
+# multi_head_attention_forward's grad samples all use training=True (dropout).
+@pytest.mark.parametrize("op", oi.opinfos(_RANDOM_OPS[:1]), ids=oi.full_name)
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=str)
+def test_opinfo_attention_backward(op, dtype):
+    ran = [
+        oi.check_backward(op, s) for s in _deterministic(oi.samples(op, dtype, requires_grad=True))
+    ]
+    assert any(ran)
+
+
+def _sdpa_matches(q, k, v, rtol=1e-5, atol=1e-6, **kw):
+    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
+    tpu = [t.to("tpu").requires_grad_() for t in (q, k, v)]
+    tkw = {n: (a.to("tpu") if isinstance(a, torch.Tensor) else a) for n, a in kw.items()}
+    want = F.scaled_dot_product_attention(*cpu, **kw)
+    got = F.scaled_dot_product_attention(*tpu, **tkw)
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=rtol, atol=atol)
+    go = torch.randn(want.shape, dtype=want.dtype)
+    gw = torch.autograd.grad(want, cpu, go)
+    gt = torch.autograd.grad(got, tpu, go.to("tpu"))
+    for a, b in zip(gt, gw):
+        assert torch.isfinite(a.cpu()).all()
+        torch.testing.assert_close(a.cpu(), b, rtol=rtol, atol=atol)
+
+
+def _qkv(hq=4, hk=4, lq=5, lk=6, d=8, dtype=torch.float64):
+    g = torch.Generator().manual_seed(0)
+    return (
+        torch.randn(2, hq, lq, d, generator=g, dtype=dtype),
+        torch.randn(2, hk, lk, d, generator=g, dtype=dtype),
+        torch.randn(2, hk, lk, d, generator=g, dtype=dtype),
+    )
+
+
+def test_sdpa_plain_and_scale():
+    _sdpa_matches(*_qkv())
+    _sdpa_matches(*_qkv(), scale=0.3)
+
+
+def test_sdpa_causal():
+    _sdpa_matches(*_qkv(lq=6, lk=6), is_causal=True)
+
+
+def test_sdpa_bool_mask_with_fully_masked_row():
+    mask = torch.rand(2, 1, 5, 6, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask[:, :, 0] = False  # e.g. left padding: the whole row is masked
+    q, k, v = _qkv()
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.isfinite(want).all()
+    _sdpa_matches(q, k, v, attn_mask=mask)
+
+
+def test_sdpa_additive_mask():
+    mask = torch.randn(5, 6, dtype=torch.float64)
+    _sdpa_matches(*_qkv(), attn_mask=mask)
+
+
+def test_sdpa_gqa():
+    _sdpa_matches(*_qkv(hq=6, hk=2), enable_gqa=True)
+    _sdpa_matches(*_qkv(hq=6, hk=2, lq=6, lk=6), enable_gqa=True, is_causal=True)
+
+
+def test_sdpa_float32():
+    _sdpa_matches(*_qkv(dtype=torch.float32), rtol=1e-4, atol=1e-5, is_causal=True)
+
+
+def test_sdpa_dropout_statistics():
+    # Dropout masks come from torchjax's RNG, so only the statistics can match CPU: with
+    # v = 1 every output is the sum of the kept, rescaled attention weights.
+    q = torch.randn(1, 2, 64, 8).to("tpu")
+    v = torch.ones(1, 2, 64, 8).to("tpu")
+    out = F.scaled_dot_product_attention(q, q, v, dropout_p=0.5).cpu()
+    assert torch.isfinite(out).all()
+    assert abs(out.mean().item() - 1.0) < 0.1
+    ref = F.scaled_dot_product_attention(q, q, v, dropout_p=0.0).cpu()
+    torch.testing.assert_close(ref, torch.ones_like(ref))
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, d=16, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d)
+        )
+
+    def forward(self, x, mask):
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (t.reshape(b, n, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, n, d))
+        return x + self.mlp(self.ln2(x))
+
+
+def test_transformer_block_forward_backward():
+    torch.manual_seed(0)
+    cpu = _Block().double()
+    tpu = _Block().double()
+    tpu.load_state_dict(cpu.state_dict())
+    tpu = tpu.to("tpu")
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    mask = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    mask[0, :, :, :2] = False  # left padding in sample 0: its first rows are fully masked
+    cx, tx = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+    want, got = cpu(cx, mask), tpu(tx, mask.to("tpu"))
+    torch.testing.assert_close(got.detach().cpu(), want.detach())
+    want.square().sum().backward()
+    got.square().sum().backward()
+    torch.testing.assert_close(tx.grad.cpu(), cx.grad)
+    for (name, p), tp in zip(cpu.named_parameters(), tpu.parameters()):
+        torch.testing.assert_close(tp.grad.cpu(), p.grad, msg=lambda m, n=name: f"{n}: {m}")

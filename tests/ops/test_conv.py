@@ -1,0 +1,80 @@
+"""Tests for torchjax/ops/conv.py: OpInfo sweep plus what OpInfo misses."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
+
+# conv3d / conv_transpose3d are covered by test_conv3d_* below: their OpInfo sweep compiles
+# dozens of 3-d convolutions and would dominate the suite's runtime.
+OPS = [
+    "nn.functional.conv1d",
+    "nn.functional.conv2d",
+    "nn.functional.conv_transpose1d",
+    "nn.functional.conv_transpose2d",
+]
+globals().update(make_tests(OPS))
+
+
+def _grads_match(fn, *inputs, rtol=1e-4, atol=1e-5):
+    cpu = [t.detach().clone().requires_grad_() for t in inputs]
+    tpu = [t.detach().to("tpu").requires_grad_() for t in inputs]
+    want, got = fn(*cpu), fn(*tpu)
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=rtol, atol=atol)
+    w = torch.rand(want.shape, dtype=want.dtype)
+    gw = torch.autograd.grad((want * w).sum(), cpu)
+    gt = torch.autograd.grad((got * w.to("tpu")).sum(), tpu)
+    for a, b in zip(gt, gw):
+        torch.testing.assert_close(a.cpu(), b, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(stride=2, padding=1, dilation=2, groups=2),
+        dict(padding="same", dilation=2),
+        dict(padding="same"),
+        dict(padding="valid", stride=3),
+    ],
+)
+def test_conv2d_options_forward_backward(kw):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 9, 8, generator=g, dtype=torch.float64)
+    w = torch.randn(6, 4 // kw.get("groups", 1), 3, 2, generator=g, dtype=torch.float64)
+    b = torch.randn(6, generator=g, dtype=torch.float64)
+    _grads_match(lambda x, w, b: F.conv2d(x, w, b, **kw), x, w, b)
+
+
+def test_conv_transpose2d_output_padding_groups():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 5, 6, generator=g, dtype=torch.float64)
+    w = torch.randn(4, 3, 3, 3, generator=g, dtype=torch.float64)
+    _grads_match(
+        lambda x, w: F.conv_transpose2d(
+            x, w, stride=2, padding=1, output_padding=1, groups=2, dilation=1
+        ),
+        x,
+        w,
+    )
+
+
+def test_conv1d_unbatched():
+    x, w = torch.randn(3, 10), torch.randn(5, 3, 4)
+    _grads_match(lambda x, w: F.conv1d(x, w, stride=2), x, w)
+
+
+def test_conv_channel_error():
+    x, w = torch.randn(1, 3, 5, 5).to("tpu"), torch.randn(2, 4, 3, 3).to("tpu")
+    with pytest.raises(RuntimeError, match="aten::convolution"):
+        torch.ops.aten.convolution(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+
+
+def test_conv3d_and_transpose3d():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 2, 4, 5, 3, generator=g, dtype=torch.float64)
+    w = torch.randn(4, 1, 2, 3, 2, generator=g, dtype=torch.float64)
+    _grads_match(lambda x, w: F.conv3d(x, w, stride=(1, 2, 1), padding=1, groups=2), x, w)
+    wt = torch.randn(2, 3, 2, 2, 2, generator=g, dtype=torch.float64)
+    _grads_match(lambda x, w: F.conv_transpose3d(x, w, stride=2, output_padding=1), x, wt)

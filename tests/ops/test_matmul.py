@@ -1,0 +1,126 @@
+"""Tests for torchjax/ops/matmul.py: OpInfo sweep plus what OpInfo misses."""
+
+import pytest
+import torch
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
+
+OPS = [
+    "mm",
+    "bmm",
+    "addmm",
+    "addmm.decomposed",
+    "addmv",
+    "mv",
+    "dot",
+    "vdot",
+    "baddbmm",
+    "addbmm",
+    "matmul",
+    "nn.functional.linear",
+    "einsum",
+    "outer",
+    "inner",
+    "tensordot",
+    "linalg.vecdot",
+    "nn.functional.bilinear",
+]
+globals().update(make_tests(OPS))
+
+
+def _close(got, want, **kw):
+    assert got.device.type == "tpu"
+    torch.testing.assert_close(got.cpu(), want, **kw)
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ((3,), (3,)),
+        ((3,), (3, 4)),
+        ((2, 3), (3,)),
+        ((5, 2, 3), (3, 4)),
+        ((3,), (5, 3, 4)),
+        ((2, 1, 2, 3), (5, 3, 4)),
+        ((5, 2, 3), (5, 3, 4)),
+    ],
+)
+def test_matmul_broadcasting(shapes):
+    a, b = (torch.randn(s, dtype=torch.float64) for s in shapes)
+    _close(torch.matmul(a.to("tpu"), b.to("tpu")), torch.matmul(a, b))
+
+
+def test_addmm_beta_zero_ignores_nan():
+    m = torch.full((2, 2), float("nan"))
+    a, b = torch.randn(2, 3), torch.randn(3, 2)
+    want = torch.addmm(m, a, b, beta=0, alpha=2)
+    _close(torch.addmm(m.to("tpu"), a.to("tpu"), b.to("tpu"), beta=0, alpha=2), want)
+
+
+def test_mm_int64_large_values():
+    a = torch.tensor([[2**40, 1], [3, 2**33]], dtype=torch.int64)
+    b = torch.tensor([[3, 0], [1, 5]], dtype=torch.int64)
+    _close(a.to("tpu") @ b.to("tpu"), a @ b)
+
+
+def test_mm_bf16_accumulates_in_float32():
+    a = torch.randn(4, 512).bfloat16()
+    b = torch.randn(512, 3).bfloat16()
+    _close(a.to("tpu") @ b.to("tpu"), a @ b, rtol=1.6e-2, atol=1e-2)
+
+
+def test_empty_and_out():
+    a, b = torch.randn(0, 3), torch.randn(3, 4)
+    _close(a.to("tpu") @ b.to("tpu"), a @ b)
+    z = torch.mm(torch.randn(2, 0).to("tpu"), torch.randn(0, 3).to("tpu"))
+    _close(z, torch.zeros(2, 3))
+    out = torch.empty(2, 4, device="tpu")
+    x, y = torch.randn(2, 3), torch.randn(3, 4)
+    r = torch.mm(x.to("tpu"), y.to("tpu"), out=out)
+    assert r is out
+    _close(out, x @ y)
+
+
+def test_mm_shape_error():
+    with pytest.raises(RuntimeError, match="aten::mm: mat1 and mat2 shapes cannot be multiplied"):
+        torch.mm(torch.randn(2, 3).to("tpu"), torch.randn(4, 5).to("tpu"))
+
+
+def test_mm_dtype_error():
+    with pytest.raises(RuntimeError, match="aten::mm"):
+        torch.mm(torch.randn(2, 3).to("tpu"), torch.randn(3, 5, dtype=torch.float64).to("tpu"))
+
+
+def test_linear_backward_batched():
+    x = torch.randn(2, 5, 3, requires_grad=True)
+    w = torch.randn(4, 3, requires_grad=True)
+    b = torch.randn(4, requires_grad=True)
+    tx, tw, tb = (t.detach().to("tpu").requires_grad_() for t in (x, w, b))
+    torch.nn.functional.linear(x, w, b).pow(2).sum().backward()
+    torch.nn.functional.linear(tx, tw, tb).pow(2).sum().backward()
+    for t, c in ((tx, x), (tw, w), (tb, b)):
+        _close(t.grad, c.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["2d3d", "3d3d", "2d2d", "3d2d"])
+def test_grouped_mm(case):
+    g = torch.Generator().manual_seed(0)
+    offs = torch.tensor([2, 5, 8], dtype=torch.int32)
+    if case == "2d3d":
+        a, b = torch.randn(8, 4, generator=g), torch.randn(3, 4, 6, generator=g)
+        want = torch.cat([a[0:2] @ b[0], a[2:5] @ b[1], a[5:8] @ b[2]])
+    elif case == "3d3d":
+        offs = None
+        a, b = torch.randn(3, 2, 4, generator=g), torch.randn(3, 4, 6, generator=g)
+        want = a @ b
+    elif case == "2d2d":
+        a, b = torch.randn(5, 8, generator=g), torch.randn(8, 6, generator=g)
+        want = torch.stack([a[:, 0:2] @ b[0:2], a[:, 2:5] @ b[2:5], a[:, 5:8] @ b[5:8]])
+    else:
+        a, b = torch.randn(3, 5, 4, generator=g), torch.randn(4, 8, generator=g)
+        want = torch.cat([a[0] @ b[:, 0:2], a[1] @ b[:, 2:5], a[2] @ b[:, 5:8]], dim=1)
+    got = torch.ops.aten._grouped_mm(
+        a.to("tpu"), b.to("tpu"), None if offs is None else offs.to("tpu")
+    )
+    _close(got, want, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,100 @@
+"""Tests for torchjax/ops/norm.py: OpInfo sweep plus what OpInfo misses."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
+
+OPS = [
+    "nn.functional.layer_norm",
+    "nn.functional.group_norm",
+    "nn.functional.rms_norm",
+    "nn.functional.batch_norm",
+    "nn.functional.batch_norm.without_cudnn",
+    "nn.functional.instance_norm",
+    "native_layer_norm",
+    "native_batch_norm",
+    "native_group_norm",
+    "_native_batch_norm_legit",
+    "_batch_norm_with_update",
+    "softmax",
+    "softmax.with_dtype",
+    "log_softmax",
+    "log_softmax.with_dtype",
+    "_softmax_backward_data",
+]
+globals().update(make_tests(OPS))
+
+
+def test_batch_norm_updates_running_stats_in_place():
+    x = torch.randn(4, 3, 5)
+    rm, rv = torch.randn(3), torch.rand(3) + 0.5
+    trm, trv = rm.to("tpu"), rv.to("tpu")
+    view = trv[1:]
+    want = F.batch_norm(x, rm, rv, training=True, momentum=0.3)
+    got = F.batch_norm(x.to("tpu"), trm, trv, training=True, momentum=0.3)
+    torch.testing.assert_close(got.cpu(), want)
+    torch.testing.assert_close(trm.cpu(), rm)
+    torch.testing.assert_close(trv.cpu(), rv)
+    torch.testing.assert_close(view.cpu(), rv[1:])
+
+
+def test_batchnorm_module_train_eval_backward():
+    m = torch.nn.BatchNorm2d(3).double()
+    tm = torch.nn.BatchNorm2d(3).double().to("tpu")
+    x = torch.randn(2, 3, 4, 4, dtype=torch.float64)
+    for train in (True, False):
+        m.train(train)
+        tm.train(train)
+        cx, tx = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+        m(cx).pow(2).sum().backward()
+        tm(tx).pow(2).sum().backward()
+        torch.testing.assert_close(tx.grad.cpu(), cx.grad)
+        torch.testing.assert_close(tm.weight.grad.cpu(), m.weight.grad)
+        torch.testing.assert_close(tm.running_var.cpu(), m.running_var)
+        assert int(tm.num_batches_tracked) == int(m.num_batches_tracked)
+
+
+def test_softmax_half_to_float_and_0d():
+    x = torch.randn(3, 4).half()
+    got = torch.softmax(x.to("tpu"), dim=1, dtype=torch.float32)
+    torch.testing.assert_close(got.cpu(), torch.softmax(x, dim=1, dtype=torch.float32))
+    s = torch.tensor(2.0)
+    torch.testing.assert_close(torch.log_softmax(s.to("tpu"), 0).cpu(), torch.log_softmax(s, 0))
+
+
+def test_softmax_inf_and_empty():
+    x = torch.tensor([[float("-inf"), 0.0, 1.0], [float("-inf")] * 3])
+    torch.testing.assert_close(
+        torch.softmax(x.to("tpu"), 1).cpu(), torch.softmax(x, 1), equal_nan=True
+    )
+    e = torch.randn(0, 3)
+    assert torch.softmax(e.to("tpu"), 1).shape == (0, 3)
+
+
+def test_softmax_dim_error():
+    with pytest.raises(IndexError, match="aten::_softmax: dimension out of range"):
+        torch.ops.aten._softmax(torch.randn(2, 3).to("tpu"), 2, False)
+
+
+@pytest.mark.parametrize("eps", [None, 1e-3])
+def test_fused_rms_norm_direct(eps):
+    x, w = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    got = torch.ops.aten._fused_rms_norm(x.to("tpu"), [8], w.to("tpu"), eps)
+    want = F.rms_norm(x, (8,), w, eps)
+    torch.testing.assert_close(got[0].cpu(), want)
+    go = torch.randn(2, 3, 8, dtype=torch.float64)
+    cx, cw = x.clone().requires_grad_(), w.clone().requires_grad_()
+    gx, gw = torch.autograd.grad((F.rms_norm(cx, (8,), cw, eps) * go).sum(), (cx, cw))
+    tg = torch.ops.aten._fused_rms_norm_backward(
+        go.to("tpu"), x.to("tpu"), [8], got[1], w.to("tpu"), [True, True]
+    )
+    torch.testing.assert_close(tg[0].cpu(), gx)
+    torch.testing.assert_close(tg[1].cpu(), gw)
+
+
+def test_layer_norm_shape_error():
+    with pytest.raises(RuntimeError, match="aten::native_layer_norm"):
+        F.layer_norm(torch.randn(2, 3).to("tpu"), (4,))

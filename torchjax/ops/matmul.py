@@ -1,0 +1,280 @@
+"""Matrix products: mm, bmm, mv, dot and their fused add forms, lowered to ``lax.dot_general``.
+
+``matmul``, ``linear``, ``einsum``, ``outer``, ``tensordot`` are CompositeImplicitAutograd in
+torch: they reach us as views plus ``mm``/``bmm``/``mv``/``dot``/``addmm`` (and ``mul`` for
+``outer``), so only the primitives below are lowered.
+
+Precision: every product passes ``precision=lax.Precision.HIGHEST``. On CPU it changes
+nothing; on GPU (TF32) and TPU (bf16 passes) the default precision would round float32
+inputs, and results would no longer match CPU torch to float32 tolerance.
+
+Accumulation: float16/bfloat16 products accumulate in float32
+(``preferred_element_type``) and round once at the end, as ATen's CPU and CUDA kernels do;
+the ``beta * self`` term of the add forms is added in float32 before that rounding.
+Integer products accumulate in their own dtype (wrapping on overflow, as torch does).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from torchjax.ops.registry import handler, lowering, write_into
+from torchjax.tensor._storage import Storage, contiguous_strides
+
+aten = torch.ops.aten
+
+HIGHEST = lax.Precision.HIGHEST
+
+
+def _acc_dtype(dtype):
+    return jnp.float32 if dtype in (jnp.bfloat16, jnp.float16) else dtype
+
+
+def _dot(a: jax.Array, b: jax.Array, contract, batch=((), ())) -> jax.Array:
+    """``lax.dot_general`` at HIGHEST precision, accumulating in the opmath dtype."""
+    return lax.dot_general(
+        a, b, (contract, batch), precision=HIGHEST, preferred_element_type=_acc_dtype(a.dtype)
+    )
+
+
+def _check_dtypes(name, *arrs):
+    dts = {a.dtype for a in arrs if a is not None}
+    if len(dts) > 1:
+        got = ", ".join(str(a.dtype) for a in arrs if a is not None)
+        raise RuntimeError(
+            f"aten::{name}: expected all operands to have the same dtype, got {got}; "
+            "cast them with .to(dtype) first"
+        )
+
+
+def _check_dims(name, arr, ndim, what):
+    if arr.ndim != ndim:
+        raise RuntimeError(f"aten::{name}: {what} must be a {ndim}D tensor, got {arr.ndim}D")
+
+
+def _add_scaled(product, self, beta, alpha, out_dtype):
+    """``beta * self + alpha * product`` with torch's rules: beta == 0 ignores self
+    (NaN/inf in self do not propagate); for integer dtypes alpha and beta are first
+    converted to the integer type (truncated), as ATen's ``Scalar.to<int64_t>()``."""
+    if jnp.issubdtype(out_dtype, jnp.integer) or out_dtype == jnp.bool_:
+        alpha, beta = int(alpha), int(beta)
+    if alpha != 1:
+        product = product * alpha
+    if beta != 0 and self is not None:
+        s = self.astype(product.dtype)
+        product = product + (s if beta == 1 else s * beta)
+    return product.astype(out_dtype)
+
+
+@lowering(aten.mm)
+def mm(self, mat2):
+    """aten::mm - (n, k) @ (k, m) -> (n, m).
+
+    Dtypes: both operands the same dtype (torch raises otherwise); result that dtype.
+    Reference: torch.mm; lax.dot_general."""
+    _check_dims("mm", self, 2, "self")
+    _check_dims("mm", mat2, 2, "mat2")
+    if self.shape[1] != mat2.shape[0]:
+        raise RuntimeError(
+            f"aten::mm: mat1 and mat2 shapes cannot be multiplied "
+            f"({self.shape[0]}x{self.shape[1]} and {mat2.shape[0]}x{mat2.shape[1]})"
+        )
+    _check_dtypes("mm", self, mat2)
+    return _dot(self, mat2, ((1,), (0,))).astype(self.dtype)
+
+
+@lowering(aten.bmm)
+def bmm(self, mat2):
+    """aten::bmm - (b, n, k) @ (b, k, m) -> (b, n, m). Reference: torch.bmm."""
+    _check_dims("bmm", self, 3, "batch1")
+    _check_dims("bmm", mat2, 3, "batch2")
+    if self.shape[0] != mat2.shape[0] or self.shape[2] != mat2.shape[1]:
+        raise RuntimeError(
+            f"aten::bmm: expected batch2 of shape [{self.shape[0]}, {self.shape[2]}, *], "
+            f"got {list(mat2.shape)} (batch1 is {list(self.shape)})"
+        )
+    _check_dtypes("bmm", self, mat2)
+    return _dot(self, mat2, ((2,), (1,)), ((0,), (0,))).astype(self.dtype)
+
+
+@lowering(aten.mv)
+def mv(self, vec):
+    """aten::mv - (n, m) @ (m,) -> (n,). Reference: torch.mv."""
+    _check_dims("mv", self, 2, "self")
+    _check_dims("mv", vec, 1, "vec")
+    if self.shape[1] != vec.shape[0]:
+        raise RuntimeError(
+            f"aten::mv: size mismatch, got input ({self.shape[0]}), mat "
+            f"({self.shape[0]}x{self.shape[1]}), vec ({vec.shape[0]})"
+        )
+    _check_dtypes("mv", self, vec)
+    return _dot(self, vec, ((1,), (0,))).astype(self.dtype)
+
+
+def _check_1d_pair(name, self, tensor):
+    if self.ndim != 1 or tensor.ndim != 1:
+        raise RuntimeError(
+            f"aten::{name}: 1D tensors expected, but got {self.ndim}D and {tensor.ndim}D tensors"
+        )
+    if self.shape[0] != tensor.shape[0]:
+        raise RuntimeError(
+            f"aten::{name}: inconsistent tensor size, expected tensor [{self.shape[0]}] and src "
+            f"[{tensor.shape[0]}] to have the same number of elements, but got "
+            f"{self.shape[0]} and {tensor.shape[0]} elements respectively"
+        )
+    _check_dtypes(name, self, tensor)
+
+
+@lowering(aten.dot)
+def dot(self, tensor):
+    """aten::dot - inner product of two 1-D tensors (no conjugation) -> 0-d."""
+    _check_1d_pair("dot", self, tensor)
+    return _dot(self, tensor, ((0,), (0,))).astype(self.dtype)
+
+
+@lowering(aten.vdot)
+def vdot(self, other):
+    """aten::vdot - inner product conjugating ``self`` (complex) -> 0-d."""
+    _check_1d_pair("vdot", self, other)
+    return _dot(jnp.conj(self), other, ((0,), (0,))).astype(self.dtype)
+
+
+@lowering(aten.addmm)
+def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    """aten::addmm - beta * self + alpha * (mat1 @ mat2); self broadcasts to (n, m).
+
+    beta == 0 ignores self's values (as torch). Reference: torch.addmm."""
+    _check_dtypes("addmm", self, mat1, mat2)
+    mm(mat1, mat2)  # shape checks
+    out = _add_scaled(_dot(mat1, mat2, ((1,), (0,))), self, beta, alpha, mat1.dtype)
+    return jnp.broadcast_to(out, (mat1.shape[0], mat2.shape[1]))
+
+
+@lowering(aten.addmv)
+def addmv(self, mat, vec, *, beta=1, alpha=1):
+    """aten::addmv - beta * self + alpha * (mat @ vec); self broadcasts to (n,)."""
+    _check_dtypes("addmv", self, mat, vec)
+    mv(mat, vec)  # shape checks
+    out = _add_scaled(_dot(mat, vec, ((1,), (0,))), self, beta, alpha, mat.dtype)
+    return jnp.broadcast_to(out, (mat.shape[0],))
+
+
+@lowering(aten.baddbmm)
+def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    """aten::baddbmm - beta * self + alpha * bmm(batch1, batch2); self broadcasts."""
+    _check_dtypes("baddbmm", self, batch1, batch2)
+    bmm(batch1, batch2)  # shape checks
+    prod = _dot(batch1, batch2, ((2,), (1,)), ((0,), (0,)))
+    out = _add_scaled(prod, self, beta, alpha, batch1.dtype)
+    return jnp.broadcast_to(out, prod.shape)
+
+
+@lowering(aten.addbmm)
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    """aten::addbmm - beta * self + alpha * sum_b(batch1[b] @ batch2[b]) -> (n, m)."""
+    _check_dtypes("addbmm", self, batch1, batch2)
+    bmm(batch1, batch2)  # shape checks
+    shape = (batch1.shape[1], batch2.shape[2])
+    if batch1.dtype in (jnp.float16, jnp.bfloat16) and batch1.shape[0]:
+        # ATen loops addmm_ over the batch, rounding to the half dtype after each step;
+        # one float32 sum would be more accurate but not equal to CPU torch.
+        out = jnp.broadcast_to(self, shape)
+        for b in range(batch1.shape[0]):
+            out = _add_scaled(
+                _dot(batch1[b], batch2[b], ((1,), (0,))),
+                out,
+                beta if b == 0 else 1,
+                alpha,
+                batch1.dtype,
+            )
+        return out
+    # Contracting over the batch and k axes together sums the per-batch products.
+    prod = _dot(batch1, batch2, ((0, 2), (0, 1)))
+    out = _add_scaled(prod, self, beta, alpha, batch1.dtype)
+    return jnp.broadcast_to(out, shape)
+
+
+@lowering(aten._trilinear)
+def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """aten::_trilinear - sum over ``sumdim`` of i1 * i2 * i3, each first unsqueezed at
+    its ``expand`` dims (what ``F.bilinear`` lowers to). ``unroll_dim`` is a CPU loop
+    hint with no effect on the value. Dtypes: inputs' (equal); f16/bf16 in float32."""
+    _check_dtypes("_trilinear", i1, i2, i3)
+    acc = _acc_dtype(i1.dtype)
+    x = [
+        jnp.expand_dims(t.astype(acc), tuple(e)) if e else t.astype(acc)
+        for t, e in ((i1, expand1), (i2, expand2), (i3, expand3))
+    ]
+    prod = (x[0] * x[1]) * x[2]
+    out = jnp.sum(prod, axis=tuple(sumdim)) if sumdim else prod
+    return out.astype(i1.dtype)
+
+
+def _group_ends(offs, total):
+    """Group index of each of ``total`` rows given cumulative group ends ``offs``."""
+    return jnp.searchsorted(offs, jnp.arange(total, dtype=offs.dtype), side="right")
+
+
+@lowering(aten._grouped_mm)
+def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
+    """aten::_grouped_mm - per-group matrix products (MoE), groups given by ``offs``.
+
+    Shapes (``offs`` holds cumulative group ends, length G):
+    2d x 3d: (M, K) x (G, K, N) -> (M, N), rows of self split into groups
+    (``lax.ragged_dot``); 3d x 3d: batched mm; 2d x 2d: (M, K) x (K, N) with K split ->
+    (G, M, N); 3d x 2d: (G, M, K) x (K, N) with N split -> (M, N).
+    Rows/columns past ``offs[-1]`` are zero. Dtypes: result ``out_dtype`` (default self's).
+    Reference: torch/_meta_registrations.py (_meta_grouped_mm); lax.ragged_dot.
+    """
+    from torchjax.tensor.dtypes import to_jax_dtype
+
+    result_dtype = self.dtype if out_dtype is None else to_jax_dtype(out_dtype)
+    acc = jnp.float32 if self.dtype in (jnp.bfloat16, jnp.float16) else self.dtype
+    if self.ndim == 3 and mat2.ndim == 3:
+        out = _dot(self, mat2, ((2,), (1,)), ((0,), (0,)))
+    elif offs is None:
+        raise RuntimeError(
+            f"aten::_grouped_mm: offs is required for {self.ndim}d x {mat2.ndim}d inputs"
+        )
+    elif self.ndim == 2 and mat2.ndim == 3:
+        sizes = jnp.diff(offs, prepend=jnp.zeros((1,), offs.dtype)).astype(jnp.int32)
+        # ragged_dot needs sum(group_sizes) == M: rows past offs[-1] join a zero group.
+        tail = (self.shape[0] - offs[-1]).astype(jnp.int32).reshape(1)
+        rhs = jnp.concatenate([mat2, jnp.zeros((1,) + mat2.shape[1:], mat2.dtype)])
+        out = lax.ragged_dot(
+            self, rhs, jnp.concatenate([sizes, tail]), precision=HIGHEST, preferred_element_type=acc
+        )
+    elif self.ndim == 2 and mat2.ndim == 2:
+        g = _group_ends(offs, self.shape[1])
+        mask = (g[None, :] == jnp.arange(offs.shape[0])[:, None]).astype(acc)
+        out = jnp.einsum(
+            "mk,gk,kn->gmn", self.astype(acc), mask, mat2.astype(acc), precision=HIGHEST
+        )
+    else:
+        g = _group_ends(offs, mat2.shape[1])
+        full = _dot(self, mat2, ((2,), (0,)))  # (G, M, N)
+        valid = g < offs.shape[0]
+        picked = jnp.take_along_axis(
+            full, jnp.minimum(g, offs.shape[0] - 1)[None, None, :], axis=0
+        )[0]
+        out = jnp.where(valid[None, :], picked, jnp.zeros((), acc))
+    if bias is not None:
+        out = out + bias.astype(acc)
+    return out.astype(result_dtype)
+
+
+@handler(aten.addbmm_.default)
+def addbmm_(args, kwargs):
+    """aten::addbmm_ - in-place addbmm. Unlike other in-place ops, ATen's kernel resizes
+    ``self`` to (n, m) when it only broadcasts to it (``addbmm_out`` with out=self), so the
+    result replaces self's storage then, as CPU ``resize_`` reallocating does."""
+    self = args[0]
+    result = aten.addbmm.default(*args, **kwargs)
+    if tuple(result.shape) != tuple(self.shape):
+        size = tuple(result.shape)
+        self._rebind(Storage(result._value()), size, contiguous_strides(size), 0)
+        return self
+    return write_into(aten.addbmm_.default, self, result)
