@@ -1,0 +1,70 @@
+"""Joining/layout ops (torchjax/ops/layout.py): OpInfo sweep plus direct cases."""
+
+import pytest
+import torch
+
+from tests.ops.opinfo_cases import make_tests
+from tests.ops.test_shape import both
+
+OPS = [
+    "cat",
+    "stack",
+    "hstack",
+    "vstack",
+    "repeat",
+    "tile",
+    "flip",
+    "fliplr",
+    "flipud",
+    "roll",
+    "tril",
+    "triu",
+    "constant_pad_nd",
+    "nn.functional.pad.constant",
+    "slice_scatter",
+    "select_scatter",
+    "diagonal_scatter",
+    "as_strided_scatter",
+    "repeat_interleave",
+]
+globals().update(make_tests(OPS))
+
+
+def test_cat_promotes_and_skips_empty_1d():
+    both(lambda x: torch.cat([x.int(), x, torch.zeros(0, device=x.device)], 1))
+    both(lambda x: torch.cat([torch.zeros(0, dtype=torch.float64, device=x.device), x]))
+    both(lambda x: torch.cat([x.bool(), x.to(torch.bfloat16), x.half()], -1))
+
+
+def test_cat_out_and_error():
+    x = torch.ones(2, 3, device="tpu")
+    out = torch.empty(0, device="tpu")
+    assert torch.cat([x, x], out=out) is out and out.shape == (4, 3)
+    with pytest.raises(RuntimeError, match="Sizes of tensors must match"):
+        torch.cat([x, torch.ones(2, 4, device="tpu")])
+
+
+def test_pad_negative_and_value():
+    both(lambda x: torch.nn.functional.pad(x, (1, -2, 0, 3), value=-7.0))
+    both(lambda x: torch.nn.functional.pad(x.long(), (2, 2), value=5))
+
+
+def test_tril_triu_batched_and_int64():
+    both(lambda x: x.tril(-1) + x.triu(2))
+    big = lambda: torch.full((3, 3), 2**40, dtype=torch.int64)  # noqa: E731
+    both(lambda x: x.triu(), big)
+
+
+def test_roll_flip_empty_and_zero_d():
+    both(lambda x: x.roll(3), lambda: torch.zeros(0, 2))
+    both(lambda x: x.flip(()), lambda: torch.tensor(1.5))
+
+
+def test_scatter_ops_are_view_backward():
+    def fn(x):
+        x.requires_grad_()
+        y = x[:, 1:, ::2].select(2, 1).diagonal(0, 0, 1)
+        (g,) = torch.autograd.grad(y.sum(), x)
+        return g
+
+    both(fn)

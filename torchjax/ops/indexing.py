@@ -1,0 +1,392 @@
+"""Indexing: advanced indexing (``x[idx]``, ``x[idx] = v``), gather/scatter, index_*,
+masked_*, nonzero, take.
+
+Index tensors may be int64/int32 (or bool masks for ``index``/``index_put``) and may live
+on CPU (torch allows CPU indices for a device tensor): these lowerings are registered
+with ``cpu_tensors=True``.
+
+Data-dependent behaviour:
+- Out-of-range indices raise ``IndexError`` in eager, like torch; the check reads the
+  index values (a device sync). Under ``jax.jit`` (traced indices) there is no check and
+  jax's gather/scatter semantics apply: gathers clamp, scatters drop out-of-range updates.
+- Bool masks in ``index``/``index_put``, ``masked_select``, ``nonzero`` and
+  ``repeat_interleave`` (layout.py) have data-dependent output shapes: eager only; under
+  jit they raise jax's ConcretizationTypeError (use ``torch.where(mask, ...)`` instead).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from torchjax.ops.registry import lowering
+from torchjax.ops.shape import _dim
+
+aten = torch.ops.aten
+_ALL = slice(None)
+
+
+def _concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _check_range(idx, n, op, dim):
+    """IndexError like torch when any index is outside [-n, n) (eager only)."""
+    if idx.size == 0 or not _concrete(idx):
+        return
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < -n or hi >= n:
+        bad = hi if hi >= n else lo
+        raise IndexError(
+            f"index {bad} is out of bounds for dimension {dim} with size {n} (in aten::{op})"
+        )
+
+
+def _check_index_dtype(idx, op):
+    if not (jnp.issubdtype(idx.dtype, jnp.integer) or idx.dtype == np.bool_):
+        raise IndexError(
+            f"tensors used as indices must be long, int, byte or bool tensors, "
+            f"got {idx.dtype} (in aten::{op})"
+        )
+
+
+def _advanced_index(self, indices, op):
+    """Torch's list of optional index tensors -> a jnp index tuple (masks expanded)."""
+    if len(indices) > self.ndim:
+        raise IndexError(
+            f"too many indices for tensor of dimension {self.ndim} "
+            f"(got {len(indices)}) (in aten::{op})"
+        )
+    out, d = [], 0
+    for idx in indices:
+        if idx is None:
+            out.append(_ALL)
+            d += 1
+            continue
+        _check_index_dtype(idx, op)
+        if idx.dtype in (np.bool_, np.uint8):
+            mask = idx.astype(np.bool_)
+            for k in range(mask.ndim):
+                if mask.shape[k] != self.shape[d + k]:
+                    raise IndexError(
+                        f"The shape of the mask {list(mask.shape)} at index {k} does not "
+                        f"match the shape of the indexed tensor {list(self.shape)} at index "
+                        f"{d + k} (in aten::{op})"
+                    )
+            out.extend(jnp.nonzero(mask))  # data-dependent: eager only
+            d += mask.ndim
+            continue
+        _check_range(idx, self.shape[d], op, d)
+        out.append(idx)
+        d += 1
+    return tuple(out)
+
+
+@lowering(aten.index.Tensor, cpu_tensors=True)
+def index(self, indices):
+    """aten::index.Tensor - ``self[indices]`` with a list of optional index tensors.
+
+    None keeps a dim; int tensors broadcast together (numpy placement rules, which torch
+    shares); bool masks select their nonzero positions. Reference: torch.Tensor.__getitem__.
+    """
+    return self[_advanced_index(self, indices, "index.Tensor")]
+
+
+@lowering(aten.index_put.default, aten._index_put_impl.default, cpu_tensors=True)
+def index_put(self, indices, values, accumulate=False, unsafe=False):
+    """aten::index_put - ``self[indices] = values`` (or ``+=`` when ``accumulate``).
+
+    ``values`` broadcasts to the indexed shape and must have ``self``'s dtype (torch's
+    check). Duplicate indices without accumulate: one of the writes wins, as in torch.
+    """
+    if values.dtype != self.dtype:
+        raise RuntimeError(
+            f"Index put requires the source and destination dtypes match, got "
+            f"{self.dtype} for the destination and {values.dtype} for the "
+            "source. (in aten::index_put)"
+        )
+    index = _advanced_index(self, indices, "index_put")
+    return _update(self, index, values, "add" if accumulate else "set")
+
+
+def _scatter_index(index, dim):
+    """Full coordinates for gather/scatter: ``index`` along ``dim``, iota elsewhere."""
+    coords = []
+    for d in range(index.ndim):
+        if d == dim:
+            coords.append(index)
+        else:
+            shape = [1] * index.ndim
+            shape[d] = index.shape[d]
+            coords.append(jnp.arange(index.shape[d], dtype=np.int64).reshape(shape))
+    return tuple(coords)
+
+
+def _as_nd(self, index, op, dim):
+    self = self.reshape(1) if self.ndim == 0 else self
+    index = index.reshape(1) if index.ndim == 0 else index
+    if index.ndim != self.ndim:
+        raise RuntimeError(
+            f"Index tensor must have the same number of dimensions as input "
+            f"tensor (got {index.ndim} and {self.ndim}) (in aten::{op})"
+        )
+    if not jnp.issubdtype(index.dtype, jnp.integer):
+        raise RuntimeError(f"{op}(): Expected dtype int64 for index (got {index.dtype})")
+    dim = _dim(dim, self.ndim, op)
+    _check_range(index, self.shape[dim], op, dim)
+    return self, index, dim
+
+
+@lowering(aten.gather.default, cpu_tensors=True)
+def gather(self, dim, index, sparse_grad=False):
+    """aten::gather - ``out[i][j] = self[index[i][j]][j]`` (for dim=0); out has index's
+    shape (index may be smaller than self off ``dim``)."""
+    out_shape = index.shape
+    if index.size == 0:  # torch skips every check for an empty index
+        return jnp.zeros(out_shape, dtype=self.dtype)
+    arr, index, dim = _as_nd(self, index, "gather", dim)
+    return arr[_scatter_index(index, dim)].reshape(out_shape)
+
+
+_AT_METHODS = {
+    "set": "set",
+    "add": "add",
+    "multiply": "multiply",
+    "sum": "add",
+    "prod": "multiply",
+    "amax": "max",
+    "amin": "min",
+}
+
+
+def _update(arr, index, values, how):
+    """``arr.at[index].<how>(values)``; bool add/multiply run in int32 and map back to
+    bool (torch's bool sum is logical or, prod logical and)."""
+    method = _AT_METHODS[how]
+    if arr.dtype == np.bool_ and method in ("add", "multiply"):
+        out = getattr(arr.astype(np.int32).at[index], method)(values.astype(np.int32))
+        return out != 0
+    return getattr(arr.at[index], method)(values)
+
+
+def _scatter(self, dim, index, src, how, op):
+    shape = self.shape
+    if index.size == 0:  # torch skips every check for an empty index
+        return self
+    arr, index, dim = _as_nd(self, index, op, dim)
+    if isinstance(src, (jax.Array, np.ndarray)) and src.ndim:
+        src = src[tuple(slice(0, n) for n in index.shape)]
+    elif isinstance(src, (jax.Array, np.ndarray)):
+        src = jnp.broadcast_to(src, index.shape)
+    src = jnp.asarray(src).astype(arr.dtype)
+    src = jnp.broadcast_to(src, index.shape)
+    return _update(arr, _scatter_index(index, dim), src, how).reshape(shape)
+
+
+@lowering(
+    aten.scatter.src,
+    aten.scatter.value,
+    aten.scatter.reduce,
+    aten.scatter.value_reduce,
+    cpu_tensors=True,
+)
+def scatter(self, dim, index, src=None, value=None, reduce=None):
+    """aten::scatter - ``self[index[i][j]][j] = src[i][j]`` (dim=0); ``reduce`` 'add' /
+    'multiply' combines instead. Overloads: src tensor or scalar value."""
+    src = value if src is None else src
+    return _scatter(self, dim, index, src, reduce or "set", "scatter")
+
+
+@lowering(aten.scatter_add.default, cpu_tensors=True)
+def scatter_add(self, dim, index, src):
+    """aten::scatter_add - ``self[index[i][j]][j] += src[i][j]`` (dim=0)."""
+    return _scatter(self, dim, index, src, "add", "scatter_add")
+
+
+@lowering(aten.scatter_reduce.two, cpu_tensors=True)
+def scatter_reduce(self, dim, index, src, reduce, include_self=True):
+    """aten::scatter_reduce.two - combine ``src`` into ``self`` at ``index`` with sum /
+    prod / mean / amax / amin; ``include_self=False`` ignores self's old values at the
+    scattered positions. Integer mean rounds down (torch's floor division)."""
+    if not include_self:
+        ident = {"sum": 0, "mean": 0, "prod": 1}.get(reduce)
+        if ident is None:
+            info = jnp.finfo if jnp.issubdtype(self.dtype, jnp.inexact) else jnp.iinfo
+            info = info(self.dtype) if self.dtype != np.bool_ else None
+            ident = (
+                (True if reduce == "amin" else False)
+                if info is None
+                else (info.max if reduce == "amin" else info.min)
+            )
+            if jnp.issubdtype(self.dtype, jnp.floating):
+                ident = np.inf if reduce == "amin" else -np.inf
+        base = _scatter(self, dim, index, np.asarray(ident), "set", "scatter_reduce")
+    else:
+        base = self
+    if reduce != "mean":
+        return _scatter(base, dim, index, src, reduce, "scatter_reduce")
+    total = _scatter(base, dim, index, src, "sum", "scatter_reduce")
+    ones = np.ones((), dtype=self.dtype)
+    count = _scatter(
+        jnp.full(self.shape, 1 if include_self else 0, dtype=self.dtype),
+        dim,
+        index,
+        ones,
+        "add",
+        "scatter_reduce",
+    )
+    count = jnp.where(count == 0, jnp.ones((), self.dtype), count)
+    if jnp.issubdtype(self.dtype, jnp.inexact):
+        return total / count
+    return jnp.floor_divide(total, count)
+
+
+def _index_1d(self, dim, index, op):
+    if index.ndim > 1:
+        raise IndexError(
+            f"{op}(): Index is supposed to be a vector, got {index.ndim}-d (in aten::{op})"
+        )
+    if not jnp.issubdtype(index.dtype, jnp.integer):
+        raise IndexError(
+            f"{op}(): Expected dtype int32/int64 for index, got {index.dtype} (in aten::{op})"
+        )
+    arr = self.reshape(1) if self.ndim == 0 else self
+    dim = _dim(dim, arr.ndim, op)
+    index = index.reshape(-1)
+    _check_range(index, arr.shape[dim], op, dim)
+    return arr, dim, index
+
+
+@lowering(aten.index_select.default, cpu_tensors=True)
+def index_select(self, dim, index):
+    """aten::index_select - the entries ``index`` (1-d) of ``self`` along ``dim``."""
+    arr, dim, index = _index_1d(self, dim, index, "index_select")
+    out = jnp.take(arr, index, axis=dim)
+    return out.reshape(()) if self.ndim == 0 else out
+
+
+def _index_update(self, dim, index, source, how, op):
+    arr, dim, index = _index_1d(self, dim, index, op)
+    source = jnp.asarray(source).astype(arr.dtype)
+    if source.ndim == 0 and self.ndim == 0:
+        source = source.reshape(1)
+    return _update(arr, (_ALL,) * dim + (index,), source, how).reshape(self.shape)
+
+
+@lowering(aten.index_add.default, cpu_tensors=True)
+def index_add(self, dim, index, source, alpha=1):
+    """aten::index_add - ``self[..., index[i], ...] += alpha * source[..., i, ...]``."""
+    if alpha != 1:
+        source = source * np.asarray(alpha).astype(source.dtype)
+    return _index_update(self, dim, index, source, "add", "index_add")
+
+
+@lowering(aten.index_copy.default, cpu_tensors=True)
+def index_copy(self, dim, index, source):
+    """aten::index_copy - ``self[..., index[i], ...] = source[..., i, ...]``."""
+    return _index_update(self, dim, index, source, "set", "index_copy")
+
+
+@lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, cpu_tensors=True)
+def index_fill(self, dim, index, value):
+    """aten::index_fill - ``self[..., index, ...] = value`` (scalar or 0-d tensor)."""
+    return _index_update(
+        self, dim, index, jnp.asarray(value).astype(self.dtype), "set", "index_fill"
+    )
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(self, mask, value):
+    """aten::masked_fill - ``value`` where ``mask`` (bool, broadcast with self)."""
+    if mask.dtype != np.bool_:
+        raise RuntimeError(
+            f"masked_fill_ only supports boolean masks, but got mask with "
+            f"dtype {mask.dtype} (in aten::masked_fill)"
+        )
+    return jnp.where(mask, jnp.asarray(value).astype(self.dtype), self)
+
+
+@lowering(aten.masked_scatter.default)
+def masked_scatter(self, mask, source):
+    """aten::masked_scatter - positions where ``mask`` is true (row-major) take
+    consecutive elements of ``source``. Not data-dependent: works under jit."""
+    shape = jnp.broadcast_shapes(self.shape, mask.shape)
+    arr, mask = jnp.broadcast_to(self, shape), jnp.broadcast_to(mask, shape)
+    flat_mask = mask.reshape(-1)
+    pos = jnp.cumsum(flat_mask.astype(np.int64)) - 1
+    src = source.reshape(-1).astype(arr.dtype)
+    if src.shape[0] == 0:
+        return arr
+    if _concrete(flat_mask) and int(flat_mask.sum()) > src.shape[0]:
+        raise RuntimeError(
+            "masked_scatter: expected source to have at least as many "
+            f"elements as ones in mask ({int(flat_mask.sum())}), got "
+            f"{src.shape[0]} (in aten::masked_scatter)"
+        )
+    taken = src[jnp.clip(pos, 0, src.shape[0] - 1)]
+    return jnp.where(flat_mask, taken, arr.reshape(-1)).reshape(shape)
+
+
+@lowering(aten.masked_select.default)
+def masked_select(self, mask):
+    """aten::masked_select - 1-d tensor of the elements where ``mask`` (broadcast) is true.
+    Data-dependent shape: eager only."""
+    shape = jnp.broadcast_shapes(self.shape, mask.shape)
+    return jnp.broadcast_to(self, shape)[jnp.broadcast_to(mask, shape)]
+
+
+@lowering(aten.nonzero.default)
+def nonzero(self):
+    """aten::nonzero - (n, ndim) int64 coordinates of nonzero elements, row-major.
+    Data-dependent shape: eager only."""
+    coords = jnp.nonzero(self.reshape(1) if self.ndim == 0 else self)
+    if self.ndim == 0:
+        return jnp.zeros((coords[0].shape[0], 0), dtype=np.int64)
+    return jnp.stack(coords, axis=1).astype(np.int64)
+
+
+@lowering(aten.take.default, cpu_tensors=True)
+def take(self, index):
+    """aten::take - ``self.flatten()[index]`` (negative wraps); result has index's shape."""
+    flat = self.reshape(-1)
+    _check_range(index, flat.shape[0], "take", 0)
+    return flat[index]
+
+
+@lowering(aten.take_along_dim.default)
+def take_along_dim(self, indices, dim=None):
+    """aten::take_along_dim - ``gather`` after broadcasting self and indices off ``dim``
+    (None: both flattened). Negative indices wrap, as torch does."""
+    if dim is None:
+        flat = self.reshape(-1)
+        _check_range(indices, flat.shape[0], "take_along_dim", 0)
+        return jnp.take_along_axis(flat, indices.reshape(-1) % flat.shape[0], axis=0)
+    dim = _dim(dim, self.ndim, "take_along_dim")
+    _check_range(indices, self.shape[dim], "take_along_dim", dim)
+    return jnp.take_along_axis(self, indices % self.shape[dim], axis=dim, mode="clip")
+
+
+@lowering(aten.masked_scatter_backward.default)
+def masked_scatter_backward(grad_output, mask, sizes):
+    """aten::masked_scatter_backward - the gradient for masked_scatter's ``source``: the
+    elements of ``grad_output`` where ``mask`` is true, in order, zero-padded to
+    ``sizes``. Scatter into a fixed-size buffer, so it also works under jit."""
+    shape = jnp.broadcast_shapes(grad_output.shape, mask.shape)
+    flat_mask = jnp.broadcast_to(mask, shape).reshape(-1)
+    grad = jnp.broadcast_to(grad_output, shape).reshape(-1)
+    n = int(np.prod(sizes))
+    pos = jnp.where(flat_mask, jnp.cumsum(flat_mask.astype(np.int64)) - 1, n)
+    out = jnp.zeros((n,), dtype=grad.dtype).at[pos].set(grad, mode="drop")
+    return out.reshape(tuple(sizes))
+
+
+@lowering(aten.put.default, cpu_tensors=True)
+def put(self, index, source, accumulate=False):
+    """aten::put - ``self.flatten()[index] = source`` (``+=`` when ``accumulate``);
+    negative indices wrap. The backward of ``take``."""
+    flat = self.reshape(-1)
+    _check_range(index, flat.shape[0], "put", 0)
+    how = "add" if accumulate else "set"
+    return _update(flat, index.reshape(-1), source.reshape(-1), how).reshape(self.shape)
