@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from torchjax.ops.registry import Kind, lowering, register_pointwise
+from torchjax.ops.registry import Kind, handler, lowering, register_pointwise
+from torchjax.tensor._tensor import wrap
 
 aten = torch.ops.aten
 
@@ -337,3 +338,21 @@ def deg2rad(self):
 def rad2deg(self):
     """aten::rad2deg - ``self * 180 / pi``."""
     return self * np.asarray(180 / np.pi, dtype=self.dtype)
+
+
+@handler(aten._conj.default)
+def _conj(args, kwargs):
+    """aten::_conj - complex conjugate.
+
+    torch returns a lazy conjugate *view* (the conj bit); tpu tensors carry no conj bit,
+    so this is an eager copy: later writes to ``self`` do not show in the result.
+    Reference: torch.conj (torch only calls _conj for complex tensors).
+    """
+    self = args[0]
+    return wrap(jnp.conj(self._value()), self._device_index)
+
+
+@lowering(aten.conj_physical, aten.conj_physical_, aten._conj_physical)
+def conj_physical(self):
+    """aten::conj_physical - materialised complex conjugate (identity for real dtypes)."""
+    return jnp.conj(self) if jnp.iscomplexobj(self) else self

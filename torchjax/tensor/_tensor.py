@@ -18,7 +18,7 @@ import torch
 
 from torchjax._compat.jax import x64
 from torchjax._compat.torch import set_tensor_data, tensor_repr
-from torchjax.tensor import dtypes
+from torchjax.tensor import _backward_errors, dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
 
 DEVICE_TYPE = "tpu"
@@ -156,7 +156,13 @@ class JaxTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         with x64(True):
-            return _dispatch(func, args, kwargs or {})
+            try:
+                return _dispatch(func, args, kwargs or {})
+            except Exception as error:
+                if not _backward_errors.in_backward():
+                    raise
+                # See Note [Errors inside the autograd engine].
+                return _backward_errors.defer(func, args, kwargs or {}, error)
 
 
 def _unpickle(cpu: torch.Tensor, requires_grad: bool) -> JaxTensor:

@@ -1,0 +1,64 @@
+"""An op failing during backward() raises from backward(), never aborts the process.
+
+See Note [Errors inside the autograd engine] in torchjax/tensor/_backward_errors.py. The
+failing op is simulated by swapping a handler, in a subprocess, so a regression (a
+process abort) fails this test instead of killing the test run.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torchjax  # noqa: F401
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.parametrize("exc", ["NotImplementedError", "RuntimeError", "ValueError"])
+def test_error_in_backward_op_is_raised_by_backward(exc):
+    out = _run(
+        f"""
+        import torch, torchjax
+        from torchjax.ops import registry
+        op = torch.ops.aten.threshold_backward.default
+        registry._handler_for(op)
+        saved = registry._HANDLERS[op]
+        def failing(args, kwargs):
+            raise {exc}("no lowering for aten::threshold_backward (simulated)")
+        registry._HANDLERS[op] = failing
+        x = torch.randn(3).to("tpu").requires_grad_()
+        try:
+            torch.relu(x).sum().backward()
+        except {exc} as e:
+            print("raised:", e)
+        registry._HANDLERS[op] = saved
+        y = torch.randn(3).to("tpu").requires_grad_()
+        torch.relu(y).sum().backward()  # the next backward is unaffected
+        print("grad ok:", y.grad.tolist() == (y > 0).float().tolist())
+        """
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "raised: no lowering for aten::threshold_backward (simulated)" in out.stdout
+    assert "grad ok: True" in out.stdout
+
+
+def test_forward_errors_raise_directly():
+    x = torch.ones(2).to("tpu")
+    with pytest.raises(RuntimeError, match="tpu:0 and cpu"):
+        x + torch.ones(2)
+
+
+def test_complex_backward_matches_cpu():
+    x = torch.randn(4, dtype=torch.complex64)
+    xt = x.to("tpu").requires_grad_()
+    xc = x.clone().requires_grad_()
+    (xt * xt).abs().sum().backward()
+    (xc * xc).abs().sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-5)

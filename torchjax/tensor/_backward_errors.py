@@ -1,0 +1,66 @@
+"""Errors raised by tpu ops during ``backward()``: re-raised at the end of the pass.
+
+Note [Errors inside the autograd engine]
+When an op fails in ``__torch_dispatch__``, torch's Python fallback throws a C++
+``python_error`` that leaves the Python error indicator set while the stack unwinds. The
+autograd engine, unwinding through ``evaluate_function``, destroys a stream guard for the
+tpu device; torch's Python device guard (``torch._C._acc``) calls back into Python from
+that ``noexcept`` destructor, the call fails because an error is pending, and the process
+aborts ("terminate called without an active exception"). So an op failing during the
+backward pass must not raise there. Instead it returns zero-filled outputs of the right
+metadata (from the op run on meta tensors) and queues an engine callback that raises the
+original exception when the pass ends: ``loss.backward()`` raises it, with its message
+and traceback, exactly as it would on CPU. Outside the engine, errors raise directly.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch.utils._pytree import tree_map
+
+_state = threading.local()
+
+
+def in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+def defer(func, args, kwargs, error: BaseException):
+    """Queue ``error`` to raise at the end of the running backward pass and return
+    placeholder outputs for ``func``; re-raise ``error`` if no placeholder can be made."""
+    from torchjax.tensor._tensor import JaxTensor, wrap
+    from torchjax.tensor.dtypes import to_jax_dtype
+
+    def to_meta(x):
+        if isinstance(x, JaxTensor):
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        return x
+
+    try:
+        meta_out = func(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+    except Exception:
+        raise error from None
+
+    import jax.numpy as jnp
+
+    def placeholder(m):
+        if isinstance(m, torch.Tensor) and m.device.type == "meta":
+            return wrap(jnp.zeros(tuple(m.shape), to_jax_dtype(m.dtype)))
+        return m
+
+    task = torch._C._current_graph_task_id()
+    if getattr(_state, "task", None) != task:
+        _state.task = task
+
+        def reraise():
+            _state.task = None
+            raise error
+
+        torch.autograd.Variable._execution_engine.queue_callback(reraise)
+    schema = func._schema
+    if schema.returns and schema.arguments and schema.arguments[0].alias_info is not None:
+        if schema.arguments[0].alias_info.is_write:
+            return args[0]  # in-place: torch expects self back
+    return tree_map(placeholder, meta_out)
