@@ -43,8 +43,9 @@ def _check_layout(layout, op):
         raise RuntimeError(f"torchjax: aten::{op} supports only torch.strided, got {layout}")
 
 
-def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None,
-                        memory_format=None):
+def empty_memory_format(
+    size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None
+):
     _check_layout(layout, "empty.memory_format")
     return wrap(new_array(size, dtype, device), _device_index(device))
 

@@ -1,21 +1,21 @@
 """ATen -> jax lowerings, one module per op family, all registered into ops/registry.py."""
 
-from torchjax.ops import copy as _copy  # noqa: F401
-from torchjax.ops import pointwise_unary as _pointwise_unary  # noqa: F401
-from torchjax.ops import pointwise_binary as _pointwise_binary  # noqa: F401
 from torchjax.ops import activation as _activation  # noqa: F401
+from torchjax.ops import attention as _attention  # noqa: F401
+from torchjax.ops import conv as _conv  # noqa: F401
+from torchjax.ops import copy as _copy  # noqa: F401
+from torchjax.ops import cumulative as _cumulative  # noqa: F401
+from torchjax.ops import embedding as _embedding  # noqa: F401
 from torchjax.ops import factory as _factory  # noqa: F401
-from torchjax.ops import random as _random  # noqa: F401
 from torchjax.ops import indexing as _indexing  # noqa: F401
 from torchjax.ops import layout as _layout  # noqa: F401
-from torchjax.ops import shape as _shape  # noqa: F401
 from torchjax.ops import matmul as _matmul  # noqa: F401
-from torchjax.ops import conv as _conv  # noqa: F401
 from torchjax.ops import norm as _norm  # noqa: F401
-from torchjax.ops import attention as _attention  # noqa: F401
-from torchjax.ops import embedding as _embedding  # noqa: F401
+from torchjax.ops import pointwise_binary as _pointwise_binary  # noqa: F401
+from torchjax.ops import pointwise_unary as _pointwise_unary  # noqa: F401
+from torchjax.ops import random as _random  # noqa: F401
 from torchjax.ops import reduction as _reduction  # noqa: F401
-from torchjax.ops import cumulative as _cumulative  # noqa: F401
+from torchjax.ops import shape as _shape  # noqa: F401
 from torchjax.ops import sort as _sort  # noqa: F401
 from torchjax.ops.registry import handler, lowering, register_pointwise
 
