@@ -76,3 +76,22 @@ def test_autocast_tpu():
     with torch.autocast("tpu", dtype=torch.bfloat16):
         b = a @ a
     assert b.dtype == torch.bfloat16
+
+
+def test_cuda_like_extras():
+    props = torch.tpu.get_device_properties(0)
+    assert props.name and props.total_memory > 0
+    free, total = torch.tpu.mem_get_info()
+    assert 0 <= free <= total
+    torch.tpu.reset_peak_memory_stats()
+    torch.tpu.init()
+
+
+def test_invalid_ordinal_is_a_clear_error():
+    import pytest
+
+    bad = torch.tpu.device_count()
+    with pytest.raises(RuntimeError, match=f"invalid device ordinal tpu:{bad}"):
+        torch.ones(1, device=f"tpu:{bad}")
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        torch.ones(1).to(f"tpu:{bad}")

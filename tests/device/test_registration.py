@@ -151,6 +151,14 @@ def test_import_changes_nothing_for_cpu_code():
     assert out.strip().endswith("ok")
 
 
+def test_dataloader_pin_memory_keeps_working():
+    ds = torch.utils.data.TensorDataset(torch.arange(4.0))
+    batches = list(torch.utils.data.DataLoader(ds, batch_size=2, pin_memory=True))
+    assert [b[0].tolist() for b in batches] == [[0.0, 1.0], [2.0, 3.0]]
+    x = torch.arange(3.0)
+    assert torch.equal(x.pin_memory(), x)
+
+
 def test_plain_rename_is_not_enough_but_ours_is():
     # Guards the private helper: if torch changes it, this fails here first.
     out = _run(
@@ -166,5 +174,13 @@ def test_plain_rename_is_not_enough_but_ours_is():
 def test_torch_save_load_roundtrip(tmp_path):
     x = torch.tensor([1.5, -2.0], dtype=torch.float64).to("tpu")
     torch.save({"x": x}, tmp_path / "x.pt")
-    y = torch.load(tmp_path / "x.pt", weights_only=False)["x"]
+    y = torch.load(tmp_path / "x.pt")["x"]  # default weights_only=True accepts it
     assert y.device.type == "tpu" and y.dtype == torch.float64 and y.tolist() == [1.5, -2.0]
+    m = torch.nn.Linear(3, 2).to("tpu")
+    torch.save(m.state_dict(), tmp_path / "m.pt")
+    sd = torch.load(tmp_path / "m.pt", map_location="cpu")
+    assert sd["weight"].device.type == "cpu"
+    torch.testing.assert_close(sd["weight"], m.weight.detach().cpu())
+    fresh = torch.nn.Linear(3, 2).to("tpu")
+    fresh.load_state_dict(torch.load(tmp_path / "m.pt"))
+    torch.testing.assert_close(fresh.bias.detach().cpu(), m.bias.detach().cpu())

@@ -41,3 +41,12 @@ def test_embedding_empty_and_scalar_index():
     for idx in (torch.tensor([], dtype=torch.int64), torch.tensor(3)):
         got = F.embedding(idx.to("tpu"), w.to("tpu"))
         torch.testing.assert_close(got.cpu(), F.embedding(idx, w))
+
+
+def test_sparse_embedding_gradient_is_a_clear_error():
+    e = torch.nn.Embedding(5, 3, sparse=True).to("tpu")
+    idx = torch.tensor([1, 2]).to("tpu")
+    with pytest.raises(NotImplementedError, match="sparse=False"):
+        e(idx)
+    with torch.no_grad():  # no gradient needed: the lookup itself works
+        torch.testing.assert_close(e(idx).cpu(), e.weight.cpu()[[1, 2]])

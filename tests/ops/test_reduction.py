@@ -48,12 +48,7 @@ globals().update(make_tests(OPS))
 NAN, INF = math.nan, math.inf
 
 
-def same(fn, *args, **kwargs):
-    """``fn`` on CPU tensors and on their tpu copies gives the same result."""
-    expected = fn(*args, **kwargs)
-    got = fn(*oi.to_tpu(args), **oi.to_tpu(kwargs))
-    oi.compare(got, expected, getattr(fn, "__name__", "fn"))
-    return got
+same = oi.same
 
 
 def tpu(*args, **kwargs):

@@ -99,3 +99,8 @@ def test_set_():
     assert a.shape == (6,)
     b.add_(1)
     assert a.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+
+
+def test_format_0d_like_torch():
+    assert f"{torch.tensor(3.14159).to('tpu'):.2f}" == "3.14"
+    assert f"{torch.tensor(7).to('tpu'):>3}" == "  7"

@@ -69,3 +69,13 @@ def tensor_repr(t: torch.Tensor, cpu_copy: torch.Tensor) -> str:
     if text.startswith(name):
         text = prefix + text[len(name) :]
     return "Parameter containing:\n" + text if param else text
+
+
+def rebuild_device_tensor_args(cpu: torch.Tensor, dtype, device: str, requires_grad: bool):
+    """A ``__reduce_ex__`` value rebuilding a device tensor from its CPU copy with
+    ``torch._utils._rebuild_device_tensor_from_cpu_tensor`` (on torch.load's weights-only
+    allow-list)."""
+    return (
+        torch._utils._rebuild_device_tensor_from_cpu_tensor,
+        (cpu, dtype, device, requires_grad),
+    )

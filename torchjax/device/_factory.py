@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import torch
 
 from torchjax._compat.jax import x64
+from torchjax.device._module import jax_device
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import wrap
 
@@ -31,10 +32,11 @@ def new_array(size, dtype, device) -> jax.Array:
     """A zero-filled array on the jax device behind tpu:``index``."""
     dtype = dtype if dtype is not None else torch.get_default_dtype()
     index = _device_index(device)
+    dev = jax_device(index)
     with x64(True):
         arr = jnp.zeros(tuple(size), dtypes.to_jax_dtype(dtype))
         if index != 0:
-            arr = jax.device_put(arr, jax.devices()[index])
+            arr = jax.device_put(arr, dev)
     return arr
 
 

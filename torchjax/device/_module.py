@@ -25,6 +25,17 @@ def _index(device=None) -> int:
     return 0 if device.index is None else device.index
 
 
+def jax_device(index: int):
+    """The jax device behind tpu:``index``; RuntimeError for an invalid ordinal."""
+    devices = jax.devices()
+    if not 0 <= index < len(devices):
+        raise RuntimeError(
+            f"torchjax: invalid device ordinal tpu:{index}: JAX sees {len(devices)} "
+            f"device(s) ({devices[0].platform}), so valid devices are tpu:0..tpu:{len(devices) - 1}"
+        )
+    return devices[index]
+
+
 def is_available() -> bool:
     """True: JAX always has at least one device (CPU when there is no accelerator)."""
     return True
@@ -66,7 +77,7 @@ def device(device):
 
 
 def get_device_name(device=None) -> str:
-    return str(jax.devices()[_index(device)].device_kind)
+    return str(jax_device(_index(device)).device_kind)
 
 
 def synchronize(device=None) -> None:
@@ -141,7 +152,7 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 def memory_stats(device=None) -> dict:
     """JAX's ``Device.memory_stats()`` (TPU/GPU). On CPU JAX reports none and this
     returns ``{"bytes_in_use": ...}`` summed over live jax arrays on that device."""
-    dev = jax.devices()[_index(device)]
+    dev = jax_device(_index(device))
     stats = dev.memory_stats()
     if stats:
         return dict(stats)
@@ -170,3 +181,43 @@ def memory_reserved(device=None) -> int:
 
 def empty_cache() -> None:
     """No-op: XLA's allocator frees device buffers when jax arrays die."""
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    """No-op: JAX exposes no way to reset its peak counter (``peak_bytes_in_use``)."""
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes where JAX reports a limit (TPU/GPU); on CPU, (0, 0) is
+    not meaningful, so total is the host's physical memory and free what is not in use."""
+    stats = memory_stats(device)
+    total = stats.get("bytes_limit")
+    if total is None:
+        import os
+
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(total) - int(stats.get("bytes_in_use", 0)), int(total)
+
+
+class _DeviceProperties:
+    """What ``torch.cuda.get_device_properties`` users read: name, total_memory."""
+
+    def __init__(self, index: int):
+        dev = jax_device(index)
+        self.name = str(dev.device_kind)
+        self.platform = dev.platform
+        self.total_memory = mem_get_info(index)[1]
+
+    def __repr__(self):
+        return (
+            f"_TpuDeviceProperties(name='{self.name}', platform='{self.platform}', "
+            f"total_memory={self.total_memory // 2**20}MB)"
+        )
+
+
+def get_device_properties(device=None) -> _DeviceProperties:
+    return _DeviceProperties(_index(device))
+
+
+def init() -> None:
+    """No-op: JAX initialises its backends on first use."""

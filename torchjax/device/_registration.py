@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from torchjax._compat.torch import privateuse1_backend_name, setup_privateuse1_python_backend
-from torchjax.device import _autocast, _factory, _module
+from torchjax.device import _autocast, _factory, _module, _pinned
 
 DEVICE_TYPE = "tpu"
 
@@ -36,6 +36,7 @@ def _register() -> None:
     setup_privateuse1_python_backend(DEVICE_TYPE, _module, _DeviceGuard())
     _factory.register_kernels()
     _autocast.register()
+    _pinned.register()
 
 
 _register()

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from torchjax.device._module import jax_device
 from torchjax.ops.registry import _cpu_to_jax, handler, lowering, write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
@@ -53,7 +54,7 @@ def _to_copy(args, kwargs):
     if device is not None:
         index = torch.device(device).index or 0
         if index != self._device_index:
-            arr = jax.device_put(arr, jax.devices()[index])
+            arr = jax.device_put(arr, jax_device(index))
     return wrap(arr, index)
 
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from torchjax.ops.registry import lowering
+from torchjax.ops.registry import functional_handler, handler, lowering
 
 aten = torch.ops.aten
 
@@ -32,7 +32,23 @@ def _check_indices(name, indices, num_weights):
         )
 
 
-@lowering(aten.embedding)
+@handler(aten.embedding.default)
+def embedding_handler(args, kwargs):
+    """aten::embedding, refusing ``sparse=True`` when a gradient will be needed.
+
+    Sparse gradients have no tpu layout; failing in forward gives a clear error instead of
+    one raised from deep inside the backward pass."""
+    weight = args[0]
+    sparse = args[4] if len(args) > 4 else kwargs.get("sparse", False)
+    if sparse and weight.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError(
+            "torchjax: nn.Embedding(sparse=True) / F.embedding(..., sparse=True) needs sparse "
+            "gradients, which do not exist on device 'tpu' (a jax.Array is dense). Use "
+            "sparse=False: the dense gradient is what XLA computes efficiently."
+        )
+    return _embedding(args, kwargs)
+
+
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     """aten::embedding - weight[indices]: shape indices.shape + weight.shape[1:].
 
@@ -42,6 +58,9 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
         raise RuntimeError(f"aten::embedding: 'weight' must be 2-D, got {weight.ndim}-D")
     _check_indices("embedding", indices, weight.shape[0])
     return jnp.take(weight, indices, axis=0)
+
+
+_embedding = functional_handler(aten.embedding.default, embedding)
 
 
 @lowering(aten.embedding_dense_backward)
@@ -78,3 +97,18 @@ def embedding_renorm(self, indices, max_norm, norm_type):
     hit = jnp.zeros((self.shape[0],), jnp.bool_).at[indices.reshape(-1)].set(True)
     scaled = rows * jnp.where(hit, scale, jnp.ones((), acc))[:, None]
     return scaled.astype(self.dtype)
+
+
+@handler(
+    aten._sparse_coo_tensor_with_dims_and_tensors.default,
+    aten._sparse_coo_tensor_with_dims.default,
+)
+def sparse_coo_tensor(args, kwargs):
+    """Sparse tensors do not exist on tpu (a jax.Array is dense); reached by
+    ``Embedding(sparse=True)``'s backward. Raise a clear error instead."""
+    raise NotImplementedError(
+        "torchjax: sparse tensors are not supported on device 'tpu' (reached through "
+        "aten::_sparse_coo_tensor_with_dims_and_tensors, e.g. nn.Embedding(sparse=True) "
+        "or F.embedding(..., sparse=True) gradients). Use sparse=False: the dense "
+        "gradient is what XLA computes efficiently."
+    )

@@ -101,6 +101,12 @@ def handler(*ops):
     return deco
 
 
+def functional_handler(func, fn, *, promote: Kind | None = None):
+    """The registry's functional handler for ``fn`` as a lowering of ``func``, for a
+    ``@handler`` that checks something at the torch level and then lowers as usual."""
+    return _functional_handler(func, Lowering(fn, promote))
+
+
 def register_pointwise(op, fn, *, promote: Kind) -> None:
     """Register a 1:1 elementwise op family (``op`` packet) lowered to ``fn``."""
     _register([op], Lowering(lambda *a, **k: fn(*a, **k), promote))

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import x64
-from torchjax._compat.torch import set_tensor_data, tensor_repr
+from torchjax._compat.torch import rebuild_device_tensor_args, set_tensor_data, tensor_repr
 from torchjax.tensor import _backward_errors, dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
 
@@ -109,12 +109,22 @@ class JaxTensor(torch.Tensor):
     def tolist(self):
         return self.detach().cpu().tolist()
 
+    def __format__(self, format_spec):
+        # torch formats 0-d plain tensors as their Python number; do the same on tpu.
+        if self.dim() == 0:
+            return self.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
     def __repr__(self, *, tensor_contents=None):
         return tensor_repr(self, self.detach().cpu())
 
     def __reduce_ex__(self, proto):
-        # Pickle / torch.save as a CPU tensor plus the device to return to.
-        return (_unpickle, (self.detach().cpu(), self.requires_grad))
+        # torch.save / pickle: the data as a CPU tensor and the device to return to, through
+        # the rebuild function torch uses for storage-less device tensors (XLA's too), which
+        # torch.load(weights_only=True) accepts.
+        return rebuild_device_tensor_args(
+            self.detach().cpu(), self.dtype, str(self.device), self.requires_grad
+        )
 
     @property
     def data(self):
@@ -163,10 +173,6 @@ class JaxTensor(torch.Tensor):
                     raise
                 # See Note [Errors inside the autograd engine].
                 return _backward_errors.defer(func, args, kwargs or {}, error)
-
-
-def _unpickle(cpu: torch.Tensor, requires_grad: bool) -> JaxTensor:
-    return cpu.to(DEVICE_TYPE).requires_grad_(requires_grad)
 
 
 def wrap(arr: jax.Array, device_index: int = 0) -> JaxTensor:

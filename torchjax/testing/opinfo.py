@@ -102,6 +102,14 @@ def compare(tpu_out, cpu_out, what: str = "output", tol=None) -> None:
             assert t == c, f"{name}: {t!r} vs {c!r}"
 
 
+def same(fn, *args, **kwargs):
+    """Run ``fn`` on CPU tensors and on their tpu copies; assert equal; return tpu result."""
+    expected = fn(*args, **kwargs)
+    got = fn(*to_tpu(args), **to_tpu(kwargs))
+    compare(got, expected, getattr(fn, "__name__", "fn"))
+    return got
+
+
 def _weights_like(out_leaves):
     gen = torch.Generator().manual_seed(0)
     return [
