@@ -450,12 +450,24 @@ def _bitwise(name, fn):
     return lower
 
 
+def _shift_right(a, b):
+    # C++ ``>>`` on unsigned types (uint8) shifts in zeros, on signed ones the sign bit
+    if jnp.issubdtype(a.dtype, jnp.unsignedinteger):
+        return lax.shift_right_logical(a, b)
+    return lax.shift_right_arithmetic(a, b)
+
+
 for _op, _fn in [
     (aten.bitwise_and, lax.bitwise_and),
     (aten.bitwise_or, lax.bitwise_or),
     (aten.bitwise_xor, lax.bitwise_xor),
     (aten.bitwise_left_shift, lax.shift_left),
-    (aten.bitwise_right_shift, lax.shift_right_arithmetic),
+    (aten.bitwise_right_shift, _shift_right),
+    # Python's ``<<``/``>>``/``<<=``/``>>=``: the same ATen shift kernels under dunder names
+    (aten.__lshift__, lax.shift_left),
+    (aten.__ilshift__, lax.shift_left),
+    (aten.__rshift__, _shift_right),
+    (aten.__irshift__, _shift_right),
 ]:
     lowering(_op, promote=Kind.DEFAULT)(_bitwise(_op._qualified_op_name.split("::")[1], _fn))
 

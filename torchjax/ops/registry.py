@@ -316,7 +316,8 @@ def _cast(x, dtype):
     if isinstance(x, (jax.Array, np.ndarray)):
         return x if x.dtype == dtype else x.astype(dtype)
     if isinstance(x, _SCALAR_TYPES):
-        return np.asarray(x, dtype=dtype)
+        # astype wraps out-of-range ints (uint8 + -1) as torch does; asarray(dtype=) raises.
+        return np.asarray(x).astype(dtype)
     return x
 
 

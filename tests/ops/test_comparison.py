@@ -1,0 +1,167 @@
+"""equal / isclose / allclose (torchjax/ops/comparison.py) and the ``<<``/``>>`` dunders
+(torchjax/ops/pointwise_binary.py), compared with CPU torch."""
+
+import pytest
+import torch
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
+
+OPS = ["equal", "allclose", "isclose"]
+globals().update(make_tests(OPS))
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _tpu(t):
+    return t.to("tpu")
+
+
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        (torch.arange(6.0), torch.arange(6.0)),
+        (torch.arange(6.0), torch.arange(6.0).reshape(2, 3)),
+        (torch.ones(2, 3), torch.ones(3, 2)),
+        (torch.ones(0), torch.ones(0)),
+        (torch.ones(0), torch.ones(0, 1)),
+        (torch.tensor([1.0, NAN]), torch.tensor([1.0, NAN])),
+        (torch.arange(3), torch.arange(3.0)),
+        (torch.tensor(2**40 + 1), torch.tensor(2**40)),
+        (torch.tensor(3.0), torch.tensor(3.0)),
+    ],
+)
+def test_equal_matches_cpu(a, b):
+    got = torch.equal(_tpu(a), _tpu(b))
+    assert type(got) is bool
+    assert got == torch.equal(a, b)
+
+
+def test_equal_on_views():
+    base = torch.arange(12).reshape(3, 4)
+    t = _tpu(base)
+    assert torch.equal(t.t(), _tpu(base.t().contiguous()))
+    assert not torch.equal(t[:, 1:], _tpu(base[:, :3]))
+
+
+@pytest.mark.parametrize("equal_nan", [False, True])
+@pytest.mark.parametrize(
+    "a,b,rtol,atol",
+    [
+        (
+            torch.tensor([1.0, NAN, INF, -INF, INF]),
+            torch.tensor([1.0, NAN, INF, INF, 1.0]),
+            1e-5,
+            1e-8,
+        ),
+        (torch.tensor([1.0, 1.001, 2.0]), torch.tensor([1.0, 1.0, 2.1]), 1e-2, 0.0),
+        (torch.tensor([1.0, 1.001]), torch.tensor([1.0, 1.0]), 0.0, 0.0),
+        (
+            torch.tensor([[1.0], [2.0]], dtype=torch.float64),
+            torch.tensor([1.0, 2.0], dtype=torch.float64),
+            1e-5,
+            1e-8,
+        ),
+        (torch.tensor([0, 5, 2**40]), torch.tensor([1, 5, 2**40 + 1]), 0.0, 1.0),
+        (
+            torch.tensor([3, 250], dtype=torch.uint8),
+            torch.tensor([4, 2], dtype=torch.uint8),
+            0.0,
+            1.0,
+        ),
+        (torch.tensor([True, False]), torch.tensor([True, True]), 1e-5, 1e-8),
+        (torch.ones(0), torch.ones(0), 1e-5, 1e-8),
+    ],
+)
+def test_isclose_allclose_match_cpu(a, b, rtol, atol, equal_nan):
+    kw = dict(rtol=rtol, atol=atol, equal_nan=equal_nan)
+    got = torch.isclose(_tpu(a), _tpu(b), **kw)
+    want = torch.isclose(a, b, **kw)
+    assert got.dtype == torch.bool
+    assert torch.equal(got.cpu(), want)
+    all_got = torch.allclose(_tpu(a), _tpu(b), **kw)
+    assert type(all_got) is bool and all_got == torch.allclose(a, b, **kw)
+
+
+@pytest.mark.parametrize(
+    "a,b,kw,match",
+    [
+        (torch.arange(3), torch.arange(3.0), {}, "aten::allclose: .*did not match"),
+        (torch.ones(3), torch.ones(2), {}, "aten::allclose: The size of tensor a"),
+        (torch.ones(3), torch.ones(3), {"rtol": -1.0}, "aten::allclose: rtol must be"),
+        (torch.ones(3), torch.ones(3), {"atol": -1.0}, "aten::allclose: atol must be"),
+    ],
+)
+def test_allclose_errors(a, b, kw, match):
+    with pytest.raises(RuntimeError):
+        torch.allclose(a, b, **kw)
+    with pytest.raises(RuntimeError, match=match):
+        torch.allclose(_tpu(a), _tpu(b), **kw)
+
+
+def test_equal_cpu_tensor_raises():
+    with pytest.raises(RuntimeError, match="aten::equal"):
+        torch.equal(_tpu(torch.ones(3)), torch.ones(3))
+
+
+# ---------------------------------------------------------------------------------------
+# << and >> (aten::__lshift__ / __rshift__ / __ilshift__ / __irshift__)
+
+_SHIFT_INPUTS = [
+    torch.tensor([0, 1, -8, 2**40, -(2**40), 2**62]),
+    torch.tensor([0, 1, -8, 2**30, -(2**31)], dtype=torch.int32),
+    torch.tensor([1, 3, 128, 255], dtype=torch.uint8),
+]
+
+
+@pytest.mark.parametrize("x", _SHIFT_INPUTS, ids=lambda t: str(t.dtype))
+@pytest.mark.parametrize("s", [0, 1, 7, 31, 40, 63, 64, 70, -1])
+def test_shift_scalar(x, s):
+    for fn in (lambda a: a << s, lambda a: a >> s):
+        want = fn(x)
+        got = fn(_tpu(x))
+        assert got.dtype == want.dtype
+        assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("x", _SHIFT_INPUTS, ids=lambda t: str(t.dtype))
+def test_shift_tensor_and_inplace(x):
+    s = torch.tensor([0, 1, 3, 33, 40, 64][: x.numel()] + [2] * max(0, x.numel() - 6))
+    s = s[: x.numel()].to(x.dtype if x.dtype != torch.uint8 else torch.uint8)
+    for fn in (lambda a, b: a << b, lambda a, b: a >> b):
+        want = fn(x, s)
+        got = fn(_tpu(x), _tpu(s))
+        assert got.dtype == want.dtype
+        assert torch.equal(got.cpu(), want)
+    for shift in (3, s):
+        want, got = x.clone(), _tpu(x)
+        want <<= shift
+        got <<= shift if isinstance(shift, int) else _tpu(shift)
+        assert torch.equal(got.cpu(), want)
+        want >>= shift
+        got >>= shift if isinstance(shift, int) else _tpu(shift)
+        assert torch.equal(got.cpu(), want)
+
+
+def test_shift_inplace_on_view():
+    base = torch.arange(10).reshape(2, 5) * (2**33)
+    want, got = base.clone(), _tpu(base)
+    wv, gv = want[:, 1:4], got[:, 1:4]
+    wv >>= 2
+    gv >>= 2
+    want[1] <<= 3
+    got[1] <<= 3
+    assert torch.equal(got.cpu(), want)
+
+
+def test_shift_broadcast_and_0d():
+    x, s = torch.arange(6).reshape(2, 3), torch.tensor([[1], [40]])
+    assert torch.equal((_tpu(x) << _tpu(s)).cpu(), x << s)
+    assert torch.equal((_tpu(torch.tensor(5)) >> 1).cpu(), torch.tensor(5) >> 1)
+
+
+def test_shift_float_raises():
+    with pytest.raises(NotImplementedError, match="aten::__lshift__.*Float"):
+        _tpu(torch.ones(3)) << 1
+    with pytest.raises(NotImplementedError, match="aten::__rshift__.*Float"):
+        _tpu(torch.ones(3)) >> 1
