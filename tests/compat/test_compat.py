@@ -43,3 +43,8 @@ def test_set_tensor_data_changes_metadata_keeps_object():
 def test_tensor_repr():
     t = torch.tensor([1.0, 2.0]).to("tpu")
     assert ct.tensor_repr(t, t.cpu()) == "tensor([1., 2.], device='tpu:0')"
+
+
+def test_all_op_schemas_lists_foreach_ops():
+    names = {s.name for s in ct.all_op_schemas()}
+    assert "aten::_foreach_add_" in names and "aten::add" in names

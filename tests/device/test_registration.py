@@ -42,7 +42,6 @@ def test_factories_on_tpu():
 
 
 def test_set_default_device():
-    prev = torch.get_default_device()
     torch.set_default_device("tpu")
     try:
         a = torch.ones(3)
@@ -50,7 +49,9 @@ def test_set_default_device():
         assert a.device.type == "tpu" and b.device.type == "tpu"
         assert (a.sum()).item() == 3.0
     finally:
-        torch.set_default_device(prev)
+        # None removes the default-device mode; set_default_device("cpu") would leave a
+        # mode injecting device="cpu" into every factory call (and break out= on tpu).
+        torch.set_default_device(None)
     assert torch.ones(1).device.type == "cpu"
 
 

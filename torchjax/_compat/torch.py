@@ -79,3 +79,8 @@ def rebuild_device_tensor_args(cpu: torch.Tensor, dtype, device: str, requires_g
         torch._utils._rebuild_device_tensor_from_cpu_tensor,
         (cpu, dtype, device, requires_grad),
     )
+
+
+def all_op_schemas():
+    """Every registered operator schema (``torch._C._jit_get_all_schemas``)."""
+    return torch._C._jit_get_all_schemas()

@@ -2,11 +2,15 @@
 
 from torchjax.ops import activation as _activation  # noqa: F401
 from torchjax.ops import attention as _attention  # noqa: F401
+from torchjax.ops import comparison as _comparison  # noqa: F401
 from torchjax.ops import conv as _conv  # noqa: F401
 from torchjax.ops import copy as _copy  # noqa: F401
 from torchjax.ops import cumulative as _cumulative  # noqa: F401
+from torchjax.ops import distance as _distance  # noqa: F401
 from torchjax.ops import embedding as _embedding  # noqa: F401
 from torchjax.ops import factory as _factory  # noqa: F401
+from torchjax.ops import foreach as _foreach  # noqa: F401
+from torchjax.ops import histogram as _histogram  # noqa: F401
 from torchjax.ops import indexing as _indexing  # noqa: F401
 from torchjax.ops import layout as _layout  # noqa: F401
 from torchjax.ops import matmul as _matmul  # noqa: F401
@@ -15,8 +19,10 @@ from torchjax.ops import pointwise_binary as _pointwise_binary  # noqa: F401
 from torchjax.ops import pointwise_unary as _pointwise_unary  # noqa: F401
 from torchjax.ops import random as _random  # noqa: F401
 from torchjax.ops import reduction as _reduction  # noqa: F401
+from torchjax.ops import rnn as _rnn  # noqa: F401
 from torchjax.ops import shape as _shape  # noqa: F401
 from torchjax.ops import sort as _sort  # noqa: F401
+from torchjax.ops import transformer as _transformer  # noqa: F401
 from torchjax.ops.registry import handler, lowering, register_pointwise
 
 __all__ = ["handler", "lowering", "register_pointwise"]

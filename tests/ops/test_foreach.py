@@ -1,0 +1,229 @@
+"""torchjax/ops/foreach.py: the ``_foreach_*`` family, fused Adam(W), and the optimizers
+and utilities that call them, each compared with CPU torch.
+
+``_foreach_*`` OpInfos live in their own databases (``foreach_*_op_db``), not in
+``op_db``, so the sweep here runs their samples directly: functional and in-place, on
+float32, bfloat16 and int64 (the list machinery is dtype-blind; the per-tensor ops have
+their own full dtype sweeps).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.testing._internal import common_methods_invocations as cmi
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import XFAILS
+from torchjax.testing import opinfo as oi
+
+TPU = "tpu"
+_DBS = (
+    cmi.foreach_unary_op_db
+    + cmi.foreach_binary_op_db
+    + cmi.foreach_pointwise_op_db
+    + cmi.foreach_reduce_op_db
+    + cmi.foreach_other_op_db
+)
+_DTYPES = (torch.float32, torch.bfloat16, torch.int64)
+_SAMPLE_LIMIT = 6
+
+
+def _cases(check):
+    cases = []
+    for op in _DBS:
+        if check == "inplace" and op.inplace_variant is None:
+            continue
+        for dtype in _DTYPES:
+            if dtype not in op.supported_dtypes("cpu"):
+                continue
+            key = (op.name, str(dtype).removeprefix("torch."), check)
+            marks = [pytest.mark.xfail(reason=XFAILS[key], strict=True)] if key in XFAILS else []
+            cases.append(pytest.param(op, dtype, id=f"{key[0]}-{key[1]}", marks=marks))
+    return cases
+
+
+def _samples(op, dtype):
+    torch.manual_seed(0)
+    out = []
+    for s in op.sample_inputs("cpu", dtype, num_input_tensors=[2]):
+        out.append(s)
+        if len(out) == _SAMPLE_LIMIT:
+            break
+    return out
+
+
+def _run(fn, sample):
+    try:
+        return fn(sample.input, *sample.args, **sample.kwargs), None
+    except RuntimeError as e:
+        return None, e
+
+
+@pytest.mark.parametrize("op,dtype", _cases("forward"))
+def test_foreach_forward(op, dtype):
+    for s in _samples(op, dtype):
+        expected, err = _run(op.op, oi.clone_cpu(s))
+        got, tpu_err = _run(op.op, oi.to_tpu(s))
+        if err is not None:
+            assert tpu_err is not None, f"{op.name}: CPU raised {err!r}, tpu did not"
+            continue
+        assert tpu_err is None, f"{op.name}: tpu raised {tpu_err!r}"
+        oi.compare(got, expected, f"{op.name} forward")
+
+
+@pytest.mark.parametrize("op,dtype", _cases("inplace"))
+def test_foreach_inplace(op, dtype):
+    for s in _samples(op, dtype):
+        cpu, tpu = oi.clone_cpu(s), oi.to_tpu(s)
+        cpu.input = [t.detach() for t in cpu.input]
+        tpu.input = [t.detach() for t in tpu.input]
+        _, err = _run(op.inplace_variant, cpu)
+        _, tpu_err = _run(op.inplace_variant, tpu)
+        if err is not None:
+            assert tpu_err is not None, f"{op.name}_: CPU raised {err!r}, tpu did not"
+            continue
+        assert tpu_err is None, f"{op.name}_: tpu raised {tpu_err!r}"
+        oi.compare(tpu.input, cpu.input, f"{op.name}_ self")
+
+
+def test_foreach_inplace_through_view():
+    base = torch.randn(4, 6)
+    tbase = base.to(TPU)
+    views, tviews = [base[1], base[:, 2]], [tbase[1], tbase[:, 2]]
+    torch._foreach_mul_(views, 3.0)
+    torch._foreach_add_(views, [torch.ones(6), torch.ones(4)], alpha=2)
+    torch._foreach_mul_(tviews, 3.0)
+    torch._foreach_add_(tviews, [torch.ones(6, device=TPU), torch.ones(4, device=TPU)], alpha=2)
+    oi.compare(tbase, base)
+
+
+def test_foreach_out():
+    xs = [torch.randn(3), torch.randn(2, 2)]
+    outs = [torch.empty(0, device=TPU), torch.empty(0, device=TPU)]
+    torch.ops.aten._foreach_mul.Scalar_out([x.to(TPU) for x in xs], 2.0, out=outs)
+    oi.compare(outs, [x * 2 for x in xs])
+
+
+def test_foreach_inplace_cast_error():
+    ts = [torch.ones(3, dtype=torch.int64, device=TPU)]
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        torch._foreach_add_(ts, 1.5)
+
+
+def test_foreach_length_mismatch():
+    xs = [torch.ones(3, device=TPU), torch.ones(2, device=TPU)]
+    with pytest.raises(RuntimeError, match="same number of"):
+        torch._foreach_add(xs, [torch.ones(3, device=TPU)])
+
+
+def test_foreach_backward():
+    xs = [torch.randn(3, requires_grad=True), torch.randn(2, 2, requires_grad=True)]
+    txs = oi.to_tpu(xs)
+    for inputs in (xs, txs):
+        ys = torch._foreach_mul(torch._foreach_exp(inputs), 3.0)
+        sum(y.sum() for y in ys).backward()
+    for t, c in zip(txs, xs):
+        oi.compare(t.grad, c.grad, "grad")
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+@pytest.mark.parametrize(
+    "opt_cls,kwargs",
+    [
+        (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01, foreach=True)),
+        (torch.optim.Adam, dict(lr=0.01, foreach=True)),
+        (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1, foreach=True)),
+        (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1, fused=True)),
+        (torch.optim.Adam, dict(lr=0.01, amsgrad=True, maximize=True, fused=True)),
+        (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, fused=True)),
+        (torch.optim.SGD, dict(lr=0.1, weight_decay=0.01, maximize=True, fused=True)),
+    ],
+    ids=[
+        "sgd-foreach",
+        "adam-foreach",
+        "adamw-foreach",
+        "adamw-fused",
+        "adam-fused-ams",
+        "sgd-fused-nesterov",
+        "sgd-fused-plain",
+    ],
+)
+def test_optimizer_steps(opt_cls, kwargs):
+    cpu_model = _mlp()
+    tpu_model = copy.deepcopy(cpu_model).to(TPU)
+    x = torch.randn(5, 4)
+    runs = []
+    for model, inp in ((cpu_model, x), (tpu_model, x.to(TPU))):
+        opt = opt_cls(model.parameters(), **kwargs)
+        for _ in range(3):
+            opt.zero_grad()
+            model(inp).pow(2).sum().backward()
+            opt.step()
+        runs.append(model)
+    for t, c in zip(tpu_model.parameters(), cpu_model.parameters()):
+        oi.compare(t.detach(), c.detach(), "param", tol=(1e-5, 1e-5))
+
+
+def test_fused_adam_grad_scale_found_inf():
+    cpu_model = _mlp()
+    tpu_model = copy.deepcopy(cpu_model).to(TPU)
+    x = torch.randn(5, 4)
+    for model, inp in ((cpu_model, x), (tpu_model, x.to(TPU))):
+        params = list(model.parameters())
+        model(inp).sum().backward()
+        dev = params[0].device
+        moments = [[torch.zeros_like(p) for p in params] for _ in range(2)]
+        states = [*moments, [], [torch.ones((), device=dev) for _ in params]]
+        for found in (0.0, 1.0):
+            torch._fused_adam_(
+                params,
+                [p.grad for p in params],
+                *states,
+                lr=0.1,
+                beta1=0.9,
+                beta2=0.99,
+                weight_decay=0.0,
+                eps=1e-8,
+                amsgrad=False,
+                maximize=False,
+                grad_scale=torch.tensor(4.0, device=dev),
+                found_inf=torch.tensor(found, device=dev),
+            )
+    for t, c in zip(tpu_model.parameters(), cpu_model.parameters()):
+        oi.compare(t.detach(), c.detach(), "param", tol=(1e-5, 1e-5))
+        oi.compare(t.grad, c.grad, "unscaled grad", tol=(1e-6, 1e-6))
+
+
+def test_clip_grad_norm_foreach():
+    cpu_model = _mlp()
+    tpu_model = copy.deepcopy(cpu_model).to(TPU)
+    x = torch.randn(5, 4)
+    norms = []
+    for model, inp in ((cpu_model, x), (tpu_model, x.to(TPU))):
+        model(inp).pow(2).sum().backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5, foreach=True))
+    oi.compare(norms[1], norms[0], "total norm")
+    for t, c in zip(tpu_model.parameters(), cpu_model.parameters()):
+        oi.compare(t.grad, c.grad, "clipped grad")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_fused_adamw_dtype_tensor_lr(dtype):
+    cpu_model = _mlp().to(dtype)
+    tpu_model = copy.deepcopy(cpu_model).to(TPU)
+    x = torch.randn(5, 4, dtype=dtype)
+    for model, inp in ((cpu_model, x), (tpu_model, x.to(TPU))):
+        opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(0.01), fused=True)
+        for _ in range(3):
+            opt.zero_grad()
+            model(inp).pow(2).sum().backward()
+            opt.step()
+    for t, c in zip(tpu_model.parameters(), cpu_model.parameters()):
+        oi.compare(t.detach(), c.detach(), "param")

@@ -1,0 +1,90 @@
+"""torchjax/ops/histogram.py: searchsorted, bucketize, bincount, histc vs CPU torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
+from torchjax.testing import opinfo as oi
+
+OPS = ["searchsorted", "bucketize", "bincount", "histc"]
+globals().update(make_tests(OPS))
+
+TPU = "tpu"
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_searchsorted_nan_and_sorter(side):
+    seq = torch.tensor([3.0, 1.0, float("nan"), 2.0, 2.0])
+    sorter = torch.argsort(seq)
+    values = torch.tensor([[2.0, float("nan"), -1.0], [5.0, 1.0, 2.5]])
+    oi.same(lambda s, v, o: torch.searchsorted(s, v, side=side, sorter=o), seq, values, sorter)
+
+
+def test_searchsorted_batched_scalar_int32():
+    seq = torch.sort(torch.randn(2, 3, 7), dim=-1).values
+    values = torch.randn(2, 3, 4)
+    oi.same(lambda s, v: torch.searchsorted(s, v, right=True, out_int32=True), seq, values)
+    oi.same(lambda s: torch.searchsorted(s, 0.5), seq[0, 0])
+
+
+def test_searchsorted_errors():
+    seq = torch.arange(4.0, device=TPU)
+    with pytest.raises(RuntimeError, match="opposites"):
+        torch.searchsorted(seq, seq, right=True, side="left")
+    with pytest.raises(RuntimeError, match="first N-1 dimensions"):
+        torch.searchsorted(seq.reshape(2, 2), torch.zeros(3, 2, device=TPU))
+
+
+def test_bucketize_int64_large():
+    boundaries = torch.tensor([0, 2**31, 2**33], dtype=torch.int64)
+    values = torch.tensor([-1, 2**31, 2**32, 2**40], dtype=torch.int64)
+    oi.same(lambda v, b: torch.bucketize(v, b), values, boundaries)
+    oi.same(lambda v, b: torch.bucketize(v, b, right=True), values, boundaries)
+
+
+def test_bincount_weights_minlength_empty():
+    x = torch.tensor([0, 3, 3, 1])
+    oi.same(lambda a, w: torch.bincount(a, w, minlength=7), x, torch.rand(4))
+    oi.same(lambda a, w: torch.bincount(a, w), x, torch.rand(4, dtype=torch.float64))
+    oi.same(lambda a: torch.bincount(a, minlength=3), torch.tensor([], dtype=torch.int64))
+
+
+def test_bincount_negative_raises():
+    with pytest.raises(RuntimeError, match="aten::bincount"):
+        torch.bincount(torch.tensor([1, -1], device=TPU))
+
+
+def test_histc_range_nan_and_edges():
+    x = torch.tensor([0.0, 1.0, 2.0, 3.0, float("nan"), 5.0, -1.0])
+    oi.same(lambda a: torch.histc(a, bins=4, min=0, max=3), x)
+    oi.same(lambda a: torch.histc(a, bins=5), torch.full((3,), 2.0))
+    oi.same(lambda a: torch.histc(a, bins=3), torch.empty(0))
+    with pytest.raises(RuntimeError, match="not finite"):
+        torch.histc(torch.tensor([1.0, float("inf")], device=TPU), bins=3)
+
+
+def test_bincount_under_jit_raises_histc_traces():
+    import jax
+    import jax.numpy as jnp
+
+    from torchjax._compat.jax import x64
+    from torchjax.ops import histogram
+
+    with x64(True):
+        x = jnp.asarray([0, 2, 2, 5], dtype=jnp.int64)
+        with pytest.raises(RuntimeError, match="aten::bincount"):
+            jax.jit(histogram.bincount)(x)
+        data = jnp.asarray([0.5, 1.0, 3.0, 2.5], dtype=jnp.float32)
+        traced = jax.jit(lambda a: histogram.histc(a, bins=4))(data)
+    expected = torch.histc(torch.tensor([0.5, 1.0, 3.0, 2.5]), bins=4)
+    torch.testing.assert_close(torch.from_numpy(jax.device_get(traced).copy()), expected)
+
+
+def test_dtype_errors():
+    with pytest.raises(NotImplementedError, match="aten::histc"):
+        torch.histc(torch.tensor([1, 2], device=TPU))
+    with pytest.raises(NotImplementedError, match="aten::bincount"):
+        torch.bincount(torch.tensor([1.0, 2.0], device=TPU))

@@ -1,0 +1,207 @@
+"""Binning ops: searchsorted, bucketize, bincount, histc.
+
+``searchsorted``/``bucketize`` run torch's own binary search (ATen/native/Bucketization.cpp,
+``cus_lower_bound``/``cus_upper_bound``) vectorized over all values: the same predicates
+(``!(seq[mid] >= v)`` left, ``!(seq[mid] > v)`` right), so NaN values and NaN-padded
+sequences land where torch puts them, in O(log n) gathers per value.
+
+``bincount`` has a data-dependent output length (``max(self) + 1``): it reads that value
+eagerly and raises a RuntimeError naming the op under jit/trace, where it is not concrete
+(pass ``minlength`` and compute on CPU, or use ``scatter_add`` with a static length).
+``histc`` has a static length (``bins``) and works under jit; with ``min == max`` it takes
+the data's range, as torch does.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from torchjax.ops.registry import lowering
+
+aten = torch.ops.aten
+
+
+def _binary_search(seq, values, right: bool):
+    """Positions of ``values`` (B, M) in the sorted rows of ``seq`` (B, N), as int64."""
+    n = seq.shape[-1]
+    start = jnp.zeros(values.shape, dtype=jnp.int64)
+    end = jnp.full(values.shape, n, dtype=jnp.int64)
+    for _ in range(n.bit_length() + 1):
+        active = start < end
+        mid = (start + end) // 2
+        mid_val = jnp.take_along_axis(seq, jnp.clip(mid, 0, max(n - 1, 0)), axis=-1)
+        go_right = ~(mid_val > values) if right else ~(mid_val >= values)
+        start = jnp.where(active & go_right, mid + 1, start)
+        end = jnp.where(active & ~go_right, mid, end)
+    return start
+
+
+@lowering(aten.searchsorted)
+def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    """aten::searchsorted - index where each value of ``self`` would be inserted into the
+    innermost dimension of ``sorted_sequence`` to keep it sorted.
+
+    Shapes: ``sorted_sequence`` (N,) with any ``self``, or (*B, N) with ``self`` (*B, M);
+    result has ``self``'s shape. ``sorter`` (same shape as ``sorted_sequence``) gives the
+    order that sorts it. Dtypes: both inputs compared in their promoted dtype; result int64
+    (int32 with ``out_int32``). ``side="right"`` or ``right=True`` gives the upper bound.
+    Reference: torch.searchsorted; ATen/native/Bucketization.cpp.
+    """
+    seq = sorted_sequence
+    scalar = not isinstance(self, jax.Array)
+    if side is not None:
+        torch._check(
+            side in ("left", "right"),
+            lambda: f"aten::searchsorted: side can only be 'left' or 'right' but got {side}",
+        )
+        torch._check(
+            not (right and side == "left"),
+            lambda: (
+                "aten::searchsorted: side and right can't be set to opposites, got side "
+                "of left while right was True"
+            ),
+        )
+        right = side == "right"
+    torch._check(
+        seq.ndim == 1 or (not scalar and seq.shape[:-1] == self.shape[:-1]),
+        lambda: (
+            "aten::searchsorted: boundaries tensor should be 1 dimension or the first N-1 "
+            "dimensions of boundaries tensor and input value tensor must match, but we got "
+            f"boundaries tensor {list(seq.shape)} and input value tensor "
+            f"{[] if scalar else list(self.shape)}"
+        ),
+    )
+    if sorter is not None:
+        torch._check(
+            sorter.shape == seq.shape,
+            lambda: (
+                "aten::searchsorted: boundary and sorter must have the same size, but got "
+                f"boundary tensor {list(seq.shape)} and sorter tensor {list(sorter.shape)}"
+            ),
+        )
+        seq = jnp.take_along_axis(seq, sorter.astype(jnp.int64), axis=-1)
+    # Only the comparison dtype: the result is an index, so no promote= (it would cast it).
+    values = jnp.asarray(self, dtype=jnp.result_type(seq, self)) if scalar else self
+    common = jnp.promote_types(seq.dtype, values.dtype)
+    seq, values = seq.astype(common), values.astype(common)
+    shape = values.shape
+    if seq.ndim == 1:
+        rows, vals = seq.reshape(1, -1), values.reshape(1, -1)
+    else:
+        rows = seq.reshape(-1, seq.shape[-1])
+        vals = values.reshape(rows.shape[0], -1)
+    pos = _binary_search(rows, vals, right).reshape(shape)
+    return pos.astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+@lowering(aten.bucketize)
+def bucketize(self, boundaries, *, out_int32=False, right=False):
+    """aten::bucketize - bucket index of each value of ``self`` given sorted 1-D
+    ``boundaries``: ``searchsorted(boundaries, self, right=right)``.
+
+    Shapes: result has ``self``'s shape (0-d for a Scalar ``self``). Dtypes: int64 (int32
+    with ``out_int32``). Reference: torch.bucketize.
+    """
+    torch._check(
+        boundaries.ndim == 1,
+        lambda: (
+            "aten::bucketize: boundaries tensor must be 1 dimension, but got dim("
+            f"{boundaries.ndim})"
+        ),
+    )
+    return searchsorted(boundaries, self, out_int32=out_int32, right=right)
+
+
+def _concrete_int(op: str, x) -> int:
+    try:
+        return int(x)
+    except jax.errors.ConcretizationTypeError:
+        raise RuntimeError(
+            f"aten::{op}: the output length depends on the input values, which are not known "
+            "while tracing (jit/compile). Run it eagerly, or on CPU with .cpu()."
+        ) from None
+
+
+@lowering(aten.bincount)
+def bincount(self, weights=None, minlength=0):
+    """aten::bincount - count (or sum ``weights`` of) occurrences of each value in ``self``.
+
+    Shapes: ``self`` 1-D non-negative integers; result (max(max(self) + 1, minlength),).
+    Dtypes: int64 without weights; float32 weights give float32, other weights float64
+    (torch's CPU rule). Eager only: the length is data-dependent (module docstring).
+    Reference: torch.bincount; ATen/native/SummaryOps.cpp.
+    """
+    torch._check(minlength >= 0, lambda: "aten::bincount: minlength should be >= 0")
+    torch._check(
+        self.ndim == 1,
+        lambda: (
+            "aten::bincount: bincount only supports 1-d non-negative integral inputs, got "
+            f"{self.ndim}-d input"
+        ),
+    )
+    if not jnp.issubdtype(self.dtype, jnp.integer):
+        raise NotImplementedError(f'aten::bincount: "bincount" not implemented for {self.dtype}')
+    if weights is not None:
+        torch._check(
+            weights.ndim == 1 and weights.shape[0] == self.shape[0],
+            lambda: (
+                "aten::bincount: weights should be 1-d and have the same length as input, "
+                f"got {list(weights.shape)} for input {list(self.shape)}"
+            ),
+        )
+    if self.shape[0] == 0:
+        length = minlength
+    else:
+        torch._check(
+            _concrete_int("bincount", self.min()) >= 0,
+            lambda: "aten::bincount: bincount only supports 1-d non-negative integral inputs.",
+        )
+        length = max(_concrete_int("bincount", self.max()) + 1, minlength)
+    if weights is None:
+        return jnp.zeros((length,), dtype=jnp.int64).at[self].add(1)
+    dtype = jnp.float32 if weights.dtype == jnp.float32 else jnp.float64
+    return jnp.zeros((length,), dtype=dtype).at[self].add(weights.astype(dtype))
+
+
+@lowering(aten.histc)
+def histc(self, bins=100, min=0, max=0):
+    """aten::histc - histogram of ``self`` with ``bins`` equal-width bins over [min, max].
+
+    Shapes: any input; result (bins,). Dtypes: floating only, result in the input dtype.
+    Elements outside [min, max] (and NaN) are ignored; ``max`` falls in the last bin. With
+    ``min == max`` the range is the data's min/max, widened by 1 each side if still equal.
+    The bin of x is ``floor((x - min) * bins / (max - min))`` in the input dtype, the CPU
+    kernel's linear interpolation. Reference: torch.histc; ATen/native/cpu/HistogramKernel.cpp.
+    """
+    if not jnp.issubdtype(self.dtype, jnp.floating):
+        raise NotImplementedError(f'aten::histc: "histogram" not implemented for {self.dtype}')
+    torch._check(bins > 0, lambda: f"aten::histc: bins must be > 0, but got {bins}")
+    torch._check(
+        not (min > max), lambda: f"aten::histc: max must be larger than min, got {min} and {max}"
+    )
+    x = self.reshape(-1)
+    # Edges are chosen in float64, then rounded to the input dtype, as torch does.
+    if min == max and x.size > 0:
+        lo, hi = x.min().astype(jnp.float64), x.max().astype(jnp.float64)
+    else:
+        lo, hi = jnp.asarray(min, dtype=jnp.float64), jnp.asarray(max, dtype=jnp.float64)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    try:
+        finite = bool(jnp.isfinite(lo) & jnp.isfinite(hi))
+    except jax.errors.ConcretizationTypeError:  # under jit: non-finite ranges give NaN bins
+        finite = True
+    torch._check(finite, lambda: f"aten::histc: range of [{lo}, {hi}] is not finite")
+    lo, hi = lo.astype(self.dtype), hi.astype(self.dtype)
+    pos = jnp.floor((x - lo) * np.asarray(bins, dtype=self.dtype) / (hi - lo)).astype(jnp.int64)
+    pos = jnp.where(pos == bins, bins - 1, pos)
+    keep = (x >= lo) & (x <= hi)
+    pos = jnp.where(keep, pos, bins)
+    return (
+        jnp.zeros((bins,), dtype=self.dtype)
+        .at[pos]
+        .add(jnp.ones(x.shape, dtype=self.dtype), mode="drop")
+    )
