@@ -17,7 +17,7 @@ import torch
 from jax import lax
 
 from torchjax.ops import registry
-from torchjax.ops.registry import Kind, handler, lowering
+from torchjax.ops.registry import Kind, functional_handler, handler, lowering
 
 aten = torch.ops.aten
 
@@ -72,11 +72,12 @@ def _require(op: str, x, kinds) -> None:
 # add / sub / mul / div
 
 
-def _scaled(op: str, x, alpha):
-    """``alpha * x`` with torch's checks on alpha's type against the tensor dtype."""
+def _scaled(op: str, x, alpha, *, bool_alpha_check=True):
+    """``alpha * x`` with torch's checks on alpha's type against the tensor dtype
+    (addcmul/addcdiv accept ``value=True`` for any dtype: ``bool_alpha_check=False``)."""
     kind = _kind(x)
     if isinstance(alpha, bool):
-        if kind != "bool":
+        if kind != "bool" and bool_alpha_check:
             raise RuntimeError(f"aten::{op}: Boolean alpha only supported for Boolean results.")
     elif isinstance(alpha, float) and kind in ("int", "bool"):
         raise RuntimeError(
@@ -119,11 +120,31 @@ def add(self, other, alpha=1):
     return _add(self, _scaled("add", other, alpha))
 
 
-@lowering(aten.sub.Tensor, aten.sub.Scalar, promote=Kind.DEFAULT, promote_args=("self", "other"))
 def sub(self, other, alpha=1):
     """aten::sub - ``self - alpha * other``; bool raises as in torch. Reference: torch.sub."""
     _check_sub_bool("sub", self)
     return _lax2(lax.sub)(self, _scaled("sub", other, alpha))
+
+
+_sub = {
+    ov: functional_handler(ov, sub, promote=Kind.DEFAULT, promote_args=("self", "other"))
+    for ov in (aten.sub.Tensor, aten.sub.Scalar)
+}
+
+
+@handler(aten.sub.Tensor, aten.sub.Scalar)
+def sub_handler(args, kwargs, _ops=(aten.sub.Tensor, aten.sub.Scalar)):
+    """aten::sub at the torch level: torch's sub_check refuses a bool operand (tensor or
+    Python bool), which promotion would hide from the lowering."""
+    other = args[1]
+    if isinstance(other, bool) or (isinstance(other, torch.Tensor) and other.dtype == torch.bool):
+        raise RuntimeError(
+            "aten::sub: Subtraction, the `-` operator, with a bool tensor is not supported. "
+            "If you are trying to invert a mask, use the `~` or `logical_not()` operator "
+            "instead."
+        )
+    op = aten.sub.Scalar if not isinstance(other, torch.Tensor) else aten.sub.Tensor
+    return _sub[op](args, kwargs)
 
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar, promote=Kind.DEFAULT, promote_args=("self", "other"))
@@ -489,10 +510,13 @@ for _op, _fn in [
 # ternary
 
 
-@lowering(aten.lerp, promote=Kind.DEFAULT)
+@lowering(aten.lerp, promote=Kind.DEFAULT, promote_args=("self", "end"))
 def lerp(self, end, weight):
     """aten::lerp - ``self + weight * (end - self)``, evaluated from the nearer end as
-    torch does (``end - (end - self) * (1 - weight)`` when |weight| >= 0.5)."""
+    torch does (``end - (end - self) * (1 - weight)`` when |weight| >= 0.5). Floating and
+    complex only: a Python weight does not promote integer inputs (torch raises)."""
+    _require("lerp", self, ("float", "complex"))
+    weight = jnp.asarray(weight).astype(self.dtype)
     a, b, w = _bcast(self, end, weight)
     diff = b - a
     one = jnp.ones((), w.dtype)
@@ -502,7 +526,7 @@ def lerp(self, end, weight):
 @lowering(aten.addcmul, promote=Kind.DEFAULT, promote_args=("self", "tensor1", "tensor2"))
 def addcmul(self, tensor1, tensor2, *, value=1):
     """aten::addcmul - ``self + value * tensor1 * tensor2``. Shapes: broadcast."""
-    return _add(self, _scaled("addcmul", _mul(tensor1, tensor2), value))
+    return _add(self, _scaled("addcmul", _mul(tensor1, tensor2), value, bool_alpha_check=False))
 
 
 @lowering(aten.addcdiv, promote=Kind.DEFAULT, promote_args=("self", "tensor1", "tensor2"))
@@ -515,7 +539,8 @@ def addcdiv(self, tensor1, tensor2, *, value=1):
             "future release addcdiv will perform a true division of tensor1 and tensor2. "
             "Use (input + value * tensor1 / tensor2) instead."
         )
-    return _add(self, _scaled("addcdiv", _lax2(lax.div)(tensor1, tensor2), value))
+    quotient = _lax2(lax.div)(tensor1, tensor2)
+    return _add(self, _scaled("addcdiv", quotient, value, bool_alpha_check=False))
 
 
 @lowering(aten.gcd, promote=Kind.DEFAULT)

@@ -101,10 +101,12 @@ def handler(*ops):
     return deco
 
 
-def functional_handler(func, fn, *, promote: Kind | None = None):
+def functional_handler(func, fn, *, promote: Kind | None = None, promote_args=None):
     """The registry's functional handler for ``fn`` as a lowering of ``func``, for a
     ``@handler`` that checks something at the torch level and then lowers as usual."""
-    return _functional_handler(func, Lowering(fn, promote))
+    return _functional_handler(
+        func, Lowering(fn, promote, tuple(promote_args) if promote_args else None)
+    )
 
 
 def register_pointwise(op, fn, *, promote: Kind) -> None:
