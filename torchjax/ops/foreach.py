@@ -183,6 +183,17 @@ _register_foreach()
 # fused Adam / AdamW
 
 
+def _fused_prologue(param, grad, grad_scale, maximize):
+    """Shared start of the fused optimizer kernels: opmath dtype (f16/bf16 -> float32),
+    parameter and grad in it, grad unscaled by ``grad_scale``; returns (opmath, param,
+    grad with ``maximize`` applied, unscaled grad to write back)."""
+    opmath = jnp.promote_types(param.dtype, jnp.float32)
+    p, g = param.astype(opmath), grad.astype(opmath)
+    if grad_scale is not None:
+        g = g / grad_scale.astype(opmath)
+    return opmath, p, (-g if maximize else g), g
+
+
 @functools.partial(jax.jit, static_argnames=("weight_decay", "amsgrad", "maximize", "adamw"))
 def _adam_step(
     param,
@@ -203,14 +214,8 @@ def _adam_step(
     adamw,
 ):
     """One parameter's update, in opmath (f16/bf16 -> float32) as the CPU kernel does."""
-    opmath = jnp.promote_types(param.dtype, jnp.float32)
-    p, g = param.astype(opmath), grad.astype(opmath)
+    opmath, p, g, new_grad = _fused_prologue(param, grad, grad_scale, maximize)
     m, v = exp_avg.astype(opmath), exp_avg_sq.astype(opmath)
-    if grad_scale is not None:
-        g = g / grad_scale.astype(opmath)
-    new_grad = g
-    if maximize:
-        g = -g
     if weight_decay != 0:
         if adamw:
             p = p - lr * weight_decay * p
@@ -300,13 +305,7 @@ def _sgd_step(
     grad_scale,
 ):
     """One parameter's fused SGD update (ATen/native/cpu/FusedSGDKernel.cpp), in opmath."""
-    opmath = jnp.promote_types(param.dtype, jnp.float32)
-    p, g = param.astype(opmath), grad.astype(opmath)
-    if grad_scale is not None:
-        g = g / grad_scale.astype(opmath)
-    new_grad = g
-    if maximize:
-        g = -g
+    opmath, p, g, new_grad = _fused_prologue(param, grad, grad_scale, maximize)
     if weight_decay != 0:
         g = g + weight_decay * p
     if momentum != 0:
