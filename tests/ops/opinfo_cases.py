@@ -56,50 +56,27 @@ def _cases(names, check):
     return cases
 
 
+def _make_test(check, cases):
+    run = getattr(oi, f"check_{check}")
+    grad = check == "backward"
+
+    @pytest.mark.parametrize("op,dtype", cases)
+    def test(op, dtype):
+        samples = oi.samples(op, dtype, requires_grad=grad, limit=_SAMPLE_LIMIT)
+        ran = [run(op, s) for s in samples]
+        if grad:
+            assert any(ran), "no sample had a differentiable output"
+
+    return test
+
+
 def make_tests(names):
     """Test functions for the checks that have at least one case (an empty parametrize
     would report a skip, and nothing here is skipped)."""
     names = list(names)
-    cases = {check: _cases(names, check) for check in ("forward", "backward", "inplace", "out")}
     tests = {}
-
-    if cases["forward"]:
-
-        @pytest.mark.parametrize("op,dtype", cases["forward"])
-        def test_forward(op, dtype):
-            for s in oi.samples(op, dtype, limit=_SAMPLE_LIMIT):
-                oi.check_forward(op, s)
-
-        tests["test_opinfo_forward"] = test_forward
-
-    if cases["backward"]:
-
-        @pytest.mark.parametrize("op,dtype", cases["backward"])
-        def test_backward(op, dtype):
-            ran = [
-                oi.check_backward(op, s)
-                for s in oi.samples(op, dtype, requires_grad=True, limit=_SAMPLE_LIMIT)
-            ]
-            assert any(ran), "no sample had a differentiable output"
-
-        tests["test_opinfo_backward"] = test_backward
-
-    if cases["inplace"]:
-
-        @pytest.mark.parametrize("op,dtype", cases["inplace"])
-        def test_inplace(op, dtype):
-            for s in oi.samples(op, dtype, limit=_SAMPLE_LIMIT):
-                oi.check_inplace(op, s)
-
-        tests["test_opinfo_inplace"] = test_inplace
-
-    if cases["out"]:
-
-        @pytest.mark.parametrize("op,dtype", cases["out"])
-        def test_out(op, dtype):
-            for s in oi.samples(op, dtype, limit=_SAMPLE_LIMIT):
-                oi.check_out(op, s)
-
-        tests["test_opinfo_out"] = test_out
-
+    for check in ("forward", "backward", "inplace", "out"):
+        cases = _cases(names, check)
+        if cases:
+            tests[f"test_opinfo_{check}"] = _make_test(check, cases)
     return tests
