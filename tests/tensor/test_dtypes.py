@@ -89,3 +89,10 @@ def test_numpy_bfloat16_bridge():
     a = np.array([1.0, 2.5], dtype=dtypes.to_jax_dtype(torch.bfloat16))
     t = dtypes.numpy_to_cpu_tensor(a)
     assert t.dtype == torch.bfloat16 and t.tolist() == [1.0, 2.5]
+
+
+def test_aten_type_name_matches_torch_messages():
+    assert dtypes.aten_type_name(torch.float32) == "Float"
+    assert dtypes.aten_type_name(torch.int64) == "Long"
+    assert dtypes.aten_type_name(dtypes.to_jax_dtype(torch.bfloat16)) == "BFloat16"
+    assert dtypes.aten_type_name(np.dtype(np.uint8)) == "Byte"

@@ -18,6 +18,7 @@ from jax import lax
 
 from torchjax.ops import registry
 from torchjax.ops.registry import Kind, functional_handler, handler, lowering
+from torchjax.tensor.dtypes import aten_type_name
 
 aten = torch.ops.aten
 
@@ -43,16 +44,7 @@ def _kind(x) -> str:
 
 
 def _type_name(x) -> str:
-    return {
-        "bool": "Bool",
-        "float32": "Float",
-        "float64": "Double",
-        "int64": "Long",
-        "int32": "Int",
-        "float16": "Half",
-        "bfloat16": "BFloat16",
-        "complex64": "ComplexFloat",
-    }.get(str(np.dtype(x.dtype)), str(x.dtype))
+    return aten_type_name(x.dtype)
 
 
 def _check_divisor(op: str, other) -> None:

@@ -17,6 +17,7 @@ from jax import lax
 
 from torchjax.ops.registry import Kind, handler, lowering, register_pointwise
 from torchjax.tensor._tensor import wrap
+from torchjax.tensor.dtypes import aten_type_name
 
 aten = torch.ops.aten
 
@@ -30,14 +31,9 @@ def _is_bool(x) -> bool:
 
 
 def _not_implemented(op: str, x) -> NotImplementedError:
-    name = {
-        np.dtype("bool"): "Bool",
-        np.dtype("float32"): "Float",
-        np.dtype("float64"): "Double",
-        np.dtype("int64"): "Long",
-        np.dtype("int32"): "Int",
-    }.get(np.dtype(x.dtype), str(x.dtype))
-    return NotImplementedError(f"aten::{op}: \"{op}\" not implemented for '{name}'")
+    return NotImplementedError(
+        f"aten::{op}: \"{op}\" not implemented for '{aten_type_name(x.dtype)}'"
+    )
 
 
 def _reciprocal(x):

@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from torchjax._compat.torch import REDUCTION_OUTPUT_TYPE_KIND, reduction_dtypes
-from torchjax.ops.registry import Kind, _type_name, lowering
+from torchjax.ops.registry import Kind, lowering
 from torchjax.tensor import dtypes
+from torchjax.tensor.dtypes import aten_type_name as _type_name
 
 aten = torch.ops.aten
 _R = REDUCTION_OUTPUT_TYPE_KIND

@@ -419,21 +419,8 @@ def _check_cast(func, result_dtype, out_dtype):
         )
 
 
-def _type_name(dt: torch.dtype) -> str:
-    return {
-        torch.float32: "Float",
-        torch.float64: "Double",
-        torch.int64: "Long",
-        torch.int32: "Int",
-        torch.bool: "Bool",
-        torch.float16: "Half",
-        torch.bfloat16: "BFloat16",
-        torch.complex64: "ComplexFloat",
-        torch.complex128: "ComplexDouble",
-        torch.int16: "Short",
-        torch.int8: "Char",
-        torch.uint8: "Byte",
-    }.get(dt, str(dt))
+def _type_name(dt) -> str:
+    return dtypes.aten_type_name(dt)
 
 
 def write_into(func, dst: torch.Tensor, src: JaxTensor, *, check_cast=True, resize=False):

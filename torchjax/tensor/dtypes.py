@@ -80,3 +80,11 @@ def numpy_to_cpu_tensor(a: np.ndarray) -> torch.Tensor:
     if via is not None:
         return torch.from_numpy(a.view(_TORCH_TO_NUMPY[via])).view(dtype)
     return torch.from_numpy(a)
+
+
+def aten_type_name(dtype) -> str:
+    """ATen's scalar-type name ("Float", "Long", "BFloat16", ...) of a torch or JAX dtype,
+    as torch's error messages spell it; derived from torch's legacy tensor type name."""
+    if not isinstance(dtype, torch.dtype):
+        dtype = to_torch_dtype(dtype)
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
