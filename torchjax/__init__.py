@@ -6,9 +6,21 @@ runs as a jax computation. See README.md.
 
 from torchjax import device as _device  # noqa: F401  (registers the "tpu" device)
 from torchjax import ops as _ops  # noqa: F401  (fills the op table)
-from torchjax._interop import from_jax, to_jax
+from torchjax.compile import Jitted, RetraceWarning, jit
+from torchjax.interop import from_jax, jax_function, to_jax, tree_from_jax, tree_to_jax
 from torchjax.tensor import JaxTensor
 
 __version__ = "0.1.0"
 
-__all__ = ["JaxTensor", "from_jax", "to_jax", "__version__"]
+__all__ = [
+    "JaxTensor",
+    "Jitted",
+    "RetraceWarning",
+    "from_jax",
+    "jax_function",
+    "jit",
+    "to_jax",
+    "tree_from_jax",
+    "tree_to_jax",
+    "__version__",
+]

@@ -44,8 +44,43 @@ def _state(index: int) -> _State:
     return st
 
 
+class TracedStream:
+    """The keys of one traced call (torchjax.jit): draw ``i`` of the call uses
+    ``fold_in(key, i)`` where ``key`` is an input of the compiled function, derived per
+    call from the device's (seed, counter). So a jitted function draws new values on each
+    call and replays the same sequence after ``torch.manual_seed``."""
+
+    __slots__ = ("key", "draws")
+
+    def __init__(self, key):
+        self.key = key
+        self.draws = 0
+
+    def next(self):
+        n = self.draws
+        self.draws += 1
+        return jax.random.fold_in(self.key, n)
+
+
+_traced: TracedStream | None = None
+
+
+def call_key(index: int = 0):
+    """The key for one call of a compiled function: the next eager draw's key."""
+    return next_key(index)
+
+
+def set_traced_stream(stream: TracedStream | None) -> TracedStream | None:
+    """Route every draw to ``stream`` while a torchjax.jit trace runs; returns the old one."""
+    global _traced
+    old, _traced = _traced, stream
+    return old
+
+
 def next_key(index: int = 0):
     """A fresh jax PRNG key for one random op on device ``index``."""
+    if _traced is not None:
+        return _traced.next()
     st = _state(index)
     with _lock:
         n = st.counter

@@ -1,0 +1,204 @@
+"""torchjax.jit: compiled results equal eager (CPU torch and tpu eager), state written back,
+one trace per signature, randomness threaded through calls."""
+
+import copy
+import os
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchjax
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
+        torch.nn.Linear(32, 4),
+    )  # fmt: skip
+
+
+def cnn():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 4, 3, stride=2), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+        torch.nn.Linear(4 * 3 * 3, 5),
+    )  # fmt: skip
+
+
+def test_mlp_forward_matches_cpu_and_traces_once():
+    cpu = mlp()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    f = torchjax.jit(tpu)
+    for seed in range(3):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x), rtol=1e-5, atol=1e-6)
+    assert f.trace_count == 1 and f.cache_hits == 2
+    # Parameters are inputs, not constants: changing them changes the result, no retrace.
+    with torch.no_grad():
+        tpu[0].weight.mul_(2)
+        cpu[0].weight.mul_(2)
+        torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x), rtol=1e-5, atol=1e-6)
+    assert f.trace_count == 1
+
+
+def test_new_shape_retraces_and_says_why():
+    f = torchjax.jit(mlp().to("tpu"), warn_after=1)
+    with torch.no_grad():
+        f(torch.randn(2, 16, device="tpu"))
+        with pytest.warns(torchjax.RetraceWarning, match=r"#0 changed from float32\[2, 16\] to float32\[3, 16\]"):
+            f(torch.randn(3, 16, device="tpu"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            f(torch.randn(2, 16, device="tpu"))  # cached: no trace, no warning
+    assert f.trace_count == 2
+    assert "changed" in f.last_retrace_reason
+
+
+def test_static_args_and_python_scalars_are_part_of_the_key():
+    def fn(x, scale, *, mode="sum"):
+        y = x * scale
+        return y.sum() if mode == "sum" else y.mean()
+
+    f = torchjax.jit(fn)
+    x = torch.arange(6.0, device="tpu")
+    assert f(x, 2.0).item() == 30.0
+    assert f(x, 3.0).item() == 45.0
+    assert f(x, 3.0, mode="mean").item() == 7.5
+    assert f(x, 3.0, mode="mean").item() == 7.5
+    assert f.trace_count == 3 and f.cache_hits == 1
+
+
+def test_outputs_keep_their_pytree_and_dtypes():
+    f = torchjax.jit(lambda x: {"a": x.long() * 2**40, "b": (x.double(), 3)})
+    out = f(torch.arange(3, device="tpu"))
+    assert out["a"].dtype == torch.int64 and out["a"][2].item() == 2 * 2**40
+    assert out["b"][0].dtype == torch.float64 and out["b"][1] == 3
+
+
+def test_cnn_batchnorm_running_stats_written_back():
+    cpu = cnn().train()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    f = torchjax.jit(tpu)
+    for seed in range(3):
+        x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x), rtol=1e-4, atol=1e-5)
+    for name, buf in cpu.named_buffers():
+        torch.testing.assert_close(dict(tpu.named_buffers())[name].cpu(), buf, rtol=1e-5, atol=1e-6)
+    assert tpu[1].num_batches_tracked.item() == 3
+    assert f.trace_count == 1
+    tpu.eval()
+    cpu.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x), rtol=1e-4, atol=1e-5)
+    assert f.trace_count == 2  # eval() changes the program (training flags are in the key)
+
+
+def test_grad_flows_through_a_jitted_module():
+    cpu = mlp()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    f = torchjax.jit(tpu)
+    x = torch.randn(8, 16)
+    xt = x.to("tpu").requires_grad_()
+    x.requires_grad_()
+    for _ in range(2):
+        f(xt).square().sum().backward()
+        cpu(x).square().sum().backward()
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, rtol=1e-5, atol=1e-5)
+    assert f.trace_count == 1
+
+
+def _train(model, opt, x, y):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.detach()
+
+
+def test_adamw_train_step_is_one_program_matching_eager():
+    cpu = mlp()
+    eager, compiled = copy.deepcopy(cpu).to("tpu"), copy.deepcopy(cpu).to("tpu")
+    opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_eager = torch.optim.AdamW(eager.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_jit = torch.optim.AdamW(compiled.parameters(), lr=1e-2, weight_decay=0.1)
+
+    @torchjax.jit
+    def step(x, y):
+        return _train(compiled, opt_jit, x, y)
+
+    g = torch.Generator().manual_seed(1)
+    for i in range(10):
+        x, y = torch.randn(16, 16, generator=g), torch.randint(0, 4, (16,), generator=g)
+        l_cpu = _train(cpu, opt_cpu, x, y)
+        l_eager = _train(eager, opt_eager, x.to("tpu"), y.to("tpu"))
+        l_jit = step(x.to("tpu"), y.to("tpu"))
+        assert abs(l_jit.item() - l_eager.item()) < 1e-5, i
+        assert abs(l_jit.item() - l_cpu.item()) < 1e-5, i
+    # The first call creates AdamW's state (torch creates it lazily), so the second traces
+    # once more; the other eight calls reuse that program.
+    assert step.trace_count == 2 and step.cache_hits == 8
+    for p, q in zip(compiled.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-5)
+    st = opt_jit.state[next(iter(compiled.parameters()))]
+    assert st["step"].device.type == "tpu" and st["step"].item() == 10
+
+
+def test_train_step_module_and_optimizer_as_arguments():
+    model = mlp().to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step = torchjax.jit(_train)
+    x, y = torch.randn(16, 16, device="tpu"), torch.randint(0, 4, (16,), device="tpu")
+    losses = [step(model, opt, x, y).item() for _ in range(5)]
+    assert losses[-1] < losses[0]
+    assert step.trace_count == 2
+
+
+def test_random_ops_differ_per_call_and_replay_after_manual_seed():
+    f = torchjax.jit(lambda x: x + torch.rand(4, device="tpu"))
+    drop = torchjax.jit(torch.nn.Dropout(0.5).to("tpu"))
+    x = torch.zeros(4, device="tpu")
+    torch.manual_seed(7)
+    a, b = f(x).cpu(), f(x).cpu()
+    d1, d2 = drop(torch.ones(64, device="tpu")).cpu(), drop(torch.ones(64, device="tpu")).cpu()
+    assert not torch.equal(a, b) and not torch.equal(d1, d2)
+    assert ((a >= 0) & (a < 1)).all()
+    assert set(d1.unique().tolist()) <= {0.0, 2.0}
+    torch.manual_seed(7)
+    assert torch.equal(f(x).cpu(), a) and torch.equal(f(x).cpu(), b)
+    assert f.trace_count == 1
+
+
+def test_tiny_llama_forward_matches_eager():
+    import transformers
+
+    from examples import tiny_llama_generate as tl
+
+    torch.manual_seed(0)
+    cpu = transformers.AutoModelForCausalLM.from_config(tl.tiny_llama_config()).eval()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    f = torchjax.jit(tpu)
+    batch = tl.prompts()
+    with torch.no_grad():
+        want = cpu(**batch).logits
+        got = f(**{k: v.to("tpu") for k, v in batch.items()})
+        again = f(**{k: v.to("tpu") for k, v in batch.items()})
+    torch.testing.assert_close(got.logits.cpu(), want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(again.logits.cpu(), want, rtol=1e-4, atol=1e-4)
+    assert f.trace_count == 1
+
+
+def test_cpu_arguments_are_moved_and_non_hashable_static_is_an_error():
+    f = torchjax.jit(lambda x, opts: x * 2, static_argnames=("opts",))
+    assert f(torch.ones(2), opts=(1, 2)).device.type == "tpu"
+    with pytest.raises(TypeError, match="static argument 'opts' must be hashable"):
+        f(torch.ones(2), opts=[1, 2])

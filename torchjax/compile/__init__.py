@@ -1,0 +1,10 @@
+"""Compiled mode: PyTorch code on tpu tensors as one jax.jit program.
+
+``torchjax.jit`` traces a module or function (a whole train step included) with jax
+tracers inside tpu tensors; ``torch.compile(backend="tpu")`` runs Dynamo's FX graphs the
+same way.
+"""
+
+from torchjax.compile._jit import Jitted as Jitted
+from torchjax.compile._jit import RetraceWarning as RetraceWarning
+from torchjax.compile._jit import jit as jit

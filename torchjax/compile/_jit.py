@@ -1,0 +1,462 @@
+"""torchjax.jit: PyTorch code on tpu tensors traced once into a jax.jit program.
+
+How a call runs (see Note [State of a jitted function] for what "state" is):
+
+1. Split the arguments (a torch pytree) into tensors (inputs of the program) and
+   everything else (static: part of the cache key, as ``static_argnums`` in jax.jit).
+2. Walk the state roots for the storages the function may read or write.
+3. Look up the cache by argument structure, static values, shapes/dtypes, the identity and
+   shapes of the state storages, module training flags, grad mode and autocast state.
+4. On a miss, trace: bind tracers into the state storages (torchjax/compile/_swap.py),
+   wrap tracer arguments as tpu tensors, run the PyTorch code (autograd's backward runs
+   on this thread, see ``set_multithreading_enabled``), and collect outputs, state the
+   code wrote, and state it created (lazily made optimizer state, new ``.grad``s). The
+   trace becomes a ClosedJaxpr, compiled by ``jax.jit`` with the written state donated.
+5. Run the executable; write back written state; fill created state.
+
+Randomness: every random op in the trace draws ``fold_in(call_key, i)``; ``call_key`` is
+an input, drawn per call from the device's RNG state (torchjax/tensor/random.py), so each
+call gives new values and ``torch.manual_seed`` replays them.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+import weakref
+
+import jax
+from jax.extend.core import jaxpr_as_fun
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+from torchjax._compat.jax import x64
+from torchjax.compile import _state
+from torchjax.compile._swap import bound, trace_lock
+from torchjax.interop._jax_function import _VJP
+from torchjax.tensor import random as _rng
+from torchjax.tensor._tensor import JaxTensor, wrap
+
+_SCALARS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)
+
+
+class RetraceWarning(UserWarning):
+    """A jitted function traced more often than its ``warn_after`` allows."""
+
+
+def jit(fn=None, *, static_argnames=(), donate: bool = True, warn_after: int = 8):
+    """Compile PyTorch code on tpu tensors into one jax.jit program per signature.
+
+    Args:
+        fn: an ``nn.Module`` (its forward is compiled, parameters and buffers are inputs
+            of the program, never constants) or any function of tpu tensors, e.g. a whole
+            train step calling ``loss.backward()`` and ``optimizer.step()``.
+        static_argnames: keyword arguments passed whole as static values (hashed, part
+            of the cache key) instead of being searched for tensors.
+        donate: donate the buffers of state the function overwrites (parameters and
+            optimizer state in a train step, BatchNorm running stats, KV caches) so XLA
+            updates them in place. Other references to those old arrays (e.g. taken with
+            ``torchjax.to_jax``) become invalid after the call, as with ``jax.jit``'s
+            ``donate_argnums``.
+        warn_after: emit a ``RetraceWarning`` naming what changed each time the function
+            traces more than this many times.
+
+    Returns:
+        A ``Jitted`` callable with the signature of ``fn``. Tensor arguments are inputs
+        (CPU tensors are moved to tpu first); every other argument is static. Outputs are
+        the same pytree (tuples, dicts, HF ``ModelOutput``) with tpu tensors. With grad
+        mode on, outputs of a jitted ``nn.Module`` that depend on parameters requiring
+        grad carry a ``grad_fn``: ``backward()`` runs the program's VJP, compiled.
+
+    State the function reads or writes must be reachable from its arguments, closure,
+    the globals its code names, or a bound method's ``self``; see Note [State of a
+    jitted function]. Optimizers found there are switched to ``capturable=True`` (their
+    step counter becomes a tpu tensor, as torch does for CUDA graphs), so the step count
+    is an input, not a constant. A call that creates state (an optimizer's first step)
+    traces again on the next call; after that, identical signatures never retrace.
+    """
+    if fn is None:
+        return functools.partial(
+            jit, static_argnames=static_argnames, donate=donate, warn_after=warn_after
+        )
+    return Jitted(fn, static_argnames=static_argnames, donate=donate, warn_after=warn_after)
+
+
+class Jitted:
+    """A compiled PyTorch callable (see ``torchjax.jit``).
+
+    Attributes:
+        trace_count: how many times the PyTorch code was traced (one XLA compilation
+            each).
+        cache_hits: calls served by an existing executable.
+        last_retrace_reason: what changed at the latest retrace (None before any).
+    """
+
+    def __init__(self, fn, *, static_argnames=(), donate=True, warn_after=8):
+        self.fn = fn
+        self.static_argnames = frozenset(static_argnames)
+        self.donate = donate
+        self.warn_after = warn_after
+        self.trace_count = 0
+        self.cache_hits = 0
+        self.last_retrace_reason = None
+        self._entries: dict = {}
+        self._last_sig = None
+        self._is_module = isinstance(fn, torch.nn.Module) or isinstance(
+            getattr(fn, "__self__", None), torch.nn.Module
+        )
+        if not isinstance(fn, torch.nn.Module):
+            functools.update_wrapper(self, fn, updated=())
+
+    def __repr__(self):
+        return f"torchjax.jit({self.fn!r}, traces={self.trace_count})"
+
+    def __call__(self, *args, **kwargs):
+        static_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in self.static_argnames}
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        call = _Call(self, flat, spec, static_kwargs)
+        entry = self._entries.get(call.key)
+        if entry is not None and entry.alive():
+            self.cache_hits += 1
+        else:
+            entry = self._trace(call)
+        if entry.vjp is not None and call.grad_mode:
+            return entry.run_differentiable(call)
+        return entry.run(call)
+
+    def _trace(self, call: _Call) -> _Entry:
+        with trace_lock:
+            reason = _describe_change(self._last_sig, call.sig) if self._last_sig else None
+            self.trace_count += 1
+            if reason is not None:
+                self.last_retrace_reason = reason
+                if self.trace_count > self.warn_after:
+                    warnings.warn(
+                        f"torchjax.jit({_name(self.fn)}) traced {self.trace_count} times; "
+                        f"this time because {reason}. Keep shapes, dtypes and non-tensor "
+                        "arguments fixed (pad inputs to a few sizes), or mark arguments "
+                        "with static_argnames.",
+                        RetraceWarning,
+                        stacklevel=3,
+                    )
+            self._last_sig = call.sig
+            entry = _Entry.trace(self, call)
+            if not entry.single_use:
+                self._entries[call.key] = entry
+            return entry
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def _aval(a):
+    return (a.shape, a.dtype)
+
+
+class _Call:
+    """One call's arguments, state and cache key."""
+
+    def __init__(self, jitted: Jitted, flat, spec, static_kwargs):
+        self.spec = spec
+        self.static_kwargs = static_kwargs
+        roots = [jitted.fn]
+        static, pos, tensors = [], [], []
+        for i, x in enumerate(flat):
+            if isinstance(x, torch.Tensor):
+                if not isinstance(x, JaxTensor):
+                    x = x.to("tpu")
+                pos.append(i)
+                tensors.append(x)
+                static.append(None)
+            elif isinstance(x, _SCALARS):
+                static.append(x)
+            else:
+                roots.append(x)
+                static.append(_Ref(x))
+        roots.extend(static_kwargs.values())
+        self.roots = roots
+        self.static, self.pos, self.tensors = static, pos, tensors
+        grads = not jitted._is_module
+        walk = _state.walk(roots, grads)
+        if any(_make_capturable(o) for o in walk.optimizers):
+            walk = _state.walk(roots, grads)
+        self.walk = walk
+        self.storages = walk.storages
+        self.state_arrays = [s.arr for s in walk.storages]
+        self.arrays = [t._value() for t in tensors]
+        grad_mode = torch.is_grad_enabled()
+        flags = (grad_mode, torch.is_autocast_enabled("tpu"), walk.training_flags())
+        self.sig = (
+            spec,
+            tuple(static),
+            tuple(_static_key(v) for v in static_kwargs.items()),
+            tuple(_aval(a) for a in self.arrays),
+            tuple(t.requires_grad for t in tensors),
+            tuple(map(id, self.storages)),
+            tuple(_aval(a) for a in self.state_arrays),
+            flags,
+        )
+        self.key = self.sig
+        self.grad_mode = grad_mode
+
+
+def _static_key(item):
+    k, v = item
+    try:
+        hash(v)
+    except TypeError:
+        raise TypeError(
+            f"torchjax.jit: static argument {k!r} must be hashable, got {type(v).__name__}"
+        ) from None
+    return item
+
+
+class _Ref:
+    """A non-scalar argument (module, optimizer, cache object): keyed by identity."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return isinstance(other, _Ref) and other.obj is self.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __repr__(self):
+        return f"<{type(self.obj).__name__} object>"
+
+
+def _make_capturable(opt) -> bool:
+    """Switch ``opt`` to capturable mode (step counters on the device). True if changed."""
+    changed = False
+    for group in opt.param_groups:
+        if "capturable" in group and not group["capturable"]:
+            group["capturable"] = True
+            changed = True
+    if changed:
+        for p, st in opt.state.items():
+            step = st.get("step")
+            if isinstance(step, torch.Tensor) and not isinstance(step, JaxTensor):
+                st["step"] = step.to(p.device)
+    return changed
+
+
+class _Entry:
+    """One traced signature: the compiled program and how to unpack its outputs."""
+
+    @classmethod
+    def trace(cls, jitted: Jitted, call: _Call) -> _Entry:
+        self = cls()
+        storages = call.storages
+        info = {}
+
+        def pure(state_arrays, key, arrays):
+            stream = _rng.TracedStream(key)
+            with bound(storages, state_arrays):
+                old = _rng.set_traced_stream(stream)
+                try:
+                    flat = list(call.static)
+                    for i, t, a in zip(call.pos, call.tensors, arrays):
+                        w = wrap(a, t._device_index)
+                        flat[i] = w.requires_grad_() if t.requires_grad else w
+                    flat = [x.obj if isinstance(x, _Ref) else x for x in flat]
+                    args, kwargs = pytree.tree_unflatten(flat, call.spec)
+                    kwargs.update(call.static_kwargs)
+                    with torch.autograd.set_multithreading_enabled(False):
+                        out = jitted.fn(*args, **kwargs)
+                finally:
+                    _rng.set_traced_stream(old)
+                out_flat, out_spec = pytree.tree_flatten(out)
+                out_pos = [i for i, x in enumerate(out_flat) if isinstance(x, JaxTensor)]
+                info["out"] = (out_spec, out_flat, out_pos)
+                info["out_grad"] = [out_flat[i].requires_grad for i in out_pos]
+                written = [i for i, (s, a) in enumerate(zip(storages, state_arrays)) if s.arr is not a]
+                after = _state.walk(call.roots, not jitted._is_module)
+                known = {id(s) for s in storages}
+                created = [
+                    s
+                    for s in after.storages
+                    if id(s) not in known and isinstance(s.arr, jax.core.Tracer)
+                ]
+                info["written"], info["created"] = written, created
+                info["draws"] = stream.draws
+                return (
+                    [out_flat[i]._value() for i in out_pos],
+                    [storages[i].arr for i in written],
+                    [s.arr for s in created],
+                )
+
+        key = _rng.call_key(0)
+        with x64(True):
+            closed = jax.make_jaxpr(pure)(call.state_arrays, key, call.arrays)
+        self.closed = closed
+        self.out_spec, out_flat, self.out_pos = info["out"]
+        self.out_grad = info["out_grad"]
+        self.out_static = [None if isinstance(x, JaxTensor) else x for x in out_flat]
+        self.written = info["written"]
+        self.created = info["created"]
+        self.uses_rng = info["draws"] > 0
+        self.single_use = bool(self.created)
+        self.refs = [weakref.ref(s) for s in storages]
+        self.n_out = len(self.out_pos)
+        self.first_key = key
+        in_use = {id(a) for a in call.arrays}
+        donate = (
+            tuple(i for i in self.written if id(call.state_arrays[i]) not in in_use)
+            if jitted.donate
+            else ()
+        )
+        fun = jaxpr_as_fun(closed)
+        self.compiled = jax.jit(fun, donate_argnums=donate)
+        self.n_state = len(storages)
+        self.vjp = _VJPProgram.build(self, call, fun) if jitted._is_module else None
+        return self
+
+    def alive(self) -> bool:
+        return all(r() is not None for r in self.refs)
+
+    def key(self):
+        key, self.first_key = self.first_key, None
+        if key is None:
+            key = _rng.call_key(0) if self.uses_rng else _unused_key()
+        return key
+
+    def run(self, call: _Call):
+        with x64(True):
+            outs = self.compiled(*call.state_arrays, self.key(), *call.arrays)
+        self.write_back(call, outs[self.n_out :])
+        return self.unflatten([wrap(a) for a in outs[: self.n_out]])
+
+    def write_back(self, call: _Call, rest) -> None:
+        storages = call.storages
+        for i, a in zip(self.written, rest):
+            storages[i].replace(a)
+        for s, a in zip(self.created, rest[len(self.written) :]):
+            s.replace(a)
+
+    def unflatten(self, tensors):
+        flat = list(self.out_static)
+        for i, t in zip(self.out_pos, tensors):
+            flat[i] = t
+        return pytree.tree_unflatten(flat, self.out_spec)
+
+    def run_differentiable(self, call: _Call):
+        program = self.vjp
+        state = [call.walk.tensors[i] for i in program.diff_state]
+        dyn = [call.tensors[k] for k in program.diff_dyn]
+        outs = _VJP.apply(_VJPCall(self, call), *state, *dyn)
+        return self.unflatten(outs)
+
+
+class _VJPProgram:
+    """The VJP of a jitted module's program w.r.t. parameters and inputs requiring grad:
+    a compiled forward returning the pullback (residuals included) and a compiled
+    backward applying it."""
+
+    @classmethod
+    def build(cls, entry: _Entry, call: _Call, fun):
+        diff_state = [
+            i
+            for i, t in enumerate(call.walk.tensors)
+            if _differentiable(t) and _covers(t)
+        ]
+        diff_dyn = [k for k, t in enumerate(call.tensors) if _differentiable(t)]
+        grads_out = [g for g in entry.out_grad]
+        if not (diff_state or diff_dyn) or not any(grads_out):
+            return None
+        self = cls()
+        self.diff_state, self.diff_dyn = diff_state, diff_dyn
+        n_out = entry.n_out
+
+        def fwd(state, key, dyn):
+            def g(ds, dd):
+                st, dy = list(state), list(dyn)
+                for i, a in zip(diff_state, ds):
+                    st[i] = a
+                for k, a in zip(diff_dyn, dd):
+                    dy[k] = a
+                res = fun(*st, key, *dy)
+                return res[:n_out], res[n_out:]
+
+            ds = [state[i] for i in diff_state]
+            dd = [dyn[k] for k in diff_dyn]
+            outs, pullback, aux = jax.vjp(g, ds, dd, has_aux=True)
+            return outs, pullback, aux
+
+        self.fwd = jax.jit(fwd)
+        self.bwd = jax.jit(lambda pullback, cts: pullback(cts))
+        return self
+
+
+def _differentiable(t) -> bool:
+    return t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)
+
+
+def _covers(t) -> bool:
+    s = t._storage
+    return t._offset == 0 and t._size == s.shape and t.is_contiguous()
+
+
+class _VJPCall:
+    """Adapter giving _VJP (torchjax/interop/_jax_function.py) one jitted-module call."""
+
+    def __init__(self, entry: _Entry, call: _Call):
+        self.entry, self.call = entry, call
+        program = entry.vjp
+        n = len(program.diff_state)
+        self.diff = tuple(range(n)) + tuple(n + j for j in range(len(program.diff_dyn)))
+
+    def vjp(self, arrays):
+        entry, call = self.entry, self.call
+        with x64(True):
+            outs, pullback, aux = entry.vjp.fwd(call.state_arrays, entry.key(), call.arrays)
+        entry.write_back(call, aux)
+        return outs, pullback
+
+    def pull(self, pullback, cotangents):
+        with x64(True):
+            ds, dd = self.entry.vjp.bwd(pullback, cotangents)
+        return list(ds) + list(dd)
+
+
+@functools.lru_cache(maxsize=1)
+def _unused_key():
+    # Programs that draw nothing still take a key input (one signature for all).
+    with x64(True):
+        return jax.random.key(0, impl="threefry2x32")
+
+
+def _describe_change(old, new) -> str:
+    names = ("argument structure", "non-tensor arguments", "static_argnames values",
+             "tensor argument shapes/dtypes", "tensor argument requires_grad",
+             "state tensors (identity)", "state tensor shapes/dtypes",
+             "grad mode / autocast / module training flags")  # fmt: skip
+    for name, a, b in zip(names, old, new):
+        if a != b:
+            if name == "tensor argument shapes/dtypes" and len(a) == len(b):
+                for k, (x, y) in enumerate(zip(a, b)):
+                    if x != y:
+                        return (
+                            f"tensor argument #{k} changed from {_fmt(x)} to {_fmt(y)}"
+                        )
+            if name == "non-tensor arguments" and len(a) == len(b):
+                for x, y in zip(a, b):
+                    if x != y:
+                        return f"a non-tensor argument changed from {x!r} to {y!r}"
+            if name.startswith("state tensors"):
+                return (
+                    f"the {name} changed ({len(a)} -> {len(b)} tensors; e.g. optimizer "
+                    "state created, or a tensor attribute reassigned)"
+                )
+            return f"the {name} changed"
+    return "the cached executable's state tensors were freed"
+
+
+def _fmt(aval) -> str:
+    shape, dtype = aval
+    return f"{np.dtype(dtype).name}{list(shape)}"

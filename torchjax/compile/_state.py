@@ -1,0 +1,155 @@
+"""Finding the tpu tensors a jitted function reads and writes besides its arguments.
+
+Note [State of a jitted function]
+PyTorch code keeps its state in objects: a module's parameters and buffers, a
+parameter's ``.grad``, an optimizer's ``state``, a KV cache object. jax.jit wants pure
+functions, so torchjax.jit makes that state explicit: before each call it walks the
+*roots* (the function's arguments, its closure cells, the globals its code names, the
+``self`` of a bound method) and collects the ``Storage`` of every tpu tensor it finds.
+Those storages become inputs of the compiled program; any storage the traced code writes
+(``optimizer.step()``, BatchNorm's running stats, ``cache[:, pos] = k``) becomes an
+output, written back after the call. Working at the storage level keeps aliasing right:
+tied weights and views of one tensor are one input.
+
+What the walk cannot see (a tensor reachable only through a C extension, or a global
+read by a callee but not named by the function itself) is read at trace time and baked
+into the program as a constant, as jax.jit does with closed-over arrays.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from torchjax.tensor._tensor import JaxTensor
+
+_MAX_DEPTH = 6
+_LEAF_TYPES = (
+    type(None), bool, int, float, complex, str, bytes, type, types.ModuleType,
+    types.BuiltinFunctionType, torch.dtype, torch.device, torch.Size,
+)  # fmt: skip
+
+
+class StateWalk:
+    """The storages reachable from some roots, in a deterministic order.
+
+    ``storages``: unique Storage objects; ``tensors``: one JaxTensor per storage (the first
+    found, used for error messages); ``optimizers``: torch.optim.Optimizer objects seen.
+    """
+
+    def __init__(self, grads: bool = True):
+        self.grads = grads
+        self.storages = []
+        self.tensors = []
+        self.optimizers = []
+        self.modules = []
+        self._seen_storage = set()
+        self._seen_obj = set()
+
+    def add_tensor(self, t) -> None:
+        if t is None:
+            return
+        if isinstance(t, JaxTensor):
+            s = t._storage
+            if id(s) not in self._seen_storage:
+                self._seen_storage.add(id(s))
+                self.storages.append(s)
+                self.tensors.append(t)
+            grad = t.grad if self.grads and t.requires_grad else None
+            if grad is not None:
+                self.add_tensor(grad)
+
+    def add_module(self, m: torch.nn.Module) -> None:
+        for mod in m.modules():
+            if id(mod) in self._seen_obj:
+                continue
+            self._seen_obj.add(id(mod))
+            self.modules.append(mod)
+            for p in mod._parameters.values():
+                self.add_tensor(p)
+            for b in mod._buffers.values():
+                self.add_tensor(b)
+            for v in mod.__dict__.values():
+                if isinstance(v, JaxTensor):
+                    self.add_tensor(v)
+
+    def training_flags(self) -> tuple[bool, ...]:
+        """``module.training`` of every module seen: tracing depends on them."""
+        return tuple(m.training for m in self.modules)
+
+    def add_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        self.optimizers.append(opt)
+        for group in opt.param_groups:
+            for p in group["params"]:
+                self.add_tensor(p)
+            for v in group.values():
+                if isinstance(v, JaxTensor):
+                    self.add_tensor(v)
+        for st in opt.state.values():
+            for v in st.values():
+                self.add_tensor(v)
+
+    def add(self, obj, depth: int = 0) -> None:
+        """Walk ``obj``: tensors, modules, optimizers, containers and plain objects."""
+        if isinstance(obj, _LEAF_TYPES) or depth > _MAX_DEPTH:
+            return
+        if isinstance(obj, torch.Tensor):
+            self.add_tensor(obj)
+            return
+        if id(obj) in self._seen_obj:
+            return
+        if isinstance(obj, torch.nn.Module):
+            self.add_module(obj)
+            return
+        self._seen_obj.add(id(obj))
+        if isinstance(obj, torch.optim.Optimizer):
+            self.add_optimizer(obj)
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            for v in obj:
+                self.add(v, depth + 1)
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                self.add(v, depth + 1)
+        elif isinstance(obj, types.MethodType):
+            self.add(obj.__self__, depth + 1)
+            self.add_function(obj.__func__, depth + 1)
+        elif isinstance(obj, types.FunctionType):
+            if depth <= 2:  # helpers the function calls; not whole libraries
+                self.add_function(obj, depth + 1)
+        elif hasattr(obj, "__dict__"):
+            # Plain objects (an HF cache, a config holding tensors, a functools.partial).
+            for v in vars(obj).values():
+                self.add(v, depth + 1)
+
+    def add_function(self, fn: types.FunctionType, depth: int = 0) -> None:
+        """A function's closure cells, defaults and the globals its code (and the code of
+        functions defined inside it) names."""
+        for cell in fn.__closure__ or ():
+            try:
+                self.add(cell.cell_contents, depth + 1)
+            except ValueError:  # an empty cell
+                pass
+        for d in fn.__defaults__ or ():
+            self.add(d, depth + 1)
+        g = fn.__globals__
+        for name in _global_names(fn.__code__):
+            if name in g:
+                self.add(g[name], depth + 1)
+
+
+def _global_names(code) -> list[str]:
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names.extend(_global_names(const))
+    return names
+
+
+def walk(roots, grads: bool = True) -> StateWalk:
+    """The state reachable from ``roots``; ``grads``: include parameters' ``.grad`` (a
+    module's forward never touches them; a train step does)."""
+    w = StateWalk(grads)
+    for r in roots:
+        w.add(r)
+    return w

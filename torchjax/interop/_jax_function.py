@@ -1,0 +1,150 @@
+"""JAX functions called from PyTorch code, with autograd through ``jax.vjp``.
+
+``@torchjax.jax_function`` turns ``f`` (pytrees of jax arrays in and out) into a function
+of torch tensors: tensor arguments cross with ``to_jax`` (no copy), outputs come back as
+tpu tensors, and when autograd needs it the call is a ``torch.autograd.Function`` whose
+backward is ``f``'s VJP. The forward runs ``jax.vjp`` under ``jax.jit`` and returns the
+pullback itself (a ``jax.tree_util.Partial`` holding the residuals), so an eager call
+costs one compiled forward and one compiled backward. Inside ``torchjax.jit`` the tensors
+hold tracers and ``f`` simply becomes part of the traced program.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+from torchjax.interop._convert import to_jax
+from torchjax.tensor._tensor import JaxTensor, wrap
+
+
+def jax_function(f=None, *, jit: bool = True):
+    """Decorator: call the JAX function ``f`` on torch tensors, differentiably.
+
+    Args:
+        f: a function from pytrees of jax arrays (and static Python values) to a pytree of
+            jax arrays.
+        jit: compile ``f`` (and its VJP) with ``jax.jit``, one executable per combination
+            of non-tensor arguments (which must then be hashable). ``False`` runs it
+            eagerly, op by op.
+
+    Returns:
+        A function taking the same arguments with torch tensors where ``f`` takes arrays
+        (tpu tensors cross without copies; CPU tensors are moved to tpu) and returning
+        ``f``'s output pytree with every array as a tpu tensor. Floating outputs carry a
+        ``grad_fn`` when any floating tensor input requires grad; ``backward()`` then
+        runs ``jax.vjp`` of ``f``. Integer and bool outputs are not differentiable.
+    """
+    if f is None:
+        return functools.partial(jax_function, jit=jit)
+    return functools.wraps(f)(_JaxCallable(f, jit))
+
+
+def _differentiable(t: torch.Tensor) -> bool:
+    return t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)
+
+
+class _JaxCallable:
+    def __init__(self, f, jit: bool):
+        self.f = f
+        self.jit = jit
+        self._calls: dict = {}
+
+    def __call__(self, *args, **kwargs):
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        where = tuple(i for i, x in enumerate(flat) if isinstance(x, torch.Tensor))
+        tensors = [flat[i] for i in where]
+        static = tuple(None if isinstance(x, torch.Tensor) else x for x in flat)
+        grad = torch.is_grad_enabled() and any(_differentiable(t) for t in tensors)
+        diff = tuple(k for k, t in enumerate(tensors) if grad and _differentiable(t))
+        key = (spec, static, where, diff) if self.jit else None
+        call = self._calls.get(key) if self.jit else None
+        if call is None:
+            call = _Call(self.f, spec, static, where, diff, self.jit)
+            if self.jit:
+                self._calls[key] = call
+        arrays = [to_jax(t) for t in tensors]
+        if not diff:
+            out = call.forward(arrays)
+            return jax.tree_util.tree_map(wrap, out)
+        outs = _VJP.apply(call, *tensors)
+        return jax.tree_util.tree_unflatten(call.out_tree, outs)
+
+
+class _Call:
+    """``f`` specialised to one argument structure: forward, and VJP when ``diff``."""
+
+    def __init__(self, f, spec, static, where, diff, jit):
+        self.diff = diff
+        self.out_tree = None
+
+        def call(arrays):
+            flat = list(static)
+            for i, a in zip(where, arrays):
+                flat[i] = a
+            args, kwargs = pytree.tree_unflatten(flat, spec)
+            return f(*args, **kwargs)
+
+        def fwd(diff_arrays, other):
+            def g(*d):
+                arrays = list(other)
+                for k, a in zip(diff, d):
+                    arrays[k] = a
+                return jax.tree_util.tree_flatten(call(arrays))[0]
+
+            return jax.vjp(g, *diff_arrays)
+
+        def bwd(pullback, cotangents):
+            return pullback(cotangents)
+
+        wrapjit = jax.jit if jit else (lambda fn: fn)
+        self.forward = wrapjit(call)
+        self._fwd = wrapjit(fwd)
+        self._bwd = wrapjit(bwd)
+        self._call = call
+
+    def vjp(self, arrays):
+        diff_arrays = [arrays[k] for k in self.diff]
+        other = [None if k in self.diff else a for k, a in enumerate(arrays)]
+        if self.out_tree is None:
+            self.out_tree = jax.tree_util.tree_structure(jax.eval_shape(self._call, arrays))
+        return self._fwd(diff_arrays, other)
+
+    def pull(self, pullback, cotangents):
+        return self._bwd(pullback, cotangents)
+
+
+class _VJP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, call: _Call, *tensors):
+        arrays = [to_jax(t) for t in tensors]
+        outs, pullback = call.vjp(arrays)
+        ctx.call, ctx.pullback = call, pullback
+        ctx.avals = [(o.shape, o.dtype) for o in outs]
+        ctx.n_inputs = len(tensors)
+        results = tuple(wrap(o) for o in outs)
+        ctx.mark_non_differentiable(
+            *(r for r in results if not (r.dtype.is_floating_point or r.dtype.is_complex))
+        )
+        return results
+
+    @staticmethod
+    def backward(ctx, *grads):
+        cts = []
+        for g, (shape, dtype) in zip(grads, ctx.avals):
+            if not jnp.issubdtype(dtype, jnp.inexact):
+                cts.append(np.zeros(shape, jax.dtypes.float0))
+            elif g is None:
+                cts.append(jnp.zeros(shape, dtype))
+            else:
+                cts.append(g._value() if isinstance(g, JaxTensor) else to_jax(g))
+        in_cts = ctx.call.pull(ctx.pullback, cts)
+        grads_in = [None] * ctx.n_inputs
+        for k, c in zip(ctx.call.diff, in_cts):
+            grads_in[k] = wrap(c)
+        return (None, *grads_in)
