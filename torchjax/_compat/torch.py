@@ -84,3 +84,32 @@ def rebuild_device_tensor_args(cpu: torch.Tensor, dtype, device: str, requires_g
 def all_op_schemas():
     """Every registered operator schema (``torch._C._jit_get_all_schemas``)."""
     return torch._C._jit_get_all_schemas()
+
+
+def dynamo_skip_package(name: str) -> None:
+    """Tell Dynamo never to trace frames from package ``name``.
+
+    torchjax's Python runs below Dynamo (the device guard answering
+    ``torch.accelerator.current_stream`` from Dynamo's generated code,
+    ``__torch_dispatch__`` on fake tensors): those frames must run as plain Python, not
+    be compiled as user code. Private API (torch._dynamo.trace_rules.add).
+    """
+    import torch._dynamo.trace_rules as trace_rules
+
+    trace_rules.add(name)
+
+
+
+def dynamo_never_trace(code) -> None:
+    """Dynamo runs frames of ``code``, and every frame they call, as plain Python.
+
+    For torchjax's entry points called from C++ (``__torch_dispatch__``, the PrivateUse1
+    kernels, the device guard): eager code that runs while Dynamo's callback is active
+    (between graph breaks, or modules whose frames Dynamo skips) calls them on real tpu
+    tensors, and jax's Python below them must never be offered to Dynamo as user code.
+    Free at run time (a per-code flag). Private API (set_code_exec_strategy).
+    """
+    from torch._dynamo.eval_frame import set_code_exec_strategy
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))

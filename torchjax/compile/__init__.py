@@ -8,3 +8,11 @@ same way.
 from torchjax.compile._jit import Jitted as Jitted
 from torchjax.compile._jit import RetraceWarning as RetraceWarning
 from torchjax.compile._jit import jit as jit
+
+
+def dynamo_stats() -> dict:
+    """Counters of the ``torch.compile(backend="tpu")`` backend; see
+    torchjax/compile/_dynamo.py ``stats``. Imports Dynamo's side only when asked."""
+    from torchjax.compile._dynamo import stats
+
+    return stats()

@@ -261,9 +261,11 @@ class _Entry:
                 old = _rng.set_traced_stream(stream)
                 try:
                     flat = list(call.static)
+                    wrapped = []
                     for i, t, a in zip(call.pos, call.tensors, arrays):
                         w = wrap(a, t._device_index)
                         flat[i] = w.requires_grad_() if t.requires_grad else w
+                        wrapped.append(w)
                     flat = [x.obj if isinstance(x, _Ref) else x for x in flat]
                     args, kwargs = pytree.tree_unflatten(flat, call.spec)
                     kwargs.update(call.static_kwargs)
@@ -283,12 +285,19 @@ class _Entry:
                     for s in after.storages
                     if id(s) not in known and isinstance(s.arr, jax.core.Tracer)
                 ]
+                # Arguments written in place (x.add_(1), BatchNorm's running stats when
+                # Dynamo passes buffers as graph inputs) are written back as in eager.
+                args_written = [
+                    k for k, (w, a) in enumerate(zip(wrapped, arrays)) if w._storage.arr is not a
+                ]
                 info["written"], info["created"] = written, created
+                info["args_written"] = args_written
                 info["draws"] = stream.draws
                 return (
                     [out_flat[i]._value() for i in out_pos],
                     [storages[i].arr for i in written],
                     [s.arr for s in created],
+                    [wrapped[k]._value() for k in args_written],
                 )
 
         key = _rng.call_key(0)
@@ -300,6 +309,7 @@ class _Entry:
         self.out_static = [None if isinstance(x, JaxTensor) else x for x in out_flat]
         self.written = info["written"]
         self.created = info["created"]
+        self.args_written = info["args_written"]
         self.uses_rng = info["draws"] > 0
         self.single_use = bool(self.created)
         self.refs = [weakref.ref(s) for s in storages]
@@ -336,8 +346,11 @@ class _Entry:
         storages = call.storages
         for i, a in zip(self.written, rest):
             storages[i].replace(a)
-        for s, a in zip(self.created, rest[len(self.written) :]):
+        rest = rest[len(self.written) :]
+        for s, a in zip(self.created, rest):
             s.replace(a)
+        for k, a in zip(self.args_written, rest[len(self.created) :]):
+            call.tensors[k]._write(a)
 
     def unflatten(self, tensors):
         flat = list(self.out_static)

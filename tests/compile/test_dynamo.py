@@ -1,0 +1,136 @@
+"""torch.compile(backend="tpu"): Dynamo graphs run as jax programs, equal to eager."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchjax
+from tests.compile.test_jit import cnn, mlp
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_mlp_forward_matches_cpu_and_compiles_once():
+    cpu = mlp()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    compiled = torch.compile(tpu, backend="tpu")
+    before = torchjax.compile.dynamo_stats()
+    with torch.no_grad():
+        for seed in range(3):
+            x = torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))
+            torch.testing.assert_close(compiled(x.to("tpu")).cpu(), cpu(x), rtol=1e-5, atol=1e-6)
+    after = torchjax.compile.dynamo_stats()
+    assert after["graphs"] - before["graphs"] == 1
+    assert after["traces"] - before["traces"] == 1
+
+
+class Net(torch.nn.Module):
+    # A module with its own forward: Dynamo compiles user frames, and skips torch's own
+    # (module.compile() of a bare nn.Sequential compiles nothing, on CPU too).
+    def __init__(self):
+        super().__init__()
+        self.body = cnn()
+
+    def forward(self, x):
+        return self.body(x).softmax(-1)
+
+
+def test_module_compile_fullgraph_static():
+    cpu = Net().eval()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    tpu.compile(backend="tpu", fullgraph=True, dynamic=False)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(tpu(x.to("tpu")).cpu(), cpu(x), rtol=1e-4, atol=1e-5)
+
+
+def test_batchnorm_training_updates_running_stats():
+    cpu = cnn().train()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    compiled = torch.compile(tpu, backend="tpu", fullgraph=True)
+    for seed in range(2):
+        x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x.to("tpu")).cpu(), cpu(x), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(tpu[1].running_mean.cpu(), cpu[1].running_mean, rtol=1e-5, atol=1e-6)
+    assert tpu[1].num_batches_tracked.item() == 2
+
+
+def test_views_constants_and_detach_in_the_graph():
+    def f(x):
+        y = x.view(-1) * 2
+        c = torch.tensor([1.0, 2.0, 3.0], device="tpu")
+        return y[:3] + c + x.detach().sum() + x.t().contiguous().view(-1)[:3]
+
+    x = torch.randn(2, 3)
+    want = f(x.to("tpu")).cpu()
+    cf = torch.compile(f, backend="tpu", fullgraph=True)
+    torch.testing.assert_close(cf(x.to("tpu")).cpu(), want)
+    # A non-contiguous input: view(-1) fails as in eager, with torch's message.
+    xt = torch.randn(3, 2).to("tpu").t()
+    with pytest.raises(Exception, match="view"):
+        cf(xt)
+
+    def g(x):
+        return x.reshape(-1)[1:] * x.T.sum()
+
+    cg = torch.compile(g, backend="tpu", fullgraph=True)
+    torch.testing.assert_close(cg(xt).cpu(), g(xt.cpu()))
+
+
+def test_graph_breaks_still_run():
+    def f(x):
+        y = torch.sin(x) * 2
+        torch._dynamo.graph_break()
+        return torch.cos(y) + 1
+
+    x = torch.randn(5)
+    cf = torch.compile(f, backend="tpu")
+    before = torchjax.compile.dynamo_stats()["graphs"]
+    torch.testing.assert_close(cf(x.to("tpu")).cpu(), f(x), rtol=1e-6, atol=1e-6)
+    assert torchjax.compile.dynamo_stats()["graphs"] - before == 2
+
+
+def test_training_an_mlp_through_torch_compile_matches_eager():
+    cpu = mlp()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    compiled = torch.compile(tpu, backend="tpu")
+    opt_cpu = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    opt_tpu = torch.optim.SGD(tpu.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        x, y = torch.randn(16, 16, generator=g), torch.randint(0, 4, (16,), generator=g)
+        loss_cpu = F.cross_entropy(cpu(x), y)
+        loss_cpu.backward()
+        opt_cpu.step()
+        opt_cpu.zero_grad()
+        loss_tpu = F.cross_entropy(compiled(x.to("tpu")), y.to("tpu"))
+        loss_tpu.backward()
+        opt_tpu.step()
+        opt_tpu.zero_grad()
+        assert abs(loss_tpu.item() - loss_cpu.item()) < 1e-5
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-5)
+
+
+def test_tiny_llama_forward():
+    import transformers
+
+    from examples import tiny_llama_generate as tl
+
+    torch.manual_seed(0)
+    cpu = transformers.AutoModelForCausalLM.from_config(tl.tiny_llama_config()).eval()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    compiled = torch.compile(tpu, backend="tpu")
+    batch = tl.prompts()
+    with torch.no_grad():
+        want = cpu(**batch).logits
+        got = compiled(**{k: v.to("tpu") for k, v in batch.items()}).logits
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,90 @@
+"""``torch.compile(backend="tpu")``: Dynamo's FX graphs run as jax.jit programs.
+
+Dynamo traces the model with fake JaxTensors (Note [JaxTensor under Dynamo]) and hands
+each captured graph here. The graph is a torch-level program over tpu tensors, so
+running it on real JaxTensors under torchjax.jit traces it into one jax program: the
+same machinery as ``torchjax.jit`` (one executable per input signature, parameters and
+buffers as inputs, written buffers donated and written back, random keys threaded
+through calls). Graph breaks give several graphs, each compiled on its own, with Python
+running between them as usual.
+
+Training: when grad mode is on and parameters require grad, the compiled graph is a
+differentiable call whose backward is the compiled VJP of the same jax program (see
+torchjax.jit), so ``loss.backward()`` after a compiled forward fills ``.grad`` without
+AOTAutograd's partitioner.
+
+The backend is found by name through the ``torch_dynamo_backends`` entry point
+(pyproject.toml), so ``import torchjax`` does not import Dynamo.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import weakref
+
+import inspect
+import sys
+
+from torchjax._compat.torch import dynamo_never_trace, dynamo_skip_package
+from torchjax.compile._jit import Jitted
+
+
+def _entry_point_codes():
+    """Code of every function and method in torchjax.device and torchjax.tensor: the
+    places C++ calls into torchjax (dispatch, PrivateUse1 kernels, device guard)."""
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(("torchjax.device", "torchjax.tensor")) or module is None:
+            continue
+        for obj in vars(module).values():
+            if getattr(obj, "__module__", None) != name:
+                continue
+            members = vars(obj).values() if inspect.isclass(obj) else (obj,)
+            for m in members:
+                m = getattr(m, "__func__", m)
+                code = getattr(m, "__code__", None)
+                if code is not None:
+                    yield code
+
+
+# Loaded when torch.compile first looks the backend up, so only processes that use it
+# pay (once) for this: Dynamo never compiles torchjax's frames, nor anything they call.
+dynamo_skip_package("torchjax")
+for _code in _entry_point_codes():
+    dynamo_never_trace(_code)
+
+_GRAPHS: list = []  # weak references to the Jitted of every graph Dynamo handed us
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs):
+    """The "tpu" Dynamo backend: the graph as a torchjax.jit-compiled callable.
+
+    Returns a function taking the graph's inputs (tpu tensors, and Python ints for
+    symbolic sizes when Dynamo marks dimensions dynamic: each distinct size is then one
+    more compiled executable) and returning its outputs.
+    """
+    compiled = Jitted(gm, warn_after=16)
+    _GRAPHS.append(weakref.ref(compiled))
+
+    def run(*args):
+        return compiled(*args)
+
+    run.jitted = compiled  # the trace counter, for tests and users who ask
+    return run
+
+
+def stats() -> dict:
+    """Counters over every graph compiled by the "tpu" backend in this process.
+
+    Returns:
+        ``{"graphs": graphs Dynamo captured, "traces": jax traces (one XLA compilation
+        each) over all of them, "cache_hits": calls served by an existing executable}``.
+        A graph is captured again when Dynamo recompiles (a guard failed); a trace
+        happens for each new input signature of a graph.
+    """
+    live = [j for j in (r() for r in _GRAPHS) if j is not None]
+    return {
+        "graphs": len(_GRAPHS),
+        "traces": sum(j.trace_count for j in live),
+        "cache_hits": sum(j.cache_hits for j in live),
+    }

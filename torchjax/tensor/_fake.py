@@ -1,0 +1,124 @@
+"""Fake tpu tensors for torch.compile: what Dynamo sees of a JaxTensor while it traces.
+
+Note [JaxTensor under Dynamo]
+Dynamo never runs user code on real tensors: it converts each input to a FakeTensor and
+traces with those. A wrapper subclass is converted through ``__tensor_flatten__`` (a
+"traceable wrapper subclass"): Dynamo fakes each inner tensor and rebuilds the outer
+tensor with ``__tensor_unflatten__``. A JaxTensor's data is a jax array, not an inner
+tensor, so it offers a *stand-in*: a plain, data-less tpu tensor of its sizes and dtype
+(``torch._C._acc.create_empty_tensor``: no memory behind it). Dynamo fakes the stand-in
+(a FakeTensor on device tpu, like the fakes of ``torch.zeros(3, device="tpu")`` made in
+the traced code, so both mix) and ``__tensor_unflatten__`` returns a *fake JaxTensor*:
+the same class, holding the fake inner tensor instead of a storage. Ops on fake JaxTensors
+fail fast in the registry (there is no storage), and ``__torch_dispatch__`` hands them
+here: run the op on the inner fakes (FakeTensorMode computes metadata) and wrap results
+as fake JaxTensors. The backend (torchjax/compile/_dynamo.py) later runs the captured FX
+graph on the real JaxTensors, compiled with torchjax.jit.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils import _pytree as pytree
+
+_INNER = "_fake_inner"
+
+
+def stand_in(t) -> torch.Tensor:
+    """The data-less plain tpu tensor Dynamo fakes in place of ``t``: same sizes, dtype
+    and device, contiguous (Dynamo's shape guards pair the inner tensor's sizes with the
+    outer's); ``t``'s own strides are restored on the fake side by ``_inner_view``."""
+    s = t.__dict__.get("_stand_in_tensor")
+    if s is None:
+        s = torch._C._acc.create_empty_tensor(tuple(t.shape), t.dtype)
+        t.__dict__["_stand_in_tensor"] = s
+    return s
+
+
+def is_fake(t) -> bool:
+    return _INNER in t.__dict__
+
+
+def any_fake(args, kwargs) -> bool:
+    from torchjax.tensor._tensor import JaxTensor
+
+    return any(
+        isinstance(x, JaxTensor) and _INNER in x.__dict__
+        for x in pytree.arg_tree_leaves(*args, **kwargs)
+    )
+
+
+def make(inner: torch.Tensor, size=None, stride=None, offset=None):
+    """A fake JaxTensor over the fake ``inner`` (its own metadata unless given)."""
+    from torchjax.tensor._tensor import JaxTensor
+
+    t = torch.Tensor._make_wrapper_subclass(
+        JaxTensor,
+        inner.shape if size is None else size,
+        strides=inner.stride() if stride is None else stride,
+        storage_offset=inner.storage_offset() if offset is None else offset,
+        dtype=inner.dtype,
+        device=inner.device if inner.device.type == "tpu" else torch.device("tpu", 0),
+        requires_grad=inner.requires_grad,
+    )
+    t.__dict__[_INNER] = inner
+    return t
+
+
+def unflatten(inner_tensors, ctx, outer_size, outer_stride):
+    """``JaxTensor.__tensor_unflatten__``: a real JaxTensor when given its own stand-in
+    back, else a fake JaxTensor over the (fake, functional or proxy) inner tensor."""
+    from torchjax.tensor._tensor import JaxTensor
+
+    inner = inner_tensors["_stand_in"]
+    kind, storage, size, stride, offset, dtype, index = ctx
+    if type(inner) is torch.Tensor and kind == "real":
+        return JaxTensor(storage, size, stride, offset, dtype, index)
+    return make(inner, outer_size, outer_stride, 0)
+
+
+def _inner_view(t) -> torch.Tensor:
+    """The fake inner tensor with ``t``'s strides, so stride-sensitive ops (``view``)
+    behave as on the real tensor; a view reaching outside the contiguous stand-in's
+    elements keeps the stand-in's strides (sizes and dtypes, what tracing needs, agree)."""
+    inner = t.__dict__[_INNER]
+    if inner.stride() != t.stride() and inner.shape == t.shape:
+        span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
+        if span <= inner.numel():
+            inner = inner.as_strided(t.shape, t.stride(), inner.storage_offset())
+    return inner
+
+
+def dispatch(func, args, kwargs):
+    """Run ``func`` on the inner fakes; in-place and out= ops return their fake outer
+    argument, everything else new fake JaxTensors."""
+    from torchjax.tensor._tensor import JaxTensor
+
+    flat = pytree.arg_tree_leaves(*args, **kwargs)
+    mode = next(
+        x.__dict__[_INNER].fake_mode
+        for x in flat
+        if isinstance(x, JaxTensor) and _INNER in x.__dict__
+        and hasattr(x.__dict__[_INNER], "fake_mode")
+    ) if any(isinstance(x, JaxTensor) and not is_fake(x) for x in flat) else None
+
+    def unwrap(x):
+        if not isinstance(x, JaxTensor):
+            return x
+        if _INNER in x.__dict__:
+            return _inner_view(x)
+        # A real tpu tensor made while tracing (FakeTensorMode evaluates constants such
+        # as torch.tensor([...], device="tpu") for real): its fake twin.
+        return _inner_view(make(mode.from_tensor(stand_in(x)), x.shape, x.stride(), 0))
+
+    out = func(*pytree.tree_map(unwrap, args), **pytree.tree_map(unwrap, kwargs))
+    schema = func._schema
+    if schema.returns and schema.returns[0].alias_info is not None:
+        if schema.returns[0].alias_info.is_write:
+            written = [a for a in schema.arguments if a.alias_info and a.alias_info.is_write]
+            name = written[0].name
+            return kwargs[name] if name in kwargs else args[0]
+    return pytree.tree_map(
+        lambda x: make(x) if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor) else x,
+        out,
+    )
