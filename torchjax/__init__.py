@@ -7,7 +7,14 @@ runs as a jax computation. See README.md.
 from torchjax import device as _device  # noqa: F401  (registers the "tpu" device)
 from torchjax import ops as _ops  # noqa: F401  (fills the op table)
 from torchjax.compile import Jitted, RetraceWarning, jit
-from torchjax.interop import from_jax, jax_function, to_jax, tree_from_jax, tree_to_jax
+from torchjax.interop import (
+    from_jax,
+    functional,
+    jax_function,
+    to_jax,
+    tree_from_jax,
+    tree_to_jax,
+)
 from torchjax.tensor import JaxTensor
 
 __version__ = "0.1.0"
@@ -17,6 +24,7 @@ __all__ = [
     "Jitted",
     "RetraceWarning",
     "from_jax",
+    "functional",
     "jax_function",
     "jit",
     "to_jax",

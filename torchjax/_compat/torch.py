@@ -113,3 +113,25 @@ def dynamo_never_trace(code) -> None:
     from torch._dynamo.types import FrameAction, FrameExecStrategy
 
     set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+
+
+def install_to_dlpack(export) -> None:
+    """Route ``torch.utils.dlpack.to_dlpack`` / ``torch.to_dlpack`` of tpu tensors to
+    ``export``; other tensors go to torch's own function unchanged.
+
+    torch's exporter is C++ and would hand out a capsule over the wrapper's empty storage
+    (a null pointer) for a tpu tensor; there is no per-class hook, so the module-level
+    function is wrapped. Private detail: torch.utils.dlpack.to_dlpack is
+    torch._C._to_dlpack.
+    """
+    import torch.utils.dlpack as dlpack
+
+    original = dlpack.to_dlpack
+
+    def to_dlpack(tensor):
+        handled = export(tensor)
+        return original(tensor) if handled is None else handled
+
+    to_dlpack.__doc__ = original.__doc__
+    dlpack.to_dlpack = to_dlpack
+    torch.to_dlpack = to_dlpack

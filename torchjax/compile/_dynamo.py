@@ -31,10 +31,12 @@ from torchjax.compile._jit import Jitted
 
 
 def _entry_point_codes():
-    """Code of every function and method in torchjax.device and torchjax.tensor: the
-    places C++ calls into torchjax (dispatch, PrivateUse1 kernels, device guard)."""
+    """Code of every function and method in torchjax: where C++ calls in (dispatch,
+    PrivateUse1 kernels, device guard) and where user code calls in (jax_function,
+    torchjax.jit, to_jax): all of it, and all the jax code below it, runs as plain
+    Python; user code calling it graph-breaks there, as for any skipped library."""
     for name, module in list(sys.modules.items()):
-        if not name.startswith(("torchjax.device", "torchjax.tensor")) or module is None:
+        if not name.startswith("torchjax") or module is None:
             continue
         for obj in vars(module).values():
             if getattr(obj, "__module__", None) != name:

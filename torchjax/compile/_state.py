@@ -11,9 +11,10 @@ Those storages become inputs of the compiled program; any storage the traced cod
 output, written back after the call. Working at the storage level keeps aliasing right:
 tied weights and views of one tensor are one input.
 
-What the walk cannot see (a tensor reachable only through a C extension, or a global
-read by a callee but not named by the function itself) is read at trace time and baked
-into the program as a constant, as jax.jit does with closed-over arrays.
+What the walk cannot see (a tensor kept as a plain module attribute rather than a
+registered buffer, one reachable only through a C extension, or a global read by a
+callee but not named by the function itself) is read at trace time and baked into the
+program as a constant, as jax.jit does with closed-over arrays.
 """
 
 from __future__ import annotations
@@ -61,18 +62,25 @@ class StateWalk:
                 self.add_tensor(grad)
 
     def add_module(self, m: torch.nn.Module) -> None:
-        for mod in m.modules():
-            if id(mod) in self._seen_obj:
+        # Registered parameters and buffers only (what state_dict() and .to() see): the
+        # walk runs on every call, and scanning each module's __dict__ would cost more
+        # than a small model's forward. A tensor kept as a plain attribute is read at
+        # trace time and becomes a constant of the program.
+        stack = [m]
+        seen = self._seen_obj
+        while stack:
+            mod = stack.pop()
+            if mod is None or id(mod) in seen:
                 continue
-            self._seen_obj.add(id(mod))
+            seen.add(id(mod))
             self.modules.append(mod)
             for p in mod._parameters.values():
-                self.add_tensor(p)
+                if p is not None:
+                    self.add_tensor(p)
             for b in mod._buffers.values():
-                self.add_tensor(b)
-            for v in mod.__dict__.values():
-                if isinstance(v, JaxTensor):
-                    self.add_tensor(v)
+                if b is not None:
+                    self.add_tensor(b)
+            stack.extend(reversed(mod._modules.values()))
 
     def training_flags(self) -> tuple[bool, ...]:
         """``module.training`` of every module seen: tracing depends on them."""

@@ -45,6 +45,14 @@ def jax_function(f=None, *, jit: bool = True):
     return functools.wraps(f)(_JaxCallable(f, jit))
 
 
+def _hashable(x) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
+
+
 def _differentiable(t: torch.Tensor) -> bool:
     return t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)
 
@@ -63,7 +71,15 @@ class _JaxCallable:
         grad = torch.is_grad_enabled() and any(_differentiable(t) for t in tensors)
         diff = tuple(k for k, t in enumerate(tensors) if grad and _differentiable(t))
         key = (spec, static, where, diff) if self.jit else None
-        call = self._calls.get(key) if self.jit else None
+        try:
+            call = self._calls.get(key) if self.jit else None
+        except TypeError:
+            bad = next(type(x).__name__ for x in static if x is not None and not _hashable(x))
+            raise TypeError(
+                f"torchjax.jax_function({getattr(self.f, '__name__', self.f)!r}): non-tensor "
+                f"arguments are static and must be hashable under jit=True, got {bad}; pass "
+                "arrays as torch tensors, or use jax_function(jit=False)"
+            ) from None
         if call is None:
             call = _Call(self.f, spec, static, where, diff, self.jit)
             if self.jit:
