@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from torchjax._compat.jax import x64
+from torchjax._compat.jax import x64, x64_enter, x64_exit
 from torchjax.compile import _state
 from torchjax.compile._swap import bound, trace_lock
 from torchjax.interop._jax_function import _VJP
@@ -114,7 +114,7 @@ class Jitted:
 
     def __call__(self, *args, **kwargs):
         static_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in self.static_argnames}
-        flat, spec = pytree.tree_flatten((args, kwargs))
+        flat, spec = _flatten(args, kwargs)
         call = _Call(self, flat, spec, static_kwargs)
         entry = self._entries.get(call.key)
         if entry is not None and entry.alive():
@@ -145,6 +145,34 @@ class Jitted:
             if not entry.single_use:
                 self._entries[call.key] = entry
             return entry
+
+
+class _Flat:
+    """The argument structure of a call with positional tensors/scalars only: cheaper to
+    build, hash and compare than a pytree TreeSpec (this is the common case)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n):
+        self.n = n
+
+    def __eq__(self, other):
+        return type(other) is _Flat and other.n == self.n
+
+    def __hash__(self):
+        return self.n
+
+
+def _flatten(args, kwargs):
+    if not kwargs and all(isinstance(a, (torch.Tensor, *_SCALARS)) for a in args):
+        return list(args), _Flat(len(args))
+    return pytree.tree_flatten((args, kwargs))
+
+
+def _unflatten(flat, spec):
+    if type(spec) is _Flat:
+        return tuple(flat), {}
+    return pytree.tree_unflatten(flat, spec)
 
 
 def _name(fn) -> str:
@@ -267,8 +295,8 @@ class _Entry:
                         flat[i] = w.requires_grad_() if t.requires_grad else w
                         wrapped.append(w)
                     flat = [x.obj if isinstance(x, _Ref) else x for x in flat]
-                    args, kwargs = pytree.tree_unflatten(flat, call.spec)
-                    kwargs.update(call.static_kwargs)
+                    args, kwargs = _unflatten(flat, call.spec)
+                    kwargs = {**kwargs, **call.static_kwargs}
                     with torch.autograd.set_multithreading_enabled(False):
                         out = jitted.fn(*args, **kwargs)
                 finally:
@@ -337,8 +365,11 @@ class _Entry:
         return key
 
     def run(self, call: _Call):
-        with x64(True):
+        token = x64_enter()
+        try:
             outs = self.compiled(*call.state_arrays, self.key(), *call.arrays)
+        finally:
+            x64_exit(token)
         self.write_back(call, outs[self.n_out :])
         return self.unflatten([wrap(a) for a in outs[: self.n_out]])
 
