@@ -6,7 +6,7 @@ runs as a jax computation. See README.md.
 
 from torchjax import device as _device  # noqa: F401  (registers the "tpu" device)
 from torchjax import ops as _ops  # noqa: F401  (fills the op table)
-from torchjax.compile import Jitted, RetraceWarning, jit
+from torchjax.compile import Jitted, RetraceWarning, export, jit
 from torchjax.interop import (
     from_jax,
     functional,
@@ -23,6 +23,7 @@ __all__ = [
     "JaxTensor",
     "Jitted",
     "RetraceWarning",
+    "export",
     "from_jax",
     "functional",
     "jax_function",

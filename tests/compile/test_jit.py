@@ -202,3 +202,17 @@ def test_cpu_arguments_are_moved_and_non_hashable_static_is_an_error():
     assert f(torch.ones(2), opts=(1, 2)).device.type == "tpu"
     with pytest.raises(TypeError, match="static argument 'opts' must be hashable"):
         f(torch.ones(2), opts=[1, 2])
+
+
+def test_export_gives_self_contained_stablehlo():
+    import jax
+
+    cpu = cnn().eval()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(2, 3, 8, 8)
+    exported = torchjax.export(tpu, x.to("tpu"))
+    restored = jax.export.deserialize(exported.serialize())
+    (out,) = restored.call(x.numpy())
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(jax.device_get(out).copy()), cpu(x), rtol=1e-4, atol=1e-5)
+    assert "stablehlo" in exported.mlir_module()
