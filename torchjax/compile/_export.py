@@ -3,9 +3,8 @@
 The function is traced exactly as torchjax.jit traces it (the same program), with its
 state (parameters, buffers) baked in as constants, so the result is self-contained
 StableHLO: ``exported.call(*arrays)`` runs it, and ``exported.serialize()`` (needs the
-flatbuffers package) gives bytes
-that ``jax.export.deserialize`` turns back into a callable, without PyTorch or the
-Python model.
+flatbuffers package) gives bytes that ``jax.export.deserialize`` turns back into a
+callable, without PyTorch or the Python model.
 """
 
 from __future__ import annotations
