@@ -100,7 +100,11 @@ def pure_llama(cfg):
         for i in range(cfg.num_hidden_layers):
             p = f"model.layers.{i}."
             x = rms(h, w[p + "input_layernorm.weight"])
-            q = (x @ w[p + "self_attn.q_proj.weight"].T).reshape(1, s, heads, hd).transpose(0, 2, 1, 3)
+            q = (
+                (x @ w[p + "self_attn.q_proj.weight"].T)
+                .reshape(1, s, heads, hd)
+                .transpose(0, 2, 1, 3)
+            )
             k = (x @ w[p + "self_attn.k_proj.weight"].T).reshape(1, s, kv, hd).transpose(0, 2, 1, 3)
             v = (x @ w[p + "self_attn.v_proj.weight"].T).reshape(1, s, kv, hd).transpose(0, 2, 1, 3)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)

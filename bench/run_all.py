@@ -1,20 +1,118 @@
-"""Runs every benchmark in bench/ in one process and prints their tables.
+"""Runs every benchmark in bench/ in one process, prints their tables, and writes
+bench/results.md and bench/results.png.
 
-Run:  python bench/run_all.py
+Run:  python -m bench   (or  python bench/run_all.py)
+
+The machine's load average is recorded before and after: the figures are medians, but
+a busy machine still inflates them; re-run when the load is high.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import eager_overhead  # noqa: E402
+from bench import decode, eager_overhead, models  # noqa: E402
+from bench.common import header  # noqa: E402
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _targets(ops, mdl) -> str:
+    def r(a, b):
+        return None if isinstance(a, str) or isinstance(b, str) else a / b
+
+    o = dict(ops)
+    m = dict(mdl)
+    rows = [
+        ("add 1x1 <= 2.5x raw jnp", r(o["add 1x1"]["torchjax"], o["add 1x1"]["raw jnp"]), 2.5),
+    ]
+    for op in ("layer_norm (64, 512)", "gelu (64, 512)", "softmax (64, 512)"):
+        rows.append((f"{op} <= 1.2x raw jnp", r(o[op]["torchjax"], o[op]["raw jnp"]), 1.2))
+    mini = m["MiniLM (8, 32)"]
+    rows.append(("MiniLM forward <= 0.5x torchax", r(mini["torchjax"], mini["torchax"]), 0.5))
+    lines = ["| target | ratio | met |", "|---|---:|---|"]
+    for name, value, bound in rows:
+        if value is None:
+            lines.append(f"| {name} | n/a | n/a |")
+        else:
+            lines.append(f"| {name} | {value:.2f}x | {'yes' if value <= bound else 'no'} |")
+    return "\n".join(lines)
+
+
+def _chart(ops, mdl, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    impls = ["torchjax", "raw jnp", "torchax", "torch CPU"]
+    colors = {"torchjax": "C0", "raw jnp": "C2", "torchax": "C1", "torch CPU": "C7"}
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [7, 3]})
+    for ax, rows, title in ((axes[0], ops, "eager op latency"), (axes[1], mdl, "model forward")):
+        names = [n for n, _ in rows]
+        width = 0.8 / len(impls)
+        for j, impl in enumerate(impls):
+            xs, ys = [], []
+            for i, (_, r) in enumerate(rows):
+                v = r.get(impl)
+                if isinstance(v, (int, float)):
+                    xs.append(i + (j - 1.5) * width)
+                    ys.append(v)
+            if ys:
+                ax.bar(xs, ys, width, label=impl, color=colors[impl])
+        ax.set_yscale("log")
+        ax.set_ylabel("microseconds (median, log scale; lower is better)")
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:
-    eager_overhead.main()
+    load_before = _load()
+    head = header("torchjax benchmarks (eager)")
+    print(head)
+    ops = eager_overhead.run()
+    ops_table = eager_overhead.report(ops)
+    print("\n" + ops_table)
+    mdl = models.run()
+    mdl_table = models.report(mdl)
+    print("\n" + mdl_table)
+    dec = decode.run()
+    dec_table = decode.report(dec)
+    print("\n" + dec_table)
+    targets = _targets(ops, mdl)
+    print("\n" + targets)
+    load_after = _load()
+    print(f"\nload average (1, 5, 15 min): before {load_before}, after {load_after}")
+    md = "\n\n".join(
+        [
+            head,
+            "Command: `python -m bench` (bench/run_all.py). Medians; every timed call blocks "
+            "on its result. See bench/eager_overhead.py, bench/models.py, bench/decode.py for "
+            "what is measured.",
+            f"Machine load average (1, 5, 15 min): before {load_before}; after {load_after}.",
+            "## Eager per-op latency\n\n" + ops_table,
+            "## Model forward (eager)\n\n" + mdl_table,
+            "## Decode (eager)\n\n" + dec_table,
+            "## Targets (issue 4)\n\n" + targets,
+            "![chart](results.png)",
+        ]
+    )
+    (HERE / "results.md").write_text(md + "\n")
+    _chart(ops, mdl, HERE / "results.png")
+    print(f"\nwrote {HERE / 'results.md'} and {HERE / 'results.png'}")
 
 
 if __name__ == "__main__":

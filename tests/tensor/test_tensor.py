@@ -71,11 +71,14 @@ def test_to_jax_from_jax_share_memory():
 
 
 def test_unsupported_op_names_the_overload():
+    # Quantized tensors have no jax representation: a clear error, not a wrong answer.
     x = torch.ones(2, 2).to("tpu")
-    lengths = torch.tensor([1, 1]).to("tpu")
-    msg = r"aten::segment_reduce.default, called with \(Tensor\[float32, \(2, 2\)\] on tpu:0"
+    msg = (
+        r"aten::quantize_per_tensor.default, called with \(Tensor\[float32, \(2, 2\)\] "
+        r"on tpu:0, 0.1, 0, torch.quint8\)"
+    )
     with pytest.raises(NotImplementedError, match=msg):
-        torch.ops.aten.segment_reduce(x, "sum", axis=0, unsafe=False, lengths=lengths)
+        torch.ops.aten.quantize_per_tensor(x, 0.1, 0, torch.quint8)
 
 
 def test_detach_shares_storage():

@@ -4,14 +4,37 @@ Note [x64 without touching the user's JAX]
 JAX disables 64-bit types by default (int64 becomes int32, float64 becomes float32).
 torchjax needs them for honest dtypes, but must not flip ``jax_enable_x64`` for the
 whole process: that would change the default dtypes of the user's own JAX code. So every
-torchjax op runs inside ``jax.enable_x64(True)``, a thread-local context. Arrays it
-produces keep their 64-bit dtypes when they leave (``torchjax.to_jax``); the user's own
-``jnp`` calls outside torchjax follow the user's x64 setting, so with x64 off they narrow
-64-bit inputs as JAX always does.
+torchjax op runs with x64 enabled in a thread-local scope (what ``jax.enable_x64(True)``
+sets). Arrays it produces keep their 64-bit dtypes when they leave (``torchjax.to_jax``);
+the user's own ``jnp`` calls outside torchjax follow the user's x64 setting, so with x64
+off they narrow 64-bit inputs as JAX always does.
+
+The hot path (``JaxTensor.__torch_dispatch__``, once per ATen op) does not use the
+``jax.enable_x64`` context manager itself (about 0.65 us to enter and leave, and a
+slower jit call inside it): it swaps the same thread-local value with
+``x64_enter``/``x64_exit`` (about 0.15 us), the two calls the context manager makes.
+Compiled kernels are traced inside that scope, and jax keys its jit caches on the x64
+setting, so a kernel traced with x64 on is never reused with x64 off.
 """
 
 from __future__ import annotations
 
 import jax
+from jax._src import config as _config
 
 x64 = jax.enable_x64
+
+# The thread-local config state behind jax.enable_x64 (private: jax._src.config). It has
+# no thread-local hook (checked by tests/compat/test_compat.py), so swap_local/set_local
+# are exactly what the context manager does on enter/exit.
+_X64_STATE = _config.enable_x64
+
+
+def x64_enter():
+    """Turn x64 on for this thread; returns the token ``x64_exit`` restores."""
+    return _X64_STATE.swap_local(True)
+
+
+def x64_exit(token) -> None:
+    """Restore the thread's x64 setting saved by ``x64_enter``."""
+    _X64_STATE.set_local(token)

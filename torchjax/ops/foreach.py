@@ -10,11 +10,17 @@ views of the parameters see the writes and torch's casting rule applies per tens
 ``.out`` overloads write each result with the registry's out= rules.
 
 This matches torch's ``foreach_tensor_*_slow`` kernels (ATen/native/ForeachOpsKernels.cpp),
-which are what CPU runs too; the fast CUDA kernels compute the same values.
+which are what CPU runs too; the fast CUDA kernels compute the same values. On float
+tensor lists the whole foreach op runs as one cached jax.jit (Note [Compiled foreach]).
 
 ``_fused_adam(w)_`` and ``_fused_sgd_`` follow ATen/native/cpu/Fused{Adam,SGD}Kernel.cpp:
-one jitted jax computation per parameter, with ``grad_scale`` (grads unscaled and written
-back) and ``found_inf`` (a nonzero value skips the step; read eagerly with ``bool()``).
+one jitted jax computation for all parameters of the step (Note [One fused optimizer
+step]), with ``grad_scale`` (grads unscaled and written back) and ``found_inf`` (a
+nonzero value skips the step; applied on device, never read back).
+
+torch.optim's default for tpu parameters is the single-tensor loop (foreach=False:
+``_default_to_fused_or_foreach`` accepts only exact ``torch.Tensor``/``Parameter``
+types); pass ``fused=True`` (one executable per step) or ``foreach=True``.
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from torchjax._compat.torch import all_op_schemas
-from torchjax.ops.registry import handler, write_into
+from torchjax.ops import compiled
+from torchjax.ops.registry import Kind, _promoted_by_key, handler, write_into
 from torchjax.tensor import dtypes
-from torchjax.tensor._tensor import JaxTensor
+from torchjax.tensor._tensor import JaxTensor, wrap
 
 aten = torch.ops.aten
 
@@ -158,13 +166,202 @@ def _foreach_handler(func):
                 write_into(func, o, r, resize=True)
 
         return out
+    compiled_run = _CompiledForeach(func, base, inplace, bind, run, listed, lead, per_element)
     if inplace:
 
         def inplace_fn(args, kwargs):
-            run(args, kwargs)
+            compiled_run(args, kwargs)
 
         return inplace_fn
-    return run
+    return compiled_run
+
+
+# ---------------------------------------------------------------------------------------
+# compiled foreach
+#
+# Note [Compiled foreach]
+# A ``_foreach_*`` op on float tpu tensors runs as one cached jax.jit over its lists
+# instead of one op per tensor: the jitted function wraps the list elements (tracers) in
+# tpu tensors and runs the same per-element ATen ops as the eager path (so promotion,
+# casting rules and errors are the per-element ops' own), then the in-place results are
+# written back to the real tensors (views see them, as in eager). Per-call values are
+# arguments, not constants, so the executable is reused step after step:
+# - a ``Scalar[]`` list (torch.optim's per-parameter bias corrections, different every
+#   step) becomes 0-d float64/int64 tensors, taking the per-element ops' ``.Tensor``
+#   overloads; a 0-d tensor promotes exactly as the Python number it holds does when
+#   the list tensors are floating (same category: the tensor's dtype wins);
+# - addcmul/addcdiv take their ``value`` as a Scalar that the lowering inspects, so with
+#   a ``Scalar[]`` (or the ``scalars`` tensor) they compute ``self + value * (t1 op t2)``
+#   in the computation dtype here: what their lowering computes for float tensors
+#   (``value * x`` is exact when value is 1, so skipping that shortcut changes nothing).
+# Single ``Scalar`` arguments are part of the key (they are constants in an optimizer;
+# a float that changes every call runs op by op after ``MAX_FLOAT_VARIANTS`` keys, as for
+# single ops). Integer/bool lists, CPU tensors and ``.out`` overloads take the eager path.
+
+_FLOATING = frozenset(
+    {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128}
+)
+
+
+def _scalar_tensor(x):
+    """A Python number (or 0-d array) as a 0-d tpu tensor of torch's dtype for it."""
+    if isinstance(x, jax.Array):
+        return wrap(x)
+    return wrap(jnp.asarray(x, dtype=jnp.float64 if isinstance(x, float) else jnp.int64))
+
+
+class _CompiledForeach:
+    """``run(args, kwargs)`` of one ``_foreach_*`` overload through cached executables
+    (Note [Compiled foreach]); ``eager`` is the per-element run."""
+
+    def __init__(self, func, base, inplace, bind, eager, listed, lead, per_element):
+        self.func, self.base, self.inplace = func, base, inplace
+        self.bind, self.eager, self.listed, self.lead = bind, eager, listed, lead
+        self.per_element = per_element
+        self.addc = base in ("addcmul", "addcdiv")
+        self.cache: dict = {}
+        self.float_variants: dict = {}
+        self.info = compiled.cache_info_entry(func)
+
+    def __call__(self, args, kwargs):
+        bound, kw = self.bind(args, kwargs)
+        lead = bound.get(self.lead)
+        if not lead:
+            return self.eager(args, kwargs)
+        n = len(lead)
+        dyn, tmpl = [], []
+        for k, v in bound.items():
+            if k in self.listed:
+                entry = self._list_entry(k, v, n, dyn)
+            elif isinstance(v, torch.Tensor):
+                entry = None
+            else:
+                entry = (k, "static", type(v), v.hex() if type(v) is float else v, v)
+            if entry is None:
+                return self.eager(args, kwargs)
+            tmpl.append(entry)
+        if self.inplace and _aliased(lead, [bound[e[0]] for e in tmpl if e[1] == "tensors"]):
+            # Sequential semantics: element i may read what element j < i wrote.
+            return self.eager(args, kwargs)
+        kwt = tuple((k, type(v), v.hex() if type(v) is float else v) for k, v in kw.items())
+        # (kw values are rebuilt from ``kw`` itself: equal keys have equal values)
+        key = (tuple(tmpl), kwt)
+        try:
+            fn = self.cache.get(key)
+        except TypeError:  # an unhashable argument
+            return self.eager(args, kwargs)
+        if fn is None:
+            masked = (
+                tuple(e[:3] if e[1] == "static" and e[2] is float else e for e in tmpl),
+                tuple((k, t) if t is float else (k, t, v) for k, t, v in kwt),
+            )
+            seen = self.float_variants.get(masked, 0)
+            if seen >= compiled.MAX_FLOAT_VARIANTS or len(self.cache) >= compiled.MAX_KEYS_PER_OP:
+                return self.eager(args, kwargs)
+            self.float_variants[masked] = seen + 1
+            fn = self.cache[key] = self._build(tuple(bound), tuple(tmpl), dict(kw))
+            self.info.keys += 1
+        try:
+            results = fn(dyn)
+        except compiled.CONCRETE_ERRORS:
+            # A per-element lowering reads values (raised while tracing): op by op.
+            del self.cache[key]
+            self.info.keys -= 1
+            return self.eager(args, kwargs)
+        if not self.inplace:
+            index = lead[0]._device_index
+            return [wrap(r, index) for r in results]
+        for t, r in zip(lead, results):
+            t._write(r)
+        return None
+
+    def _list_entry(self, k, v, n, dyn):
+        """The template entry of list argument ``k`` (None: take the eager path)."""
+        if isinstance(v, torch.Tensor):  # addcmul/addcdiv ``scalars``: one value per element
+            if not isinstance(v, JaxTensor) or v.dtype not in _FLOATING or v.numel() != n:
+                return None
+            dyn.append(v._value())
+            return (k, "scalars")
+        if len(v) != n:
+            return None  # the eager path raises torch's length error
+        first = v[0] if v else None
+        if isinstance(first, torch.Tensor):
+            if not all(
+                t.__class__ is JaxTensor and t.dtype in _FLOATING for t in v if t is not None
+            ):
+                return None
+            dyn.append([None if t is None else t._value() for t in v])
+            return (k, "tensors", tuple(t is None for t in v))
+        if all(type(x) in (float, int) for x in v):
+            dyn.append([np.asarray(x, np.float64 if type(x) is float else np.int64) for x in v])
+            return (k, "numbers")
+        return None
+
+    def _build(self, names, tmpl, kw):
+        per_element, addc, inplace, lead = self.per_element, self.addc, self.inplace, self.lead
+        base, info = self.base, self.info
+
+        def traced(dyn):
+            info.traces += 1
+            it = iter(dyn)
+            lists = {}
+            for entry in tmpl:
+                k, kind = entry[0], entry[1]
+                if kind == "static":
+                    lists[k] = entry[4]
+                elif kind == "tensors":
+                    lists[k] = [None if a is None else wrap(a) for a in next(it)]
+                elif kind == "numbers":
+                    lists[k] = [_scalar_tensor(a) for a in next(it)]
+                else:  # "scalars": a tensor holding one value per element
+                    arr = next(it)
+                    lists[k] = [arr[i] for i in range(arr.shape[0])]
+            n = len(lists[lead])
+            results = []
+            for i in range(n):
+                pos = [
+                    lists[k][i] if entry[1] != "static" else lists[k]
+                    for k, entry in zip(names, tmpl)
+                ]
+                if addc and tmpl[-1][1] in ("numbers", "scalars"):
+                    results.append(_addc_dynamic(base, inplace, *pos[:3], pos[3]))
+                else:
+                    results.append(per_element(*pos, **kw))
+            out = lists[lead] if inplace else results
+            return [t._value() for t in out]
+
+        traced.__name__ = f"{self.func._opname}_{self.func._overloadname}"
+        return jax.jit(traced, compiler_options=compiled.COMPILER_OPTIONS)
+
+
+def _aliased(lead, lists) -> bool:
+    """True when a written tensor shares its storage with another element of any list
+    (the compiled path reads every input before writing; eager runs element by element)."""
+    owner = {}
+    for i, t in enumerate(lead):
+        if owner.setdefault(id(t._storage), i) != i:
+            return True
+    for ts in lists:
+        for i, t in enumerate(ts):
+            if t is not None and owner.get(id(t._storage), i) != i:
+                return True
+    return False
+
+
+def _addc_dynamic(base, inplace, self, tensor1, tensor2, value):
+    """``self + value * (tensor1 op tensor2)`` with a traced ``value`` (see Note
+    [Compiled foreach]): what aten::addcmul/addcdiv's lowerings compute for float
+    tensors, in the computation dtype, cast to the result dtype."""
+    compute, result = _promoted_by_key(
+        Kind.DEFAULT, [(t.dtype, not t._size) for t in (self, tensor1, tensor2)]
+    )
+    v = value._value() if isinstance(value, JaxTensor) else value
+    s, a, b = (t._value().astype(compute) for t in (self, tensor1, tensor2))
+    q = a * b if base == "addcmul" else a / b
+    res = wrap((s + q * v.astype(compute)).astype(result))
+    if inplace:
+        return write_into(getattr(aten, base + "_").default, self, res)
+    return res
 
 
 def _register_foreach():
@@ -194,7 +391,6 @@ def _fused_prologue(param, grad, grad_scale, maximize):
     return opmath, p, (-g if maximize else g), g
 
 
-@functools.partial(jax.jit, static_argnames=("weight_decay", "amsgrad", "maximize", "adamw"))
 def _adam_step(
     param,
     grad,
@@ -237,6 +433,39 @@ def _adam_step(
     return p, new_grad, m, v, vmax
 
 
+def _skip_if(found_inf, new, old):
+    """``old`` where ``found_inf`` is nonzero (the kernels then return before writing
+    anything), else ``new`` cast to ``old``'s dtype; chosen on device, no host read."""
+    if new is None:
+        return None
+    new = new.astype(old.dtype)
+    return new if found_inf is None else jnp.where(found_inf != 0, old, new)
+
+
+# Note [One fused optimizer step]
+# ``_fused_adam(w)_`` and ``_fused_sgd_`` update every parameter of a param group in one
+# jax.jit call (the lists are its arguments; jit keys on their shapes and dtypes): one
+# XLA dispatch per optimizer step instead of one per tensor. Hyperparameters that change
+# the computation (weight_decay == 0, amsgrad, maximize, momentum, nesterov, first step)
+# are static; lr (float or tensor), betas, eps and the state steps are arguments, so an
+# lr schedule does not recompile. ``found_inf`` is applied on device with a select
+# (nothing is read back to the host): the values written are the old ones.
+
+
+@functools.partial(jax.jit, static_argnames=("weight_decay", "amsgrad", "maximize", "adamw"))
+def _adam_multi(
+    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, grad_scale, found_inf, **hyper
+):
+    outs = [
+        _adam_step(p, g, m, v, vm, st, grad_scale=grad_scale, **hyper)
+        for p, g, m, v, vm, st in zip(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps)
+    ]
+    return [
+        tuple(_skip_if(found_inf, new, old) for new, old in zip(out, (p, g, m, v, vm)))
+        for out, p, g, m, v, vm in zip(outs, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)
+    ]
+
+
 def _fused_adam_handler(func, adamw: bool):
     inplace = func._opname.endswith("_")
 
@@ -250,46 +479,43 @@ def _fused_adam_handler(func, adamw: bool):
                 for ts in (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)
             )
         result = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)
-        if found_inf is not None and bool(_host_value(found_inf)):
+        if not params:
             return None if inplace else result
         lr = kwargs["lr"]
         if isinstance(lr, torch.Tensor):
-            lr = float(_host_value(lr))
-        scale = None if grad_scale is None else _host_value(grad_scale)
-        for i, p in enumerate(params):
-            amsgrad = kwargs["amsgrad"]
-            p_new, g_new, m, v, vmax = _adam_step(
-                p._value(),
-                grads[i]._value(),
-                exp_avgs[i]._value(),
-                exp_avg_sqs[i]._value(),
-                max_exp_avg_sqs[i]._value() if amsgrad else None,
-                _host_value(state_steps[i]),
-                lr=lr,
-                beta1=kwargs["beta1"],
-                beta2=kwargs["beta2"],
-                weight_decay=kwargs["weight_decay"],
-                eps=kwargs["eps"],
-                amsgrad=amsgrad,
-                maximize=kwargs["maximize"],
-                grad_scale=scale,
-                adamw=adamw,
-            )
-            _write(p, p_new)
-            _write(exp_avgs[i], m)
-            _write(exp_avg_sqs[i], v)
+            lr = _host_value(lr)
+        amsgrad = kwargs["amsgrad"]
+        outs = _adam_multi(
+            [t._value() for t in params],
+            [t._value() for t in grads],
+            [t._value() for t in exp_avgs],
+            [t._value() for t in exp_avg_sqs],
+            [t._value() for t in max_exp_avg_sqs] if amsgrad else [None] * len(params),
+            [_host_value(t) for t in state_steps],
+            None if grad_scale is None else _host_value(grad_scale),
+            None if found_inf is None else _host_value(found_inf),
+            lr=lr,
+            beta1=kwargs["beta1"],
+            beta2=kwargs["beta2"],
+            weight_decay=kwargs["weight_decay"],
+            eps=kwargs["eps"],
+            amsgrad=amsgrad,
+            maximize=kwargs["maximize"],
+            adamw=adamw,
+        )
+        for i, (p_new, g_new, m, v, vmax) in enumerate(outs):
+            params[i]._write(p_new)
+            exp_avgs[i]._write(m)
+            exp_avg_sqs[i]._write(v)
             if amsgrad:
-                _write(max_exp_avg_sqs[i], vmax)
+                max_exp_avg_sqs[i]._write(vmax)
             if grad_scale is not None:
-                _write(grads[i], g_new)
+                grads[i]._write(g_new)
         return None if inplace else result
 
     return run
 
 
-@functools.partial(
-    jax.jit, static_argnames=("weight_decay", "momentum", "nesterov", "maximize", "first")
-)
 def _sgd_step(
     param,
     grad,
@@ -314,6 +540,24 @@ def _sgd_step(
     return p - lr * g, new_grad, buf
 
 
+@functools.partial(
+    jax.jit, static_argnames=("weight_decay", "momentum", "nesterov", "maximize", "first")
+)
+def _sgd_multi(params, grads, bufs, grad_scale, found_inf, **hyper):
+    """Every parameter's fused SGD update (Note [One fused optimizer step])."""
+    out = []
+    for p, g, b in zip(params, grads, bufs):
+        p_new, g_new, b_new = _sgd_step(p, g, b, grad_scale=grad_scale, **hyper)
+        out.append(
+            (
+                _skip_if(found_inf, p_new, p),
+                _skip_if(found_inf, g_new, g),
+                None if b is None else _skip_if(found_inf, b_new, b),
+            )
+        )
+    return out
+
+
 def _fused_sgd_handler(func):
     inplace = func._opname.endswith("_")
 
@@ -323,32 +567,32 @@ def _fused_sgd_handler(func):
         if not inplace:
             params, grads, bufs = ([aten.clone.default(t) for t in ts] for ts in args[:3])
         result = (params, grads, bufs)
-        if found_inf is not None and bool(_host_value(found_inf)):
+        if not params:
             return None if inplace else result
         lr = kwargs["lr"]
         if isinstance(lr, torch.Tensor):
-            lr = float(_host_value(lr))
+            lr = _host_value(lr)
         momentum = kwargs["momentum"]
-        scale = None if grad_scale is None else _host_value(grad_scale)
-        for i, p in enumerate(params):
-            p_new, g_new, buf = _sgd_step(
-                p._value(),
-                grads[i]._value(),
-                bufs[i]._value() if momentum != 0 else None,
-                lr=lr,
-                dampening=kwargs["dampening"],
-                weight_decay=kwargs["weight_decay"],
-                momentum=momentum,
-                nesterov=kwargs["nesterov"],
-                maximize=kwargs["maximize"],
-                first=kwargs["is_first_step"],
-                grad_scale=scale,
-            )
-            _write(p, p_new)
+        outs = _sgd_multi(
+            [t._value() for t in params],
+            [t._value() for t in grads],
+            [t._value() for t in bufs] if momentum != 0 else [None] * len(params),
+            None if grad_scale is None else _host_value(grad_scale),
+            None if found_inf is None else _host_value(found_inf),
+            lr=lr,
+            dampening=kwargs["dampening"],
+            weight_decay=kwargs["weight_decay"],
+            momentum=momentum,
+            nesterov=kwargs["nesterov"],
+            maximize=kwargs["maximize"],
+            first=kwargs["is_first_step"],
+        )
+        for i, (p_new, g_new, buf) in enumerate(outs):
+            params[i]._write(p_new)
             if momentum != 0:
-                _write(bufs[i], buf)
+                bufs[i]._write(buf)
             if grad_scale is not None:
-                _write(grads[i], g_new)
+                grads[i]._write(g_new)
         return None if inplace else result
 
     return run
@@ -358,10 +602,6 @@ def _host_value(t: torch.Tensor):
     if isinstance(t, JaxTensor):
         return t._value()
     return jnp.asarray(dtypes.cpu_tensor_to_numpy(t))
-
-
-def _write(t: JaxTensor, arr) -> None:
-    t._write(arr.astype(dtypes.to_jax_dtype(t.dtype)))
 
 
 for _packet, _adamw in (

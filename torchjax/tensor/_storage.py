@@ -39,11 +39,12 @@ class Storage:
 
     __slots__ = ("arr", "version", "numel", "shape", "__weakref__")
 
-    def __init__(self, arr: jax.Array):
+    def __init__(self, arr: jax.Array, shape=None, numel=None):
+        # shape/numel: precomputed by callers that have them (wrap), to save the work.
         self.arr = arr
         self.version = 0
-        self.shape = tuple(arr.shape)
-        self.numel = math.prod(self.shape)
+        self.shape = tuple(arr.shape) if shape is None else shape
+        self.numel = math.prod(self.shape) if numel is None else numel
 
     def covers(self, size, stride, offset) -> bool:
         """True when (size, stride, offset) is the whole storage in its own shape."""

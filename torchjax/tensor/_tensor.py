@@ -12,17 +12,22 @@ threads and after any context manager exits.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import numpy as np
 import torch
 
-from torchjax._compat.jax import x64
+from torchjax._compat.jax import x64_enter, x64_exit
 from torchjax._compat.torch import rebuild_device_tensor_args, set_tensor_data, tensor_repr
-from torchjax.tensor import _backward_errors, dtypes
+from torchjax.tensor import _backward_errors, _fake, dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
 
 DEVICE_TYPE = "tpu"
 _DEVICES = {}
+# The registry's resolved handlers (ATen overload -> fn(args, kwargs)); filled by
+# torchjax/ops/registry.py, which imports this module. Read directly on the hot path.
+_HANDLERS: dict = {}
 
 
 def tpu_device(index: int = 0) -> torch.device:
@@ -41,6 +46,12 @@ class JaxTensor(torch.Tensor):
     """
 
     __torch_function__ = torch._C._disabled_torch_function_impl
+
+    # Class-level defaults, so ``wrap`` (once per op result) sets fewer attributes.
+    _offset = 0
+    _device_index = 0
+    _cache = None
+    _cache_version = -1
 
     @staticmethod
     def __new__(
@@ -68,9 +79,13 @@ class JaxTensor(torch.Tensor):
         pass
 
     # -- data -----------------------------------------------------------------------
-    @property
     def jax(self) -> jax.Array:
-        """The tensor's value as a jax.Array (shape ``self.shape``, dtype matching)."""
+        """The tensor's value as a jax.Array (shape ``self.shape``, dtype matching).
+
+        A method, as in torchax: transformers' ``is_jax_jitting(x)`` calls ``x.jax()`` and
+        skips data-dependent shortcuts (reading a padding mask's values) when it returns
+        a tracer, i.e. under torchjax.jit.
+        """
         return self._value()
 
     def _value(self) -> jax.Array:
@@ -106,6 +121,15 @@ class JaxTensor(torch.Tensor):
             )
         return self.cpu().numpy()
 
+    # DLPack: the jax array's own protocol (zero copy where jax allows it: CPU arrays,
+    # or GPU arrays to a GPU consumer), so torch.from_dlpack(t) and
+    # jax.dlpack.from_dlpack(t) work; torch's C++ export knows no data behind a wrapper.
+    def __dlpack__(self, *args, **kwargs):
+        return self._value().__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._value().__dlpack_device__()
+
     def tolist(self):
         return self.detach().cpu().tolist()
 
@@ -116,6 +140,10 @@ class JaxTensor(torch.Tensor):
         return object.__format__(self, format_spec)
 
     def __repr__(self, *, tensor_contents=None):
+        if _fake.is_fake(self):  # inside torch.compile tracing: no values to show
+            return (
+                f"FakeJaxTensor(size={tuple(self.shape)}, dtype={self.dtype}, device={self.device})"
+            )
         return tensor_repr(self, self.detach().cpu())
 
     def __reduce_ex__(self, proto):
@@ -146,46 +174,104 @@ class JaxTensor(torch.Tensor):
     # Defining __tensor_flatten__/__tensor_unflatten__ makes JaxTensor a "traceable wrapper
     # subclass". nn.Module._apply then moves parameters with torch.utils.swap_tensors,
     # keeping each Parameter object (and so tied weights: `lm_head.weight is
-    # embed_tokens.weight`) instead of creating new Parameters per module. There are no
-    # inner tensors: the data is the storage's jax array, carried in the context.
+    # embed_tokens.weight`) instead of creating new Parameters per module. The one inner
+    # tensor is a data-less stand-in that only torch.compile looks at (Note [JaxTensor
+    # under Dynamo] in torchjax/tensor/_fake.py); the data travels in the context.
     def __tensor_flatten__(self):
-        return [], (
-            self._storage,
-            self._size,
-            self._stride,
-            self._offset,
+        kind = "fake" if _fake.is_fake(self) else "real"
+        storage = self.__dict__.get("_storage")
+        return ["_stand_in"], (
+            kind,
+            storage,
+            tuple(self.shape),
+            tuple(self.stride()),
+            self.storage_offset(),
             self.dtype,
             self._device_index,
         )
 
     @staticmethod
     def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):
-        storage, size, stride, offset, dtype, index = ctx
-        return JaxTensor(storage, size, stride, offset, dtype, index)
+        return _fake.unflatten(inner_tensors, ctx, outer_size, outer_stride)
+
+    @classmethod
+    def __metadata_guard__(cls, orig, other) -> bool:
+        # Dynamo re-uses a graph for another JaxTensor of the same dtype and device;
+        # sizes and strides have guards of their own.
+        return orig[5:] == other[5:]
+
+    @property
+    def _stand_in(self) -> torch.Tensor:
+        inner = self.__dict__.get("_fake_inner")
+        return inner if inner is not None else _fake.stand_in(self)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        with x64(True):
-            try:
+        # Every ATen op on a tpu tensor: x64 on for this thread (Note [x64 without
+        # touching the user's JAX]; the cheap swap, not the context manager), then the
+        # registry's handler for ``func`` (see Note [The eager hot path] in
+        # torchjax/ops/registry.py).
+        token = x64_enter()
+        try:
+            handler = _HANDLERS.get(func)
+            if handler is None:
                 return _dispatch(func, args, kwargs or {})
-            except Exception as error:
-                if not _backward_errors.in_backward():
-                    raise
-                # See Note [Errors inside the autograd engine].
-                return _backward_errors.defer(func, args, kwargs or {}, error)
+            return handler(args, kwargs or {})
+        except Exception as error:
+            # Fake JaxTensors (torch.compile tracing) have no storage: every handler
+            # fails on them, so checking here costs nothing on the hot path.
+            if _fake.any_fake(args, kwargs or {}):
+                return _fake.dispatch(func, args, kwargs or {})
+            if not _backward_errors.in_backward():
+                raise
+            # See Note [Errors inside the autograd engine].
+            return _backward_errors.defer(func, args, kwargs or {}, error)
+        finally:
+            x64_exit(token)
+
+
+# (shape, jax dtype) -> (size, contiguous strides, numel, torch dtype): the metadata of a
+# fresh contiguous tensor, computed once per shape and dtype instead of once per op.
+_CONTIGUOUS_META: dict = {}
 
 
 def wrap(arr: jax.Array, device_index: int = 0) -> JaxTensor:
-    """A new tpu tensor owning ``arr`` (contiguous, fresh storage)."""
-    size = tuple(arr.shape)
-    return JaxTensor(
-        Storage(arr),
+    """A new tpu tensor owning ``arr`` (contiguous, fresh storage).
+
+    Metadata comes from the array's aval (shape, dtype): no device data is touched, so
+    wrapping never waits for the computation producing ``arr``."""
+    shape, dtype = arr.shape, arr.dtype
+    meta = _CONTIGUOUS_META.get((shape, dtype))
+    if meta is None:
+        if len(_CONTIGUOUS_META) > 8192:
+            _CONTIGUOUS_META.clear()
+        size = tuple(shape)
+        meta = _CONTIGUOUS_META[(shape, dtype)] = (
+            size,
+            contiguous_strides(size),
+            math.prod(size),
+            dtypes.to_torch_dtype(dtype),
+        )
+    size, stride, numel, torch_dtype = meta
+    # Contiguous strides and offset 0 are _make_wrapper_subclass's defaults (cheaper
+    # than passing them); _offset and _device_index 0 are class defaults.
+    t = _make_wrapper_subclass(
+        JaxTensor,
         size,
-        contiguous_strides(size),
-        0,
-        dtypes.to_torch_dtype(arr.dtype),
-        device_index,
+        dtype=torch_dtype,
+        device=_DEVICES.get(device_index) or tpu_device(device_index),
     )
+    t._storage = Storage(arr, size, numel)
+    t._size = size
+    t._stride = stride
+    if device_index:
+        t._device_index = device_index
+    t._cache = arr
+    t._cache_version = 0
+    return t
+
+
+_make_wrapper_subclass = torch.Tensor._make_wrapper_subclass
 
 
 def view_of(base: JaxTensor, size, stride, offset, dtype=None, value=None) -> JaxTensor:

@@ -1,0 +1,104 @@
+"""Greedy decode tokens/s of the tiny Llama in eager: torchjax vs torch CPU vs torchax.
+
+``model.generate(max_new_tokens=NEW_TOKENS, do_sample=False)`` from an 8-token prompt,
+batch 1, KV cache on; tokens/s = NEW_TOKENS / median wall time of ``RUNS`` generations
+(after one warm-up generation, which compiles torchjax's per-op executables).
+
+Run:  python bench/decode.py
+"""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+import statistics  # noqa: E402
+
+import torch  # noqa: E402
+
+from bench import _torchax  # noqa: E402
+from bench._torchax import TORCHAX_ERRORS as _TORCHAX_ERRORS  # noqa: E402
+from bench.common import block_torch, header  # noqa: E402
+from bench.models import tiny_llama  # noqa: E402
+
+NEW_TOKENS = 32
+RUNS = 3
+
+
+def _tokens_per_s(model, ids) -> float:
+    def gen():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        block_torch(out)
+        return out
+
+    with torch.no_grad():
+        gen()
+        samples = []
+        for _ in range(RUNS):
+            t0 = time.perf_counter()
+            gen()
+            samples.append(time.perf_counter() - t0)
+    return NEW_TOKENS / statistics.median(samples)
+
+
+PROMPT = [[1, 17, 42, 99, 5, 6, 7, 8]]
+
+
+def run() -> dict:
+    import torchjax  # noqa: F401  (the "tpu" device)
+
+    model = tiny_llama()
+    ids = torch.tensor(PROMPT)
+    out = {"torch CPU": _tokens_per_s(model, ids)}
+    out["torchjax"] = _tokens_per_s(copy.deepcopy(model).to("tpu"), ids.to("tpu"))
+    tax = _torchax.measure("decode")
+    out["torchax"] = tax.get("decode", tax.get("*", "n/a (not measured)"))
+    return out
+
+
+def torchax_results(tx) -> dict:
+    """{"decode": torchax tokens/s or "n/a (why)"} (run by bench/_torchax.py in a
+    process without torchjax)."""
+    model = tiny_llama()
+    try:
+        with tx.default_env():
+            tps = _tokens_per_s(model.to("jax"), torch.tensor(PROMPT).to("jax"))
+    except (*_TORCHAX_ERRORS, tx.tensor.OperatorNotFound) as e:
+        msg = str(e).splitlines()[0][:80] if str(e) else ""
+        return {"decode": f"n/a (torchax: {type(e).__name__}: {msg})"}
+    return {"decode": tps}
+
+
+def report(r) -> str:
+    def f(v):
+        return v if isinstance(v, str) else f"{v:.1f}"
+
+    return "\n".join(
+        [
+            "| tiny Llama greedy decode (tokens/s, higher is better) | torchjax | torchax | "
+            "torch CPU |",
+            "|---|---:|---:|---:|",
+            f"| batch 1, {NEW_TOKENS} new tokens | {f(r['torchjax'])} | {f(r['torchax'])} | "
+            f"{f(r['torch CPU'])} |",
+        ]
+    )
+
+
+def main() -> None:
+    print(header("eager decode"))
+    print(report(run()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""Compiled lowerings (torchjax/ops/compiled.py), compiled foreach and the fused
+optimizer step: cache keying and hits, what is not compiled, tracers, and that eager ops
+do not wait for device results. No timing here: bench/ measures speed."""
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchjax
+from torchjax.ops import compiled, foreach
+
+aten = torch.ops.aten
+TPU = "tpu"
+
+
+def _info(func):
+    i = compiled.cache_info(func)
+    return (i.keys, i.traces, i.eager_keys)
+
+
+def test_same_signature_is_a_cache_hit_new_shape_traces_again():
+    x, y = torch.randn(3, 5), torch.randn(3, 5)
+    keys, traces, _ = _info(aten.atan2.default)
+    torch.atan2(x.to(TPU), y.to(TPU))
+    k1, t1, _ = _info(aten.atan2.default)
+    assert (k1, t1) == (keys + 1, traces + 1)
+    out = torch.atan2(x.to(TPU), y.to(TPU))
+    assert _info(aten.atan2.default)[:2] == (k1, t1)  # hit: no new key, no new trace
+    torch.testing.assert_close(out.cpu(), torch.atan2(x, y))
+    torch.atan2(torch.randn(4).to(TPU), torch.randn(4).to(TPU))
+    assert _info(aten.atan2.default)[:2] == (k1, t1 + 1)  # same key, jit retraces the shape
+
+
+def test_static_arguments_key_by_type_and_bits():
+    x, y = torch.randn(4), torch.randn(4)
+    tx, ty = x.to(TPU), y.to(TPU)
+    before = _info(aten.rsub.Tensor)[0]
+    for alpha in (2, 2.0, -0.0, 0.0):
+        torch.testing.assert_close(
+            torch.rsub(tx, ty, alpha=alpha).cpu(), torch.rsub(x, y, alpha=alpha)
+        )
+    # 2 and 2.0 are different keys (types), so are -0.0 and 0.0 (bits)
+    assert _info(aten.rsub.Tensor)[0] == before + 4
+
+
+def test_promoted_python_scalar_is_an_argument_not_a_key():
+    x = torch.randn(6)
+    t = x.to(TPU)
+    torch.mul(t, 0.5)
+    keys, traces, _ = _info(aten.mul.Tensor)
+    for s in (0.25, 3.0, -1.5):
+        torch.testing.assert_close(torch.mul(t, s).cpu(), x * s)
+    assert _info(aten.mul.Tensor)[:2] == (keys, traces)
+
+
+def test_changing_float_static_argument_stops_compiling():
+    x, y = torch.randn(5), torch.randn(5)
+    tx, ty = x.to(TPU), y.to(TPU)
+    before = _info(aten.sub.Tensor)[0]
+    for i in range(3 * compiled.MAX_FLOAT_VARIANTS):
+        alpha = 0.1 + i / 7
+        torch.testing.assert_close(
+            torch.sub(tx, ty, alpha=alpha).cpu(), torch.sub(x, y, alpha=alpha)
+        )
+    assert _info(aten.sub.Tensor)[0] - before <= compiled.MAX_FLOAT_VARIANTS
+
+
+def test_integer_tensors_run_op_by_op_and_keep_their_checks():
+    a = torch.tensor([4, 6], device=TPU)
+    keys = _info(aten.remainder.Tensor)[0]
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        torch.remainder(a, torch.tensor([1, 0], device=TPU))
+    assert _info(aten.remainder.Tensor)[0] == keys
+    with pytest.raises(IndexError, match="index out of range"):
+        F.embedding(torch.tensor([0, 9], device=TPU), torch.randn(3, 2, device=TPU))
+
+
+def test_random_ops_are_not_compiled():
+    x = torch.ones(1000, device=TPU)
+    a, b = F.dropout(x, 0.5), F.dropout(x, 0.5)
+    assert not torch.equal(a.cpu(), b.cpu())
+    assert not compiled.compilable(aten.native_dropout.default, _entry(aten.native_dropout.default))
+
+
+def _entry(func):
+    from torchjax.ops import registry
+
+    return registry._LOWERINGS.get(func) or registry.Lowering(lambda: None)
+
+
+def test_concretization_in_a_lowering_falls_back_to_op_by_op():
+    # aten::equal returns a Python bool computed from values: not traceable.
+    x = torch.arange(4.0)
+    assert torch.equal(x.to(TPU), x.to(TPU))
+    assert not torch.equal(x.to(TPU), (x + 1).to(TPU))
+
+
+def test_tracers_pass_through_compiled_lowerings():
+    def fn(arr):
+        t = torchjax.from_jax(arr)
+        y = F.layer_norm(t, (8,)) + F.gelu(t) * 0.5
+        return torchjax.to_jax(torch.softmax(y, -1))
+
+    x = torch.randn(4, 8)
+    got = jax.jit(fn)(jnp.asarray(x.numpy()))
+    want = torch.softmax(F.layer_norm(x, (8,)) + F.gelu(x) * 0.5, -1)
+    torch.testing.assert_close(torch.from_numpy(np.array(got)), want)
+
+
+@contextlib.contextmanager
+def _no_host_reads():
+    """Fail on any wait for, or read of, a jax array's value."""
+    cls = type(jnp.zeros(()))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a tpu op waited for or read device data")
+
+    saved = {
+        name: getattr(cls, name)
+        for name in (
+            "__array__",
+            "block_until_ready",
+            "item",
+            "tolist",
+            "__bool__",
+            "__int__",
+            "__float__",
+        )
+    }
+    saved_fns = (jax.block_until_ready, jax.device_get)
+    try:
+        for name in saved:
+            setattr(cls, name, refuse)
+        jax.block_until_ready = jax.device_get = refuse
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(cls, name, fn)
+        jax.block_until_ready, jax.device_get = saved_fns
+
+
+def test_eager_ops_do_not_wait_for_device_results():
+    x = torch.randn(8, 16, device=TPU)
+    w = torch.randn(16, device=TPU)
+    q = torch.randn(1, 2, 8, 4, device=TPU)
+    model = torch.nn.Linear(16, 4).to(TPU)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    model(x).sum().backward()
+    opt.step()  # compile outside the check
+    _ = (x + x, x * 0.5, F.layer_norm(x, (16,), w), F.gelu(x), torch.softmax(x, -1), x @ x.T)
+    _ = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    with _no_host_reads():
+        y = F.layer_norm(x + x * 0.5, (16,), w)
+        y = torch.softmax(F.gelu(y), -1) @ x.T
+        _ = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        opt.step()
+        found_inf = torch.zeros((), device=TPU)
+        torch._fused_adamw_(
+            [p for p in model.parameters()],
+            [p.grad for p in model.parameters()],
+            [torch.zeros_like(p) for p in model.parameters()],
+            [torch.zeros_like(p) for p in model.parameters()],
+            [],
+            [torch.ones((), device=TPU) for _ in model.parameters()],
+            lr=0.01, beta1=0.9, beta2=0.99, weight_decay=0.0, eps=1e-8, amsgrad=False,
+            maximize=False, grad_scale=None, found_inf=found_inf,
+        )  # fmt: skip
+    assert y.cpu().shape == (8, 8)
+
+
+def test_fused_adamw_is_one_executable_across_steps_and_lr_changes():
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    tpu = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    tpu.load_state_dict(cpu.state_dict())
+    tpu.to(TPU)
+    x = torch.randn(5, 4)
+    for model, inp in ((cpu, x), (tpu, x.to(TPU))):
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1, fused=True)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        for _ in range(4):
+            opt.zero_grad()
+            model(inp).pow(2).sum().backward()
+            opt.step()
+            sched.step()
+    for t, c in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(t.detach().cpu(), c.detach(), rtol=1e-5, atol=1e-5)
+    # every step (4 parameters, changing lr) ran the one executable for this shape set
+    assert foreach._adam_multi._cache_size() >= 1
+    before = foreach._adam_multi._cache_size()
+    opt.step()
+    assert foreach._adam_multi._cache_size() == before
+
+
+def test_foreach_adam_compiles_each_foreach_op_once():
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(6, 3)
+    tpu = torch.nn.Linear(6, 3)
+    tpu.load_state_dict(cpu.state_dict())
+    tpu.to(TPU)
+    x = torch.randn(4, 6)
+    before = compiled.cache_info(aten._foreach_div_.ScalarList).keys
+    for model, inp in ((cpu, x), (tpu, x.to(TPU))):
+        opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=True)
+        for _ in range(6):
+            opt.zero_grad()
+            model(inp).pow(2).sum().backward()
+            opt.step()
+    for t, c in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(t.detach().cpu(), c.detach(), rtol=1e-5, atol=1e-5)
+    # the per-step bias corrections are arguments: at most one new key for six steps
+    assert compiled.cache_info(aten._foreach_addcdiv_.ScalarList).keys >= 1
+    assert compiled.cache_info(aten._foreach_div_.ScalarList).keys - before <= 1

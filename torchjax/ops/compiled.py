@@ -1,0 +1,349 @@
+"""Compiled lowerings: an ATen op on tpu tensors runs as one cached ``jax.jit`` executable.
+
+Note [Compiled lowerings]
+A lowering is a small jax function, but run op by op it costs one jax dispatch per
+primitive inside it: ``layer_norm`` is about ten (mean, subtract, square, mean, rsqrt,
+multiply, ...), and even ``add`` is three (two ``broadcast_to`` and ``lax.add``), each
+going through jax's Python ``apply_primitive`` (about 13 us for ``lax.add`` alone on
+CPU, where a jitted call takes about 5 us through jax's C++ fast path). So the registry
+runs every eligible lowering, together with the promotion casts around it, as one
+``jax.jit`` executable:
+
+- The key is the overload plus the *static* part of the call: the computation and
+  result dtypes of the promotion, and every argument that is not an array - ints,
+  floats (by bit pattern: ``-0.0`` and ``0.0`` differ), bools, dtypes, strings, None,
+  int lists - together with its Python type (``1``, ``1.0`` and ``True`` are three
+  keys). Arrays (tpu tensors, 0-d CPU tensors, lists of tensors) are the executable's
+  arguments, so jax's own jit cache handles their shapes and dtypes. A Python scalar in
+  a promoted position (``x * 0.5``) becomes a 0-d array of the computation dtype and is
+  an argument too, so a changing scalar does not recompile.
+- One executable per key, built on first use; the second call with the same key is a
+  cache hit (``cache_info`` counts keys and traces). A non-promoted float that changes
+  every call (torch.optim's ``p.addcdiv_(m, d, value=-step_size)``) would compile every
+  call: after ``MAX_FLOAT_VARIANTS`` keys that differ only in float values, such calls
+  run op by op; an overload that reaches ``MAX_KEYS_PER_OP`` keys runs new keys op by op.
+- Tracers pass through: under ``torchjax.jit`` (tpu tensors holding tracers) calling
+  the cached ``jax.jit`` function inlines it into the outer trace.
+
+Not compiled (run op by op, as before), decided per overload once, or per call:
+- ops tagged ``nondeterministic_seeded`` (random ops draw a fresh key per call in the
+  lowering: a trace would bake one key in), or with data-dependent output shapes;
+- lowerings registered with ``jit=False``: their eager checks read values (see below);
+- calls with an integer tensor among the arrays (indices, integer division): the
+  lowerings taking them run data-dependent checks guarded by
+  ``isinstance(x, jax.core.Tracer)`` (index out of range, division by zero), which a
+  trace would silently skip. Float and bool data have no such checks;
+- calls with a float16/bfloat16 tensor: one OpInfo case (``div(rounding_mode="trunc")``
+  on float16) rounds differently compiled than op by op even with XLA's excess precision
+  off (``COMPILER_OPTIONS``); until that is understood, half types run op by op;
+- a key whose first trace fails with a concretization error (the lowering reads a value
+  with ``bool()``/``int()``, or returns a Python value): remembered, then op by op.
+
+Async dispatch is kept: nothing here reads device data; the executable's outputs are
+wrapped from their shapes and dtypes (the avals), without waiting for the computation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import torch
+
+from torchjax.tensor._tensor import JaxTensor
+
+MAX_KEYS_PER_OP = 64
+# XLA may keep float16/bfloat16 intermediates in float32 inside a fusion ("excess
+# precision"); torch, and torchjax op by op, round every op's result to its dtype
+# (``div(rounding_mode="trunc")`` on float16 rounds the quotient before truncating). So
+# compiled lowerings are built without it: same numbers as the op-by-op path.
+COMPILER_OPTIONS = {"xla_allow_excess_precision": False}
+# Keys of one overload that differ only in float static arguments (an ``alpha`` or
+# ``value`` that changes every call, as torch.optim's ``addcdiv_(..., value=-step_size)``):
+# after this many, such calls run op by op instead of compiling each new value.
+MAX_FLOAT_VARIANTS = 4
+
+_INTEGER_DTYPES = frozenset(
+    {
+        torch.uint8,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+    }
+)
+# Calls with these tensors run op by op (see the module docstring).
+_NOT_COMPILED_DTYPES = _INTEGER_DTYPES | {torch.float16, torch.bfloat16}
+_SCALARS = (bool, int, float, complex)
+
+# Template entries (what an argument was; the key is built of these).
+_ARRAY = 0  # ("arg": the next executable argument)
+_STATIC = 1  # (_STATIC, type, key value, value)
+_SEQ = 2  # (_SEQ, list or tuple, entries)
+
+# Errors a trace raises when a lowering needs concrete values: such keys run op by op.
+CONCRETE_ERRORS = _CONCRETE_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerBoolConversionError,
+)
+
+
+class NotCompilable(Exception):
+    """This call runs op by op (an integer tensor, an unhashable static argument, a
+    lowering returning a Python value)."""
+
+
+@dataclasses.dataclass
+class CacheInfo:
+    """Per overload: ``keys`` executables built, ``traces`` (one per key and input
+    shape/dtype signature), ``eager_keys`` keys that run op by op."""
+
+    keys: int = 0
+    traces: int = 0
+    eager_keys: int = 0
+
+
+_INFO: dict = {}
+
+
+def cache_info_entry(func) -> CacheInfo:
+    """The (mutable) ``CacheInfo`` counting ``func``'s executables."""
+    return _INFO.setdefault(func, CacheInfo())
+
+
+def cache_info(func=None):
+    """The ``CacheInfo`` of ``func`` (an ATen overload), or a dict of all of them."""
+    if func is None:
+        return dict(_INFO)
+    return _INFO.get(func, CacheInfo())
+
+
+def compilable(func, entry) -> bool:
+    """Whether ``func``'s lowering may be compiled at all (decided once per overload)."""
+    tags = func.tags
+    return (
+        entry.jit
+        and torch.Tag.nondeterministic_seeded not in tags
+        and torch.Tag.dynamic_output_shape not in tags
+        and torch.Tag.data_dependent_output not in tags
+    )
+
+
+def _static(x):
+    t = type(x)
+    if t is float:
+        return (_STATIC, t, x.hex(), x)
+    return (_STATIC, t, x, x)
+
+
+def _float_masked(entry):
+    """``entry`` with float static values blanked (keys equal up to float values)."""
+    if entry is _ARRAY:
+        return entry
+    if entry[0] == _STATIC:
+        return (_STATIC, float) if entry[1] is float else entry
+    return (_SEQ, entry[1], tuple(_float_masked(e) for e in entry[2]))
+
+
+def _rebuild(entry, it):
+    if entry is _ARRAY:
+        return next(it)
+    if entry[0] == _STATIC:
+        return entry[3]
+    return entry[1](_rebuild(e, it) for e in entry[2])
+
+
+_NESTED: dict = {}
+
+
+def _nested(run):
+    """``run`` (a jitted kernel) without compiler options, for calls inside a trace.
+    A ValueError raised by the lowering itself is raised again by this second call."""
+    nested = _NESTED.get(run)
+    if nested is None:
+        nested = _NESTED[run] = jax.jit(run.__wrapped__)
+    return nested
+
+
+def _check_outputs(out):
+    if out is None or isinstance(out, (jax.Array, np.ndarray)):
+        return
+    if isinstance(out, (tuple, list)):
+        for o in out:
+            _check_outputs(o)
+        return
+    raise NotCompilable
+
+
+class CompiledCompute:
+    """``compute(args, kwargs)`` for one overload through cached executables, falling
+    back to ``eager(args, kwargs)`` (the op-by-op compute) when a call is not compiled.
+
+    ``helpers``: ``unwrap_cpu(x)`` turns an accepted CPU tensor into a jax array;
+    ``device_error(x)`` builds the error for a CPU tensor that is not accepted;
+    ``promoted(kind, signature)`` returns (computation dtype, result dtype) for a
+    promotion signature; ``cast``/``cast_out`` apply them (the registry's functions).
+    """
+
+    def __init__(self, func, entry, outs, pidx, pnames, eager, helpers):
+        self.func = func
+        self.fn = entry.fn
+        self.kind = entry.promote
+        self.cpu_ok = entry.cpu_tensors
+        self.outs = outs
+        self.pidx = pidx
+        self.pnames = pnames
+        self.eager = eager
+        self.unwrap_cpu, self.device_error, self.promoted, self.cast, self.cast_out = helpers
+        self.cache: dict = {}
+        # Calls whose arguments are all plain tpu tensors (no kwargs): keyed by their
+        # (dtype, 0-d) pairs alone, the common case, checked first.
+        self.tensor_cache: dict = {}
+        self.eager_keys: set = set()
+        self.float_variants: dict = {}
+        self.info = _INFO.setdefault(func, CacheInfo())
+
+    def _entry(self, x, dyn, psig, scalars, promoted):
+        """The template entry of argument ``x``; appends its arrays to ``dyn``, its
+        promotion key to ``psig`` (if ``promoted``) and the index in ``dyn`` of a Python
+        scalar to cast to ``scalars``."""
+        if isinstance(x, JaxTensor):
+            dt = x.dtype
+            if dt in _NOT_COMPILED_DTYPES:
+                raise NotCompilable
+            dyn.append(x._value())
+            if promoted:
+                psig.append((dt, not x._size))
+            return _ARRAY
+        if isinstance(x, torch.Tensor):
+            if x.dim() != 0 and not self.cpu_ok:
+                raise self.device_error(x)
+            if x.dtype in _NOT_COMPILED_DTYPES:
+                raise NotCompilable
+            dyn.append(self.unwrap_cpu(x))
+            if promoted:
+                psig.append((x.dtype, x.dim() == 0))
+            return _ARRAY
+        if promoted and isinstance(x, _SCALARS):
+            psig.append(type(x))
+            scalars.append(len(dyn))
+            dyn.append(x)
+            return _ARRAY
+        if isinstance(x, (list, tuple)):
+            return (_SEQ, type(x), tuple(self._entry(y, dyn, psig, scalars, False) for y in x))
+        return _static(x)
+
+    def __call__(self, args, kwargs):
+        if not kwargs:
+            sig = []
+            for a in args:
+                if a.__class__ is not JaxTensor:
+                    break
+                sig.append(a.dtype)
+                sig.append(not a._size)
+            else:
+                run = self.tensor_cache.get(tuple(sig))
+                if run is not None:
+                    vals = [a._value() for a in args]
+                    try:
+                        return run(*vals)
+                    except ValueError:
+                        return _nested(run)(*vals)
+        return self._call(args, kwargs)
+
+    def _call(self, args, kwargs):
+        if kwargs and self.outs:
+            kwargs = {k: v for k, v in kwargs.items() if k not in self.outs}
+        dyn, psig, scalars = [], [], []
+        pidx, pnames, entry = self.pidx, self.pnames, self._entry
+        try:
+            tmpl = tuple([entry(a, dyn, psig, scalars, i in pidx) for i, a in enumerate(args)])
+            kwtmpl = (
+                tuple([(k, entry(v, dyn, psig, scalars, k in pnames)) for k, v in kwargs.items()])
+                if kwargs
+                else ()
+            )
+            key = (tuple(psig), tmpl, kwtmpl)
+            hit = self.cache.get(key)
+        except (NotCompilable, TypeError):
+            # TypeError: an unhashable static argument (no key to cache under).
+            return self.eager(args, kwargs)
+        if hit is None:
+            if key in self.eager_keys or len(self.cache) >= MAX_KEYS_PER_OP:
+                return self.eager(args, kwargs)
+            masked = (
+                key[0],
+                tuple(_float_masked(e) for e in tmpl),
+                tuple((k, _float_masked(e)) for k, e in kwtmpl),
+            )
+            seen = self.float_variants.get(masked, 0)
+            if seen >= MAX_FLOAT_VARIANTS:
+                return self.eager(args, kwargs)
+            self.float_variants[masked] = seen + 1
+            dts = self.promoted(self.kind, psig) if self.kind is not None else None
+            hit = self.cache[key] = (self._build(tmpl, kwtmpl, dts), dts)
+            self.info.keys += 1
+        run, dts = hit
+        if not kwargs and not scalars and all(a.__class__ is JaxTensor for a in args):
+            sig = []
+            for a in args:
+                sig.append(a.dtype)
+                sig.append(not a._size)
+            self.tensor_cache[tuple(sig)] = run
+        if scalars:
+            # Python scalars in promoted positions: 0-d arrays of the computation dtype
+            # (numpy's astype wraps out-of-range ints as torch does), passed as arguments.
+            cast, compute_dt = self.cast, dts[0]
+            for j in scalars:
+                dyn[j] = cast(dyn[j], compute_dt)
+        try:
+            try:
+                return run(*dyn)
+            except ValueError:
+                return _nested(run)(*dyn)
+        except (NotCompilable, *_CONCRETE_ERRORS):
+            # Raised while tracing (never by a built executable): this key runs op by op.
+            # Under an outer trace the op-by-op run raises the same error, as it should,
+            # so only eager failures are remembered.
+            del self.cache[key]
+            self.tensor_cache = {k: v for k, v in self.tensor_cache.items() if v is not run}
+            self.info.keys -= 1
+            if not any(isinstance(d, jax.core.Tracer) for d in dyn):
+                self.eager_keys.add(key)
+                self.info.eager_keys += 1
+            return self.eager(args, kwargs)
+
+    def _build(self, tmpl, kwtmpl, dts):
+        # Note: compiler_options are refused on a jit nested in another trace (an op
+        # inside torchjax.jit or jax.grad over torchjax.functional); _nested gives the
+        # same function without them, made on first use (the try costs nothing).
+        fn, info = self.fn, self.info
+        pidx, pnames, cast, cast_out = self.pidx, self.pnames, self.cast, self.cast_out
+
+        def run(*dyn):
+            info.traces += 1
+            it = iter(dyn)
+            jargs = [_rebuild(e, it) for e in tmpl]
+            jkwargs = {k: _rebuild(e, it) for k, e in kwtmpl}
+            if dts is None:
+                out = fn(*jargs, **jkwargs)
+                _check_outputs(out)
+                return out
+            compute_dt, result_dt = dts
+            for i in pidx:
+                if i < len(jargs):
+                    jargs[i] = cast(jargs[i], compute_dt)
+            for k in pnames & jkwargs.keys():
+                jkwargs[k] = cast(jkwargs[k], compute_dt)
+            out = fn(*jargs, **jkwargs)
+            _check_outputs(out)
+            return cast_out(out, result_dt)
+
+        run.__name__ = f"{self.func._opname}_{self.func._overloadname}"
+        return jax.jit(run, compiler_options=COMPILER_OPTIONS)
