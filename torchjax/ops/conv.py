@@ -4,8 +4,10 @@
 in torch: they reach us as ``aten::convolution`` (after ``constant_pad_nd`` for an
 asymmetric 'same' padding); autograd then calls ``aten::convolution_backward``.
 
-Both lower to ``lax.conv_general_dilated`` at ``Precision.HIGHEST`` (so float32 matches CPU
-torch on GPU/TPU too), accumulating float16/bfloat16 in float32. A transposed convolution
+Both lower to ``lax.conv_general_dilated`` at the float32 precision torch's
+``torch.get_float32_matmul_precision()`` selects (HIGHEST by default, so float32 matches
+CPU torch on GPU/TPU too; Note [Matmul precision] in matmul.py), accumulating
+float16/bfloat16 in float32. A transposed convolution
 is the gradient of a strided one: the input is dilated by ``stride``
 (``lhs_dilation``), padded by ``dilation * (k - 1) - padding`` (plus ``output_padding`` at
 the high end), and convolved with the spatially flipped kernel whose in/out channel axes
@@ -20,11 +22,10 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from torchjax.ops.registry import lowering
+from torchjax.ops.matmul import HIGHEST, precision_for, precision_lowering
 
 aten = torch.ops.aten
 
-HIGHEST = lax.Precision.HIGHEST
 _SPATIAL = "DHW"
 
 
@@ -38,8 +39,9 @@ def _expand(v, nd):
     return v * nd if len(v) == 1 else v
 
 
-def _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups):
+def _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups, precision):
     """The convolution without bias, in the accumulation dtype."""
+    precision = precision_for(input.dtype, precision)
     nd = weight.ndim - 2
     stride, padding = _expand(stride, nd), _expand(padding, nd)
     dilation, output_padding = _expand(dilation, nd), _expand(output_padding, nd)
@@ -53,7 +55,7 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
             rhs_dilation=dilation,
             dimension_numbers=_dimension_numbers(nd),
             feature_group_count=groups,
-            precision=HIGHEST,
+            precision=precision,
             preferred_element_type=acc,
         )
     # weight is (C_in, C_out / groups, *k): make it (C_out, C_in / groups, *k), flipped.
@@ -74,7 +76,7 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
         rhs_dilation=dilation,
         dimension_numbers=_dimension_numbers(nd),
         feature_group_count=groups,
-        precision=HIGHEST,
+        precision=precision,
         preferred_element_type=acc,
     )
 
@@ -99,7 +101,7 @@ def _check(input, weight, transposed, groups):
         )
 
 
-@lowering(aten.convolution, aten._convolution)
+@precision_lowering(aten.convolution, aten._convolution)
 def convolution(
     input,
     weight,
@@ -111,6 +113,7 @@ def convolution(
     output_padding,
     groups,
     *_cudnn_flags,
+    precision=HIGHEST,
 ):
     """aten::convolution - N-d (transposed) convolution with optional bias.
 
@@ -121,13 +124,15 @@ def convolution(
     Reference: torch.nn.functional.conv2d / conv_transpose2d; lax.conv_general_dilated.
     """
     _check(input, weight, transposed, groups)
-    out = _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups)
+    out = _conv(
+        input, weight, stride, padding, dilation, transposed, output_padding, groups, precision
+    )
     if bias is not None:
         out = out + bias.astype(out.dtype).reshape((-1,) + (1,) * (out.ndim - 2))
     return out.astype(input.dtype)
 
 
-@lowering(aten.convolution_backward)
+@precision_lowering(aten.convolution_backward)
 def convolution_backward(
     grad_output,
     input,
@@ -140,6 +145,8 @@ def convolution_backward(
     output_padding,
     groups,
     output_mask,
+    *,
+    precision=HIGHEST,
 ):
     """aten::convolution_backward - (grad_input, grad_weight, grad_bias), each None where
     ``output_mask`` is False.
@@ -149,7 +156,7 @@ def convolution_backward(
     Reference: torch/csrc/autograd derivatives.yaml (convolution)."""
 
     def fwd(x, w):
-        return _conv(x, w, stride, padding, dilation, transposed, output_padding, groups)
+        return _conv(x, w, stride, padding, dilation, transposed, output_padding, groups, precision)
 
     out, vjp = jax.vjp(fwd, input, weight)
     gi, gw = vjp(grad_output.astype(out.dtype))

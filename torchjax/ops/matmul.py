@@ -4,9 +4,16 @@
 torch: they reach us as views plus ``mm``/``bmm``/``mv``/``dot``/``addmm`` (and ``mul`` for
 ``outer``), so only the primitives below are lowered.
 
-Precision: every product passes ``precision=lax.Precision.HIGHEST``. On CPU it changes
-nothing; on GPU (TF32) and TPU (bf16 passes) the default precision would round float32
-inputs, and results would no longer match CPU torch to float32 tolerance.
+Precision (Note [Matmul precision]): float32 and complex64 products follow torch's own knob,
+``torch.get_float32_matmul_precision()`` (which ``torch.backends.cuda.matmul.allow_tf32``
+also sets): "highest" (the default) -> ``lax.Precision.HIGHEST``, "high" ->
+``Precision.HIGH`` (bf16x3 passes on TPU, TF32 on GPU), "medium" -> ``Precision.DEFAULT``
+(one bf16 pass on TPU). Other dtypes always use HIGHEST. On CPU all three give the same
+values; on GPU/TPU only "highest" matches CPU torch to float32 tolerance. The knob is read
+on every call (one C call, ~0.3 us): each product overload has one registry handler per
+precision, each with its own compiled executables, and ``precision_lowering`` registers a
+handler that picks one, so a trace never bakes in a stale precision. Convolutions
+(torchjax/ops/conv.py) follow the same knob.
 
 Accumulation: float16/bfloat16 products accumulate in float32
 (``preferred_element_type``) and round once at the end, as ATen's CPU and CUDA kernels do;
@@ -16,27 +23,87 @@ Integer products accumulate in their own dtype (wrapping on overflow, as torch d
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
 
-from torchjax.ops.registry import handler, lowering, write_into
+from torchjax.ops.registry import functional_handler, handler, lowering, write_into
 from torchjax.tensor._storage import Storage, contiguous_strides
 
 aten = torch.ops.aten
 
 HIGHEST = lax.Precision.HIGHEST
 
+# torch.get_float32_matmul_precision() -> lax precision (Note [Matmul precision]).
+PRECISIONS = {
+    "highest": lax.Precision.HIGHEST,
+    "high": lax.Precision.HIGH,
+    "medium": lax.Precision.DEFAULT,
+}
+_KNOB_DTYPES = (jnp.float32, jnp.complex64)
+
+
+def matmul_precision() -> lax.Precision:
+    """The lax precision of float32 products under torch's current
+    ``torch.get_float32_matmul_precision()`` (Note [Matmul precision])."""
+    return PRECISIONS[torch.get_float32_matmul_precision()]
+
+
+def precision_for(dtype, precision) -> lax.Precision:
+    """``precision`` for float32/complex64 operands; HIGHEST for every other dtype (torch's
+    knob is about float32 only)."""
+    return precision if dtype in _KNOB_DTYPES else HIGHEST
+
+
+def precision_lowering(*ops):
+    """``@lowering`` for a product whose body takes a keyword ``precision`` (a
+    ``lax.Precision``) that follows torch's knob on every call (Note [Matmul precision]).
+
+    Each functional overload of ``ops`` gets one registry handler per precision (each with
+    its own compiled executables) and a handler picking one by the knob; the registry
+    derives the ``out=`` and in-place overloads from it as usual."""
+
+    def deco(fn):
+        for op in ops:
+            overloads = [getattr(op, n) for n in op.overloads()]
+            for ov in overloads:
+                if any(a.is_out for a in ov._schema.arguments):
+                    continue
+                per = {
+                    name: functional_handler(ov, functools.partial(fn, precision=p))
+                    for name, p in PRECISIONS.items()
+                }
+                handler(ov)(_pick_by_knob(per))
+        return fn
+
+    return deco
+
+
+def _pick_by_knob(per):
+    knob = torch.get_float32_matmul_precision
+
+    def product(args, kwargs):
+        return per[knob()](args, kwargs)
+
+    return product
+
 
 def _acc_dtype(dtype):
     return jnp.float32 if dtype in (jnp.bfloat16, jnp.float16) else dtype
 
 
-def _dot(a: jax.Array, b: jax.Array, contract, batch=((), ())) -> jax.Array:
-    """``lax.dot_general`` at HIGHEST precision, accumulating in the opmath dtype."""
+def _dot(a: jax.Array, b: jax.Array, contract, batch=((), ()), precision=HIGHEST) -> jax.Array:
+    """``lax.dot_general`` accumulating in the opmath dtype; ``precision`` applies to
+    float32/complex64 operands, other dtypes use HIGHEST."""
     return lax.dot_general(
-        a, b, (contract, batch), precision=HIGHEST, preferred_element_type=_acc_dtype(a.dtype)
+        a,
+        b,
+        (contract, batch),
+        precision=precision_for(a.dtype, precision),
+        preferred_element_type=_acc_dtype(a.dtype),
     )
 
 
@@ -69,8 +136,8 @@ def _add_scaled(product, self, beta, alpha, out_dtype):
     return product.astype(out_dtype)
 
 
-@lowering(aten.mm)
-def mm(self, mat2):
+@precision_lowering(aten.mm)
+def mm(self, mat2, *, precision=HIGHEST):
     """aten::mm - (n, k) @ (k, m) -> (n, m).
 
     Dtypes: both operands the same dtype (torch raises otherwise); result that dtype.
@@ -83,11 +150,11 @@ def mm(self, mat2):
             f"({self.shape[0]}x{self.shape[1]} and {mat2.shape[0]}x{mat2.shape[1]})"
         )
     _check_dtypes("mm", self, mat2)
-    return _dot(self, mat2, ((1,), (0,))).astype(self.dtype)
+    return _dot(self, mat2, ((1,), (0,)), precision=precision).astype(self.dtype)
 
 
-@lowering(aten.bmm)
-def bmm(self, mat2):
+@precision_lowering(aten.bmm)
+def bmm(self, mat2, *, precision=HIGHEST):
     """aten::bmm - (b, n, k) @ (b, k, m) -> (b, n, m). Reference: torch.bmm."""
     _check_dims("bmm", self, 3, "batch1")
     _check_dims("bmm", mat2, 3, "batch2")
@@ -97,11 +164,11 @@ def bmm(self, mat2):
             f"got {list(mat2.shape)} (batch1 is {list(self.shape)})"
         )
     _check_dtypes("bmm", self, mat2)
-    return _dot(self, mat2, ((2,), (1,)), ((0,), (0,))).astype(self.dtype)
+    return _dot(self, mat2, ((2,), (1,)), ((0,), (0,)), precision=precision).astype(self.dtype)
 
 
-@lowering(aten.mv)
-def mv(self, vec):
+@precision_lowering(aten.mv)
+def mv(self, vec, *, precision=HIGHEST):
     """aten::mv - (n, m) @ (m,) -> (n,). Reference: torch.mv."""
     _check_dims("mv", self, 2, "self")
     _check_dims("mv", vec, 1, "vec")
@@ -111,7 +178,7 @@ def mv(self, vec):
             f"({self.shape[0]}x{self.shape[1]}), vec ({vec.shape[0]})"
         )
     _check_dtypes("mv", self, vec)
-    return _dot(self, vec, ((1,), (0,))).astype(self.dtype)
+    return _dot(self, vec, ((1,), (0,)), precision=precision).astype(self.dtype)
 
 
 def _check_1d_pair(name, self, tensor):
@@ -128,52 +195,56 @@ def _check_1d_pair(name, self, tensor):
     _check_dtypes(name, self, tensor)
 
 
-@lowering(aten.dot)
-def dot(self, tensor):
+@precision_lowering(aten.dot)
+def dot(self, tensor, *, precision=HIGHEST):
     """aten::dot - inner product of two 1-D tensors (no conjugation) -> 0-d."""
     _check_1d_pair("dot", self, tensor)
-    return _dot(self, tensor, ((0,), (0,))).astype(self.dtype)
+    return _dot(self, tensor, ((0,), (0,)), precision=precision).astype(self.dtype)
 
 
-@lowering(aten.vdot)
-def vdot(self, other):
+@precision_lowering(aten.vdot)
+def vdot(self, other, *, precision=HIGHEST):
     """aten::vdot - inner product conjugating ``self`` (complex) -> 0-d."""
     _check_1d_pair("vdot", self, other)
-    return _dot(jnp.conj(self), other, ((0,), (0,))).astype(self.dtype)
+    return _dot(jnp.conj(self), other, ((0,), (0,)), precision=precision).astype(self.dtype)
 
 
-@lowering(aten.addmm)
-def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+@precision_lowering(aten.addmm)
+def addmm(self, mat1, mat2, *, beta=1, alpha=1, precision=HIGHEST):
     """aten::addmm - beta * self + alpha * (mat1 @ mat2); self broadcasts to (n, m).
 
     beta == 0 ignores self's values (as torch). Reference: torch.addmm."""
     _check_dtypes("addmm", self, mat1, mat2)
     mm(mat1, mat2)  # shape checks
-    out = _add_scaled(_dot(mat1, mat2, ((1,), (0,))), self, beta, alpha, mat1.dtype)
+    out = _add_scaled(
+        _dot(mat1, mat2, ((1,), (0,)), precision=precision), self, beta, alpha, mat1.dtype
+    )
     return jnp.broadcast_to(out, (mat1.shape[0], mat2.shape[1]))
 
 
-@lowering(aten.addmv)
-def addmv(self, mat, vec, *, beta=1, alpha=1):
+@precision_lowering(aten.addmv)
+def addmv(self, mat, vec, *, beta=1, alpha=1, precision=HIGHEST):
     """aten::addmv - beta * self + alpha * (mat @ vec); self broadcasts to (n,)."""
     _check_dtypes("addmv", self, mat, vec)
     mv(mat, vec)  # shape checks
-    out = _add_scaled(_dot(mat, vec, ((1,), (0,))), self, beta, alpha, mat.dtype)
+    out = _add_scaled(
+        _dot(mat, vec, ((1,), (0,)), precision=precision), self, beta, alpha, mat.dtype
+    )
     return jnp.broadcast_to(out, (mat.shape[0],))
 
 
-@lowering(aten.baddbmm)
-def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+@precision_lowering(aten.baddbmm)
+def baddbmm(self, batch1, batch2, *, beta=1, alpha=1, precision=HIGHEST):
     """aten::baddbmm - beta * self + alpha * bmm(batch1, batch2); self broadcasts."""
     _check_dtypes("baddbmm", self, batch1, batch2)
     bmm(batch1, batch2)  # shape checks
-    prod = _dot(batch1, batch2, ((2,), (1,)), ((0,), (0,)))
+    prod = _dot(batch1, batch2, ((2,), (1,)), ((0,), (0,)), precision=precision)
     out = _add_scaled(prod, self, beta, alpha, batch1.dtype)
     return jnp.broadcast_to(out, prod.shape)
 
 
-@lowering(aten.addbmm)
-def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+@precision_lowering(aten.addbmm)
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1, precision=HIGHEST):
     """aten::addbmm - beta * self + alpha * sum_b(batch1[b] @ batch2[b]) -> (n, m)."""
     _check_dtypes("addbmm", self, batch1, batch2)
     bmm(batch1, batch2)  # shape checks
@@ -184,7 +255,7 @@ def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
         out = jnp.broadcast_to(self, shape)
         for b in range(batch1.shape[0]):
             out = _add_scaled(
-                _dot(batch1[b], batch2[b], ((1,), (0,))),
+                _dot(batch1[b], batch2[b], ((1,), (0,)), precision=precision),
                 out,
                 beta if b == 0 else 1,
                 alpha,
@@ -192,7 +263,7 @@ def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
             )
         return out
     # Contracting over the batch and k axes together sums the per-batch products.
-    prod = _dot(batch1, batch2, ((0, 2), (0, 1)))
+    prod = _dot(batch1, batch2, ((0, 2), (0, 1)), precision=precision)
     out = _add_scaled(prod, self, beta, alpha, batch1.dtype)
     return jnp.broadcast_to(out, shape)
 
@@ -218,8 +289,8 @@ def _group_ends(offs, total):
     return jnp.searchsorted(offs, jnp.arange(total, dtype=offs.dtype), side="right")
 
 
-@lowering(aten._grouped_mm)
-def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
+@precision_lowering(aten._grouped_mm)
+def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None, *, precision=HIGHEST):
     """aten::_grouped_mm - per-group matrix products (MoE), groups given by ``offs``.
 
     Shapes (``offs`` holds cumulative group ends, length G):
@@ -234,7 +305,7 @@ def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
     result_dtype = self.dtype if out_dtype is None else to_jax_dtype(out_dtype)
     acc = jnp.float32 if self.dtype in (jnp.bfloat16, jnp.float16) else self.dtype
     if self.ndim == 3 and mat2.ndim == 3:
-        out = _dot(self, mat2, ((2,), (1,)), ((0,), (0,)))
+        out = _dot(self, mat2, ((2,), (1,)), ((0,), (0,)), precision=precision)
     elif offs is None:
         raise RuntimeError(
             f"aten::_grouped_mm: offs is required for {self.ndim}d x {mat2.ndim}d inputs"
@@ -245,17 +316,25 @@ def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
         tail = (self.shape[0] - offs[-1]).astype(jnp.int32).reshape(1)
         rhs = jnp.concatenate([mat2, jnp.zeros((1,) + mat2.shape[1:], mat2.dtype)])
         out = lax.ragged_dot(
-            self, rhs, jnp.concatenate([sizes, tail]), precision=HIGHEST, preferred_element_type=acc
+            self,
+            rhs,
+            jnp.concatenate([sizes, tail]),
+            precision=precision_for(self.dtype, precision),
+            preferred_element_type=acc,
         )
     elif self.ndim == 2 and mat2.ndim == 2:
         g = _group_ends(offs, self.shape[1])
         mask = (g[None, :] == jnp.arange(offs.shape[0])[:, None]).astype(acc)
         out = jnp.einsum(
-            "mk,gk,kn->gmn", self.astype(acc), mask, mat2.astype(acc), precision=HIGHEST
+            "mk,gk,kn->gmn",
+            self.astype(acc),
+            mask,
+            mat2.astype(acc),
+            precision=precision_for(self.dtype, precision),
         )
     else:
         g = _group_ends(offs, mat2.shape[1])
-        full = _dot(self, mat2, ((2,), (0,)))  # (G, M, N)
+        full = _dot(self, mat2, ((2,), (0,)), precision=precision)  # (G, M, N)
         valid = g < offs.shape[0]
         picked = jnp.take_along_axis(
             full, jnp.minimum(g, offs.shape[0] - 1)[None, None, :], axis=0

@@ -9,7 +9,9 @@ differentiable ops, the gradient of a weighted sum of the outputs w.r.t. every i
 from __future__ import annotations
 
 import copy as _copy
+import functools
 import itertools
+import types
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
@@ -47,7 +49,12 @@ def to_tpu(obj):
             return x.detach().to(TPU).requires_grad_(x.requires_grad)
         return x
 
-    return _map_tensors(move, obj)
+    moved = _map_tensors(move, obj)
+    # Factory samples say device="cpu": the same sample on tpu says "tpu".
+    kwargs = getattr(moved, "kwargs", None)
+    if kwargs is not None and str(kwargs.get("device", "")) == "cpu":
+        moved.kwargs = {**kwargs, "device": TPU}
+    return moved
 
 
 def clone_cpu(obj):
@@ -240,3 +247,287 @@ def samples(opinfo, dtype, requires_grad=False, limit=8):
     return list(
         itertools.islice(opinfo.sample_inputs("cpu", dtype, requires_grad=requires_grad), limit)
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Random-output ops
+#
+# Note [Random OpInfo samples]
+# torchjax draws random bits from its own generator (see torchjax/tensor/random.py), so a
+# random op's values cannot equal CPU torch's. OpInfo marks such ops by wrapping them in
+# ``wrapper_set_seed`` (their ``op`` is a lambda calling it, which reseeds with 42 before
+# every call: we call the op without it, see ``_unseeded``); some of their samples are
+# deterministic all the same (dropout with p=0 or training=False, bernoulli with p in
+# {0, 1}, ``item``). CPU torch is the oracle for which is which: a sample whose five
+# successive CPU calls give equal outputs is compared by value as usual; for the others we
+# check structure, dtype, shape, device, the distribution's support (``_SUPPORT``),
+# finiteness, and determinism: the same ``torch.manual_seed`` gives the same values, and
+# successive calls (or another seed) give different ones.
+
+# Outputs are uninitialised memory: only structure, dtype, shape and device are compared.
+UNINITIALIZED = frozenset(
+    {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted"}
+)
+
+# Draws until a successive call (or another seed) changes the output. A correct sampler on
+# a tiny sample (bernoulli of one element) repeats a value with probability up to 1/2.
+_REDRAWS = 16
+
+
+def is_random(opinfo) -> bool:
+    """True for op_db entries whose samples may draw random numbers (Note [Random OpInfo
+    samples]); their checks go through :func:`check_random`."""
+    code = getattr(opinfo.op, "__code__", None)
+    return code is not None and "wrapper_set_seed" in code.co_names + code.co_freevars
+
+
+def _dropout_support(sample, out):
+    x, kw = sample.input, sample.kwargs
+    p = kw.get("p", sample.args[0] if sample.args else 0.5)
+    if not kw.get("training", True) or p >= 1:
+        return
+    kept = out != 0
+    scaled = x * (1 / (1 - p))
+    torch.testing.assert_close(out[kept], scaled[kept], msg="kept values are not x / (1 - p)")
+
+
+def _rrelu_support(sample, out):
+    x, kw = sample.input, sample.kwargs
+    lo, hi = kw.get("lower", 1 / 8), kw.get("upper", 1 / 3)
+    pos = x >= 0
+    torch.testing.assert_close(out[pos], x[pos], msg="rrelu changed x >= 0")
+    slope = (out[~pos] / x[~pos]).double()
+    assert ((slope >= lo - 1e-2) & (slope <= hi + 1e-2)).all(), f"slopes outside [{lo}, {hi}]"
+
+
+def _randint_bounds(sample):
+    nums = [a for a in (sample.input, *sample.args) if isinstance(a, int)]
+    return (0, nums[0]) if len(nums) == 1 else (nums[0], nums[1])
+
+
+def _within(lo, hi, closed_hi=True):
+    def check(sample, out):
+        v = out.double()
+        assert (v >= lo).all() and ((v <= hi) if closed_hi else (v < hi)).all(), (
+            f"values outside [{lo}, {hi}{']' if closed_hi else ')'}: "
+            f"min {v.min().item()}, max {v.max().item()}"
+        )
+
+    return check
+
+
+def _integral(out):
+    assert (out.double() == out.double().round()).all(), "values are not integral"
+
+
+# Support of each sampler, given the sample and one output tensor (moved to CPU).
+_SUPPORT = {
+    "bernoulli": lambda s, o: _within(0, 1)(s, o) or _integral(o),
+    "uniform": lambda s, o: _within(*s.args[:2])(s, o),
+    "exponential": _within(0, float("inf")),
+    "geometric": lambda s, o: _within(1, float("inf"))(s, o) or _integral(o),
+    "log_normal": _within(0, float("inf")),
+    # op_db's "rand_like" entry calls torch.randn_like (no bounded support to check).
+    "randint": lambda s, o: _within(*_randint_bounds(s), closed_hi=False)(s, o) or _integral(o),
+    "randint_like": lambda s, o: (
+        _within(*_randint_bounds(s), closed_hi=False)(s, o) or _integral(o)
+    ),
+    "multinomial": lambda s, o: (
+        _within(0, s.input.shape[-1], closed_hi=False)(s, o)
+        or _check(bool((s.input.gather(-1, o) > 0).all()), "drew a zero-probability category")
+        if o.numel()
+        else None
+    ),
+    "nn.functional.dropout": _dropout_support,
+    "nn.functional.dropout2d": _dropout_support,
+    "nn.functional.dropout3d": _dropout_support,
+    "nn.functional.rrelu": _rrelu_support,
+    "nn.functional.fractional_max_pool2d": lambda s, o: _check(
+        bool(torch.isin(o, s.input).all()) if o.is_floating_point() else True,
+        "pooled values that are not input values",
+    ),
+    "nn.functional.fractional_max_pool3d": lambda s, o: _check(
+        bool(torch.isin(o, s.input).all()) if o.is_floating_point() else True,
+        "pooled values that are not input values",
+    ),
+}
+
+
+def _check(cond: bool, what: str) -> None:
+    assert cond, what
+
+
+def _leaves(out):
+    return [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+
+
+def _identical(a, b) -> bool:
+    la, lb = _leaves(a), _leaves(b)
+    return len(la) == len(lb) and all(
+        x.shape == y.shape
+        and x.dtype == y.dtype
+        and bool(
+            torch.eq(x.cpu(), y.cpu()).logical_or(x.cpu().ne(x.cpu()) & y.cpu().ne(y.cpu())).all()
+        )
+        for x, y in zip(la, lb)
+    )
+
+
+def _compare_meta(got, expected, what):
+    t_leaves, c_leaves = _leaves(got), _leaves(expected)
+    assert len(t_leaves) == len(c_leaves), f"{what}: {len(t_leaves)} tensors vs {len(c_leaves)}"
+    for i, (t, c) in enumerate(zip(t_leaves, c_leaves)):
+        name = f"{what}[{i}]"
+        assert t.device.type == TPU, f"{name}: result on {t.device}, expected tpu"
+        assert t.dtype == c.dtype, f"{name}: dtype {t.dtype}, CPU gave {c.dtype}"
+        assert t.shape == c.shape, f"{name}: shape {tuple(t.shape)}, CPU gave {tuple(c.shape)}"
+
+
+def _run_variant(opinfo, variant, sample, out_dtype=None):
+    """One call of the op (``variant``: "forward", "inplace" or "out") on ``sample``'s
+    tensors as given, seeded by the caller; returns the output (self for in-place, out for
+    out=, a tpu tensor of ``out_dtype``)."""
+    if variant == "inplace":
+        inp = sample.input.detach()
+        return _unseeded(opinfo.get_inplace())(inp, *sample.args, **sample.kwargs)
+    fn = _unseeded(opinfo.get_op())
+    if variant == "out":
+        out = torch.empty(0, dtype=out_dtype, device=TPU)
+        got = fn(sample.input, *sample.args, **sample.kwargs, out=out)
+        assert got is out, f"{full_name(opinfo)} out=: did not return out"
+        return out
+    return call(fn, sample)
+
+
+def _call_through(op, *args, **kwargs):
+    return op(*args, **kwargs)
+
+
+@functools.cache
+def _unseeded(fn):
+    """``fn`` with OpInfo's ``wrapper_set_seed`` (which calls ``torch.manual_seed(42)``
+    before every call, so successive calls repeat) replaced by a plain call: the seed is
+    then ours to set. A copy of the function with its own globals; nothing is patched."""
+    code = getattr(fn, "__code__", None)
+    if code is None or "wrapper_set_seed" not in code.co_names:
+        return fn
+    env = {**fn.__globals__, "wrapper_set_seed": _call_through}
+    return types.FunctionType(code, env, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def _seeded(seed, fn, *args):
+    torch.manual_seed(seed)
+    return fn(*args)
+
+
+def check_random(opinfo, sample, variant="forward", tol=None) -> bool:
+    """Check a random op's sample (Note [Random OpInfo samples]) in ``variant`` (forward,
+    inplace or out). Returns False when the variant does not apply to the sample."""
+    if variant == "inplace" and (
+        opinfo.get_inplace() is None or not isinstance(sample.input, torch.Tensor)
+    ):
+        return False
+    if variant == "out" and not opinfo.supports_out:
+        return False
+    what = f"{full_name(opinfo)} {variant}"
+    # CPU runs the functional form for out= (as check_out does): ATen's CPU out= kernels
+    # of some samplers refuse a 0-element out that the functional result would resize.
+    cpu_run = lambda s: _run_variant(opinfo, "forward" if variant == "out" else variant, s)  # noqa: E731
+    try:
+        c1 = _seeded(0, cpu_run, clone_cpu(sample))
+    except RuntimeError as e:  # torch refuses (dtype cast, broadcast): tpu must refuse too
+        try:
+            _run_variant(opinfo, variant, to_tpu(sample))
+        except RuntimeError:
+            return True
+        raise AssertionError(f"{what}: CPU raised {e!r}, tpu did not") from None
+    if variant == "out" and not isinstance(c1, torch.Tensor):
+        return False
+    out_dtype = c1.dtype if variant == "out" else None
+    run = lambda s: _run_variant(opinfo, variant, s, out_dtype)  # noqa: E731
+    # Several successive CPU draws: a permutation of 3 categories repeats by chance.
+    if all(_identical(c1, cpu_run(clone_cpu(sample))) for _ in range(4)):
+        got = _seeded(0, run, to_tpu(sample))  # a deterministic sample: compare values
+        compare(got, c1, what, tol)
+        return True
+    t1 = _seeded(0, run, to_tpu(sample))
+    _compare_meta(t1, c1, what)
+    t1_again = _seeded(0, run, to_tpu(sample))
+    assert _identical(t1, t1_again), f"{what}: same torch.manual_seed gave different values"
+    for i, (t, c) in enumerate(zip(_leaves(t1), _leaves(c1))):
+        t = t.detach().cpu()
+        if c.is_floating_point() and torch.isfinite(c).all():
+            assert torch.isfinite(t).all(), f"{what}[{i}]: non-finite values, CPU's are finite"
+        if i == 0 and full_name(opinfo) in _SUPPORT:
+            _SUPPORT[full_name(opinfo)](clone_cpu(sample), t)
+    assert any(not _identical(t1_again, run(to_tpu(sample))) for _ in range(_REDRAWS)), (
+        f"{what}: successive calls gave the same values"
+    )
+    assert any(
+        not _identical(t1, _seeded(seed, run, to_tpu(sample))) for seed in range(1, _REDRAWS + 1)
+    ), f"{what}: another seed gave the same values"
+    return True
+
+
+def check_random_backward(opinfo, sample, tol=None) -> bool:
+    """Backward of a random op: value-checked where the CPU sample is deterministic, else
+    gradients' dtype, shape, finiteness and determinism under ``torch.manual_seed``."""
+    fn = _unseeded(opinfo.get_op())
+
+    def grads(s):
+        out = _differentiable_outputs(call(fn, s))
+        inputs = _grad_leaves(s)
+        if not out or not inputs:
+            return None
+        weights = _weights_like([o.detach().cpu() for o in out])
+        loss = sum((o * w.to(o.device)).sum() for o, w in zip(out, weights))
+        loss = loss.real if loss.is_complex() else loss
+        return torch.autograd.grad(loss, inputs, allow_unused=True)
+
+    c1 = _seeded(0, grads, clone_cpu(sample))
+    if c1 is None:
+        return False
+    if all(_identical(c1, grads(clone_cpu(sample))) for _ in range(4)):
+        torch.manual_seed(0)
+        return check_backward(opinfo, sample, tol)
+    t1 = _seeded(0, grads, to_tpu(sample))
+    assert t1 is not None, f"{full_name(opinfo)} backward: no differentiable output on tpu"
+    for i, (g, c) in enumerate(zip(t1, c1)):
+        what = f"{full_name(opinfo)} grad[{i}]"
+        if c is None:
+            continue
+        assert g is not None, f"{what}: missing on tpu"
+        _compare_meta(g, c, what)
+        if torch.isfinite(c).all():
+            assert torch.isfinite(g.cpu()).all(), f"{what}: non-finite, CPU's is finite"
+    t2 = _seeded(0, grads, to_tpu(sample))
+    assert _identical([g for g in t1 if g is not None], [g for g in t2 if g is not None]), (
+        f"{full_name(opinfo)} backward: same torch.manual_seed gave different gradients"
+    )
+    return True
+
+
+def check_uninitialized(opinfo, sample, variant="forward", tol=None) -> bool:
+    """``empty``-like ops: structure, dtype, shape and device only (values are garbage)."""
+    if variant != "forward":
+        return False
+    _compare_meta(
+        call(opinfo.get_op(), to_tpu(sample)),
+        call(opinfo.get_op(), clone_cpu(sample)),
+        f"{full_name(opinfo)} forward",
+    )
+    return True
+
+
+def run_check(check: str, opinfo, sample, tol=None):
+    """Run ``check`` ("forward", "backward", "inplace", "out") on one sample, routing
+    random ops to :func:`check_random` and empty-like ops to :func:`check_uninitialized`.
+    Returns False when the check does not apply to the sample."""
+    if full_name(opinfo) in UNINITIALIZED:
+        return check_uninitialized(opinfo, sample, check, tol)
+    if is_random(opinfo):
+        if check == "backward":
+            return check_random_backward(opinfo, sample, tol)
+        return check_random(opinfo, sample, check, tol)
+    result = globals()[f"check_{check}"](opinfo, sample, tol)
+    return True if result is None else result
