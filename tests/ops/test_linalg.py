@@ -1,0 +1,216 @@
+"""Tests for torchjax/ops/linalg.py: OpInfo sweep over torch.linalg and the legacy linear
+algebra functions, plus what OpInfo misses (errors, batching, float64, gradients)."""
+
+import pytest
+import torch
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
+from torchjax.testing.opinfo import same
+
+OPS = [
+    "linalg.cholesky",
+    "linalg.cholesky_ex",
+    "linalg.cond",
+    "linalg.cross",
+    "linalg.det",
+    "linalg.diagonal",
+    "linalg.eig",
+    "linalg.eigh",
+    "linalg.eigvals",
+    "linalg.eigvalsh",
+    "linalg.householder_product",
+    "linalg.inv",
+    "linalg.inv_ex",
+    "linalg.ldl_factor",
+    "linalg.ldl_factor_ex",
+    "linalg.ldl_solve",
+    "linalg.lstsq",
+    "linalg.lstsq.grad_oriented",
+    "linalg.lu",
+    "linalg.lu_factor",
+    "linalg.lu_factor_ex",
+    "linalg.lu_solve",
+    "linalg.matrix_norm",
+    "linalg.matrix_power",
+    "linalg.matrix_rank",
+    "linalg.matrix_rank.hermitian",
+    "linalg.multi_dot",
+    "linalg.norm",
+    "linalg.norm.subgradients_at_zero",
+    "linalg.pinv",
+    "linalg.pinv.hermitian",
+    "linalg.pinv.singular",
+    "linalg.qr",
+    "linalg.slogdet",
+    "linalg.solve",
+    "linalg.solve_ex",
+    "linalg.solve_triangular",
+    "linalg.svd",
+    "linalg.svdvals",
+    "linalg.tensorinv",
+    "linalg.tensorsolve",
+    "linalg.vander",
+    "cholesky",
+    "cholesky_inverse",
+    "cholesky_solve",
+    "geqrf",
+    "ormqr",
+    "logdet",
+    "lu",
+    "lu_solve",
+    "lu_unpack",
+    "matrix_exp",
+    "pinverse",
+    "qr",
+    "svd",
+    "triangular_solve",
+    "norm.nuc",
+    "pca_lowrank",
+    "svd_lowrank",
+    "trace",
+    "kron",
+    "addr",
+    "cross",
+]
+globals().update(make_tests(OPS))
+
+
+def _tpu(*ts):
+    return [t.to("tpu") for t in ts]
+
+
+def _spd(n, *batch, dtype=torch.float64):
+    a = torch.randn(*batch, n, n, dtype=dtype)
+    return a @ a.mT + n * torch.eye(n, dtype=dtype)
+
+
+def test_batched_broadcast_solves():
+    a, b = torch.randn(2, 1, 3, 3, dtype=torch.float64), torch.randn(4, 3, 2, dtype=torch.float64)
+    same(torch.linalg.solve, a, b)
+    same(torch.linalg.solve, a, torch.randn(2, 4, 2, 3, dtype=torch.float64), left=False)
+    same(torch.linalg.solve, torch.randn(3, 3), torch.randn(3))
+    tri = torch.randn(2, 1, 3, 3, dtype=torch.float64).triu() + 3 * torch.eye(3)
+    same(torch.linalg.solve_triangular, tri, b, upper=True)
+    same(torch.cholesky_solve, b, torch.linalg.cholesky(_spd(3, 2, 1)))
+    lu, piv = torch.linalg.lu_factor(a)
+    same(torch.linalg.lu_solve, lu, piv, b, adjoint=True)
+
+
+def test_inv_singular_raises_like_torch():
+    a = torch.tensor([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [1.0, 0.0, 1.0]])
+    with pytest.raises(torch.linalg.LinAlgError) as cpu:
+        torch.linalg.inv(a)
+    with pytest.raises(torch.linalg.LinAlgError, match="linalg.inv: The diagonal element") as got:
+        torch.linalg.inv(a.to("tpu"))
+    assert str(got.value) == str(cpu.value)
+    batch = torch.stack([torch.eye(3), a])
+    with pytest.raises(torch.linalg.LinAlgError, match=r"linalg.inv: \(Batch element 1\)"):
+        torch.linalg.inv(batch.to("tpu"))
+    inv, info = torch.linalg.inv_ex(batch.to("tpu"))
+    assert info.cpu().tolist() == torch.linalg.inv_ex(batch).info.tolist()
+
+
+def test_solve_singular_raises():
+    a = torch.zeros(2, 2)
+    with pytest.raises(torch.linalg.LinAlgError, match="linalg.solve: The solver failed"):
+        torch.linalg.solve(a.to("tpu"), torch.ones(2).to("tpu"))
+
+
+def test_shape_errors_are_torchs():
+    a, b = _tpu(torch.randn(3, 3), torch.randn(2, 3))
+    with pytest.raises(RuntimeError, match="linalg.solve: Incompatible shapes"):
+        torch.linalg.solve(a, b)
+    with pytest.raises(RuntimeError, match="linalg.cholesky: A must be batches of square"):
+        torch.linalg.cholesky(torch.randn(2, 3).to("tpu"))
+
+
+def test_cholesky_not_positive_definite():
+    a = _spd(4)
+    a[2, 2] = -100.0
+    with pytest.raises(torch.linalg.LinAlgError) as cpu:
+        torch.linalg.cholesky(a)
+    with pytest.raises(torch.linalg.LinAlgError, match="leading minor of order 3") as got:
+        torch.linalg.cholesky(a.to("tpu"))
+    assert str(got.value) == str(cpu.value)
+    batch = torch.stack([_spd(4), a])
+    _, info = torch.linalg.cholesky_ex(batch.to("tpu"), upper=True)
+    assert info.cpu().tolist() == torch.linalg.cholesky_ex(batch, upper=True).info.tolist()
+
+
+def test_lu_factor_info_and_unpack():
+    a = torch.randn(2, 5, 3, dtype=torch.float64)
+    a[1, :, 1] = 0
+    same(torch.linalg.lu_factor_ex, a)
+    same(torch.linalg.lu, a)
+    same(torch.lu_unpack, *torch.linalg.lu_factor(a[:1]), unpack_data=False)
+
+
+def test_float64_precision():
+    a = torch.randn(6, 6, dtype=torch.float64)
+    for fn in (torch.linalg.det, torch.linalg.inv, torch.linalg.svdvals, torch.linalg.eigvalsh):
+        got = fn(a.to("tpu"))
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got.cpu(), fn(a), rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("fn", ["det", "inv", "solve", "slogdet"])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_gradients_vs_cpu(fn, contiguous):
+    # Non-contiguous A takes ATen's other LU path (Note [LU of the transpose]).
+    a = torch.randn(2, 4, 4, dtype=torch.float64)
+    a = a if contiguous else a.mT
+    b = torch.randn(2, 4, 3, dtype=torch.float64)
+
+    def loss(a, b):
+        if fn == "solve":
+            return torch.linalg.solve(a, b).sum()
+        if fn == "slogdet":
+            return torch.linalg.slogdet(a).logabsdet.sum()
+        return (getattr(torch.linalg, fn)(a) ** 2).sum()
+
+    grads = []
+    for dev in ("cpu", "tpu"):
+        ta = a.detach().to(dev)
+        ta = (ta if contiguous else ta.mT.contiguous().mT).requires_grad_()
+        tb = b.to(dev).requires_grad_()
+        grads.append(
+            [
+                g.cpu()
+                for g in torch.autograd.grad(loss(ta, tb), (ta, tb), allow_unused=True)
+                if g is not None
+            ]
+        )
+    for g, c in zip(grads[1], grads[0]):
+        torch.testing.assert_close(g, c)
+
+
+def test_eigh_up_to_sign():
+    # Eigenvector signs are implementation-defined (LAPACK builds differ); torch's OpInfo
+    # compares abs(eigenvectors), as done here, and gradients of sign-invariant losses.
+    a = torch.randn(3, 5, 5, dtype=torch.float64)
+    a = a + a.mT
+    w, v = torch.linalg.eigh(a)
+    tw, tv = torch.linalg.eigh(a.to("tpu"), UPLO="L")
+    torch.testing.assert_close(tw.cpu(), w)
+    torch.testing.assert_close(tv.cpu().abs(), v.abs())
+    at = a.to("tpu").requires_grad_()
+    ac = a.clone().requires_grad_()
+    for x in (at, ac):
+        ww, vv = torch.linalg.eigh(x)
+        (ww.sum() + (vv.abs() * torch.arange(5.0, dtype=x.dtype, device=x.device)).sum()).backward()
+    torch.testing.assert_close(at.grad.cpu(), ac.grad)
+
+
+def test_lstsq_shapes_per_driver():
+    a, b = torch.randn(2, 5, 3), torch.randn(2, 5, 4)
+    for driver in (None, "gelsy", "gelsd", "gelss", "gels"):
+        same(torch.linalg.lstsq, a, b, driver=driver)
+    same(torch.linalg.lstsq, torch.randn(1, 5, 3), b, driver="gelsd")
+    same(torch.linalg.lstsq, a, torch.randn(2, 5), driver="gelss")
+
+
+def test_empty_matrices():
+    for fn in (torch.linalg.det, torch.linalg.inv, torch.linalg.cholesky, torch.linalg.svdvals):
+        same(fn, torch.zeros(2, 0, 0))
+    same(torch.linalg.pinv, torch.zeros(0, 3))

@@ -1,0 +1,609 @@
+"""Linear algebra: the factorizations and solvers every ``torch.linalg.*`` function reaches,
+lowered to ``jax.lax.linalg`` / ``jax.numpy.linalg``.
+
+Most of ``torch.linalg`` (``det``, ``inv``, ``solve``, ``svd``, ``pinv``, ``matrix_rank``,
+``norm``, ``cond``, ``tensorsolve``...) is CompositeImplicitAutograd: it reaches us as a
+handful of core ops (``linalg_lu_factor_ex``, ``_linalg_svd``, ``_linalg_eigh``,
+``_linalg_det``, ``_linalg_solve_ex``...) plus ``_linalg_check_errors``. Backward formulas
+are torch's own and call the same ops.
+
+Checks: each lowering first runs the op on meta tensors (``_checked``), which raises torch's
+own shape/dtype errors ("linalg.solve: Incompatible shapes of A and B ...") before any jax
+work. Numerical failures follow torch: the ``_ex`` ops return LAPACK-style ``info`` codes
+(1-based index of the first zero pivot of U; order of the first non-positive-definite
+leading minor for Cholesky) and ``_linalg_check_errors`` turns a nonzero code into torch's
+``LinAlgError`` naming the public function ("linalg.inv: The diagonal element 2 is zero").
+Reading ``info`` is data-dependent: in eager it is read concretely; under ``jax.jit``
+(tracers) the check is skipped and the result holds inf/NaN, as torch's ``_ex`` variants.
+
+Pivots are LAPACK's: 1-based int32 row swaps, so torch's ``pivots`` is jax's plus one.
+
+Note [LU of the transpose]
+For contiguous real ``A``, ATen's ``_linalg_det``/``_linalg_slogdet`` factor ``A^T`` (it
+saves a copy into LAPACK's column-major layout) and their backward formulas call
+``linalg_lu_solve(LU, pivots, ..., adjoint=!use_A_T)`` on that factor. The ``LU`` we return
+must be the same factorization, so the handler reads ``A``'s contiguity at the torch level
+and passes ``use_A_T`` to the lowering. (``_linalg_solve_ex`` factors ``A`` itself.)
+
+Not lowered: ``linalg_ldl_factor_ex``/``linalg_ldl_solve`` (LAPACK's Bunch-Kaufman ``sytrf``
+output format has no jax counterpart). ``linalg_eig`` uses ``jnp.linalg.eig``, which XLA
+implements on CPU only.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+from torch.utils._pytree import tree_map
+
+from torchjax.ops.registry import functional_handler, handler
+from torchjax.tensor._tensor import JaxTensor, wrap
+
+aten = torch.ops.aten
+
+HIGHEST = lax.Precision.HIGHEST
+
+
+# ---------------------------------------------------------------------------------------
+# registration: torch's meta checks, then the lowering
+
+
+def _to_meta(x):
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    return x
+
+
+def _checked(op, *, meta=True, use_A_T=None, post=None):
+    """Register ``fn`` as the lowering of ``op.default`` behind torch's meta kernel (its
+    input checks and error messages). ``out=`` overloads derive from it as usual.
+    ``use_A_T`` names the matrix argument whose layout decides Note [LU of the transpose].
+    ``post(result, args, kwargs)`` runs on the torch-level result: the registry may run
+    ``fn`` traced (Note [Compiled lowerings]), so checks that read values live there."""
+
+    def deco(fn):
+        func = op if isinstance(op, torch._ops.OpOverload) else op.default
+        lowered = functional_handler(func, fn)
+
+        @handler(func)
+        def checked(args, kwargs):
+            if meta:
+                func(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+            if use_A_T is not None:
+                a = args[0] if args else kwargs[use_A_T]
+                kwargs = {**kwargs, "use_A_T": a.is_contiguous() and not a.is_complex()}
+            result = lowered(args, kwargs)
+            return result if post is None else post(result, args, kwargs)
+
+        return fn
+
+    return deco
+
+
+def _arg(args, kwargs, i, name, default):
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+def _raise_on_info(api_name, info_index=-1):
+    """A ``post`` hook for the ``_ex`` ops: with ``check_errors=True`` a nonzero info
+    raises torch's LinAlgError for ``api_name``."""
+
+    def post(result, args, kwargs):
+        if kwargs.get("check_errors", False):
+            info = result[info_index]
+            _raise_if(info._value(), api_name, info.dim() == 0)
+        return result
+
+    return post
+
+
+# ---------------------------------------------------------------------------------------
+# helpers
+
+
+def _mT(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _mH(x):
+    return jnp.conj(_mT(x)) if jnp.iscomplexobj(x) else _mT(x)
+
+
+def _matmul(a, b):
+    return jnp.matmul(a, b, precision=HIGHEST)
+
+
+def _concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _broadcast_batch(a, b):
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return (
+        jnp.broadcast_to(a, batch + a.shape[-2:]),
+        jnp.broadcast_to(b, batch + b.shape[-2:]),
+    )
+
+
+def _empty(dtype):
+    return jnp.zeros((0,), dtype=dtype)
+
+
+def _lu(a):
+    """(LU, torch pivots, row permutation, info) of ``a`` (..., m, n), partial pivoting.
+
+    ``A = P L U`` with ``A[perm] = L U``; info is the 1-based index of the first exact
+    zero on U's diagonal (LAPACK getrf), 0 if none."""
+    lu, piv, perm = lax.linalg.lu(a)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    if diag.shape[-1] == 0:
+        info = jnp.zeros(diag.shape[:-1], dtype=jnp.int32)
+    else:
+        zero = diag == 0
+        info = jnp.where(jnp.any(zero, -1), jnp.argmax(zero, -1) + 1, 0).astype(jnp.int32)
+    return lu, (piv + 1).astype(jnp.int32), perm, info
+
+
+def _perm_from_pivots(pivots, m):
+    return lax.linalg.lu_pivots_to_permutation(pivots - 1, m)
+
+
+def _tri(a, b, *, lower, left=True, adjoint=False, unit=False):
+    a, b = _broadcast_batch(a, b)
+    return lax.linalg.triangular_solve(
+        a,
+        b,
+        left_side=left,
+        lower=lower,
+        transpose_a=adjoint,
+        conjugate_a=adjoint and jnp.iscomplexobj(a),
+        unit_diagonal=unit,
+    )
+
+
+def _lu_solve(lu, perm, b, adjoint=False):
+    """Solve ``A X = B`` (or ``A^H X = B``) from ``A[perm] = L U``."""
+    lu, b = _broadcast_batch(lu, b)
+    perm = jnp.broadcast_to(perm, lu.shape[:-1])
+    if not adjoint:
+        x = jnp.take_along_axis(b, perm[..., None], axis=-2)
+        x = _tri(lu, x, lower=True, unit=True)
+        return _tri(lu, x, lower=False)
+    x = _tri(lu, b, lower=False, adjoint=True)
+    x = _tri(lu, x, lower=True, unit=True, adjoint=True)
+    return jnp.take_along_axis(x, jnp.argsort(perm, axis=-1)[..., None], axis=-2)
+
+
+def _unpack(lu, perm, dtype):
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    eye = jnp.eye(m, dtype=dtype)
+    p = _mT(jnp.take(eye, perm, axis=0))
+    lower = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=dtype)
+    upper = jnp.triu(lu[..., :k, :])
+    return p, lower, upper
+
+
+def _cholesky_info(lower_factor):
+    """LAPACK potrf's info, traceable: 1 + the index of the first non-finite pivot. jax's
+    CPU Cholesky returns all-NaN on failure, so this is 1 there; ``_exact_cholesky_info``
+    refines it in eager."""
+    diag = jnp.diagonal(lower_factor, axis1=-2, axis2=-1)
+    if diag.shape[-1] == 0:
+        return jnp.zeros(diag.shape[:-1], dtype=jnp.int32)
+    bad = ~jnp.isfinite(diag)
+    return jnp.where(jnp.any(bad, -1), jnp.argmax(bad, -1) + 1, 0).astype(jnp.int32)
+
+
+def _exact_cholesky_info(src, info):
+    """potrf's info (order of the first leading minor that is not positive definite),
+    found in eager by factoring the leading minors of the failed matrices."""
+    if not _concrete(info) or not bool(jnp.any(info)):
+        return info
+    info = jnp.zeros_like(info)
+    for k in range(src.shape[-1], 0, -1):
+        minor = lax.linalg.cholesky(src[..., :k, :k], symmetrize_input=False)
+        fails = ~jnp.all(jnp.isfinite(jnp.diagonal(minor, axis1=-2, axis2=-1)), -1)
+        info = jnp.where(fails, k, info).astype(jnp.int32)
+    return info
+
+
+# ---------------------------------------------------------------------------------------
+# errors
+
+
+@handler(aten._linalg_check_errors.default)
+def _linalg_check_errors(args, kwargs):
+    """aten::_linalg_check_errors - raise torch's LinAlgError for a nonzero ``info``.
+
+    In eager the codes are read and handed to torch's own CPU kernel, so the messages
+    ("linalg.inv: (Batch element 1): The diagonal element 2 is zero ...") are torch's.
+    Under tracing nothing is checked (see module docstring)."""
+    info, api_name = args[0], args[1] if len(args) > 1 else kwargs["api_name"]
+    is_matrix = kwargs.get("is_matrix", args[2] if len(args) > 2 else False)
+    value = info._value() if isinstance(info, JaxTensor) else info
+    if isinstance(value, jax.core.Tracer):
+        return None
+    cpu = value if isinstance(value, torch.Tensor) else torch.from_numpy(np.array(value))
+    aten._linalg_check_errors(cpu, api_name, is_matrix=is_matrix)
+    return None
+
+
+def _raise_if(info, api_name, is_matrix):
+    if _concrete(info) and bool(jnp.any(info)):
+        cpu = torch.from_numpy(np.array(info))
+        aten._linalg_check_errors(cpu, api_name, is_matrix=is_matrix)
+
+
+# ---------------------------------------------------------------------------------------
+# LU family
+
+
+@_checked(aten.linalg_lu_factor_ex, post=_raise_on_info("torch.linalg.lu_factor_ex"))
+def linalg_lu_factor_ex(A, *, pivot=True, check_errors=False):
+    """aten::linalg_lu_factor_ex - packed LU with partial pivoting, LAPACK getrf style.
+
+    Shapes: A (*, m, n) -> LU (*, m, n), pivots (*, min(m, n)) int32 1-based, info (*)
+    int32. ``pivot=False`` raises as on CPU torch. Reference: torch.linalg.lu_factor_ex."""
+    if not pivot:
+        raise RuntimeError(
+            "linalg.lu_factor: LU without pivoting is not implemented on the CPU "
+            "(aten::linalg_lu_factor_ex on tpu follows CPU torch); use pivot=True"
+        )
+    lu, pivots, _, info = _lu(A)
+    return lu, pivots, info
+
+
+@_checked(aten.linalg_lu)
+def linalg_lu(A, *, pivot=True):
+    """aten::linalg_lu - A = P L U. Shapes: P (*, m, m), L (*, m, k), U (*, k, n),
+    k = min(m, n). ``pivot=False`` raises as on CPU torch. Reference: torch.linalg.lu."""
+    if not pivot:
+        raise RuntimeError(
+            "linalg.lu_factor: LU without pivoting is not implemented on the CPU "
+            "(aten::linalg_lu on tpu follows CPU torch); use pivot=True"
+        )
+    lu, _, perm, _ = _lu(A)
+    return _unpack(lu, perm, A.dtype)
+
+
+@_checked(aten.lu_unpack)
+def lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
+    """aten::lu_unpack - (P, L, U) from packed LU and 1-based pivots; a part not asked for
+    is an empty tensor, as in torch. Reference: torch.lu_unpack."""
+    m = LU_data.shape[-2]
+    perm = _perm_from_pivots(LU_pivots, m)
+    p, lower, upper = _unpack(LU_data, perm, LU_data.dtype)
+    empty = _empty(LU_data.dtype)
+    return (
+        p if unpack_pivots else empty,
+        lower if unpack_data else empty,
+        upper if unpack_data else empty,
+    )
+
+
+@_checked(aten.linalg_lu_solve)
+def linalg_lu_solve(LU, pivots, B, *, left=True, adjoint=False):
+    """aten::linalg_lu_solve - solve A X = B (``left``) or X A = B from A's packed LU;
+    ``adjoint`` uses A^H. Shapes: batch dims broadcast. Reference: torch.linalg.lu_solve."""
+    perm = _perm_from_pivots(pivots, LU.shape[-1])
+    if left:
+        return _lu_solve(LU, perm, B, adjoint)
+    # X A = B  <=>  A^H X^H = B^H
+    return _mH(_lu_solve(LU, perm, _mH(B), not adjoint))
+
+
+def _lu_maybe_transposed(A, use_A_T):
+    return _lu(_mT(A) if use_A_T else A)
+
+
+@_checked(aten._linalg_det, use_A_T="A")
+def _linalg_det(A, use_A_T=False):
+    """aten::_linalg_det - determinant, plus the LU factorization its backward uses.
+
+    Shapes: A (*, n, n) -> det (*), LU (*, n, n), pivots (*, n) int32. The LU is of A^T
+    when ATen's is (Note [LU of the transpose]). Reference: torch.linalg.det."""
+    lu, pivots, _, _ = _lu_maybe_transposed(A, use_A_T)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    swaps = jnp.sum(pivots != jnp.arange(1, pivots.shape[-1] + 1, dtype=jnp.int32), -1)
+    sign = jnp.where(swaps % 2 == 1, -1, 1).astype(A.dtype)
+    return sign * jnp.prod(diag, -1), lu, pivots
+
+
+@_checked(aten._linalg_slogdet, use_A_T="A")
+def _linalg_slogdet(A, use_A_T=False):
+    """aten::_linalg_slogdet - (sign, log|det|) plus the LU its backward uses.
+
+    Shapes: A (*, n, n) -> sign (*) A's dtype, logabsdet (*) real dtype, LU, pivots.
+    A singular matrix gives sign 0 and -inf, as torch. Reference: torch.linalg.slogdet."""
+    lu, pivots, _, _ = _lu_maybe_transposed(A, use_A_T)
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    swaps = jnp.sum(pivots != jnp.arange(1, pivots.shape[-1] + 1, dtype=jnp.int32), -1)
+    absdiag = jnp.abs(diag)
+    unit = jnp.where(absdiag == 0, 0, diag / jnp.where(absdiag == 0, 1, absdiag))
+    sign = jnp.where(swaps % 2 == 1, -1, 1).astype(A.dtype) * jnp.prod(unit, -1)
+    return sign, jnp.sum(jnp.log(absdiag), -1), lu, pivots
+
+
+@_checked(aten._linalg_solve_ex, post=_raise_on_info("torch.linalg.solve_ex"))
+def _linalg_solve_ex(A, B, *, left=True, check_errors=False):
+    """aten::_linalg_solve_ex - solve A X = B (or X A = B) by LU, numpy's vector rule for B.
+
+    Shapes: B (*, n) is a vector when it is 1-D or A's shape minus the last dim; batch dims
+    broadcast. Returns (X, LU, pivots, info), LU of A itself (unlike det).
+    Reference: torch.linalg.solve_ex; ATen linalg_solve_ex_out."""
+    lu, pivots, perm, info = _lu(A)
+    vector = B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])
+    b = B[..., None] if vector else B
+    if left:
+        x = _lu_solve(lu, perm, b)
+    else:
+        x = _mH(_lu_solve(lu, perm, _mH(b), adjoint=True))
+    return (x[..., 0] if vector else x), lu, pivots, info
+
+
+@_checked(aten.linalg_inv_ex, post=_raise_on_info("torch.linalg.inv_ex"))
+def linalg_inv_ex(A, *, check_errors=False):
+    """aten::linalg_inv_ex - inverse by LU; info as getrf (singular: inf/NaN entries).
+    Shapes: (*, n, n) -> (*, n, n), info (*) int32. Reference: torch.linalg.inv_ex."""
+    lu, _, perm, info = _lu(A)
+    eye = jnp.broadcast_to(jnp.eye(A.shape[-1], dtype=A.dtype), A.shape)
+    return _lu_solve(lu, perm, eye), info
+
+
+# ---------------------------------------------------------------------------------------
+# triangular and Cholesky
+
+
+@_checked(aten.linalg_solve_triangular)
+def linalg_solve_triangular(self, B, *, upper, left=True, unitriangular=False):
+    """aten::linalg_solve_triangular - solve with a triangular A (the other triangle is
+    ignored). Shapes: batch dims broadcast. Reference: torch.linalg.solve_triangular."""
+    return _tri(self, B, lower=not upper, left=left, unit=unitriangular)
+
+
+@_checked(aten.triangular_solve)
+def triangular_solve(self, A, upper=True, transpose=False, unitriangular=False):
+    """aten::triangular_solve - legacy: solve op(A) X = self; returns (X, A broadcast to
+    the batch shape). ``transpose`` is a plain transpose, as in ATen.
+    Reference: torch.triangular_solve."""
+    a, b = _broadcast_batch(A, self)
+    x = lax.linalg.triangular_solve(
+        a, b, left_side=True, lower=not upper, transpose_a=transpose, unit_diagonal=unitriangular
+    )
+    return x, a
+
+
+def _cholesky_src(A, upper):
+    # jax reads the lower triangle; torch's upper=True reads the upper one, i.e. the
+    # lower triangle of A^H, and returns U = L^H.
+    return _mH(A) if upper else A
+
+
+def _cholesky_post(result, args, kwargs):
+    factor, info = result
+    upper = kwargs.get("upper", False)
+    exact = _exact_cholesky_info(_cholesky_src(args[0]._value(), upper), info._value())
+    if exact is not info._value():
+        info = wrap(exact, info._device_index)
+    if kwargs.get("check_errors", False):
+        _raise_if(info._value(), "torch.linalg.cholesky_ex", args[0].dim() == 2)
+    return factor, info
+
+
+@_checked(aten.linalg_cholesky_ex, post=_cholesky_post)
+def linalg_cholesky_ex(self, *, upper=False, check_errors=False):
+    """aten::linalg_cholesky_ex - Cholesky factor of a Hermitian positive-definite matrix
+    and potrf's info. On failure the factor holds NaN (LAPACK leaves a partial factor).
+    Shapes: (*, n, n) -> (*, n, n), info (*) int32. Reference: torch.linalg.cholesky_ex."""
+    lower = lax.linalg.cholesky(_cholesky_src(self, upper), symmetrize_input=False)
+    return (_mH(lower) if upper else lower), _cholesky_info(lower)
+
+
+@handler(aten.cholesky.default)
+def cholesky(args, kwargs):
+    """aten::cholesky - legacy Cholesky: linalg_cholesky_ex, then torch's error for a
+    non-positive-definite input (named "cholesky")."""
+    self, upper = args[0], _arg(args, kwargs, 1, "upper", False)
+    factor, info = aten.linalg_cholesky_ex.default(self, upper=upper)
+    _raise_if(info._value(), "cholesky", self.dim() == 2)
+    return factor
+
+
+def _cho_solve(factor, b, upper):
+    if upper:  # A = U^H U
+        y = _tri(factor, b, lower=False, adjoint=True)
+        return _tri(factor, y, lower=False)
+    y = _tri(factor, b, lower=True)
+    return _tri(factor, y, lower=True, adjoint=True)
+
+
+@_checked(aten.cholesky_solve)
+def cholesky_solve(self, input2, upper=False):
+    """aten::cholesky_solve - solve A X = self given A's Cholesky factor ``input2``.
+    Shapes: batch dims broadcast. Reference: torch.cholesky_solve."""
+    return _cho_solve(input2, self, upper)
+
+
+@_checked(aten.cholesky_inverse)
+def cholesky_inverse(self, upper=False):
+    """aten::cholesky_inverse - inverse of A from its Cholesky factor. Reference:
+    torch.cholesky_inverse."""
+    eye = jnp.broadcast_to(jnp.eye(self.shape[-1], dtype=self.dtype), self.shape)
+    return _cho_solve(self, eye, upper)
+
+
+# ---------------------------------------------------------------------------------------
+# spectral: eigh, eig, svd
+
+
+@_checked(aten._linalg_eigh)
+def _linalg_eigh(A, UPLO="L", compute_v=True):
+    """aten::_linalg_eigh - eigenvalues (ascending, real dtype) and eigenvectors of a
+    Hermitian matrix, reading the ``UPLO`` triangle. Without ``compute_v`` the vectors are
+    an empty tensor, as torch. Reference: torch.linalg.eigh."""
+    w, v = jnp.linalg.eigh(A, UPLO=UPLO, symmetrize_input=False)
+    return w, (v if compute_v else _empty(A.dtype))
+
+
+@_checked(aten.linalg_eig)
+def linalg_eig(self):
+    """aten::linalg_eig - eigen-decomposition of a general matrix; complex outputs, unit
+    eigenvectors (LAPACK geev convention on both sides). Reference: torch.linalg.eig."""
+    w, v = jnp.linalg.eig(self)
+    cdt = jnp.result_type(self.dtype, jnp.complex64)
+    return w.astype(cdt), v.astype(cdt)
+
+
+@_checked(aten._linalg_svd)
+def _linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
+    """aten::_linalg_svd - A = U diag(S) Vh, S descending in the real dtype. Without
+    ``compute_uv`` U and Vh are empty tensors, as torch. Reference: torch.linalg.svd."""
+    if not compute_uv:
+        return _empty(A.dtype), jnp.linalg.svd(A, compute_uv=False), _empty(A.dtype)
+    u, s, vh = jnp.linalg.svd(A, full_matrices=full_matrices)
+    return u, s, vh
+
+
+@_checked(aten.linalg_matrix_exp)
+def linalg_matrix_exp(self):
+    """aten::linalg_matrix_exp - matrix exponential (scaling and squaring with Pade; ATen
+    uses Taylor, equal to float tolerance). Reference: torch.linalg.matrix_exp."""
+    if self.shape[-1] == 0:
+        return self
+    if self.dtype in (jnp.float16, jnp.bfloat16):  # jax's expm refuses half types
+        return jax.scipy.linalg.expm(self.astype(jnp.float32)).astype(self.dtype)
+    return jax.scipy.linalg.expm(self)
+
+
+@_checked(aten.linalg_pinv.atol_rtol_tensor)
+def linalg_pinv(self, atol=None, rtol=None, hermitian=False):
+    """aten::linalg_pinv.atol_rtol_tensor - Moore-Penrose pseudo-inverse, singular values
+    below max(atol, rtol * s_max) dropped. Default rtol is eps * max(m, n), zero when a
+    positive atol is given (ATen get_atol_rtol). Reference: torch.linalg.pinv."""
+    m, n = self.shape[-2:]
+    if self.size == 0:
+        return jnp.zeros(self.shape[:-2] + (n, m), dtype=self.dtype)
+    real = jnp.finfo(self.dtype).dtype
+    default_rtol = jnp.asarray(jnp.finfo(real).eps * max(m, n), dtype=jnp.float64)
+    atol_ = jnp.zeros((), dtype=jnp.float64) if atol is None else atol
+    if rtol is None:
+        rtol = default_rtol if atol is None else jnp.where(atol > 0, 0.0, default_rtol)
+    if hermitian:
+        s, u = jnp.linalg.eigh(self)
+        s_abs = jnp.abs(s)
+        max_val = jnp.max(s_abs, -1, keepdims=True)
+        vh_h = u
+    else:
+        u, s, vh = jnp.linalg.svd(self, full_matrices=False)
+        s_abs = s
+        max_val = s[..., :1]
+        vh_h = _mH(vh)
+    tol = jnp.maximum(jnp.asarray(atol_)[..., None], jnp.asarray(rtol)[..., None] * max_val)
+    s_inv = jnp.where(s_abs > tol, 1 / s, 0).astype(self.dtype)
+    return _matmul(vh_h * s_inv[..., None, :], _mH(u))
+
+
+# ---------------------------------------------------------------------------------------
+# QR and Householder
+
+
+@_checked(aten.linalg_qr)
+def linalg_qr(A, mode="reduced"):
+    """aten::linalg_qr - Householder QR. ``mode``: reduced, complete, or r (Q is then an
+    empty tensor, as torch). Reference: torch.linalg.qr."""
+    if mode == "r":
+        return _empty(A.dtype), jnp.linalg.qr(A, mode="r")
+    q, r = jnp.linalg.qr(A, mode=mode)
+    return q, r
+
+
+@_checked(aten.geqrf, meta=False)
+def geqrf(self):
+    """aten::geqrf - LAPACK geqrf: R and the Householder reflectors packed in one matrix,
+    plus tau (*, min(m, n)). Reference: torch.geqrf."""
+    # numpy's "raw" mode is LAPACK's output in Fortran order, hence the transpose.
+    h, tau = jnp.linalg.qr(self, mode="raw")
+    return _mT(h), tau
+
+
+@_checked(aten.linalg_householder_product)
+def linalg_householder_product(input, tau):
+    """aten::linalg_householder_product - the first n columns of H_1 ... H_k (LAPACK
+    orgqr). Reference: torch.linalg.householder_product."""
+    return lax.linalg.householder_product(input, tau)
+
+
+@_checked(aten.ormqr)
+def ormqr(self, input2, input3, left=True, transpose=False):
+    """aten::ormqr - multiply ``input3`` by Q (or Q^H with ``transpose``) given as
+    Householder reflectors ``self`` and ``input2`` (LAPACK ormqr). Q is formed in full by
+    padding the reflectors with zero ones (tau = 0 is the identity reflector).
+    Reference: torch.ormqr."""
+    order = input3.shape[-2] if left else input3.shape[-1]
+    k = input2.shape[-1]
+    refl = self[..., :, :k]
+    refl = jnp.concatenate(
+        [refl, jnp.zeros(refl.shape[:-1] + (order - k,), dtype=refl.dtype)], axis=-1
+    )
+    taus = jnp.concatenate(
+        [input2, jnp.zeros(input2.shape[:-1] + (order - k,), dtype=input2.dtype)], axis=-1
+    )
+    q = lax.linalg.householder_product(refl, taus)
+    if transpose:
+        q = _mH(q)
+    return _matmul(q, input3) if left else _matmul(input3, q)
+
+
+# ---------------------------------------------------------------------------------------
+# least squares
+
+
+def _lstsq_post(result, args, kwargs):
+    # residuals exist only when every matrix has full rank: a data-dependent shape, so
+    # decided here in eager (under tracing they are kept).
+    x, residuals, rank, s = result
+    n = args[0].shape[-1]
+    r = rank._value()
+    if residuals.numel() and rank.numel() and _concrete(r) and not bool(jnp.all(r == n)):
+        residuals = wrap(_empty(residuals._value().dtype), residuals._device_index)
+    return x, residuals, rank, s
+
+
+@_checked(aten.linalg_lstsq, meta=False, post=_lstsq_post)
+def linalg_lstsq(self, b, rcond=None, *, driver=None):
+    """aten::linalg_lstsq - least-squares solution of A X = B, computed by SVD.
+
+    Returns (solution, residuals, rank, singular_values) with CPU torch's shapes per
+    ``driver`` (default gelsy): rank (A's batch, int64) unless gels; singular_values only
+    for gelsd/gelss; residuals (squared column norms of B - A X) only when m > n, driver
+    is not gelsy and every matrix has full rank (else an empty tensor). rcond defaults to
+    eps * max(m, n). Reference: torch.linalg.lstsq; ATen linalg_lstsq_out."""
+    driver = driver or "gelsy"
+    m, n = self.shape[-2:]
+    vector = b.ndim == self.ndim - 1
+    bb = b[..., None] if vector else b
+    real = jnp.finfo(self.dtype).dtype
+    if rcond is None or rcond < 0:
+        rcond = jnp.finfo(real).eps * max(m, n)
+    u, s, vh = jnp.linalg.svd(self, full_matrices=False)
+    cutoff = rcond * s[..., :1] if s.shape[-1] else s[..., :1]
+    keep = s > cutoff
+    rank = jnp.sum(keep, -1).astype(jnp.int64)
+    s_inv = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(self.dtype)
+    x = _matmul(_mH(vh) * s_inv[..., None, :], _matmul(_mH(u), bb))
+    residuals = _empty(real)
+    if m > n and driver != "gelsy":
+        residuals = jnp.sum(jnp.abs(bb - _matmul(self, x)) ** 2, axis=-2).astype(real)
+    if vector:
+        x = x[..., 0]
+    return (
+        x,
+        residuals,
+        rank if driver != "gels" else _empty(jnp.int64),
+        s.astype(real) if driver in ("gelsd", "gelss") else _empty(real),
+    )
+
