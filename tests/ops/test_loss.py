@@ -1,0 +1,143 @@
+"""Tests for torchjax/ops/loss.py: OpInfo sweep plus what OpInfo misses."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
+
+OPS = [
+    "nn.functional.binary_cross_entropy",
+    "nn.functional.binary_cross_entropy_with_logits",
+    "nn.functional.cross_entropy",
+    "nn.functional.nll_loss",
+    "nn.functional.kl_div",
+    "nn.functional.mse_loss",
+    "nn.functional.l1_loss",
+    "nn.functional.huber_loss",
+    "nn.functional.smooth_l1_loss",
+    "nn.functional.soft_margin_loss",
+    "nn.functional.margin_ranking_loss",
+    "nn.functional.hinge_embedding_loss",
+    "nn.functional.cosine_embedding_loss",
+    "nn.functional.gaussian_nll_loss",
+    "nn.functional.poisson_nll_loss",
+    "nn.functional.multi_margin_loss",
+    "nn.functional.multilabel_margin_loss",
+    "nn.functional.multilabel_soft_margin_loss",
+    "nn.functional.triplet_margin_loss",
+    "nn.functional.triplet_margin_with_distance_loss",
+    "nn.functional.ctc_loss",
+    "nn.functional.linear_cross_entropy",
+    "nn.functional.linear_cross_entropy.chunked",
+    "nn.functional.linear_cross_entropy.chunked_none",
+]
+globals().update(make_tests(OPS))
+
+_G = torch.Generator().manual_seed(0)
+_REDUCTIONS = ["none", "mean", "sum"]
+
+
+def _grads_match(fn, *inputs, rtol=1e-7, atol=1e-7):
+    """fn's value and its grads w.r.t. the floating inputs match CPU (others are passed as
+    they are)."""
+    diff = [t.is_floating_point() for t in inputs]
+    cpu = [t.detach().clone().requires_grad_(d) for t, d in zip(inputs, diff)]
+    tpu = [t.detach().to("tpu").requires_grad_(d) for t, d in zip(inputs, diff)]
+    want, got = fn(*cpu), fn(*tpu)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=rtol, atol=atol)
+    w = torch.rand(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(1))
+    cin = [t for t, d in zip(cpu, diff) if d]
+    tin = [t for t, d in zip(tpu, diff) if d]
+    gw = torch.autograd.grad((want * w).sum(), cin)
+    gt = torch.autograd.grad((got * w.to("tpu")).sum(), tin)
+    for a, b in zip(gt, gw):
+        torch.testing.assert_close(a.cpu(), b, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("reduction", _REDUCTIONS)
+def test_nll_and_cross_entropy_ignore_index_weight(reduction):
+    x = torch.randn(6, 5, generator=_G, dtype=torch.float64)
+    t = torch.tensor([0, 4, -100, 2, 2, 1])
+    w = torch.rand(5, generator=_G, dtype=torch.float64)
+    _grads_match(
+        lambda x, t: F.cross_entropy(x, t, weight=w.to(x.device), reduction=reduction), x, t
+    )
+    t2 = torch.tensor([0, 4, 3, 2, 2, 1])
+    _grads_match(
+        lambda x, t: F.nll_loss(x.log_softmax(1), t, ignore_index=2, reduction=reduction), x, t2
+    )
+    x4 = torch.randn(2, 5, 3, 4, generator=_G, dtype=torch.float64)
+    t4 = torch.randint(0, 5, (2, 3, 4), generator=_G)
+    _grads_match(
+        lambda x, t: F.cross_entropy(x, t, reduction=reduction, label_smoothing=0.1), x4, t4
+    )
+
+
+@pytest.mark.parametrize("reduction", _REDUCTIONS)
+@pytest.mark.parametrize("p", [1, 2])
+def test_multi_margin_weight_and_unbatched(reduction, p):
+    x = torch.randn(4, 5, generator=_G, dtype=torch.float64)
+    t = torch.tensor([0, 4, 2, 2])
+    w = torch.rand(5, generator=_G, dtype=torch.float64)
+    _grads_match(
+        lambda x, t: F.multi_margin_loss(
+            x, t, p=p, margin=0.7, weight=w.to(x.device), reduction=reduction
+        ),
+        x,
+        t,
+    )
+    _grads_match(lambda x, t: F.multi_margin_loss(x, t, p=p, reduction=reduction), x[1], t[1])
+
+
+@pytest.mark.parametrize("reduction", _REDUCTIONS)
+def test_multilabel_margin_targets_stop_at_minus_one(reduction):
+    x = torch.randn(3, 5, generator=_G, dtype=torch.float64)
+    t = torch.tensor([[3, 0, -1, 1, 1], [4, 4, 2, 1, 0], [-1, 2, 2, 2, 2]])
+    _grads_match(lambda x, t: F.multilabel_margin_loss(x, t, reduction=reduction), x, t)
+
+
+@pytest.mark.parametrize("reduction", _REDUCTIONS)
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_ctc_loss_layouts(reduction, zero_infinity):
+    t_len, n, c = 7, 3, 5
+    lp = torch.randn(t_len, n, c, generator=_G, dtype=torch.float64).log_softmax(2)
+    il = torch.tensor([7, 5, 2])
+    # Sample 2's targets (length 4, repeats) cannot fit in 2 steps: infinite loss.
+    tl = torch.tensor([3, 0, 4])
+    padded = torch.tensor([[1, 2, 2, 0], [0, 0, 0, 0], [3, 3, 3, 1]])
+    concat = torch.cat([padded[0, :3], padded[2, :4]])
+    kw = dict(reduction=reduction, zero_infinity=zero_infinity)
+    for targets in (padded, concat):
+        _grads_match(lambda lp, tg, il, tl: F.ctc_loss(lp, tg, il, tl, **kw), lp, targets, il, tl)
+    _grads_match(lambda lp: F.ctc_loss(lp, padded, [7, 5, 2], [3, 0, 4], **kw), lp)
+
+
+@pytest.mark.parametrize("reduction", _REDUCTIONS)
+def test_bce_losses_weights(reduction):
+    x = torch.rand(4, 3, generator=_G, dtype=torch.float64) * 0.98 + 0.01
+    y = torch.rand(4, 3, generator=_G, dtype=torch.float64)
+    w = torch.rand(3, generator=_G, dtype=torch.float64)
+    _grads_match(
+        lambda x, y: F.binary_cross_entropy(x, y, weight=w.to(x.device), reduction=reduction), x, y
+    )
+    pw = torch.rand(3, generator=_G, dtype=torch.float64)
+    _grads_match(
+        lambda x, y, w, pw: F.binary_cross_entropy_with_logits(
+            x, y, weight=w, pos_weight=pw, reduction=reduction
+        ),
+        x,
+        y,
+        w,
+        pw,
+    )
+
+
+def test_loss_errors_name_the_op():
+    x = torch.randn(3, 4).to("tpu")
+    with pytest.raises((RuntimeError, ValueError), match="aten::multi_margin_loss"):
+        torch.ops.aten.multi_margin_loss(x, torch.tensor([0, 1]).to("tpu"))
+    with pytest.raises(RuntimeError, match="aten::_ctc_loss"):
+        torch.ops.aten._ctc_loss(x, torch.tensor([[1]]), [3], [1])

@@ -1,0 +1,165 @@
+"""Tests for torchjax/ops/nn_misc.py: OpInfo sweep plus what OpInfo misses.
+
+conv3d / conv_transpose3d belong to conv.py; their OpInfo sweep runs here (conv tests
+cover them only directly). Random ops (dropout family, rrelu in training,
+fractional_max_pool's drawn samples) cannot match CPU torch's generator: they are not in
+the sweep; the tests below check shapes, dtypes and statistics (and rrelu in eval mode).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
+
+OPS = [
+    "nn.functional.embedding_bag",
+    "nn.functional.unfold",
+    "nn.functional.pixel_shuffle",
+    "nn.functional.pixel_unshuffle",
+    "nn.functional.channel_shuffle",
+    "nn.functional.one_hot",
+    "nn.functional.normalize",
+    "nn.functional.local_response_norm",
+    "nn.functional.prelu",
+    "nn.functional.cosine_similarity",
+    "nn.functional.pairwise_distance",
+    "nn.functional.pdist",
+    "nn.functional.softmin",
+    "nn.functional.softmin.with_dtype",
+    "nn.functional.conv3d",
+    "nn.functional.conv_transpose3d",
+]
+globals().update(make_tests(OPS))
+# Random ops, left out of the sweep: their samples draw from torch's CPU generator on one
+# side and torchjax's on the other (see the module docstring), so values cannot match.
+RANDOM_OPS = [
+    "nn.functional.fractional_max_pool2d",  # test_pooling.py: fixed-sample tests
+    "nn.functional.fractional_max_pool3d",
+    "nn.functional.rrelu",
+    "nn.functional.dropout",
+    "nn.functional.dropout2d",
+    "nn.functional.dropout3d",
+    "nn.functional.alpha_dropout",
+    "nn.functional.feature_alpha_dropout.with_train",
+]
+
+_G = torch.Generator().manual_seed(0)
+
+
+def _grads_match(fn, *inputs, rtol=1e-7, atol=1e-7):
+    diff = [t.is_floating_point() for t in inputs]
+    cpu = [t.detach().clone().requires_grad_(d) for t, d in zip(inputs, diff)]
+    tpu = [t.detach().to("tpu").requires_grad_(d) for t, d in zip(inputs, diff)]
+    want, got = fn(*cpu), fn(*tpu)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=rtol, atol=atol)
+    w = torch.rand(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(1))
+    cin = [t for t, d in zip(cpu, diff) if d]
+    tin = [t for t, d in zip(tpu, diff) if d]
+    gw = torch.autograd.grad((want * w).sum(), cin)
+    gt = torch.autograd.grad((got * w.to("tpu")).sum(), tin)
+    for a, b in zip(gt, gw):
+        torch.testing.assert_close(a.cpu(), b, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_modes_padding_and_empty_bags(mode):
+    w = torch.randn(10, 4, generator=_G, dtype=torch.float64)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0])
+    offsets = torch.tensor([0, 3, 3, 6])  # bag 1 is empty
+    _grads_match(
+        lambda w: F.embedding_bag(
+            idx.to(w.device), w, offsets.to(w.device), mode=mode, padding_idx=4
+        ),
+        w,
+    )
+    _grads_match(
+        lambda w: F.embedding_bag(
+            idx.to(w.device), w, offsets.to(w.device), mode=mode, include_last_offset=True
+        ),
+        w,
+    )
+    _grads_match(lambda w: F.embedding_bag(idx.reshape(3, 3).to(w.device), w, mode=mode), w)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="scale_grad_by_freq gradient differs from ATen's (found late, not diagnosed yet)",
+)
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_scale_grad_by_freq(mode):
+    w = torch.randn(10, 4, generator=_G, dtype=torch.float64)
+    idx = torch.tensor([[1, 2, 4], [5, 4, 3], [2, 9, 0]])
+    _grads_match(
+        lambda w: F.embedding_bag(idx.to(w.device), w, mode=mode, scale_grad_by_freq=True), w
+    )
+
+
+def test_embedding_bag_per_sample_weights():
+    w = torch.randn(10, 4, generator=_G, dtype=torch.float64)
+    psw = torch.rand(9, generator=_G, dtype=torch.float64)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0])
+    offsets = torch.tensor([0, 3, 3, 6])
+    _grads_match(
+        lambda w, p: F.embedding_bag(
+            idx.to(w.device),
+            w,
+            offsets.to(w.device),
+            per_sample_weights=p,
+            mode="sum",
+            padding_idx=2,
+        ),
+        w,
+        psw,
+    )
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 2.0, 3.0, float("inf")])
+def test_pdist_norms_and_duplicate_rows(p):
+    x = torch.randn(5, 3, generator=_G, dtype=torch.float64)
+    x[3] = x[1]  # a zero distance: ATen's gradient is 0 there, not NaN
+    _grads_match(lambda x: F.pdist(x, p), x)
+
+
+def test_rrelu_eval_and_training_noise():
+    x = torch.randn(1000, generator=_G)
+    _grads_match(lambda x: F.rrelu(x, 0.1, 0.3, training=False), x.double())
+    t = x.to("tpu")
+    out = F.rrelu(t, 0.1, 0.3, training=True).cpu()
+    slope = out / x
+    assert out.dtype == torch.float32 and out.shape == x.shape
+    torch.testing.assert_close(out[x > 0], x[x > 0])
+    neg = slope[x < 0]
+    assert neg.min() >= 0.1 and neg.max() <= 0.3 and neg.std() > 0.03
+    torch.testing.assert_close(neg.mean(), torch.tensor(0.2), atol=0.01, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "fn,p",
+    [
+        (lambda x: F.dropout(x, 0.3, training=True), 0.3),
+        (lambda x: F.dropout2d(x, 0.4, training=True), 0.4),
+        (lambda x: F.dropout3d(x[..., None], 0.4, training=True)[..., 0], 0.4),
+        (lambda x: F.alpha_dropout(x, 0.3, training=True), 0.3),
+        (lambda x: F.feature_alpha_dropout(x, 0.3, training=True), 0.3),
+    ],
+)
+def test_dropout_family_shapes_and_rates(fn, p):
+    x = torch.randn(64, 32, 8, 8, generator=_G)
+    torch.manual_seed(0)
+    out = fn(x.to("tpu"))
+    assert out.shape == x.shape and out.dtype == x.dtype and out.device.type == "tpu"
+    want = fn(x)
+
+    # Dropped entries all take one value (0, or alpha dropout's a'): its frequency is p.
+    # Kept ones are transformed as on CPU, so mean and spread match CPU's closely.
+    def dropped_fraction(t):
+        return t.unique(return_counts=True)[1].max().item() / t.numel()
+
+    got = out.cpu()
+    assert abs(dropped_fraction(got) - p) < 0.03
+    assert abs(dropped_fraction(want) - p) < 0.03
+    torch.testing.assert_close(got.mean(), want.mean(), atol=0.05, rtol=0)
+    torch.testing.assert_close(got.std(), want.std(), atol=0.05, rtol=0)

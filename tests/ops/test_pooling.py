@@ -1,0 +1,150 @@
+"""Tests for torchjax/ops/pooling.py: OpInfo sweep plus what OpInfo misses."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
+from torchjax.testing.opinfo import same
+
+OPS = [
+    "nn.functional.adaptive_avg_pool1d",
+    "nn.functional.adaptive_avg_pool2d",
+    "nn.functional.adaptive_avg_pool3d",
+    "nn.functional.adaptive_max_pool1d",
+    "nn.functional.adaptive_max_pool2d",
+    "nn.functional.adaptive_max_pool3d",
+    "nn.functional.avg_pool1d",
+    "nn.functional.avg_pool2d",
+    "nn.functional.avg_pool3d",
+    "nn.functional.max_pool1d",
+    "nn.functional.max_pool2d",
+    "nn.functional.max_pool3d",
+    "max_pool2d_with_indices_backward",
+    "nn.functional.max_unpool1d",
+    "nn.functional.max_unpool1d.grad",
+    "nn.functional.max_unpool2d",
+    "nn.functional.max_unpool2d.grad",
+    "nn.functional.max_unpool3d",
+    "nn.functional.max_unpool3d.grad",
+]
+globals().update(make_tests(OPS))
+
+
+def _grads_match(fn, *inputs, rtol=1e-4, atol=1e-5):
+    cpu = [t.detach().clone().requires_grad_() for t in inputs]
+    tpu = [t.detach().to("tpu").requires_grad_() for t in inputs]
+    want, got = fn(*cpu), fn(*tpu)
+    want = want[0] if isinstance(want, tuple) else want
+    got = got[0] if isinstance(got, tuple) else got
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=rtol, atol=atol)
+    w = torch.rand(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(1))
+    gw = torch.autograd.grad((want * w).sum(), cpu)
+    gt = torch.autograd.grad((got * w.to("tpu")).sum(), tpu)
+    for a, b in zip(gt, gw):
+        torch.testing.assert_close(a.cpu(), b, rtol=rtol, atol=atol)
+
+
+_X = torch.randn(2, 3, 7, 9, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(kernel_size=(2, 3), stride=2, padding=1, ceil_mode=True),
+        dict(kernel_size=3, stride=2, ceil_mode=True),
+        dict(kernel_size=3, dilation=2, padding=1),
+    ],
+)
+def test_max_pool2d_indices_ceil_mode_dilation(kw):
+    same(lambda x: F.max_pool2d(x, return_indices=True, **kw), _X)
+    _grads_match(lambda x: F.max_pool2d(x, **kw), _X)
+
+
+@pytest.mark.parametrize("count_include_pad", [True, False])
+@pytest.mark.parametrize("divisor_override", [None, 5])
+def test_avg_pool2d_ceil_mode_and_divisors(count_include_pad, divisor_override):
+    kw = dict(
+        kernel_size=(2, 3),
+        stride=2,
+        padding=1,
+        ceil_mode=True,
+        count_include_pad=count_include_pad,
+        divisor_override=divisor_override,
+    )
+    _grads_match(lambda x: F.avg_pool2d(x, **kw), _X)
+
+
+def test_pools_channels_last_and_unbatched():
+    x = _X.to(memory_format=torch.channels_last)
+    same(lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), x)
+    same(lambda x: F.avg_pool2d(x, 3, 2, 1), x)
+    same(lambda x: F.adaptive_avg_pool2d(x, (3, 4)), x)
+    same(lambda x: F.max_pool2d(x, 2, return_indices=True), _X[0])
+    same(lambda x: F.adaptive_max_pool2d(x, (3, 4), return_indices=True), _X[0])
+
+
+def test_max_pool_ties_pick_first_index():
+    x = torch.zeros(1, 1, 4, 4)
+    out, idx = F.max_pool2d(x.to("tpu"), 2, return_indices=True)
+    torch.testing.assert_close(idx.cpu(), F.max_pool2d(x, 2, return_indices=True)[1])
+
+
+def test_avg_pool2d_int64_truncates():
+    x = torch.randint(-50, 50, (1, 2, 5, 5))
+    same(lambda x: F.avg_pool2d(x, 2, ceil_mode=True), x)
+
+
+def test_fractional_max_pool_with_fixed_samples():
+    # The samples drawn inside F.fractional_max_pool come from torchjax's RNG; with fixed
+    # samples the op is deterministic and must match CPU exactly, indices included.
+    g = torch.Generator().manual_seed(0)
+    s2 = torch.rand(2, 3, 2, generator=g)
+    same(
+        lambda x, s: F.fractional_max_pool2d(
+            x, 2, output_size=(4, 5), _random_samples=s, return_indices=True
+        ),
+        _X,
+        s2,
+    )
+    _grads_match(
+        lambda x: F.fractional_max_pool2d(
+            x, (2, 3), output_size=(3, 4), _random_samples=s2.to(x.device)
+        ),
+        _X,
+    )
+    x3 = torch.randn(2, 2, 5, 4, 6, generator=g)
+    s3 = torch.rand(2, 2, 3, generator=g)
+    same(
+        lambda x, s: F.fractional_max_pool3d(
+            x, 2, output_size=(3, 2, 4), _random_samples=s, return_indices=True
+        ),
+        x3,
+        s3,
+    )
+
+
+def test_fractional_max_pool_random_samples_shape_and_determinism():
+    x = _X.to("tpu")
+    torch.manual_seed(3)
+    a, ia = F.fractional_max_pool2d(x, 2, output_ratio=0.5, return_indices=True)
+    torch.manual_seed(3)
+    b, ib = F.fractional_max_pool2d(x, 2, output_ratio=0.5, return_indices=True)
+    want = F.fractional_max_pool2d(_X, 2, output_ratio=0.5)
+    assert a.shape == want.shape and a.dtype == want.dtype and ia.dtype == torch.int64
+    torch.testing.assert_close(a.cpu(), b.cpu())
+    torch.testing.assert_close(ia.cpu(), ib.cpu())
+    # Every value is the input at its index.
+    flat = _X.reshape(2, 3, -1)
+    torch.testing.assert_close(a.cpu(), flat.gather(2, ia.cpu().reshape(2, 3, -1)).reshape(a.shape))
+
+
+def test_pool_errors_name_the_op():
+    x = _X.to("tpu")
+    with pytest.raises(RuntimeError, match="aten::max_pool2d_with_indices"):
+        torch.ops.aten.max_pool2d_with_indices(x, [2, 2], [2, 2], [2, 2])
+    with pytest.raises(RuntimeError, match="aten::avg_pool2d"):
+        torch.ops.aten.avg_pool2d(x, [3, 3], [1, 1], [0, 0], False, True, 0)
+    with pytest.raises(RuntimeError, match="aten::fractional_max_pool2d"):
+        torch.ops.aten.fractional_max_pool2d(x, [2, 2], [7, 7], torch.rand(2, 3, 2).to("tpu"))

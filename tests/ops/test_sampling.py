@@ -1,0 +1,117 @@
+"""Tests for torchjax/ops/sampling.py: OpInfo sweep plus what OpInfo misses."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
+
+OPS = [
+    "nn.functional.interpolate.area",
+    "nn.functional.interpolate.bicubic",
+    "nn.functional.interpolate.bilinear",
+    "nn.functional.interpolate.linear",
+    "nn.functional.interpolate.nearest",
+    "nn.functional.interpolate.nearest-exact",
+    "nn.functional.interpolate.trilinear",
+    "nn.functional.upsample_bilinear",
+    "nn.functional.upsample_nearest",
+    "_upsample_bilinear2d_aa",
+    "nn.functional.grid_sample",
+    "grid_sampler_2d",
+    "grid_sampler_3d",
+    "nn.functional.pad.circular",
+    "nn.functional.pad.reflect",
+    "nn.functional.pad.replicate",
+    "nn.functional.pad.replicate_negative",
+]
+globals().update(make_tests(OPS))
+
+_G = torch.Generator().manual_seed(0)
+_X = torch.randn(2, 3, 5, 7, generator=_G, dtype=torch.float64)
+
+
+def _grads_match(fn, *inputs, rtol=1e-7, atol=1e-7):
+    cpu = [t.detach().clone().requires_grad_() for t in inputs]
+    tpu = [t.detach().to("tpu").requires_grad_() for t in inputs]
+    want, got = fn(*cpu), fn(*tpu)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=rtol, atol=atol)
+    w = torch.rand(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(1))
+    gw = torch.autograd.grad((want * w).sum(), cpu)
+    gt = torch.autograd.grad((got * w.to("tpu")).sum(), tpu)
+    for a, b in zip(gt, gw):
+        torch.testing.assert_close(a.cpu(), b, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bilinear", "bicubic", "area"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(size=(8, 4)),
+        dict(scale_factor=1.7),
+        dict(scale_factor=(0.6, 2.3), recompute_scale_factor=False),
+    ],
+)
+def test_interpolate_sizes_and_scales(mode, kw):
+    for ac in [None] if mode in ("nearest", "nearest-exact", "area") else [False, True]:
+        _grads_match(lambda x, ac=ac: F.interpolate(x, mode=mode, align_corners=ac, **kw), _X)
+
+
+@pytest.mark.parametrize("size", [(3, 4), (9, 11), (2, 13)])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_bilinear_antialias(size, align_corners):
+    _grads_match(
+        lambda x: F.interpolate(
+            x, size=size, mode="bilinear", antialias=True, align_corners=align_corners
+        ),
+        _X,
+    )
+
+
+def test_interpolate_channels_last_and_half():
+    x = _X.float().to(memory_format=torch.channels_last)
+    _grads_match(
+        lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), x, rtol=1e-4, atol=1e-5
+    )
+    xb = _X.to(torch.bfloat16)
+    want = F.interpolate(xb, size=(7, 3), mode="bicubic")
+    got = F.interpolate(xb.to("tpu"), size=(7, 3), mode="bicubic")
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.cpu(), want, rtol=1.6e-2, atol=2e-2)
+
+
+def test_nearest_integer_input():
+    x = torch.randint(0, 100, (1, 2, 4, 5))
+    for mode in ("nearest", "nearest-exact"):
+        got = F.interpolate(x.to("tpu"), scale_factor=1.5, mode=mode)
+        torch.testing.assert_close(got.cpu(), F.interpolate(x, scale_factor=1.5, mode=mode))
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_modes(mode, padding_mode, align_corners):
+    grid = torch.rand(2, 4, 6, 2, generator=_G, dtype=torch.float64) * 2.4 - 1.2
+    kw = dict(mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+    _grads_match(lambda x, g: F.grid_sample(x, g, **kw), _X, grid)
+    if mode != "bicubic":
+        x3 = torch.randn(2, 3, 4, 5, 3, generator=_G, dtype=torch.float64)
+        grid3 = torch.rand(2, 4, 3, 2, 3, generator=_G, dtype=torch.float64) * 2.4 - 1.2
+        _grads_match(lambda x, g: F.grid_sample(x, g, **kw), x3, grid3)
+
+
+@pytest.mark.parametrize("pad", [(1, 2, 2, 0), (-1, 2, 2, -1)])
+def test_replicate_pad_negative_and_3d(pad):
+    _grads_match(lambda x: F.pad(x, pad, mode="replicate"), _X)
+    x5 = torch.randn(2, 3, 5, 4, 3, generator=_G, dtype=torch.float64)
+    _grads_match(lambda x: F.pad(x, (1, 2, 1, -1, 1, 0), mode="replicate"), x5)
+
+
+def test_errors_name_the_op():
+    x = _X.to("tpu")
+    with pytest.raises(RuntimeError, match="aten::grid_sampler_3d"):
+        torch.ops.aten.grid_sampler_3d(x[None], torch.zeros(2, 1, 1, 1, 3).to("tpu"), 2, 0, False)
+    with pytest.raises(RuntimeError, match="aten::upsample_bilinear2d"):
+        torch.ops.aten.upsample_bilinear2d(x[0], [4, 4], False)
