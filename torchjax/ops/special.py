@@ -1,0 +1,652 @@
+"""Special functions: Airy, Bessel, Hurwitz zeta, incomplete gamma, orthogonal polynomials.
+
+Values follow ATen's own algorithms (aten/src/ATen/native/Math.h): the Cephes rational
+approximations and Chebyshev series, with their coefficient tables (at the end of this
+module), and the three-term recurrences of the polynomials. Every branch of a piecewise
+definition is computed on a "safe" copy of the input and one is picked with ``jnp.where``,
+so edge values are torch's: -inf at 0 and NaN below it for y0/y1, +inf at 0 for k0/k1,
+NaN at +-inf for Ai, 0 for a polynomial of negative degree, and so on.
+
+Dtypes: all are INT_TO_FLOAT (ints and bool compute in the default float); ATen evaluates
+in the input's own float type except ``zeta``, which it sums in double (``acc_type`` on
+CPU), and ``igamma``/``igammac`` on float16/bfloat16, which it computes in float32.
+
+Polynomials of a tensor degree ``n``: ATen loops k = 2..n per element (stopping early at a
+NaN). Here one ``lax.while_loop`` advances every element together and freezes each one at
+its own n or NaN, stopping when none is left; the trip count is data, not shape, so this
+traces under ``jax.jit`` too. Series that stop at convergence (Ai's) work the same way.
+At a NaN ``x`` ATen's U/V/W, Legendre and Laguerre loops exit before assigning their
+result and return an uninitialized value; we return NaN.
+
+Compilation: each function here is one sizeable XLA program (about a second to compile).
+In eager mode ``_elementwise`` runs it on the flattened input padded to a power-of-two
+length, so one executable per dtype and size octave serves every shape; the lowerings are
+registered ``jit=False`` so the registry does not compile them once per shape instead.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from torchjax.ops import _special_tables as _tab
+from torchjax.ops.registry import Kind, lowering
+
+aten = torch.ops.aten
+
+_SQRT_2_OVER_PI = 0.797884560802865355879892119868763737
+_TWO_OVER_PI = 0.636619772367581343075535053490057448
+_PI_4 = 0.785398163397448309615660845819875721
+_3PI_4 = 2.356194490192344928846982537459627163
+
+
+def _c(v, like):
+    """``v`` as a 0-d array of ``like``'s dtype (keeps float32 math in float32)."""
+    return np.asarray(v, dtype=like.dtype)
+
+
+def _polevl(x, coefs):
+    """sum(coefs[i] * x**(N - i)) by Horner's rule, as ATen's inline loops do."""
+    acc = jnp.zeros_like(x)
+    for c in coefs:
+        acc = acc * x + _c(c, x)
+    return acc
+
+
+def _chbevl(y, coefs):
+    """Clenshaw sum of a Chebyshev series at ``y`` (Cephes ``chbevl``): 0.5 * (b0 - b2)."""
+    p = q = jnp.zeros_like(y)
+    a = jnp.full_like(y, coefs[0])
+    for c in coefs[1:]:
+        p, q = q, a
+        a = y * q - p + _c(c, y)
+    return _c(0.5, y) * (a - p)
+
+
+def _where(*pairs_and_default):
+    """``_where(c1, v1, c2, v2, ..., default)``: the first true condition wins."""
+    *pairs, out = pairs_and_default
+    for cond, val in reversed(list(zip(pairs[::2], pairs[1::2]))):
+        out = jnp.where(cond, val, out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Airy and Bessel functions of the first and second kind
+
+
+@jax.jit
+def _airy_ai(x):
+    one = _c(1.0, x)
+    neg = x < -2.09
+    pos = x >= 2.09
+    # x < -2.09: the oscillating asymptotic expansion.
+    xn = jnp.where(neg, x, _c(-3.0, x))
+    zeta_n = _c(-2.0, x) * xn * jnp.sqrt(-xn) / _c(3.0, x)
+    z = one / zeta_n
+    zz = z * z
+    afn, afd = _polevl(zz, _tab.AIRY_AI_AFN), _polevl(zz, _tab.AIRY_AI_AFD)
+    agn, agd = _polevl(zz, _tab.AIRY_AI_AGN), _polevl(zz, _tab.AIRY_AI_AGD)
+    t = zeta_n + _c(0.25 * np.pi, x)
+    ai_neg = (
+        _c(5.64189583547756286948e-01, x)
+        / jnp.sqrt(jnp.sqrt(-xn))
+        * (jnp.sin(t) * (one + zz * afn / afd) - jnp.cos(t) * (z * agn / agd))
+    )
+    # x >= 2.09: the decaying asymptotic expansion.
+    xp = jnp.where(pos, x, _c(3.0, x))
+    zeta_p = _c(2.0, x) * xp * jnp.sqrt(xp) / _c(3.0, x)
+    an, ad = _polevl(one / zeta_p, _tab.AIRY_AI_AN), _polevl(one / zeta_p, _tab.AIRY_AI_AD)
+    ai_pos = (
+        _c(5.64189583547756286948e-01, x)
+        * (an / ad)
+        / (_c(2.0, x) * jnp.sqrt(jnp.sqrt(xp)) * jnp.exp(zeta_p))
+    )
+    # In between: the Maclaurin series f(x) c1 - g(x) c2, summed until it converges.
+    xs = jnp.where(neg | pos, jnp.zeros_like(x), x)
+    cube = xs * xs * xs
+    eps = _c(np.finfo(x.dtype).eps, x)
+
+    def body(s):
+        f, g, k, m, n, active = s
+        m2 = m * cube
+        k1 = k + one
+        m2 = m2 / k1
+        n2 = n * cube
+        k2 = k1 + one
+        n2 = n2 / k2
+        m2 = m2 / k2
+        f2 = f + m2
+        k3 = k2 + one
+        n2 = n2 / k3
+        g2 = g + n2
+        upd = lambda new, old: jnp.where(active, new, old)  # noqa: E731
+        still = active & (jnp.abs(m2 / f2) > eps)
+        return upd(f2, f), upd(g2, g), upd(k3, k), upd(m2, m), upd(n2, n), still
+
+    ones = jnp.ones_like(x)
+    init = (ones, xs, ones, ones, xs, jnp.ones(x.shape, dtype=bool))
+    f, g, *_ = lax.while_loop(lambda s: jnp.any(s[-1]), body, init)
+    ai_mid = _c(0.355028053887817239260, x) * f - _c(0.258819403792806798405, x) * g
+    nan = _c(np.nan, x)
+    return _where(
+        jnp.isinf(x), nan, x > 103.892, jnp.zeros_like(x), neg, ai_neg, pos, ai_pos, ai_mid
+    )
+
+
+@jax.jit
+def _bessel_j0(x):
+    x = jnp.abs(x)
+    small = x <= 5.0
+    xs = jnp.where(small, x, jnp.ones_like(x))
+    x2 = xs * xs
+    rp, rq = _polevl(x2, _tab.BESSEL_J0_RP), _polevl(x2, _tab.BESSEL_J0_RQ)
+    j_small = (x2 - _c(5.78318596294678452118e00, x)) * (x2 - _c(3.04712623436620863991e01, x))
+    j_small = j_small * rp / rq
+    tiny = _c(1.0, x) - x * x / _c(4.0, x)
+    return _where(x < 0.00001, tiny, small, j_small, _bessel_large(x, _J0_ASYMPTOTIC, False))
+
+
+@jax.jit
+def _bessel_j1(x):
+    sign = jnp.where(x < 0, _c(-1.0, x), _c(1.0, x))
+    x = jnp.abs(x)
+    small = x <= 5.0
+    xs = jnp.where(small, x, jnp.ones_like(x))
+    x2 = xs * xs
+    rp, rq = _polevl(x2, _tab.BESSEL_J1_RP), _polevl(x2, _tab.BESSEL_J1_RQ)
+    j_small = rp / rq * xs * (x2 - _c(1.46819706421238932572e01, x))
+    j_small = j_small * (x2 - _c(4.92184563216946036703e01, x))
+    return sign * jnp.where(small, j_small, _bessel_large(x, _J1_ASYMPTOTIC, False))
+
+
+def _bessel_large(x, tables, second_kind):
+    """The x > 5 Hankel asymptotic form shared by j0/y0 (phase pi/4) and j1/y1 (3 pi/4)."""
+    pp_c, pq_c, qp_c, qq_c, phase, order1 = tables
+    xl = jnp.where(x <= 5.0, _c(6.0, x), x)
+    five = _c(5.0, x)
+    w = five / xl * (five / xl) if order1 else _c(25.0, x) / (xl * xl)
+    p = _polevl(w, pp_c) / _polevl(w, pq_c)
+    q = five / xl * (_polevl(w, qp_c) / _polevl(w, qq_c))
+    arg = xl - _c(phase, x)
+    if second_kind:
+        val = p * jnp.sin(arg) + q * jnp.cos(arg)
+    else:
+        val = p * jnp.cos(arg) - q * jnp.sin(arg)
+    return val * _c(_SQRT_2_OVER_PI, x) / jnp.sqrt(xl)
+
+
+@jax.jit
+def _bessel_y0(x):
+    small = x <= 5.0
+    xs = jnp.where(small & (x > 0), x, jnp.ones_like(x))
+    x2 = xs * xs
+    y_small = _polevl(x2, _tab.BESSEL_Y0_YP) / _polevl(x2, _tab.BESSEL_Y0_YQ)
+    y_small = y_small + _c(_TWO_OVER_PI, x) * jnp.log(xs) * _bessel_j0(xs)
+    return _where(
+        x == 0,
+        _c(-np.inf, x),
+        x < 0,
+        _c(np.nan, x),
+        small,
+        y_small,
+        _bessel_large(x, _J0_ASYMPTOTIC, True),
+    )
+
+
+@jax.jit
+def _bessel_y1(x):
+    small = x <= 5.0
+    xs = jnp.where(small & (x > 0), x, jnp.ones_like(x))
+    x2 = xs * xs
+    y_small = xs * (_polevl(x2, _tab.BESSEL_Y1_YP) / _polevl(x2, _tab.BESSEL_Y1_YQ))
+    y_small = y_small + _c(_TWO_OVER_PI, x) * (_bessel_j1(xs) * jnp.log(xs) - _c(1.0, x) / xs)
+    return _where(
+        x == 0,
+        _c(-np.inf, x),
+        x < 0,
+        _c(np.nan, x),
+        small,
+        y_small,
+        _bessel_large(x, _J1_ASYMPTOTIC, True),
+    )
+
+
+@jax.jit
+def _spherical_bessel_j0(x):
+    x2 = x * x
+    series = _c(1.0 / 6227020800.0, x)
+    for c in (-1.0 / 39916800.0, 1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0, 1.0):
+        series = _c(c, x) + x2 * series
+    safe = jnp.where(jnp.abs(x) < 0.5, jnp.ones_like(x), x)
+    return _where(jnp.isinf(x), jnp.zeros_like(x), jnp.abs(x) < 0.5, series, jnp.sin(safe) / safe)
+
+
+# ---------------------------------------------------------------------------------------
+# Modified Bessel functions (Chebyshev series, Cephes i0/i1/k0/k1)
+
+
+@functools.partial(jax.jit, static_argnames="order")
+def _bessel_i(x, order):
+    ax = jnp.abs(x)
+    small = ax <= 8.0
+    a_tab, b_tab = (
+        (_tab.MODIFIED_BESSEL_I0_A, _tab.MODIFIED_BESSEL_I0_B)
+        if order == 0
+        else (
+            _tab.MODIFIED_BESSEL_I1_A,
+            _tab.MODIFIED_BESSEL_I1_B,
+        )
+    )
+    xs = jnp.where(small, ax, jnp.zeros_like(ax))
+    xl = jnp.where(small, _c(32.0, x), ax)
+    a = _chbevl(xs / _c(2.0, x) - _c(2.0, x), a_tab)
+    b = _chbevl(_c(32.0, x) / xl - _c(2.0, x), b_tab)
+    if order == 0:
+        return jnp.where(small, jnp.exp(ax) * a, jnp.exp(ax) * b / jnp.sqrt(xl))
+    val = jnp.where(small, a * ax * jnp.exp(ax), jnp.exp(ax) * b / jnp.sqrt(xl))
+    return jnp.where(x < 0, -val, val)
+
+
+@functools.partial(jax.jit, static_argnames=("order", "scaled"))
+def _bessel_k(x, order, scaled):
+    small = x <= 2.0
+    a_tab, b_tab = (
+        (_tab.MODIFIED_BESSEL_K0_A, _tab.MODIFIED_BESSEL_K0_B)
+        if order == 0
+        else (
+            _tab.MODIFIED_BESSEL_K1_A,
+            _tab.MODIFIED_BESSEL_K1_B,
+        )
+    )
+    xs = jnp.where(small & (x > 0), x, jnp.ones_like(x))
+    xl = jnp.where(small, _c(4.0, x), x)
+    a = _chbevl(xs * xs - _c(2.0, x), a_tab)
+    log_half = jnp.log(_c(0.5, x) * xs)
+    if order == 0:
+        k_small = a - log_half * _bessel_i(xs, 0)
+    else:
+        k_small = log_half * _bessel_i(xs, 1) + a / xs
+    k_large = _chbevl(_c(8.0, x) / xl - _c(2.0, x), b_tab) / jnp.sqrt(xl)
+    if scaled:
+        k_small = k_small * jnp.exp(xs)
+    else:
+        k_large = jnp.exp(-xl) * k_large
+    return _where(x == 0, _c(np.inf, x), x < 0, _c(np.nan, x), small, k_small, k_large)
+
+
+# ---------------------------------------------------------------------------------------
+# Orthogonal polynomials of a tensor degree n
+
+
+def _degree(n):
+    """ATen's ``static_cast<int64_t>(n)``: truncation; NaN, +-inf and out-of-range values
+    give INT64_MIN on x86 (a negative degree, so the polynomial is 0)."""
+    if not jnp.issubdtype(n.dtype, jnp.floating):
+        return n.astype(jnp.int64)
+    ok = jnp.isfinite(n) & (jnp.abs(n) < 2.0**63)
+    return jnp.where(ok, jnp.where(ok, n, 0).astype(jnp.int64), np.int64(-(2**63)))
+
+
+def _recurrence(x, n, p, q, step, stop_at_nan=True):
+    """P_n(x) from P_0 = p, P_1 = q and P_k = step(k, x, P_{k-2}, P_{k-1}), k = 2..n.
+
+    Each element stops at its own n (and, as in ATen, once P_{k-1} is NaN)."""
+
+    def alive(k, q):
+        live = k <= n
+        return live & ~jnp.isnan(q) if stop_at_nan else live
+
+    def body(s):
+        k, p, q = s
+        go = alive(k, q)
+        r = step(k.astype(x.dtype), x, p, q)
+        return k + 1, jnp.where(go, q, p), jnp.where(go, r, q)
+
+    k0 = jnp.asarray(2, dtype=jnp.int64)
+    _, _, q = lax.while_loop(lambda s: jnp.any(alive(s[0], s[2])), body, (k0, p, q))
+    return q
+
+
+def _cheb_step(k, y, p, q):
+    return (y + y) * q - p
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "shifted"))
+def _chebyshev(x, n, kind, shifted):
+    """Chebyshev T/U/V/W_n(x) (``shifted``: of 2x - 1), ATen's branch order."""
+    x, n = jnp.broadcast_arrays(x, n)
+    n = _degree(n)
+    one = _c(1.0, x)
+    y = x + x - one if shifted else x
+    if shifted:
+        at_pos, at_neg = x == 1, x == 0
+    else:
+        at_pos, at_neg = (jnp.abs(x) == 1) & (x > 0), (jnp.abs(x) == 1) & (x < 0)
+    even = n % 2 == 0
+    nf = n.astype(x.dtype)
+    two_n1 = (n + n + 1).astype(x.dtype)
+    sign = jnp.where(even, one, -one)
+    # degree above which ATen switches to the trigonometric form inside (-1, 1)
+    trig_from = {"t": 6, "u": 6 if shifted else 8, "v": 6 if shifted else 8}.get(
+        kind, 4 if shifted else 8
+    )
+    inside = (n > trig_from) & (jnp.abs(y) < 1)
+    theta = jnp.arccos(jnp.where(inside, y, jnp.zeros_like(y)))
+    if kind == "t":
+        edge_pos, edge_neg = one, sign
+        trig = jnp.cos(nf * theta)
+        first = y
+    elif kind == "u":
+        edge_pos, edge_neg = nf + one, sign * (nf + one)
+        s = jnp.sin(theta)
+        safe_s = jnp.where(s != 0, s, one)
+        trig = jnp.where(
+            s != 0,
+            jnp.sin((nf + one) * theta) / safe_s,
+            (nf + one) * jnp.cos((nf + one) * theta) / y,
+        )
+        first = y + y
+    elif kind == "v":
+        edge_pos, edge_neg = one, sign * two_n1
+        half = jnp.sin(theta / _c(2.0, x))
+        trig = jnp.where(
+            half != 1,
+            jnp.cos((nf + _c(0.5, x)) * theta) / jnp.cos(theta / _c(2.0, x)),
+            sign * two_n1,
+        )
+        first = y + y - one
+    else:  # "w"
+        edge_pos, edge_neg = two_n1, sign
+        half = jnp.cos(theta / _c(2.0, x))
+        trig = jnp.where(
+            half != 1,
+            jnp.sin((nf + _c(0.5, x)) * theta) / jnp.sin(theta / _c(2.0, x)),
+            sign if shifted else jnp.where(y > 0, two_n1, sign),
+        )
+        first = y + y + one
+    rec = _recurrence(
+        y, jnp.where(at_pos | at_neg | inside, 0, n), jnp.ones_like(x), first, _cheb_step
+    )
+    return _where(
+        n < 0,
+        jnp.zeros_like(x),
+        at_pos,
+        edge_pos * jnp.ones_like(x),
+        at_neg,
+        edge_neg * jnp.ones_like(x),
+        inside,
+        trig,
+        n == 0,
+        jnp.ones_like(x),
+        rec,
+    )
+
+
+# ATen returns NaN above these degrees (getHermitianLimit in Math.h).
+_HERMITE_LIMIT = {np.dtype(np.float32): 128, np.dtype(np.float64): 512}
+
+
+@functools.partial(jax.jit, static_argnames="physicists")
+def _hermite(x, n, physicists):
+    x, n = jnp.broadcast_arrays(x, n)
+    n = _degree(n)
+    limit = _HERMITE_LIMIT.get(np.dtype(x.dtype), 1024)
+    if physicists:  # H_k = 2x H_{k-1} - 2(k-1) H_{k-2}
+        first = x + x
+        step = lambda k, x, p, q: (x + x) * q - (k + k - 2) * p  # noqa: E731
+    else:  # He_k = x He_{k-1} - (k-1) He_{k-2}
+        first = x
+        step = lambda k, x, p, q: x * q - (k - 1) * p  # noqa: E731
+    rec = _recurrence(x, jnp.where(n > limit, 0, n), jnp.ones_like(x), first, step, False)
+    return _where(n < 0, jnp.zeros_like(x), n == 0, jnp.ones_like(x), n > limit, _c(np.nan, x), rec)
+
+
+@jax.jit
+def _laguerre(x, n):
+    x, n = jnp.broadcast_arrays(x, n)
+    n = _degree(n)
+    one = _c(1.0, x)
+
+    def step(k, x, p, q):  # (k-1) in ATen's loop variable: L_k from L_{k-1}, L_{k-2}
+        j = k - one
+        return (((j + j) + (one - x)) * q - j * p) / (j + one)
+
+    rec = _recurrence(x, jnp.where(x == 0, 0, n), jnp.ones_like(x), one - x, step)
+    return _where(n < 0, jnp.zeros_like(x), x == 0, jnp.ones_like(x), n == 0, jnp.ones_like(x), rec)
+
+
+@jax.jit
+def _legendre(x, n):
+    x, n = jnp.broadcast_arrays(x, n)
+    n = _degree(n)
+    one = _c(1.0, x)
+
+    def step(k, x, p, q):
+        j = k - one
+        return ((j + j + one) * x * q - j * p) / (j + one)
+
+    edge = jnp.abs(x) == 1
+    rec = _recurrence(x, jnp.where(edge, 0, n), jnp.ones_like(x), x, step)
+    parity = jnp.where((x > 0) | (n % 2 == 0), one, -one)
+    return _where(n < 0, jnp.zeros_like(x), edge, parity, n == 0, jnp.ones_like(x), rec)
+
+
+# ---------------------------------------------------------------------------------------
+# Hurwitz zeta and the regularized incomplete gamma functions
+
+
+@jax.jit
+def _zeta(x, q):
+    x, q = jnp.broadcast_arrays(x, q)
+    inf, nan = _c(np.inf, x), _c(np.nan, x)
+    q_pole = (q <= 0) & (q == jnp.floor(q))
+    x_int = x == jnp.floor(x)
+    # jax's zeta is for q > 0. For q < 0 (not an integer) and integer x, ATen's direct sum
+    # over (q + k)**-x still converges: take its first terms until q + k > 0, then jax.
+    shift = (q < 0) & ~q_pole & x_int & (x > 1) & (q > -1e4)
+
+    def body(s):
+        qq, acc = s
+        move = shift & (qq <= 0)
+        acc = jnp.where(move, acc + jnp.power(jnp.where(move, qq, 1), -x), acc)
+        return jnp.where(move, qq + 1, qq), acc
+
+    qs, acc = lax.while_loop(lambda s: jnp.any(shift & (s[0] <= 0)), body, (q, jnp.zeros_like(x)))
+    safe_x = jnp.where(x > 1, x, _c(2.0, x))
+    safe_q = jnp.where(qs > 0, qs, _c(1.0, x))
+    val = jax.scipy.special.zeta(safe_x, safe_q) + acc
+    return _where(
+        x == 1, inf, x < 1, nan, q_pole, inf, (q <= 0) & ~x_int, nan, jnp.isnan(q), nan, val
+    )
+
+
+@functools.partial(jax.jit, static_argnames="lower")
+def _igamma(a, x, lower):
+    """P(a, x) (``lower``) or Q(a, x) with ATen's boundary values (calc_igamma /
+    calc_igammac, following SciPy)."""
+    value = lax.igamma(a, x) if lower else lax.igammac(a, x)
+    zero, one, nan = jnp.zeros_like(value), jnp.ones_like(value), _c(np.nan, value)
+    at_a0, at_x0, at_a_inf, at_x_inf = (one, zero, zero, one) if lower else (zero, one, one, zero)
+    return _where(
+        (x < 0) | (a < 0),
+        nan,
+        a == 0,
+        jnp.where(x > 0, at_a0, nan),
+        x == 0,
+        at_x0,
+        jnp.isinf(a),
+        jnp.where(jnp.isinf(x), nan, at_a_inf),
+        jnp.isinf(x),
+        at_x_inf,
+        value,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# lowerings
+
+
+_BUCKET_MIN = 1024
+
+
+def _elementwise(fn, *arrays):
+    """``fn`` (jitted, elementwise) on ``arrays`` broadcast together.
+
+    In eager mode the arrays are flattened and zero-padded to a power-of-two length (at
+    least ``_BUCKET_MIN``), so one compiled executable per dtype and size octave serves
+    every shape: these functions take about a second each to compile, once per shape
+    otherwise. Zero is a cheap input for every function here (no loop runs long on it).
+    Under a trace the arrays go through as they are."""
+    arrays = jnp.broadcast_arrays(*(jnp.asarray(a) for a in arrays))
+    if any(isinstance(a, jax.core.Tracer) for a in arrays):
+        return fn(*arrays)
+    shape = arrays[0].shape
+    n = arrays[0].size
+    size = max(_BUCKET_MIN, 1 << max(n - 1, 0).bit_length())
+    flat = [jnp.pad(a.reshape(-1), (0, size - n)) for a in arrays]
+    return fn(*flat)[:n].reshape(shape)
+
+
+def _register(packet, fn, doc):
+    """One lowering of ``packet`` (all overloads) evaluating ``fn`` elementwise.
+
+    ``jit=False``: the registry would compile the call once per shape; ``_elementwise``
+    runs ``fn`` compiled once per size octave instead."""
+
+    def lower(*args):
+        return _elementwise(fn, *args)
+
+    lower.__name__ = lower.__qualname__ = packet._qualified_op_name.split("::")[1]
+    lower.__doc__ = doc
+    lowering(packet, promote=Kind.INT_TO_FLOAT, jit=False)(lower)
+
+
+_UNARY_DOC = """aten::{name} - {what}, elementwise.
+
+    Dtypes: INT_TO_FLOAT (ints, bool -> default float). {edges}
+    Reference: torch.special.{short}; ATen {short}_forward (Cephes), ported in jnp."""
+
+for _name, _fn, _what, _edges in [
+    ("airy_ai", _airy_ai, "Airy function Ai(x)", "NaN at +-inf, 0 above 103.892."),
+    ("bessel_j0", _bessel_j0, "Bessel function of the first kind J0", ""),
+    ("bessel_j1", _bessel_j1, "Bessel function of the first kind J1 (odd)", ""),
+    ("bessel_y0", _bessel_y0, "Bessel function of the second kind Y0", "-inf at 0, NaN < 0."),
+    ("bessel_y1", _bessel_y1, "Bessel function of the second kind Y1", "-inf at 0, NaN < 0."),
+    ("modified_bessel_i0", functools.partial(_bessel_i, order=0), "modified Bessel I0", ""),
+    ("modified_bessel_i1", functools.partial(_bessel_i, order=1), "modified Bessel I1", ""),
+    (
+        "modified_bessel_k0",
+        functools.partial(_bessel_k, order=0, scaled=False),
+        "modified Bessel function of the second kind K0",
+        "+inf at 0, NaN < 0.",
+    ),
+    (
+        "modified_bessel_k1",
+        functools.partial(_bessel_k, order=1, scaled=False),
+        "modified Bessel function of the second kind K1",
+        "+inf at 0, NaN < 0.",
+    ),
+    (
+        "scaled_modified_bessel_k0",
+        functools.partial(_bessel_k, order=0, scaled=True),
+        "exp(x) * K0(x) without overflow",
+        "+inf at 0, NaN < 0.",
+    ),
+    (
+        "scaled_modified_bessel_k1",
+        functools.partial(_bessel_k, order=1, scaled=True),
+        "exp(x) * K1(x) without overflow",
+        "+inf at 0, NaN < 0.",
+    ),
+    (
+        "spherical_bessel_j0",
+        _spherical_bessel_j0,
+        "spherical Bessel j0 = sin(x) / x",
+        "1 at 0 (Taylor polynomial for |x| < 0.5), 0 at +-inf.",
+    ),
+]:
+    _register(
+        getattr(aten, f"special_{_name}"),
+        _fn,
+        _UNARY_DOC.format(name=f"special_{_name}", what=_what, edges=_edges, short=_name),
+    )
+
+_POLY_DOC = """aten::{name} - {what} of degree ``n`` at ``x``, elementwise.
+
+    Shapes: x, n broadcast (either may be a Scalar overload). Dtypes: INT_TO_FLOAT; n is
+    truncated to an integer as ATen does (NaN/inf/negative degrees give 0). ATen's special
+    values and recurrence; see the module docstring for the loop. Reference: torch.special."""
+
+for _kind in "tuvw":
+    for _shifted in (False, True):
+        _name = f"special_{'shifted_' if _shifted else ''}chebyshev_polynomial_{_kind}"
+        _register(
+            getattr(aten, _name),
+            functools.partial(_chebyshev, kind=_kind, shifted=_shifted),
+            _POLY_DOC.format(
+                name=_name,
+                what=f"{'shifted ' if _shifted else ''}Chebyshev polynomial {_kind.upper()}",
+            ),
+        )
+for _name, _fn, _what in [
+    ("special_hermite_polynomial_h", functools.partial(_hermite, physicists=True), "Hermite H"),
+    ("special_hermite_polynomial_he", functools.partial(_hermite, physicists=False), "Hermite He"),
+    ("special_laguerre_polynomial_l", _laguerre, "Laguerre L"),
+    ("special_legendre_polynomial_p", _legendre, "Legendre P"),
+]:
+    _register(getattr(aten, _name), _fn, _POLY_DOC.format(name=_name, what=f"{_what} polynomial"))
+
+
+@lowering(aten.special_zeta, promote=Kind.INT_TO_FLOAT, jit=False)
+def special_zeta(self, other):
+    """aten::special_zeta - Hurwitz zeta ``sum_k (other + k) ** -self``, elementwise.
+
+    Shapes: broadcast (Scalar overloads too). Dtypes: INT_TO_FLOAT, summed in float64 as
+    ATen's CPU kernel does (``acc_type``), cast back. Edges as ATen: +inf at self == 1 and
+    at non-positive integer ``other``; NaN for self < 1 and for other <= 0 with a
+    non-integer self. Reference: torch.special.zeta; Cephes zeta."""
+    dtype = jnp.result_type(self, other)
+    x, q = jnp.asarray(self, jnp.float64), jnp.asarray(other, jnp.float64)
+    return _elementwise(_zeta, x, q).astype(dtype)
+
+
+@lowering(aten.igamma, promote=Kind.INT_TO_FLOAT, jit=False)
+def igamma(self, other):
+    """aten::igamma - regularized lower incomplete gamma P(self, other), elementwise.
+
+    Dtypes: INT_TO_FLOAT, f16/bf16 in float32. Boundary values as ATen (NaN for negative
+    arguments, P(0, x > 0) = 1, P(inf, finite) = 0). Reference: torch.igamma; lax.igamma."""
+    return _elementwise(functools.partial(_igamma, lower=True), self, other)
+
+
+@lowering(aten.igammac, promote=Kind.INT_TO_FLOAT, jit=False)
+def igammac(self, other):
+    """aten::igammac - regularized upper incomplete gamma Q(self, other) = 1 - P.
+
+    Dtypes: INT_TO_FLOAT, f16/bf16 in float32. Boundary values as ATen.
+    Reference: torch.igammac; lax.igammac."""
+    return _elementwise(functools.partial(_igamma, lower=False), self, other)
+
+
+_J0_ASYMPTOTIC = (
+    _tab.BESSEL_J0_PP,
+    _tab.BESSEL_J0_PQ,
+    _tab.BESSEL_J0_QP,
+    _tab.BESSEL_J0_QQ,
+    _PI_4,
+    False,
+)
+_J1_ASYMPTOTIC = (
+    _tab.BESSEL_J1_PP,
+    _tab.BESSEL_J1_PQ,
+    _tab.BESSEL_J1_QP,
+    _tab.BESSEL_J1_QQ,
+    _3PI_4,
+    True,
+)
