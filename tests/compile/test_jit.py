@@ -216,3 +216,24 @@ def test_export_gives_self_contained_stablehlo():
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(jax.device_get(out).copy()), cpu(x), rtol=1e-4, atol=1e-5)
     assert "stablehlo" in exported.mlir_module()
+
+
+def test_hashable_static_objects_are_keyed_by_value():
+    import dataclasses
+    import enum
+
+    class Mode(enum.Enum):
+        DOUBLE = 2
+        TRIPLE = 3
+
+    @dataclasses.dataclass(frozen=True)
+    class Window:
+        start: int
+        stop: int
+
+    f = torchjax.jit(lambda x, mode, w: x[w.start : w.stop] * mode.value)
+    x = torch.arange(6.0, device="tpu")
+    assert f(x, Mode.DOUBLE, Window(1, 3)).tolist() == [2.0, 4.0]
+    assert f(x, Mode.DOUBLE, Window(1, 3)).tolist() == [2.0, 4.0]  # an equal new object
+    assert f(x, Mode.TRIPLE, Window(1, 3)).tolist() == [3.0, 6.0]
+    assert f.trace_count == 2

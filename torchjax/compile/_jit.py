@@ -202,7 +202,7 @@ class _Call:
                 static.append(x)
             else:
                 roots.append(x)
-                static.append(_Ref(x))
+                static.append(x if _hashable_by_value(x) else _Ref(x))
         roots.extend(static_kwargs.values())
         self.roots = roots
         self.static, self.pos, self.tensors = static, pos, tensors
@@ -239,6 +239,20 @@ def _static_key(item):
             f"torchjax.jit: static argument {k!r} must be hashable, got {type(v).__name__}"
         ) from None
     return item
+
+
+def _hashable_by_value(x) -> bool:
+    """Enums, frozen dataclasses, slices...: equal values share an executable. Modules,
+    optimizers and objects without a value hash are keyed by identity (_Ref)."""
+    if isinstance(x, (torch.nn.Module, torch.optim.Optimizer)):
+        return False
+    if type(x).__hash__ in (None, object.__hash__):
+        return False
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
 
 
 class _Ref:
