@@ -101,7 +101,7 @@ def version() -> str:
 
 def measure(suite: str, timeout_s: int = 1200) -> dict:
     """{case name: median microseconds (or tokens/s for "decode"), or "n/a (why)"} for
-    one suite ("ops", "models", "decode"), measured with torchax in a child process."""
+    one suite ("ops", "models", "decode", "compiled"), measured with torchax in a child process."""
     cmd = [sys.executable, "-m", "bench._torchax", suite]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -126,6 +126,8 @@ def _main(suite: str) -> None:
         from bench import eager_overhead as mod
     elif suite == "models":
         from bench import models as mod
+    elif suite == "compiled":
+        from bench import compiled as mod
     else:
         from bench import decode as mod
     print(json.dumps(mod.torchax_results(tx)))
