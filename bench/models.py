@@ -35,22 +35,10 @@ WARMUP = 3
 
 
 def tiny_llama_config():
-    from transformers import LlamaConfig
+    # The examples' tiny Llama, so the bench and the example measure the same model.
+    from examples.tiny_llama_generate import tiny_llama_config as config
 
-    return LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    return config()
 
 
 def tiny_llama():
