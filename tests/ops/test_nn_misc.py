@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import make_tests
+from torchjax.testing.opinfo import grads_match
 
 OPS = [
     "nn.functional.embedding_bag",
@@ -48,40 +49,24 @@ RANDOM_OPS = [
 _G = torch.Generator().manual_seed(0)
 
 
-def _grads_match(fn, *inputs, rtol=1e-7, atol=1e-7):
-    diff = [t.is_floating_point() for t in inputs]
-    cpu = [t.detach().clone().requires_grad_(d) for t, d in zip(inputs, diff)]
-    tpu = [t.detach().to("tpu").requires_grad_(d) for t, d in zip(inputs, diff)]
-    want, got = fn(*cpu), fn(*tpu)
-    assert got.dtype == want.dtype and got.shape == want.shape
-    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=rtol, atol=atol)
-    w = torch.rand(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(1))
-    cin = [t for t, d in zip(cpu, diff) if d]
-    tin = [t for t, d in zip(tpu, diff) if d]
-    gw = torch.autograd.grad((want * w).sum(), cin)
-    gt = torch.autograd.grad((got * w.to("tpu")).sum(), tin)
-    for a, b in zip(gt, gw):
-        torch.testing.assert_close(a.cpu(), b, rtol=rtol, atol=atol)
-
-
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
 def test_embedding_bag_modes_padding_and_empty_bags(mode):
     w = torch.randn(10, 4, generator=_G, dtype=torch.float64)
     idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0])
     offsets = torch.tensor([0, 3, 3, 6])  # bag 1 is empty
-    _grads_match(
+    grads_match(
         lambda w: F.embedding_bag(
             idx.to(w.device), w, offsets.to(w.device), mode=mode, padding_idx=4
         ),
         w,
     )
-    _grads_match(
+    grads_match(
         lambda w: F.embedding_bag(
             idx.to(w.device), w, offsets.to(w.device), mode=mode, include_last_offset=True
         ),
         w,
     )
-    _grads_match(lambda w: F.embedding_bag(idx.reshape(3, 3).to(w.device), w, mode=mode), w)
+    grads_match(lambda w: F.embedding_bag(idx.reshape(3, 3).to(w.device), w, mode=mode), w)
 
 
 @pytest.mark.xfail(
@@ -92,7 +77,7 @@ def test_embedding_bag_modes_padding_and_empty_bags(mode):
 def test_embedding_bag_scale_grad_by_freq(mode):
     w = torch.randn(10, 4, generator=_G, dtype=torch.float64)
     idx = torch.tensor([[1, 2, 4], [5, 4, 3], [2, 9, 0]])
-    _grads_match(
+    grads_match(
         lambda w: F.embedding_bag(idx.to(w.device), w, mode=mode, scale_grad_by_freq=True), w
     )
 
@@ -102,7 +87,7 @@ def test_embedding_bag_per_sample_weights():
     psw = torch.rand(9, generator=_G, dtype=torch.float64)
     idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0])
     offsets = torch.tensor([0, 3, 3, 6])
-    _grads_match(
+    grads_match(
         lambda w, p: F.embedding_bag(
             idx.to(w.device),
             w,
@@ -120,12 +105,12 @@ def test_embedding_bag_per_sample_weights():
 def test_pdist_norms_and_duplicate_rows(p):
     x = torch.randn(5, 3, generator=_G, dtype=torch.float64)
     x[3] = x[1]  # a zero distance: ATen's gradient is 0 there, not NaN
-    _grads_match(lambda x: F.pdist(x, p), x)
+    grads_match(lambda x: F.pdist(x, p), x)
 
 
 def test_rrelu_eval_and_training_noise():
     x = torch.randn(1000, generator=_G)
-    _grads_match(lambda x: F.rrelu(x, 0.1, 0.3, training=False), x.double())
+    grads_match(lambda x: F.rrelu(x, 0.1, 0.3, training=False), x.double())
     t = x.to("tpu")
     out = F.rrelu(t, 0.1, 0.3, training=True).cpu()
     slope = out / x

@@ -111,7 +111,7 @@ def _bag_dense_backward(
     scale_grad_by_freq,
     mode,
     per_sample_weights,
-    padding_idx,
+    padding_idx=-1,
 ):
     d = grad.shape[1]
     n_bags = grad.shape[0]
@@ -176,32 +176,9 @@ def _embedding_bag_backward(
     )
 
 
-@lowering(aten._embedding_bag_dense_backward)
-def _embedding_bag_dense_backward(
-    grad,
-    indices,
-    offset2bag,
-    bag_size,
-    maximum_indices,
-    num_weights,
-    scale_grad_by_freq,
-    mode,
-    per_sample_weights,
-    padding_idx=-1,
-):
-    """aten::_embedding_bag_dense_backward - as _embedding_bag_backward with sparse=False."""
-    return _bag_dense_backward(
-        grad,
-        indices,
-        offset2bag,
-        bag_size,
-        maximum_indices,
-        num_weights,
-        scale_grad_by_freq,
-        mode,
-        per_sample_weights,
-        padding_idx,
-    )
+# aten::_embedding_bag_dense_backward: _embedding_bag_backward with sparse=False, same
+# arguments in the same order.
+lowering(aten._embedding_bag_dense_backward)(_bag_dense_backward)
 
 
 @lowering(aten._embedding_bag_per_sample_weights_backward)

@@ -117,6 +117,24 @@ def same(fn, *args, **kwargs):
     return got
 
 
+def grads_match(fn, *inputs, rtol=1e-7, atol=1e-7):
+    """fn's value and its grads w.r.t. the floating inputs match CPU (others are passed as
+    they are)."""
+    diff = [t.is_floating_point() for t in inputs]
+    cpu = [t.detach().clone().requires_grad_(d) for t, d in zip(inputs, diff)]
+    tpu = [t.detach().to("tpu").requires_grad_(d) for t, d in zip(inputs, diff)]
+    want, got = fn(*cpu), fn(*tpu)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=rtol, atol=atol)
+    w = torch.rand(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(1))
+    cin = [t for t, d in zip(cpu, diff) if d]
+    tin = [t for t, d in zip(tpu, diff) if d]
+    gw = torch.autograd.grad((want * w).sum(), cin)
+    gt = torch.autograd.grad((got * w.to("tpu")).sum(), tin)
+    for a, b in zip(gt, gw):
+        torch.testing.assert_close(a.cpu(), b, rtol=rtol, atol=atol)
+
+
 def _weights_like(out_leaves):
     gen = torch.Generator().manual_seed(0)
     return [
