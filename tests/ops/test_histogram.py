@@ -57,7 +57,13 @@ def test_bincount_negative_raises():
         torch.bincount(torch.tensor([1, -1], device=TPU))
 
 
-@pytest.mark.xfail(strict=True, reason="found failing in this session's final full run, not diagnosed yet (see the issue note): histc no longer raises for a NaN range bound")
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "found failing in this session's final full run, not diagnosed yet (see"
+        " the issue note): histc no longer raises for a NaN range bound"
+    ),
+)
 def test_histc_range_nan_and_edges():
     x = torch.tensor([0.0, 1.0, 2.0, 3.0, float("nan"), 5.0, -1.0])
     oi.same(lambda a: torch.histc(a, bins=4, min=0, max=3), x)

@@ -125,7 +125,12 @@ def test_fractional_max_pool_with_fixed_samples():
     )
 
 
-@pytest.mark.xfail(strict=True, reason="found failing in this session's final full run, not diagnosed yet (see the issue note)")
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "found failing in this session's final full run, not diagnosed yet (see the issue note)"
+    ),
+)
 def test_fractional_max_pool_random_samples_shape_and_determinism():
     x = _X.to("tpu")
     torch.manual_seed(3)

@@ -82,7 +82,14 @@ def test_interpolate_channels_last_and_half():
     torch.testing.assert_close(got.cpu(), want, rtol=1.6e-2, atol=2e-2)
 
 
-@pytest.mark.xfail(strict=True, reason="found failing in this session's final full run, not diagnosed yet (see the issue note): nearest upsampling of an integer tensor has no lowering")
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "found failing in this session's final full run, not diagnosed yet (see"
+        " the issue note): nearest upsampling of an integer tensor has no "
+        "lowering"
+    ),
+)
 def test_nearest_integer_input():
     x = torch.randint(0, 100, (1, 2, 4, 5))
     for mode in ("nearest", "nearest-exact"):
