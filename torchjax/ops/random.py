@@ -75,6 +75,24 @@ def _opmath(dtype):
     return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
 
 
+def _check_float_or_complex(op: str, x) -> None:
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        raise RuntimeError(
+            f"aten::{op} expects a floating point or complex tensor, got "
+            f"{dtypes.to_torch_dtype(x.dtype)}"
+        )
+
+
+def _fill_real_view(self, draw):
+    """``draw(shape, real_dtype)`` for a real tensor; for a complex one, ATen samples its
+    ``view_as_real`` (real and imaginary parts drawn independently), so do we."""
+    if not jnp.issubdtype(self.dtype, jnp.complexfloating):
+        return draw(self.shape, _opmath(self.dtype)).astype(self.dtype)
+    real = jnp.finfo(self.dtype).dtype
+    parts = draw((*self.shape, 2), real)
+    return lax.complex(parts[..., 0], parts[..., 1]).astype(self.dtype)
+
+
 def _uniform01(key, shape, dtype):
     """Uniform in [0, 1), drawn in float32 for f16/bf16 (then possibly rounding to 1)."""
     return jax.random.uniform(key, shape, dtype=_opmath(dtype))
@@ -88,32 +106,39 @@ def _uniform01(key, shape, dtype):
 def uniform(self, from_=0.0, to=1.0, *, generator=None, **kw):
     """aten::uniform_ - fill with U[from, to).
 
-    Dtypes: floating only (torch raises for integers). f16/bf16 drawn in float32 and
-    rounded, as torch's CPU kernel does (a draw may round up to ``to``).
-    Reference: torch.Tensor.uniform_.
+    Dtypes: floating and complex (torch raises for integers); a complex tensor gets real
+    and imaginary parts each in [from, to). f16/bf16 drawn in float32 and rounded, as
+    torch's CPU kernel does (a draw may round up to ``to``).
+    Reference: torch.Tensor.uniform_ (ATen uniform_impl_).
     """
     from_ = kw.pop("from", from_)  # "from" is a Python keyword: by position or in **kw
     _check_generator("uniform_", generator)
-    _check_float("uniform_", self)
+    _check_float_or_complex("uniform_", self)
     if not from_ <= to:
         raise RuntimeError(
             f"uniform_ expects to return a [from, to) range, but found "
             f"from={from_} > to={to} (in aten::uniform_)"
         )
-    ct = _opmath(self.dtype)
-    u = jax.random.uniform(_key(self), self.shape, dtype=ct, minval=from_, maxval=to)
-    return u.astype(self.dtype)
+    key = _key(self)
+    return _fill_real_view(
+        self, lambda shape, ct: jax.random.uniform(key, shape, dtype=ct, minval=from_, maxval=to)
+    )
 
 
 @lowering(aten.normal_.default)
 def normal_(self, mean=0.0, std=1.0, *, generator=None):
-    """aten::normal_ - fill with N(mean, std**2). Dtypes: floating only.
-    Reference: torch.Tensor.normal_."""
+    """aten::normal_ - fill with N(mean, std**2). Dtypes: floating and complex; a complex
+    tensor gets real and imaginary parts each N(mean, std**2 / 2), so E|z - mean|^2 = std**2
+    (torch.randn's complex convention).
+    Reference: torch.Tensor.normal_ (ATen normal_impl_)."""
     _check_generator("normal_", generator)
-    _check_float("normal_", self)
+    _check_float_or_complex("normal_", self)
     _check_std("normal_", std)
-    z = jax.random.normal(_key(self), self.shape, dtype=_opmath(self.dtype))
-    return (z * std + mean).astype(self.dtype)
+    key = _key(self)
+    scale = std / math.sqrt(2) if jnp.issubdtype(self.dtype, jnp.complexfloating) else std
+    return _fill_real_view(
+        self, lambda shape, ct: jax.random.normal(key, shape, dtype=ct) * scale + mean
+    )
 
 
 def _check_std(op, std):
