@@ -493,7 +493,8 @@ def linalg_pinv(self, atol=None, rtol=None, hermitian=False):
     if rtol is None:
         rtol = default_rtol if atol is None else jnp.where(atol > 0, 0.0, default_rtol)
     if hermitian:
-        s, u = jnp.linalg.eigh(self)
+        # torch reads only the lower triangle; jax's default would symmetrise the input
+        s, u = jnp.linalg.eigh(self, UPLO="L", symmetrize_input=False)
         s_abs = jnp.abs(s)
         max_val = jnp.max(s_abs, -1, keepdims=True)
         vh_h = u
