@@ -44,10 +44,8 @@ def claimed_names(directory: pathlib.Path = _HERE) -> dict[str, str]:
 
 
 def unclaimed_names() -> list[str]:
-    from torch.testing._internal.common_methods_invocations import op_db
-
     claimed = {id(o) for o in oi.opinfos(claimed_names())}
-    return [oi.full_name(o) for o in op_db if id(o) not in claimed]
+    return [oi.full_name(o) for o in oi.reference_entries() if id(o) not in claimed]
 
 
 OPS = unclaimed_names()

@@ -131,9 +131,10 @@ def _worker(job):
 
 
 def op_names(filters=()) -> list[str]:
-    from torch.testing._internal.common_methods_invocations import op_db
+    """op_db entries CPU torch can run (``oi.reference_entries``), optionally filtered."""
+    from torchjax.testing import opinfo as oi
 
-    names = [o.name + (f".{o.variant_test_name}" if o.variant_test_name else "") for o in op_db]
+    names = [oi.full_name(o) for o in oi.reference_entries()]
     return [n for n in names if not filters or any(f in n for f in filters)]
 
 
