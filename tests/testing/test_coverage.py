@@ -60,3 +60,19 @@ def test_failures_grouped_and_marked_listed_or_unlisted():
 def test_random_op_goes_through_check_random(name):
     results = coverage.run_op(name, ("float32",), 2, ("forward",), timeout=300)
     assert [r.cause for r in results] == [None]
+
+
+def test_from_suite_reports_the_suites_cases_and_listed_failures():
+    xfails = {("chalf", "float32", "forward"): "complex32 has no jax dtype"}
+    results = coverage.suite_results(xfails)
+    by_key = {(r.op, r.dtype, r.check): r for r in results}
+    assert by_key[("chalf", "float32", "forward")].cause == coverage.LISTED
+    assert by_key[("add", "float32", "forward")].cause is None
+    assert ("add", "float32", "backward") in by_key  # differentiable: backward in float32
+    assert ("add", "int64", "backward") not in by_key
+    assert not any(r.op.startswith("jiterator_") for r in results)  # no CPU reference
+    out = io.StringIO()
+    figures = coverage.summarize(results, xfails, out=out)
+    tested = len({r.op for r in results if r.check == "forward"})
+    assert figures["forward"] == (tested - 1, tested)
+    assert "chalf: float32/forward" in out.getvalue()
