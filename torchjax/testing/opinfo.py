@@ -8,6 +8,7 @@ differentiable ops, the gradient of a weighted sum of the outputs w.r.t. every i
 
 from __future__ import annotations
 
+import contextlib
 import copy as _copy
 import functools
 import itertools
@@ -393,10 +394,30 @@ def full_name(opinfo) -> str:
 
 
 def samples(opinfo, dtype, requires_grad=False, limit=8):
+    """The first ``limit`` CPU samples of ``opinfo`` in ``dtype`` (seeded: the same every
+    call)."""
     torch.manual_seed(0)
-    return list(
-        itertools.islice(opinfo.sample_inputs("cpu", dtype, requires_grad=requires_grad), limit)
-    )
+    with _no_test_case_lookup():
+        it = opinfo.sample_inputs("cpu", dtype, requires_grad=requires_grad)
+        return list(itertools.islice(it, limit))
+
+
+@contextlib.contextmanager
+def _no_test_case_lookup():
+    """OpInfo's sample iterators look for the running ``unittest.TestCase`` by walking
+    ``inspect.stack()`` (``extract_test_fn``, twice per ``sample_inputs`` call), which reads
+    the source file of every frame: ~40 ms per call under pytest, a third of the OpInfo
+    suite's time. Our tests are plain functions, so the walk always finds nothing; skip it
+    (same samples, same seeds)."""
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
+
+    saved = common_utils.extract_test_fn, core.extract_test_fn
+    common_utils.extract_test_fn = core.extract_test_fn = lambda: None
+    try:
+        yield
+    finally:
+        common_utils.extract_test_fn, core.extract_test_fn = saved
 
 
 # ---------------------------------------------------------------------------------------
