@@ -1,0 +1,220 @@
+"""``from_pretrained(..., device_map="tpu")`` reads safetensors straight into jax arrays;
+``save_pretrained`` works on tpu models.
+
+Note [Patching transformers' loading and saving]
+transformers 5 has no documented hook for a device's tensor reader, so two of its
+functions are wrapped, each marked with ``__torchjax_patch__`` and checked by
+tests/integrations/test_loading.py against the transformers version they were written
+for (an upgrade that moves them fails that test loudly):
+
+1. ``PreTrainedModel._load_pretrained_model(model, state_dict, checkpoint_files,
+   load_config, ...)`` (modeling_utils.py). Without us it opens each file with
+   ``safe_open(framework="pt")`` and hands ``convert_and_load_state_dict_in_model`` lazy
+   slices; each is materialised as a CPU torch tensor (``tensor[...]``) and then copied
+   with ``.to("tpu", dtype)`` (core_model_loading.py ``_materialize_copy``). When every
+   device of the device map is a tpu and nothing else (quantizer, DeepSpeed, TP mesh,
+   disk offload) is in play, the wrapper passes ``state_dict=`` a dict of
+   ``_TpuSlice``: the same lazy-slice protocol (``[...]``, ``get_shape``, ``get_dtype``)
+   answered by torchjax.checkpoint, so ``tensor[...]`` is a tpu tensor read from the file
+   into a jax.Array, and the ``.to`` that follows is a no-op (or a device-side cast for
+   ``dtype=``). transformers' own renaming, conversion ops, dtype plan and weight tying
+   run unchanged.
+2. ``remove_tied_weights_from_state_dict(state_dict, model)`` (modeling_utils.py), the
+   first step of ``save_pretrained`` that needs storage pointers (``id_tensor_storage``
+   -> ``untyped_storage().data_ptr()``, which a wrapper subclass like JaxTensor does not
+   have: "Attempted to access the data pointer on an invalid python storage"). The
+   wrapper moves tpu tensors to CPU first, one CPU storage per tpu Storage with views
+   kept as views, so tied weights still share a pointer and transformers' dedup,
+   sharding and ``safetensors.torch.save_file`` run as for a CPU model.
+
+``install()`` applies both; ``install_when_imported()`` (called by ``import torchjax``)
+applies them once ``transformers.modeling_utils`` is imported, so ``import torchjax``
+never imports transformers.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+
+import jax
+import torch
+
+# The transformers release the patches were written against (checked by a test).
+PATCHED_FOR = "5.24"
+_TARGET_MODULE = "transformers.modeling_utils"
+
+
+class _TpuSlice:
+    """One checkpoint tensor, read to tpu on indexing (safetensors' ``PySafeSlice`` API)."""
+
+    __slots__ = ("_file", "_name", "_device")
+
+    def __init__(self, file, name: str, device: int):
+        self._file, self._name, self._device = file, name, device
+
+    def get_shape(self) -> list[int]:
+        return list(self._file.info(self._name).shape)
+
+    def get_dtype(self) -> str:
+        from torchjax.checkpoint._reader import _SAFETENSORS_DTYPES
+
+        dtype = self._file.info(self._name).dtype
+        return next(k for k, v in _SAFETENSORS_DTYPES.items() if v == dtype)
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size(self.get_shape())
+
+    def __getitem__(self, index) -> torch.Tensor:
+        from torchjax._compat.jax import x64
+        from torchjax.device._module import jax_device
+        from torchjax.tensor._tensor import wrap
+
+        # Only the bytes of the part asked for are read (all of them for `[...]`).
+        part = self._file.read(self._name, index)
+        with x64(True):  # int64 stays int64 (Note [x64 without touching the user's JAX])
+            arr = jax.device_put(part, jax_device(self._device))
+        return wrap(arr, self._device)
+
+
+def _tpu_index(device) -> int | None:
+    """The tpu index of a device-map value, or None if it is not a tpu."""
+    if isinstance(device, (str, torch.device)):
+        try:
+            device = torch.device(device)
+        except RuntimeError:  # "disk" and other non-devices
+            return None
+        return (device.index or 0) if device.type == "tpu" else None
+    return None
+
+
+def fast_path_device(checkpoint_files, load_config) -> int | None:
+    """The tpu index the fast path reads to, or None when transformers must load itself.
+
+    Taken when: safetensors files, a device map whose every value is the same tpu
+    device, no quantizer, no TP/device mesh, no DeepSpeed ZeRO-3, no disk offload.
+    """
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    if not checkpoint_files or not all(str(f).endswith(".safetensors") for f in checkpoint_files):
+        return None
+    if load_config.hf_quantizer is not None or load_config.device_mesh is not None:
+        return None
+    if is_deepspeed_zero3_enabled() or not load_config.device_map:
+        return None
+    indices = {_tpu_index(d) for d in load_config.device_map.values()}
+    if len(indices) != 1 or None in indices:
+        return None
+    return indices.pop()
+
+
+def _wrap_load_pretrained_model(original):
+    def _load_pretrained_model(model, state_dict, checkpoint_files, load_config, *args, **kwargs):
+        device = None if state_dict is not None else fast_path_device(checkpoint_files, load_config)
+        if device is None:
+            return original(model, state_dict, checkpoint_files, load_config, *args, **kwargs)
+        from torchjax.checkpoint import SafetensorsFile
+
+        files = [SafetensorsFile(path) for path in checkpoint_files]
+        try:
+            lazy = {name: _TpuSlice(f, name, device) for f in files for name in f.keys()}
+            return original(model, lazy, checkpoint_files, load_config, *args, **kwargs)
+        finally:
+            for f in files:
+                f.close()
+
+    _load_pretrained_model.__torchjax_patch__ = original
+    return staticmethod(_load_pretrained_model)
+
+
+def tpu_state_dict_to_cpu(state_dict: dict) -> dict:
+    """``state_dict`` with tpu tensors copied to CPU, sharing kept: tensors that share a
+    tpu Storage become views of one CPU tensor (same size, stride and offset), so
+    pointer-based tied-weight detection sees them as shared. Other values are kept."""
+    from torchjax.ops.copy import to_cpu
+    from torchjax.tensor import dtypes
+    from torchjax.tensor._tensor import JaxTensor, wrap
+
+    bases: dict[int, torch.Tensor] = {}
+    out = {}
+    for name, t in state_dict.items():
+        if not isinstance(t, JaxTensor):
+            out[name] = t
+            continue
+        storage = t._storage
+        if dtypes.to_jax_dtype(t.dtype) != storage.arr.dtype:
+            out[name] = t.detach().cpu()  # a dtype view: no common CPU storage to share
+            continue
+        base = bases.get(id(storage))
+        if base is None:
+            base = bases[id(storage)] = to_cpu(wrap(storage.arr)).reshape(-1)
+        out[name] = base.as_strided(t._size, t._stride, t._offset)
+    return out
+
+
+def _wrap_remove_tied_weights(original):
+    def remove_tied_weights_from_state_dict(state_dict, model, *args, **kwargs):
+        return original(tpu_state_dict_to_cpu(state_dict), model, *args, **kwargs)
+
+    remove_tied_weights_from_state_dict.__torchjax_patch__ = original
+    return remove_tied_weights_from_state_dict
+
+
+def install() -> None:
+    """Apply the patches of Note [Patching transformers' loading and saving] (idempotent)."""
+    from transformers import modeling_utils
+
+    cls = modeling_utils.PreTrainedModel
+    if not hasattr(cls._load_pretrained_model, "__torchjax_patch__"):
+        cls._load_pretrained_model = _wrap_load_pretrained_model(cls._load_pretrained_model)
+    if not hasattr(modeling_utils.remove_tied_weights_from_state_dict, "__torchjax_patch__"):
+        modeling_utils.remove_tied_weights_from_state_dict = _wrap_remove_tied_weights(
+            modeling_utils.remove_tied_weights_from_state_dict
+        )
+
+
+def uninstall() -> None:
+    """Undo ``install()`` (for tests comparing with transformers' own path)."""
+    modeling_utils = sys.modules.get(_TARGET_MODULE)
+    if modeling_utils is None:
+        return
+    cls = modeling_utils.PreTrainedModel
+    original = getattr(cls._load_pretrained_model, "__torchjax_patch__", None)
+    if original is not None:
+        cls._load_pretrained_model = staticmethod(original)
+    original = getattr(
+        modeling_utils.remove_tied_weights_from_state_dict, "__torchjax_patch__", None
+    )
+    if original is not None:
+        modeling_utils.remove_tied_weights_from_state_dict = original
+
+
+class _InstallAfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when ``transformers.modeling_utils`` is found by the normal
+    finders, its loader is wrapped so ``install()`` runs right after the module executes."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _TARGET_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_install(module):
+            exec_module(module)
+            install()
+
+        spec.loader.exec_module = exec_then_install
+        return spec
+
+
+def install_when_imported() -> None:
+    """``install()`` now if transformers' modeling_utils is loaded, else right after it is."""
+    if _TARGET_MODULE in sys.modules:
+        install()
+    elif not any(isinstance(f, _InstallAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _InstallAfterImport())
