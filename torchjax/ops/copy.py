@@ -20,9 +20,20 @@ from torchjax.tensor._tensor import JaxTensor, view_of, wrap
 aten = torch.ops.aten
 
 
+def to_host(arr: jax.Array) -> np.ndarray:
+    """A NumPy copy of ``arr`` (blocks until it is computed). An array sharded over
+    devices of several processes (``jax.distributed``) is all-gathered first: then every
+    process must make the same call, as for any collective."""
+    if not arr.is_fully_addressable and not arr.is_fully_replicated:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(arr, tiled=True))
+    return np.asarray(jax.device_get(arr))
+
+
 def to_cpu(t: JaxTensor) -> torch.Tensor:
     """A CPU tensor holding a copy of ``t``'s data (blocks until it is computed)."""
-    return dtypes.numpy_to_cpu_tensor(np.asarray(jax.device_get(t._value())))
+    return dtypes.numpy_to_cpu_tensor(to_host(t._value()))
 
 
 @handler(aten.copy_.default)
@@ -80,7 +91,7 @@ def clone(args, kwargs):
 @handler(aten._local_scalar_dense.default)
 def _local_scalar_dense(args, kwargs):
     """aten::_local_scalar_dense - ``.item()``: the Python number (blocks)."""
-    return np.asarray(jax.device_get(args[0]._value())).item()
+    return to_host(args[0]._value()).item()
 
 
 @handler(aten.set_.source_Tensor)

@@ -1,0 +1,93 @@
+"""Run a script as N cooperating JAX processes on this machine (``jax.distributed``).
+
+    python examples/launch_multiprocess.py --processes 2 --devices-per-process 4 \\
+        examples/tp_generate.py --tp 8
+
+starts the script N times, each with ``--xla_force_host_platform_device_count`` CPU
+devices and the environment the script reads to call ``jax.distributed.initialize``
+(``TORCHJAX_COORDINATOR``, ``TORCHJAX_NUM_PROCESSES``, ``TORCHJAX_PROCESS_ID``; see
+``_distributed_init`` in examples/tp_generate.py). Process 0 hosts the coordinator on a
+free localhost port; CPU collectives go through gloo. Every process's output is printed,
+prefixed with its id; the exit status is the first non-zero one.
+
+On a multi-host TPU pod the same script runs once per host (``gcloud ... ssh --worker=all``
+or the cluster's launcher) and ``jax.distributed.initialize()`` needs no arguments: see
+the sharding section of README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(script: list[str], processes: int, devices: int, timeout: float) -> list[str]:
+    """Start ``script`` (argv after the interpreter) ``processes`` times; return each
+    process's stdout. RuntimeError (with the outputs) if one fails or times out."""
+    port = free_port()
+    procs = []
+    for i in range(processes):
+        env = dict(
+            os.environ,
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+            JAX_PLATFORMS="cpu",
+            TORCHJAX_COORDINATOR=f"127.0.0.1:{port}",
+            TORCHJAX_NUM_PROCESSES=str(processes),
+            TORCHJAX_PROCESS_ID=str(i),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *script],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outputs, failed = [], []
+    for i, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, _ = p.communicate()
+            failed.append(f"process {i} timed out after {timeout}s")
+        outputs.append(out)
+        if p.returncode:
+            failed.append(f"process {i} exited with {p.returncode}")
+    if failed:
+        joined = "\n".join(f"--- process {i} ---\n{o}" for i, o in enumerate(outputs))
+        raise RuntimeError(f"{'; '.join(failed)}\n{joined}")
+    return outputs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--devices-per-process", type=int, default=4)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("script", nargs=argparse.REMAINDER, help="script and its arguments")
+    args = parser.parse_args()
+    script = args.script or ["examples/tp_generate.py", "--tp", "8"]
+    try:
+        outputs = launch(script, args.processes, args.devices_per_process, args.timeout)
+    except RuntimeError as error:
+        print(error, file=sys.stderr)
+        sys.exit(1)
+    for i, out in enumerate(outputs):
+        for line in out.splitlines():
+            print(f"[{i}] {line}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""shard / shard_ / constraint / sharding_of (torchjax/sharding/_placement.py)."""
+
+
+def test_shard_eager_ops_and_cpu_gather(check):
+    check("shard_eager_ops_and_cpu_gather")
+
+
+def test_shard_autograd_and_inplace_param(check):
+    check("shard_autograd_and_inplace_param")
+
+
+def test_constraint_inside_jit(check):
+    check("constraint_inside_jit")
+
+
+def test_dp_fsdp_jit_train_step(check):
+    check("dp_fsdp_jit_train_step")
+
+
+def test_writes_keep_the_placement(check):
+    check("writes_keep_the_placement")

@@ -1,0 +1,178 @@
+"""Loading a transformers model straight into tensor-parallel shardings.
+
+``load_pretrained(AutoModelForCausalLM, path, TensorParallelConfig(tp_size=4))`` builds the
+model on the meta device (no memory), computes every parameter's ``NamedSharding`` from
+the plan (torchjax/sharding/_plan.py), then reads each parameter from the safetensors
+files block by block with ``torchjax.checkpoint.load(path, sharding=...)``: every
+device's block is read from the file on its own and placed on that device, so neither
+host memory nor any device ever holds the whole model. Under ``jax.distributed`` each
+process reads only the blocks of its own devices.
+
+This is transformers' ``from_pretrained(path, distributed_config=DistributedConfig(
+tp_plan="auto", tp_size=4))`` (``tp_plan="auto"`` in older spellings) for torchjax: the
+config's ``plan`` takes the same values (``"auto"`` or a ``{pattern: style}`` dict).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Any
+
+import jax
+import torch
+from jax.sharding import Mesh, NamedSharding
+
+from torchjax import checkpoint
+from torchjax.sharding._mesh import get_mesh, make_mesh
+from torchjax.sharding._plan import plan_shardings
+from torchjax.tensor import dtypes
+from torchjax.tensor._tensor import wrap
+
+
+@dataclasses.dataclass
+class TensorParallelConfig:
+    """How to shard a model at load time.
+
+    Attributes:
+        mesh: the ``jax.sharding.Mesh`` (may have more axes than ``axis``, which then
+            replicate); default: the active ``torchjax.mesh``, else a 1-D mesh of the
+            first ``tp_size`` devices.
+        plan: ``"auto"`` (the model's own ``tp_plan``) or a ``{pattern: style}`` dict,
+            as transformers' ``DistributedConfig(tp_plan=...)``.
+        axis: the mesh axis the plan shards over.
+        tp_size: the number of devices, when no mesh is given or active (default: all).
+    """
+
+    mesh: Mesh | None = None
+    plan: Any = "auto"
+    axis: str = "tp"
+    tp_size: int | None = None
+
+    def resolve_mesh(self) -> Mesh:
+        if self.mesh is not None:
+            return self.mesh
+        active = get_mesh()
+        if active is not None and self.axis in active.axis_names:
+            return active
+        n = self.tp_size or jax.device_count()
+        if n > jax.device_count():
+            raise ValueError(
+                f"TensorParallelConfig: tp_size={n} but JAX sees {jax.device_count()} devices"
+            )
+        return make_mesh((n,), (self.axis,), devices=jax.devices()[:n])
+
+
+def load_pretrained(
+    model_class, path: str, tp: TensorParallelConfig | None = None, *, dtype=None, **config_kwargs
+) -> torch.nn.Module:
+    """A transformers model from ``path``, its parameters sharded by ``tp`` on "tpu".
+
+    Args:
+        model_class: a ``PreTrainedModel`` class or an Auto class
+            (``AutoModelForCausalLM``).
+        path: a directory written by ``save_pretrained`` (config.json and
+            model.safetensors, or a sharded checkpoint with its index json).
+        tp: the sharding (default ``TensorParallelConfig()``: the model's plan over all
+            devices or the active mesh's "tp" axis).
+        dtype: a torch dtype for floating parameters (default: as stored).
+        config_kwargs: passed to ``AutoConfig.from_pretrained``.
+
+    Returns:
+        The model in eval mode, on "tpu", every parameter a tpu tensor whose
+        ``jax.Array`` is sharded as the plan says (tied weights stay one Parameter);
+        non-persistent buffers (rotary ``inv_freq``) computed as transformers does and
+        replicated.
+
+    Raises:
+        FileNotFoundError: no safetensors in ``path``. KeyError: a parameter missing from
+        the checkpoint (other than tied ones). ValueError: as ``parallelize``.
+    """
+    from transformers import AutoConfig
+
+    tp = tp or TensorParallelConfig()
+    mesh = tp.resolve_mesh()
+    config = AutoConfig.from_pretrained(path, **config_kwargs)
+    with torch.device("meta"):
+        if hasattr(model_class, "from_config"):
+            model = model_class.from_config(config)
+        else:
+            model = model_class._from_config(config)
+    shardings = plan_shardings(model, tp.plan, mesh, tp.axis)
+    files = checkpoint.read_index(path)
+    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+
+    # Each parameter's checkpoint name (a tied one is saved under one of its names) and
+    # the sharding to read it with; everything else in the file is read replicated.
+    key_of, key_sharding = {}, {}
+    names_of: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        key = next((n for n in names_of[id(p)] if n in files), None)
+        if key is None:
+            raise KeyError(
+                f"torchjax.sharding.load_pretrained: parameter {name!r} is not in the "
+                f"checkpoint at {path} (tied: {name in tied})"
+            )
+        key_of[name] = key
+        key_sharding.setdefault(key, shardings[name])
+    replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
+    tensors = checkpoint.load(
+        path,
+        dtype=dtype,
+        sharding=lambda key: key_sharding.get(key, replicated),
+    )
+
+    loaded: dict[str, torch.nn.Parameter] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        key = key_of[name]
+        new = loaded.get(key)
+        if new is None:
+            new = loaded[key] = torch.nn.Parameter(tensors.pop(key), requires_grad=p.requires_grad)
+        module_name, _, attr = name.rpartition(".")
+        model.get_submodule(module_name)._parameters[attr] = new
+    _materialize_buffers(model, mesh, tensors)
+    if os.path.exists(os.path.join(path, "generation_config.json")) and hasattr(
+        model, "generation_config"
+    ):
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    return model.eval()
+
+
+def _materialize_buffers(model, mesh, tensors: dict) -> None:
+    """Buffers out of the meta device, replicated on the mesh: persistent ones from the
+    checkpoint (``tensors``, already read), the others (rotary ``inv_freq``) computed on
+    CPU by transformers' own ``_init_weights``, as ``from_pretrained`` does after loading.
+    ``_init_weights`` is only run on modules without parameters of their own (it would
+    re-initialise loaded weights); a missing buffer of any other module is zero-filled,
+    with a warning."""
+    replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
+    owners, zeroed = {}, []
+    for name, buf in model.named_buffers():
+        module_name, _, attr = name.rpartition(".")
+        owner = model.get_submodule(module_name)
+        if name in tensors:
+            owner._buffers[attr] = tensors.pop(name)
+        elif buf.device.type == "meta":
+            owner._buffers[attr] = torch.zeros_like(buf, device="cpu")
+            if next(owner.parameters(recurse=False), None) is None:
+                owners[id(owner)] = owner
+            else:
+                zeroed.append(name)
+    for owner in owners.values():
+        model._init_weights(owner)
+    if zeroed:
+        warnings.warn(
+            f"torchjax.sharding.load_pretrained: buffers {zeroed} are not in the checkpoint; "
+            "they are zero-filled",
+            stacklevel=3,
+        )
+    for name, buf in model.named_buffers():
+        module_name, _, attr = name.rpartition(".")
+        if buf.device.type == "cpu":
+            host = dtypes.cpu_tensor_to_numpy(buf)
+            model.get_submodule(module_name)._buffers[attr] = wrap(jax.device_put(host, replicated))

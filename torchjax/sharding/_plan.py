@@ -1,0 +1,276 @@
+"""Tensor parallelism with the Hugging Face plan vocabulary: ``parallelize(model, plan)``.
+
+A plan maps module (or parameter) name patterns to styles, exactly as transformers'
+``tp_plan`` does (``config.base_model_tp_plan``, e.g. ``"layers.*.self_attn.q_proj":
+"colwise"``). Matching follows transformers' ``_get_parameter_plan``
+(transformers/distributed/parallel_utils.py): a parameter's name with its layer numbers
+replaced by ``*`` (``replace_layer_number_by_wildcard``: ``.3.`` -> ``.*.``) is looked up
+in the plan, then the name of its module.
+
+Note [Tensor parallelism under GSPMD]
+transformers implements each style with DTensors: local matmuls plus the collectives the
+style implies (colwise: replicated input, output sharded on the last dim; rowwise: a
+partial sum all-reduced), and forward hooks that redistribute activations. Under GSPMD
+the program is written for one device and XLA partitions it from the shardings of its
+inputs, inserting the same collectives itself. So a style here is only *where each
+parameter's blocks live*:
+
+- colwise (and colwise_rep, colwise_gather_output, packed_colwise): nn.Linear's weight
+  ``[out, in]`` sharded on ``out`` (``P(axis, None)``; for 3-D expert weights the
+  second-to-last dim), bias on its only dim;
+- rowwise (and rowwise_rep, rowwise_split_input, packed_rowwise): weight sharded on
+  ``in`` (``P(None, axis)``), bias replicated;
+- embedding_rowwise (vocab-parallel, transformers' default for ``embed_tokens``): weight
+  ``[vocab, hidden]`` sharded on vocab; embedding_colwise: on hidden;
+- replicate, replicated_with_grad_allreduce, sequence_parallel, all_reduce,
+  local_params: parameters replicated (the gradient all-reduce of
+  replicated_with_grad_allreduce is what XLA does for any replicated parameter).
+
+The numbers are those of the unsharded model whatever the plan says; the plan decides
+memory per device and communication. With ``activation_constraints=True`` the output
+layouts the styles name are added as sharding constraints (colwise: last dim on the
+axis; the ``_rep``/``rowwise`` styles: replicated; sequence_parallel: input dim 1 on the
+axis), applied where the dims divide evenly.
+
+A parameter whose sharded dim does not divide by the axis size is replicated (with one
+warning listing them): jax places only even blocks, while transformers lets the last rank
+hold a shorter one.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import torch
+from jax.sharding import NamedSharding, PartitionSpec
+
+from torchjax.sharding._mesh import resolve_mesh
+from torchjax.sharding._placement import constraint, shard, shard_
+from torchjax.tensor._tensor import JaxTensor
+
+_COLWISE = ("colwise", "colwise_rep", "colwise_gather_output", "packed_colwise")
+_ROWWISE = ("rowwise", "rowwise_rep", "rowwise_split_input", "packed_rowwise")
+_REPLICATED = (
+    "replicate",
+    "replicated_with_grad_allreduce",
+    "sequence_parallel",
+    "all_reduce",
+    "local_params",
+)
+STYLES = frozenset(_COLWISE + _ROWWISE + _REPLICATED + ("embedding_rowwise", "embedding_colwise"))
+
+
+def wildcard_name(name: str) -> str:
+    """``name`` with layer numbers as ``*`` (transformers' replace_layer_number_by_wildcard)."""
+    return re.sub(r"\.\d+(\.|$)", lambda m: ".*" + m.group(1), name)
+
+
+def style_for(param_name: str, plan: dict) -> str | None:
+    """The plan's style for a parameter: its own entry, else its module's (transformers'
+    ``_get_parameter_plan`` rule); None when the plan names neither."""
+    generic = wildcard_name(param_name)
+    if generic in plan:
+        return plan[generic]
+    if "." in generic and (module := generic.rsplit(".", 1)[0]) in plan:
+        return plan[module]
+    return None
+
+
+def param_spec(style: str, param_name: str, ndim: int, axis: str) -> PartitionSpec:
+    """The ``PartitionSpec`` of one parameter under ``style`` (Note [Tensor parallelism
+    under GSPMD]); ``param_name`` is the attribute name (``"weight"``, ``"bias"``)."""
+    dim = None
+    if style in _COLWISE:
+        dim = ndim - 2 if ndim >= 2 else 0
+    elif style in _ROWWISE:
+        dim = None if param_name == "bias" else ndim - 1
+    elif style == "embedding_rowwise":
+        dim = 0
+    elif style == "embedding_colwise":
+        dim = 1 if ndim > 1 else None
+    if dim is None:
+        return PartitionSpec()
+    return PartitionSpec(*(axis if d == dim else None for d in range(ndim)))
+
+
+def resolve_plan(model: torch.nn.Module, plan) -> dict:
+    """``plan`` as a dict; ``"auto"`` reads the model's own.
+
+    ``"auto"``: a transformers ``PreTrainedModel``'s ``model.tp_plan`` (its class
+    ``_tp_plan``, e.g. ``{"lm_head": "colwise_gather_output"}``, merged with
+    ``config.base_model_tp_plan`` under the base model's prefix and the vocab-parallel
+    ``embed_tokens`` entry, as transformers builds it in ``init_parallel_plans``), else
+    ``config.base_model_tp_plan`` prefixed with ``base_model_prefix`` when the model
+    wraps its base model.
+
+    Raises:
+        ValueError: ``"auto"`` on a model without a plan; an unknown style in a dict plan.
+    """
+    if plan == "auto":
+        resolved = dict(getattr(model, "tp_plan", None) or {})
+        if not resolved:
+            config = getattr(model, "config", None)
+            base = dict(getattr(config, "base_model_tp_plan", None) or {})
+            prefix = getattr(model, "base_model_prefix", "")
+            if base and prefix and getattr(model, prefix, None) is not None:
+                base = {f"{prefix}.{k}": v for k, v in base.items()}
+            resolved = {**dict(getattr(type(model), "_tp_plan", None) or {}), **base}
+        if not resolved:
+            raise ValueError(
+                f"torchjax.sharding.parallelize: plan='auto' but {type(model).__name__} has no "
+                "tensor-parallel plan (no model.tp_plan or config.base_model_tp_plan); pass a "
+                "dict such as {'layers.*.mlp.up_proj': 'colwise', ...}"
+            )
+        unknown = {s for s in resolved.values() if s not in STYLES}
+        if unknown:
+            warnings.warn(
+                f"torchjax.sharding: the model's plan uses styles {sorted(unknown)} that torchjax "
+                "does not place yet; their parameters stay replicated",
+                stacklevel=3,
+            )
+        return resolved
+    if not isinstance(plan, dict):
+        raise TypeError(
+            f"torchjax.sharding.parallelize: plan must be a dict or 'auto', got {plan!r}"
+        )
+    unknown = {s for s in plan.values() if s not in STYLES}
+    if unknown:
+        raise ValueError(
+            f"torchjax.sharding.parallelize: unknown styles {sorted(unknown)}; supported: "
+            f"{sorted(STYLES)}"
+        )
+    return dict(plan)
+
+
+def plan_shardings(model: torch.nn.Module, plan, mesh=None, axis: str = "tp") -> dict:
+    """``{parameter name: NamedSharding}`` for every parameter of ``model`` (tied ones
+    under each of their names) without moving anything; used by ``parallelize`` and by
+    loading (on a meta-device model), which reads each device's block straight from the
+    checkpoint. ``plan``, ``mesh``, ``axis`` as for ``parallelize``. Parameters whose
+    sharded dim does not divide evenly get a replicated sharding and are listed in one
+    warning.
+    """
+    mesh = resolve_mesh(mesh, "torchjax.sharding.parallelize")
+    if axis not in mesh.axis_names:
+        raise ValueError(
+            f"torchjax.sharding.parallelize: axis {axis!r} is not a mesh axis {mesh.axis_names}"
+        )
+    plan = resolve_plan(model, plan)
+    size = mesh.shape[axis]
+    out, uneven = {}, []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        shape = tuple(p.shape)
+        style = style_for(name, plan)
+        spec = PartitionSpec()
+        if style is not None:
+            spec = param_spec(style, name.rsplit(".", 1)[-1], len(shape), axis)
+            for d, a in enumerate(spec):
+                if a is not None and shape[d] % size:
+                    uneven.append(f"{name} {shape}")
+                    spec = PartitionSpec()
+                    break
+        out[name] = NamedSharding(mesh, spec)
+    if uneven:
+        warnings.warn(
+            f"torchjax.sharding: replicated {len(uneven)} parameter(s) whose sharded dim is "
+            f"not divisible by {axis}={size}: {', '.join(uneven[:8])}",
+            stacklevel=3,
+        )
+    return out
+
+
+def parallelize(
+    model: torch.nn.Module,
+    plan="auto",
+    mesh=None,
+    *,
+    axis: str = "tp",
+    activation_constraints: bool = False,
+) -> torch.nn.Module:
+    """Shard ``model``'s parameters (in place) for tensor parallelism.
+
+    Args:
+        model: a module on "tpu", or on CPU: its parameters then become new tpu
+            Parameters placed block by block (the full tensor never on one device;
+            tied parameters stay one Parameter; buffers stay where they are: move them
+            with ``model.to("tpu")`` afterwards, which keeps the shardings).
+        plan: ``{pattern: style}`` with transformers' styles and matching rules (see
+            module docstring), or ``"auto"`` for the model's own plan.
+        mesh: the ``jax.sharding.Mesh`` (default: the active ``torchjax.mesh``). Axes
+            other than ``axis`` replicate (e.g. a ``("dp", "tp")`` mesh).
+        axis: the mesh axis the styles shard over.
+        activation_constraints: also constrain module outputs to the layouts the styles
+            name (Note [Tensor parallelism under GSPMD]); off by default: XLA's own
+            propagation gives the same numbers.
+
+    Returns:
+        ``model``, whose parameters now hold sharded arrays. On "tpu" the Parameter
+        objects are kept (tied weights stay tied, optimizers built before still see
+        them).
+
+    Raises:
+        ValueError: no mesh, ``axis`` not in it, an unknown style, ``"auto"`` without a
+            plan.
+    """
+    shardings = plan_shardings(model, plan, mesh, axis)
+    placed: dict[int, torch.nn.Parameter] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        new = placed.get(id(p))
+        if new is None:
+            if isinstance(p, JaxTensor):
+                new = placed[id(p)] = shard_(p, shardings[name])
+            else:  # a CPU parameter: placed block by block, a new Parameter (ties kept)
+                with torch.no_grad():
+                    value = shard(p, shardings[name])
+                new = placed[id(p)] = torch.nn.Parameter(value, requires_grad=p.requires_grad)
+        module_name, _, attr = name.rpartition(".")
+        model.get_submodule(module_name)._parameters[attr] = new
+    if activation_constraints:
+        mesh = resolve_mesh(mesh, "torchjax.sharding.parallelize")
+        _install_constraints(model, resolve_plan(model, plan), mesh, axis)
+    return model
+
+
+def _install_constraints(model, plan, mesh, axis):
+    for name, module in model.named_modules():
+        style = plan.get(wildcard_name(name))
+        if style is None:
+            continue
+        if style == "sequence_parallel":
+            module.register_forward_pre_hook(_SeqInput(mesh, axis))
+        elif style in _COLWISE[:1]:
+            module.register_forward_hook(_Output(mesh, axis))
+        elif style in _COLWISE[1:] or style in _ROWWISE:
+            module.register_forward_hook(_Output(mesh, None))
+
+
+class _Output:
+    """Forward hook: output's last dim on ``axis`` (None: replicated), when it divides."""
+
+    def __init__(self, mesh, axis):
+        self.mesh, self.axis = mesh, axis
+
+    def __call__(self, module, args, out):
+        if not isinstance(out, torch.Tensor) or out.device.type != "tpu":
+            return out
+        if self.axis is None:
+            return constraint(out, PartitionSpec(), self.mesh)
+        if out.dim() == 0 or out.shape[-1] % self.mesh.shape[self.axis]:
+            return out
+        return constraint(out, PartitionSpec(*([None] * (out.dim() - 1)), self.axis), self.mesh)
+
+
+class _SeqInput:
+    """Forward pre-hook: first input's dim 1 (sequence) on ``axis``, when it divides."""
+
+    def __init__(self, mesh, axis):
+        self.mesh, self.axis = mesh, axis
+
+    def __call__(self, module, args):
+        if not args or not isinstance(args[0], torch.Tensor) or args[0].dim() < 2:
+            return None
+        x = args[0]
+        if x.device.type != "tpu" or x.shape[1] % self.mesh.shape[self.axis]:
+            return None
+        return (constraint(x, PartitionSpec(None, self.axis), self.mesh), *args[1:])
