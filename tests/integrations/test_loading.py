@@ -66,8 +66,13 @@ def test_patches_target_this_transformers(cpu_model_and_dir):
     params = list(inspect.signature(load.__torchjax_patch__).parameters)
     assert params[:4] == ["model", "state_dict", "checkpoint_files", "load_config"]
     assert list(inspect.signature(remove.__torchjax_patch__).parameters) == ["state_dict", "model"]
-    source = inspect.getsource(modeling_utils.PreTrainedModel.from_pretrained.__func__)
+    from_pretrained = modeling_utils.PreTrainedModel.from_pretrained
+    assert hasattr(from_pretrained, "__torchjax_patch__")
+    source = inspect.getsource(from_pretrained.__torchjax_patch__.__func__)
     assert "cls._load_pretrained_model(" in source
+    # The tensor-parallel arguments the from_pretrained hook routes to torchjax.sharding.
+    for kwarg in ("distributed_config", "tp_plan", "tp_size"):
+        assert f'kwargs.pop("{kwarg}"' in source, kwarg
     source = inspect.getsource(modeling_utils.PreTrainedModel.save_pretrained)
     assert "remove_tied_weights_from_state_dict(state_dict, model_to_save)" in source
 
@@ -147,3 +152,22 @@ def test_tpu_state_dict_to_cpu_keeps_sharing():
     assert out["row"].untyped_storage().data_ptr() == out["a"].untyped_storage().data_ptr()
     assert out["o"].untyped_storage().data_ptr() != out["a"].untyped_storage().data_ptr()
     assert torch.equal(out["row"], base.cpu()[1]) and torch.equal(out["o"], torch.ones(2))
+
+
+def test_tensor_parallel_arguments_route_to_torchjax_sharding():
+    # The load itself is tested on 8 simulated devices (tests/sharding/_cases.py, Qwen3).
+    from transformers.distributed import DistributedConfig
+
+    from torchjax.sharding import TensorParallelConfig
+
+    kwargs = {"device_map": "tpu", "tp_plan": "auto", "tp_size": 4, "dtype": torch.bfloat16}
+    tp = _loading.tensor_parallel_config(kwargs)
+    assert (tp.plan, tp.tp_size) == ("auto", 4) and kwargs == {"dtype": torch.bfloat16}
+    kwargs = {"device_map": "tpu:0", "distributed_config": DistributedConfig(tp_plan="auto")}
+    assert _loading.tensor_parallel_config(kwargs).plan == "auto" and kwargs == {}
+    mine = TensorParallelConfig(plan={"model.layers.*.mlp.up_proj": "colwise"})
+    kwargs = {"distributed_config": mine}
+    assert _loading.tensor_parallel_config(kwargs) is mine and kwargs == {}
+    for untouched in ({"device_map": "cpu", "tp_plan": "auto"}, {"device_map": "tpu"}, {}):
+        before = dict(untouched)
+        assert _loading.tensor_parallel_config(untouched) is None and untouched == before

@@ -27,7 +27,16 @@ for (an upgrade that moves them fails that test loudly):
    kept as views, so tied weights still share a pointer and transformers' dedup,
    sharding and ``safetensors.torch.save_file`` run as for a CPU model.
 
-``install()`` applies both; ``install_when_imported()`` (called by ``import torchjax``)
+3. ``PreTrainedModel.from_pretrained``: a tensor-parallel load on "tpu" -
+   ``from_pretrained(path, device_map="tpu", tp_plan="auto", tp_size=4)``, or
+   ``distributed_config=DistributedConfig(tp_plan=..., tp_size=...)``, or
+   ``distributed_config=torchjax.sharding.TensorParallelConfig(...)`` - goes to
+   ``torchjax.sharding.load_pretrained``, which reads every device's block of every weight
+   straight into a ``NamedSharding`` over the active ``torchjax.mesh`` (or the first
+   ``tp_size`` devices). transformers' own TP path needs ``torch.distributed`` with one
+   process per device; under JAX one process drives all its devices.
+
+``install()`` applies all three; ``install_when_imported()`` (called by ``import torchjax``)
 applies them once ``transformers.modeling_utils`` is imported, so ``import torchjax``
 never imports transformers.
 """
@@ -129,6 +138,47 @@ def _wrap_load_pretrained_model(original):
     return staticmethod(_load_pretrained_model)
 
 
+def tensor_parallel_config(kwargs: dict):
+    """The ``TensorParallelConfig`` a ``from_pretrained`` call asks for (popping the TP
+    arguments from ``kwargs``), or None when it is not a tensor-parallel load on tpu."""
+    from torchjax.sharding import TensorParallelConfig
+
+    dc = kwargs.get("distributed_config")
+    if isinstance(dc, TensorParallelConfig):
+        del kwargs["distributed_config"]
+        return dc
+    if _tpu_index(kwargs.get("device_map")) is None:
+        return None
+    plan, size = kwargs.get("tp_plan"), kwargs.get("tp_size")
+    if dc is not None and getattr(dc, "tp_plan", None) is not None:
+        plan, size = dc.tp_plan, getattr(dc, "tp_size", None) or size
+    if plan is None:
+        return None
+    for key in ("distributed_config", "tp_plan", "tp_size", "device_map"):
+        kwargs.pop(key, None)
+    return TensorParallelConfig(plan=plan, tp_size=size)
+
+
+def _wrap_from_pretrained(original):
+    def from_pretrained(cls, path, *args, **kwargs):
+        tp = tensor_parallel_config(kwargs)
+        if tp is None:
+            return original.__func__(cls, path, *args, **kwargs)
+        if args:
+            raise TypeError(
+                "torchjax: a tensor-parallel from_pretrained on tpu takes keyword arguments "
+                f"only after the path (got {len(args)} positional)"
+            )
+        from torchjax.sharding import load_pretrained
+
+        dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
+        dtype = None if dtype == "auto" else dtype
+        return load_pretrained(cls, path, tp, dtype=dtype, **kwargs)
+
+    from_pretrained.__torchjax_patch__ = original
+    return classmethod(from_pretrained)
+
+
 def tpu_state_dict_to_cpu(state_dict: dict) -> dict:
     """``state_dict`` with tpu tensors copied to CPU, sharing kept: tensors that share a
     tpu Storage become views of one CPU tensor (same size, stride and offset), so
@@ -173,6 +223,8 @@ def install() -> None:
         modeling_utils.remove_tied_weights_from_state_dict = _wrap_remove_tied_weights(
             modeling_utils.remove_tied_weights_from_state_dict
         )
+    if not hasattr(cls.from_pretrained, "__torchjax_patch__"):
+        cls.from_pretrained = _wrap_from_pretrained(cls.__dict__["from_pretrained"])
 
 
 def uninstall() -> None:
@@ -189,6 +241,9 @@ def uninstall() -> None:
     )
     if original is not None:
         modeling_utils.remove_tied_weights_from_state_dict = original
+    original = getattr(cls.from_pretrained, "__torchjax_patch__", None)
+    if original is not None:
+        cls.from_pretrained = original
 
 
 class _InstallAfterImport(importlib.abc.MetaPathFinder):
