@@ -88,7 +88,9 @@ def jax_training(model) -> list[float]:
     losses = []
     for i in range(20):
         ids, target = batch(100 + i)
-        params, state, loss = step(params, state, jnp.asarray(ids.numpy()), jnp.asarray(target.numpy()))
+        params, state, loss = step(
+            params, state, jnp.asarray(ids.numpy()), jnp.asarray(target.numpy())
+        )
         losses.append(float(loss))
     with torch.no_grad():  # the trained arrays back into the torch model, no copies
         for name, p in model.named_parameters():
@@ -112,9 +114,15 @@ def main() -> int:
     print(f"optax loop (torch model inside jax.jit):  loss {j_losses[0]:.3f} -> {j_losses[-1]:.3f}")
     with torch.no_grad():
         final = F.cross_entropy(
-            model(batch(100 + 19)[0].to("tpu")).flatten(0, 1), batch(100 + 19)[1].to("tpu").flatten()
+            model(batch(100 + 19)[0].to("tpu")).flatten(0, 1),
+            batch(100 + 19)[1].to("tpu").flatten(),
         ).item()
-    ok = diff < 1e-5 and t_losses[-1] < t_losses[0] and j_losses[-1] < j_losses[0] and np.isfinite(final)
+    ok = (
+        diff < 1e-5
+        and t_losses[-1] < t_losses[0]
+        and j_losses[-1] < j_losses[0]
+        and np.isfinite(final)
+    )
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 

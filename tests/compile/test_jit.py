@@ -52,7 +52,9 @@ def test_new_shape_retraces_and_says_why():
     f = torchjax.jit(mlp().to("tpu"), warn_after=1)
     with torch.no_grad():
         f(torch.randn(2, 16, device="tpu"))
-        with pytest.warns(torchjax.RetraceWarning, match=r"#0 changed from float32\[2, 16\] to float32\[3, 16\]"):
+        with pytest.warns(
+            torchjax.RetraceWarning, match=r"#0 changed from float32\[2, 16\] to float32\[3, 16\]"
+        ):
             f(torch.randn(3, 16, device="tpu"))
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -214,7 +216,9 @@ def test_export_gives_self_contained_stablehlo():
     restored = jax.export.deserialize(exported.serialize())
     (out,) = restored.call(x.numpy())
     with torch.no_grad():
-        torch.testing.assert_close(torch.from_numpy(jax.device_get(out).copy()), cpu(x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            torch.from_numpy(jax.device_get(out).copy()), cpu(x), rtol=1e-4, atol=1e-5
+        )
     assert "stablehlo" in exported.mlir_module()
 
 

@@ -89,4 +89,6 @@ def test_dlpack_both_ways_without_copies():
     onto = torchjax.interop.from_dlpack(x)
     assert onto.device.type == "tpu" and ptr(onto.jax()) == x.data_ptr()
     # torch's own exporter is untouched for CPU tensors
-    assert torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(x)).data_ptr() == x.data_ptr()
+    assert (
+        torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(x)).data_ptr() == x.data_ptr()
+    )

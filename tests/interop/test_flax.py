@@ -38,8 +38,12 @@ def test_flax_submodule_parameters_are_torch_parameters_and_train():
         return jnp.mean((h @ net.out.weight.jax().T + net.out.bias.jax() - y.jax()) ** 2)
 
     gk, gb = jax.grad(pure, argnums=(0, 1))(net.block.kernel.jax(), net.block.bias.jax())
-    np.testing.assert_allclose(net.block.kernel.grad.cpu().numpy(), np.asarray(gk), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(net.block.bias.grad.cpu().numpy(), np.asarray(gb), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        net.block.kernel.grad.cpu().numpy(), np.asarray(gk), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        net.block.bias.grad.cpu().numpy(), np.asarray(gb), rtol=1e-5, atol=1e-6
+    )
     opt = torch.optim.Adam(net.parameters(), lr=1e-2)
     losses = []
     for _ in range(15):
@@ -51,7 +55,9 @@ def test_flax_submodule_parameters_are_torch_parameters_and_train():
     assert losses[-1] < losses[0]
     assert not torch.equal(net.block.kernel.cpu(), kernel_before.cpu())
     trained = net.block.to_nnx()
-    np.testing.assert_allclose(np.asarray(trained.kernel.value), net.block.kernel.detach().cpu().numpy())
+    np.testing.assert_allclose(
+        np.asarray(trained.kernel.value), net.block.kernel.detach().cpu().numpy()
+    )
 
 
 def test_torch_submodule_inside_flax_trains_with_nnx_optimizer():

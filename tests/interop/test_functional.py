@@ -88,7 +88,9 @@ def test_buffers_are_included_and_mutable_returns_written_state():
     ref = torch.nn.BatchNorm1d(6)
     want = ref(torch.tensor(x))
     np.testing.assert_allclose(np.asarray(out), want.detach().numpy(), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(written["running_mean"]), ref.running_mean.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(written["running_mean"]), ref.running_mean.numpy(), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_random_ops_use_the_given_key():
@@ -132,4 +134,6 @@ def test_optax_training_matches_torch_optim_adamw():
         np.testing.assert_allclose(float(value), loss.item(), rtol=1e-4, atol=1e-5)
     assert losses[-1] < losses[0]
     for name, p in cpu.named_parameters():
-        np.testing.assert_allclose(np.asarray(params[name]), p.detach().numpy(), rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(
+            np.asarray(params[name]), p.detach().numpy(), rtol=1e-3, atol=1e-4
+        )

@@ -56,7 +56,9 @@ def _dtypes(op, check):
             return []
         floats = [d for d in (torch.float32, torch.float64) if d in supported]
         return floats[:1]
-    if (check == "inplace" and op.get_inplace() is None) or (check == "out" and not op.supports_out):
+    if (check == "inplace" and op.get_inplace() is None) or (
+        check == "out" and not op.supports_out
+    ):
         return []
     chosen = [d for d in _VARIANT_DTYPES if d in supported]
     return chosen or supported[:1]

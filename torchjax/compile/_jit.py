@@ -26,9 +26,9 @@ import warnings
 import weakref
 
 import jax
-from jax.extend.core import jaxpr_as_fun
 import numpy as np
 import torch
+from jax.extend.core import jaxpr_as_fun
 from torch.utils import _pytree as pytree
 
 from torchjax._compat.jax import x64, x64_enter, x64_exit
@@ -319,7 +319,9 @@ class _Entry:
                 out_pos = [i for i, x in enumerate(out_flat) if isinstance(x, JaxTensor)]
                 info["out"] = (out_spec, out_flat, out_pos)
                 info["out_grad"] = [out_flat[i].requires_grad for i in out_pos]
-                written = [i for i, (s, a) in enumerate(zip(storages, state_arrays)) if s.arr is not a]
+                written = [
+                    i for i, (s, a) in enumerate(zip(storages, state_arrays)) if s.arr is not a
+                ]
                 after = _state.walk(call.roots, not jitted._is_module)
                 known = {id(s) for s in storages}
                 created = [
@@ -419,9 +421,7 @@ class _VJPProgram:
     @classmethod
     def build(cls, entry: _Entry, call: _Call, fun):
         diff_state = [
-            i
-            for i, t in enumerate(call.walk.tensors)
-            if _differentiable(t) and _covers(t)
+            i for i, t in enumerate(call.walk.tensors) if _differentiable(t) and _covers(t)
         ]
         diff_dyn = [k for k, t in enumerate(call.tensors) if _differentiable(t)]
         grads_out = [g for g in entry.out_grad]
@@ -499,9 +499,7 @@ def _describe_change(old, new) -> str:
             if name == "tensor argument shapes/dtypes" and len(a) == len(b):
                 for k, (x, y) in enumerate(zip(a, b)):
                     if x != y:
-                        return (
-                            f"tensor argument #{k} changed from {_fmt(x)} to {_fmt(y)}"
-                        )
+                        return f"tensor argument #{k} changed from {_fmt(x)} to {_fmt(y)}"
             if name == "non-tensor arguments" and len(a) == len(b):
                 for x, y in zip(a, b):
                     if x != y:
