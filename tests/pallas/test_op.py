@@ -1,0 +1,105 @@
+"""torchjax.pallas.op: a Pallas kernel as a torch.library op (eager, autograd, FakeTensor,
+torchjax.jit, torch.compile)."""
+
+import jax
+import pytest
+import torch
+from jax.experimental import pallas as pl
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torchjax
+from torchjax import pallas as tp
+
+
+def _fma_kernel(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] * y_ref[...] + 1
+
+
+@jax.custom_vjp
+def _fma(x, y):
+    return pl.pallas_call(
+        _fma_kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        interpret=tp.interpret_default(),
+    )(x, y)
+
+
+_fma.defvjp(lambda x, y: (_fma(x, y), (x, y)), lambda res, g: (g * res[1], g * res[0]))
+
+
+@tp.op("torchjax_test::fma_scaled")
+def fma_scaled(x, y, scale=2.0):
+    return _fma(x, y) * scale
+
+
+@tp.op("torchjax_test::two_out", outputs=2)
+def two_out(x):
+    return x * 2, x.sum(axis=0)
+
+
+def _inputs():
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    return x, y
+
+
+def test_schema_inferred_from_signature():
+    assert str(fma_scaled.op._schema) == (
+        "torchjax_test::fma_scaled(Tensor x, Tensor y, float scale=2.) -> Tensor"
+    )
+    assert fma_scaled.op is torch.ops.torchjax_test.fma_scaled.default
+
+
+def test_eager_forward_and_backward_match_cpu():
+    x, y = _inputs()
+    xc, yc = x.clone().requires_grad_(), y.clone().requires_grad_()
+    xt, yt = x.to("tpu").requires_grad_(), y.to("tpu").requires_grad_()
+    out = fma_scaled(xt, yt, 3.0)
+    ref = (xc * yc + 1) * 3.0
+    torch.testing.assert_close(out.cpu(), ref.detach())
+    assert out.device.type == "tpu"
+    (out * out).sum().backward()
+    (ref * ref).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+    torch.testing.assert_close(yt.grad.cpu(), yc.grad)
+
+
+def test_multiple_outputs():
+    x, _ = _inputs()
+    a, b = two_out(x.to("tpu"))
+    torch.testing.assert_close(a.cpu(), x * 2)
+    torch.testing.assert_close(b.cpu(), x.sum(0))
+
+
+def test_fake_tensor_shapes_from_eval_shape():
+    with FakeTensorMode():
+        a, b = two_out(torch.empty(4, 8))
+        c = fma_scaled(torch.empty(3, 5), torch.empty(3, 5))
+    assert (a.shape, b.shape, c.shape) == ((4, 8), (8,), (3, 5))
+
+
+def test_inside_torchjax_jit_and_torch_compile():
+    x, y = _inputs()
+    ref = (x * y + 1) * 2.0
+    f = torchjax.jit(lambda a, b: fma_scaled(a, b).sin())
+    torch.testing.assert_close(f(x.to("tpu"), y.to("tpu")).cpu(), ref.sin())
+    c = torch.compile(lambda a, b: fma_scaled(a, b).cos(), backend="tpu")
+    torch.testing.assert_close(c(x.to("tpu"), y.to("tpu")).cpu(), ref.cos())
+
+
+def test_torch_compile_training_uses_the_custom_vjp():
+    x, y = _inputs()
+    xc = x.clone().requires_grad_()
+    ((xc * y + 1) * 2.0).cos().sum().backward()
+    xt = x.to("tpu").requires_grad_()
+    c = torch.compile(lambda a, b: fma_scaled(a, b).cos().sum(), backend="tpu")
+    c(xt, y.to("tpu")).backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+
+
+def test_unsupported_default_names_the_parameter():
+    with pytest.raises(ValueError, match="parameter 'shape'"):
+
+        @tp.op("torchjax_test::bad")
+        def bad(x, shape=(1, 2)):
+            return x

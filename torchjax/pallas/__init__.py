@@ -1,0 +1,39 @@
+"""Pallas kernels as PyTorch ops.
+
+- :func:`op`: register a JAX function or Pallas kernel as a ``torch.library`` op on
+  tpu tensors (eager, ``torchjax.jit``, ``torch.compile(backend="tpu")``, autograd).
+- Flash attention: :func:`flash_attention` (``torch.ops.torchjax.flash_attention``),
+  used by ``F.scaled_dot_product_attention`` where Note [SDPA dispatch rule] allows;
+  :class:`use_flash_attention` turns it on/off.
+- :func:`ragged_dot` (``torch.ops.torchjax.ragged_dot``): grouped matmul for MoE.
+- Tokamax: ``tokamax_ragged_dot``, ``tokamax_attention``.
+- ``kernels``: the jax-level kernels and their jnp references (``torchjax.pallas.kernels``).
+"""
+
+from torchjax.pallas import kernels as kernels
+from torchjax.pallas._op import KernelOp as KernelOp
+from torchjax.pallas._op import interpret_default as interpret_default
+from torchjax.pallas._op import op as op
+from torchjax.pallas._ragged_op import ragged_dot as ragged_dot
+from torchjax.pallas._sdpa import ENV_VAR as FLASH_ATTENTION_ENV_VAR
+from torchjax.pallas._sdpa import flash_applies as flash_applies
+from torchjax.pallas._sdpa import flash_attention as flash_attention
+from torchjax.pallas._sdpa import flash_enabled as flash_enabled
+from torchjax.pallas._sdpa import use_flash_attention as use_flash_attention
+from torchjax.pallas._tokamax import tokamax_attention as tokamax_attention
+from torchjax.pallas._tokamax import tokamax_ragged_dot as tokamax_ragged_dot
+
+__all__ = [
+    "FLASH_ATTENTION_ENV_VAR",
+    "KernelOp",
+    "flash_applies",
+    "flash_attention",
+    "flash_enabled",
+    "interpret_default",
+    "kernels",
+    "op",
+    "ragged_dot",
+    "tokamax_attention",
+    "tokamax_ragged_dot",
+    "use_flash_attention",
+]

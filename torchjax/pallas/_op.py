@@ -1,0 +1,302 @@
+"""A JAX function (a Pallas kernel, or any jax code) as a PyTorch operator.
+
+``@torchjax.pallas.op("mylib::myop")`` defines ``torch.ops.mylib.myop`` with
+``torch.library``: a schema (inferred from the function's signature), a fake
+implementation (``jax.eval_shape`` of the function, or one the user gives), the tpu
+implementation, and autograd (the function's VJP, so a ``jax.custom_vjp`` backward is
+used when the function has one).
+
+Note [How a kernel op reaches jax]
+A tpu tensor is a wrapper subclass: the Python dispatch key sits above PrivateUse1, so
+every op on it, ``mylib::myop`` included, arrives in ``JaxTensor.__torch_dispatch__`` and
+from there in the op registry (torchjax/ops/registry.py). The tpu implementation is
+therefore a registry handler, not a ``PrivateUse1`` kernel: it unwraps the tensors
+(``to_jax``) and calls the function through ``torchjax.jax_function`` (one ``jax.jit``
+executable per signature of static arguments, cached). Under ``torchjax.jit`` the tensors
+hold tracers and the jitted function is inlined into the outer trace. Under
+``torch.compile(backend="tpu")`` Dynamo traces with fake tensors, which reach the fake
+implementation; the captured FX graph calls ``torch.ops.mylib.myop`` on real (traced)
+tpu tensors, i.e. the same handler.
+
+Note [Kernel op backward]
+Autograd is registered with ``torch.library.register_autograd``: the backward is a second
+op, ``mylib::myop_backward``, whose tpu implementation is ``jax.vjp`` of the function at
+the saved inputs applied to the output cotangents. It recomputes the forward inside the
+backward (no residuals cross the torch boundary), which keeps the op's schema that of
+the user's function; kernels whose backward needs forward statistics (flash attention's
+log-sum-exp) recompute them. Inside ``torch.compile``/``torchjax.jit`` training the
+whole program is differentiated by ``jax.vjp`` instead (see torchjax/compile/_dynamo.py),
+so the function's own ``custom_vjp`` runs with its residuals and nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import torch
+from torch.utils import _pytree as pytree
+
+from torchjax.interop._jax_function import jax_function
+from torchjax.ops.registry import handler
+from torchjax.tensor.dtypes import to_jax_dtype, to_torch_dtype
+
+_SCALAR_TYPES = {bool: "bool", int: "int", float: "float", str: "str"}
+
+
+def interpret_default() -> bool:
+    """``True`` where Pallas kernels must run in interpret mode: jax's default backend
+    is neither TPU nor GPU (Pallas compiles for those two only)."""
+    return jax.default_backend() not in ("tpu", "gpu", "cuda", "rocm")
+
+
+def compiler_params():
+    """Pallas compiler parameters for jax's default backend: on GPU, Triton's (jax 0.10
+    lowers a ``pallas_call`` without parameters through Mosaic GPU, which has no
+    ``dot_general`` for these kernels' lane-level code); elsewhere None (Mosaic on TPU,
+    nothing in interpret mode)."""
+    if jax.default_backend() in ("gpu", "cuda", "rocm"):
+        from jax.experimental.pallas import triton as pltriton
+
+        return pltriton.CompilerParams()
+    return None
+
+
+def op(
+    name: str,
+    *,
+    schema: str | None = None,
+    outputs: int = 1,
+    fake: Callable | None = None,
+    differentiable: bool = True,
+):
+    """Decorator: register the JAX function ``fn`` as the PyTorch operator ``name``.
+
+    Args:
+        name: ``"namespace::opname"``; a bare ``"opname"`` goes to the ``torchjax``
+            namespace. The op is then ``torch.ops.<namespace>.<opname>``.
+        schema: the torch schema without the name, e.g. ``"(Tensor x, float s) -> Tensor"``.
+            Default: inferred from ``fn``'s signature: parameters without default are
+            ``Tensor``; defaults ``None`` make ``Tensor?``; bool/int/float/str defaults
+            make scalar arguments of that type (static: one compiled executable per value).
+            Parameter names must match ``fn``'s (arguments are passed by name).
+        outputs: number of tensor outputs of ``fn`` (a tuple when > 1), for the
+            inferred schema.
+        fake: ``fake(*args, **kwargs)`` returning the output ``torch.Tensor``(s) (e.g.
+            ``x.new_empty(shape)``) from fake inputs, for FakeTensor and
+            ``torch.compile``. Default: ``jax.eval_shape`` of ``fn`` at the inputs'
+            shapes and dtypes (sizes must be concrete; symbolic sizes are specialised).
+        differentiable: register autograd (Note [Kernel op backward]); float outputs
+            then carry a ``grad_fn`` and integer inputs get no gradient.
+
+    Returns:
+        A decorator returning a :class:`KernelOp`: callable like ``fn`` on tpu tensors
+        (``torch.ops`` call), with ``.op`` the ``OpOverload`` and ``.fn`` the jax function.
+
+    Raises:
+        ValueError: ``schema`` cannot be inferred (a default of unsupported type).
+        RuntimeError: the op name is already defined (torch.library's error).
+    """
+
+    def deco(fn):
+        return KernelOp(name, fn, schema, outputs, fake, differentiable)
+
+    return deco
+
+
+@dataclasses.dataclass
+class _Param:
+    name: str
+    kind: str  # "Tensor", "Tensor?", or a scalar type name
+
+
+def _infer_params(fn) -> list[_Param]:
+    params = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise ValueError(
+                f"torchjax.pallas.op: cannot infer a schema for {fn.__name__} with "
+                f"*{p.name}; give schema= explicitly"
+            )
+        if p.default is p.empty:
+            params.append(_Param(p.name, "Tensor"))
+        elif p.default is None:
+            params.append(_Param(p.name, "Tensor?"))
+        elif type(p.default) in _SCALAR_TYPES:
+            params.append(_Param(p.name, _SCALAR_TYPES[type(p.default)]))
+        else:
+            raise ValueError(
+                f"torchjax.pallas.op: parameter {p.name!r} of {fn.__name__} has a default of "
+                f"type {type(p.default).__name__}; expected None, bool, int, float or str "
+                "(or give schema= explicitly)"
+            )
+    return params
+
+
+def _schema_from(fn, outputs: int) -> str:
+    sig = inspect.signature(fn)
+    parts = []
+    for p, param in zip(_infer_params(fn), sig.parameters.values()):
+        if param.default is param.empty:
+            parts.append(f"{p.kind} {p.name}")
+        else:
+            parts.append(f"{p.kind} {p.name}={param.default!r}")
+    ret = "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
+    return "(" + ", ".join(parts) + ") -> " + ret
+
+
+def _tensor_arg_names(schema: torch._C.FunctionSchema) -> list[str]:
+    return [a.name for a in schema.arguments if str(a.type).startswith("Tensor")]
+
+
+def _to_struct(x):
+    if isinstance(x, torch.Tensor):
+        return jax.ShapeDtypeStruct(tuple(int(s) for s in x.shape), to_jax_dtype(x.dtype))
+    return x
+
+
+def _bind_backward(names, args, kwargs):
+    """``(inputs by name, grads)`` from a ``*_backward`` call (grads come last)."""
+    bound = dict(zip(names + ["grads"], args), **kwargs)
+    return bound, bound.pop("grads")
+
+
+class KernelOp:
+    """A registered kernel op (see :func:`op`). Call it like the jax function, with
+    torch tensors."""
+
+    def __init__(self, name, fn, schema, outputs, fake, differentiable):
+        ns, _, opname = name.rpartition("::")
+        ns = ns or "torchjax"
+        self.fn = fn
+        self.qualname = f"{ns}::{opname}"
+        self._lib = torch.library.Library(ns, "FRAGMENT")
+        self._lib.define(opname + (schema or _schema_from(fn, outputs)))
+        self.op = getattr(getattr(torch.ops, ns), opname).default
+        self._names = [a.name for a in self.op._schema.arguments]
+        self._tensors = _tensor_arg_names(self.op._schema)
+        self._multi = len(self.op._schema.returns) > 1
+        self._call = jax_function(fn)
+        torch.library.register_fake(self.qualname, fake or self._eval_shape_fake, lib=self._lib)
+        handler(self.op)(self._tpu)
+        self.backward_op = None
+        if differentiable:
+            self._define_backward(ns, opname)
+        self.__wrapped__ = fn
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, *args, **kwargs):
+        return self.op(*args, **kwargs)
+
+    # -- tpu implementation (Note [How a kernel op reaches jax]) ------------------------
+
+    def _tpu(self, args, kwargs):
+        # No torch autograd below the Autograd key: jax_function's own VJP path must
+        # stay off (register_autograd owns the backward).
+        with torch.no_grad():
+            out = self._call(*args, **kwargs)
+        return tuple(out) if self._multi else out
+
+    def _eval_shape_fake(self, *args, **kwargs):
+        # Only tensors become abstract values: scalars stay Python values (static), as
+        # in the tpu implementation.
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        where = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
+
+        def f(*arrays):
+            full = list(flat)
+            for i, a in zip(where, arrays):
+                full[i] = a
+            a, k = pytree.tree_unflatten(full, spec)
+            return self.fn(*a, **k)
+
+        structs = jax.eval_shape(f, *(_to_struct(flat[i]) for i in where))
+        like = next(x for x in list(args) + list(kwargs.values()) if isinstance(x, torch.Tensor))
+        outs = [
+            like.new_empty(s.shape, dtype=to_torch_dtype(s.dtype))
+            for s in jax.tree_util.tree_leaves(structs)
+        ]
+        return tuple(outs) if self._multi else outs[0]
+
+    # -- autograd (Note [Kernel op backward]) --------------------------------------------
+
+    def _define_backward(self, ns, opname):
+        schema = self.op._schema
+        text = str(schema)
+        args = text[text.index("(") + 1 : text.rindex(") ->")]
+        bname = f"{opname}_backward"
+        self._lib.define(f"{bname}({args}, Tensor?[] grads) -> Tensor[]")
+        self.backward_op = getattr(getattr(torch.ops, ns), bname).default
+        names, tensors, fn = self._names, self._tensors, self.fn
+
+        def vjp(*args, **kwargs):
+            bound, grads = _bind_backward(names, args, kwargs)
+            diff = [
+                n
+                for n in tensors
+                if bound.get(n) is not None and jnp.issubdtype(bound[n].dtype, jnp.inexact)
+            ]
+
+            def f(*d):
+                return fn(**dict(bound, **dict(zip(diff, d))))
+
+            outs, pull = jax.vjp(f, *(bound[n] for n in diff))
+            flat_outs = jax.tree_util.tree_leaves(outs)
+            cts = [
+                jnp.zeros(o.shape, o.dtype) if g is None else g.astype(o.dtype)
+                for o, g in zip(flat_outs, grads)
+            ]
+            d_in = dict(
+                zip(
+                    diff,
+                    pull(jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(outs), cts)),
+                )
+            )
+            # One entry per tensor argument; an empty float array stands for "no
+            # gradient" (integer or absent inputs), mapped to None in ``_backward``.
+            return [d_in.get(n, jnp.zeros((0,), jnp.float32)) for n in tensors]
+
+        bcall = jax_function(vjp)
+
+        def tpu_backward(args, kwargs):
+            with torch.no_grad():
+                return list(bcall(*args, **kwargs))
+
+        def fake_backward(*args, **kwargs):
+            bound, grads = _bind_backward(names, args, kwargs)
+            like = next(g for g in grads if g is not None)
+            out = []
+            for n in tensors:
+                t = bound.get(n)
+                if t is not None and (t.dtype.is_floating_point or t.dtype.is_complex):
+                    out.append(torch.empty_like(t))
+                else:
+                    out.append(like.new_empty((0,), dtype=torch.float32))
+            return out
+
+        handler(self.backward_op)(tpu_backward)
+        torch.library.register_fake(f"{ns}::{bname}", fake_backward, lib=self._lib)
+
+        def setup_context(ctx, inputs, output):
+            ctx.inputs = inputs
+            ctx.save_for_backward(*(x for x in inputs if isinstance(x, torch.Tensor)))
+
+        def backward(ctx, *grads):
+            saved = iter(ctx.saved_tensors)
+            inputs = [next(saved) if isinstance(x, torch.Tensor) else x for x in ctx.inputs]
+            d = self.backward_op(*inputs, grads=list(grads))
+            by_name = dict(zip(tensors, d))
+            result = []
+            for n, x in zip(names, inputs):
+                float_input = isinstance(x, torch.Tensor) and (
+                    x.dtype.is_floating_point or x.dtype.is_complex
+                )
+                result.append(by_name[n] if float_input else None)
+            return tuple(result)
+
+        torch.library.register_autograd(
+            self.qualname, backward, setup_context=setup_context, lib=self._lib
+        )

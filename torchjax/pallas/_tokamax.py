@@ -1,0 +1,62 @@
+"""Tokamax kernels as torch ops: ``torch.ops.torchjax.tokamax_ragged_dot`` and
+``torch.ops.torchjax.tokamax_attention``, alternatives to torchjax's own kernels.
+
+Tokamax (0.0.12, the last release for Python 3.11) picks an implementation per platform:
+its Pallas kernels ("mosaic" for TPU, "triton" for GPU; "cudnn" for attention) raise
+``NotImplementedError: Not supported on cpu.`` on CPU, and have no interpret mode, so on
+CPU these ops run tokamax's "xla" implementation (what ``implementation=None`` selects
+there). ``tokamax`` is imported on first call, not with torchjax.
+
+Tokamax reads its config from absl flags and, the first time, parses ``sys.argv`` for
+them: any program with its own command-line options (pytest's ``-p``, a training
+script's ``--lr``) then dies in ``UnrecognizedFlagError``. When nothing has parsed absl
+flags yet, :func:`_tokamax` marks them parsed (defaults) before tokamax reads them;
+tokamax's own config context managers still change them.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from torchjax.pallas._op import op
+
+
+def _tokamax():
+    import tokamax
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    return tokamax
+
+
+@op("torchjax::tokamax_ragged_dot")
+def tokamax_ragged_dot(lhs, rhs, group_sizes):
+    """``tokamax.ragged_dot``: lhs (M, K), rhs (G, K, N), group_sizes (G,) int ->
+    (M, N) in lhs's dtype (``jax.lax.ragged_dot`` semantics). Differentiable in lhs and
+    rhs (tokamax's own VJP)."""
+    return _tokamax().ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32))
+
+
+@op(
+    "torchjax::tokamax_attention",
+    schema="(Tensor q, Tensor k, Tensor v, Tensor? mask=None, bool causal=False, "
+    "float? scale=None) -> Tensor",
+)
+def tokamax_attention(q, k, v, mask=None, causal=False, scale=None):
+    """``tokamax.dot_product_attention`` in torch's layout: q (B, Hq, Sq, D), k/v
+    (B, Hkv, Sk, D) (GQA by head grouping), mask bool (True = attend) or float (added),
+    broadcastable to (B, Hq, Sq, Sk) -> (B, Hq, Sq, D). Tokamax takes (B, S, H, D), so
+    the wrapper transposes in and out (inside the same jax program)."""
+    tokamax = _tokamax()
+
+    def bshd(x):
+        return jnp.swapaxes(x, 1, 2)
+
+    bias = None
+    if mask is not None and mask.dtype != jnp.bool_:
+        bias, mask = mask, None
+    out = tokamax.dot_product_attention(
+        bshd(q), bshd(k), bshd(v), bias=bias, mask=mask, scale=scale, is_causal=causal
+    )
+    return bshd(out)
