@@ -51,7 +51,9 @@ def _check_divisor(op: str, other) -> None:
     """torch's integer kernels raise on a zero divisor; XLA returns garbage instead."""
     if isinstance(other, jax.core.Tracer):
         return
-    if bool(jnp.any(jnp.asarray(other) == 0)):
+    # numpy, not jnp: inside a jax trace (torchjax.jit) jnp ops on constants are staged
+    # out as tracers too, and bool() of one fails.
+    if np.any(np.asarray(other) == 0):
         raise RuntimeError(f"ZeroDivisionError (in aten::{op}: integer division by zero)")
 
 
