@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import NamedSharding
 
 
 def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
@@ -53,24 +54,39 @@ class Storage:
     def read(self, size, stride, offset) -> jax.Array:
         if self.covers(size, stride, offset) and stride == contiguous_strides(size):
             return self.arr
-        plan = _plan(self.numel, size, stride, offset)
-        return plan.read(self.arr.reshape(-1))
+        return _plan(self.numel, size, stride, offset).read_array(self.arr)
 
     def write(self, size, stride, offset, value: jax.Array) -> None:
         """Store ``value`` (shape ``size``, storage dtype) at the strided view."""
         if value.dtype != self.arr.dtype:
             raise AssertionError(f"storage write dtype {value.dtype} != {self.arr.dtype}")
         if self.covers(size, stride, offset) and stride == contiguous_strides(size):
-            self.arr = value
+            self.arr = _keep_placement(value, self.arr)
         else:
-            plan = _plan(self.numel, size, stride, offset)
-            self.arr = plan.write(self.arr.reshape(-1), value).reshape(self.shape)
+            new = _plan(self.numel, size, stride, offset).write_array(self.arr, value)
+            self.arr = _keep_placement(new, self.arr)
         self.version += 1
 
     def replace(self, arr: jax.Array) -> None:
         """Swap in a new array of the same shape and dtype (a whole-storage write)."""
-        self.arr = arr
+        self.arr = _keep_placement(arr, self.arr)
         self.version += 1
+
+
+# Note [Writes keep the placement]
+# A write changes a storage's values, never where they live, as an in-place op on a CUDA
+# tensor never moves it. For a storage sharded over a mesh (torchjax/sharding) the new
+# array comes from a computation whose output sharding XLA chose: a strided write goes
+# through the flat buffer (reshape(-1), scatter, reshape), after which XLA typically
+# replicates it, and a KV-cache slice assignment or an optimizer's in-place update would
+# silently gather a sharded tensor onto every device. So a write into a NamedSharding
+# storage puts the result back on that sharding. Tracers (torchjax.jit) have no
+# ``sharding`` attribute: layouts inside a program are XLA's business.
+def _keep_placement(new: jax.Array, old: jax.Array) -> jax.Array:
+    sharding = getattr(old, "sharding", None)
+    if type(sharding) is NamedSharding and getattr(new, "sharding", sharding) != sharding:
+        return jax.device_put(new, sharding)
+    return new
 
 
 class _ContiguousPlan:
@@ -187,6 +203,7 @@ class _Plan:
     def __init__(self, storage_numel, size, stride, offset):
         numel = math.prod(size)
         self.gather = None
+        self._read = self._write = None
         if numel == 0:
             self.kind = "empty"
         elif stride == contiguous_strides(size) or numel == 1:
@@ -206,6 +223,27 @@ class _Plan:
         if self.kind == "empty":
             return jnp.zeros(self.size, flat.dtype)
         return self.impl.read(flat)
+
+    # Op by op, a read or write is several jax primitives, each its own XLA dispatch; as
+    # one cached executable per plan (jax's cache covers the storage's shape and dtype)
+    # it is one. A plan used once (a KV-cache slot at a new position) runs op by op: its
+    # own executable would cost a compile for one call. Inside a trace (torchjax.jit,
+    # compiled lowerings) the jitted call inlines.
+    def read_array(self, arr):
+        """The view's values from the storage array ``arr`` (the storage's shape)."""
+        read = self._read
+        if read is None:
+            self._read = jax.jit(lambda arr: self.read(arr.reshape(-1)))
+            return self.read(arr.reshape(-1))
+        return read(arr)
+
+    def write_array(self, arr, value):
+        """The storage array ``arr`` with ``value`` written at the view."""
+        write = self._write
+        if write is None:
+            self._write = jax.jit(lambda arr, v: self.write(arr.reshape(-1), v).reshape(arr.shape))
+            return self.write(arr.reshape(-1), value).reshape(arr.shape)
+        return write(arr, value)
 
     def write(self, flat, value):
         if self.kind == "empty":
