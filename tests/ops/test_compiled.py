@@ -173,6 +173,39 @@ def test_eager_ops_do_not_wait_for_device_results():
     assert y.cpu().shape == (8, 8)
 
 
+_VIEWS = {
+    "t": lambda w: w.t(),
+    "transpose-slice": lambda w: w.transpose(0, 1)[1:5],
+    "expand": lambda w: w[:1].expand(6, 6),
+    "select-unsqueeze": lambda w: w.select(1, 2).unsqueeze(0).expand(6, 6),
+    "diagonal": lambda w: w.diagonal().unsqueeze(1).expand(6, 6),
+    "view": lambda w: w.reshape(3, 12).view(6, 6),
+}
+
+
+@pytest.mark.parametrize("make", list(_VIEWS.values()), ids=list(_VIEWS))
+def test_layout_views_are_read_inside_the_consumer(make):
+    # Note [Lazy views]: t/transpose/slice/expand... compute nothing; the compiled op that
+    # consumes the view reads it in its own executable. Values as CPU torch.
+    w, b = torch.randn(6, 6), torch.randn(6, 6)
+    view = make(w.to(TPU))
+    assert view._cache is None  # no value computed
+    got = torch.mm(view, b.to(TPU))
+    assert view._cache is None  # read inside mm's executable
+    torch.testing.assert_close(got.cpu(), torch.mm(make(w), b))
+    torch.testing.assert_close(view.cpu(), make(w))
+
+
+def test_lazy_view_sees_later_writes_to_its_base():
+    x = torch.zeros(4, 5, device=TPU)
+    v = x.t()[1:3]
+    x.add_(torch.arange(20.0).reshape(4, 5).to(TPU))
+    w = x.cpu().t()[1:3]
+    torch.testing.assert_close((v * 2).cpu(), w * 2)
+    v.mul_(-1)  # a write through the lazy view reaches the base
+    torch.testing.assert_close(x.cpu().t()[1:3], -w)
+
+
 def test_fused_adamw_is_one_executable_across_steps_and_lr_changes():
     torch.manual_seed(0)
     cpu = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
@@ -216,3 +249,17 @@ def test_foreach_adam_compiles_each_foreach_op_once():
     # the per-step bias corrections are arguments: at most one new key for six steps
     assert compiled.cache_info(aten._foreach_addcdiv_.ScalarList).keys >= 1
     assert compiled.cache_info(aten._foreach_div_.ScalarList).keys - before <= 1
+
+
+def test_views_of_many_layouts_stop_adding_keys():
+    # A growing KV cache gives a new view layout every step: past MAX_VIEW_KEYS the view
+    # is read first and the op keeps one plain key (and stays compiled).
+    cache = torch.randn(1, 40, 8)
+    tcache = cache.to(TPU)
+    keys0, _, eager0 = _info(aten.tanh.default)
+    for n in range(1, compiled.MAX_VIEW_KEYS + 8):
+        got = torch.tanh(tcache[:, :n])
+        torch.testing.assert_close(got.cpu(), torch.tanh(cache[:, :n]))
+    keys, _, eager = _info(aten.tanh.default)
+    assert keys - keys0 <= compiled.MAX_VIEW_KEYS + 1
+    assert eager == eager0

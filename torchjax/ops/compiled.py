@@ -16,7 +16,10 @@ runs every eligible lowering, together with the promotion casts around it, as on
   keys). Arrays (tpu tensors, 0-d CPU tensors, lists of tensors) are the executable's
   arguments, so jax's own jit cache handles their shapes and dtypes. A Python scalar in
   a promoted position (``x * 0.5``) becomes a 0-d array of the computation dtype and is
-  an argument too, so a changing scalar does not recompile.
+  an argument too, so a changing scalar does not recompile. A view whose value has not
+  been read (Note [Lazy views] in torchjax/ops/registry.py) enters as its storage's
+  array, its layout (storage numel, size, stride, offset) in the key, and is read inside
+  the executable, where XLA fuses the read (a transpose into a dot, a slice into an add).
 - One executable per key, built on first use; the second call with the same key is a
   cache hit (``cache_info`` counts keys and traces). A non-promoted float that changes
   every call (torch.optim's ``p.addcdiv_(m, d, value=-step_size)``) would compile every
@@ -27,7 +30,8 @@ runs every eligible lowering, together with the promotion casts around it, as on
 
 Not compiled (run op by op, as before), decided per overload once, or per call:
 - ops tagged ``nondeterministic_seeded`` (random ops draw a fresh key per call in the
-  lowering: a trace would bake one key in), or with data-dependent output shapes;
+  lowering: a trace would bake one key in; a lowering registered ``deterministic``, a
+  dropout-free path, is compiled), or with data-dependent output shapes;
 - lowerings registered with ``jit=False``: their eager checks read values (see below);
 - calls with an integer tensor among the arrays (indices, integer division): the
   lowerings taking them run data-dependent checks guarded by
@@ -51,9 +55,15 @@ import jax
 import numpy as np
 import torch
 
+from torchjax.tensor._storage import _plan, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor
 
 MAX_KEYS_PER_OP = 64
+# Keys of one overload that read a view inside (their layouts are part of the key): a
+# loop whose views change layout every step (a growing KV cache) would otherwise use up
+# MAX_KEYS_PER_OP; past this many, views are read first (one executable) and the op
+# uses its plain key.
+MAX_VIEW_KEYS = 16
 # XLA may keep float16/bfloat16 intermediates in float32 inside a fusion ("excess
 # precision"); torch, and torchjax op by op, round every op's result to its dtype
 # (``div(rounding_mode="trunc")`` on float16 rounds the quotient before truncating). So
@@ -84,6 +94,7 @@ _SCALARS = (bool, int, float, complex)
 _ARRAY = 0  # ("arg": the next executable argument)
 _STATIC = 1  # (_STATIC, type, key value, value)
 _SEQ = 2  # (_SEQ, list or tuple, entries)
+_VIEW = 3  # (_VIEW, storage numel, size, stride, offset): the next argument is a storage
 
 # Errors a trace raises when a lowering needs concrete values: such keys run op by op.
 CONCRETE_ERRORS = _CONCRETE_ERRORS = (
@@ -129,7 +140,7 @@ def compilable(func, entry) -> bool:
     tags = func.tags
     return (
         entry.jit
-        and torch.Tag.nondeterministic_seeded not in tags
+        and (entry.deterministic or torch.Tag.nondeterministic_seeded not in tags)
         and torch.Tag.dynamic_output_shape not in tags
         and torch.Tag.data_dependent_output not in tags
     )
@@ -144,11 +155,17 @@ def _static(x):
 
 def _float_masked(entry):
     """``entry`` with float static values blanked (keys equal up to float values)."""
-    if entry is _ARRAY:
+    if entry is _ARRAY or entry[0] == _VIEW:
         return entry
     if entry[0] == _STATIC:
         return (_STATIC, float) if entry[1] is float else entry
     return (_SEQ, entry[1], tuple(_float_masked(e) for e in entry[2]))
+
+
+def _has_view(entry) -> bool:
+    if entry is _ARRAY or entry[0] == _STATIC:
+        return False
+    return entry[0] == _VIEW or any(_has_view(e) for e in entry[2])
 
 
 def _rebuild(entry, it):
@@ -156,6 +173,8 @@ def _rebuild(entry, it):
         return next(it)
     if entry[0] == _STATIC:
         return entry[3]
+    if entry[0] == _VIEW:
+        return _plan(*entry[1:]).read(next(it).reshape(-1))
     return entry[1](_rebuild(e, it) for e in entry[2])
 
 
@@ -208,6 +227,7 @@ class CompiledCompute:
         self.eager_keys: set = set()
         self.float_variants: dict = {}
         self.info = _INFO.setdefault(func, CacheInfo())
+        self.view_keys = 0
 
     def _entry(self, x, dyn, psig, scalars, promoted):
         """The template entry of argument ``x``; appends its arrays to ``dyn``, its
@@ -217,10 +237,22 @@ class CompiledCompute:
             dt = x.dtype
             if dt in _NOT_COMPILED_DTYPES:
                 raise NotCompilable
-            dyn.append(x._value())
             if promoted:
                 psig.append((dt, not x._size))
-            return _ARRAY
+            storage = x._storage
+            if x._cache_version == storage.version:
+                dyn.append(x._cache)
+                return _ARRAY
+            size, stride, offset = x._size, x._stride, x._offset
+            if storage.covers(size, stride, offset) and stride == contiguous_strides(size):
+                dyn.append(storage.arr)
+                return _ARRAY
+            if self.view_keys >= MAX_VIEW_KEYS:
+                dyn.append(x._value())
+                return _ARRAY
+            # A view not read yet (Note [Lazy views]): the read joins this executable.
+            dyn.append(storage.arr)
+            return (_VIEW, storage.numel, size, stride, offset)
         if isinstance(x, torch.Tensor):
             if x.dim() != 0 and not self.cpu_ok:
                 raise self.device_error(x)
@@ -242,15 +274,17 @@ class CompiledCompute:
     def __call__(self, args, kwargs):
         if not kwargs:
             sig = []
+            vals = []
             for a in args:
-                if a.__class__ is not JaxTensor:
+                # Plain tpu tensors whose value is at hand (not a view still to read).
+                if a.__class__ is not JaxTensor or a._cache_version != a._storage.version:
                     break
                 sig.append(a.dtype)
                 sig.append(not a._size)
+                vals.append(a._cache)
             else:
                 run = self.tensor_cache.get(tuple(sig))
                 if run is not None:
-                    vals = [a._value() for a in args]
                     try:
                         return run(*vals)
                     except ValueError:
@@ -289,8 +323,15 @@ class CompiledCompute:
             dts = self.promoted(self.kind, psig) if self.kind is not None else None
             hit = self.cache[key] = (self._build(tmpl, kwtmpl, dts), dts)
             self.info.keys += 1
+            if any(_has_view(e) for e in tmpl) or any(_has_view(e) for _, e in kwtmpl):
+                self.view_keys += 1
         run, dts = hit
-        if not kwargs and not scalars and all(a.__class__ is JaxTensor for a in args):
+        if (
+            not kwargs
+            and not scalars
+            and all(a.__class__ is JaxTensor for a in args)
+            and all(e is _ARRAY for e in tmpl)
+        ):
             sig = []
             for a in args:
                 sig.append(a.dtype)

@@ -23,7 +23,8 @@ schema; a lowering runs as one cached jax.jit executable (Note [Compiled lowerin
 torchjax/ops/compiled.py) whose key comes from the argument types (promotion results are
 cached per dtype signature); the result is wrapped from its shape and dtype (``wrap``
 caches contiguous metadata per shape), never from device data, so dispatch stays async.
-View ops cache the layout the meta-tensor run gives per (base layout, arguments).
+View ops cache the layout the meta-tensor run gives per (base layout, arguments), and
+layout-only views compute no value at all (Note [Lazy views]).
 Measure any addition here with ``python bench/eager_overhead.py`` (add 1x1 against raw
 ``jnp.add``): on a 2-core CPU the whole path is about 10 us over a jitted jax call.
 """
@@ -65,6 +66,9 @@ class Lowering:
     cpu_tensors: bool = False  # accept non-0-d CPU tensors (index arguments)
     raw: bool = False  # fn takes torch-level (args, kwargs) and does everything itself
     jit: bool = True  # may run as a cached jax.jit executable (Note [Compiled lowerings])
+    # draws no random key although the overload is tagged nondeterministic_seeded (a
+    # dropout-free path of a dropout op): may be compiled
+    deterministic: bool = False
 
 
 _LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
@@ -126,12 +130,17 @@ def handler(*ops):
     return deco
 
 
-def functional_handler(func, fn, *, promote: Kind | None = None, promote_args=None):
+def functional_handler(
+    func, fn, *, promote: Kind | None = None, promote_args=None, deterministic=False
+):
     """The registry's functional handler for ``fn`` as a lowering of ``func``, for a
-    ``@handler`` that checks something at the torch level and then lowers as usual."""
-    return _functional_handler(
-        func, Lowering(fn, promote, tuple(promote_args) if promote_args else None)
+    ``@handler`` that checks something at the torch level and then lowers as usual.
+    ``deterministic``: ``fn`` draws no random key though ``func`` is a random op (its
+    dropout-free path), so it may be compiled (Note [Compiled lowerings])."""
+    entry = Lowering(
+        fn, promote, tuple(promote_args) if promote_args else None, deterministic=deterministic
     )
+    return _functional_handler(func, entry)
 
 
 def register_pointwise(op, fn, *, promote: Kind) -> None:
@@ -455,9 +464,45 @@ def _functional_handler(func, entry, strip_out=False):
     return functional
 
 
+# Note [Lazy views]
+# A view op that only re-describes the elements (same dtype, values read straight from
+# the storage by size/stride/offset) does no jax work when it is called: the result is
+# the new layout over ``self``'s storage, with no cached value. Its value is read when
+# something needs it, and a compiled lowering reading it does the read inside its own
+# executable (Note [Compiled lowerings], torchjax/ops/compiled.py), so ``x.t()`` feeding
+# ``addmm`` costs no XLA dispatch of its own and XLA folds the transpose into the dot.
+# Eagerly, every XLA dispatch costs tens of microseconds (much more on a busy machine);
+# a transformer's forward is more than half views. Views whose value is not a plain
+# storage read (``_conj``, ``_neg_view``, ``view_as_real``, ``view.dtype``, ``real``,
+# ``imag``) keep running their lowering.
+_LAYOUT_VIEWS = frozenset(
+    {
+        "view",
+        "_reshape_alias",
+        "permute",
+        "transpose",
+        "t",
+        "expand",
+        "squeeze",
+        "unsqueeze",
+        "slice",
+        "select",
+        "split",
+        "split_with_sizes",
+        "unbind",
+        "diagonal",
+        "unfold",
+        "narrow",
+        "alias",
+    }
+)
+
+
 def _view_handler(func, entry):
-    """Value from the lowering; sizes/strides/offset from the op run on a meta tensor."""
+    """Sizes/strides/offset from the op run on a meta tensor; the value from the
+    lowering, or read lazily from the storage (Note [Lazy views])."""
     compute = _compute(func, entry, False)
+    lazy = func._opname in _LAYOUT_VIEWS
 
     # (base storage numel, size, stride, offset, dtype, other args) -> the result views'
     # (size, stride, offset, dtype): running the op on a meta tensor costs more than the
@@ -466,7 +511,7 @@ def _view_handler(func, entry):
 
     def view(args, kwargs):
         base = args[0]
-        value = compute(args, kwargs)
+        value = None if lazy else compute(args, kwargs)
         try:
             key = (
                 base._storage.numel,
@@ -494,6 +539,8 @@ def _view_handler(func, entry):
         seq, parts = layout
         if seq is None:
             return view_of(base, *parts[0], value)
+        if value is None:
+            return seq(view_of(base, *p) for p in parts)
         return seq(view_of(base, *p, v) for p, v in zip(parts, value))
 
     return view
