@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import make_tests
+from torchjax.ops import compiled
 from torchjax.testing import opinfo as oi
 
 OPS = ["torch.ops.aten._safe_softmax.default"]
@@ -93,6 +94,36 @@ def test_sdpa_additive_mask():
 def test_sdpa_gqa():
     _sdpa_matches(*_qkv(hq=6, hk=2), enable_gqa=True)
     _sdpa_matches(*_qkv(hq=6, hk=2, lq=6, lk=6), enable_gqa=True, is_causal=True)
+
+
+_MASK = torch.rand(2, 1, 5, 6, generator=torch.Generator().manual_seed(1)) > 0.3
+_MASK[:, :, 0] = False
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"scale": 0.3, "is_causal": True, "lq": 6, "lk": 6},
+        {"attn_mask": _MASK},
+        {"attn_mask": _MASK.double().log()},
+        {"enable_gqa": True, "hq": 6, "hk": 2},
+    ],
+    ids=["plain", "causal-scale", "bool-mask", "float-mask", "gqa"],
+)
+def test_sdpa_no_grad_is_one_fused_op(kw):
+    # Note [Fused SDPA in eager]: without autograd the call is one compiled lowering.
+    kw = dict(kw)
+    shape = {n: kw.pop(n) for n in ("hq", "hk", "lq", "lk") if n in kw}
+    q, k, v = _qkv(**shape)
+    want = F.scaled_dot_product_attention(q, k, v, **kw)
+    tkw = {n: (a.to("tpu") if isinstance(a, torch.Tensor) else a) for n, a in kw.items()}
+    before = compiled.cache_info(torch.ops.aten.scaled_dot_product_attention.default).traces
+    with torch.no_grad():
+        got = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"), **tkw)
+    after = compiled.cache_info(torch.ops.aten.scaled_dot_product_attention.default).traces
+    assert after == before + 1
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
 
 
 def test_sdpa_float32():

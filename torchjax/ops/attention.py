@@ -18,12 +18,17 @@ masked attention), so the result is finite and equal to CPU, not NaN.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import torch
 
+from torchjax._compat.jax import x64_enter, x64_exit
 from torchjax.ops.norm import _check_dim, _opmath
-from torchjax.ops.registry import lowering
+from torchjax.ops.registry import functional_handler, lowering
+from torchjax.tensor._fake import is_fake
+from torchjax.tensor._tensor import JaxTensor
 from torchjax.tensor.dtypes import to_jax_dtype
 
 aten = torch.ops.aten
@@ -43,3 +48,95 @@ def _safe_softmax(self, dim, dtype=None):
     masked = jnp.all(x == -jnp.inf, axis=dim, keepdims=True)
     out = jnp.where(masked, jnp.zeros((), x.dtype), jax.nn.softmax(x, axis=dim))
     return out.reshape(self.shape).astype(out_dtype)
+
+
+def sdpa_math(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """aten::scaled_dot_product_attention without dropout, as one computation (the math
+    path's numbers, fused): softmax(q k^T * scale + mask) v.
+
+    Shapes: q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev) -> (..., Hq, L, Ev);
+    leading dims broadcast; with ``enable_gqa`` k and v heads repeat Hq // Hkv times
+    (``repeat_interleave``). ``attn_mask``: bool (True = attend) or additive float,
+    broadcast to (..., L, S); ``is_causal``: the lower-triangular bool mask. Dtypes: one
+    float dtype for q, k, v (Note [Fused SDPA in eager] says which calls come here).
+    As torch's math path (``_scaled_dot_product_attention_math``), q and k are each
+    scaled by sqrt(scale), and a masked softmax row that is all -inf gives zeros
+    (``_safe_softmax``). Products use ``Precision.HIGHEST``. Reference:
+    torch.nn.functional.scaled_dot_product_attention.
+    """
+    length, source, head = query.shape[-2], key.shape[-2], query.shape[-1]
+    scale = 1.0 / math.sqrt(head) if scale is None else scale
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        reps = query.shape[-3] // key.shape[-3]
+        key, value = jnp.repeat(key, reps, axis=-3), jnp.repeat(value, reps, axis=-3)
+    root = jnp.asarray(math.sqrt(scale), query.dtype)
+    scores = jnp.matmul(query * root, jnp.swapaxes(key * root, -1, -2), precision=_HIGHEST)
+    if is_causal:
+        attn_mask = jnp.tril(jnp.ones((length, source), jnp.bool_))
+    if attn_mask is None:
+        probs = jax.nn.softmax(scores, axis=-1)
+    else:
+        if attn_mask.dtype == jnp.bool_:
+            attn_mask = jnp.where(attn_mask, jnp.zeros((), scores.dtype), -jnp.inf)
+        scores = scores + attn_mask
+        dead = jnp.all(scores == -jnp.inf, axis=-1, keepdims=True)
+        probs = jnp.where(dead, jnp.zeros((), scores.dtype), jax.nn.softmax(scores, axis=-1))
+    return jnp.matmul(probs, value, precision=_HIGHEST)
+
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+_SDPA_MATH = functional_handler(
+    aten.scaled_dot_product_attention.default, sdpa_math, deterministic=True
+)
+_FUSED_DTYPES = (torch.float32, torch.float64)
+
+
+# Note [Fused SDPA in eager]
+# Through the decomposition, one SDPA call is a dozen ATen ops (two scalings, bmm twice,
+# the mask conversion, _safe_softmax, views, a clone), each its own XLA dispatch in
+# eager. When nothing needs a gradient (inference, torch.no_grad) and there is no
+# dropout, the same math runs as one compiled lowering (``sdpa_math``). Calls needing
+# autograd, dropout, float16/bfloat16 (the math path's own rounding), fake tensors
+# (torch.compile tracing), or unusual arguments (a mask together with is_causal, mixed
+# dtypes: torch raises there) keep the decomposition, which raises torch's errors.
+def _fused_sdpa_applies(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
+    tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
+    if dropout_p != 0.0 or (is_causal and attn_mask is not None):
+        return False
+    if not all(type(t) is JaxTensor and not is_fake(t) for t in tensors):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    dt = query.dtype
+    if dt not in _FUSED_DTYPES or key.dtype != dt or value.dtype != dt:
+        return False
+    if min(query.dim(), key.dim(), value.dim()) < 2:
+        return False
+    return attn_mask is None or attn_mask.dtype in (torch.bool, dt)
+
+
+# Flash attention: SDPA's own kernel for tpu tensors, above the CompositeImplicitAutograd
+# decomposition, takes the Pallas kernel where Note [SDPA dispatch rule] allows
+# (torchjax/pallas/_sdpa.py), else the fused math (Note [Fused SDPA in eager]) or the
+# math path described above.
+def _scaled_dot_product_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    from torchjax.pallas import _sdpa  # imports Pallas: only once SDPA is first called
+
+    args = (query, key, value, attn_mask, dropout_p, is_causal)
+    if _fused_sdpa_applies(*args) and not (
+        _sdpa.flash_enabled() and _sdpa.flash_applies(*args, enable_gqa)
+    ):
+        token = x64_enter()  # as JaxTensor.__torch_dispatch__ does for every op
+        try:
+            return _SDPA_MATH(args, {"scale": scale, "enable_gqa": enable_gqa})
+        finally:
+            x64_exit(token)
+    return _sdpa.scaled_dot_product_attention(*args, scale=scale, enable_gqa=enable_gqa)
+
+
+_SDPA_LIB = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
+_SDPA_LIB.impl("scaled_dot_product_attention", _scaled_dot_product_attention)
