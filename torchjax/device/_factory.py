@@ -34,10 +34,17 @@ def new_array(size, dtype, device) -> jax.Array:
     index = _device_index(device)
     dev = jax_device(index)
     with x64(True):
-        arr = jnp.zeros(tuple(size), dtypes.to_jax_dtype(dtype))
+        arr = _zeros(tuple(size), dtypes.to_jax_dtype(dtype))
         if index != 0:
             arr = jax.device_put(arr, dev)
     return arr
+
+
+# One cached executable per (shape, dtype): op by op, jnp.zeros is two jax primitives
+# (a cast and a broadcast), each an XLA dispatch; torch.full/ones/arange and every
+# factory call go through here (Note [Lazy views] in torchjax/ops/registry.py says why
+# dispatches count).
+_zeros = jax.jit(jnp.zeros, static_argnums=(0, 1))
 
 
 def _check_layout(layout, op):

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from torchjax.ops.indexing import index_bounds
 from torchjax.ops.registry import functional_handler, handler, lowering
 
 aten = torch.ops.aten
@@ -24,7 +25,7 @@ def _check_indices(name, indices, num_weights):
         )
     if isinstance(indices, jax.core.Tracer) or indices.size == 0:
         return
-    lo, hi = int(jnp.min(indices)), int(jnp.max(indices))
+    lo, hi = index_bounds(indices)
     if lo < 0 or hi >= num_weights:
         bad = lo if lo < 0 else hi
         raise IndexError(

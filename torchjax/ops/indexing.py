@@ -32,11 +32,22 @@ def _concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+# min and max of an index array as one cached executable and one host read: op by op
+# they are two reductions (several jax dispatches) and two syncs per checked index.
+_bounds_jit = jax.jit(lambda idx: jnp.stack([jnp.min(idx), jnp.max(idx)]))
+
+
+def index_bounds(idx) -> tuple[int, int]:
+    """(min, max) of a non-empty concrete integer array, read to the host (a sync)."""
+    lo, hi = np.asarray(_bounds_jit(idx)).tolist()
+    return lo, hi
+
+
 def _check_range(idx, n, op, dim):
     """IndexError like torch when any index is outside [-n, n) (eager only)."""
     if idx.size == 0 or not _concrete(idx):
         return
-    lo, hi = int(idx.min()), int(idx.max())
+    lo, hi = index_bounds(idx)
     if lo < -n or hi >= n:
         bad = hi if hi >= n else lo
         raise IndexError(
