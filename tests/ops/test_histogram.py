@@ -90,8 +90,18 @@ def test_bincount_under_jit_raises_histc_traces():
     torch.testing.assert_close(torch.from_numpy(jax.device_get(traced).copy()), expected)
 
 
+def test_histc_integers_as_on_cuda():
+    # CPU torch refuses integer histc; CUDA (and transformers' MoE routing off CPU) uses
+    # it: counts in the input dtype, bins as for the same values in floating point.
+    ids = torch.tensor([0, 3, 3, 1, 7, 2, 3, -1, 9], dtype=torch.int32)
+    got = torch.histc(ids.to(TPU), bins=8, min=0, max=7)
+    assert got.dtype == torch.int32
+    want = torch.histc(ids.double(), bins=8, min=0, max=7).to(torch.int32)
+    assert torch.equal(got.cpu(), want)
+
+
 def test_dtype_errors():
     with pytest.raises(NotImplementedError, match="aten::histc"):
-        torch.histc(torch.tensor([1, 2], device=TPU))
+        torch.histc(torch.tensor([True, False], device=TPU))
     with pytest.raises(NotImplementedError, match="aten::bincount"):
         torch.bincount(torch.tensor([1.0, 2.0], device=TPU))

@@ -170,13 +170,19 @@ def bincount(self, weights=None, minlength=0):
 def histc(self, bins=100, min=0, max=0):
     """aten::histc - histogram of ``self`` with ``bins`` equal-width bins over [min, max].
 
-    Shapes: any input; result (bins,). Dtypes: floating only, result in the input dtype.
+    Shapes: any input; result (bins,). Dtypes: floating, and integers as on CUDA; result
+    in the input dtype.
     Elements outside [min, max] (and NaN) are ignored; ``max`` falls in the last bin. With
     ``min == max`` the range is the data's min/max, widened by 1 each side if still equal.
     The bin of x is ``floor((x - min) * bins / (max - min))`` in the input dtype, the CPU
     kernel's linear interpolation. Reference: torch.histc; ATen/native/cpu/HistogramKernel.cpp.
     """
-    if not jnp.issubdtype(self.dtype, jnp.floating):
+    out_dtype = self.dtype
+    if jnp.issubdtype(self.dtype, jnp.integer):
+        # CUDA's histc takes integers (CPU's does not); "tpu" follows CUDA, as transformers'
+        # grouped_mm MoE path expects off CPU. Bins computed in float64, counts as the input.
+        self = self.astype(jnp.float64)
+    elif not jnp.issubdtype(self.dtype, jnp.floating):
         raise NotImplementedError(f'aten::histc: "histogram" not implemented for {self.dtype}')
     torch._check(bins > 0, lambda: f"aten::histc: bins must be > 0, but got {bins}")
     torch._check(
@@ -204,4 +210,5 @@ def histc(self, bins=100, min=0, max=0):
         jnp.zeros((bins,), dtype=self.dtype)
         .at[pos]
         .add(jnp.ones(x.shape, dtype=self.dtype), mode="drop")
+        .astype(out_dtype)
     )
