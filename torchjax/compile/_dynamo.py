@@ -58,8 +58,12 @@ for _code in _entry_point_codes():
 _GRAPHS: list = []  # weak references to the Jitted of every graph Dynamo handed us
 
 
-def backend(gm: torch.fx.GraphModule, example_inputs):
+def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None):
     """The "tpu" Dynamo backend: the graph as a torchjax.jit-compiled callable.
+
+    ``mode`` and ``options`` (``torch.compile(..., mode=..., options=...)``) are accepted
+    and ignored: they name inductor settings, XLA has its own. transformers' generation
+    ``CompileConfig`` passes ``mode="reduce-overhead"`` by default.
 
     Returns a function taking the graph's inputs (tpu tensors, and Python ints for
     symbolic sizes when Dynamo marks dimensions dynamic: each distinct size is then one
