@@ -1,0 +1,242 @@
+"""Hugging Face on "tpu": load, decode and diffusion-step figures, in one run.
+
+1. Load: ``AutoModelForCausalLM.from_pretrained(path)`` to CPU vs ``device_map="tpu"``
+   of a float32 Llama checkpoint (``LOAD_CONFIG``, written once with save_pretrained),
+   each in a fresh child process: wall time, and peak resident memory above the child's
+   resident memory just before the call (``ru_maxrss``; on this jax CPU backend, device
+   arrays live in host memory too, so the figure includes the loaded weights).
+2. Greedy decode tokens/s of the tiny Llama (bench/models.py, the examples' config),
+   batch 1, prompt ``bench.decode.PROMPT``, ``NEW_TOKENS`` new tokens, median of ``RUNS``
+   generations after one warm-up generation: torch CPU and torchjax eager with the
+   default DynamicCache; torchjax compiled with a static cache through
+   ``compile_generate`` (torchjax.jit) and through transformers' own auto-compile with
+   ``CompileConfig(backend="tpu")`` (torch.compile); torchax eager in a child process
+   (bench/_torchax.py, via bench/decode.py), where it runs.
+3. Diffusers: one UNet denoising step (the tiny pipeline of examples/diffusers_tpu.py,
+   classifier-free-guidance batch 2), median of ``RUNS`` calls: eager vs
+   ``unet.compile(backend="tpu", fullgraph=True, dynamic=False)``.
+
+Run:  python bench/hf.py            (LOAD_CONFIG: a ~110M-parameter Llama)
+      python bench/hf.py --quick    (a ~4M-parameter load model, 8 new tokens)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import torch  # noqa: E402
+
+from bench import _torchax, decode  # noqa: E402
+from bench.common import block_torch, fmt_us, header, median_us, ratio  # noqa: E402
+
+NEW_TOKENS = 32
+RUNS = 5
+LOAD_CONFIG = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                   num_attention_heads=16, num_key_value_heads=4, vocab_size=32000)  # fmt: skip
+QUICK_LOAD_CONFIG = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=4096)  # fmt: skip
+
+
+# ---- 1. load time and peak memory (child processes) ----
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def _load_child(path: str, device: str) -> None:
+    """Runs in a child process: prints {"seconds", "peak_mb"} as JSON."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.llama import modeling_llama  # noqa: F401  (imported before the baseline)
+
+    import torchjax  # noqa: F401
+
+    kwargs = {"device_map": "tpu"} if device == "tpu" else {}
+    if device == "tpu":  # start the jax runtime before the baseline: not part of loading
+        block_torch(torch.zeros(1, device="tpu") + 1)
+    base = _rss_kb()
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    block_torch(list(model.parameters()))
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    print(json.dumps({"seconds": seconds, "peak_mb": (peak - base) / 1024}))
+
+
+def load_figures(config: dict) -> dict:
+    """{"model_mb", "cpu": {...}, "tpu": {...}}: each device loaded in a fresh process."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**config, tie_word_embeddings=False))
+    out = {"model_mb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20}
+    with tempfile.TemporaryDirectory() as path:
+        model.save_pretrained(path)
+        del model
+        for device in ("cpu", "tpu"):
+            proc = subprocess.run(
+                [sys.executable, __file__, "--load-child", path, device],
+                capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+            lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+            if proc.returncode or not lines:
+                err = (proc.stderr.strip().splitlines() or ["no output"])[-1][:100]
+                out[device] = f"n/a ({err})"
+            else:
+                out[device] = json.loads(lines[-1])
+    return out
+
+
+# ---- 2. greedy decode tokens/s ----
+
+
+def _tokens_per_s(model, new_tokens: int, **kwargs) -> float:
+    ids = torch.tensor(decode.PROMPT).to(model.device)
+
+    def gen():
+        with torch.no_grad():
+            return block_torch(
+                model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
+                    do_sample=False,
+                    pad_token_id=0,
+                    **kwargs,
+                )  # fmt: skip
+            )
+
+    gen()  # warm-up: per-op executables, traces
+    samples = []
+    for _ in range(RUNS):
+        t0 = time.perf_counter()
+        gen()
+        samples.append(time.perf_counter() - t0)
+    return new_tokens / statistics.median(samples)
+
+
+def decode_figures(new_tokens: int) -> dict:
+    from transformers import CompileConfig
+
+    from bench.models import tiny_llama
+    from torchjax.integrations.transformers import compile_generate
+
+    out = {"torch CPU": _tokens_per_s(tiny_llama(), new_tokens)}
+    out["torchjax eager"] = _tokens_per_s(tiny_llama().to("tpu"), new_tokens)
+    model = tiny_llama().to("tpu")
+    jitted = compile_generate(model)
+    out["torchjax compile_generate (static cache)"] = _tokens_per_s(
+        model, new_tokens, cache_implementation="static"
+    )
+    out["compile_generate traces"] = jitted.trace_count
+    config = CompileConfig(backend="tpu", fullgraph=True, dynamic=False)
+    out['torch.compile(backend="tpu") via CompileConfig (static cache)'] = _tokens_per_s(
+        tiny_llama().to("tpu"), new_tokens, cache_implementation="static", compile_config=config
+    )
+    if new_tokens == decode.NEW_TOKENS:  # torchax's child measures decode.NEW_TOKENS
+        tax = _torchax.measure("decode")
+        out["torchax eager"] = tax.get("decode", tax.get("*", "n/a"))
+    else:
+        out["torchax eager"] = f"n/a (measured only with {decode.NEW_TOKENS} new tokens)"
+    return out
+
+
+# ---- 3. diffusers UNet step ----
+
+
+def diffusion_figures() -> dict:
+    from examples import diffusers_tpu as dt
+
+    with tempfile.TemporaryDirectory() as path:
+        pipe = dt.tiny_pipeline(path)
+    pipe.to("tpu")
+    g = torch.Generator().manual_seed(0)
+    sample = torch.randn(2, 4, dt.SIZE, dt.SIZE, generator=g).to("tpu")
+    context = torch.randn(2, 16, 16, generator=g).to("tpu")  # (batch, tokens, cross-attn dim)
+    t = torch.tensor(500).to("tpu")
+
+    def step(unet):
+        def fn():
+            with torch.no_grad():
+                return block_torch(unet(sample, t, encoder_hidden_states=context).sample)
+
+        return fn
+
+    out = {"eager": median_us(step(pipe.unet), warmup=2, runs=RUNS)}
+    pipe.unet.compile(backend="tpu", fullgraph=True, dynamic=False)
+    t0 = time.perf_counter()
+    step(pipe.unet)()
+    out["compile (first call)"] = (time.perf_counter() - t0) * 1e6
+    out["compiled"] = median_us(step(pipe.unet), warmup=2, runs=RUNS)
+    return out
+
+
+def report(load: dict, dec: dict, diff: dict, new_tokens: int) -> str:
+    def f(v, spec):
+        return v if isinstance(v, str) else format(v, spec)
+
+    lines = [
+        f"| from_pretrained, float32 Llama of {load['model_mb']:.0f} MB | wall time (s) | "
+        "peak RSS above baseline (MB) |",
+        "|---|---:|---:|",
+    ]
+    for device, name in (("cpu", "CPU"), ("tpu", 'device_map="tpu"')):
+        r = load[device]
+        if isinstance(r, str):
+            lines.append(f"| {name} | {r} | |")
+        else:
+            lines.append(f"| {name} | {r['seconds']:.2f} | {r['peak_mb']:.0f} |")
+    lines += [
+        "",
+        f"| tiny Llama greedy decode, batch 1, {new_tokens} new tokens | tokens/s | vs torch CPU |",
+        "|---|---:|---:|",
+    ]
+    cpu = dec["torch CPU"]
+    for name, v in dec.items():
+        if name == "compile_generate traces":
+            continue
+        lines.append(f"| {name} | {f(v, '.1f')} | {ratio(v, cpu)} |")
+    lines.append(f"\ncompile_generate traces over all runs: {dec['compile_generate traces']}")
+    lines += [
+        "",
+        "| tiny UNet step (CFG batch 2, latents 8x8) | median | speed-up vs eager |",
+        "|---|---:|---:|",
+        f"| eager | {fmt_us(diff['eager'])} | 1.00x |",
+        f'| unet.compile(backend="tpu") | {fmt_us(diff["compiled"])} | '
+        f"{ratio(diff['eager'], diff['compiled'])} |",
+        f"| (compile, first call) | {fmt_us(diff['compile (first call)'])} | |",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv) -> None:
+    if argv[:1] == ["--load-child"]:
+        _load_child(argv[1], argv[2])
+        return
+    quick = "--quick" in argv
+    new_tokens = 8 if quick else NEW_TOKENS
+    import torchjax  # noqa: F401
+
+    print(header("Hugging Face on tpu: load, decode, diffusion step"))
+    load = load_figures(QUICK_LOAD_CONFIG if quick else LOAD_CONFIG)
+    dec = decode_figures(new_tokens)
+    diff = diffusion_figures()
+    print(report(load, dec, diff, new_tokens))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

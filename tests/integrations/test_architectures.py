@@ -1,0 +1,76 @@
+"""transformers architectures loaded with device_map="tpu": logits and greedy tokens as CPU.
+
+Llama (sdpa and eager attention, float32 and bfloat16) is in test_transformers.py and
+test_generate.py; BERT is the real MiniLM in test_transformers.py. Here: Qwen3, Qwen3-MoE
+(sparse experts), GPT-2, Gemma 3 (sliding-window + global layers) and T5
+(encoder-decoder), one model each, loaded once per module; compiled static-cache
+generation (compile_generate) for the two whose cache or layers differ most from Llama's.
+"""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torchjax  # noqa: E402,F401
+from tests.integrations import tiny_models  # noqa: E402
+from torchjax.integrations.transformers import compile_generate  # noqa: E402
+
+NEW_TOKENS = 3
+# Two prompts, the first left-padded (pad id 0): masks and padded positions are exercised.
+IDS = torch.tensor([[0, 0, 1, 17, 42, 99], [1, 5, 6, 7, 8, 9]])
+
+
+@pytest.fixture(scope="module", params=list(tiny_models.ARCHITECTURES))
+def models(request, tmp_path_factory):
+    name = request.param
+    path = tmp_path_factory.mktemp(name)
+    tiny_models.save_tiny(name, str(path))
+    auto, _, attn = tiny_models.ARCHITECTURES[name]
+    cpu = auto.from_pretrained(path, attn_implementation=attn).eval()
+    tpu = auto.from_pretrained(path, attn_implementation=attn, device_map="tpu").eval()
+    return name, cpu, tpu
+
+
+def test_logits_and_greedy_tokens_match_cpu(models):
+    name, cpu, tpu = models
+    assert {p.device.type for p in tpu.parameters()} == {"tpu"}
+    batch = {"input_ids": IDS, "attention_mask": (IDS != 0).long()}
+    if tpu.config.is_encoder_decoder:
+        batch["decoder_input_ids"] = torch.tensor([[0, 5, 9], [0, 7, 3]])
+    with torch.no_grad():
+        cpu_logits = cpu(**batch).logits
+        tpu_logits = tpu(**{k: v.to("tpu") for k, v in batch.items()}).logits
+    assert tpu_logits.device.type == "tpu"
+    torch.testing.assert_close(tpu_logits.cpu(), cpu_logits, rtol=1e-4, atol=1e-4)
+
+    gen = dict(
+        max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0
+    )
+    batch.pop("decoder_input_ids", None)
+    with torch.no_grad():
+        cpu_ids = cpu.generate(**batch, **gen)
+        tpu_ids = tpu.generate(**{k: v.to("tpu") for k, v in batch.items()}, **gen)
+    assert tpu_ids.device.type == "tpu"
+    assert torch.equal(tpu_ids.cpu(), cpu_ids), name
+
+
+@pytest.mark.parametrize("models", ["t5", "qwen3_moe"], indirect=True)
+def test_compile_generate_static_cache_matches_cpu(models):
+    # Encoder-decoder (an EncoderDecoderCache around the static self-attention cache) and
+    # sparse MoE experts under torchjax.jit. Modifies the shared tpu model in place; calls
+    # without a static cache (the test above) still run eagerly.
+    name, cpu, tpu = models
+    jitted = compile_generate(tpu)
+    batch = {"input_ids": IDS, "attention_mask": (IDS != 0).long()}
+    gen = dict(
+        max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0,
+        cache_implementation="static",
+    )  # fmt: skip
+    with torch.no_grad():
+        cpu_ids = cpu.generate(**batch, **gen)
+        tpu_ids = tpu.generate(**{k: v.to("tpu") for k, v in batch.items()}, **gen)
+    assert torch.equal(tpu_ids.cpu(), cpu_ids), name
+    assert jitted.trace_count == 2  # prefill (T5: first decoder step), decode step

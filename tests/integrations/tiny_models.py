@@ -1,0 +1,80 @@
+"""Tiny transformers models from configs: seeded random weights, saved with save_pretrained.
+
+No hub is reachable; each architecture is built from its config class (hidden 32, 2
+layers, vocab 128), its matrices scaled up so greedy decoding is decisive (random init
+gives near-ties that float rounding could flip), and written to a directory that
+``from_pretrained`` then reads.
+"""
+
+from __future__ import annotations
+
+import torch
+import transformers as tf
+
+VOCAB = 128
+_DECODER = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def _qwen3():
+    return tf.Qwen3Config(**_DECODER)
+
+
+def _qwen3_moe():
+    return tf.Qwen3MoeConfig(
+        **_DECODER, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2
+    )
+
+
+def _gpt2():
+    return tf.GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+
+
+def _gemma3():
+    # One sliding-window layer (window 4 < prompt length) and one global layer.
+    return tf.Gemma3TextConfig(
+        **_DECODER, sliding_window=4, layer_types=["sliding_attention", "full_attention"]
+    )
+
+
+def _t5():
+    return tf.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+        num_heads=4, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+    )  # fmt: skip
+
+
+# name -> (Auto class, config factory, attn_implementation)
+ARCHITECTURES = {
+    "qwen3": (tf.AutoModelForCausalLM, _qwen3, "sdpa"),
+    "qwen3_moe": (tf.AutoModelForCausalLM, _qwen3_moe, "sdpa"),
+    "gpt2": (tf.AutoModelForCausalLM, _gpt2, "eager"),
+    "gemma3": (tf.AutoModelForCausalLM, _gemma3, "eager"),
+    "t5": (tf.AutoModelForSeq2SeqLM, _t5, "sdpa"),
+}
+
+
+def save_tiny(name: str, path: str, seed: int = 0) -> None:
+    """Build architecture ``name`` with seeded weights and ``save_pretrained`` it."""
+    auto, config, _ = ARCHITECTURES[name]
+    torch.manual_seed(seed)
+    model = auto.from_config(config())
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(4.0)
+    model.save_pretrained(path)
