@@ -184,9 +184,11 @@ _VIEWS = {
 
 
 @pytest.mark.parametrize("make", list(_VIEWS.values()), ids=list(_VIEWS))
-def test_layout_views_are_read_inside_the_consumer(make):
+def test_layout_views_are_read_inside_the_consumer(make, monkeypatch):
     # Note [Lazy views]: t/transpose/slice/expand... compute nothing; the compiled op that
-    # consumes the view reads it in its own executable. Values as CPU torch.
+    # consumes the view reads it in its own executable. Values as CPU torch. (Earlier tests
+    # may have used up mm's view keys; the cap is tested below.)
+    monkeypatch.setattr(compiled, "MAX_VIEW_KEYS", 10**6)
     w, b = torch.randn(6, 6), torch.randn(6, 6)
     view = make(w.to(TPU))
     assert view._cache is None  # no value computed
