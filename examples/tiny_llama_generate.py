@@ -20,8 +20,6 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
-import torchjax  # noqa: E402,F401  (adds the "tpu" device)
-
 MAX_NEW_TOKENS = 20
 
 
@@ -71,6 +69,10 @@ def generate(model, batch) -> torch.Tensor:
 
 
 def main() -> int:
+    # Imported here, not at the top, so bench/models.py can reuse tiny_llama_config() in
+    # torchax's process (torchax claims the PrivateUse1 backend there).
+    import torchjax  # noqa: F401  (adds the "tpu" device)
+
     with tempfile.TemporaryDirectory() as path:
         save_tiny_llama(path)
         cpu_model = AutoModelForCausalLM.from_pretrained(path).eval()
