@@ -29,15 +29,20 @@ NEW_TOKENS = 32
 RUNS = 3
 
 
-def _tokens_per_s(model, ids) -> float:
+def tokens_per_s(model, ids, new_tokens: int = NEW_TOKENS, runs: int = RUNS, **kwargs) -> float:
+    """Greedy ``generate`` of exactly ``new_tokens`` from ``ids``: tokens/s, the median of
+    ``runs`` timed calls after one warm-up call (per-op executables, traces). ``kwargs``
+    go to ``generate`` (cache_implementation=, compile_config=, ...)."""
+
     def gen():
         out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
             do_sample=False,
             pad_token_id=0,
+            **kwargs,
         )
         block_torch(out)
         return out
@@ -45,11 +50,11 @@ def _tokens_per_s(model, ids) -> float:
     with torch.no_grad():
         gen()
         samples = []
-        for _ in range(RUNS):
+        for _ in range(runs):
             t0 = time.perf_counter()
             gen()
             samples.append(time.perf_counter() - t0)
-    return NEW_TOKENS / statistics.median(samples)
+    return new_tokens / statistics.median(samples)
 
 
 PROMPT = [[1, 17, 42, 99, 5, 6, 7, 8]]
@@ -60,8 +65,8 @@ def run() -> dict:
 
     model = tiny_llama()
     ids = torch.tensor(PROMPT)
-    out = {"torch CPU": _tokens_per_s(model, ids)}
-    out["torchjax"] = _tokens_per_s(copy.deepcopy(model).to("tpu"), ids.to("tpu"))
+    out = {"torch CPU": tokens_per_s(model, ids)}
+    out["torchjax"] = tokens_per_s(copy.deepcopy(model).to("tpu"), ids.to("tpu"))
     tax = _torchax.measure("decode")
     out["torchax"] = tax.get("decode", tax.get("*", "n/a (not measured)"))
     return out
@@ -73,7 +78,7 @@ def torchax_results(tx) -> dict:
     model = tiny_llama()
     try:
         with tx.default_env():
-            tps = _tokens_per_s(model.to("jax"), torch.tensor(PROMPT).to("jax"))
+            tps = tokens_per_s(model.to("jax"), torch.tensor(PROMPT).to("jax"))
     except (*_TORCHAX_ERRORS, tx.tensor.OperatorNotFound) as e:
         msg = str(e).splitlines()[0][:80] if str(e) else ""
         return {"decode": f"n/a (torchax: {type(e).__name__}: {msg})"}

@@ -26,7 +26,6 @@ import json
 import os
 import pathlib
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -105,28 +104,7 @@ def load_figures(config: dict) -> dict:
 
 def _tokens_per_s(model, new_tokens: int, **kwargs) -> float:
     ids = torch.tensor(decode.PROMPT).to(model.device)
-
-    def gen():
-        with torch.no_grad():
-            return block_torch(
-                model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=new_tokens,
-                    min_new_tokens=new_tokens,
-                    do_sample=False,
-                    pad_token_id=0,
-                    **kwargs,
-                )  # fmt: skip
-            )
-
-    gen()  # warm-up: per-op executables, traces
-    samples = []
-    for _ in range(RUNS):
-        t0 = time.perf_counter()
-        gen()
-        samples.append(time.perf_counter() - t0)
-    return new_tokens / statistics.median(samples)
+    return decode.tokens_per_s(model, ids, new_tokens, RUNS, **kwargs)
 
 
 def decode_figures(new_tokens: int) -> dict:
