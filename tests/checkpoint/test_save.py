@@ -65,3 +65,17 @@ def test_save_model_and_load_model_keep_ties(tmp_path):
     assert fresh_cpu.embed.weight.device.type == "tpu"
     with pytest.raises(RuntimeError, match="missing keys"):
         ck.load_model(torch.nn.Linear(8, 8), path)
+
+
+def test_load_model_skips_non_persistent_buffers(tmp_path):
+    # state_dict() leaves them out (HF's rotary inv_freq), so save_model does too.
+    model = torch.nn.Linear(3, 2)
+    model.register_buffer("scale", torch.arange(3.0), persistent=False)
+    model.to("tpu")
+    ck.save_model(model, tmp_path / "m.safetensors")
+    fresh = torch.nn.Linear(3, 2)
+    fresh.register_buffer("scale", torch.zeros(3), persistent=False)
+    fresh.to("tpu")
+    assert ck.load_model(fresh, tmp_path / "m.safetensors") == ([], [])
+    assert torch.equal(fresh.weight.cpu(), model.weight.cpu())
+    assert torch.equal(fresh.scale.cpu(), torch.zeros(3))  # not in the file: untouched

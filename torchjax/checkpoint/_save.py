@@ -131,12 +131,17 @@ def load_model(
         aliases = file.metadata or {}
     named = dict(model.named_parameters(remove_duplicate=False))
     named.update(model.named_buffers(remove_duplicate=False))
-    missing = [n for n in named if n not in loaded and aliases.get(n) not in loaded]
+    # Non-persistent buffers (rotary inv_freq) are not in state_dict(), so neither in the
+    # file save_model wrote: they are not missing, as for load_state_dict.
+    persistent = set(model.state_dict(keep_vars=True))
+    missing = [
+        n for n in named if n in persistent and n not in loaded and aliases.get(n) not in loaded
+    ]
     unexpected = [n for n in loaded if n not in named]
     if strict and (missing or unexpected):
         raise RuntimeError(
             f"torchjax.checkpoint.load_model: missing keys {missing}, unexpected keys "
-            f"{unexpected} in {os.fspath(path)}"
+            f"{unexpected} in {os.fspath(path)} (strict=False loads the others)"
         )
     done: set[int] = set()
     for name, t in named.items():
