@@ -76,14 +76,26 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--devices-per-process", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=0,
+        help="start all processes again (new port) this many times after a timeout",
+    )
     parser.add_argument("script", nargs=argparse.REMAINDER, help="script and its arguments")
     args = parser.parse_args()
     script = args.script or ["examples/tp_generate.py", "--tp", "8"]
-    try:
-        outputs = launch(script, args.processes, args.devices_per_process, args.timeout)
-    except RuntimeError as error:
-        print(error, file=sys.stderr)
-        sys.exit(1)
+    for attempt in range(args.retries + 1):
+        try:
+            outputs = launch(script, args.processes, args.devices_per_process, args.timeout)
+            break
+        except RuntimeError as error:
+            # The gloo rendezvous on localhost sometimes hangs on a loaded machine (seen
+            # on 2 cores); a timeout may be retried, any other failure is final.
+            if "timed out" not in str(error).split("\n")[0] or attempt == args.retries:
+                print(error, file=sys.stderr)
+                sys.exit(1)
+            print(f"attempt {attempt + 1} timed out; retrying", file=sys.stderr)
     for i, out in enumerate(outputs):
         for line in out.splitlines():
             print(f"[{i}] {line}")
