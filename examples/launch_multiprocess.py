@@ -12,7 +12,7 @@ prefixed with its id; the exit status is the first non-zero one.
 
 On a multi-host TPU pod the same script runs once per host (``gcloud ... ssh --worker=all``
 or the cluster's launcher) and ``jax.distributed.initialize()`` needs no arguments: see
-the sharding section of README.md.
+docs/sharding.md.
 """
 
 from __future__ import annotations

@@ -85,7 +85,8 @@ def _block(n: int) -> int:
 
 
 def flash_applies(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False):
-    """Conditions 2-6 of Note [SDPA dispatch rule] (shapes and flags only)."""
+    """Conditions 2-6 of Note [SDPA dispatch rule]: shapes and flags only, not the
+    switch (``flash_enabled()``), so True does not mean the kernel runs."""
     if dropout_p != 0.0 or q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return False
     if not (q.dtype == k.dtype == v.dtype and q.dtype in _DTYPES):
