@@ -1,6 +1,7 @@
 """ATen -> jax lowerings, one module per op family, all registered into ops/registry.py."""
 
 from torchjax.ops import activation as _activation  # noqa: F401
+from torchjax.ops import amp as _amp  # noqa: F401
 from torchjax.ops import attention as _attention  # noqa: F401
 from torchjax.ops import comparison as _comparison  # noqa: F401
 from torchjax.ops import conv as _conv  # noqa: F401
@@ -21,8 +22,8 @@ from torchjax.ops import misc as _misc  # noqa: F401
 from torchjax.ops import nn_misc as _nn_misc  # noqa: F401
 from torchjax.ops import norm as _norm  # noqa: F401
 from torchjax.ops import pointwise_binary as _pointwise_binary  # noqa: F401
-from torchjax.ops import pooling as _pooling  # noqa: F401
 from torchjax.ops import pointwise_unary as _pointwise_unary  # noqa: F401
+from torchjax.ops import pooling as _pooling  # noqa: F401
 from torchjax.ops import random as _random  # noqa: F401
 from torchjax.ops import reduction as _reduction  # noqa: F401
 from torchjax.ops import rnn as _rnn  # noqa: F401
