@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import make_tests
+from torchjax.testing.opinfo import grads_match
 
 OPS = [
     "nn.functional.interpolate.area",
@@ -32,19 +33,6 @@ _G = torch.Generator().manual_seed(0)
 _X = torch.randn(2, 3, 5, 7, generator=_G, dtype=torch.float64)
 
 
-def _grads_match(fn, *inputs, rtol=1e-7, atol=1e-7):
-    cpu = [t.detach().clone().requires_grad_() for t in inputs]
-    tpu = [t.detach().to("tpu").requires_grad_() for t in inputs]
-    want, got = fn(*cpu), fn(*tpu)
-    assert got.dtype == want.dtype and got.shape == want.shape
-    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=rtol, atol=atol)
-    w = torch.rand(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(1))
-    gw = torch.autograd.grad((want * w).sum(), cpu)
-    gt = torch.autograd.grad((got * w.to("tpu")).sum(), tpu)
-    for a, b in zip(gt, gw):
-        torch.testing.assert_close(a.cpu(), b, rtol=rtol, atol=atol)
-
-
 @pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bilinear", "bicubic", "area"])
 @pytest.mark.parametrize(
     "kw",
@@ -56,13 +44,13 @@ def _grads_match(fn, *inputs, rtol=1e-7, atol=1e-7):
 )
 def test_interpolate_sizes_and_scales(mode, kw):
     for ac in [None] if mode in ("nearest", "nearest-exact", "area") else [False, True]:
-        _grads_match(lambda x, ac=ac: F.interpolate(x, mode=mode, align_corners=ac, **kw), _X)
+        grads_match(lambda x, ac=ac: F.interpolate(x, mode=mode, align_corners=ac, **kw), _X)
 
 
 @pytest.mark.parametrize("size", [(3, 4), (9, 11), (2, 13)])
 @pytest.mark.parametrize("align_corners", [False, True])
 def test_bilinear_antialias(size, align_corners):
-    _grads_match(
+    grads_match(
         lambda x: F.interpolate(
             x, size=size, mode="bilinear", antialias=True, align_corners=align_corners
         ),
@@ -72,7 +60,7 @@ def test_bilinear_antialias(size, align_corners):
 
 def test_interpolate_channels_last_and_half():
     x = _X.float().to(memory_format=torch.channels_last)
-    _grads_match(
+    grads_match(
         lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), x, rtol=1e-4, atol=1e-5
     )
     xb = _X.to(torch.bfloat16)
@@ -103,18 +91,18 @@ def test_nearest_integer_input():
 def test_grid_sample_modes(mode, padding_mode, align_corners):
     grid = torch.rand(2, 4, 6, 2, generator=_G, dtype=torch.float64) * 2.4 - 1.2
     kw = dict(mode=mode, padding_mode=padding_mode, align_corners=align_corners)
-    _grads_match(lambda x, g: F.grid_sample(x, g, **kw), _X, grid)
+    grads_match(lambda x, g: F.grid_sample(x, g, **kw), _X, grid)
     if mode != "bicubic":
         x3 = torch.randn(2, 3, 4, 5, 3, generator=_G, dtype=torch.float64)
         grid3 = torch.rand(2, 4, 3, 2, 3, generator=_G, dtype=torch.float64) * 2.4 - 1.2
-        _grads_match(lambda x, g: F.grid_sample(x, g, **kw), x3, grid3)
+        grads_match(lambda x, g: F.grid_sample(x, g, **kw), x3, grid3)
 
 
 @pytest.mark.parametrize("pad", [(1, 2, 2, 0), (-1, 2, 2, -1)])
 def test_replicate_pad_negative_and_3d(pad):
-    _grads_match(lambda x: F.pad(x, pad, mode="replicate"), _X)
+    grads_match(lambda x: F.pad(x, pad, mode="replicate"), _X)
     x5 = torch.randn(2, 3, 5, 4, 3, generator=_G, dtype=torch.float64)
-    _grads_match(lambda x: F.pad(x, (1, 2, 1, -1, 1, 0), mode="replicate"), x5)
+    grads_match(lambda x: F.pad(x, (1, 2, 1, -1, 1, 0), mode="replicate"), x5)
 
 
 def test_errors_name_the_op():
