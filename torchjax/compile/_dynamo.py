@@ -19,12 +19,11 @@ The backend is found by name through the ``torch_dynamo_backends`` entry point
 
 from __future__ import annotations
 
-import torch
-
-import weakref
-
 import inspect
 import sys
+import weakref
+
+import torch
 
 from torchjax._compat.torch import dynamo_never_trace, dynamo_skip_package
 from torchjax.compile._jit import Jitted
