@@ -81,6 +81,23 @@ def rebuild_device_tensor_args(cpu: torch.Tensor, dtype, device: str, requires_g
     )
 
 
+def rebuild_parameter_args(data: torch.Tensor, requires_grad: bool, hooks, state: dict):
+    """A ``__reduce_ex__`` value rebuilding ``nn.Parameter(data, requires_grad)`` with
+    ``state`` (its attributes), as ``nn.Parameter.__reduce_ex__`` does: through
+    ``torch._utils._rebuild_parameter`` / ``_rebuild_parameter_with_state`` (both on
+    torch.load's weights-only allow-list)."""
+    if not state:
+        return (torch._utils._rebuild_parameter, (data, requires_grad, hooks))
+    return (torch._utils._rebuild_parameter_with_state, (data, requires_grad, hooks, state))
+
+
+def storage_from_pointer(data_ptr: int, device: torch.device, nbytes: int):
+    """An UntypedStorage on ``device`` over ``nbytes`` at ``data_ptr``, not owning them
+    (``torch._C._construct_storage_from_data_pointer``). The caller keeps the memory
+    alive for the storage's lifetime."""
+    return torch._C._construct_storage_from_data_pointer(data_ptr, device, nbytes)
+
+
 def all_op_schemas():
     """Every registered operator schema (``torch._C._jit_get_all_schemas``)."""
     return torch._C._jit_get_all_schemas()
@@ -97,7 +114,6 @@ def dynamo_skip_package(name: str) -> None:
     import torch._dynamo.trace_rules as trace_rules
 
     trace_rules.add(name)
-
 
 
 def dynamo_never_trace(code) -> None:

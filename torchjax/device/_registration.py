@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from torchjax._compat.torch import privateuse1_backend_name, setup_privateuse1_python_backend
-from torchjax.device import _autocast, _factory, _module, _pinned
+from torchjax.device import _autocast, _factory, _module, _pinned, _serialization
 
 DEVICE_TYPE = "tpu"
 
@@ -37,6 +37,7 @@ def _register() -> None:
     _factory.register_kernels()
     _autocast.register()
     _pinned.register()
+    _serialization.register()
 
 
 _register()
