@@ -48,3 +48,38 @@ def test_tensor_repr():
 def test_all_op_schemas_lists_foreach_ops():
     names = {s.name for s in ct.all_op_schemas()}
     assert "aten::_foreach_add_" in names and "aten::add" in names
+
+
+def test_storage_from_pointer_does_not_own_or_copy():
+    owner = torch.arange(4, dtype=torch.int32)
+    s = ct.storage_from_pointer(owner.data_ptr(), torch.device("tpu", 0), 16)
+    assert s.device == torch.device("tpu", 0) and s.nbytes() == 16
+    assert s.data_ptr() == owner.data_ptr()
+
+
+def test_rebuild_parameter_args_rebuild_a_parameter():
+    fn, args = ct.rebuild_parameter_args(torch.ones(2), False, {}, {})
+    p = fn(*args)
+    assert isinstance(p, torch.nn.Parameter) and not p.requires_grad
+    fn, args = ct.rebuild_parameter_args(torch.ones(2), True, {}, {"tag": 3})
+    p = fn(*args)
+    assert isinstance(p, torch.nn.Parameter) and p.tag == 3
+
+
+def test_swap_tensors_wrapper_installed_and_undoable():
+    import torch.utils
+
+    installed = torch.utils.swap_tensors
+    assert installed._torchjax_original is not None
+    ct.uninstall_swap_tensors()
+    try:
+        assert torch.utils.swap_tensors is installed._torchjax_original
+    finally:
+        torch.utils.swap_tensors = installed
+    # The swap itself: torch._C._swap_tensor_impl with a live reference held.
+    a = torch.nn.Parameter(torch.ones(2))
+    graph = (a * a).sum()  # saves a: use_count > 1
+    b = torch.nn.Parameter(torch.zeros(3).to("tpu"))
+    torch.utils.swap_tensors(a, b)
+    assert a.device.type == "tpu" and a.shape == (3,) and b.shape == (2,)
+    del graph

@@ -81,6 +81,23 @@ def rebuild_device_tensor_args(cpu: torch.Tensor, dtype, device: str, requires_g
     )
 
 
+def rebuild_parameter_args(data: torch.Tensor, requires_grad: bool, hooks, state: dict):
+    """A ``__reduce_ex__`` value rebuilding ``nn.Parameter(data, requires_grad)`` with
+    ``state`` (its attributes), as ``nn.Parameter.__reduce_ex__`` does: through
+    ``torch._utils._rebuild_parameter`` / ``_rebuild_parameter_with_state`` (both on
+    torch.load's weights-only allow-list)."""
+    if not state:
+        return (torch._utils._rebuild_parameter, (data, requires_grad, hooks))
+    return (torch._utils._rebuild_parameter_with_state, (data, requires_grad, hooks, state))
+
+
+def storage_from_pointer(data_ptr: int, device: torch.device, nbytes: int):
+    """An UntypedStorage on ``device`` over ``nbytes`` at ``data_ptr``, not owning them
+    (``torch._C._construct_storage_from_data_pointer``). The caller keeps the memory
+    alive for the storage's lifetime."""
+    return torch._C._construct_storage_from_data_pointer(data_ptr, device, nbytes)
+
+
 def all_op_schemas():
     """Every registered operator schema (``torch._C._jit_get_all_schemas``)."""
     return torch._C._jit_get_all_schemas()
@@ -97,7 +114,6 @@ def dynamo_skip_package(name: str) -> None:
     import torch._dynamo.trace_rules as trace_rules
 
     trace_rules.add(name)
-
 
 
 def dynamo_never_trace(code) -> None:
@@ -135,3 +151,85 @@ def install_to_dlpack(export) -> None:
     to_dlpack.__doc__ = original.__doc__
     dlpack.to_dlpack = to_dlpack
     torch.to_dlpack = to_dlpack
+
+
+# Note [Moving modules with live references]
+# nn.Module._apply (module.to / .cpu / .half) moves a parameter in place, so tied
+# weights and optimizer references keep pointing at it. For CPU <-> CUDA it does so with
+# ``param.data = moved`` (set_data: the same TensorImpl gets the new storage). For a
+# traceable wrapper subclass result (JaxTensor is one, for torch.compile) it always uses
+# ``torch.utils.swap_tensors``, which refuses a tensor that anything else references:
+# an autograd graph of an earlier forward whose output is alive, an RNN's flat-weights
+# graph, a weakref. The swap itself (``torch._C._swap_tensor_impl``) is safe with such
+# references: each holder keeps the TensorImpl it had, with its old data, as after
+# set_data. torch's check exists for the gradient accumulator of the old TensorImpl,
+# which it poisons so that a backward through the stale graph raises; this swap does
+# the same for every such accumulator. It applies only when a tpu tensor is on either
+# side; every other swap is torch's own.
+def _poison_stale_accumulator(t: torch.Tensor) -> None:
+    if not (t.requires_grad and t.is_leaf):
+        return
+
+    def stale(grad_outputs):
+        raise RuntimeError(
+            "Trying to execute AccumulateGrad node that was poisoned by swap_tensors: "
+            "this graph was built before the module was moved to another device (e.g. "
+            "`m.to('tpu')`) and its parameter no longer holds that data. Run forward again "
+            "after moving the module."
+        )
+
+    torch.autograd.graph.get_gradient_edge(t).node.register_prehook(stale)
+
+
+def _swap_with_references(t1: torch.Tensor, t2: torch.Tensor) -> None:
+    import copyreg
+
+    slots1 = set(copyreg._slotnames(t1.__class__))
+    if slots1 != set(copyreg._slotnames(t2.__class__)):
+        raise RuntimeError("Cannot swap t1 and t2 if they have different slots")
+    for t in (t1, t2):
+        if t._use_count() > 1:
+            _poison_stale_accumulator(t)
+    t1.__class__, t2.__class__ = t2.__class__, t1.__class__
+    t1.__dict__, t2.__dict__ = t2.__dict__, t1.__dict__
+    for slot in slots1:
+        v1, v2 = getattr(t1, slot, _MISSING), getattr(t2, slot, _MISSING)
+        for t, v in ((t1, v2), (t2, v1)):
+            if v is _MISSING:
+                if hasattr(t, slot):
+                    delattr(t, slot)
+            else:
+                setattr(t, slot, v)
+    torch._C._swap_tensor_impl(t1, t2)
+
+
+_MISSING = object()
+
+
+def install_swap_tensors(applies) -> None:
+    """Wrap ``torch.utils.swap_tensors`` so that, when ``applies(t1, t2)``, tensors with
+    other live references are swapped (Note [Moving modules with live references]).
+    Undone by ``uninstall_swap_tensors``; written for torch 2.13 (its body is
+    swap_attr over __class__, __dict__ and slots, then ``torch._C._swap_tensor_impl``)."""
+    import torch.utils
+
+    original = torch.utils.swap_tensors
+    if getattr(original, "_torchjax_original", None) is not None:
+        return
+
+    def swap_tensors(t1, t2):
+        if not applies(t1, t2):
+            return original(t1, t2)
+        return _swap_with_references(t1, t2)
+
+    swap_tensors.__doc__ = original.__doc__
+    swap_tensors._torchjax_original = original
+    torch.utils.swap_tensors = swap_tensors
+
+
+def uninstall_swap_tensors() -> None:
+    import torch.utils
+
+    original = getattr(torch.utils.swap_tensors, "_torchjax_original", None)
+    if original is not None:
+        torch.utils.swap_tensors = original

@@ -16,7 +16,8 @@ import torch
 from torchjax._compat.jax import x64
 from torchjax.device._module import jax_device
 from torchjax.tensor import dtypes
-from torchjax.tensor._tensor import wrap
+from torchjax.tensor._storage import Storage, contiguous_strides
+from torchjax.tensor._tensor import make, wrap
 
 _LIB = None
 
@@ -60,9 +61,18 @@ def empty_memory_format(
 
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    # Results are always contiguous: storage is row-major (Note [Aliasing through views]).
+    # ``x.to("tpu")`` asks for x's strides (preserve_format), as a CUDA copy keeps them:
+    # a storage spanning the strided elements, viewed at those strides
+    # (Note [Aliasing through views]).
     _check_layout(layout, "empty_strided")
-    return wrap(new_array(size, dtype, device), _device_index(device))
+    size, stride = tuple(size), tuple(stride)
+    index = _device_index(device)
+    if stride == contiguous_strides(size) or 0 in size:
+        return wrap(new_array(size, dtype, device), index)
+    span = 1 + sum((n - 1) * st for n, st in zip(size, stride))
+    arr = new_array((span,), dtype, device)
+    dtype = dtype if dtype is not None else torch.get_default_dtype()
+    return make(Storage(arr), size, stride, 0, dtype, index)
 
 
 def efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=None):

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from torchjax._compat.torch import privateuse1_backend_name, setup_privateuse1_python_backend
-from torchjax.device import _autocast, _factory, _module, _pinned
+from torchjax._compat.torch import (
+    install_swap_tensors,
+    privateuse1_backend_name,
+    setup_privateuse1_python_backend,
+)
+from torchjax.device import _autocast, _factory, _module, _pinned, _serialization
 
 DEVICE_TYPE = "tpu"
 
@@ -37,6 +41,15 @@ def _register() -> None:
     _factory.register_kernels()
     _autocast.register()
     _pinned.register()
+    _serialization.register()
+    install_swap_tensors(_involves_tpu)
+
+
+def _involves_tpu(t1, t2) -> bool:
+    # Note [Moving modules with live references] in torchjax/_compat/torch.py.
+    from torchjax.tensor._tensor import JaxTensor
+
+    return isinstance(t1, JaxTensor) or isinstance(t2, JaxTensor)
 
 
 _register()

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from torchjax.device._module import jax_device
+from torchjax.device._serialization import storage_for
 from torchjax.ops.registry import _cpu_to_jax, handler, lowering, write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
@@ -50,6 +51,18 @@ def copy_(args, kwargs):
     return write_into(aten.copy_.default, dst, value, check_cast=False)
 
 
+def _preserve_strides(t: JaxTensor, cpu: torch.Tensor) -> torch.Tensor:
+    """``cpu`` (contiguous) laid out as ``t.to("cpu")`` lays out a CUDA tensor:
+    preserve_format keeps the strides of a dense permutation of dimensions."""
+    if t.is_contiguous():
+        return cpu
+    meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    stride = meta.clone(memory_format=torch.preserve_format).stride()
+    if stride == cpu.stride():
+        return cpu
+    return torch.empty_strided(cpu.shape, stride, dtype=cpu.dtype).copy_(cpu)
+
+
 @handler(aten._to_copy.default)
 def _to_copy(args, kwargs):
     """aten::_to_copy - ``.to(dtype/device)`` and ``.cpu()`` from a tpu tensor."""
@@ -57,7 +70,7 @@ def _to_copy(args, kwargs):
     dtype = kwargs.get("dtype") or self.dtype
     device = kwargs.get("device")
     if device is not None and torch.device(device).type == "cpu":
-        return to_cpu(self).to(dtype)
+        return _preserve_strides(self, to_cpu(self).to(dtype))
     arr = self._value()
     jdt = dtypes.to_jax_dtype(dtype)
     arr = arr.astype(jdt) if arr.dtype != jdt else jnp.array(arr, copy=True)
@@ -108,6 +121,29 @@ def set_source_tensor_view(args, kwargs):
     self, src, offset, size = args[0], args[1], args[2], tuple(args[3])
     stride = tuple(args[4]) if len(args) > 4 and args[4] else contiguous_strides(size)
     self._rebind(src._storage, size, stride, offset, src.dtype)
+    return self
+
+
+@handler(aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)
+def set_source_storage(args, kwargs):
+    """aten::set_(storage, offset, size, stride) - view a storage restored to tpu by
+    torch.load (Note [Loading checkpoints onto tpu] in torchjax/device/_serialization.py)."""
+    self, source = args[0], args[1]
+    if len(args) > 2:
+        offset, size = args[2], tuple(args[3])
+        stride = tuple(args[4]) if len(args) > 4 and args[4] else contiguous_strides(size)
+    else:
+        offset, size, stride = 0, None, None
+    index = self._device_index
+
+    def make_storage(flat: torch.Tensor) -> Storage:
+        arr = _cpu_to_jax(flat)
+        return Storage(jax.device_put(arr, jax_device(index)) if index else arr)
+
+    storage = storage_for(source, self.dtype, self.device, make_storage)
+    if size is None:  # set_(storage): the whole storage, 1-d
+        size, stride = storage.shape, (1,)
+    self._rebind(storage, size, stride, offset, self.dtype)
     return self
 
 

@@ -68,12 +68,12 @@ def make(inner: torch.Tensor, size=None, stride=None, offset=None):
 def unflatten(inner_tensors, ctx, outer_size, outer_stride):
     """``JaxTensor.__tensor_unflatten__``: a real JaxTensor when given its own stand-in
     back, else a fake JaxTensor over the (fake, functional or proxy) inner tensor."""
-    from torchjax.tensor._tensor import JaxTensor
+    from torchjax.tensor import _tensor
 
     inner = inner_tensors["_stand_in"]
     kind, storage, size, stride, offset, dtype, index = ctx
     if type(inner) is torch.Tensor and kind == "real":
-        return JaxTensor(storage, size, stride, offset, dtype, index)
+        return _tensor.make(storage, size, stride, offset, dtype, index)
     return make(inner, outer_size, outer_stride, 0)
 
 
@@ -95,12 +95,17 @@ def dispatch(func, args, kwargs):
     from torchjax.tensor._tensor import JaxTensor
 
     flat = pytree.arg_tree_leaves(*args, **kwargs)
-    mode = next(
-        x.__dict__[_INNER].fake_mode
-        for x in flat
-        if isinstance(x, JaxTensor) and _INNER in x.__dict__
-        and hasattr(x.__dict__[_INNER], "fake_mode")
-    ) if any(isinstance(x, JaxTensor) and not is_fake(x) for x in flat) else None
+    mode = (
+        next(
+            x.__dict__[_INNER].fake_mode
+            for x in flat
+            if isinstance(x, JaxTensor)
+            and _INNER in x.__dict__
+            and hasattr(x.__dict__[_INNER], "fake_mode")
+        )
+        if any(isinstance(x, JaxTensor) and not is_fake(x) for x in flat)
+        else None
+    )
 
     def unwrap(x):
         if not isinstance(x, JaxTensor):

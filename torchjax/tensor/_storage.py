@@ -26,6 +26,8 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding
 
+from torchjax._compat.jax import x64
+
 
 def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
     strides, acc = [], 1
@@ -66,6 +68,14 @@ class Storage:
             new = _plan(self.numel, size, stride, offset).write_array(self.arr, value)
             self.arr = _keep_placement(new, self.arr)
         self.version += 1
+
+    def __deepcopy__(self, memo) -> Storage:
+        # A physical copy, not the same (immutable) jax array: a compiled step may donate
+        # the original's buffer, and a copy the user took must survive that. x64 on, as
+        # inside dispatch: jnp would otherwise narrow an int64/float64 storage.
+        with x64(True):
+            arr = jnp.copy(self.arr)
+        return Storage(arr, self.shape, self.numel)
 
     def replace(self, arr: jax.Array) -> None:
         """Swap in a new array of the same shape and dtype (a whole-storage write)."""

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import x64_enter, x64_exit
-from torchjax._compat.torch import rebuild_device_tensor_args, set_tensor_data, tensor_repr
-from torchjax.tensor import _backward_errors, _fake, dtypes
+from torchjax._compat.torch import set_tensor_data, tensor_repr
+from torchjax.tensor import _backward_errors, _fake, _protocols, dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
 
 DEVICE_TYPE = "tpu"
@@ -28,6 +28,29 @@ _DEVICES = {}
 # The registry's resolved handlers (ATen overload -> fn(args, kwargs)); filled by
 # torchjax/ops/registry.py, which imports this module. Read directly on the hot path.
 _HANDLERS: dict = {}
+
+
+def make(
+    storage: Storage, size, stride, offset, dtype, device_index=0, requires_grad=False
+) -> JaxTensor:
+    """A tpu tensor viewing ``storage`` at (size, stride, offset)."""
+    t = torch.Tensor._make_wrapper_subclass(
+        JaxTensor,
+        size,
+        strides=stride,
+        storage_offset=offset,
+        dtype=dtype,
+        device=tpu_device(device_index),
+        requires_grad=requires_grad,
+    )
+    t._storage = storage
+    t._size = tuple(size)
+    t._stride = tuple(stride)
+    t._offset = offset
+    t._device_index = device_index
+    t._cache = None
+    t._cache_version = -1
+    return t
 
 
 def tpu_device(index: int = 0) -> torch.device:
@@ -54,26 +77,10 @@ class JaxTensor(torch.Tensor):
     _cache_version = -1
 
     @staticmethod
-    def __new__(
-        cls, storage: Storage, size, stride, offset, dtype, device_index=0, requires_grad=False
-    ):
-        t = torch.Tensor._make_wrapper_subclass(
-            cls,
-            size,
-            strides=stride,
-            storage_offset=offset,
-            dtype=dtype,
-            device=tpu_device(device_index),
-            requires_grad=requires_grad,
-        )
-        t._storage = storage
-        t._size = tuple(size)
-        t._stride = tuple(stride)
-        t._offset = offset
-        t._device_index = device_index
-        t._cache = None
-        t._cache_version = -1
-        return t
+    def __new__(cls, *args, **kwargs):
+        # The public constructor forms: Note [Constructing a JaxTensor like a tensor class]
+        # in torchjax/tensor/_protocols.py. torchjax itself builds tensors with ``make``.
+        return _protocols.construct(args, kwargs)
 
     def __init__(self, *args, **kwargs):
         pass
@@ -105,7 +112,7 @@ class JaxTensor(torch.Tensor):
 
     def _rebind(self, storage: Storage, size, stride, offset, dtype=None) -> None:
         """Point this Python object at another view/storage, metadata included."""
-        other = JaxTensor(storage, size, stride, offset, dtype or self.dtype, self._device_index)
+        other = make(storage, size, stride, offset, dtype or self.dtype, self._device_index)
         set_tensor_data(self, other)
         self._storage = storage
         self._size, self._stride, self._offset = tuple(size), tuple(stride), offset
@@ -146,13 +153,13 @@ class JaxTensor(torch.Tensor):
             )
         return tensor_repr(self, self.detach().cpu())
 
+    # torch's versions of these read the (empty) TensorImpl storage; these read the
+    # Storage (torchjax/tensor/_protocols.py).
+    def __deepcopy__(self, memo):
+        return _protocols.deepcopy(self, memo)
+
     def __reduce_ex__(self, proto):
-        # torch.save / pickle: the data as a CPU tensor and the device to return to, through
-        # the rebuild function torch uses for storage-less device tensors (XLA's too), which
-        # torch.load(weights_only=True) accepts.
-        return rebuild_device_tensor_args(
-            self.detach().cpu(), self.dtype, str(self.device), self.requires_grad
-        )
+        return _protocols.reduce_ex(self, proto)
 
     @property
     def data(self):
@@ -276,7 +283,7 @@ _make_wrapper_subclass = torch.Tensor._make_wrapper_subclass
 
 def view_of(base: JaxTensor, size, stride, offset, dtype=None, value=None) -> JaxTensor:
     """A tensor aliasing ``base``'s storage; ``value`` (if given) seeds its read cache."""
-    t = JaxTensor(base._storage, size, stride, offset, dtype or base.dtype, base._device_index)
+    t = make(base._storage, size, stride, offset, dtype or base.dtype, base._device_index)
     if value is not None:
         t._cache = value
         t._cache_version = base._storage.version

@@ -1,0 +1,70 @@
+"""module.to("tpu") when parameters have other live references, as it works for CUDA."""
+
+import copy
+import weakref
+
+import pytest
+import torch
+
+import torchjax  # noqa: F401
+
+
+def _moved_matches_cpu(cpu, tpu, *inputs):
+    out = tpu(*(x.to("tpu") for x in inputs))
+    want = cpu(*inputs)
+    if isinstance(want, tuple):
+        out, want = out[0], want[0]
+    torch.testing.assert_close(out.cpu(), want)
+
+
+@pytest.mark.parametrize(
+    "make, inputs",
+    [
+        (lambda: torch.nn.LayerNorm(3), (torch.randn(2, 3),)),
+        (lambda: torch.nn.Conv1d(2, 2, 3), (torch.randn(1, 2, 5),)),
+        (lambda: torch.nn.LSTM(3, 4), (torch.randn(2, 1, 3),)),
+        (lambda: torch.nn.GRU(3, 4), (torch.randn(2, 1, 3),)),
+    ],
+    ids=["layernorm", "conv1d", "lstm", "gru"],
+)
+def test_to_tpu_with_a_live_cpu_graph(make, inputs):
+    torch.manual_seed(0)
+    cpu = make()
+    m = copy.deepcopy(cpu)
+    out = m(*inputs)  # its graph saves the CPU parameters
+    params = list(m.parameters())
+    m.to("tpu")
+    assert all(p.device.type == "tpu" for p in m.parameters())
+    assert all(a is b for a, b in zip(params, m.parameters()))  # same objects
+    _moved_matches_cpu(cpu, m, *inputs)
+    # A backward through the graph built before the move fails loudly, never
+    # accumulating into the moved parameters.
+    loss = (out[0] if isinstance(out, tuple) else out).sum()
+    with pytest.raises(RuntimeError, match="poisoned by swap_tensors"):
+        loss.backward()
+    assert all(p.grad is None for p in m.parameters())
+
+
+def test_to_tpu_with_weakrefs_and_optimizer_state():
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(3, 2)
+    m = copy.deepcopy(cpu)
+    ref = weakref.ref(m.weight)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    m.to("tpu")
+    assert ref() is m.weight and opt.param_groups[0]["params"][0] is m.weight
+    x = torch.randn(4, 3)
+    m(x.to("tpu")).sum().backward()
+    assert m.weight.grad.device.type == "tpu"
+    opt.step()
+    cpu(x).sum().backward()
+    torch.optim.SGD(cpu.parameters(), lr=0.1, momentum=0.9).step()
+    torch.testing.assert_close(m.weight.detach().cpu(), cpu.weight.detach())
+
+
+def test_other_swaps_keep_torchs_checks():
+    a, b = torch.zeros(2), torch.ones(2)
+    keep = weakref.ref(a)
+    with pytest.raises(RuntimeError, match="weakref"):
+        torch.utils.swap_tensors(a, b)
+    del keep

@@ -1,0 +1,133 @@
+"""torch.load onto "tpu": storages restored to a tpu location.
+
+Note [Loading checkpoints onto tpu]
+torch.load restores every storage of a file first (``map_location`` decides where: a
+string, a torch.device, a dict of locations, or a callable), then rebuilds each tensor
+over its storage: ``torch.empty(0, device=storage.device).set_(storage, offset, size,
+stride)``. torch's own restore for a PrivateUse1 location allocates
+``torch.UntypedStorage(n, device="tpu")``, and a Python backend has no allocator: that
+dereferences a null allocator and kills the process.
+
+So a storage restored to tpu is a *host-backed tpu storage*: the CPU bytes torch just
+read, under a tpu-labelled ``UntypedStorage`` that does not own them (the CPU storage is
+kept alive as its attribute). The rebuild's ``set_`` then reaches
+``aten::set_.source_Storage_storage_offset`` on a JaxTensor (torchjax/ops/copy.py),
+which copies the bytes into one jax array per storage (``storage_for``, cached on the
+storage object, so tensors that shared a storage in the file alias after loading, as on
+CPU) and views it. The deserializer is registered with torch's public
+``torch.serialization.register_package``, ahead of torch's PrivateUse1 entry; it answers
+only tpu locations. ``storage.tpu()`` (the method torch generates per backend, here
+host-backed too) lets a callable ``map_location`` return a tpu storage.
+
+Storages made any other way (``torch.UntypedStorage(n, device="tpu")``,
+``storage.to(device="tpu")``) still go to torch's allocation and need a compiled
+allocator; no torchjax path makes them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from torchjax._compat.torch import storage_from_pointer
+from torchjax.device._module import device_count
+
+DEVICE_TYPE = "tpu"
+_LOCATION = re.compile(rf"{DEVICE_TYPE}(:[0-9]+)?$")
+# Attributes set on a host-backed tpu UntypedStorage: the CPU storage owning its bytes,
+# and the torchjax Storage made from them (once per dtype).
+_HOST = "_torchjax_host"
+_LOADED = "_torchjax_loaded"
+
+
+def _tpu_device(location) -> torch.device:
+    device = torch.device(location)
+    index = 0 if device.index is None else device.index
+    if index >= device_count():
+        raise RuntimeError(
+            f"Attempting to deserialize object on TPU device {index} but "
+            f"torch.tpu.device_count() is {device_count()}. Please use torch.load with "
+            "map_location to map your storages to an existing device."
+        )
+    return torch.device(DEVICE_TYPE, index)
+
+
+def host_backed(storage: torch.UntypedStorage, device: torch.device) -> torch.UntypedStorage:
+    """A tpu-labelled UntypedStorage over ``storage``'s (CPU) bytes (see the Note)."""
+    if storage.device.type == DEVICE_TYPE:
+        return storage
+    if storage.device.type != "cpu":
+        storage = storage.cpu()
+    out = storage_from_pointer(storage.data_ptr(), device, storage.nbytes())
+    setattr(out, _HOST, storage)
+    return out
+
+
+def _deserialize(obj, location):
+    if not isinstance(location, str) or not _LOCATION.match(location):
+        return None
+    return host_backed(obj, _tpu_device(location))
+
+
+def _tag(storage):
+    return None  # tpu locations are tagged by torch's own PrivateUse1 tagger
+
+
+def _untyped(storage):
+    return storage._untyped_storage if isinstance(storage, torch.TypedStorage) else storage
+
+
+def storage_tpu(self, device=None, non_blocking=False):
+    """``storage.tpu(device)``: a tpu copy of a storage (host-backed, see the Note)."""
+    if device is None or isinstance(device, int):
+        device = torch.device(DEVICE_TYPE, device or 0)
+    target = _tpu_device(device)
+    if isinstance(self, torch.TypedStorage):
+        return torch.TypedStorage(
+            wrap_storage=host_backed(self._untyped_storage, target),
+            dtype=self.dtype,
+            _internal=True,
+        )
+    return host_backed(self, target)
+
+
+def storage_for(storage, dtype: torch.dtype, device: torch.device, make_storage):
+    """The torchjax Storage behind a host-backed tpu ``storage`` viewed as ``dtype``:
+    ``make_storage(cpu_flat_tensor)`` builds it the first time, later calls (other
+    tensors over the same storage in one file) get the same one."""
+    storage = _untyped(storage)
+    if storage.device != device:
+        # torch's message (aten/src/ATen/native/TensorShape.cpp, set_storage_cpu_).
+        raise RuntimeError(
+            f'Attempted to set the storage of a tensor on device "{device}" to a storage on '
+            f'different device "{storage.device}".  This is no longer allowed; the devices '
+            "must match."
+        )
+    host = getattr(storage, _HOST, None)
+    if host is None:
+        raise RuntimeError(
+            f"torchjax: aten::set_ got a {storage.device} storage with no data behind it "
+            "(tpu tensors keep their data in jax arrays, not in torch storages); use "
+            "tensor.set_(other_tensor), or build the tensor on CPU and move it with .to('tpu')"
+        )
+    loaded = getattr(storage, _LOADED, None)
+    if loaded is None:
+        loaded = {}
+        setattr(storage, _LOADED, loaded)
+    st = loaded.get(dtype)
+    if st is None:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        flat = torch.empty(0, dtype=dtype).set_(host, 0, (host.nbytes() // itemsize,))
+        st = loaded[dtype] = make_storage(flat)
+    return st
+
+
+def register() -> None:
+    # Priority 19: before torch's PrivateUse1 entry (23); torch's own entries use 10 and
+    # 20-26, and two entries of one priority make the registry's sort raise.
+    torch.serialization.register_package(19, _tag, _deserialize)
+    # What generate_methods_for_privateuse1_backend(for_storage=True) would add, minus
+    # its allocation (which has no allocator to use).
+    torch.UntypedStorage.tpu = storage_tpu
+    torch.TypedStorage.tpu = storage_tpu

@@ -1,0 +1,144 @@
+"""Python object protocols of JaxTensor: the public constructor, deepcopy, pickling.
+
+torch implements these for tensors in terms of their storage (``Tensor.__deepcopy__``
+clones ``untyped_storage()``, pickling saves it). A JaxTensor's TensorImpl storage is
+an empty placeholder (the data is a jax array in a ``Storage``), so each protocol is
+answered here from the ``Storage`` instead, with the same results as on CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+
+import jax.numpy as jnp
+import torch
+
+from torchjax._compat.jax import x64
+from torchjax._compat.torch import rebuild_device_tensor_args, rebuild_parameter_args
+from torchjax.tensor import _fake
+from torchjax.tensor._storage import Storage, contiguous_strides
+
+# __dict__ entries that are a JaxTensor's own machinery, not user state: the view into
+# its Storage, the read cache, what torch.compile attached (Note [JaxTensor under
+# Dynamo]) and torch's cached size/stride capsules.
+INTERNAL = frozenset(
+    {
+        "_storage",
+        "_size",
+        "_stride",
+        "_offset",
+        "_device_index",
+        "_cache",
+        "_cache_version",
+        "_stand_in_tensor",
+        "_fake_inner",
+        "_sym_sizes_capsule",
+        "_sym_sizes_capsule_len",
+        "_sym_strides_capsule",
+        "_sym_strides_capsule_len",
+    }
+)
+
+
+def user_state(t, *, drop=()) -> dict:
+    """The attributes a user or library set on ``t`` (what torch pickles/deep-copies)."""
+    return {k: v for k, v in t.__dict__.items() if k not in INTERNAL and k not in drop}
+
+
+# Note [Constructing a JaxTensor like a tensor class]
+# Libraries make "another tensor of this kind" with the tensor's class: accelerate's
+# offload hooks call ``type(param)(value, requires_grad=...)``, others ``t.__class__(x)``.
+# A tpu parameter's class is JaxTensor (``nn.Parameter(t)`` of a wrapper subclass marks
+# the tensor ``_is_param`` instead of changing its class), so JaxTensor's constructor
+# answers what the class of the same tensor on CUDA would: with ``requires_grad`` (the
+# Parameter signature) it is ``nn.Parameter(data, requires_grad)``; otherwise it is
+# ``torch.Tensor(*args)`` (an alias of a tensor argument, or the legacy size forms).
+# Either way the result lives on the data's device, as for a plain tensor.
+def construct(args, kwargs):
+    """``JaxTensor(...)`` called by user code (see the Note above)."""
+    if "requires_grad" in kwargs or (len(args) == 2 and isinstance(args[1], bool)):
+        data = args[0] if args else kwargs.pop("data", None)
+        requires_grad = args[1] if len(args) == 2 else kwargs.pop("requires_grad")
+        if kwargs:
+            raise TypeError(
+                f"JaxTensor(data, requires_grad) got unexpected keyword arguments {sorted(kwargs)}"
+            )
+        return torch.nn.Parameter(data, requires_grad)
+    return torch.Tensor(*args, **kwargs)
+
+
+def _not_leaf_error() -> RuntimeError:
+    # torch's own message (torch/_tensor.py, Tensor.__deepcopy__).
+    return RuntimeError(
+        "Only Tensors created explicitly by the user "
+        "(graph leaves) support the deepcopy protocol at the moment.  "
+        "If you were attempting to deepcopy a module, this may be because "
+        "of a torch.nn.utils.weight_norm usage, "
+        "see https://github.com/pytorch/pytorch/pull/103001"
+    )
+
+
+def preserve_format_clone(t):
+    """A fresh-storage copy of ``t`` with ``clone(memory_format=torch.preserve_format)``'s
+    strides (kept for a dense permutation of dimensions, contiguous otherwise)."""
+    from torchjax.tensor._tensor import make
+
+    meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    stride = meta.clone(memory_format=torch.preserve_format).stride()
+    size = tuple(t.shape)
+    with x64(True):
+        value = jnp.copy(t._value())
+        if stride != contiguous_strides(size):
+            # Element order in memory: dimensions by decreasing stride.
+            order = sorted(range(len(size)), key=lambda d: -stride[d])
+            value = jnp.transpose(value, order).reshape(-1)
+    return make(Storage(value), size, stride, 0, t.dtype, t._device_index)
+
+
+def deepcopy(t, memo):
+    """``copy.deepcopy`` of a tpu tensor, as torch deep-copies a CPU one.
+
+    A plain tensor gets a copy of its whole storage at the same view (size, stride,
+    offset); the storage copy is memoised, so views deep-copied in one call alias each
+    other as their originals do. A parameter is cloned (``nn.Parameter.__deepcopy__``:
+    grad and attributes are not copied)."""
+    from torchjax.tensor._tensor import make
+
+    if not t.is_leaf:
+        raise _not_leaf_error()
+    if id(t) in memo:
+        return memo[id(t)]
+    with torch.no_grad():
+        if _fake.is_fake(t):  # under torch.compile tracing: no storage to copy
+            new = t.clone()
+        elif t.__dict__.get("_is_param"):
+            new = torch.nn.Parameter(preserve_format_clone(t), t.requires_grad)
+            memo[id(t)] = new
+            return new
+        else:
+            storage = copy.deepcopy(t._storage, memo)
+            new = make(storage, t._size, t._stride, t._offset, t.dtype, t._device_index)
+    if t.requires_grad:
+        new.requires_grad_()
+    if t.grad is not None:
+        new.grad = copy.deepcopy(t.grad, memo)
+    for key, value in user_state(t).items():
+        new.__dict__[key] = copy.deepcopy(value, memo)
+    memo[id(t)] = new
+    return new
+
+
+def reduce_ex(t, proto):
+    """``pickle`` / ``torch.save`` of a tpu tensor: its data as a CPU tensor rebuilt on
+    the device (``_rebuild_device_tensor_from_cpu_tensor``, what torch uses for
+    storage-less devices; files load without torchjax with ``map_location="cpu"``, and
+    ``weights_only=True`` accepts them). A parameter goes through torch's parameter
+    rebuild, with its attributes, as ``nn.Parameter.__reduce_ex__`` does."""
+    if t.__dict__.get("_is_param"):
+        with torch.no_grad():
+            data = t.detach()  # a plain (non-parameter) view of the same data
+        return rebuild_parameter_args(
+            data, t.requires_grad, OrderedDict(), user_state(t, drop={"_is_param"})
+        )
+    return rebuild_device_tensor_args(t.detach().cpu(), t.dtype, str(t.device), t.requires_grad)
