@@ -32,7 +32,7 @@ from jax.extend.core import jaxpr_as_fun
 from torch.utils import _pytree as pytree
 
 from torchjax._compat.jax import x64, x64_enter, x64_exit
-from torchjax.compile import _state
+from torchjax.compile import _hyper, _state
 from torchjax.compile._swap import bound, trace_lock
 from torchjax.interop._jax_function import _VJP
 from torchjax.tensor import random as _rng
@@ -211,6 +211,7 @@ class _Call:
         if any(_make_capturable(o) for o in walk.optimizers):
             walk = _state.walk(roots, grads)
         self.walk = walk
+        self.hypers = _hyper.Hypers(walk.optimizers)
         self.storages = walk.storages
         self.state_arrays = [s.arr for s in walk.storages]
         self.arrays = [t._value() for t in tensors]
@@ -225,6 +226,7 @@ class _Call:
             tuple(map(id, self.storages)),
             tuple(_aval(a) for a in self.state_arrays),
             flags,
+            (self.hypers.key, tuple(walk.scalars), tuple(_aval(a) for a in self.hypers.values)),
         )
         self.key = self.sig
         self.grad_mode = grad_mode
@@ -297,7 +299,7 @@ class _Entry:
         storages = call.storages
         info = {}
 
-        def pure(state_arrays, key, arrays):
+        def pure(state_arrays, key, arrays, hypers):
             stream = _rng.TracedStream(key)
             with bound(storages, state_arrays):
                 old = _rng.set_traced_stream(stream)
@@ -311,7 +313,10 @@ class _Entry:
                     flat = [x.obj if isinstance(x, _Ref) else x for x in flat]
                     args, kwargs = _unflatten(flat, call.spec)
                     kwargs = {**kwargs, **call.static_kwargs}
-                    with torch.autograd.set_multithreading_enabled(False):
+                    with (
+                        torch.autograd.set_multithreading_enabled(False),
+                        _hyper.bound(call.hypers.slots, hypers),
+                    ):
                         out = jitted.fn(*args, **kwargs)
                 finally:
                     _rng.set_traced_stream(old)
@@ -346,7 +351,7 @@ class _Entry:
 
         key = _rng.call_key(0)
         with x64(True):
-            closed = jax.make_jaxpr(pure)(call.state_arrays, key, call.arrays)
+            closed = jax.make_jaxpr(pure)(call.state_arrays, key, call.arrays, call.hypers.values)
         self.closed = closed
         self.out_spec, out_flat, self.out_pos = info["out"]
         self.out_grad = info["out_grad"]
@@ -383,7 +388,7 @@ class _Entry:
     def run(self, call: _Call):
         token = x64_enter()
         try:
-            outs = self.compiled(*call.state_arrays, self.key(), *call.arrays)
+            outs = self.compiled(*call.state_arrays, self.key(), *call.arrays, *call.hypers.values)
         finally:
             x64_exit(token)
         self.write_back(call, outs[self.n_out :])
@@ -431,14 +436,14 @@ class _VJPProgram:
         self.diff_state, self.diff_dyn = diff_state, diff_dyn
         n_out = entry.n_out
 
-        def fwd(state, key, dyn):
+        def fwd(state, key, dyn, hypers):
             def g(ds, dd):
                 st, dy = list(state), list(dyn)
                 for i, a in zip(diff_state, ds):
                     st[i] = a
                 for k, a in zip(diff_dyn, dd):
                     dy[k] = a
-                res = fun(*st, key, *dy)
+                res = fun(*st, key, *dy, *hypers)
                 return res[:n_out], res[n_out:]
 
             ds = [state[i] for i in diff_state]
@@ -472,7 +477,9 @@ class _VJPCall:
     def vjp(self, arrays):
         entry, call = self.entry, self.call
         with x64(True):
-            outs, pullback, aux = entry.vjp.fwd(call.state_arrays, entry.key(), call.arrays)
+            outs, pullback, aux = entry.vjp.fwd(
+                call.state_arrays, entry.key(), call.arrays, call.hypers.values
+            )
         entry.write_back(call, aux)
         return outs, pullback
 
@@ -493,7 +500,9 @@ def _describe_change(old, new) -> str:
     names = ("argument structure", "non-tensor arguments", "static_argnames values",
              "tensor argument shapes/dtypes", "tensor argument requires_grad",
              "state tensors (identity)", "state tensor shapes/dtypes",
-             "grad mode / autocast / module training flags")  # fmt: skip
+             "grad mode / autocast / module training flags",
+             "Python scalars read by the function (optimizer hyperparameters other than "
+             "lr, numbers in its closure or globals)")  # fmt: skip
     for name, a, b in zip(names, old, new):
         if a != b:
             if name == "tensor argument shapes/dtypes" and len(a) == len(b):
