@@ -32,7 +32,7 @@ from jax.extend.core import jaxpr_as_fun
 from torch.utils import _pytree as pytree
 
 from torchjax._compat.jax import x64, x64_enter, x64_exit
-from torchjax.compile import _hyper, _state
+from torchjax.compile import _donate, _hyper, _state
 from torchjax.compile._swap import bound, trace_lock
 from torchjax.interop._jax_function import _VJP
 from torchjax.tensor import random as _rng
@@ -56,9 +56,10 @@ def jit(fn=None, *, static_argnames=(), donate: bool = True, warn_after: int = 8
             of the cache key) instead of being searched for tensors.
         donate: donate the buffers of state the function overwrites (parameters and
             optimizer state in a train step, BatchNorm running stats, KV caches) so XLA
-            updates them in place. Other references to those old arrays (e.g. taken with
-            ``torchjax.to_jax``) become invalid after the call, as with ``jax.jit``'s
-            ``donate_argnums``.
+            updates them in place. A buffer something else holds (a ``clone()`` or
+            ``state_dict`` copy the user took, an array from ``torchjax.to_jax``) is
+            copied first and the copy donated: what the user holds stays valid (Note
+            [Donation never takes the user's copy] in torchjax/compile/_donate.py).
         warn_after: emit a ``RetraceWarning`` naming what changed each time the function
             traces more than this many times.
 
@@ -91,6 +92,8 @@ class Jitted:
             each).
         cache_hits: calls served by an existing executable.
         last_retrace_reason: what changed at the latest retrace (None before any).
+        donation_copies: state buffers copied before a call because something besides
+            the state held them (see ``jit``'s ``donate``).
     """
 
     def __init__(self, fn, *, static_argnames=(), donate=True, warn_after=8):
@@ -101,6 +104,7 @@ class Jitted:
         self.trace_count = 0
         self.cache_hits = 0
         self.last_retrace_reason = None
+        self.donation_copies = 0
         self._entries: dict = {}
         self._last_sig = None
         self._is_module = isinstance(fn, torch.nn.Module) or isinstance(
@@ -187,6 +191,7 @@ class _Call:
     """One call's arguments, state and cache key."""
 
     def __init__(self, jitted: Jitted, flat, spec, static_kwargs):
+        self.jitted = jitted
         self.spec = spec
         self.static_kwargs = static_kwargs
         roots = [jitted.fn]
@@ -371,6 +376,7 @@ class _Entry:
             else ()
         )
         fun = jaxpr_as_fun(closed)
+        self.donated = donate
         self.compiled = jax.jit(fun, donate_argnums=donate)
         self.n_state = len(storages)
         self.vjp = _VJPProgram.build(self, call, fun) if jitted._is_module else None
@@ -386,9 +392,13 @@ class _Entry:
         return key
 
     def run(self, call: _Call):
+        state = call.state_arrays
+        if self.donated:
+            state, copies = _donate.unshared(state, self.donated, call.walk.tensors)
+            call.jitted.donation_copies += copies
         token = x64_enter()
         try:
-            outs = self.compiled(*call.state_arrays, self.key(), *call.arrays, *call.hypers.values)
+            outs = self.compiled(*state, self.key(), *call.arrays, *call.hypers.values)
         finally:
             x64_exit(token)
         self.write_back(call, outs[self.n_out :])
