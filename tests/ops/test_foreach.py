@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.testing._internal import common_methods_invocations as cmi
 
-import torchjax  # noqa: F401
+import torchjax
 from tests.ops.opinfo_cases import XFAILS
 from torchjax.testing import opinfo as oi
 
@@ -169,6 +169,50 @@ def test_optimizer_steps(opt_cls, kwargs):
         runs.append(model)
     for t, c in zip(tpu_model.parameters(), cpu_model.parameters()):
         oi.compare(t.detach(), c.detach(), "param", tol=(1e-5, 1e-5))
+
+
+@pytest.mark.parametrize(
+    "opt_cls,kwargs",
+    [
+        (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01, foreach=True)),
+        (torch.optim.Adam, dict(lr=0.01, foreach=True)),
+        (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1, foreach=True)),
+        (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1, fused=True)),
+        (torch.optim.Adam, dict(lr=0.01, amsgrad=True, maximize=True, fused=True)),
+        (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, fused=True)),
+        (torch.optim.SGD, dict(lr=0.1, weight_decay=0.01, maximize=True, fused=True)),
+    ],
+    ids=[
+        "sgd-foreach",
+        "adam-foreach",
+        "adamw-foreach",
+        "adamw-fused",
+        "adam-fused-ams",
+        "sgd-fused-nesterov",
+        "sgd-fused-plain",
+    ],
+)
+def test_optimizer_steps_inside_torchjax_jit(opt_cls, kwargs):
+    # The compiled foreach path nests a jax.jit; inside a torchjax.jit trace it must run
+    # inline (jax refuses compiler_options on a nested jit), with eager CPU's numbers.
+    cpu_model = _mlp()
+    tpu_model = copy.deepcopy(cpu_model).to(TPU)
+    opt_cpu = opt_cls(cpu_model.parameters(), **kwargs)
+    opt_tpu = opt_cls(tpu_model.parameters(), **kwargs)
+
+    def train(model, opt, inp):
+        model(inp).pow(2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    step = torchjax.jit(lambda inp: train(tpu_model, opt_tpu, inp))
+    x = torch.randn(5, 4)
+    for i in range(3):
+        train(cpu_model, opt_cpu, x)
+        step(x.to(TPU))
+        for t, c in zip(tpu_model.parameters(), cpu_model.parameters()):
+            oi.compare(t.detach(), c.detach(), f"param after step {i}", tol=(1e-5, 1e-5))
+    assert step.trace_count <= 2  # the first step may create optimizer state
 
 
 def test_fused_adam_grad_scale_found_inf():

@@ -32,7 +32,7 @@ from jax.extend.core import jaxpr_as_fun
 from torch.utils import _pytree as pytree
 
 from torchjax._compat.jax import x64, x64_enter, x64_exit
-from torchjax.compile import _state
+from torchjax.compile import _donate, _hyper, _state
 from torchjax.compile._swap import bound, trace_lock
 from torchjax.interop._jax_function import _VJP
 from torchjax.tensor import random as _rng
@@ -56,9 +56,10 @@ def jit(fn=None, *, static_argnames=(), donate: bool = True, warn_after: int = 8
             of the cache key) instead of being searched for tensors.
         donate: donate the buffers of state the function overwrites (parameters and
             optimizer state in a train step, BatchNorm running stats, KV caches) so XLA
-            updates them in place. Other references to those old arrays (e.g. taken with
-            ``torchjax.to_jax``) become invalid after the call, as with ``jax.jit``'s
-            ``donate_argnums``.
+            updates them in place. A buffer something else holds (a ``clone()`` or
+            ``state_dict`` copy the user took, an array from ``torchjax.to_jax``) is
+            copied first and the copy donated: what the user holds stays valid (Note
+            [Donation never takes the user's copy] in torchjax/compile/_donate.py).
         warn_after: emit a ``RetraceWarning`` naming what changed each time the function
             traces more than this many times.
 
@@ -91,6 +92,8 @@ class Jitted:
             each).
         cache_hits: calls served by an existing executable.
         last_retrace_reason: what changed at the latest retrace (None before any).
+        donation_copies: state buffers copied before a call because something besides
+            the state held them (see ``jit``'s ``donate``).
     """
 
     def __init__(self, fn, *, static_argnames=(), donate=True, warn_after=8):
@@ -101,6 +104,7 @@ class Jitted:
         self.trace_count = 0
         self.cache_hits = 0
         self.last_retrace_reason = None
+        self.donation_copies = 0
         self._entries: dict = {}
         self._last_sig = None
         self._is_module = isinstance(fn, torch.nn.Module) or isinstance(
@@ -187,6 +191,7 @@ class _Call:
     """One call's arguments, state and cache key."""
 
     def __init__(self, jitted: Jitted, flat, spec, static_kwargs):
+        self.jitted = jitted
         self.spec = spec
         self.static_kwargs = static_kwargs
         roots = [jitted.fn]
@@ -211,6 +216,7 @@ class _Call:
         if any(_make_capturable(o) for o in walk.optimizers):
             walk = _state.walk(roots, grads)
         self.walk = walk
+        self.hypers = _hyper.Hypers(walk.optimizers)
         self.storages = walk.storages
         self.state_arrays = [s.arr for s in walk.storages]
         self.arrays = [t._value() for t in tensors]
@@ -225,6 +231,7 @@ class _Call:
             tuple(map(id, self.storages)),
             tuple(_aval(a) for a in self.state_arrays),
             flags,
+            (self.hypers.key, tuple(walk.scalars), tuple(_aval(a) for a in self.hypers.values)),
         )
         self.key = self.sig
         self.grad_mode = grad_mode
@@ -297,7 +304,7 @@ class _Entry:
         storages = call.storages
         info = {}
 
-        def pure(state_arrays, key, arrays):
+        def pure(state_arrays, key, arrays, hypers):
             stream = _rng.TracedStream(key)
             with bound(storages, state_arrays):
                 old = _rng.set_traced_stream(stream)
@@ -311,7 +318,10 @@ class _Entry:
                     flat = [x.obj if isinstance(x, _Ref) else x for x in flat]
                     args, kwargs = _unflatten(flat, call.spec)
                     kwargs = {**kwargs, **call.static_kwargs}
-                    with torch.autograd.set_multithreading_enabled(False):
+                    with (
+                        torch.autograd.set_multithreading_enabled(False),
+                        _hyper.bound(call.hypers.slots, hypers),
+                    ):
                         out = jitted.fn(*args, **kwargs)
                 finally:
                     _rng.set_traced_stream(old)
@@ -346,7 +356,7 @@ class _Entry:
 
         key = _rng.call_key(0)
         with x64(True):
-            closed = jax.make_jaxpr(pure)(call.state_arrays, key, call.arrays)
+            closed = jax.make_jaxpr(pure)(call.state_arrays, key, call.arrays, call.hypers.values)
         self.closed = closed
         self.out_spec, out_flat, self.out_pos = info["out"]
         self.out_grad = info["out_grad"]
@@ -366,6 +376,7 @@ class _Entry:
             else ()
         )
         fun = jaxpr_as_fun(closed)
+        self.donated = donate
         self.compiled = jax.jit(fun, donate_argnums=donate)
         self.n_state = len(storages)
         self.vjp = _VJPProgram.build(self, call, fun) if jitted._is_module else None
@@ -381,9 +392,13 @@ class _Entry:
         return key
 
     def run(self, call: _Call):
+        state = call.state_arrays
+        if self.donated:
+            state, copies = _donate.unshared(state, self.donated, call.walk.tensors)
+            call.jitted.donation_copies += copies
         token = x64_enter()
         try:
-            outs = self.compiled(*call.state_arrays, self.key(), *call.arrays)
+            outs = self.compiled(*state, self.key(), *call.arrays, *call.hypers.values)
         finally:
             x64_exit(token)
         self.write_back(call, outs[self.n_out :])
@@ -431,14 +446,14 @@ class _VJPProgram:
         self.diff_state, self.diff_dyn = diff_state, diff_dyn
         n_out = entry.n_out
 
-        def fwd(state, key, dyn):
+        def fwd(state, key, dyn, hypers):
             def g(ds, dd):
                 st, dy = list(state), list(dyn)
                 for i, a in zip(diff_state, ds):
                     st[i] = a
                 for k, a in zip(diff_dyn, dd):
                     dy[k] = a
-                res = fun(*st, key, *dy)
+                res = fun(*st, key, *dy, *hypers)
                 return res[:n_out], res[n_out:]
 
             ds = [state[i] for i in diff_state]
@@ -472,7 +487,9 @@ class _VJPCall:
     def vjp(self, arrays):
         entry, call = self.entry, self.call
         with x64(True):
-            outs, pullback, aux = entry.vjp.fwd(call.state_arrays, entry.key(), call.arrays)
+            outs, pullback, aux = entry.vjp.fwd(
+                call.state_arrays, entry.key(), call.arrays, call.hypers.values
+            )
         entry.write_back(call, aux)
         return outs, pullback
 
@@ -493,7 +510,9 @@ def _describe_change(old, new) -> str:
     names = ("argument structure", "non-tensor arguments", "static_argnames values",
              "tensor argument shapes/dtypes", "tensor argument requires_grad",
              "state tensors (identity)", "state tensor shapes/dtypes",
-             "grad mode / autocast / module training flags")  # fmt: skip
+             "grad mode / autocast / module training flags",
+             "Python scalars read by the function (optimizer hyperparameters other than "
+             "lr, numbers in its closure or globals)")  # fmt: skip
     for name, a, b in zip(names, old, new):
         if a != b:
             if name == "tensor argument shapes/dtypes" and len(a) == len(b):

@@ -11,6 +11,11 @@ Those storages become inputs of the compiled program; any storage the traced cod
 output, written back after the call. Working at the storage level keeps aliasing right:
 tied weights and views of one tensor are one input.
 
+Python numbers and strings in those closures, defaults and globals are read at trace
+time: they are guards (part of the cache key), so changing one retraces. Optimizer
+hyperparameters are inputs or guards too (Note [Hyperparameters: traced or guarded] in
+torchjax/compile/_hyper.py).
+
 What the walk cannot see (a tensor kept as a plain module attribute rather than a
 registered buffer, one reachable only through a C extension, or a global read by a
 callee but not named by the function itself) is read at trace time and baked into the
@@ -26,6 +31,7 @@ import torch
 from torchjax.tensor._tensor import JaxTensor
 
 _MAX_DEPTH = 6
+_GUARDED = (bool, int, float, complex, str)
 _LEAF_TYPES = (
     type(None), bool, int, float, complex, str, bytes, type, types.ModuleType,
     types.BuiltinFunctionType, torch.dtype, torch.device, torch.Size,
@@ -36,7 +42,9 @@ class StateWalk:
     """The storages reachable from some roots, in a deterministic order.
 
     ``storages``: unique Storage objects; ``tensors``: one JaxTensor per storage (the first
-    found, used for error messages); ``optimizers``: torch.optim.Optimizer objects seen.
+    found, used for error messages); ``optimizers``: torch.optim.Optimizer objects seen;
+    ``scalars``: the Python numbers and strings in the closures, defaults and named
+    globals of the functions walked (guards: read at trace time, so part of the key).
     """
 
     def __init__(self, grads: bool = True):
@@ -45,6 +53,7 @@ class StateWalk:
         self.tensors = []
         self.optimizers = []
         self.modules = []
+        self.scalars = []
         self._seen_storage = set()
         self._seen_obj = set()
 
@@ -135,15 +144,24 @@ class StateWalk:
         functions defined inside it) names."""
         for cell in fn.__closure__ or ():
             try:
-                self.add(cell.cell_contents, depth + 1)
+                v = cell.cell_contents
             except ValueError:  # an empty cell
-                pass
+                continue
+            self._add_value(v, depth + 1)
         for d in fn.__defaults__ or ():
-            self.add(d, depth + 1)
+            self._add_value(d, depth + 1)
         g = fn.__globals__
         for name in _global_names(fn.__code__):
             if name in g:
-                self.add(g[name], depth + 1)
+                self._add_value(g[name], depth + 1)
+
+    def _add_value(self, v, depth: int) -> None:
+        # A number the code reads is baked into the trace: guard it (a changed value
+        # retraces) rather than keep a stale constant.
+        if type(v) in _GUARDED:
+            self.scalars.append((type(v), v))
+        else:
+            self.add(v, depth)
 
 
 def _global_names(code) -> list[str]:

@@ -262,7 +262,10 @@ class _CompiledForeach:
             fn = self.cache[key] = self._build(tuple(bound), tuple(tmpl), dict(kw))
             self.info.keys += 1
         try:
-            results = fn(dyn)
+            # Under an outer trace (torchjax.jit, jax.grad over torchjax.functional) the
+            # lists hold tracers and jax refuses compiler_options on a nested jit: the
+            # traced function runs inline, part of the outer program.
+            results = fn.__wrapped__(dyn) if _traced(dyn) else fn(dyn)
         except compiled.CONCRETE_ERRORS:
             # A per-element lowering reads values (raised while tracing): op by op.
             del self.cache[key]
@@ -332,6 +335,10 @@ class _CompiledForeach:
 
         traced.__name__ = f"{self.func._opname}_{self.func._overloadname}"
         return jax.jit(traced, compiler_options=compiled.COMPILER_OPTIONS)
+
+
+def _traced(dyn) -> bool:
+    return any(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves(dyn))
 
 
 def _aliased(lead, lists) -> bool:

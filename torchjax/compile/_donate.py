@@ -1,0 +1,62 @@
+"""Which state buffers a jitted call may donate to XLA.
+
+Note [Donation never takes the user's copy]
+A jitted train step donates the buffers of the state it overwrites (parameters,
+optimizer state) so XLA updates them in place; a donated buffer is deleted. jax arrays
+are immutable, so eager torchjax shares them freely: ``clone()`` of a whole tensor,
+``copy_`` of one whole tensor into another, a ``state_dict`` of clones and
+``load_state_dict`` all leave two Storage objects holding one jax.Array. Deleting it at
+the next step would destroy what the user holds ("Array has been deleted"), where torch
+gives them their own memory. So before each call every buffer to be donated is checked
+for holders besides its own Storage and the call's argument list (Python's reference
+count: another Storage, a tensor's read cache, an array taken with ``torchjax.to_jax``);
+a held buffer is copied first and the copy donated, so the holder keeps its values and
+the state still updates in place. A cached read of the state tensor itself does not
+count (it is dropped at the write back). The count is conservative: a spurious holder
+costs one copy, never a deleted buffer. In a training loop nothing else holds the
+buffers, and nothing is copied (``Jitted.donation_copies`` counts copies).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+
+
+def _refs(arrays, i) -> int:
+    return sys.getrefcount(arrays[i])
+
+
+class _Holder:
+    __slots__ = ("arr",)
+
+
+def _owned_refs() -> int:
+    # References of a buffer held only by its Storage and the argument list, measured
+    # through the same code path (the count an interpreter reports varies by version).
+    holder, arrays = _Holder(), [object()]
+    holder.arr = arrays[0]
+    return _refs(arrays, 0)
+
+
+_OWNED = _owned_refs()
+
+
+def unshared(state_arrays, donated, tensors):
+    """``state_arrays`` with a fresh copy in place of each donated buffer something else
+    holds; ``tensors[i]``: the state tensor of storage ``i`` (its read cache is its own).
+    Returns (arrays, number of copies)."""
+    out, copies = state_arrays, 0
+    for i in donated:
+        extra = _refs(state_arrays, i) - _OWNED - (tensors[i]._cache is state_arrays[i])
+        if extra > 0:
+            if copies == 0:
+                out = list(state_arrays)
+            out[i] = _copy(state_arrays[i])
+            copies += 1
+    return out, copies
+
+
+def _copy(a: jax.Array) -> jax.Array:
+    return jax.device_put(a, a.sharding, may_alias=False)
