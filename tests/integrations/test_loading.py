@@ -3,7 +3,10 @@ safetensors through torchjax.checkpoint (no CPU torch copy), save_pretrained wor
 models, tied weights stay tied, bf16 stays bf16; logits equal CPU."""
 
 import inspect
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -171,3 +174,33 @@ def test_tensor_parallel_arguments_route_to_torchjax_sharding():
     for untouched in ({"device_map": "cpu", "tp_plan": "auto"}, {"device_map": "tpu"}, {}):
         before = dict(untouched)
         assert _loading.tensor_parallel_config(untouched) is None and untouched == before
+
+
+def _call_forms(mode: str, root) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.integrations._hf_call_forms", mode, str(root)],
+        capture_output=True, text=True, timeout=300, check=False,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def test_import_torchjax_keeps_transformers_call_forms_and_signatures(tmp_path):
+    # import torchjax must not change any public signature or CPU result of transformers:
+    # from_pretrained / save_pretrained positional and keyword forms, each Auto class and
+    # AutoConfig, run in one process without torchjax and one with it.
+    plain = _call_forms("plain", tmp_path / "plain")
+    patched = _call_forms("torchjax", tmp_path / "torchjax")
+    assert plain.keys() == patched.keys()
+    for key in plain:
+        assert plain[key] == patched[key], key
+    # In this process too (torchjax imported since the top of the file).
+    functions = {
+        "from_pretrained": modeling_utils.PreTrainedModel.from_pretrained,
+        "_load_pretrained_model": modeling_utils.PreTrainedModel._load_pretrained_model,
+        "remove_tied_weights_from_state_dict": modeling_utils.remove_tied_weights_from_state_dict,
+    }
+    for name, f in functions.items():
+        assert hasattr(f, "__torchjax_patch__"), name
+        assert [str(inspect.signature(f)), f.__name__, f.__doc__] == plain["signatures"][name]

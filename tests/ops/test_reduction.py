@@ -200,6 +200,22 @@ def test_any_all_dtypes_and_dims():
     same(lambda t: torch.ops.aten.all.dims(t, None), x.bool())
 
 
+def test_is_all_true_is_any_true():
+    for op in (torch.ops.aten._is_all_true, torch.ops.aten._is_any_true):
+        for x in (
+            torch.tensor([True, False]),
+            torch.ones(2, 3, dtype=torch.bool),
+            torch.zeros(4, dtype=torch.bool),
+            torch.tensor(True),
+            torch.tensor([], dtype=torch.bool),  # all: True, any: False
+        ):
+            got = same(op, x)
+            assert got.shape == () and got.dtype == torch.bool
+        # torch asserts a bool input (RuntimeError); so do we, naming the op.
+        with pytest.raises(RuntimeError, match=f"aten::{op.__name__}: expected a bool tensor"):
+            op(torch.tensor([1, 0], device="tpu"))
+
+
 def test_var_std_corrections():
     x = torch.randn(4, 6, dtype=torch.float64)
     for c in (0, 1, 2, 3.5):

@@ -1,5 +1,5 @@
 """Reductions: sum, mean, prod, amax/amin, max/min over a dim, arg-reductions, var/std,
-any/all, count_nonzero, logsumexp, vector norms.
+any/all, _is_all_true/_is_any_true, count_nonzero, logsumexp, vector norms.
 
 Dtypes follow torch's reduction rules, read from ``torch._prims_common.reduction_dtypes``
 (through ``_reduction_dtypes`` below): a ``dtype=`` argument casts the input first;
@@ -378,6 +378,33 @@ def any(self, dim=None, keepdim=False):
 def all(self, dim=None, keepdim=False):
     """aten::all - whether every element over ``dim`` is nonzero; as ``any``."""
     return _logical(jnp.all, self, dim, keepdim)
+
+
+def _is_true(jfn, op, self):
+    name = jfn.__name__  # "all" / "any"
+    # torch asserts a bool input (a RuntimeError); these back torch.all/any of 0-d results
+    # in torch._refs and Tensor.__bool__ of comparisons under tracing.
+    if self.dtype != np.bool_:
+        raise RuntimeError(
+            f"aten::{op}: expected a bool tensor, got "
+            f"{_type_name(dtypes.to_torch_dtype(self.dtype))}; compare it first (t != 0) or "
+            f"call torch.{name}(t)"
+        )
+    return jfn(self)
+
+
+@lowering(aten._is_all_true.default)
+def _is_all_true(self):
+    """aten::_is_all_true - 0-d bool: every element of a bool tensor is True (True if
+    empty)."""
+    return _is_true(jnp.all, "_is_all_true", self)
+
+
+@lowering(aten._is_any_true.default)
+def _is_any_true(self):
+    """aten::_is_any_true - 0-d bool: some element of a bool tensor is True (False if
+    empty)."""
+    return _is_true(jnp.any, "_is_any_true", self)
 
 
 @lowering(aten.count_nonzero.default, aten.count_nonzero.dim_IntList)

@@ -36,6 +36,13 @@ for (an upgrade that moves them fails that test loudly):
    ``tp_size`` devices). transformers' own TP path needs ``torch.distributed`` with one
    process per device; under JAX one process drives all its devices.
 
+Each wrapper keeps the wrapped function's public face (``functools.wraps``: name, docstring,
+``inspect.signature`` through ``__wrapped__``) and takes ``*args, **kwargs``, binding them to
+the original's signature to read what it needs and forwarding them unchanged: every call
+form transformers accepts (``from_pretrained(pretrained_model_name_or_path=...)``,
+``save_pretrained(save_directory=...)``) still works, with transformers' own errors, and
+CPU code sees the same results with or without ``import torchjax`` (a test runs both).
+
 ``install()`` applies all three; ``install_when_imported()`` (called by ``import torchjax``)
 applies them once ``transformers.modeling_utils`` is imported, so ``import torchjax``
 never imports transformers.
@@ -43,8 +50,10 @@ never imports transformers.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
+import inspect
 import sys
 
 import jax
@@ -119,23 +128,43 @@ def fast_path_device(checkpoint_files, load_config) -> int | None:
     return indices.pop()
 
 
+def _patched(original, wrapper):
+    """``wrapper`` dressed as ``original``: same name, docstring and ``inspect.signature``
+    (through ``__wrapped__``), marked with ``__torchjax_patch__``. Wrappers take
+    ``*args, **kwargs`` and forward them unchanged, so every call form transformers
+    accepts (positional or keyword) is still accepted, with transformers' own errors."""
+    functools.wraps(original)(wrapper)
+    wrapper.__torchjax_patch__ = original
+    return wrapper
+
+
 def _wrap_load_pretrained_model(original):
-    def _load_pretrained_model(model, state_dict, checkpoint_files, load_config, *args, **kwargs):
+    signature = inspect.signature(original)
+
+    def _load_pretrained_model(*args, **kwargs):
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return original(*args, **kwargs)  # transformers' own error
+        state_dict, checkpoint_files, load_config = (
+            bound.arguments[k] for k in ("state_dict", "checkpoint_files", "load_config")
+        )
         device = None if state_dict is not None else fast_path_device(checkpoint_files, load_config)
         if device is None:
-            return original(model, state_dict, checkpoint_files, load_config, *args, **kwargs)
+            return original(*args, **kwargs)
         from torchjax.checkpoint import SafetensorsFile
 
         files = [SafetensorsFile(path) for path in checkpoint_files]
         try:
-            lazy = {name: _TpuSlice(f, name, device) for f in files for name in f.keys()}
-            return original(model, lazy, checkpoint_files, load_config, *args, **kwargs)
+            bound.arguments["state_dict"] = {
+                name: _TpuSlice(f, name, device) for f in files for name in f.keys()
+            }
+            return original(*bound.args, **bound.kwargs)
         finally:
             for f in files:
                 f.close()
 
-    _load_pretrained_model.__torchjax_patch__ = original
-    return staticmethod(_load_pretrained_model)
+    return staticmethod(_patched(original, _load_pretrained_model))
 
 
 def tensor_parallel_config(kwargs: dict):
@@ -160,21 +189,26 @@ def tensor_parallel_config(kwargs: dict):
 
 
 def _wrap_from_pretrained(original):
-    def from_pretrained(cls, path, *args, **kwargs):
+    function = original.__func__
+
+    def from_pretrained(cls, *args, **kwargs):
         tp = tensor_parallel_config(kwargs)
         if tp is None:
-            return original.__func__(cls, path, *args, **kwargs)
-        if args:
+            return function(cls, *args, **kwargs)
+        if "pretrained_model_name_or_path" in kwargs and not args:
+            args = (kwargs.pop("pretrained_model_name_or_path"),)
+        if len(args) != 1:
             raise TypeError(
-                "torchjax: a tensor-parallel from_pretrained on tpu takes keyword arguments "
-                f"only after the path (got {len(args)} positional)"
+                "torchjax: a tensor-parallel from_pretrained on tpu takes the path and then "
+                f"keyword arguments only (got {len(args)} positional arguments)"
             )
         from torchjax.sharding import load_pretrained
 
         dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
         dtype = None if dtype == "auto" else dtype
-        return load_pretrained(cls, path, tp, dtype=dtype, **kwargs)
+        return load_pretrained(cls, args[0], tp, dtype=dtype, **kwargs)
 
+    _patched(function, from_pretrained)
     from_pretrained.__torchjax_patch__ = original
     return classmethod(from_pretrained)
 
@@ -205,11 +239,17 @@ def tpu_state_dict_to_cpu(state_dict: dict) -> dict:
 
 
 def _wrap_remove_tied_weights(original):
-    def remove_tied_weights_from_state_dict(state_dict, model, *args, **kwargs):
-        return original(tpu_state_dict_to_cpu(state_dict), model, *args, **kwargs)
+    signature = inspect.signature(original)
 
-    remove_tied_weights_from_state_dict.__torchjax_patch__ = original
-    return remove_tied_weights_from_state_dict
+    def remove_tied_weights_from_state_dict(*args, **kwargs):
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return original(*args, **kwargs)  # transformers' own error
+        bound.arguments["state_dict"] = tpu_state_dict_to_cpu(bound.arguments["state_dict"])
+        return original(*bound.args, **bound.kwargs)
+
+    return _patched(original, remove_tied_weights_from_state_dict)
 
 
 def install() -> None:
