@@ -47,14 +47,35 @@ def test_interpolate_sizes_and_scales(mode, kw):
         grads_match(lambda x, ac=ac: F.interpolate(x, mode=mode, align_corners=ac, **kw), _X)
 
 
-@pytest.mark.parametrize("size", [(3, 4), (9, 11), (2, 13)])
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("size", [(3, 4), (9, 11), (2, 13), (1, 30)])
 @pytest.mark.parametrize("align_corners", [False, True])
-def test_bilinear_antialias(size, align_corners):
+def test_antialias(mode, size, align_corners):
     grads_match(
         lambda x: F.interpolate(
-            x, size=size, mode="bilinear", antialias=True, align_corners=align_corners
+            x, size=size, mode=mode, antialias=True, align_corners=align_corners
         ),
         _X,
+    )
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("antialias", [False, True])
+def test_integer_linear_and_cubic_refused(mode, antialias):
+    # CPU accepts uint8 (a fixed-point kernel); tpu refuses instead of rounding otherwise.
+    x = torch.randint(0, 256, (1, 3, 9, 9), dtype=torch.uint8, generator=_G)
+    F.interpolate(x, size=(4, 5), mode=mode, antialias=antialias)
+    with pytest.raises(NotImplementedError, match=r"aten::.*(bilinear|bicubic).*uint8"):
+        F.interpolate(x.to("tpu"), size=(4, 5), mode=mode, antialias=antialias)
+
+
+@pytest.mark.parametrize("scale", [0.3, 2.5])
+def test_bicubic_antialias_float32_scale_factor(scale):
+    grads_match(
+        lambda x: F.interpolate(x, scale_factor=scale, mode="bicubic", antialias=True),
+        _X.float().repeat(1, 1, 3, 2),
+        rtol=1e-4,
+        atol=1e-5,
     )
 
 

@@ -41,6 +41,13 @@ def is_available() -> bool:
     return True
 
 
+# torch.utils.checkpoint stashes a device's RNG state for the recomputation only when
+# its module says it is initialised (``getattr(torch.cuda, "_initialized", False)``, so as
+# not to start CUDA by accident); without it the recomputed dropout draws a new mask and
+# the gradients are wrong. JAX needs no start-up, so the tpu module is always initialised.
+_initialized = True
+
+
 def is_initialized() -> bool:
     return True
 

@@ -180,3 +180,18 @@ def copy(self, src, non_blocking=False):
     """aten::copy - functional copy_: ``src`` cast to ``self``'s dtype, broadcast to its
     shape (torch's decompositions use it)."""
     return jnp.broadcast_to(src.astype(self.dtype), self.shape)
+
+
+@handler(aten._has_same_storage_numel.default)
+def _has_same_storage_numel(args, kwargs):
+    """aten::_has_same_storage_numel - whether both storages hold the same number of
+    elements of each tensor's dtype (``storage.nbytes() / itemsize``); forward-mode AD
+    (``make_dual``) asks it before sharing a tangent's storage."""
+
+    def numel(t) -> int:
+        if not isinstance(t, JaxTensor):
+            return t.untyped_storage().nbytes() // t.element_size()
+        storage = t._storage
+        return storage.numel * storage.arr.dtype.itemsize // t.element_size()
+
+    return numel(args[0]) == numel(args[1])

@@ -91,27 +91,45 @@ def _cubic_taps(n_in, n_out, align_corners, scale, ft):
     return idx, _cubic_coeffs(t, ft)
 
 
-def _aa_taps(n_in, n_out, align_corners, scale, ft):
-    # ATen's _compute_weights_aa with the bilinear (triangle) filter, interp_size 2.
-    s = _area_scale(n_in, n_out, align_corners, scale, ft)
-    support = ft(1.0) * s if s >= 1.0 else ft(1.0)
-    invscale = ft(1.0) / s if s >= 1.0 else ft(1.0)
-    rows = []
-    for i in range(n_out):
-        center = s * ft(i + 0.5)
-        xmin = max(int(center - support + ft(0.5)), 0)
-        xsize = min(int(center + support + ft(0.5)), n_in) - xmin
-        j = np.arange(xsize)
-        w = np.maximum(ft(1) - np.abs((j + xmin - center + ft(0.5)).astype(ft) * invscale), 0)
-        w = w.astype(ft)
-        total = w.sum(dtype=ft)
-        rows.append((xmin + j, w / total if total != 0 else w))
-    k = max(len(r[0]) for r in rows)
-    idx = np.zeros((n_out, k), dtype=np.int64)
-    wts = np.zeros((n_out, k), dtype=ft)
-    for i, (r, w) in enumerate(rows):
-        idx[i, : len(r)], wts[i, : len(w)] = r, w
-    return idx, wts
+def _triangle(x, ft):
+    return np.maximum(ft(1) - np.abs(x), ft(0))
+
+
+def _keys_cubic(x, ft):
+    # ATen's HelperInterpCubic::aa_filter: Keys' cubic convolution with a = -0.5 (the
+    # non-antialiased bicubic uses -0.75), zero from |x| = 2 on.
+    a, x = ft(-0.5), np.abs(x)
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return np.where(x < 1, near, np.where(x < 2, far, ft(0)))
+
+
+def _aa_taps(filter_fn, interp_size):
+    """ATen's _compute_weights_aa for one filter: the filter widened by the scale when
+    downsampling (support ``interp_size / 2 * scale``), weights normalised to sum 1."""
+
+    def taps(n_in, n_out, align_corners, scale, ft):
+        s = _area_scale(n_in, n_out, align_corners, scale, ft)
+        half = ft(interp_size * 0.5)
+        support = half * s if s >= 1.0 else half
+        invscale = ft(1.0) / s if s >= 1.0 else ft(1.0)
+        rows = []
+        for i in range(n_out):
+            center = s * ft(i + 0.5)
+            xmin = max(int(center - support + ft(0.5)), 0)
+            xsize = min(int(center + support + ft(0.5)), n_in) - xmin
+            j = np.arange(xsize)
+            w = filter_fn((j + xmin - center + ft(0.5)).astype(ft) * invscale, ft).astype(ft)
+            total = w.sum(dtype=ft)
+            rows.append((xmin + j, w / total if total != 0 else w))
+        k = max(len(r[0]) for r in rows)
+        idx = np.zeros((n_out, k), dtype=np.int64)
+        wts = np.zeros((n_out, k), dtype=ft)
+        for i, (r, w) in enumerate(rows):
+            idx[i, : len(r)], wts[i, : len(w)] = r, w
+        return idx, wts
+
+    return taps
 
 
 def _apply_taps(x, tables):
@@ -145,12 +163,26 @@ def _upsample(op, self, output_size, tap_fn, scales):
     return out.astype(self.dtype)
 
 
+def _check_float(name, x):
+    # CPU torch interpolates uint8 images with a fixed-point kernel (weights in integer
+    # precision bits, its own rounding); float math then rounding differs from it by 1 in
+    # a few percent of pixels (13 for bicubic), so refuse rather than answer differently.
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise NotImplementedError(
+            f"aten::{name}: {x.dtype} input is not supported on tpu (CPU torch uses a "
+            "fixed-point integer kernel torchjax does not reproduce); interpolate "
+            "x.float() and round, or run this op on CPU with .cpu()"
+        )
+
+
 def _register_upsample(fwd, bwd, name, make_taps, has_align):
     """One forward lowering and its backward (the forward's vjp) for an upsample op."""
 
     if has_align:
 
         def forward(self, output_size, align_corners, *scales):
+            _check_float(name, self)
+
             def taps(n, o, s, ft):
                 return make_taps(n, o, align_corners, s, ft)
 
@@ -207,7 +239,8 @@ for _name, _taps in (
     ("upsample_bilinear2d", _linear_taps),
     ("upsample_trilinear3d", _linear_taps),
     ("upsample_bicubic2d", _cubic_taps),
-    ("_upsample_bilinear2d_aa", _aa_taps),
+    ("_upsample_bilinear2d_aa", _aa_taps(_triangle, 2)),
+    ("_upsample_bicubic2d_aa", _aa_taps(_keys_cubic, 4)),
 ):
     _register_upsample(
         getattr(aten, _name).default,

@@ -1,0 +1,90 @@
+"""Metadata handlers of torchjax/ops/copy.py, and the torch.func transforms that need them.
+
+Forward-mode AD (``torch.func.jvp``, ``jacfwd``, ``torch.autograd.forward_ad``) asks
+``aten::_has_same_storage_numel`` in ``make_dual``; reverse-mode transforms (vmap, grad,
+jacrev, hessian) are checked beside them so every transform stays compared with CPU.
+"""
+
+import pytest
+import torch
+from torch import func
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.LayerNorm(5))
+
+
+def _on(dev, *ts):
+    return tuple(t.to(dev) for t in ts)
+
+
+def test_has_same_storage_numel_matches_cpu():
+    cases = [
+        lambda d: (torch.arange(12.0, device=d), torch.ones(12, device=d)),
+        lambda d: (torch.arange(12.0, device=d)[:6], torch.ones(12, device=d)),
+        lambda d: (torch.arange(12.0, device=d)[:6], torch.ones(6, device=d)),
+        lambda d: (torch.arange(12.0, device=d).view(3, 4), torch.ones(12, device=d)),
+        lambda d: (torch.ones(12, device=d).view(torch.int16), torch.ones(24, device=d)),
+        lambda d: (torch.ones(6, dtype=torch.float64, device=d), torch.ones(12, device=d)),
+    ]
+    for i, make in enumerate(cases):
+        want = torch.ops.aten._has_same_storage_numel(*make("cpu"))
+        assert torch.ops.aten._has_same_storage_numel(*make("tpu")) == want, i
+
+
+def test_forward_ad_make_dual_matches_cpu():
+    import torch.autograd.forward_ad as fwAD
+
+    x, v = torch.randn(3, 4), torch.randn(3, 4)
+    out = {}
+    for dev in ("cpu", "tpu"):
+        xd, vd = _on(dev, x, v)
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(xd, vd)
+            y = (dual.sin() * dual).sum(1)
+            primal, tangent = fwAD.unpack_dual(y)
+            out[dev] = (primal.cpu(), tangent.cpu())
+    torch.testing.assert_close(out["tpu"], out["cpu"], **TOL)
+
+
+def test_jvp_of_a_module_matches_cpu():
+    m = _model()
+    x, v = torch.randn(2, 4), torch.randn(2, 4)
+    want = func.jvp(m, (x,), (v,))
+    mt = _model().to("tpu")
+    got = func.jvp(mt, _on("tpu", x), _on("tpu", v))
+    torch.testing.assert_close(tuple(t.cpu() for t in got), want, **TOL)
+
+
+@pytest.mark.parametrize("name", ["jacfwd", "jacrev", "hessian_fwd_rev", "hessian"])
+def test_jacobians_match_cpu(name):
+    def f(x):
+        return (x.sin() * x).sum(0, keepdim=True) + x.exp() * x[0]
+
+    transform = {
+        "jacfwd": func.jacfwd,
+        "jacrev": func.jacrev,
+        "hessian_fwd_rev": lambda g: func.jacfwd(func.jacrev(lambda x: g(x).sum())),
+        "hessian": lambda g: func.hessian(lambda x: g(x).sum()),
+    }[name]
+    x = torch.randn(3)
+    torch.testing.assert_close(transform(f)(x.to("tpu")).cpu(), transform(f)(x), **TOL)
+
+
+def test_functional_call_grad_and_vmap_match_cpu():
+    m = _model()
+    params = dict(m.named_parameters())
+    x, y = torch.randn(6, 4), torch.randn(6, 5)
+
+    def loss(p, x, y):
+        return ((func.functional_call(m, p, (x,)) - y) ** 2).mean()
+
+    per_sample = func.vmap(func.grad(loss), in_dims=(None, 0, 0))
+    want = per_sample(params, x.unsqueeze(1), y.unsqueeze(1))
+    m = _model().to("tpu")
+    params_t = dict(m.named_parameters())
+    got = per_sample(params_t, x.to("tpu").unsqueeze(1), y.to("tpu").unsqueeze(1))
+    torch.testing.assert_close({k: v.cpu() for k, v in got.items()}, want, **TOL)
