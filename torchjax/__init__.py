@@ -4,12 +4,14 @@ A tensor on "tpu" is a ``torch.Tensor`` whose data is a ``jax.Array``; every ATe
 runs as a jax computation. See README.md.
 """
 
+from torchjax import _patches
 from torchjax import checkpoint as checkpoint
 from torchjax import device as _device  # noqa: F401  (registers the "tpu" device)
 from torchjax import ops as _ops  # noqa: F401  (fills the op table)
 from torchjax import pallas as pallas  # after ops: kernels register into its table
+from torchjax._patches import UntestedVersionWarning
 from torchjax.compile import Jitted, RetraceWarning, export, jit
-from torchjax.integrations.transformers import _loading as _hf_loading
+from torchjax.integrations.transformers import _patch_records as _hf_patches
 from torchjax.interop import (
     from_jax,
     functional,
@@ -23,7 +25,26 @@ from torchjax.tensor import JaxTensor
 
 # transformers' from_pretrained/save_pretrained on tpu, once transformers is imported
 # (Note [Patching transformers' loading and saving]).
-_hf_loading.install_when_imported()
+_hf_patches.install_loading_when_imported()
+
+
+def patches() -> list:
+    """The process-wide changes in force (``torchjax._patches.Patch`` records: name, why,
+    package and the release written for), oldest first. See Note [Process-wide changes]
+    in torchjax/_patches.py."""
+    return _patches.installed()
+
+
+def uninstall() -> None:
+    """Undo every process-wide change torchjax made (Note [Process-wide changes]):
+    torch's and transformers' patched functions and kernels are the originals again.
+
+    The "tpu" device itself stays registered (torch cannot unregister a backend) and tpu
+    tensors keep working; what the patches added for them (``to_dlpack`` of a tpu
+    tensor, the fast ``from_pretrained(device_map="tpu")``) is gone.
+    """
+    _patches.uninstall()
+
 
 __version__ = "0.1.0"
 
@@ -31,15 +52,18 @@ __all__ = [
     "JaxTensor",
     "Jitted",
     "RetraceWarning",
+    "UntestedVersionWarning",
     "export",
     "from_jax",
     "functional",
     "jax_function",
     "jit",
     "mesh",
+    "patches",
     "pallas",
     "to_jax",
     "tree_from_jax",
     "tree_to_jax",
+    "uninstall",
     "__version__",
 ]

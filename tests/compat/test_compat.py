@@ -1,5 +1,8 @@
 """Every private upstream API torchjax uses, exercised directly (style.md: one place)."""
 
+import json
+
+import pytest
 import torch
 
 import torchjax  # noqa: F401
@@ -83,3 +86,49 @@ def test_swap_tensors_wrapper_installed_and_undoable():
     torch.utils.swap_tensors(a, b)
     assert a.device.type == "tpu" and a.shape == (3,) and b.shape == (2,)
     del graph
+
+
+def test_call_composite_explicit_reaches_torchs_pin_memory():
+    # torchjax overrides _pin_memory for CPU; the composite kernel is still torch's.
+    with pytest.raises(RuntimeError, match="not an accelerator"):
+        ct.call_composite_explicit(
+            torch.ops.aten._pin_memory.default, torch.ones(2), torch.device("cpu")
+        )
+
+
+def test_destroy_library_gives_the_kernel_back():
+    x = torch.ones(2)
+    lib = torch.library.Library("aten", "IMPL", "CPU")
+    lib.impl("_pin_memory", lambda self, device=None: self * 0)
+    assert torch.equal(torch.ops.aten._pin_memory(x), torch.zeros(2))
+    ct.destroy_library(lib)
+    with pytest.warns(UserWarning, match="unpinned copy"):  # torchjax's kernel again
+        assert torch.equal(torch.ops.aten._pin_memory(x), x)
+
+
+def test_dynamo_skip_package_undo_and_never_trace_undo():
+    import torch._dynamo.trace_rules as trace_rules
+
+    before = list(trace_rules.SKIP_DIRS)
+    undo = ct.dynamo_skip_package("json")
+    assert trace_rules.check_file(json.__file__).skipped
+    assert len(trace_rules.SKIP_DIRS) == len(before) + 1
+    undo()
+    assert trace_rules.SKIP_DIRS == before
+
+    from torch._dynamo.testing import CompileCounter
+
+    def f(x):
+        return x + 1
+
+    def g(x):
+        return x + 2
+
+    skipped, default = CompileCounter(), CompileCounter()
+    ct.dynamo_never_trace(f.__code__)
+    torch.compile(f, backend=skipped)(torch.ones(1))
+    assert skipped.frame_count == 0  # SKIP: run as plain Python
+    ct.dynamo_never_trace(g.__code__)
+    ct.dynamo_never_trace(g.__code__, undo=True)
+    torch.compile(g, backend=default)(torch.ones(1))
+    assert default.frame_count == 1  # DEFAULT again: compiled

@@ -5,6 +5,7 @@ import sys
 import textwrap
 import threading
 
+import pytest
 import torch
 
 from torchjax.tensor import JaxTensor
@@ -153,11 +154,11 @@ def test_import_changes_nothing_for_cpu_code():
 
 
 def test_dataloader_pin_memory_keeps_working():
+    # Pinning for tpu is not possible: it says so (tests/device/test_pinned.py).
     ds = torch.utils.data.TensorDataset(torch.arange(4.0))
-    batches = list(torch.utils.data.DataLoader(ds, batch_size=2, pin_memory=True))
+    with pytest.warns(UserWarning, match="unpinned copy"):
+        batches = list(torch.utils.data.DataLoader(ds, batch_size=2, pin_memory=True))
     assert [b[0].tolist() for b in batches] == [[0.0, 1.0], [2.0, 3.0]]
-    x = torch.arange(3.0)
-    assert torch.equal(x.pin_memory(), x)
 
 
 def test_plain_rename_is_not_enough_but_ours_is():

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torchjax  # noqa: F401
+import torchjax
 from tests.ops.opinfo_cases import make_tests
 from torchjax.testing import opinfo as oi
 
@@ -271,14 +271,55 @@ def test_fork_rng_restores_state():
     assert torch.equal(torch.rand(4, device="tpu").cpu(), a)
 
 
-def test_generator_argument_rejected():
-    with pytest.raises(NotImplementedError):
-        torch.Generator(device="tpu")  # torch needs a C++ hooks interface for it
+# Note [CPU generators on tpu]: a CPU generator's draw on tpu is the CPU draw.
+_GENERATOR_DRAWS = {
+    "randn": lambda d, g: torch.randn(2, 3, device=d, generator=g),
+    "rand_bf16": lambda d, g: torch.rand(4, device=d, generator=g, dtype=torch.bfloat16),
+    "randint": lambda d, g: torch.randint(3, 10, (5,), device=d, generator=g),
+    "randperm": lambda d, g: torch.randperm(7, device=d, generator=g),
+    "normal_": lambda d, g: torch.empty(3, device=d).normal_(2.0, 0.5, generator=g),
+    "normal.Tensor_float": lambda d, g: torch.normal(torch.zeros(3, device=d), 2.0, generator=g),
+    "bernoulli": lambda d, g: torch.bernoulli(torch.full((6,), 0.5, device=d), generator=g),
+    "bernoulli_.float": lambda d, g: torch.empty(6, device=d).bernoulli_(0.3, generator=g),
+    "multinomial": lambda d, g: torch.multinomial(torch.ones(2, 5, device=d), 3, generator=g),
+    "rand_like": lambda d, g: torch.rand_like(torch.ones(3, device=d), generator=g),
+    "randint_like": lambda d, g: torch.randint_like(torch.ones(3, device=d), 9, generator=g),
+    "exponential_": lambda d, g: torch.empty(3, device=d).exponential_(generator=g),
+    "cauchy_": lambda d, g: torch.empty(3, device=d).cauchy_(generator=g),
+    "log_normal_": lambda d, g: torch.empty(3, device=d).log_normal_(generator=g),
+    "geometric_": lambda d, g: torch.empty(3, device=d).geometric_(0.4, generator=g),
+    "random_": lambda d, g: torch.empty(3, dtype=torch.int32, device=d).random_(generator=g),
+    "uniform_ of a view": lambda d, g: torch.zeros(3, 4, device=d)[:, 1].uniform_(generator=g),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_GENERATOR_DRAWS))
+def test_cpu_generator_draws_what_cpu_draws(name):
+    draw = _GENERATOR_DRAWS[name]
+    g_cpu, g_tpu = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    for _ in range(2):  # the generator advances as on CPU
+        want, got = draw("cpu", g_cpu), draw("tpu", g_tpu)
+        assert got.device.type == "tpu" and got.dtype == want.dtype
+        assert torch.equal(got.cpu(), want)
+    assert torch.equal(g_tpu.get_state(), g_cpu.get_state())
+
+
+def test_cpu_generator_under_jit_raises():
     g = torch.Generator().manual_seed(0)
-    with pytest.raises(RuntimeError, match="generator= is not supported for tpu"):
-        torch.empty(3, device="tpu").normal_(generator=g)
-    with pytest.raises(RuntimeError, match="generator= is not supported for tpu"):
-        torch.randperm(3, device="tpu", generator=g)
+
+    @torchjax.jit
+    def noisy(x):
+        return x + torch.randn(x.shape, device=x.device, generator=g)
+
+    with pytest.raises(RuntimeError, match=r"aten::normal_: generator= cannot drive.*jit"):
+        noisy(torch.ones(3, device="tpu"))
+
+
+def test_tpu_generator_cannot_be_created():
+    # torch raises from C++ (no getNewGenerator for a Python backend) before torchjax
+    # runs; the README names the alternative, a CPU generator.
+    with pytest.raises(NotImplementedError, match="getNewGenerator"):
+        torch.Generator(device="tpu")
 
 
 # ---------------------------------------------------------------------------------------

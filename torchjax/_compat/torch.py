@@ -103,21 +103,31 @@ def all_op_schemas():
     return torch._C._jit_get_all_schemas()
 
 
-def dynamo_skip_package(name: str) -> None:
-    """Tell Dynamo never to trace frames from package ``name``.
+def dynamo_skip_package(name: str):
+    """Tell Dynamo never to trace frames from package ``name``; returns the undo.
 
     torchjax's Python runs below Dynamo (the device guard answering
     ``torch.accelerator.current_stream`` from Dynamo's generated code,
     ``__torch_dispatch__`` on fake tensors): those frames must run as plain Python, not
-    be compiled as user code. Private API (torch._dynamo.trace_rules.add).
+    be compiled as user code. Private API (torch._dynamo.trace_rules.add, SKIP_DIRS).
     """
     import torch._dynamo.trace_rules as trace_rules
 
+    before = list(trace_rules.SKIP_DIRS)
     trace_rules.add(name)
+    added = [d for d in trace_rules.SKIP_DIRS if d not in before]
+
+    def undo():
+        for d in added:
+            trace_rules.SKIP_DIRS.remove(d)
+        trace_rules._recompile_re()
+
+    return undo
 
 
-def dynamo_never_trace(code) -> None:
-    """Dynamo runs frames of ``code``, and every frame they call, as plain Python.
+def dynamo_never_trace(code, undo: bool = False) -> None:
+    """Dynamo runs frames of ``code``, and every frame they call, as plain Python
+    (``undo=True``: Dynamo's default for ``code`` again).
 
     For torchjax's entry points called from C++ (``__torch_dispatch__``, the PrivateUse1
     kernels, the device guard): eager code that runs while Dynamo's callback is active
@@ -128,7 +138,8 @@ def dynamo_never_trace(code) -> None:
     from torch._dynamo.eval_frame import set_code_exec_strategy
     from torch._dynamo.types import FrameAction, FrameExecStrategy
 
-    set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    action = FrameAction.DEFAULT if undo else FrameAction.SKIP
+    set_code_exec_strategy(code, FrameExecStrategy(action, action))
 
 
 def install_to_dlpack(export) -> None:
@@ -137,11 +148,15 @@ def install_to_dlpack(export) -> None:
 
     torch's exporter is C++ and would hand out a capsule over the wrapper's empty storage
     (a null pointer) for a tpu tensor; there is no per-class hook, so the module-level
-    function is wrapped. Private detail: torch.utils.dlpack.to_dlpack is
-    torch._C._to_dlpack.
+    function is wrapped (Note [Process-wide changes], undone by ``torchjax.uninstall()``).
+    Private detail: torch.utils.dlpack.to_dlpack is torch._C._to_dlpack.
     """
     import torch.utils.dlpack as dlpack
 
+    from torchjax import _patches
+
+    if _patches.is_recorded("torch.utils.dlpack.to_dlpack"):
+        return
     original = dlpack.to_dlpack
 
     def to_dlpack(tensor):
@@ -149,8 +164,11 @@ def install_to_dlpack(export) -> None:
         return original(tensor) if handled is None else handled
 
     to_dlpack.__doc__ = original.__doc__
-    dlpack.to_dlpack = to_dlpack
-    torch.to_dlpack = to_dlpack
+    why = "to_dlpack of a tpu tensor exports its jax array (torch's sees no storage)"
+    for owner, name in ((dlpack, "torch.utils.dlpack.to_dlpack"), (torch, "torch.to_dlpack")):
+        _patches.replace_attr(
+            owner, "to_dlpack", to_dlpack, name=name, why=why, package="torch", written_for="2.13"
+        )
 
 
 # Note [Moving modules with live references]
@@ -233,3 +251,16 @@ def uninstall_swap_tensors() -> None:
     original = getattr(torch.utils.swap_tensors, "_torchjax_original", None)
     if original is not None:
         torch.utils.swap_tensors = original
+
+
+def call_composite_explicit(op, *args):
+    """Run ``op``'s CompositeExplicitAutograd kernel on ``args``, skipping any kernel
+    registered for the arguments' backend key (torchjax's CPU ``_pin_memory`` calls
+    torch's own that way). Private API (``OpOverload._op_dk``)."""
+    return op._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args)
+
+
+def destroy_library(lib) -> None:
+    """Remove every registration made through ``torch.library.Library`` ``lib``; kernels
+    it overrode are torch's again. Private API (``Library._destroy``)."""
+    lib._destroy()

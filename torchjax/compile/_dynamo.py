@@ -25,6 +25,7 @@ import weakref
 
 import torch
 
+from torchjax import _patches
 from torchjax._compat.torch import dynamo_never_trace, dynamo_skip_package
 from torchjax.compile._jit import Jitted
 
@@ -50,9 +51,27 @@ def _entry_point_codes():
 
 # Loaded when torch.compile first looks the backend up, so only processes that use it
 # pay (once) for this: Dynamo never compiles torchjax's frames, nor anything they call.
-dynamo_skip_package("torchjax")
-for _code in _entry_point_codes():
-    dynamo_never_trace(_code)
+def _install_skip_rules() -> None:
+    undo_skip = dynamo_skip_package("torchjax")
+    codes = list(_entry_point_codes())
+    for code in codes:
+        dynamo_never_trace(code)
+
+    def undo():
+        undo_skip()
+        for code in codes:
+            dynamo_never_trace(code, undo=True)
+
+    _patches.record(
+        "Dynamo skip rules for torchjax",
+        why="torchjax's frames (dispatch, device guard, kernels) run as plain Python",
+        package="torch",
+        written_for="2.13",
+        undo=undo,
+    )
+
+
+_install_skip_rules()
 
 _GRAPHS: list = []  # weak references to the Jitted of every graph Dynamo handed us
 

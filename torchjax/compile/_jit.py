@@ -31,6 +31,7 @@ import torch
 from jax.extend.core import jaxpr_as_fun
 from torch.utils import _pytree as pytree
 
+from torchjax import _patches
 from torchjax._compat.jax import x64, x64_enter, x64_exit
 from torchjax.compile import _donate, _hyper, _state
 from torchjax.compile._swap import bound, trace_lock
@@ -280,19 +281,45 @@ class _Ref:
         return f"<{type(self.obj).__name__} object>"
 
 
+# Optimizers switched by _make_capturable -> the param groups it switched (weakly held),
+# put back by torchjax.uninstall() (Note [Process-wide changes]).
+_CAPTURABLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _make_capturable(opt) -> bool:
     """Switch ``opt`` to capturable mode (step counters on the device). True if changed."""
-    changed = False
+    changed = []
     for group in opt.param_groups:
         if "capturable" in group and not group["capturable"]:
             group["capturable"] = True
-            changed = True
+            changed.append(group)
     if changed:
         for p, st in opt.state.items():
             step = st.get("step")
             if isinstance(step, torch.Tensor) and not isinstance(step, JaxTensor):
                 st["step"] = step.to(p.device)
-    return changed
+        _CAPTURABLE.setdefault(opt, []).extend(changed)
+        _patches.record(
+            "optimizer capturable=True under jit",
+            why="the step counter must be a traced input, not a constant of the trace",
+            package="torch",
+            written_for="2.13",
+            undo=_undo_capturable,
+        )
+    return bool(changed)
+
+
+def _undo_capturable() -> None:
+    """Groups switched by _make_capturable back to capturable=False, with their step
+    counters on CPU, where a non-capturable torch optimizer keeps them."""
+    for opt, groups in list(_CAPTURABLE.items()):
+        for group in groups:
+            group["capturable"] = False
+            for p in group["params"]:
+                step = opt.state.get(p, {}).get("step")
+                if isinstance(step, torch.Tensor):
+                    opt.state[p]["step"] = step.to("cpu")
+    _CAPTURABLE.clear()
 
 
 class _Entry:

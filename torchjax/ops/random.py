@@ -10,11 +10,17 @@ While jax is tracing (no concrete device), the key comes from tpu:0's state at t
 time and is a constant of the traced graph: torchjax.jit must thread keys in itself (see
 ``_key``), as design.md requires.
 
-Generators: ``torch.Generator(device="tpu")`` cannot be created (torch needs a C++
-``PrivateUse1HooksInterface`` for it, which a pure-Python backend cannot register), so a
-``generator=`` argument can only be a CPU generator, which torch itself rejects for
-other devices. We raise a RuntimeError naming the op and pointing to
-``torch.manual_seed``, rather than silently ignoring a generator the caller relies on.
+Note [CPU generators on tpu]
+``torch.Generator(device="tpu")`` cannot be created: torch asks the backend's C++
+``PrivateUse1HooksInterface::getNewGenerator``, which a pure-Python backend cannot
+register, and raises its own NotImplementedError from C++, before torchjax runs (see
+README, "Randomness"). A ``generator=`` reaching a tpu op is therefore a CPU generator.
+torch refuses one for a CUDA tensor, but there a CUDA generator exists; here the CPU
+generator is the only way to seed one draw, which diffusers (``randn_tensor``, its
+schedulers) and transformers' init functions rely on. So in eager mode a tpu random op
+with a CPU generator draws on CPU from that generator (the same values, and the same
+generator advance, as the op on a CPU tensor) and moves the result to the tensor's tpu
+device. Under torchjax.jit it raises: a CPU draw would be a constant of the trace.
 
 Data-dependent checks (bernoulli's ``p`` in [0, 1], multinomial's distribution) read the
 concrete values in eager.
@@ -55,13 +61,28 @@ def _key(x) -> jax.Array:
     return _rng.next_key(index)
 
 
-def _check_generator(op: str, generator) -> None:
-    if generator is not None:
+def _host(x):
+    if isinstance(x, jax.Array):
+        return dtypes.numpy_to_cpu_tensor(np.asarray(x))
+    return x
+
+
+def _cpu_draw(op: str, generator, draw, *args):
+    """``draw(*args)`` on CPU copies of the array arguments, with the CPU ``generator``
+    (Note [CPU generators on tpu]); the result as a jax array on the first array's device."""
+    if generator.device.type != "cpu":
         raise RuntimeError(
-            f"aten::{op}: generator= is not supported for tpu tensors (got {generator!r} on "
-            f"{generator.device}); torch.Generator(device='tpu') cannot exist for a Python "
-            "backend. Seed tpu randomness with torch.manual_seed / torch.tpu.manual_seed."
+            f"aten::{op}: expected a CPU generator for a tpu tensor, got one on {generator.device}"
         )
+    arrays = [a for a in args if isinstance(a, jax.Array)]
+    if any(isinstance(a, jax.core.Tracer) for a in arrays):
+        raise RuntimeError(
+            f"aten::{op}: generator= cannot drive a draw inside torchjax.jit (a CPU draw "
+            "would be a constant of the trace); drop generator= there and seed with "
+            "torch.manual_seed, or draw outside the jitted function and pass the tensor in"
+        )
+    out = jnp.asarray(dtypes.cpu_tensor_to_numpy(draw(*map(_host, args))))
+    return jax.device_put(out, next(iter(arrays[0].devices()))) if arrays else out
 
 
 def _check_float(op: str, x) -> None:
@@ -112,7 +133,10 @@ def uniform(self, from_=0.0, to=1.0, *, generator=None, **kw):
     Reference: torch.Tensor.uniform_ (ATen uniform_impl_).
     """
     from_ = kw.pop("from", from_)  # "from" is a Python keyword: by position or in **kw
-    _check_generator("uniform_", generator)
+    if generator is not None:
+        return _cpu_draw(
+            "uniform_", generator, lambda s: s.uniform_(from_, to, generator=generator), self
+        )
     _check_float_or_complex("uniform_", self)
     if not from_ <= to:
         raise RuntimeError(
@@ -131,7 +155,10 @@ def normal_(self, mean=0.0, std=1.0, *, generator=None):
     tensor gets real and imaginary parts each N(mean, std**2 / 2), so E|z - mean|^2 = std**2
     (torch.randn's complex convention).
     Reference: torch.Tensor.normal_ (ATen normal_impl_)."""
-    _check_generator("normal_", generator)
+    if generator is not None:
+        return _cpu_draw(
+            "normal_", generator, lambda s: s.normal_(mean, std, generator=generator), self
+        )
     _check_float_or_complex("normal_", self)
     _check_std("normal_", std)
     key = _key(self)
@@ -150,7 +177,10 @@ def _check_std(op, std):
 
 
 def _normal(op, mean, std, generator):
-    _check_generator(op, generator)
+    if generator is not None:
+        return _cpu_draw(
+            op, generator, lambda m, s: torch.normal(m, s, generator=generator), mean, std
+        )
     _check_std(op, std)
     like = mean if isinstance(mean, jax.Array) else std
     if not jnp.issubdtype(like.dtype, jnp.floating):
@@ -186,7 +216,10 @@ def normal_tensor_tensor(mean, std, *, generator=None):
 def bernoulli_p(self, p=0.5, *, generator=None):
     """aten::bernoulli_.float / bernoulli.p - 1 with probability ``p`` else 0, in
     ``self``'s dtype and shape. Reference: torch.Tensor.bernoulli_."""
-    _check_generator("bernoulli_", generator)
+    if generator is not None:
+        return _cpu_draw(
+            "bernoulli_", generator, lambda s: s.bernoulli_(p, generator=generator), self
+        )
     if not 0 <= p <= 1:
         raise RuntimeError(
             f"bernoulli_ expects p to be in [0, 1], but got p={p} (in aten::bernoulli_.float)"
@@ -198,7 +231,10 @@ def bernoulli_p(self, p=0.5, *, generator=None):
 @lowering(aten.bernoulli_.Tensor, aten.bernoulli.Tensor)
 def bernoulli_tensor(self, p, *, generator=None):
     """aten::bernoulli_.Tensor - 1 with probability ``p`` (broadcast to ``self``)."""
-    _check_generator("bernoulli_", generator)
+    if generator is not None:
+        return _cpu_draw(
+            "bernoulli_", generator, lambda s, p: s.bernoulli_(p, generator=generator), self, p
+        )
     return _bernoulli("bernoulli_.Tensor", self, p)
 
 
@@ -206,7 +242,10 @@ def bernoulli_tensor(self, p, *, generator=None):
 def bernoulli(self, *, generator=None):
     """aten::bernoulli - 1 with probability ``self[i]``; ``self``'s dtype and shape.
     Dtypes: floating ``self`` (the probabilities). Reference: torch.bernoulli."""
-    _check_generator("bernoulli", generator)
+    if generator is not None:
+        return _cpu_draw(
+            "bernoulli", generator, lambda s: torch.bernoulli(s, generator=generator), self
+        )
     _check_float("bernoulli", self)
     return _bernoulli("bernoulli", self, self)
 
@@ -261,7 +300,8 @@ def _random_range(op, self, lo: int, hi: int):
 def random_(self, *, generator=None):
     """aten::random_ - integers uniform on [0, max]: the dtype's max for integers,
     2**mantissa_digits for floats. Reference: torch.Tensor.random_."""
-    _check_generator("random_", generator)
+    if generator is not None:
+        return _cpu_draw("random_", generator, lambda s: s.random_(generator=generator), self)
     return _random_range("random_", self, 0, _dtype_max(self.dtype) + 1)
 
 
@@ -270,7 +310,10 @@ def random_from(self, from_, to, *, generator=None, **kw):
     """aten::random_.from - integers uniform on [from, to); ``to=None`` means up to the
     dtype's max (inclusive)."""
     from_ = kw.pop("from", from_)
-    _check_generator("random_", generator)
+    if generator is not None:
+        return _cpu_draw(
+            "random_", generator, lambda s: s.random_(from_, to, generator=generator), self
+        )
     hi = _dtype_max(self.dtype) + 1 if to is None else to
     return _random_range("random_.from", self, from_, hi)
 
@@ -278,14 +321,18 @@ def random_from(self, from_, to, *, generator=None, **kw):
 @lowering(aten.random_.to, aten.random.to)
 def random_to(self, to, *, generator=None):
     """aten::random_.to - integers uniform on [0, to)."""
-    _check_generator("random_", generator)
+    if generator is not None:
+        return _cpu_draw("random_", generator, lambda s: s.random_(to, generator=generator), self)
     return _random_range("random_.to", self, 0, to)
 
 
 @lowering(aten.exponential_.default, aten.exponential.default)
 def exponential(self, lambd=1.0, *, generator=None):
     """aten::exponential_ - Exp(lambd) samples, -log1p(-U)/lambd. Dtypes: floating."""
-    _check_generator("exponential_", generator)
+    if generator is not None:
+        return _cpu_draw(
+            "exponential_", generator, lambda s: s.exponential_(lambd, generator=generator), self
+        )
     _check_float("exponential_", self)
     if not lambd > 0:
         raise RuntimeError(
@@ -299,7 +346,10 @@ def exponential(self, lambd=1.0, *, generator=None):
 def geometric(self, p, *, generator=None):
     """aten::geometric_ - number of Bernoulli(p) trials to the first success (>= 1):
     ceil(log(U) / log1p(-p)), in ``self``'s dtype. Reference: torch.Tensor.geometric_."""
-    _check_generator("geometric_", generator)
+    if generator is not None:
+        return _cpu_draw(
+            "geometric_", generator, lambda s: s.geometric_(p, generator=generator), self
+        )
     if not 0 < p < 1:
         raise RuntimeError(
             f"geometric_ expects p to be in (0, 1), but got p={p} (in aten::geometric_)"
@@ -313,7 +363,10 @@ def geometric(self, p, *, generator=None):
 @lowering(aten.cauchy_.default, aten.cauchy.default)
 def cauchy(self, median=0.0, sigma=1.0, *, generator=None):
     """aten::cauchy_ - median + sigma * tan(pi * (U - 1/2)). Dtypes: floating."""
-    _check_generator("cauchy_", generator)
+    if generator is not None:
+        return _cpu_draw(
+            "cauchy_", generator, lambda s: s.cauchy_(median, sigma, generator=generator), self
+        )
     _check_float("cauchy_", self)
     if not sigma > 0:
         raise RuntimeError(
@@ -326,7 +379,10 @@ def cauchy(self, median=0.0, sigma=1.0, *, generator=None):
 @lowering(aten.log_normal_.default, aten.log_normal.default)
 def log_normal(self, mean=1.0, std=2.0, *, generator=None):
     """aten::log_normal_ - exp(N(mean, std**2)). Dtypes: floating."""
-    _check_generator("log_normal_", generator)
+    if generator is not None:
+        return _cpu_draw(
+            "log_normal_", generator, lambda s: s.log_normal_(mean, std, generator=generator), self
+        )
     _check_float("log_normal_", self)
     if not std > 0:
         raise RuntimeError(
@@ -345,11 +401,19 @@ def randperm_out(args, kwargs):
     """aten::randperm.out - a random permutation of ``0..n-1`` written into ``out``.
     Dtypes: ``out``'s (int64 by default). Reference: torch.randperm."""
     n, out = args[0], kwargs["out"]
-    _check_generator("randperm", kwargs.get("generator"))
-    if n < 0:
-        raise RuntimeError(f"n must be non-negative, got {n} (in aten::randperm)")
-    perm = jax.random.permutation(_rng.next_key(out._device_index), n)
-    arr = perm.astype(dtypes.to_jax_dtype(out.dtype))
+    generator = kwargs.get("generator")
+    if generator is not None:
+        arr = _cpu_draw(
+            "randperm",
+            generator,
+            lambda o: torch.randperm(n, generator=generator, dtype=o.dtype),
+            out._value(),
+        )
+    else:
+        if n < 0:
+            raise RuntimeError(f"n must be non-negative, got {n} (in aten::randperm)")
+        perm = jax.random.permutation(_rng.next_key(out._device_index), n)
+        arr = perm.astype(dtypes.to_jax_dtype(out.dtype))
     return write_into(
         aten.randperm.out, out, wrap(arr, out._device_index), check_cast=False, resize=True
     )
@@ -364,7 +428,13 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
     replacement we take the top ``num_samples`` of log(w) + Gumbel noise (equivalent to
     sequential sampling). Reference: torch.multinomial.
     """
-    _check_generator("multinomial", generator)
+    if generator is not None:
+        return _cpu_draw(
+            "multinomial",
+            generator,
+            lambda s: torch.multinomial(s, num_samples, replacement, generator=generator),
+            self,
+        )
     op = "aten::multinomial"
     if self.ndim not in (1, 2):
         raise RuntimeError(f"prob_dist must be 1 or 2 dim, got {self.ndim} (in {op})")
@@ -413,34 +483,30 @@ def _like(fill):
     def like_handler(args, kwargs):
         from torchjax.ops.factory import like_options
 
-        _check_generator("rand_like", kwargs.get("generator"))
+        generator = kwargs.pop("generator", None)
         self = args[0]
         t = torch.empty(tuple(self.shape), **like_options(self, kwargs))
-        return fill(t, *args[1:])
+        return fill(t, *args[1:], generator=generator)
 
     return like_handler
 
 
-handler(aten.rand_like.default)(_like(lambda t: t.uniform_()))
-handler(aten.randn_like.default)(_like(lambda t: t.normal_()))
-handler(aten.randint_like.default, aten.randint_like.Tensor)(
-    _like(lambda t, high: t.random_(0, int(high)))
+# The .generator overloads take generator= as a keyword (Note [CPU generators on tpu]).
+handler(aten.rand_like.default, aten.rand_like.generator)(
+    _like(lambda t, generator: t.uniform_(generator=generator))
 )
-handler(aten.randint_like.low_dtype)(_like(lambda t, low, high: t.random_(low, high)))
-
-
-def _generator_like(args, kwargs):
-    _check_generator("random *_like", kwargs.get("generator"))
-
-
-for _op in (
-    aten.rand_like.generator,
-    aten.randn_like.generator,
+handler(aten.randn_like.default, aten.randn_like.generator)(
+    _like(lambda t, generator: t.normal_(generator=generator))
+)
+handler(
+    aten.randint_like.default,
+    aten.randint_like.Tensor,
     aten.randint_like.generator,
     aten.randint_like.Tensor_generator,
-    aten.randint_like.low_generator_dtype,
-):
-    handler(_op)(_generator_like)
+)(_like(lambda t, high, generator: t.random_(0, int(high), generator=generator)))
+handler(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype)(
+    _like(lambda t, low, high, generator: t.random_(low, high, generator=generator))
+)
 
 
 def _sized_out(op, fill):
@@ -448,21 +514,22 @@ def _sized_out(op, fill):
     out= rule), then fill it in place."""
 
     def sized_out(args, kwargs):
-        _check_generator(op, kwargs.get("generator"))
         out, size = kwargs["out"], args[-1]
         arr = jnp.zeros(tuple(size), dtype=dtypes.to_jax_dtype(out.dtype))
         write_into(getattr(aten, op).out, out, wrap(arr, out._device_index), resize=True)
-        return fill(out, *args[:-1])
+        return fill(out, *args[:-1], generator=kwargs.get("generator"))
 
     return sized_out
 
 
-handler(aten.rand.out, aten.rand.generator_out)(_sized_out("rand", lambda o: o.uniform_()))
+handler(aten.rand.out, aten.rand.generator_out)(
+    _sized_out("rand", lambda o, generator: o.uniform_(generator=generator))
+)
 handler(aten.randint.out, aten.randint.generator_out)(
-    _sized_out("randint", lambda o, high: o.random_(0, high))
+    _sized_out("randint", lambda o, high, generator: o.random_(0, high, generator=generator))
 )
 handler(aten.randint.low_out, aten.randint.low_generator_out)(
-    _sized_out("randint", lambda o, low, high: o.random_(low, high))
+    _sized_out("randint", lambda o, low, high, generator: o.random_(low, high, generator=generator))
 )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from torchjax import _patches
 from torchjax.pallas import ragged_dot
 
 NAME = "torchjax_ragged_dot"
@@ -73,4 +74,11 @@ def register_experts() -> str:
     from transformers.integrations.moe import ExpertsInterface
 
     ExpertsInterface.register(NAME, ragged_dot_experts_forward)
+    _patches.record(
+        "transformers ExpertsInterface entry",
+        why="models select the ragged-dot experts forward by name",
+        package="transformers",
+        written_for="5.24",
+        undo=lambda: ExpertsInterface._global_mapping.pop(NAME, None),
+    )
     return NAME

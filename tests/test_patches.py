@@ -1,0 +1,175 @@
+"""torchjax/_patches.py: every process-wide change is listed in Note [Process-wide
+changes], version-checked when made, and undone by torchjax.uninstall()."""
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import torchjax
+from torchjax import _patches
+
+
+def _run(code: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    return out.stdout
+
+
+def test_uninstall_restores_every_original():
+    out = _run(
+        """
+        import sys
+        import torch
+        import torch.utils.dlpack as dlpack
+        import torch._dynamo.trace_rules as trace_rules
+        from transformers import modeling_utils
+        from transformers.integrations.moe import ExpertsInterface
+
+        cls = modeling_utils.PreTrainedModel
+        before = {
+            "dlpack": dlpack.to_dlpack, "torch_dlpack": torch.to_dlpack,
+            "load": cls.__dict__["_load_pretrained_model"],
+            "from_pretrained": cls.__dict__["from_pretrained"],
+            "tied": modeling_utils.remove_tied_weights_from_state_dict,
+        }
+        meta_path = list(sys.meta_path)
+        skip_dirs = list(trace_rules.SKIP_DIRS)
+        experts = dict(ExpertsInterface._global_mapping)
+        has_cpu_pin = torch._C._dispatch_has_kernel_for_dispatch_key(
+            "aten::_pin_memory", "CPU")
+
+        import torchjax
+        import torchjax.compile._dynamo  # what torch.compile(backend="tpu") loads
+        from torchjax.integrations.transformers import register_experts
+        register_experts()
+
+        m = torch.nn.Linear(2, 1).to("tpu")
+        opt = torch.optim.Adam(m.parameters(), lr=0.1)
+
+        @torchjax.jit
+        def step(x):
+            opt.zero_grad()
+            m(x).sum().backward()
+            opt.step()
+
+        step(torch.ones(3, 2, device="tpu"))
+        assert opt.param_groups[0]["capturable"]
+        names = [p.name for p in torchjax.patches()]
+        print("names", names)
+        assert dlpack.to_dlpack is not before["dlpack"]
+        assert cls.__dict__["_load_pretrained_model"] is not before["load"]
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::_pin_memory", "CPU")
+        assert trace_rules.SKIP_DIRS != skip_dirs
+
+        torchjax.uninstall()
+        assert torchjax.patches() == []
+        assert dlpack.to_dlpack is before["dlpack"]
+        assert torch.to_dlpack is before["torch_dlpack"]
+        # _loading.uninstall() re-wraps the original function in a new staticmethod.
+        assert cls.__dict__["_load_pretrained_model"].__func__ is before["load"].__func__
+        assert cls.__dict__["from_pretrained"] is before["from_pretrained"]
+        assert modeling_utils.remove_tied_weights_from_state_dict is before["tied"]
+        assert sys.meta_path == meta_path
+        assert trace_rules.SKIP_DIRS == skip_dirs
+        assert dict(ExpertsInterface._global_mapping) == experts
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(
+            "aten::_pin_memory", "CPU") == has_cpu_pin
+        group = opt.param_groups[0]
+        assert group["capturable"] is False
+        assert all(opt.state[p]["step"].device.type == "cpu" for p in group["params"])
+        # CPU code and tpu tensors still work.
+        assert torch.equal(torch.from_dlpack(dlpack.to_dlpack(torch.ones(2))), torch.ones(2))
+        assert (torch.ones(2, device="tpu") + 1).cpu().tolist() == [2.0, 2.0]
+        print("ok")
+        """
+    )
+    assert out.strip().endswith("ok")
+    names = eval(out.split("names ", 1)[1].splitlines()[0])
+    expected = {
+        "torch.utils.dlpack.to_dlpack",
+        "torch.to_dlpack",
+        "aten::_pin_memory CPU kernel",
+        "Dynamo skip rules for torchjax",
+        "optimizer capturable=True under jit",
+        "transformers loading functions",
+        "transformers ExpertsInterface entry",
+    }
+    # transformers was imported first, so the import hook was never needed.
+    assert set(names) == expected, names
+
+
+def test_import_hook_is_recorded_and_removed():
+    out = _run(
+        """
+        import sys
+        meta_path = list(sys.meta_path)
+        import torchjax
+        assert "sys.meta_path import hook" in [p.name for p in torchjax.patches()]
+        assert sys.meta_path != meta_path
+        torchjax.uninstall()
+        assert sys.meta_path == meta_path
+        from transformers import modeling_utils  # no longer patched on import
+        assert not hasattr(modeling_utils.PreTrainedModel._load_pretrained_model,
+                           "__torchjax_patch__")
+        print("ok")
+        """
+    )
+    assert out.strip().endswith("ok")
+
+
+def test_note_lists_every_recorded_patch():
+    note = " ".join(_patches.__doc__.split())
+    for p in torchjax.patches():
+        assert f"``{p.name}``" in note, p.name
+    for name in ("optimizer capturable=True under jit", "transformers ExpertsInterface entry"):
+        assert f"``{name}``" in note
+
+
+def test_untested_release_warns(monkeypatch):
+    monkeypatch.setattr(_patches, "_INSTALLED", {})
+    monkeypatch.setattr(_patches, "_WARNED", set())
+    monkeypatch.setattr(_patches, "_version", lambda package: "9.1.0")
+    undone = []
+    with pytest.warns(
+        torchjax.UntestedVersionWarning,
+        match=re.escape("'a patch' was written for torch 2.13, but torch 9.1.0 is installed"),
+    ):
+        _patches.record(
+            "a patch",
+            why="test",
+            package="torch",
+            written_for="2.13",
+            undo=lambda: undone.append(1),
+        )
+    assert [p.name for p in _patches.installed()] == ["a patch"]
+    _patches.uninstall()
+    assert undone == [1] and _patches.installed() == []
+
+
+def test_tested_release_is_silent(recwarn):
+    assert _patches._same_release("2.13.0+cpu", "2.13")
+    assert _patches._same_release("5.24.1", "5.24")
+    assert not _patches._same_release("2.130.0", "2.13")
+    assert not _patches._same_release("5.3.0", "5.24")
+    _patches.check_version("x", "torch", _patches._version("torch").split("+")[0])
+    assert not [w for w in recwarn if w.category is torchjax.UntestedVersionWarning]
+
+
+def test_replace_attr_restores_class_dict_entry():
+    class Owner:
+        @staticmethod
+        def f():
+            return 1
+
+    raw = Owner.__dict__["f"]
+    original = _patches.replace_attr(
+        Owner, "f", staticmethod(lambda: 2), name="t", why="", package=None, written_for=None
+    )
+    assert original is raw and Owner.f() == 2
+    _patches._INSTALLED.pop("t").undo()
+    assert Owner.__dict__["f"] is raw

@@ -1,0 +1,170 @@
+"""Every process-wide change torchjax makes, recorded where it is made, undone together.
+
+Note [Process-wide changes]
+``import torchjax`` makes "tpu" a torch device; that needs a few changes outside
+torchjax's own objects. Each is recorded here (``record`` / ``replace_attr``) with why it
+exists, how it is undone and the release of the patched package it was written for; the
+version is checked when the change is made (``UntestedVersionWarning`` on another
+release). ``torchjax.uninstall()`` undoes them all, newest first; ``torchjax.patches()``
+lists the ones in force.
+
+Each entry: the recorded name, where it is made, the release it was written for; why;
+how it is undone.
+
+- ``torch.utils.dlpack.to_dlpack`` and ``torch.to_dlpack`` (interop/_dlpack.py through
+  _compat/torch.py; torch 2.13). torch's C++ exporter would hand out a capsule over a tpu
+  tensor's empty storage (a null pointer); the wrapper exports a tpu tensor's jax array
+  and hands every other tensor to torch's function. Undo: the originals put back.
+- ``aten::_pin_memory CPU kernel`` (device/_pinned.py; torch 2.13). "tpu" is torch's
+  accelerator, so ``pin_memory()`` and ``DataLoader(pin_memory=True)`` would ask the
+  Python backend for a pinned allocator it cannot have. The kernel runs torch's own for
+  any other target (pins for real, or torch's error); for tpu it warns and returns an
+  unpinned copy (Note [Pinned memory with a tpu accelerator]). Undo: its library is
+  destroyed, torch's kernel is back.
+- ``Dynamo skip rules for torchjax`` (compile/_dynamo.py, when torch.compile first looks
+  up the "tpu" backend; torch 2.13). torchjax/ joins Dynamo's SKIP_DIRS and every
+  torchjax function's code gets the SKIP strategy: dispatch, the device guard and the
+  kernels called from C++ must run as plain Python. Undo: the directory leaves SKIP_DIRS,
+  the codes get Dynamo's DEFAULT strategy.
+- ``optimizer capturable=True under jit`` (compile/_jit.py, per optimizer a jitted
+  function reaches; torch 2.13). The step counter must be a traced input, not a constant.
+  Undo: those param groups back to ``capturable=False``, their step counters on CPU.
+- ``sys.meta_path import hook`` (integrations/transformers/_loading.py, recorded by
+  _patch_records.py; no release). A finder at ``sys.meta_path[0]`` that applies the
+  transformers patches right after ``transformers.modeling_utils`` executes, so
+  ``import torchjax`` never imports transformers; it removes itself when it fires.
+  Undo: the finder is removed.
+- ``transformers loading functions`` (same modules; transformers 5.24, the ``PATCHED_FOR``
+  of _loading.py). ``PreTrainedModel._load_pretrained_model``, ``from_pretrained`` and
+  ``modeling_utils.remove_tied_weights_from_state_dict`` wrapped: Note [Patching
+  transformers' loading and saving]. Undo: ``_loading.uninstall()`` puts the originals
+  back.
+- ``transformers ExpertsInterface entry`` (integrations/transformers/_moe.py, only when
+  the user calls ``register_experts()``; transformers 5.24). "torchjax_ragged_dot" in
+  transformers' global experts registry. Undo: the entry is deleted.
+
+Not undone (torch has no way back): the PrivateUse1 backend renamed to "tpu" with its
+device module ``torch.tpu`` and device guard, and kernels registered for the PrivateUse1,
+AutogradPrivateUse1 and AutocastPrivateUse1 keys (factories, copies, SDPA, autocast).
+They change nothing for tensors on other devices; tpu tensors keep working after
+``uninstall()``, with torch's own behaviour for the entries above (e.g. ``to_dlpack`` of a
+tpu tensor is torch's, invalid, capsule again).
+
+This module imports nothing from torchjax, so every layer can record into it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import threading
+import warnings
+from collections.abc import Callable
+
+
+class UntestedVersionWarning(UserWarning):
+    """A process-wide patch was applied to a release it was not written for."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One process-wide change in force (see Note [Process-wide changes])."""
+
+    name: str
+    why: str
+    package: str | None
+    written_for: str | None
+    undo: Callable[[], None] = dataclasses.field(repr=False, compare=False)
+
+
+_LOCK = threading.Lock()
+_INSTALLED: dict[str, Patch] = {}
+_WARNED: set[tuple[str, str]] = set()
+_MISSING = object()
+
+
+def _version(package: str) -> str | None:
+    """The installed release of distribution ``package`` (None when not installed)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _same_release(version: str, written_for: str) -> bool:
+    """True when ``version`` (e.g. "2.13.0+cpu") is in release ``written_for`` ("2.13")."""
+    want = written_for.split(".")
+    return version.split("+")[0].split(".")[: len(want)] == want
+
+
+def check_version(name: str, package: str, written_for: str) -> None:
+    """Warn (once per package release) when ``package`` is not ``written_for``."""
+    version = _version(package)
+    if version is None or _same_release(version, written_for):
+        return
+    with _LOCK:
+        if (package, version) in _WARNED:
+            return
+        _WARNED.add((package, version))
+    warnings.warn(
+        f"torchjax: the process-wide patch {name!r} was written for {package} {written_for}, "
+        f"but {package} {version} is installed; it may not fit this release. Install "
+        f"{package}=={written_for}.* or report what fails (torchjax.patches() lists every "
+        "patch; torchjax.uninstall() undoes them).",
+        UntestedVersionWarning,
+        stacklevel=3,
+    )
+
+
+def record(name: str, *, why: str, package: str | None, written_for: str | None, undo) -> None:
+    """Record a change just made (idempotent by name: the first record's undo is kept).
+    ``package=None``: a change to the interpreter (``sys.meta_path``), no release to check."""
+    if package is not None:
+        check_version(name, package, written_for)
+    with _LOCK:
+        _INSTALLED.setdefault(name, Patch(name, why, package, written_for, undo))
+
+
+def is_recorded(name: str) -> bool:
+    return name in _INSTALLED
+
+
+def replace_attr(owner, attr: str, new, *, name: str, why: str, package: str, written_for: str):
+    """``setattr(owner, attr, new)``, recorded; undo restores the original object (the
+    raw class-``__dict__`` entry for a class, so a staticmethod stays one)."""
+    if isinstance(owner, type):
+        original = owner.__dict__.get(attr, _MISSING)
+    else:
+        original = getattr(owner, attr, _MISSING)
+
+    def undo():
+        if original is _MISSING:
+            delattr(owner, attr)
+        else:
+            setattr(owner, attr, original)
+
+    setattr(owner, attr, new)
+    record(name, why=why, package=package, written_for=written_for, undo=undo)
+    return original
+
+
+def installed() -> list[Patch]:
+    """The changes in force, oldest first."""
+    with _LOCK:
+        return list(_INSTALLED.values())
+
+
+def uninstall() -> None:
+    """Undo every recorded change, newest first. Every undo runs; the first error is
+    raised after the others ran."""
+    with _LOCK:
+        patches = list(_INSTALLED.values())[::-1]
+        _INSTALLED.clear()
+    first = None
+    for p in patches:
+        try:
+            p.undo()
+        except (AttributeError, KeyError, RuntimeError, ValueError) as e:  # keep undoing
+            first = first or RuntimeError(f"torchjax.uninstall(): undoing {p.name!r} failed: {e}")
+    if first is not None:
+        raise first
