@@ -36,6 +36,7 @@ def test_uninstall_restores_every_original():
             "load": cls.__dict__["_load_pretrained_model"],
             "from_pretrained": cls.__dict__["from_pretrained"],
             "tied": modeling_utils.remove_tied_weights_from_state_dict,
+            "swap": torch.utils.swap_tensors,
         }
         meta_path = list(sys.meta_path)
         skip_dirs = list(trace_rules.SKIP_DIRS)
@@ -70,6 +71,7 @@ def test_uninstall_restores_every_original():
         assert torchjax.patches() == []
         assert dlpack.to_dlpack is before["dlpack"]
         assert torch.to_dlpack is before["torch_dlpack"]
+        assert torch.utils.swap_tensors is before["swap"]
         # _loading.uninstall() re-wraps the original function in a new staticmethod.
         assert cls.__dict__["_load_pretrained_model"].__func__ is before["load"].__func__
         assert cls.__dict__["from_pretrained"] is before["from_pretrained"]
@@ -93,6 +95,7 @@ def test_uninstall_restores_every_original():
     expected = {
         "torch.utils.dlpack.to_dlpack",
         "torch.to_dlpack",
+        "torch.utils.swap_tensors",
         "aten::_pin_memory CPU kernel",
         "Dynamo skip rules for torchjax",
         "optimizer capturable=True under jit",

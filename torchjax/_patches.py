@@ -15,6 +15,12 @@ how it is undone.
   _compat/torch.py; torch 2.13). torch's C++ exporter would hand out a capsule over a tpu
   tensor's empty storage (a null pointer); the wrapper exports a tpu tensor's jax array
   and hands every other tensor to torch's function. Undo: the originals put back.
+- ``torch.utils.swap_tensors`` (device/_registration.py through _compat/torch.py; torch
+  2.13). ``Module._apply`` always swaps a traceable wrapper subclass in, and torch's swap
+  refuses a parameter that an autograd graph, an RNN's flat weights or a weakref still
+  holds; when a tpu tensor is on either side the TensorImpls are swapped anyway and the
+  stale gradient accumulator is poisoned (Note [Moving modules with live references]).
+  Undo: torch's function put back.
 - ``aten::_pin_memory CPU kernel`` (device/_pinned.py; torch 2.13). "tpu" is torch's
   accelerator, so ``pin_memory()`` and ``DataLoader(pin_memory=True)`` would ask the
   Python backend for a pinned allocator it cannot have. The kernel runs torch's own for

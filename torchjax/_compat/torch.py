@@ -243,6 +243,16 @@ def install_swap_tensors(applies) -> None:
     swap_tensors.__doc__ = original.__doc__
     swap_tensors._torchjax_original = original
     torch.utils.swap_tensors = swap_tensors
+    from torchjax import _patches
+
+    _patches.record(
+        "torch.utils.swap_tensors",
+        why="module.to('tpu') swaps parameters that other live references hold "
+        "(Note [Moving modules with live references])",
+        package="torch",
+        written_for="2.13",
+        undo=uninstall_swap_tensors,
+    )
 
 
 def uninstall_swap_tensors() -> None:
