@@ -9,7 +9,10 @@ derived in-place/out= handlers), while every dtype's values are checked by forwa
 this keeps the whole suite inside CI's time budget on 2 cores. Random
 ops are checked by ``torchjax.testing.opinfo.check_random`` (Note [Random OpInfo samples]).
 Cases listed in tests/ops/expected_failures.csv are strict xfails: a listed case that
-starts passing fails the suite until its line is removed.
+starts passing fails the suite until its line is removed. The one exception is a row
+whose reason starts with "machine-dependent:", a diagnosed rounding difference that
+passes on some CPUs and fails on others (XLA's and torch's float32 kernels vary with the
+instruction set); it is a non-strict xfail.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def _load_xfails() -> dict[tuple[str, str, str], str]:
 
 
 XFAILS = _load_xfails()
+MACHINE_DEPENDENT = "machine-dependent:"
 _DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in oi.DTYPES}
 
 
@@ -71,7 +75,11 @@ def _cases(names, check):
             key = (oi.full_name(op), _DTYPE_NAMES[dtype], check)
             marks = []
             if key in XFAILS:
-                marks.append(pytest.mark.xfail(reason=XFAILS[key], strict=True))
+                reason = XFAILS[key]
+                # A float32 result whose rounding depends on the machine's kernels fails on
+                # some CPUs only: the row says so, and only such a row is not strict.
+                strict = not reason.startswith(MACHINE_DEPENDENT)
+                marks.append(pytest.mark.xfail(reason=reason, strict=strict))
             cases.append(pytest.param(op, dtype, id=f"{key[0]}-{key[1]}", marks=marks))
     return cases
 
