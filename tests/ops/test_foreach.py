@@ -134,7 +134,8 @@ def _mlp():
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
 
 
-@pytest.mark.parametrize(
+# Every foreach and fused optimizer path, checked eagerly and inside torchjax.jit.
+_OPTIMIZER_CASES = pytest.mark.parametrize(
     "opt_cls,kwargs",
     [
         (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01, foreach=True)),
@@ -155,6 +156,9 @@ def _mlp():
         "sgd-fused-plain",
     ],
 )
+
+
+@_OPTIMIZER_CASES
 def test_optimizer_steps(opt_cls, kwargs):
     cpu_model = _mlp()
     tpu_model = copy.deepcopy(cpu_model).to(TPU)
@@ -171,27 +175,7 @@ def test_optimizer_steps(opt_cls, kwargs):
         oi.compare(t.detach(), c.detach(), "param", tol=(1e-5, 1e-5))
 
 
-@pytest.mark.parametrize(
-    "opt_cls,kwargs",
-    [
-        (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01, foreach=True)),
-        (torch.optim.Adam, dict(lr=0.01, foreach=True)),
-        (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1, foreach=True)),
-        (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1, fused=True)),
-        (torch.optim.Adam, dict(lr=0.01, amsgrad=True, maximize=True, fused=True)),
-        (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, fused=True)),
-        (torch.optim.SGD, dict(lr=0.1, weight_decay=0.01, maximize=True, fused=True)),
-    ],
-    ids=[
-        "sgd-foreach",
-        "adam-foreach",
-        "adamw-foreach",
-        "adamw-fused",
-        "adam-fused-ams",
-        "sgd-fused-nesterov",
-        "sgd-fused-plain",
-    ],
-)
+@_OPTIMIZER_CASES
 def test_optimizer_steps_inside_torchjax_jit(opt_cls, kwargs):
     # The compiled foreach path nests a jax.jit; inside a torchjax.jit trace it must run
     # inline (jax refuses compiler_options on a nested jit), with eager CPU's numbers.
