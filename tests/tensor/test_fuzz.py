@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import torchjax  # noqa: F401
+from tests.device.test_serialization import MAP_LOCATIONS
 
 # Bounded for CI (well under 60 s together): cases per family; torch.save / torch.load
 # (the slow part: 26 loads) on every fourth case.
@@ -243,15 +244,6 @@ def _pickle(case: Case):
     if back.device.type != "tpu":
         case.fail(f"pickle: came back on {back.device}")
     case.check_value("pickle", case.cpu, back)
-
-
-MAP_LOCATIONS = {
-    "str": "tpu",
-    "str_index": "tpu:0",
-    "device": torch.device("tpu", 0),
-    "dict": {"cpu": "tpu"},
-    "callable": lambda storage, location: storage.tpu(),
-}
 
 
 def _load(buf: io.BytesIO, **kw):
