@@ -1,5 +1,6 @@
 """torch.save / torch.load with tpu: every map_location form, weights_only both ways."""
 
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -132,6 +133,10 @@ def test_load_onto_missing_device_index_raises(tmp_path):
     torch.save(torch.ones(1), tmp_path / "x.pt")
     with pytest.raises(RuntimeError, match="device 7 but torch.tpu.device_count"):
         torch.load(tmp_path / "x.pt", map_location="tpu:7")
+    # The refused load leaves nothing behind: a later pickle of a tpu tensor comes back
+    # on tpu:0, not on the device the failed load named.
+    back = pickle.loads(pickle.dumps(torch.arange(3.0).to("tpu")))
+    assert back.device == torch.device("tpu", 0) and back.tolist() == [0.0, 1.0, 2.0]
 
 
 def test_set_with_a_cpu_storage_raises():

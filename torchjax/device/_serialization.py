@@ -41,10 +41,22 @@ _HOST = "_torchjax_host"
 _LOADED = "_torchjax_loaded"
 
 
+def _forget_map_location() -> None:
+    # torch.load stores its map_location in a thread-local for the unpickling and clears
+    # it only when the unpickling returns (torch/serialization.py, _load); an error
+    # raised while loading leaves it set, and every later pickle.loads of a device
+    # tensor in the thread is then rebuilt where the failed load pointed. Our loader's
+    # own refusals clear it, as a finished load would.
+    tls = getattr(torch.serialization, "_serialization_tls", None)
+    if tls is not None and hasattr(tls, "map_location"):
+        tls.map_location = None
+
+
 def _tpu_device(location) -> torch.device:
     device = torch.device(location)
     index = 0 if device.index is None else device.index
     if index >= device_count():
+        _forget_map_location()
         raise RuntimeError(
             f"Attempting to deserialize object on TPU device {index} but "
             f"torch.tpu.device_count() is {device_count()}. Please use torch.load with "
