@@ -110,51 +110,57 @@ def test_four_threads_mixing_eager_traces_loading_and_rand(tiny_dir):
     want_wte = ref.transformer.wte.weight.detach()
     start = time.monotonic()
     for round_ in range(20):
-        errors = []
-        tracing = threading.Event()
-
-        def guard(fn):
-            def run():
-                try:
-                    fn()
-                except BaseException as e:
-                    errors.append(e)
-
-            return run
-
-        def eager_ops():
-            while not tracing.is_set():
-                got = (a.to("tpu") @ b.to("tpu")).cpu()
-                torch.testing.assert_close(got, want_ab, rtol=1e-5, atol=1e-5)
-                with torch.no_grad():
-                    out = shared(x.to("tpu")).cpu()
-                torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
-
-        def traces(k=round_):
-            try:
-                f = torchjax.jit(lambda t: shared(t) * (k + 1))  # a new function: a trace
-                with torch.no_grad():
-                    out = f(x.to("tpu")).cpu()
-                torch.testing.assert_close(out, want * (k + 1), rtol=1e-5, atol=1e-5)
-                assert f.trace_count == 1
-            finally:
-                tracing.set()
-
-        def load():
-            m = tf.AutoModelForCausalLM.from_pretrained(tiny_dir, device_map="tpu")
-            assert m.transformer.wte.weight.device.type == "tpu"
-            torch.testing.assert_close(m.transformer.wte.weight.detach().cpu(), want_wte)
-
-        def rand():
-            while not tracing.is_set():
-                r = torch.rand(64, device="tpu")
-                assert r.shape == (64,) and 0 <= float(r.min()) and float(r.max()) < 1
-
-        threads = [threading.Thread(target=guard(f)) for f in (eager_ops, traces, load, rand)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(_WAIT)
-        assert not any(t.is_alive() for t in threads), f"round {round_}: a thread hung"
-        assert not errors, f"round {round_}: {errors!r}"
+        _stress_round(round_, shared, x, want, a, b, want_ab, tiny_dir, want_wte)
     assert time.monotonic() - start < 240  # ~60 s on a quiet machine
+
+
+def _stress_round(round_, shared, x, want, a, b, want_ab, tiny_dir, want_wte):
+    import transformers as tf
+
+    errors = []
+    tracing = threading.Event()
+
+    def guard(fn):
+        def run():
+            try:
+                fn()
+            except BaseException as e:
+                errors.append(e)
+
+        return run
+
+    def eager_ops():
+        while not tracing.is_set():
+            got = (a.to("tpu") @ b.to("tpu")).cpu()
+            torch.testing.assert_close(got, want_ab, rtol=1e-5, atol=1e-5)
+            with torch.no_grad():
+                out = shared(x.to("tpu")).cpu()
+            torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+
+    def traces(k=round_):
+        try:
+            f = torchjax.jit(lambda t: shared(t) * (k + 1))  # a new function: a trace
+            with torch.no_grad():
+                out = f(x.to("tpu")).cpu()
+            torch.testing.assert_close(out, want * (k + 1), rtol=1e-5, atol=1e-5)
+            assert f.trace_count == 1
+        finally:
+            tracing.set()
+
+    def load():
+        m = tf.AutoModelForCausalLM.from_pretrained(tiny_dir, device_map="tpu")
+        assert m.transformer.wte.weight.device.type == "tpu"
+        torch.testing.assert_close(m.transformer.wte.weight.detach().cpu(), want_wte)
+
+    def rand():
+        while not tracing.is_set():
+            r = torch.rand(64, device="tpu")
+            assert r.shape == (64,) and 0 <= float(r.min()) and float(r.max()) < 1
+
+    threads = [threading.Thread(target=guard(f)) for f in (eager_ops, traces, load, rand)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(_WAIT)
+    assert not any(t.is_alive() for t in threads), f"round {round_}: a thread hung"
+    assert not errors, f"round {round_}: {errors!r}"
