@@ -2,12 +2,16 @@
 
 Each random op draws ``fold_in(key(seed), counter)`` and bumps the counter, so
 ``torch.manual_seed(s)`` (which calls ``torch.tpu.manual_seed_all``) makes tpu randomness
-reproducible and no two draws share a key. The state is plain Python ints: nothing is
-thread-local, nothing is baked into a traced graph (torchjax.jit threads the key in).
+reproducible and no two draws share a key. The state is plain Python ints shared by
+all threads (as torch's generator is), nothing is baked into a traced graph
+(torchjax.jit threads the key in). Which stream a draw uses while a trace runs is
+per thread (a ContextVar): a trace in one thread never hands its tracers to another
+thread's eager ``torch.rand``.
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 
 import jax
@@ -62,7 +66,10 @@ class TracedStream:
         return jax.random.fold_in(self.key, n)
 
 
-_traced: TracedStream | None = None
+# The stream of the trace running in this thread (context), if any.
+_traced: contextvars.ContextVar[TracedStream | None] = contextvars.ContextVar(
+    "torchjax_traced_stream", default=None
+)
 
 
 def call_key(index: int = 0):
@@ -71,16 +78,18 @@ def call_key(index: int = 0):
 
 
 def set_traced_stream(stream: TracedStream | None) -> TracedStream | None:
-    """Route every draw to ``stream`` while a torchjax.jit trace runs; returns the old one."""
-    global _traced
-    old, _traced = _traced, stream
+    """Route this thread's draws to ``stream`` while a torchjax.jit trace runs; returns
+    the old one."""
+    old = _traced.get()
+    _traced.set(stream)
     return old
 
 
 def next_key(index: int = 0):
     """A fresh jax PRNG key for one random op on device ``index``."""
-    if _traced is not None:
-        return _traced.next()
+    traced = _traced.get()
+    if traced is not None:
+        return traced.next()
     st = _state(index)
     with _lock:
         n = st.counter
