@@ -45,6 +45,37 @@ once more (now reading the allocated cache), and from then on both executables a
 cache hits. A new prompt length traces the prefill again; a new batch size, number of
 beams or a longer cache (transformers sizes it to the largest ``max_length`` seen so far;
 ``generation_config.max_cache_len`` sizes it once) is a new layout: two more traces.
+
+Note [Nothing frozen in the decode step]
+On a cache hit the model's Python code does not run, so any Python value of the cache
+that it reads would stay at its trace-time value, and any that it updates (``+=``, flags)
+would stop moving. Rule: every non-tensor value the traced step reads is a traced input or
+a guard. The guard is the cache's Python state (every non-tensor attribute of the cache,
+its sub-caches and layers: ints, bools, dicts of them) plus the arguments' shapes and
+plain values, passed as a static argument, so a changed value retraces. The state the
+traced call left is recorded per guard and written back after every call (``_replay``).
+Audit against transformers 5.24's cache_utils:
+- StaticLayer: ``cumulative_length`` is a tensor (state); ``is_initialized``,
+  ``max_cache_len`` and the sizes set at lazy init change only at the first prefill.
+- StaticSlidingWindowLayer (sliding window and chunked attention): ``cumulative_length_int``
+  is a Python int read by ``update``, ``get_mask_sizes`` (``kv_offset``, used for mask
+  values and pad sizes) and ``get_seq_length`` (position ids); it moves every token.
+  Frozen, it gave wrong tokens for chunked attention. Caches that ``generate`` builds
+  here have these layers replaced by full-length StaticLayers (``_unslide``): the mask,
+  built from the config's window or chunk size and the traced position, does the
+  windowing, so nothing moves per token and the decode step traces once. Cost: those
+  layers hold ``max_cache_len`` positions rather than the window. A StaticCache that the
+  caller passes keeps its sliding layers: correct, but one trace per token (warned).
+- Linear-attention layers (Qwen3.5 conv / recurrent state): states are tensors;
+  ``has_previous_state`` and the ``is_*_initialized`` dicts flip at the prefill (guard,
+  replayed); ``conv_kernel_size`` is fixed.
+- EncoderDecoderCache: ``is_updated`` (per-layer cross-attention flags), guard and replay.
+- DynamicCache and its layers are never compiled (their shapes grow every step).
+- Dynamic / longrope RoPE: they compare ``max(position_ids) + 1`` with Python ints held on
+  the rotary module, not the cache; not guarded here (not audited under compile_generate).
+Writing past a static layer's ``max_cache_len`` raises IndexError before the step
+(``_check_room``, as CPU's ``index_copy_``); XLA would drop the write. Stopping criteria
+and streamers run in Python between compiled steps, each token, as in eager generate.
 """
 
 from __future__ import annotations
