@@ -45,11 +45,43 @@ once more (now reading the allocated cache), and from then on both executables a
 cache hits. A new prompt length traces the prefill again; a new batch size, number of
 beams or a longer cache (transformers sizes it to the largest ``max_length`` seen so far;
 ``generation_config.max_cache_len`` sizes it once) is a new layout: two more traces.
+
+Note [Nothing frozen in the decode step]
+On a cache hit the model's Python code does not run, so any Python value of the cache
+that it reads would stay at its trace-time value, and any that it updates (``+=``, flags)
+would stop moving. Rule: every non-tensor value the traced step reads is a traced input or
+a guard. The guard is the cache's Python state (every non-tensor attribute of the cache,
+its sub-caches and layers: ints, bools, dicts of them) plus the arguments' shapes and
+plain values, passed as a static argument, so a changed value retraces. The state the
+traced call left is recorded per guard and written back after every call (``_replay``).
+Audit against transformers 5.24's cache_utils:
+- StaticLayer: ``cumulative_length`` is a tensor (state); ``is_initialized``,
+  ``max_cache_len`` and the sizes set at lazy init change only at the first prefill.
+- StaticSlidingWindowLayer (sliding window and chunked attention): ``cumulative_length_int``
+  is a Python int read by ``update``, ``get_mask_sizes`` (``kv_offset``, used for mask
+  values and pad sizes) and ``get_seq_length`` (position ids); it moves every token.
+  Frozen, it gave wrong tokens for chunked attention. Caches that ``generate`` builds
+  here have these layers replaced by full-length StaticLayers (``_unslide``): the mask,
+  built from the config's window or chunk size and the traced position, does the
+  windowing, so nothing moves per token and the decode step traces once. Cost: those
+  layers hold ``max_cache_len`` positions rather than the window. A StaticCache that the
+  caller passes keeps its sliding layers: correct, but one trace per token (warned).
+- Linear-attention layers (Qwen3.5 conv / recurrent state): states are tensors;
+  ``has_previous_state`` and the ``is_*_initialized`` dicts flip at the prefill (guard,
+  replayed); ``conv_kernel_size`` is fixed.
+- EncoderDecoderCache: ``is_updated`` (per-layer cross-attention flags), guard and replay.
+- DynamicCache and its layers are never compiled (their shapes grow every step).
+- Dynamic / longrope RoPE: they compare ``max(position_ids) + 1`` with Python ints held on
+  the rotary module, not the cache; not guarded here (not audited under compile_generate).
+Writing past a static layer's ``max_cache_len`` raises IndexError before the step
+(``_check_room``, as CPU's ``index_copy_``); XLA would drop the write. Stopping criteria
+and streamers run in Python between compiled steps, each token, as in eager generate.
 """
 
 from __future__ import annotations
 
 import functools
+import types
 import weakref
 
 import torch
@@ -98,24 +130,42 @@ def compile_generate(model: torch.nn.Module, *, warn_after: int = 8) -> Jitted:
             "model.get_compiled_call and model._prepare_static_cache first"
         )
     eager_forward = model.forward  # the class's forward, bound to model
-    jitted = jit(eager_forward, warn_after=warn_after)
+    # A bound method of the model (so parameters and buffers are state, as for the plain
+    # forward) taking the cache's Python state as a static argument (Note [Nothing
+    # frozen in the decode step]).
+    jitted = jit(types.MethodType(_traced_forward, model), warn_after=warn_after)
 
     pinned = weakref.WeakKeyDictionary()  # cache layer -> {attribute: tensor}
+    lengths = weakref.WeakKeyDictionary()  # cache -> tokens it holds, counted on the host
 
     @functools.wraps(eager_forward)
     def forward(*args, **kwargs):
         cache = _static_cache(kwargs)
         if cache is None:
             return eager_forward(*args, **kwargs)
+        _check_room(cache, args, kwargs, lengths)
         _pin_cache(cache, pinned)
-        return jitted(*args, **kwargs)
+        guard = (_python_state(cache), _signature(args, kwargs))
+        out = jitted(*args, _torchjax_guard=guard, **kwargs)
+        _replay(cache, forward.after[guard])
+        return out
 
     forward.jitted = jitted
     forward.eager = eager_forward
+    forward.after = {}  # guard -> the cache's Python state the traced call left
     model.forward = forward
     model.get_compiled_call = _get_compiled_call.__get__(model)
-    model._prepare_static_cache = _reuse_static_cache(model._prepare_static_cache)
+    model._prepare_static_cache = _reuse_static_cache(model, model._prepare_static_cache)
     return jitted
+
+
+def _traced_forward(self, *args, _torchjax_guard, **kwargs):
+    """What ``torchjax.jit`` traces: the class's forward, then a record of the Python state
+    it left in the cache (replayed after every call of this executable)."""
+    wrapper = vars(self)["forward"]
+    out = wrapper.eager(*args, **kwargs)
+    wrapper.after[_torchjax_guard] = _python_state(_static_cache(kwargs), values=True)
+    return out
 
 
 def _get_compiled_call(self, compile_config=None):
@@ -123,8 +173,10 @@ def _get_compiled_call(self, compile_config=None):
     return self.__call__
 
 
-def _reuse_static_cache(prepare):
-    """Wraps ``GenerationMixin._prepare_static_cache`` (bound): same layout, same cache."""
+def _reuse_static_cache(model, prepare):
+    """Wraps ``GenerativePreTrainedModel._prepare_static_cache`` (bound): same layout,
+    same cache; sliding-window and chunked layers made full-length (Note [Nothing frozen
+    in the decode step])."""
     # One cache per layout: the executables traced for a layout hold its cache anyway
     # (torchjax.jit keys cache objects by identity), so alternating sizes never retrace.
     caches = {}
@@ -132,15 +184,37 @@ def _reuse_static_cache(prepare):
     @functools.wraps(prepare)
     def prepare_static_cache(cache_implementation, batch_size, *args, **kwargs):
         cache = prepare(cache_implementation, batch_size, *args, **kwargs)
+        _unslide(cache, model._previous_max_cache_length)
         layout = (cache_implementation, batch_size, _layout(cache))
         old = caches.get(layout)
         if old is not None:
             old.reset()
-            return old
+            cache = old
         caches[layout] = cache
         return cache
 
     return prepare_static_cache
+
+
+def _unslide(cache, max_cache_len: int) -> None:
+    """Replace the sliding-window / chunked layers of a fresh ``StaticCache`` by full-length
+    static layers: the model's mask (built from the config's window or chunk size and the
+    traced cache position) then does the windowing, and no Python int moves per token."""
+    from transformers import cache_utils as cu
+
+    if isinstance(cache, cu.EncoderDecoderCache):
+        cache = cache.self_attention_cache
+    if type(cache) is not cu.StaticCache:
+        return
+    for i, layer in enumerate(cache.layers):
+        if getattr(layer, "is_initialized", True):
+            continue
+        if type(layer) is cu.StaticSlidingWindowLayer:
+            cache.layers[i] = cu.StaticLayer(max_cache_len=max_cache_len)
+        elif type(layer) is cu.LinearAttentionAndStaticSlidingWindowAttentionLayer:
+            cache.layers[i] = cu.LinearAttentionAndStaticFullAttentionLayer(
+                max_cache_len=max_cache_len, number_of_states=layer.number_of_states
+            )
 
 
 def _layout(cache) -> tuple:
@@ -190,3 +264,117 @@ def _pin_cache(cache, pinned) -> None:
                     setattr(layer, name, old)
                 elif old is not t:
                     held[name] = t
+
+
+# ---------------------------------------------------------------------------------------
+# the cache's Python state: guard and replay (Note [Nothing frozen in the decode step])
+
+_PLAIN = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, type)
+
+
+def _cache_objects(cache) -> list:
+    """The cache, its sub-caches and their layers, in a fixed order."""
+    from transformers.cache_utils import EncoderDecoderCache
+
+    objects = [cache]
+    if isinstance(cache, EncoderDecoderCache):
+        objects += _cache_objects(cache.self_attention_cache)
+        objects += _cache_objects(cache.cross_attention_cache)
+    else:
+        objects += list(getattr(cache, "layers", ()))
+    return objects
+
+
+def _frozen(value):
+    """A hashable stand-in for a non-tensor attribute value (tensors: only their presence,
+    their contents are state of the program)."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, torch.Tensor):
+        return torch.Tensor
+    if isinstance(value, dict):
+        return tuple((k, _frozen(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return type(value)  # another object (a layer list entry, a helper): its type
+
+
+def _python_state(cache, values: bool = False) -> tuple:
+    """Every non-tensor attribute of the cache and its layers: hashable (the guard) or, with
+    ``values``, what ``_replay`` writes back (plain values, and the plain entries of dicts
+    such as a linear-attention layer's ``has_previous_state``)."""
+    state = []
+    for i, obj in enumerate(_cache_objects(cache)):
+        for name, value in vars(obj).items():
+            if name == "layers" or isinstance(value, torch.Tensor):
+                continue
+            if not values:
+                state.append((i, name, _frozen(value)))
+            elif isinstance(value, _PLAIN):
+                state.append((i, name, value))
+            elif isinstance(value, dict):
+                plain = {k: v for k, v in value.items() if isinstance(v, _PLAIN)}
+                state.append((i, name, plain))
+    return tuple(state)
+
+
+def _replay(cache, after) -> None:
+    """Set the cache's Python state to what the traced call left: on a cache hit the
+    model's Python code does not run, so its ``+=`` and flag updates would be lost."""
+    objects = _cache_objects(cache)
+    for i, name, value in after:
+        if isinstance(value, dict):
+            getattr(objects[i], name).update(value)
+        else:
+            setattr(objects[i], name, value)
+
+
+def _signature(args, kwargs) -> tuple:
+    """Shapes, dtypes and plain values of the call's arguments besides the cache: with the
+    Python state, what decides the state a traced call leaves (e.g. ``+= seq_len``)."""
+    from torch.utils import _pytree as pytree
+
+    rest = {k: v for k, v in kwargs.items() if k not in _CACHE_KWARGS}
+    return tuple(
+        (tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else _frozen(x)
+        for x in pytree.tree_leaves((args, rest))
+    )
+
+
+def _check_room(cache, args, kwargs, lengths) -> None:
+    """Raise IndexError, as CPU's ``index_copy_`` does, before a step that would write past
+    a static layer's ``max_cache_len`` (XLA would drop the write: wrong tokens, no error).
+    The length is counted on the host, read from the device once per prefill."""
+    from transformers.cache_utils import EncoderDecoderCache
+
+    new = _new_tokens(args, kwargs)
+    decoder = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+    sizes = [
+        layer.max_cache_len
+        for layer in getattr(decoder, "layers", ())
+        if isinstance(getattr(layer, "max_cache_len", None), int)
+        and not getattr(layer, "is_sliding", False)  # a sliding layer rolls: never full
+    ]
+    if new is None or not sizes:
+        return
+    known = lengths.get(decoder)
+    if known is None or new > 1:
+        known = int(decoder.get_seq_length())
+    limit = min(sizes)
+    if known + new > limit:
+        raise IndexError(
+            f"compile_generate: this step writes cache positions {known}..{known + new - 1} "
+            f"but the static cache holds {limit} tokens (its max_cache_len): index {limit} "
+            "is out of bounds. Pass a cache with max_cache_len >= prompt length + "
+            'max_new_tokens, or let generate build it (cache_implementation="static")'
+        )
+    lengths[decoder] = known + new
+
+
+def _new_tokens(args, kwargs) -> int | None:
+    """The number of positions this call writes to the (decoder's) cache."""
+    names = ("decoder_input_ids", "decoder_inputs_embeds", "input_ids", "inputs_embeds")
+    x = next((kwargs[k] for k in names if isinstance(kwargs.get(k), torch.Tensor)), None)
+    if x is None and args and isinstance(args[0], torch.Tensor):
+        x = args[0]
+    return x.shape[1] if x is not None and x.dim() >= 2 else None
