@@ -44,9 +44,11 @@ from torchjax._compat.torch import (
     ELEMENTWISE_TYPE_PROMOTION_KIND,
     decomposition_table,
     elementwise_dtypes,
+    set_math_bits,
 )
 from torchjax.ops import compiled
 from torchjax.tensor import _tensor, dtypes
+from torchjax.tensor._reinterpret import Interpretation
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor, view_of, wrap
 
@@ -472,9 +474,9 @@ def _functional_handler(func, entry, strip_out=False):
 # executable (Note [Compiled lowerings], torchjax/ops/compiled.py), so ``x.t()`` feeding
 # ``addmm`` costs no XLA dispatch of its own and XLA folds the transpose into the dot.
 # Eagerly, every XLA dispatch costs tens of microseconds (much more on a busy machine);
-# a transformer's forward is more than half views. Views whose value is not a plain
-# storage read (``_conj``, ``_neg_view``, ``view_as_real``, ``view.dtype``, ``real``,
-# ``imag``) keep running their lowering.
+# a transformer's forward is more than half views. Views that reinterpret the element
+# type (``view.dtype``, ``view_as_real``, ``view_as_complex``) are layout views too: the
+# storage is read through an interpretation (Note [Views across dtypes]).
 _LAYOUT_VIEWS = frozenset(
     {
         "view",
@@ -494,6 +496,8 @@ _LAYOUT_VIEWS = frozenset(
         "unfold",
         "narrow",
         "alias",
+        "view_as_real",
+        "view_as_complex",
     }
 )
 
@@ -519,6 +523,7 @@ def _view_handler(func, entry):
                 base._stride,
                 base._offset,
                 base.dtype,
+                _bits(base),
                 _hashable(args[1:]),
                 _hashable(tuple(kwargs.items())) if kwargs else (),
             )
@@ -560,9 +565,21 @@ def _hashable(x):
     return (type(x), x)
 
 
+def _bits(t: JaxTensor):
+    """(conj, neg): torch's math bits, which follow the storage's interpretation."""
+    s = t._storage
+    return (s.conj, s.neg) if s.__class__ is Interpretation else None
+
+
 def _meta_like(t: JaxTensor) -> torch.Tensor:
+    # The storage's numel is in units of t.dtype (an Interpretation counts its own), and
+    # the bits travel, so torch's checks (view_as_real of a conj tensor) run on it.
     flat = torch.empty((t._storage.numel,), dtype=t.dtype, device="meta")
-    return flat.as_strided(t._size, t._stride, t._offset)
+    meta = flat.as_strided(t._size, t._stride, t._offset)
+    bits = _bits(t)
+    if bits is not None:
+        set_math_bits(meta, *bits)
+    return meta
 
 
 def _check_cast(func, result_dtype, out_dtype):
