@@ -46,7 +46,7 @@ from torchjax._compat.torch import (
     elementwise_dtypes,
     set_math_bits,
 )
-from torchjax.ops import compiled
+from torchjax.ops import compiled, writeback
 from torchjax.tensor import _tensor, dtypes
 from torchjax.tensor._reinterpret import Interpretation
 from torchjax.tensor._storage import Storage, contiguous_strides
@@ -635,7 +635,11 @@ def write_into(func, dst: torch.Tensor, src: JaxTensor, *, check_cast=True, resi
 
 
 def _inplace_handler(func, functional):
+    overlap = writeback.checks_overlap(func)
+
     def inplace(args, kwargs):
+        if overlap and len(args) > 1:
+            writeback.check_no_partial_overlap(func, args[:1], args[1:], kwargs)
         result = functional(args, kwargs)
         if isinstance(result, (list, tuple)):
             result = result[0]
@@ -655,19 +659,28 @@ def _inplace_view_handler(functional_view):
 
 
 def _out_handler(func, functional):
+    """out= overloads: torch's checks (Note [out= checks] in torchjax/ops/writeback.py),
+    the functional result, then a write into each out tensor (resized if needed)."""
     names = _out_names(func._schema)
+    overlap = writeback.checks_overlap(func)
 
     def out(args, kwargs):
         outs = [kwargs[n] for n in names]
+        for o in outs:
+            if not isinstance(o, JaxTensor):
+                raise _device_error(func, o)
         rest = {k: v for k, v in kwargs.items() if k not in names}
+        if overlap:
+            writeback.check_no_partial_overlap(func, outs, args, rest)
+        meta_ok = writeback.check_out_on_meta(func, args, kwargs, names, _meta_like)
         result = functional(args, rest)
         results = result if isinstance(result, (list, tuple)) else (result,)
+        exact = writeback.exact_integer_outputs(func, len(outs))
         for o, r in zip(outs, results):
-            # Integer outputs (indices) follow the out tensor's dtype: torch checks those
-            # by exact dtype in the kernels; the cast rule is for the values.
-            write_into(
-                func, o, r, check_cast=r.dtype.is_floating_point or r.dtype.is_complex, resize=True
-            )
+            values = r.dtype.is_floating_point or r.dtype.is_complex
+            if exact and not values and r.dtype != torch.bool and o.dtype != r.dtype:
+                raise writeback.exact_dtype_error(func, r.dtype, o.dtype)
+            write_into(func, o, r, check_cast=values and not meta_ok, resize=True)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return out
