@@ -117,7 +117,9 @@ def frexp(self):
     mantissa = lax.bitcast_convert_type(
         sign | np.asarray((bias - 1) << nmant, ut) | frac, self.dtype
     )
-    special = ~jnp.isfinite(self) | (self == 0)
+    # From the bits too: XLA compares bfloat16 through float32 with subnormals flushed,
+    # so ``self == 0`` is true for a bfloat16 subnormal.
+    special = (field == (1 << fi.nexp) - 1) | ((bits & ~sign) == 0)
     mantissa = jnp.where(special, self, mantissa)
     exponent = jnp.where(special, 0, exponent).astype(jnp.int32)
     return mantissa, exponent
