@@ -43,6 +43,14 @@ def test_set_tensor_data_changes_metadata_keeps_object():
     assert id(a) == ident and a.shape == (3,) and a.dtype == torch.float64
 
 
+def test_set_math_bits():
+    t = torch.zeros(2, dtype=torch.complex64)
+    ct.set_math_bits(t, True, False)
+    assert t.is_conj() and not t.is_neg()
+    ct.set_math_bits(t, False, True)
+    assert not t.is_conj() and t.is_neg()
+
+
 def test_tensor_repr():
     t = torch.tensor([1.0, 2.0]).to("tpu")
     assert ct.tensor_repr(t, t.cpu()) == "tensor([1., 2.], device='tpu:0')"

@@ -62,17 +62,43 @@ def test_random_op_goes_through_check_random(name):
     assert [r.cause for r in results] == [None]
 
 
-def test_from_suite_reports_the_suites_cases_and_listed_failures():
-    xfails = {("chalf", "float32", "forward"): "complex32 has no jax dtype"}
-    results = coverage.suite_results(xfails)
-    by_key = {(r.op, r.dtype, r.check): r for r in results}
-    assert by_key[("chalf", "float32", "forward")].cause == coverage.LISTED
-    assert by_key[("add", "float32", "forward")].cause is None
-    assert ("add", "float32", "backward") in by_key  # differentiable: backward in float32
-    assert ("add", "int64", "backward") not in by_key
-    assert not any(r.op.startswith("jiterator_") for r in results)  # no CPU reference
+_JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="5">
+<testcase classname="tests.ops.test_opinfo" name="test_opinfo_forward[add-float32]"/>
+<testcase classname="tests.ops.test_opinfo" name="test_opinfo_forward[chalf-float32]">
+  <skipped type="pytest.xfail" message="complex32 has no jax dtype"/></testcase>
+<testcase classname="tests.ops.test_opinfo" name="test_opinfo_out[nn.functional.relu-int64]">
+  <failure message="AssertionError: relu out=: dtype torch.int32, CPU gave torch.int64">tb</failure>
+</testcase>
+<testcase classname="tests.ops.test_opinfo" name="test_opinfo_backward[add-float32]"/>
+<testcase classname="tests.ops.test_shape" name="test_view_dtype_aliases"/>
+</testsuite></testsuites>
+"""
+
+
+def test_from_suite_counts_a_junit_run(tmp_path):
+    path = tmp_path / "run.xml"
+    path.write_text(_JUNIT)
+    cases, totals = coverage.junit_outcomes([path])
+    assert totals == {"passed": 3, "xfailed": 1, "failed": 1}
+    assert cases[("add", "float32", "forward")] == (None, "")
+    assert cases[("chalf", "float32", "forward")][0] == coverage.LISTED
+    cause, detail = cases[("nn.functional.relu", "int64", "out")]
+    assert cause == coverage.FAILED and "CPU gave torch.int64" in detail
     out = io.StringIO()
-    figures = coverage.summarize(results, xfails, out=out)
-    tested = len({r.op for r in results if r.check == "forward"})
-    assert figures["forward"] == (tested - 1, tested)
-    assert "chalf: float32/forward" in out.getvalue()
+    results = coverage.suite_results([path], out=out)
+    figures = coverage.summarize(results, {}, out=out)
+    assert figures["forward"] == (1, 2) and figures["backward"] == (1, 1)
+    assert figures["out"] == (0, 1)
+    text = out.getvalue()
+    assert "OpInfo cases in the run: 4; suite cases not in it:" in text
+    assert "failed in the run: 1 cases" in text
+
+
+def test_from_suite_main_reads_junit(tmp_path, capsys):
+    path = tmp_path / "run.xml"
+    path.write_text(_JUNIT)
+    assert coverage.main(["--from-suite", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "counted from a test-suite run (run.xml)" in text
+    assert "test cases in the run: 3 passed, 1 failed, 0 error, 1 xfailed" in text

@@ -47,6 +47,13 @@ def set_tensor_data(tensor: torch.Tensor, new: torch.Tensor) -> None:
     torch._C.TensorBase.data.__set__(tensor, new)
 
 
+def set_math_bits(tensor: torch.Tensor, conj: bool, neg: bool) -> None:
+    """Set torch's conj and neg bits on ``tensor`` (what ``_conj``/``_neg_view`` do in
+    ATen), so torch's conjugate/negative fallbacks and ``is_conj``/``is_neg`` see them."""
+    torch._C._set_conj(tensor, conj)
+    torch._C._set_neg(tensor, neg)
+
+
 def tensor_repr(t: torch.Tensor, cpu_copy: torch.Tensor) -> str:
     """``repr(t)`` as torch prints it, with the data formatted from ``cpu_copy``.
 

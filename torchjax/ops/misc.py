@@ -117,7 +117,11 @@ def frexp(self):
     mantissa = lax.bitcast_convert_type(
         sign | np.asarray((bias - 1) << nmant, ut) | frac, self.dtype
     )
-    special = ~jnp.isfinite(self) | (self == 0)
+    # From the exponent field and clz, never a float compare: XLA compares bfloat16
+    # through float32 with subnormals flushed (``self == 0`` is true for a bfloat16
+    # subnormal), and simplifies a masked-bits test back into that float compare.
+    zero = (field == 0) & (lax.clz(bits & frac_mask) == nbits)
+    special = (field == (1 << fi.nexp) - 1) | zero
     mantissa = jnp.where(special, self, mantissa)
     exponent = jnp.where(special, 0, exponent).astype(jnp.int32)
     return mantissa, exponent

@@ -16,7 +16,7 @@ import torch
 from jax import lax
 
 from torchjax.ops.registry import Kind, handler, lowering, register_pointwise
-from torchjax.tensor._tensor import wrap
+from torchjax.tensor._tensor import view_of
 from torchjax.tensor.dtypes import aten_type_name
 
 aten = torch.ops.aten
@@ -338,14 +338,25 @@ def rad2deg(self):
 
 @handler(aten._conj.default)
 def _conj(args, kwargs):
-    """aten::_conj - complex conjugate.
+    """aten::_conj - the lazy conjugate view: same storage, conj bit flipped.
 
-    torch returns a lazy conjugate *view* (the conj bit); tpu tensors carry no conj bit,
-    so this is an eager copy: later writes to ``self`` do not show in the result.
-    Reference: torch.conj (torch only calls _conj for complex tensors).
+    As in ATen the result aliases ``self`` and carries torch's conj bit; its value is
+    read (and written) conjugated through the storage's interpretation (Note [Views
+    across dtypes] in torchjax/tensor/_reinterpret.py). torch only calls _conj for
+    complex tensors. Reference: torch.conj, torch.Tensor.is_conj.
     """
     self = args[0]
-    return wrap(jnp.conj(self._value()), self._device_index)
+    return view_of(self, self._size, self._stride, self._offset, conj=not self.is_conj())
+
+
+@handler(aten._neg_view.default)
+def _neg_view(args, kwargs):
+    """aten::_neg_view - the lazy negation view (torch's neg bit), as ``_conj``.
+
+    torch makes it for ``conj().imag``; writes through it store the negated value.
+    """
+    self = args[0]
+    return view_of(self, self._size, self._stride, self._offset, neg=not self.is_neg())
 
 
 @lowering(aten.conj_physical, aten.conj_physical_, aten._conj_physical)

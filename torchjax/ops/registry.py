@@ -44,9 +44,11 @@ from torchjax._compat.torch import (
     ELEMENTWISE_TYPE_PROMOTION_KIND,
     decomposition_table,
     elementwise_dtypes,
+    set_math_bits,
 )
-from torchjax.ops import compiled
+from torchjax.ops import compiled, writeback
 from torchjax.tensor import _tensor, dtypes
+from torchjax.tensor._reinterpret import Interpretation
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor, view_of, wrap
 
@@ -472,9 +474,9 @@ def _functional_handler(func, entry, strip_out=False):
 # executable (Note [Compiled lowerings], torchjax/ops/compiled.py), so ``x.t()`` feeding
 # ``addmm`` costs no XLA dispatch of its own and XLA folds the transpose into the dot.
 # Eagerly, every XLA dispatch costs tens of microseconds (much more on a busy machine);
-# a transformer's forward is more than half views. Views whose value is not a plain
-# storage read (``_conj``, ``_neg_view``, ``view_as_real``, ``view.dtype``, ``real``,
-# ``imag``) keep running their lowering.
+# a transformer's forward is more than half views. Views that reinterpret the element
+# type (``view.dtype``, ``view_as_real``, ``view_as_complex``) are layout views too: the
+# storage is read through an interpretation (Note [Views across dtypes]).
 _LAYOUT_VIEWS = frozenset(
     {
         "view",
@@ -494,6 +496,8 @@ _LAYOUT_VIEWS = frozenset(
         "unfold",
         "narrow",
         "alias",
+        "view_as_real",
+        "view_as_complex",
     }
 )
 
@@ -519,6 +523,7 @@ def _view_handler(func, entry):
                 base._stride,
                 base._offset,
                 base.dtype,
+                _bits(base),
                 _hashable(args[1:]),
                 _hashable(tuple(kwargs.items())) if kwargs else (),
             )
@@ -560,9 +565,21 @@ def _hashable(x):
     return (type(x), x)
 
 
+def _bits(t: JaxTensor):
+    """(conj, neg): torch's math bits, which follow the storage's interpretation."""
+    s = t._storage
+    return (s.conj, s.neg) if s.__class__ is Interpretation else None
+
+
 def _meta_like(t: JaxTensor) -> torch.Tensor:
+    # The storage's numel is in units of t.dtype (an Interpretation counts its own), and
+    # the bits travel, so torch's checks (view_as_real of a conj tensor) run on it.
     flat = torch.empty((t._storage.numel,), dtype=t.dtype, device="meta")
-    return flat.as_strided(t._size, t._stride, t._offset)
+    meta = flat.as_strided(t._size, t._stride, t._offset)
+    bits = _bits(t)
+    if bits is not None:
+        set_math_bits(meta, *bits)
+    return meta
 
 
 def _check_cast(func, result_dtype, out_dtype):
@@ -618,7 +635,11 @@ def write_into(func, dst: torch.Tensor, src: JaxTensor, *, check_cast=True, resi
 
 
 def _inplace_handler(func, functional):
+    overlap = writeback.checks_overlap(func)
+
     def inplace(args, kwargs):
+        if overlap and len(args) > 1:
+            writeback.check_no_partial_overlap(func, args[:1], args[1:], kwargs)
         result = functional(args, kwargs)
         if isinstance(result, (list, tuple)):
             result = result[0]
@@ -638,19 +659,28 @@ def _inplace_view_handler(functional_view):
 
 
 def _out_handler(func, functional):
+    """out= overloads: torch's checks (Note [out= checks] in torchjax/ops/writeback.py),
+    the functional result, then a write into each out tensor (resized if needed)."""
     names = _out_names(func._schema)
+    overlap = writeback.checks_overlap(func)
 
     def out(args, kwargs):
         outs = [kwargs[n] for n in names]
+        for o in outs:
+            if not isinstance(o, JaxTensor):
+                raise _device_error(func, o)
         rest = {k: v for k, v in kwargs.items() if k not in names}
+        if overlap:
+            writeback.check_no_partial_overlap(func, outs, args, rest)
+        meta_ok = writeback.check_out_on_meta(func, args, kwargs, names, _meta_like)
         result = functional(args, rest)
         results = result if isinstance(result, (list, tuple)) else (result,)
+        exact = writeback.exact_integer_outputs(func, len(outs))
         for o, r in zip(outs, results):
-            # Integer outputs (indices) follow the out tensor's dtype: torch checks those
-            # by exact dtype in the kernels; the cast rule is for the values.
-            write_into(
-                func, o, r, check_cast=r.dtype.is_floating_point or r.dtype.is_complex, resize=True
-            )
+            values = r.dtype.is_floating_point or r.dtype.is_complex
+            if exact and not values and r.dtype != torch.bool and o.dtype != r.dtype:
+                raise writeback.exact_dtype_error(func, r.dtype, o.dtype)
+            write_into(func, o, r, check_cast=values and not meta_ok, resize=True)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return out

@@ -6,9 +6,9 @@ storage, so a later in-place write through either is seen by both. ``reshape``,
 ``narrow``, ``flatten``, ``unflatten``, ``movedim``, ``chunk``, ``tensor_split``,
 ``expand_as``, ``view_as`` are CompositeImplicitAutograd in ATen and reach the ops below.
 
-Exceptions (documented on each): ``view.dtype``, ``view_as_real`` and
-``view_as_complex`` reinterpret the element type, which a storage of one jax dtype cannot
-alias; they return COPIES. Writes through their results do not reach ``self``.
+``view.dtype``, ``view_as_real`` and ``view_as_complex`` (and through them ``.real`` and
+``.imag``) reinterpret the element type; they alias too, through an interpretation of
+the storage (Note [Views across dtypes] in torchjax/tensor/_reinterpret.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import torch
 from jax import lax
 
 from torchjax.ops.registry import handler, lowering
-from torchjax.tensor import dtypes
-from torchjax.tensor._tensor import view_of, wrap
+from torchjax.tensor._tensor import view_of
 
 aten = torch.ops.aten
 
@@ -46,34 +45,17 @@ def view(self, size, stride=None):
     return jnp.reshape(self, tuple(int(s) for s in size))
 
 
-@handler(aten.view.dtype)
-def view_dtype(args, kwargs):
-    """aten::view.dtype - reinterpret the bits as another dtype. A COPY, not an alias.
+@lowering(aten.view.dtype)
+def view_dtype(self, dtype):
+    """aten::view.dtype - the same bytes read as ``dtype``; an alias, like every view.
 
-    Shapes: equal itemsize keeps the shape; otherwise the last dim scales by the ratio
-    (torch's rule, checked on a meta tensor). jax arrays cannot alias across dtypes, so
-    writes through the result do not reach ``self`` (unlike torch). bool goes through
-    uint8. Reference: torch.Tensor.view(dtype); jax.lax.bitcast_convert_type.
+    Shapes: equal itemsize keeps the shape; otherwise the last dim scales by the ratio.
+    torch's checks (last-dim stride 1, size and storage-offset divisibility, no conj
+    bit) run on the meta tensor with torch's messages. The value is read lazily through
+    the storage (Note [Views across dtypes] in torchjax/tensor/_reinterpret.py), so this
+    body is never called. Reference: torch.Tensor.view(dtype).
     """
-    self, dtype = args[0], args[1] if len(args) > 1 else kwargs["dtype"]
-    meta = torch.empty(self.shape, dtype=self.dtype, device="meta").view(dtype)
-    arr = self._value()
-    src_dt, dst_dt = arr.dtype, dtypes.to_jax_dtype(dtype)
-    if src_dt == np.bool_:
-        arr = arr.astype(np.uint8)
-    bits_dt = np.uint8 if dst_dt == np.bool_ else dst_dt
-    src_size, dst_size = np.dtype(arr.dtype).itemsize, np.dtype(bits_dt).itemsize
-    if src_size > dst_size:
-        out = lax.bitcast_convert_type(arr, bits_dt)  # adds a trailing dim of the ratio
-    elif src_size < dst_size:
-        ratio = dst_size // src_size
-        out = lax.bitcast_convert_type(arr.reshape(arr.shape[:-1] + (-1, ratio)), bits_dt)
-    else:
-        out = lax.bitcast_convert_type(arr, bits_dt)
-    out = out.reshape(tuple(meta.shape))
-    if dst_dt == np.bool_:
-        out = out != 0
-    return wrap(out, self._device_index)
+    raise AssertionError("aten::view.dtype is a layout view (Note [Lazy views])")
 
 
 @lowering(aten.permute.default)
@@ -246,26 +228,13 @@ def as_strided(args, kwargs):
     return view_of(self, size, stride, offset)
 
 
-@handler(aten.view_as_real.default)
-def view_as_real(args, kwargs):
-    """aten::view_as_real - complex (...) -> real (..., 2). A COPY, not an alias
-    (a jax storage has one dtype); writes through it do not reach ``self``."""
-    arr = args[0]._value()
-    return wrap(jnp.stack([jnp.real(arr), jnp.imag(arr)], axis=-1), args[0]._device_index)
+@lowering(aten.view_as_real.default, aten.view_as_complex.default)
+def view_as_real(self):
+    """aten::view_as_real / view_as_complex - complex (...) <-> real (..., 2), aliasing
+    ``self`` (the storage read as the other dtype, Note [Views across dtypes]).
 
-
-@handler(aten.view_as_complex.default)
-def view_as_complex(args, kwargs):
-    """aten::view_as_complex - real (..., 2) -> complex (...). A COPY, not an alias."""
-    self = args[0]
-    if self.dim() == 0 or self.shape[-1] != 2:
-        raise RuntimeError("Tensor must have a last dimension of size 2 (in aten::view_as_complex)")
-    arr = self._value()
-    if arr.dtype not in (np.float32, np.float64):
-        raise RuntimeError(
-            f"torchjax: view_as_complex of {self.dtype} would give a complex "
-            "dtype jax lacks (complex32); convert to float32 first "
-            "(in aten::view_as_complex)"
-        )
-    out = lax.complex(arr[..., 0], arr[..., 1])
-    return wrap(out, self._device_index)
+    torch's checks (no conj bit; last dim of size 2 and stride 1, even strides and
+    offset) run on the meta tensor; the value is read lazily, so this body is never
+    called. float16 -> complex32 is refused: jax has no complex32.
+    """
+    raise AssertionError("aten::view_as_real is a layout view (Note [Lazy views])")

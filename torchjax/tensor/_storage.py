@@ -13,6 +13,9 @@ stride, storage_offset) exactly as PyTorch reports them, so view metadata is PyT
 - Writing (any in-place op, ``copy_``, ``out=``) scatters the new values into the flat
   buffer through the same plan, replaces ``storage.arr`` and bumps ``storage.version``,
   so every live view re-reads on next use.
+- A view of another dtype (``x.real``, ``view(dtype)``, ``view_as_real``) or with torch's
+  conj/neg bit reads and writes the same root storage through an ``Interpretation``: see
+  Note [Views across dtypes] in torchjax/tensor/_reinterpret.py.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
 class Storage:
     """A jax array that tensors alias; ``version`` counts writes."""
 
-    __slots__ = ("arr", "version", "numel", "shape", "__weakref__")
+    # interpretations: this storage read as other dtypes / conj / neg, created on demand
+    # (Note [Views across dtypes] in torchjax/tensor/_reinterpret.py).
+    __slots__ = ("arr", "version", "numel", "shape", "interpretations", "__weakref__")
 
     def __init__(self, arr: jax.Array, shape=None, numel=None):
         # shape/numel: precomputed by callers that have them (wrap), to save the work.
@@ -48,6 +53,7 @@ class Storage:
         self.version = 0
         self.shape = tuple(arr.shape) if shape is None else shape
         self.numel = math.prod(self.shape) if numel is None else numel
+        self.interpretations = None
 
     def covers(self, size, stride, offset) -> bool:
         """True when (size, stride, offset) is the whole storage in its own shape."""

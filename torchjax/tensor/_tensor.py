@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import x64_enter, x64_exit
-from torchjax._compat.torch import set_tensor_data, tensor_repr
+from torchjax._compat.torch import set_math_bits, set_tensor_data, tensor_repr
 from torchjax.tensor import _backward_errors, _fake, _protocols, dtypes
+from torchjax.tensor._reinterpret import Interpretation, interpret
 from torchjax.tensor._storage import Storage, contiguous_strides
 
 DEVICE_TYPE = "tpu"
@@ -281,9 +282,24 @@ def wrap(arr: jax.Array, device_index: int = 0) -> JaxTensor:
 _make_wrapper_subclass = torch.Tensor._make_wrapper_subclass
 
 
-def view_of(base: JaxTensor, size, stride, offset, dtype=None, value=None) -> JaxTensor:
-    """A tensor aliasing ``base``'s storage; ``value`` (if given) seeds its read cache."""
-    t = make(base._storage, size, stride, offset, dtype or base.dtype, base._device_index)
+def view_of(
+    base: JaxTensor, size, stride, offset, dtype=None, value=None, conj=None, neg=None
+) -> JaxTensor:
+    """A tensor aliasing ``base``'s storage; ``value`` (if given) seeds its read cache.
+
+    ``dtype`` other than ``base``'s, or ``conj``/``neg`` bits other than ``base``'s (the
+    default keeps them, as torch's views do), read the storage through an interpretation
+    (Note [Views across dtypes] in torchjax/tensor/_reinterpret.py)."""
+    storage = base._storage
+    dtype = dtype or base.dtype
+    # The bits follow the interpretation (set together below), read without a C call.
+    bits = (storage.conj, storage.neg) if storage.__class__ is Interpretation else (False, False)
+    want = (bits[0] if conj is None else conj, bits[1] if neg is None else neg)
+    if dtype != base.dtype or want != bits:
+        storage = interpret(storage, dtypes.to_jax_dtype(dtype), *want)
+    t = make(storage, size, stride, offset, dtype, base._device_index)
+    if want != (False, False):
+        set_math_bits(t, *want)
     if value is not None:
         t._cache = value
         t._cache_version = base._storage.version

@@ -11,6 +11,11 @@ check when every supported dtype among the harness dtypes passes it; backward co
 differentiable ops only), per-dtype pass counts, and the failures grouped by cause, each
 marked listed or unlisted in tests/ops/expected_failures.csv. ``--print-xfails`` prints
 the unlisted failures as lines for that file (reasons to be reviewed by hand).
+
+    python -m torchjax.testing.coverage --from-suite run.xml [more.xml ...]
+
+reads the outcomes of a real suite run instead, from pytest's junit XML
+(``pytest tests/ops --junitxml=run.xml``; Note [Coverage from a run]).
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ RANDOM = "random-op check"
 ERROR = "error mismatch"
 CRASH = "crash"
 LISTED = "listed in expected_failures.csv"
-CAUSES = (MISSING, VALUE, DTYPE, SHAPE, RANDOM, ERROR, CRASH, LISTED)
+FAILED = "failed in the run"  # a suite run's failure (--from-suite)
+CAUSES = (MISSING, VALUE, DTYPE, SHAPE, RANDOM, ERROR, CRASH, LISTED, FAILED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,27 +242,73 @@ def xfail_lines(results, xfails) -> list[str]:
     return sorted(lines)
 
 
-def suite_results(xfails) -> list[Result]:
-    """The cases the test suite runs (tests/ops/opinfo_cases.py picks each entry's dtypes
-    per check), each passed unless listed in ``xfails``. The suite makes every listed case a
-    strict xfail and fails on any other failure, so after a green run of the suite these are
-    its exact results (with its sample counts), at no cost. Needs the repository checkout."""
+# Note [Coverage from a run]
+# The suite's figures are counted from a real run: pytest's junit XML (``pytest tests/ops
+# --junitxml=run.xml``) records each case's outcome, and ``--from-suite run.xml`` reads
+# it: a case passed only if the run says so. A strict xfail is a listed failure (cause
+# LISTED); a failure or error is counted as failed with the run's message; a case the
+# suite defines but the XML lacks (a subset run, a crashed worker) is reported as not
+# run and left out of the figures, which cover the cases that ran.
+_CASE = re.compile(r"^test_opinfo_(forward|backward|inplace|out)\[(.+)-([a-z0-9]+)\]$")
+
+
+def junit_outcomes(paths) -> tuple[dict, collections.Counter]:
+    """{(op, dtype, check): (cause, detail)} for the OpInfo cases in pytest junit XML
+    files, and the outcome counts of every test case in them (passed, failed, ...)."""
+    import xml.etree.ElementTree as ET
+
+    cases, totals = {}, collections.Counter()
+    for path in paths:
+        for tc in ET.parse(path).getroot().iter("testcase"):
+            outcome, detail = "passed", ""
+            for child in tc:
+                if child.tag in ("failure", "error"):
+                    outcome = "failed" if child.tag == "failure" else "error"
+                    detail = child.get("message") or ""
+                elif child.tag == "skipped":
+                    kind = "xfailed" if child.get("type") == "pytest.xfail" else "skipped"
+                    outcome, detail = kind, child.get("message") or ""
+            totals[outcome] += 1
+            m = _CASE.match(tc.get("name", ""))
+            if m is None:
+                continue
+            check, op, dtype = m.groups()
+            cause = {"passed": None, "xfailed": LISTED}.get(outcome, FAILED)
+            cases[(op, dtype, check)] = (cause, " ".join(detail.split())[:160])
+    return cases, totals
+
+
+def suite_cases() -> list[tuple[str, str, str]]:
+    """Every (op, dtype, check) the test suite defines (tests/ops/opinfo_cases.py picks
+    each entry's dtypes per check). Needs the repository checkout."""
     root = str(XFAIL_FILE.parents[2])
     if root not in sys.path:
         sys.path.insert(0, root)
     from tests.ops import opinfo_cases
     from torchjax.testing import opinfo as oi
 
-    results = []
-    for op in oi.reference_entries():
-        name = oi.full_name(op)
-        for check in CHECKS:
-            for dtype in opinfo_cases._dtypes(op, check):
-                d = str(dtype).removeprefix("torch.")
-                reason = xfails.get((name, d, check))
-                cause = None if reason is None else LISTED
-                results.append(Result(name, d, check, cause, (reason or "")[:160]))
-    return results
+    return [
+        (oi.full_name(op), str(dtype).removeprefix("torch."), check)
+        for op in oi.reference_entries()
+        for check in CHECKS
+        for dtype in opinfo_cases._dtypes(op, check)
+    ]
+
+
+def suite_results(paths, out=None) -> list[Result]:
+    """The OpInfo cases of a suite run, from its junit XML (Note [Coverage from a run]);
+    prints the run's totals and the suite's cases it lacks."""
+    out = sys.stdout if out is None else out
+    cases, totals = junit_outcomes(paths)
+    order = ("passed", "failed", "error", "xfailed", "skipped")
+    print("test cases in the run: " + ", ".join(f"{totals[k]} {k}" for k in order), file=out)
+    missing = [k for k in suite_cases() if k not in cases]
+    print(f"OpInfo cases in the run: {len(cases)}; suite cases not in it: {len(missing)}", file=out)
+    if missing:
+        shown = ", ".join("/".join(k) for k in missing[:20])
+        print(f"  not run: {shown}{' ...' if len(missing) > 20 else ''}", file=out)
+    print(file=out)
+    return [Result(op, d, c, cause, detail) for (op, d, c), (cause, detail) in cases.items()]
 
 
 def main(argv=None) -> int:
@@ -271,19 +323,18 @@ def main(argv=None) -> int:
     parser.add_argument("--print-xfails", action="store_true", help="CSV lines for unlisted")
     parser.add_argument(
         "--from-suite",
-        action="store_true",
-        help="report the test suite's cases and expected failures instead of running checks "
-        "(exact after a green `pytest tests/ops`; seconds instead of minutes)",
+        nargs="+",
+        metavar="JUNIT_XML",
+        help="report the outcomes of a test-suite run from its junit XML "
+        "(`pytest tests/ops --junitxml=run.xml`) instead of running checks",
     )
     args = parser.parse_args(argv)
     if args.from_suite:
         xfails = load_xfails(args.xfails)
-        results = suite_results(xfails)
-        print(
-            "torchjax OpInfo coverage of the test suite (tests/ops: every case passes unless "
-            f"listed in {pathlib.Path(args.xfails).name}; exact after a green run)\n"
-        )
-        summarize(results, xfails, all_names=op_names())
+        names = ", ".join(pathlib.Path(p).name for p in args.from_suite)
+        print(f"torchjax OpInfo coverage counted from a test-suite run ({names})\n")
+        results = suite_results(args.from_suite)
+        summarize(results, xfails)
         return 0
     names = op_names(args.ops)
     dtypes = tuple(d for d in args.dtypes.split(",") if d)

@@ -326,6 +326,27 @@ def check_backward(opinfo, sample, tol=None) -> bool:
     return True
 
 
+def assert_refuses_like(cpu_error: Exception, run, what: str) -> None:
+    """CPU torch raised ``cpu_error``: ``run()`` (the same call on tpu) must raise the same
+    exception type. A missing lowering (NotImplementedError, "no lowering") is not a
+    refusal: it would pass here while the op does not exist on tpu."""
+    try:
+        run()
+    except Exception as error:  # noqa: BLE001 - judged below against CPU's exception
+        missing = isinstance(error, NotImplementedError) or "no lowering" in str(error)
+        if missing and not isinstance(cpu_error, NotImplementedError):
+            raise AssertionError(
+                f"{what}: CPU refused with {cpu_error!r}; tpu has no lowering: {error!r}"
+            ) from error
+        if type(error) is not type(cpu_error):
+            raise AssertionError(
+                f"{what}: CPU raised {type(cpu_error).__name__} ({cpu_error}), tpu raised "
+                f"{type(error).__name__} ({error})"
+            ) from error
+        return
+    raise AssertionError(f"{what}: CPU raised {cpu_error!r}, tpu did not")
+
+
 def check_inplace(opinfo, sample, tol=None) -> bool:
     """Run the in-place variant; returns False when it does not apply to the sample."""
     fn = opinfo.get_inplace()
@@ -338,11 +359,10 @@ def check_inplace(opinfo, sample, tol=None) -> bool:
     except RuntimeError as e:  # torch refuses (dtype cast, broadcast): tpu must refuse too
         tpu = to_tpu(sample, opinfo)
         tpu.input = tpu.input.detach()
-        try:
-            fn(tpu.input, *tpu.args, **tpu.kwargs)
-        except RuntimeError:
-            return True
-        raise AssertionError(f"{opinfo.name} in-place: CPU raised {e!r}, tpu did not") from None
+        assert_refuses_like(
+            e, lambda: fn(tpu.input, *tpu.args, **tpu.kwargs), f"{opinfo.name} in-place"
+        )
+        return True
     tpu = to_tpu(sample, opinfo)
     tpu.input = tpu.input.detach()
     got = fn(tpu.input, *tpu.args, **tpu.kwargs)
@@ -351,24 +371,51 @@ def check_inplace(opinfo, sample, tol=None) -> bool:
     return True
 
 
+def _out_dtypes(expected):
+    """The dtype (or tuple of dtypes) of the out= argument matching ``expected``, the
+    functional result; None when it is not a tensor or a sequence of tensors."""
+    if isinstance(expected, torch.Tensor):
+        return expected.dtype
+    if isinstance(expected, (tuple, list)) and expected:
+        if all(isinstance(e, torch.Tensor) for e in expected):
+            return tuple(e.dtype for e in expected)
+    return None
+
+
+def _empty_outs(dtypes):
+    """0-element tpu tensors to pass as out= (one, or a tuple for multi-output ops)."""
+    if isinstance(dtypes, tuple):
+        return tuple(torch.empty(0, dtype=d, device=TPU) for d in dtypes)
+    return torch.empty(0, dtype=dtypes, device=TPU)
+
+
+def _check_returned_out(got, out, what):
+    if isinstance(out, tuple):
+        assert isinstance(got, tuple) and len(got) == len(out), f"{what}: returned {type(got)}"
+        for i, (g, o) in enumerate(zip(got, out)):
+            assert g is o, f"{what}: element {i} of the result is not out[{i}]"
+    else:
+        assert got is out, f"{what}: did not return out"
+
+
 def check_out(opinfo, sample, tol=None) -> bool:
-    """Run with ``out=`` (a tpu tensor of the expected dtype); False if not applicable."""
+    """Run with ``out=`` (0-element tpu tensors of the functional result's dtypes, one per
+    output for multi-output ops, so every element is written and compared); False when
+    the functional result is not a tensor or a sequence of tensors."""
     if not opinfo.supports_out:
         return False
     fn = opinfo.get_op()
     cpu = clone_cpu(sample, opinfo)
     expected = call(fn, cpu)
-    if not isinstance(expected, torch.Tensor):
+    dtypes = _out_dtypes(expected)
+    if dtypes is None:
         return False
-    out = torch.empty(0, dtype=expected.dtype, device=TPU)
+    out = _empty_outs(dtypes)
     tpu = to_tpu(sample, opinfo)
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        got = fn(tpu.input, *tpu.args, **tpu.kwargs, out=out)
-    assert got is out, f"{opinfo.name} out=: did not return out"
-    compare(out, expected, f"{opinfo.name} out=", tol)
+    got = fn(tpu.input, *tpu.args, **tpu.kwargs, out=out)
+    what = f"{opinfo.name} out="
+    _check_returned_out(got, out, what)
+    compare(out, tuple(expected) if isinstance(out, tuple) else expected, what, tol)
     return True
 
 
@@ -566,9 +613,9 @@ def _run_variant(opinfo, variant, sample, out_dtype=None):
         return _unseeded(opinfo.get_inplace())(inp, *sample.args, **sample.kwargs)
     fn = _unseeded(opinfo.get_op())
     if variant == "out":
-        out = torch.empty(0, dtype=out_dtype, device=TPU)
+        out = _empty_outs(out_dtype)
         got = fn(sample.input, *sample.args, **sample.kwargs, out=out)
-        assert got is out, f"{full_name(opinfo)} out=: did not return out"
+        _check_returned_out(got, out, f"{full_name(opinfo)} out=")
         return out
     return call(fn, sample)
 
@@ -610,14 +657,11 @@ def check_random(opinfo, sample, variant="forward", tol=None) -> bool:
     try:
         c1 = _seeded(0, cpu_run, clone_cpu(sample, opinfo))
     except RuntimeError as e:  # torch refuses (dtype cast, broadcast): tpu must refuse too
-        try:
-            _run_variant(opinfo, variant, to_tpu(sample, opinfo))
-        except RuntimeError:
-            return True
-        raise AssertionError(f"{what}: CPU raised {e!r}, tpu did not") from None
-    if variant == "out" and not isinstance(c1, torch.Tensor):
+        assert_refuses_like(e, lambda: _run_variant(opinfo, variant, to_tpu(sample, opinfo)), what)
+        return True
+    out_dtype = _out_dtypes(c1) if variant == "out" else None
+    if variant == "out" and out_dtype is None:
         return False
-    out_dtype = c1.dtype if variant == "out" else None
     run = lambda s: _run_variant(opinfo, variant, s, out_dtype)  # noqa: E731
     # Several successive CPU draws: a permutation of 3 categories repeats by chance.
     if all(_identical(c1, cpu_run(clone_cpu(sample, opinfo))) for _ in range(4)):

@@ -1,0 +1,145 @@
+"""out= and in-place writes follow torch's checks (Note [out= checks] in
+torchjax/ops/writeback.py): dtype refusals, resizing with torch's warning, tuple outputs,
+overlapping memory. Each case runs on CPU and on "tpu"."""
+
+import warnings
+
+import pytest
+import torch
+
+import torchjax  # noqa: F401
+
+
+def _e(dev, *shape, dtype=torch.float32):
+    return torch.empty(*shape, dtype=dtype, device=dev)
+
+
+def _t(dev, values, dtype=torch.float32):
+    return torch.tensor(values, dtype=dtype, device=dev)
+
+
+def _sort(dev, vdt, idt):
+    v, i = _e(dev, 3, dtype=vdt), _e(dev, 3, dtype=idt)
+    torch.sort(_t(dev, [3.0, 1, 2]), out=(v, i))
+    return v, i
+
+
+def _frexp(dev, mdt, edt):
+    m, e = _e(dev, 3, dtype=mdt), _e(dev, 3, dtype=edt)
+    torch.frexp(_t(dev, [3.0, -0.5, 8]), out=(m, e))
+    return m, e
+
+
+def _topk(dev, vdt):
+    v, i = _e(dev, 2, dtype=vdt), _e(dev, 2, dtype=torch.long)
+    torch.topk(_t(dev, [3.0, 1, 2]), 2, out=(v, i))
+    return v, i
+
+
+def _max_dim(dev, vdt, idt):
+    v, i = _e(dev, 5, dtype=vdt), _e(dev, 0, dtype=idt)
+    torch.max(_t(dev, [[3.0, 1], [2, 5]]), 1, out=(v, i))
+    return v, i
+
+
+def _eigh(dev, wdt):
+    w, v = _e(dev, 2, dtype=wdt), _e(dev, 2, 2)
+    torch.linalg.eigh(_t(dev, [[2.0, 1], [1, 3]]), out=(w, v))
+    return w, v.abs()
+
+
+def _kthvalue(dev, idt):
+    v, i = _e(dev, ()), _e(dev, (), dtype=idt)
+    torch.kthvalue(_t(dev, [3.0, 1, 2]), 2, out=(v, i))
+    return v, i
+
+
+CASES = {
+    "nonzero_float_out": lambda d: torch.nonzero(_t(d, [1, 0, 2]), out=_e(d, 0)),
+    "nonzero_long_out": lambda d: torch.nonzero(_t(d, [1, 0, 2]), out=_e(d, 0, dtype=torch.long)),
+    "maximum_bool_out": lambda d: torch.maximum(
+        _t(d, [1.0]), _t(d, [2.0]), out=_e(d, 1, dtype=torch.bool)
+    ),
+    "abs_long_out": lambda d: torch.abs(_t(d, [-1.0, 2]), out=_e(d, 2, dtype=torch.long)),
+    "mm_double_out": lambda d: torch.mm(
+        _t(d, [[1.0]]), _t(d, [[2.0]]), out=_e(d, 1, 1, dtype=torch.float64)
+    ),
+    "argmax_float_out": lambda d: torch.argmax(_t(d, [1.0, 3, 2]), out=_e(d, ())),
+    "cumsum_into_long": lambda d: torch.cumsum(
+        _t(d, [1.5, 2, 3]), 0, out=_e(d, 3, dtype=torch.long)
+    ),
+    "add_into_double": lambda d: torch.add(_t(d, [1.0, 2]), 1, out=_e(d, 2, dtype=torch.float64)),
+    "sort_ok": lambda d: _sort(d, torch.float32, torch.long),
+    "sort_int32_indices": lambda d: _sort(d, torch.float32, torch.int32),
+    "sort_long_values": lambda d: _sort(d, torch.long, torch.long),
+    "frexp_ok": lambda d: _frexp(d, torch.float32, torch.int32),
+    "frexp_long_exponent": lambda d: _frexp(d, torch.float32, torch.long),
+    "topk_ok": lambda d: _topk(d, torch.float32),
+    "topk_double_values": lambda d: _topk(d, torch.float64),
+    "max_dim_resized": lambda d: _max_dim(d, torch.float32, torch.long),
+    "max_dim_double_values": lambda d: _max_dim(d, torch.float64, torch.long),
+    "eigh_ok": lambda d: _eigh(d, torch.float32),
+    "eigh_long_eigenvalues": lambda d: _eigh(d, torch.long),
+    "kthvalue_int32_indices": lambda d: _kthvalue(d, torch.int32),
+    "kthvalue_ok": lambda d: _kthvalue(d, torch.long),
+}
+
+
+def _run(case, dev):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = CASES[case](dev)
+        except RuntimeError as error:
+            return error, []
+    return result, [str(w.message)[:40] for w in caught if "resized" in str(w.message)]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_out_matches_cpu(case):
+    cpu, cpu_warnings = _run(case, "cpu")
+    tpu, tpu_warnings = _run(case, "tpu")
+    if isinstance(cpu, Exception):
+        assert type(tpu) is type(cpu), f"CPU raised {cpu!r}, tpu gave {tpu!r}"
+        return
+    assert not isinstance(tpu, Exception), f"CPU accepted, tpu raised {tpu!r}"
+    assert tpu_warnings == cpu_warnings
+    cpu = cpu if isinstance(cpu, tuple) else (cpu,)
+    tpu = tpu if isinstance(tpu, tuple) else (tpu,)
+    assert len(cpu) == len(tpu)
+    for c, t in zip(cpu, tpu):
+        assert t.device.type == "tpu" and t.dtype == c.dtype and t.shape == c.shape
+        torch.testing.assert_close(t.cpu(), c)
+
+
+OVERLAPS = {
+    "add_shifted_out": lambda x: torch.add(x[:3], 1, out=x[1:]),
+    "mul_shifted_out": lambda x: torch.mul(x[1:], 2, out=x[:3]),
+    "add_disjoint_out": lambda x: torch.add(x[:2], 1, out=x[2:]),
+    "add_same_out": lambda x: torch.add(x, 1, out=x),
+    "neg_strided_out": lambda x: torch.neg(x[::2], out=x[1::2]),
+    "add_inplace_shifted": lambda x: x[1:].add_(x[:3]),
+    "add_inplace_self": lambda x: x.add_(x),
+    "cumsum_shifted_out": lambda x: torch.cumsum(x[:3], 0, out=x[1:]),
+    "sum_into_element": lambda x: torch.sum(x, 0, out=x[0]),
+    "real_view_out": lambda x: torch.add(x[:3], 1, out=x.view(torch.int32)[1:].view(torch.float32)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OVERLAPS))
+def test_overlapping_writes_match_cpu(case):
+    results = []
+    for dev in ("cpu", "tpu"):
+        x = torch.arange(4.0, device=dev)
+        try:
+            OVERLAPS[case](x)
+            results.append(x.cpu())
+        except RuntimeError as error:
+            results.append(error)
+    cpu, tpu = results
+    if isinstance(cpu, Exception):
+        assert isinstance(tpu, RuntimeError), f"CPU raised {cpu!r}, tpu gave {tpu!r}"
+        assert str(tpu).startswith(str(cpu))
+        return
+    assert not isinstance(tpu, Exception), repr(tpu)
+    torch.testing.assert_close(tpu, cpu)
