@@ -9,6 +9,7 @@ from torchjax import device as _device  # noqa: F401  (registers the "tpu" devic
 from torchjax import ops as _ops  # noqa: F401  (fills the op table)
 from torchjax import pallas as pallas  # after ops: kernels register into its table
 from torchjax.compile import Jitted, RetraceWarning, export, jit
+from torchjax.device._stats import reset_stats, stats
 from torchjax.integrations.transformers import _loading as _hf_loading
 from torchjax.interop import (
     from_jax,
@@ -38,6 +39,8 @@ __all__ = [
     "jit",
     "mesh",
     "pallas",
+    "reset_stats",
+    "stats",
     "to_jax",
     "tree_from_jax",
     "tree_to_jax",
