@@ -22,11 +22,12 @@ boolean scalar (True: the input is invalid), ``value`` the offending value to na
   (one host read per checked op), for debugging;
 - under ``torchjax.jit`` / ``jax.jit`` (the arrays are tracers of a user's trace) there is
   no eager op to report for: checks are not performed, and out-of-range indices follow
-  jax's rules (gathers clamp, scatters drop). Check the data eagerly, or inside the jitted
-  function with ``jax.experimental.checkify``, if it may be invalid.
+  jax's rules (``jnp.take`` fills NaN, ``x[idx]`` gathers clamp, scatters drop). Check
+  the data eagerly, or inside the jitted function with ``jax.experimental.checkify``, if
+  it may be invalid.
 
 The pending list is folded on the device every ``_FOLD_AT`` entries (one small
-executable), so a loop that never synchronises keeps three arrays, not thousands.
+executable), so a loop that never synchronises keeps a few arrays, not thousands.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ Data-dependent behaviour:
   synchronisation point (``.item()``, ``.cpu()``, ``print``, ``torch.tpu.synchronize()``),
   or at the op in immediate mode (``TORCHJAX_SYNC_CHECKS=1``); Note [Device-side checks]
   in torchjax/device/_checks.py. Under ``torchjax.jit``/``jax.jit`` (traced indices)
-  there is no check and jax's gather/scatter semantics apply: gathers clamp, scatters
+  there is no check and jax's gather/scatter semantics apply: ``x[idx]`` clamps,
+  ``index_select``/``take`` fill NaN (jnp.take), scatters
   drop out-of-range updates.
 - Bool masks in ``index``/``index_put``, ``masked_select``, ``nonzero`` and
   ``repeat_interleave`` (layout.py) have data-dependent output shapes: eager only; under
