@@ -37,6 +37,7 @@ import threading
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from torchjax.device import _stats
 
@@ -195,7 +196,8 @@ def _fold() -> None:
         return
     bads, ivals, fvals, codes = zip(*entries)
     with jax.enable_x64(True):
-        codes = [jnp.asarray(c, jnp.int32).reshape(()) for c in codes]
+        # NumPy for the codes known on the host: no device op per code.
+        codes = [np.int32(c) if isinstance(c, int) else c for c in codes]
         entry = _first_failure(list(bads), list(ivals), list(fvals), codes)
     with _lock:
         _PENDING.insert(0, entry)
