@@ -11,6 +11,7 @@ from torchjax import ops as _ops  # noqa: F401  (fills the op table)
 from torchjax import pallas as pallas  # after ops: kernels register into its table
 from torchjax._patches import UntestedVersionWarning
 from torchjax.compile import Jitted, RetraceWarning, export, jit
+from torchjax.device._stats import reset_stats, stats
 from torchjax.integrations.transformers import _patch_records as _hf_patches
 from torchjax.interop import (
     from_jax,
@@ -61,6 +62,8 @@ __all__ = [
     "mesh",
     "patches",
     "pallas",
+    "reset_stats",
+    "stats",
     "to_jax",
     "tree_from_jax",
     "tree_to_jax",

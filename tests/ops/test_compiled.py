@@ -70,14 +70,52 @@ def test_changing_float_static_argument_stops_compiling():
     assert _info(aten.sub.Tensor)[0] - before <= compiled.MAX_FLOAT_VARIANTS
 
 
-def test_integer_tensors_run_op_by_op_and_keep_their_checks():
+def _calls(func):
+    return torchjax.stats()["ops"].get(f"aten::{func._opname}.{func._overloadname}", {})
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int64, torch.int32])
+def test_every_dtype_runs_as_one_cached_executable(dtype):
+    x = torch.arange(1, 7).reshape(2, 3).to(dtype)
+    t = x.to(TPU)
+    torchjax.reset_stats()
+    for _ in range(3):
+        out = t * 3 + t
+    s = torchjax.stats()
+    assert _calls(aten.mul.Tensor) == {"calls": 3, "traces": 1, "keys": 1, "op_by_op": 0}
+    assert _calls(aten.add.Tensor)["calls"] == 3 and _calls(aten.add.Tensor)["op_by_op"] == 0
+    assert s["executions"] == 6 and s["cache_hits"] == 4 and s["host_reads"] == 0
+    torch.testing.assert_close(out.cpu(), x * 3 + x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_trunc_division_compiled_equals_op_by_op_bit_for_bit(dtype, monkeypatch):
+    # All finite half values (every exponent, subnormals included) against a shuffled copy.
+    bits = np.arange(-(2**15), 2**15, dtype=np.int32).astype(np.int16)
+    a = torch.from_numpy(bits).view(dtype)
+    a = a[torch.isfinite(a)]
+    b = a[torch.randperm(a.numel(), generator=torch.Generator().manual_seed(0))]
+    ta, tb = a.to(TPU), b.to(TPU)
+    got = torch.div(ta, tb, rounding_mode="trunc").cpu()
+    assert _calls(aten.div.Tensor_mode)["calls"] >= 1
+    monkeypatch.setattr(compiled, "MAX_KEYS_PER_OP", 0)  # new keys run op by op
+    ta2, tb2 = a.to(TPU)[1:], b.to(TPU)[1:]  # views: a new key
+    eager = torch.div(ta2, tb2, rounding_mode="trunc").cpu()
+    assert torch.equal(got[1:].view(torch.int16), eager.view(torch.int16))
+
+
+def test_integer_checks_compile_and_raise_at_the_next_sync():
     a = torch.tensor([4, 6], device=TPU)
-    keys = _info(aten.remainder.Tensor)[0]
-    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
-        torch.remainder(a, torch.tensor([1, 0], device=TPU))
-    assert _info(aten.remainder.Tensor)[0] == keys
-    with pytest.raises(IndexError, match="index out of range"):
-        F.embedding(torch.tensor([0, 9], device=TPU), torch.randn(3, 2, device=TPU))
+    torchjax.reset_stats()
+    out = torch.remainder(a, torch.tensor([1, 0], device=TPU))  # no read, no raise here
+    assert _calls(aten.remainder.Tensor)["calls"] == 1
+    assert torchjax.stats()["host_reads"] == 0
+    with pytest.raises(RuntimeError, match="ZeroDivisionError.*aten::remainder"):
+        out.cpu()
+    e = F.embedding(torch.tensor([0, 9], device=TPU), torch.randn(3, 2, device=TPU))
+    with pytest.raises(IndexError, match=r"aten::embedding: index out of range.*index 9, 3 rows"):
+        print(e)
+    e.cpu()  # reported once
 
 
 def test_random_ops_are_not_compiled():

@@ -32,8 +32,15 @@ def test_embedding_backward(kw):
 
 def test_embedding_out_of_range():
     w = torch.randn(4, 2).to("tpu")
-    with pytest.raises(IndexError, match="aten::embedding: index out of range"):
-        F.embedding(torch.tensor([0, 4]).to("tpu"), w)
+    out = F.embedding(torch.tensor([0, 4]).to("tpu"), w)  # raised at the sync
+    with pytest.raises(IndexError, match=r"aten::embedding: index out of range.*index 4, 4 rows"):
+        out.cpu()
+    torch.tpu.set_sync_checks(True)
+    try:
+        with pytest.raises(IndexError, match="aten::embedding: index out of range"):
+            F.embedding(torch.tensor([-1]).to("tpu"), w)  # immediate mode: at the op
+    finally:
+        torch.tpu.set_sync_checks(False)
 
 
 def test_embedding_empty_and_scalar_index():

@@ -115,18 +115,38 @@ def test_nonzero_and_masked_select_zero_d_and_empty():
     both(lambda x: x.masked_select(torch.tensor(True).to(x.device)))
 
 
-def test_out_of_range_raises_index_error():
+@pytest.mark.parametrize("immediate", [False, True])
+def test_out_of_range_raises_index_error(immediate):
+    # Default: checked on the device, raised at the next sync; immediate mode: at the op.
     x = torch.zeros(3, 4, device="tpu")
-    with pytest.raises(IndexError, match="aten::index"):
-        x[torch.tensor([3])]
-    with pytest.raises(IndexError, match="aten::index_put"):
-        x[torch.tensor([-4])] = 1.0
-    with pytest.raises(IndexError, match="aten::gather"):
-        x.gather(1, torch.tensor([[4]]).to("tpu"))
-    with pytest.raises(IndexError, match="aten::index_select"):
-        x.index_select(0, torch.tensor([5]).to("tpu"))
-    with pytest.raises(IndexError, match="aten::take"):
-        x.take(torch.tensor([12]).to("tpu"))
+    cases = [
+        (
+            "index 3 is out of bounds for dimension 0 with size 3 .in aten::index.Tensor",
+            lambda: x[torch.tensor([3])],
+        ),
+        (
+            "index -4 is out of bounds.*aten::index_put",
+            lambda: x.__setitem__(torch.tensor([-4]), 1.0),
+        ),
+        (
+            "index 4 is out of bounds for dimension 1.*aten::gather",
+            lambda: x.gather(1, torch.tensor([[4]]).to("tpu")),
+        ),
+        ("index 5 .*aten::index_select", lambda: x.index_select(0, torch.tensor([5]).to("tpu"))),
+        ("index 12 .*aten::take", lambda: x.take(torch.tensor([12]).to("tpu"))),
+    ]
+    torch.tpu.set_sync_checks(immediate)
+    try:
+        for match, fn in cases:
+            if immediate:
+                with pytest.raises(IndexError, match=match):
+                    fn()
+            else:
+                fn()
+                with pytest.raises(IndexError, match=match):
+                    torch.tpu.synchronize()
+    finally:
+        torch.tpu.set_sync_checks(False)
 
 
 def test_index_put_dtype_mismatch_raises():

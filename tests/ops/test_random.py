@@ -97,8 +97,12 @@ def test_bernoulli_functional():
     assert torch.bernoulli(torch.zeros(4, device="tpu")).sum().item() == 0
     with pytest.raises(RuntimeError, match="bernoulli_ expects p to be in"):
         torch.empty(3, device="tpu").bernoulli_(1.5)
-    with pytest.raises(RuntimeError, match="aten::bernoulli"):
-        torch.bernoulli(torch.full((3,), 2.0, device="tpu"))
+    # A probability tensor is checked on the device: raised at the next sync, with the
+    # value; NaN is outside [0, 1] too, as in torch.
+    for bad in (2.0, -0.5, float("nan")):
+        out = torch.bernoulli(torch.tensor([0.5, bad], device="tpu"))
+        with pytest.raises(RuntimeError, match=rf"aten::bernoulli.*got {bad}"):
+            out.cpu()
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.bfloat16])

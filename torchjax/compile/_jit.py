@@ -17,6 +17,12 @@ How a call runs (see Note [State of a jitted function] for what "state" is):
 Randomness: every random op in the trace draws ``fold_in(call_key, i)``; ``call_key`` is
 an input, drawn per call from the device's RNG state (torchjax/tensor/random.py), so each
 call gives new values and ``torch.manual_seed`` replays them.
+
+Value checks: the eager engine's device checks (index out of range, integer division by
+zero; Note [Device-side checks] in torchjax/device/_checks.py) are not performed inside
+the traced program: an out-of-range index follows jax's rules (``x[idx]`` clamps,
+``index_select``/``embedding`` gathers fill, scatters drop) and an integer division by
+zero gives XLA's value. Run the step once eagerly, or check the data, if it may be invalid.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import contextlib
 import jax
 import torch
 
+from torchjax.device import _checks
 from torchjax.tensor import random as _random
 
 
@@ -88,8 +89,17 @@ def get_device_name(device=None) -> str:
 
 
 def synchronize(device=None) -> None:
-    """Block until every pending JAX computation has finished (all live arrays ready)."""
+    """Block until every pending JAX computation has finished (all live arrays ready);
+    then raise the first failed device check, if any (Note [Device-side checks])."""
     jax.block_until_ready(jax.live_arrays())
+    _checks.raise_pending()
+
+
+def set_sync_checks(enabled: bool) -> None:
+    """Immediate mode for device checks (index range, integer division by zero): raise
+    at the op (one host read per checked op) instead of at the next synchronisation
+    point; ``TORCHJAX_SYNC_CHECKS=1`` sets it for a process (Note [Device-side checks])."""
+    _checks.set_sync_checks(enabled)
 
 
 # -- RNG (signatures match torch.cuda's, which torch.random.fork_rng calls) -------------

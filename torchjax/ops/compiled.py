@@ -28,20 +28,38 @@ runs every eligible lowering, together with the promotion casts around it, as on
 - Tracers pass through: under ``torchjax.jit`` (tpu tensors holding tracers) calling
   the cached ``jax.jit`` function inlines it into the outer trace.
 
-Not compiled (run op by op, as before), decided per overload once, or per call:
+Every dtype is compiled: float32/64, bfloat16, float16, float8, every int, bool and
+complex. Value checks of integer inputs (index out of range, division by zero) are device
+checks (Note [Device-side checks], torchjax/device/_checks.py): traced, they become two
+more outputs of the executable, queued without a read and raised at the next sync.
+
+Half types and XLA's numerics (why an executable gives op-by-op's numbers):
+- XLA may keep float16/bfloat16 intermediates in float32 inside a fusion ("excess
+  precision"), skipping the rounding torch does after every op (``div(..., "trunc")``
+  rounds the quotient before truncating). Executables are built with it off
+  (``COMPILER_OPTIONS``). Checked bit for bit on every finite float16 and bfloat16 value
+  (tests/ops/test_compiled.py), compiled against op by op.
+- XLA:CPU flushes float32 subnormals (FTZ/DAZ), and computes bfloat16 arithmetic in
+  float32, so a bfloat16 subnormal can be flushed; op by op a compare against a scalar
+  is its own program with the scalar as an array operand and flushes, where the same
+  compare inside a larger program against a constant does not (frexp of bfloat16 1e-40
+  differed; tests/ops/test_misc.py). One compute path removes that split. float16
+  subnormals are float32 normals: unaffected. (A torch-vs-jax difference that remains
+  for both paths: a bfloat16 subnormal *divisor* is flushed by XLA:CPU, not by torch.)
+
+Not compiled (run op by op), decided per overload once, or per call:
 - ops tagged ``nondeterministic_seeded`` (random ops draw a fresh key per call in the
   lowering: a trace would bake one key in; a lowering registered ``deterministic``, a
-  dropout-free path, is compiled), or with data-dependent output shapes;
-- lowerings registered with ``jit=False``: their eager checks read values (see below);
-- calls with an integer tensor among the arrays (indices, integer division): the
-  lowerings taking them run data-dependent checks guarded by
-  ``isinstance(x, jax.core.Tracer)`` (index out of range, division by zero), which a
-  trace would silently skip. Float and bool data have no such checks;
-- calls with a float16/bfloat16 tensor: one OpInfo case (``div(rounding_mode="trunc")``
-  on float16) rounds differently compiled than op by op even with XLA's excess precision
-  off (``COMPILER_OPTIONS``); until that is understood, half types run op by op;
+  dropout-free path, is compiled), or with data-dependent output shapes (``index`` and
+  ``index_put`` are compiled unless a bool/uint8 mask is among the indices);
+- lowerings registered with ``jit=False``: their eager checks read values;
 - a key whose first trace fails with a concretization error (the lowering reads a value
-  with ``bool()``/``int()``, or returns a Python value): remembered, then op by op.
+  with ``bool()``/``int()``, or returns a Python value) or ``NeedsValues`` (a value check
+  not written as a device check asked for values with ``_checks.concrete``): remembered,
+  then op by op.
+
+Caches are changed under a per-overload lock (two threads dispatching one overload);
+lookups take none. Counters: ``torchjax.stats()`` (Note [Eager engine counters]).
 
 Async dispatch is kept: nothing here reads device data; the executable's outputs are
 wrapped from their shapes and dtypes (the avals), without waiting for the computation.
@@ -50,11 +68,13 @@ wrapped from their shapes and dtypes (the avals), without waiting for the comput
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import jax
 import numpy as np
 import torch
 
+from torchjax.device import _checks, _stats
 from torchjax.tensor._storage import _plan, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor
 
@@ -64,10 +84,8 @@ MAX_KEYS_PER_OP = 64
 # MAX_KEYS_PER_OP; past this many, views are read first (one executable) and the op
 # uses its plain key.
 MAX_VIEW_KEYS = 16
-# XLA may keep float16/bfloat16 intermediates in float32 inside a fusion ("excess
-# precision"); torch, and torchjax op by op, round every op's result to its dtype
-# (``div(rounding_mode="trunc")`` on float16 rounds the quotient before truncating). So
-# compiled lowerings are built without it: same numbers as the op-by-op path.
+# No excess precision: half-type results are rounded after every op, as torch does
+# (module docstring).
 COMPILER_OPTIONS = {"xla_allow_excess_precision": False}
 # Keys of one overload that differ only in float static arguments (an ``alpha`` or
 # ``value`` that changes every call, as torch.optim's ``addcdiv_(..., value=-step_size)``):
@@ -86,8 +104,6 @@ _INTEGER_DTYPES = frozenset(
         torch.int64,
     }
 )
-# Calls with these tensors run op by op (see the module docstring).
-_NOT_COMPILED_DTYPES = _INTEGER_DTYPES | {torch.float16, torch.bfloat16}
 _SCALARS = (bool, int, float, complex)
 
 # Template entries (what an argument was; the key is built of these).
@@ -106,21 +122,28 @@ CONCRETE_ERRORS = _CONCRETE_ERRORS = (
 
 
 class NotCompilable(Exception):
-    """This call runs op by op (an integer tensor, an unhashable static argument, a
-    lowering returning a Python value)."""
+    """This call runs op by op (an unhashable static argument, a lowering returning a
+    Python value, a check that needs concrete values: ``_checks.NeedsValues``)."""
+
+
+_TRACE_ERRORS = (NotCompilable, _checks.NeedsValues, *CONCRETE_ERRORS)
 
 
 @dataclasses.dataclass
 class CacheInfo:
     """Per overload: ``keys`` executables built, ``traces`` (one per key and input
-    shape/dtype signature), ``eager_keys`` keys that run op by op."""
+    shape/dtype signature), ``eager_keys`` keys that run op by op, ``calls`` through a
+    cached executable, ``op_by_op`` calls (Note [Eager engine counters])."""
 
     keys: int = 0
     traces: int = 0
     eager_keys: int = 0
+    calls: int = 0
+    op_by_op: int = 0
 
 
-_INFO: dict = {}
+# Shared with torchjax.stats() (torchjax/device/_stats.py).
+_INFO: dict = _stats.OP_COUNTERS
 
 
 def cache_info_entry(func) -> CacheInfo:
@@ -135,13 +158,23 @@ def cache_info(func=None):
     return _INFO.get(func, CacheInfo())
 
 
+_aten = torch.ops.aten
+# Overloads whose output shape is data-dependent only for bool/uint8 mask indices
+# (torch tags ``index.Tensor`` dynamic for them): calls with integer indices alone are
+# compiled, calls with a mask run op by op.
+_MASK_INDEXED = frozenset(
+    {_aten.index.Tensor, _aten.index_put.default, _aten._index_put_impl.default}
+)
+_MASK_DTYPES = frozenset({torch.bool, torch.uint8})
+
+
 def compilable(func, entry) -> bool:
     """Whether ``func``'s lowering may be compiled at all (decided once per overload)."""
     tags = func.tags
     return (
         entry.jit
         and (entry.deterministic or torch.Tag.nondeterministic_seeded not in tags)
-        and torch.Tag.dynamic_output_shape not in tags
+        and (torch.Tag.dynamic_output_shape not in tags or func in _MASK_INDEXED)
         and torch.Tag.data_dependent_output not in tags
     )
 
@@ -228,17 +261,21 @@ class CompiledCompute:
         self.float_variants: dict = {}
         self.info = _INFO.setdefault(func, CacheInfo())
         self.view_keys = 0
+        self.masks = func in _MASK_INDEXED
+        # Held while the caches are changed (a new key, a forgotten one): two threads
+        # dispatching the same overload must not both build, or both delete, a key.
+        # Lookups take no lock (dict reads are atomic under the GIL).
+        self.lock = threading.Lock()
 
     def _entry(self, x, dyn, psig, scalars, promoted):
         """The template entry of argument ``x``; appends its arrays to ``dyn``, its
         promotion key to ``psig`` (if ``promoted``) and the index in ``dyn`` of a Python
         scalar to cast to ``scalars``."""
         if isinstance(x, JaxTensor):
-            dt = x.dtype
-            if dt in _NOT_COMPILED_DTYPES:
-                raise NotCompilable
+            if self.masks and x.dtype in _MASK_DTYPES:
+                raise NotCompilable  # a mask index: data-dependent shape
             if promoted:
-                psig.append((dt, not x._size))
+                psig.append((x.dtype, not x._size))
             storage = x._storage
             if x._cache_version == storage.version:
                 dyn.append(x._cache)
@@ -256,7 +293,7 @@ class CompiledCompute:
         if isinstance(x, torch.Tensor):
             if x.dim() != 0 and not self.cpu_ok:
                 raise self.device_error(x)
-            if x.dtype in _NOT_COMPILED_DTYPES:
+            if self.masks and x.dtype in _MASK_DTYPES:
                 raise NotCompilable
             dyn.append(self.unwrap_cpu(x))
             if promoted:
@@ -286,10 +323,20 @@ class CompiledCompute:
                 run = self.tensor_cache.get(tuple(sig))
                 if run is not None:
                     try:
-                        return run(*vals)
-                    except ValueError:
-                        return _nested(run)(*vals)
+                        try:
+                            out = run(*vals)
+                        except ValueError:
+                            out = _nested(run)(*vals)
+                    except _TRACE_ERRORS:
+                        # A new shape whose trace needs values: _call forgets the key.
+                        return self._call(args, kwargs)
+                    self.info.calls += 1
+                    return _finish(out)
         return self._call(args, kwargs)
+
+    def _op_by_op(self, args, kwargs):
+        self.info.op_by_op += 1
+        return self.eager(args, kwargs)
 
     def _call(self, args, kwargs):
         if kwargs and self.outs:
@@ -307,24 +354,11 @@ class CompiledCompute:
             hit = self.cache.get(key)
         except (NotCompilable, TypeError):
             # TypeError: an unhashable static argument (no key to cache under).
-            return self.eager(args, kwargs)
+            return self._op_by_op(args, kwargs)
         if hit is None:
-            if key in self.eager_keys or len(self.cache) >= MAX_KEYS_PER_OP:
-                return self.eager(args, kwargs)
-            masked = (
-                key[0],
-                tuple(_float_masked(e) for e in tmpl),
-                tuple((k, _float_masked(e)) for k, e in kwtmpl),
-            )
-            seen = self.float_variants.get(masked, 0)
-            if seen >= MAX_FLOAT_VARIANTS:
-                return self.eager(args, kwargs)
-            self.float_variants[masked] = seen + 1
-            dts = self.promoted(self.kind, psig) if self.kind is not None else None
-            hit = self.cache[key] = (self._build(tmpl, kwtmpl, dts), dts)
-            self.info.keys += 1
-            if any(_has_view(e) for e in tmpl) or any(_has_view(e) for _, e in kwtmpl):
-                self.view_keys += 1
+            hit = self._new_key(key, tmpl, kwtmpl, psig)
+            if hit is None:
+                return self._op_by_op(args, kwargs)
         run, dts = hit
         if (
             not kwargs
@@ -345,20 +379,52 @@ class CompiledCompute:
                 dyn[j] = cast(dyn[j], compute_dt)
         try:
             try:
-                return run(*dyn)
+                out = run(*dyn)
             except ValueError:
-                return _nested(run)(*dyn)
-        except (NotCompilable, *_CONCRETE_ERRORS):
+                out = _nested(run)(*dyn)
+        except _TRACE_ERRORS:
             # Raised while tracing (never by a built executable): this key runs op by op.
             # Under an outer trace the op-by-op run raises the same error, as it should,
             # so only eager failures are remembered.
-            del self.cache[key]
+            self._forget(key, run, remember=not any(isinstance(d, jax.core.Tracer) for d in dyn))
+            return self._op_by_op(args, kwargs)
+        self.info.calls += 1
+        return _finish(out)
+
+    def _new_key(self, key, tmpl, kwtmpl, psig):
+        """The (executable, dtypes) for a key seen for the first time, or None when the
+        key runs op by op (Note [Compiled lowerings])."""
+        with self.lock:
+            hit = self.cache.get(key)
+            if hit is not None:
+                return hit
+            if key in self.eager_keys or len(self.cache) >= MAX_KEYS_PER_OP:
+                return None
+            masked = (
+                key[0],
+                tuple(_float_masked(e) for e in tmpl),
+                tuple((k, _float_masked(e)) for k, e in kwtmpl),
+            )
+            seen = self.float_variants.get(masked, 0)
+            if seen >= MAX_FLOAT_VARIANTS:
+                return None
+            self.float_variants[masked] = seen + 1
+            dts = self.promoted(self.kind, psig) if self.kind is not None else None
+            hit = self.cache[key] = (self._build(tmpl, kwtmpl, dts), dts)
+            self.info.keys += 1
+            if any(_has_view(e) for e in tmpl) or any(_has_view(e) for _, e in kwtmpl):
+                self.view_keys += 1
+            return hit
+
+    def _forget(self, key, run, remember):
+        with self.lock:
+            if self.cache.pop(key, None) is not None:
+                self.info.keys -= 1
+            # A new dict, not a mutation: the lock-free fast path may be reading it.
             self.tensor_cache = {k: v for k, v in self.tensor_cache.items() if v is not run}
-            self.info.keys -= 1
-            if not any(isinstance(d, jax.core.Tracer) for d in dyn):
+            if remember and key not in self.eager_keys:
                 self.eager_keys.add(key)
                 self.info.eager_keys += 1
-            return self.eager(args, kwargs)
 
     def _build(self, tmpl, kwtmpl, dts):
         # Note: compiler_options are refused on a jit nested in another trace (an op
@@ -367,8 +433,7 @@ class CompiledCompute:
         fn, info = self.fn, self.info
         pidx, pnames, cast, cast_out = self.pidx, self.pnames, self.cast, self.cast_out
 
-        def run(*dyn):
-            info.traces += 1
+        def compute(dyn):
             it = iter(dyn)
             jargs = [_rebuild(e, it) for e in tmpl]
             jkwargs = {k: _rebuild(e, it) for k, e in kwtmpl}
@@ -386,5 +451,37 @@ class CompiledCompute:
             _check_outputs(out)
             return cast_out(out, result_dt)
 
+        def run(*dyn):
+            info.traces += 1
+            # The lowering's device checks become outputs (Note [Device-side checks]).
+            with _checks.collecting() as collected:
+                out = compute(dyn)
+            return out, _Checks(tuple(collected.codes), collected.bads, collected.values)
+
         run.__name__ = f"{self.func._opname}_{self.func._overloadname}"
         return jax.jit(run, compiler_options=COMPILER_OPTIONS)
+
+
+class _Checks:
+    """The device checks of an executable: codes fixed by its trace (pytree metadata),
+    flags and values as outputs."""
+
+    __slots__ = ("codes", "bads", "values")
+
+    def __init__(self, codes, bads, values):
+        self.codes, self.bads, self.values = codes, list(bads), list(values)
+
+
+jax.tree_util.register_pytree_node(
+    _Checks,
+    lambda c: ((c.bads, c.values), c.codes),
+    lambda codes, children: _Checks(codes, *children),
+)
+
+
+def _finish(result):
+    out, checks = result
+    if checks.codes and not isinstance(checks.bads[0], jax.core.Tracer):
+        # Inside a user's trace the checks are dropped (Note [Device-side checks]).
+        _checks.add_collected(checks.codes, checks.bads, checks.values)
+    return out

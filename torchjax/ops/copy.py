@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from torchjax.device import _checks, _stats
 from torchjax.device._module import jax_device
 from torchjax.device._serialization import storage_for
 from torchjax.ops.registry import _cpu_to_jax, handler, lowering, write_into
@@ -24,7 +25,10 @@ aten = torch.ops.aten
 def to_host(arr: jax.Array) -> np.ndarray:
     """A NumPy copy of ``arr`` (blocks until it is computed). An array sharded over
     devices of several processes (``jax.distributed``) is all-gathered first: then every
-    process must make the same call, as for any collective."""
+    process must make the same call, as for any collective. A synchronisation point:
+    pending device checks raise first (Note [Device-side checks])."""
+    _checks.raise_pending()
+    _stats.count_host_read()
     if not arr.is_fully_addressable and not arr.is_fully_replicated:
         from jax.experimental import multihost_utils
 

@@ -2,17 +2,18 @@
 
 ``F.embedding`` reaches ``aten::embedding``; its backward is ``embedding_dense_backward``
 (``sparse=True`` gradients are not supported on tpu: there is no sparse layout).
-Out-of-range indices raise ``IndexError`` in eager (a concrete check on the indices);
-under jit the check cannot run and jax clamps the gather instead.
+Out-of-range indices raise ``IndexError`` in eager, checked on the device and raised at
+the next synchronisation point (or at the op with ``TORCHJAX_SYNC_CHECKS=1``; Note
+[Device-side checks] in torchjax/device/_checks.py); under jit the check cannot run and
+jax clamps the gather instead.
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import torch
 
-from torchjax.ops.indexing import index_bounds
+from torchjax.ops.indexing import require_in_range
 from torchjax.ops.registry import functional_handler, handler, lowering
 
 aten = torch.ops.aten
@@ -23,14 +24,14 @@ def _check_indices(name, indices, num_weights):
         raise RuntimeError(
             f"aten::{name}: expected indices of scalar type Long or Int, but got {indices.dtype}"
         )
-    if isinstance(indices, jax.core.Tracer) or indices.size == 0:
-        return
-    lo, hi = index_bounds(indices)
-    if lo < 0 or hi >= num_weights:
-        bad = lo if lo < 0 else hi
-        raise IndexError(
-            f"aten::{name}: index out of range in self (index {bad}, {num_weights} rows)"
-        )
+    # On the device, raised at the next sync (Note [Device-side checks]).
+    require_in_range(
+        indices,
+        0,
+        num_weights,
+        IndexError,
+        f"aten::{name}: index out of range in self (index {{value}}, {num_weights} rows)",
+    )
 
 
 @handler(aten.embedding.default)

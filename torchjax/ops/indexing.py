@@ -6,9 +6,14 @@ on CPU (torch allows CPU indices for a device tensor): these lowerings are regis
 with ``cpu_tensors=True``.
 
 Data-dependent behaviour:
-- Out-of-range indices raise ``IndexError`` in eager, like torch; the check reads the
-  index values (a device sync). Under ``jax.jit`` (traced indices) there is no check and
-  jax's gather/scatter semantics apply: gathers clamp, scatters drop out-of-range updates.
+- Out-of-range indices raise ``IndexError`` in eager, like torch, without reading the
+  index values on the op: the range check runs on the device and raises at the next
+  synchronisation point (``.item()``, ``.cpu()``, ``print``, ``torch.tpu.synchronize()``),
+  or at the op in immediate mode (``TORCHJAX_SYNC_CHECKS=1``); Note [Device-side checks]
+  in torchjax/device/_checks.py. Under ``torchjax.jit``/``jax.jit`` (traced indices)
+  there is no check and jax's gather/scatter semantics apply: ``x[idx]`` clamps,
+  ``index_select``/``take`` fill NaN (jnp.take), scatters
+  drop out-of-range updates.
 - Bool masks in ``index``/``index_put``, ``masked_select``, ``nonzero`` and
   ``repeat_interleave`` (layout.py) have data-dependent output shapes: eager only; under
   jit they raise jax's ConcretizationTypeError (use ``torch.where(mask, ...)`` instead).
@@ -16,11 +21,14 @@ Data-dependent behaviour:
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
+from torchjax.device import _checks
 from torchjax.ops.registry import lowering
 from torchjax.ops.shape import _dim
 
@@ -29,30 +37,35 @@ _ALL = slice(None)
 
 
 def _concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
+    return _checks.concrete(x)
 
 
-# min and max of an index array as one cached executable and one host read: op by op
-# they are two reductions (several jax dispatches) and two syncs per checked index.
-_bounds_jit = jax.jit(lambda idx: jnp.stack([jnp.min(idx), jnp.max(idx)]))
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _outside(idx, lo, hi):
+    # (any index outside [lo, hi), the first such index: the largest if one is too
+    # large, else the smallest): one executable op by op, fused into the op when traced.
+    mn, mx = jnp.min(idx), jnp.max(idx)
+    return (mn < lo) | (mx >= hi), jnp.where(mx >= hi, mx, mn)
 
 
-def index_bounds(idx) -> tuple[int, int]:
-    """(min, max) of a non-empty concrete integer array, read to the host (a sync)."""
-    lo, hi = np.asarray(_bounds_jit(idx)).tolist()
-    return lo, hi
+def require_in_range(idx, lo, hi, exc, template) -> None:
+    """A device check (Note [Device-side checks]) that every index is in [lo, hi);
+    ``template`` names the op and has ``{value}`` for the offending index."""
+    if idx.size == 0:
+        return
+    bad, value = _outside(jnp.asarray(idx), lo, hi)
+    _checks.require(bad, value, exc, template)
 
 
 def _check_range(idx, n, op, dim):
-    """IndexError like torch when any index is outside [-n, n) (eager only)."""
-    if idx.size == 0 or not _concrete(idx):
-        return
-    lo, hi = index_bounds(idx)
-    if lo < -n or hi >= n:
-        bad = hi if hi >= n else lo
-        raise IndexError(
-            f"index {bad} is out of bounds for dimension {dim} with size {n} (in aten::{op})"
-        )
+    """IndexError like torch when any index is outside [-n, n), on the device."""
+    require_in_range(
+        idx,
+        -n,
+        n,
+        IndexError,
+        f"index {{value}} is out of bounds for dimension {dim} with size {n} (in aten::{op})",
+    )
 
 
 def _check_index_dtype(idx, op):

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from jax import lax
 
+from torchjax.device import _checks
+from torchjax.ops.indexing import require_in_range
 from torchjax.ops.registry import describe_args, handler, lowering
 from torchjax.tensor import dtypes
 
@@ -32,7 +34,8 @@ prims = torch.ops.prims
 
 
 def _concrete(*xs) -> bool:
-    return not any(isinstance(x, jax.core.Tracer) for x in xs)
+    # Inside an eager op's trace a value check sends the call op by op (NeedsValues).
+    return all(_checks.concrete(x) for x in xs)
 
 
 def _default_float():
@@ -139,13 +142,14 @@ def convert_element_type(a, dtype):
 
 
 def _check_index(index, n, op):
-    if index.size and _concrete(index):
-        lo, hi = int(index.min()), int(index.max())
-        if lo < 0 or hi >= n:
-            raise IndexError(
-                f"aten::{op}: index out of range in self: index {hi if hi >= n else lo} for "
-                f"a dimension of size {n}"
-            )
+    # On the device, raised at the next sync (Note [Device-side checks]).
+    require_in_range(
+        index,
+        0,
+        n,
+        IndexError,
+        f"aten::{op}: index out of range in self: index {{value}} for a dimension of size {n}",
+    )
 
 
 def _reduce_identity(reduce, dtype):

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from torchjax.device import _checks
 from torchjax.ops import registry
 from torchjax.ops.registry import Kind, functional_handler, handler, lowering
 from torchjax.tensor.dtypes import aten_type_name
@@ -47,14 +48,24 @@ def _type_name(x) -> str:
     return aten_type_name(x.dtype)
 
 
+# One executable op by op; inlined into the op's own executable when traced.
+_any_zero = jax.jit(lambda x: jnp.any(x == 0))
+
+
 def _check_divisor(op: str, other) -> None:
-    """torch's integer kernels raise on a zero divisor; XLA returns garbage instead."""
-    if isinstance(other, jax.core.Tracer):
+    """torch's integer kernels raise on a zero divisor; XLA returns garbage instead. A
+    device check, raised at the next sync (Note [Device-side checks])."""
+    if isinstance(other, (int, np.integer)) or (isinstance(other, np.ndarray) and other.ndim == 0):
+        # A Python/NumPy scalar: known now, no device work.
+        if np.asarray(other) == 0:
+            raise RuntimeError(f"ZeroDivisionError (in aten::{op}: integer division by zero)")
         return
-    # numpy, not jnp: inside a jax trace (torchjax.jit) jnp ops on constants are staged
-    # out as tracers too, and bool() of one fails.
-    if np.any(np.asarray(other) == 0):
-        raise RuntimeError(f"ZeroDivisionError (in aten::{op}: integer division by zero)")
+    _checks.require(
+        _any_zero(other),
+        0,
+        RuntimeError,
+        f"ZeroDivisionError (in aten::{op}: integer division by zero)",
+    )
 
 
 def _require(op: str, x, kinds) -> None:
@@ -288,6 +299,10 @@ def pow(self, exponent):
     if kind == "bool":
         return _lax2(lax.bitwise_or)(self, lax.bitwise_not(jnp.asarray(exponent)))
     if kind == "int":
+        if getattr(exponent, "ndim", None) == 0:
+            # Traced, a Python-scalar exponent and a 0-d tensor look alike: only the
+            # scalar may raise, so such a call runs op by op (NeedsValues).
+            _checks.concrete(exponent)
         if isinstance(exponent, np.ndarray) and exponent.ndim == 0 and exponent < 0:
             raise RuntimeError(
                 "aten::pow: Integers to negative integer powers are not "

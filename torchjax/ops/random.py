@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from torchjax.device import _checks
 from torchjax.ops.registry import Kind, handler, lowering, write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor import random as _rng
@@ -250,11 +251,23 @@ def bernoulli(self, *, generator=None):
     return _bernoulli("bernoulli", self, self)
 
 
+@jax.jit
+def _p_outside(p):
+    # (any probability outside [0, 1] or NaN, the first such one), one executable.
+    bad = ~((p >= 0) & (p <= 1)).reshape(-1)
+    return jnp.any(bad), p.reshape(-1)[jnp.argmax(bad)]
+
+
 def _bernoulli(op, self, p):
-    if not isinstance(p, jax.core.Tracer) and bool(jnp.any((p < 0) | (p > 1))):
-        raise RuntimeError(
-            f"Expected p_in >= 0 && p_in <= 1 to be true, but got false "
-            f"(in aten::{op}: every probability must lie in [0, 1])"
+    if p.size:
+        # On the device, raised at the next sync (Note [Device-side checks]).
+        bad, value = _p_outside(p)
+        _checks.require(
+            bad,
+            value,
+            RuntimeError,
+            "Expected p_in >= 0 && p_in <= 1 to be true, but got false "
+            f"(in aten::{op}: every probability must lie in [0, 1], got {{value}})",
         )
     ct = jnp.float64 if p.dtype == jnp.float64 else jnp.float32
     u = jax.random.uniform(_key(self), self.shape, dtype=ct)

@@ -409,7 +409,13 @@ def _compute(func, entry, strip_out):
     lowerings]), else the lowering run op by op."""
     eager = _eager_compute(func, entry, strip_out)
     if not compiled.compilable(func, entry):
-        return eager
+        info = compiled.cache_info_entry(func)
+
+        def op_by_op(args, kwargs):
+            info.op_by_op += 1
+            return eager(args, kwargs)
+
+        return op_by_op
     schema = func._schema
     kind = entry.promote
     outs = frozenset(_out_names(schema)) if strip_out else frozenset()

@@ -1,0 +1,177 @@
+"""Device-side value checks (torchjax/device/_checks.py) and the eager engine counters
+(torchjax.stats()): raised at the next sync, or at the op in immediate mode; no host
+reads on op paths."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import jax
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchjax
+from torchjax.device import _checks
+
+TPU = "tpu"
+
+
+@pytest.mark.parametrize(
+    "sync",
+    [
+        lambda t: t.item(),
+        lambda t: t.cpu(),
+        lambda t: repr(t),
+        lambda t: t.tolist(),
+        lambda t: torch.tpu.synchronize(),
+    ],
+    ids=["item", "cpu", "repr", "tolist", "synchronize"],
+)
+def test_out_of_range_raises_at_each_sync_point(sync):
+    w = torch.randn(5, 3, device=TPU)
+    out = torch.index_select(w, 0, torch.tensor([1, 7], device=TPU))  # no raise, no read
+    assert _checks.pending() >= 1
+    with pytest.raises(IndexError, match=r"index 7 is out of bounds for dimension 0 with size 5"):
+        sync(out.sum())
+    assert _checks.pending() == 0
+    sync(out.sum())  # reported once
+
+
+def test_first_failure_in_program_order_after_folding():
+    # More checks than the fold threshold: folded on the device, order kept.
+    w = torch.randn(5, 3, device=TPU)
+    good = torch.tensor([0, 4], device=TPU)
+    for _ in range(_checks._FOLD_AT + 3):
+        torch.index_select(w, 0, good)
+    torch.index_select(w, 0, torch.tensor([-9], device=TPU))
+    x = torch.tensor([3], device=TPU) // torch.tensor([0], device=TPU)
+    for _ in range(_checks._FOLD_AT):
+        torch.index_select(w, 0, good)
+    assert _checks.pending() < _checks._FOLD_AT + 2
+    with pytest.raises(IndexError, match="index -9 is out of bounds"):
+        x.cpu()
+
+
+def test_immediate_mode_raises_at_the_op():
+    torch.tpu.set_sync_checks(True)
+    try:
+        a = torch.tensor([4, 6], device=TPU)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError.*aten::remainder"):
+            torch.remainder(a, torch.tensor([1, 0], device=TPU))
+        torch.remainder(a, torch.tensor([1, 2], device=TPU))  # valid: no raise
+    finally:
+        torch.tpu.set_sync_checks(False)
+
+
+def test_immediate_mode_from_the_environment():
+    code = textwrap.dedent(
+        """
+        import torch, torchjax
+        w = torch.randn(5, 3, device="tpu")
+        try:
+            torch.nn.functional.embedding(torch.tensor([5], device="tpu"), w)
+        except IndexError as e:
+            print("at the op:", e)
+        """
+    )
+    env = dict(os.environ, TORCHJAX_SYNC_CHECKS="1")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert "at the op: aten::embedding: index out of range in self (index 5, 5 rows)" in (
+        out.stdout
+    ), out.stderr[-2000:]
+
+
+def test_checks_are_not_performed_under_jit():
+    # Documented in Note [Device-side checks]: jax's out-of-bounds rules apply
+    # (index_select's jnp.take fills NaN).
+    @torchjax.jit
+    def f(w, i):
+        return torch.index_select(w, 0, i)
+
+    w = torch.randn(5, 3, device=TPU)
+    out = f(w, torch.tensor([7], device=TPU))
+    assert _checks.pending() == 0
+    assert out.cpu().isnan().all()
+
+
+class _Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 32)
+        self.layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(32, 50)
+
+    def forward(self, ids):
+        return self.head(self.layer(self.emb(ids)))
+
+
+def test_transformer_forward_and_train_step_read_nothing_back():
+    torch.manual_seed(0)
+    model = _Tiny().to(TPU)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 50, (2, 8)).to(TPU)
+    target = torch.randint(0, 50, (2, 8)).to(TPU)
+
+    def step():
+        loss = F.cross_entropy(model(ids).reshape(-1, 50), target.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    step()
+    torch.tpu.synchronize()
+    torchjax.reset_stats()
+    with jax.transfer_guard_device_to_host("disallow"):
+        with torch.no_grad():
+            model(ids)
+        loss = step()
+    stats = torchjax.stats()
+    assert stats["host_reads"] == 0
+    assert stats["ops"]["aten::embedding.default"]["calls"] >= 1
+    assert stats["ops"]["aten::embedding.default"]["op_by_op"] == 0
+    assert loss.item() > 0  # a sync after the guard: reads the queued index checks
+    assert torchjax.stats()["host_reads"] >= 1
+
+
+def test_stats_count_compiles_hits_and_reads():
+    x = torch.randn(3, 7, device=TPU)
+    torchjax.reset_stats()
+    x.atan2(x)
+    first = torchjax.stats()
+    x.atan2(x)
+    second = torchjax.stats()
+    assert first["ops"]["aten::atan2.default"]["traces"] in (0, 1)
+    assert second["cache_hits"] == first["cache_hits"] + 1
+    assert second["executions"] == first["executions"] + 1
+    assert second["compiles"] == first["compiles"]
+    x.sum().item()
+    assert torchjax.stats()["host_reads"] == second["host_reads"] + 1
+    torchjax.reset_stats()
+    assert torchjax.stats()["executions"] == 0
+
+
+def test_new_keys_from_two_threads():
+    # Building and forgetting keys of one overload from two threads at once.
+    x = torch.randn(4, 4, device=TPU)
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(20):
+                torch.rsub(x, x, alpha=float(k * 100 + i))  # a new float key each call
+        except (KeyError, RuntimeError) as e:  # what a race in the caches raised
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

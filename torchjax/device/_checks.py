@@ -1,0 +1,228 @@
+"""Device-side value checks, reported at the next synchronisation point.
+
+Note [Device-side checks]
+An index out of range or an integer division by zero must raise (torch does; XLA
+would clamp an index or return garbage), but reading the data back to the host on
+every ``embedding``/``index_select``/``//`` call would synchronise each op and stall
+the device. So, as CUDA reports device-side asserts asynchronously, a lowering states
+its check as device arrays: ``require(bad, value, exc, message)`` with ``bad`` a
+boolean scalar (True: the input is invalid), ``value`` the offending value to name and
+``message`` a template with ``{value}``. Nothing is read then:
+
+- inside an eager op's cached executable (Note [Compiled lowerings]) the check becomes
+  two more outputs of that executable; op by op it is computed like the op itself;
+- the check joins the pending list of this process; the next synchronisation point
+  (``.item()``, ``.cpu()``, ``print``/``repr``, ``.tolist()``, ``torch.tpu.synchronize()``)
+  reads every pending flag in one transfer and raises the first failure, in program order,
+  with its op and value: ``IndexError: index 7 is out of bounds for dimension 0 with size
+  5 (in aten::index_select)``. Results of the failed op are undefined, as after a CUDA
+  device assert; the error says the op, so no result is silently clamped into use;
+- immediate mode (``TORCHJAX_SYNC_CHECKS=1`` in the environment, or
+  ``torch.tpu.set_sync_checks(True)``) reads the flag at the op and raises there: slower
+  (one host read per checked op), for debugging;
+- under ``torchjax.jit`` / ``jax.jit`` (the arrays are tracers of a user's trace) there is
+  no eager op to report for: checks are not performed, and out-of-range indices follow
+  jax's rules (``jnp.take`` fills NaN, ``x[idx]`` gathers clamp, scatters drop). Check
+  the data eagerly, or inside the jitted function with ``jax.experimental.checkify``, if
+  it may be invalid.
+
+The pending list is folded on the device every ``_FOLD_AT`` entries (one small
+executable), so a loop that never synchronises keeps a few arrays, not thousands.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from torchjax.device import _stats
+
+_FOLD_AT = 64
+_lock = threading.Lock()
+_local = threading.local()
+# code -> (exception type, message template, value is a float); codes index this list.
+_TEMPLATES: list = []
+_CODES: dict = {}
+# [(bad, value, code)]: bool scalar, int64/float64 scalar, int32 scalar (arrays or ints).
+_PENDING: list = []
+_SYNC = [os.environ.get("TORCHJAX_SYNC_CHECKS", "") not in ("", "0")]
+
+
+def set_sync_checks(enabled: bool) -> None:
+    """Immediate mode on (``True``) or off: checks read their flag at the op and raise
+    there, instead of at the next synchronisation point (Note [Device-side checks])."""
+    _SYNC[0] = bool(enabled)
+
+
+def sync_checks() -> bool:
+    return _SYNC[0]
+
+
+def _code(exc, template, isfloat) -> int:
+    key = (exc, template, isfloat)
+    code = _CODES.get(key)
+    if code is None:
+        with _lock:
+            code = _CODES.get(key)
+            if code is None:
+                code = _CODES[key] = len(_TEMPLATES)
+                _TEMPLATES.append(key)
+    return code
+
+
+class NeedsValues(Exception):
+    """Raised by ``concrete(x)`` while an eager op's executable is traced: the lowering
+    needs ``x``'s values (a check not written with ``require``), so the call runs op by
+    op instead (Note [Compiled lowerings])."""
+
+
+def concrete(x) -> bool:
+    """Whether ``x`` has values a check may read. False for a user's trace (the check is
+    skipped, as documented); inside an eager op's trace raises ``NeedsValues``, so the
+    op runs op by op and the check still runs."""
+    if not isinstance(x, jax.core.Tracer):
+        return True
+    if getattr(_local, "collector", None) is not None:
+        raise NeedsValues
+    return False
+
+
+class Collector:
+    """The checks of one trace of a cached executable (its extra outputs)."""
+
+    def __init__(self):
+        self.codes: list = []
+        self.bads: list = []
+        self.values: list = []
+
+
+def collecting():
+    """A context in which ``require`` adds to a fresh ``Collector`` (while tracing an
+    eager op's executable)."""
+    return _Collecting()
+
+
+class _Collecting:
+    def __enter__(self):
+        self.prev = getattr(_local, "collector", None)
+        _local.collector = self.collector = Collector()
+        return self.collector
+
+    def __exit__(self, *exc):
+        _local.collector = self.prev
+
+
+class _Suppressed:
+    def __enter__(self):
+        self.prev = getattr(_local, "collector", None)
+        _local.collector = None
+
+    def __exit__(self, *exc):
+        _local.collector = self.prev
+
+
+def outside_collection():
+    """A context where ``require`` sees no collector (a nested jit of a user's trace)."""
+    return _Suppressed()
+
+
+def _split(value):
+    """(int64 value, float64 value, is a float) of a scalar: its value in the slot of its
+    kind, 0 in the other (both slots exist so that checks stack into one array each)."""
+    v = jnp.asarray(value).reshape(())
+    if jnp.issubdtype(v.dtype, jnp.integer) or v.dtype == jnp.bool_:
+        return v.astype(jnp.int64), jnp.zeros((), jnp.float64), False
+    return jnp.zeros((), jnp.int64), v.astype(jnp.float64), True
+
+
+def require(bad, value, exc, template: str) -> None:
+    """Report ``exc(template.format(value=...))`` if the device scalar ``bad`` is True
+    (Note [Device-side checks]). ``bad``/``value`` may be jax arrays or numpy values."""
+    collector = getattr(_local, "collector", None)
+    if collector is None and (
+        isinstance(bad, jax.core.Tracer) or isinstance(value, jax.core.Tracer)
+    ):
+        return  # a user's trace: not checked (documented above)
+    with jax.enable_x64(True):
+        bad = jnp.asarray(bad, jnp.bool_).reshape(())
+        ival, fval, isfloat = _split(value)
+    code = _code(exc, template, isfloat)
+    if collector is not None:
+        collector.codes.append(code)
+        collector.bads.append(bad)
+        collector.values.append((ival, fval))
+        return
+    add_pending([(bad, ival, fval, code)])
+
+
+def add_pending(entries) -> None:
+    """Queue checks ``[(bad, int value, float value, code)]`` (arrays, not read)."""
+    with _lock:
+        _PENDING.extend(entries)
+        fold = len(_PENDING) >= _FOLD_AT
+    if _SYNC[0]:
+        raise_pending()
+    elif fold:
+        _fold()
+
+
+def add_collected(codes, bads, values) -> None:
+    """Queue the check outputs of one executable call (``codes`` from its trace)."""
+    add_pending([(b, iv, fv, c) for c, b, (iv, fv) in zip(codes, bads, values)])
+
+
+@jax.jit
+def _first_failure(bads, ivals, fvals, codes):
+    bads = jnp.stack(bads)
+    i = jnp.argmax(bads)  # the first failure in program order
+    return jnp.any(bads), jnp.stack(ivals)[i], jnp.stack(fvals)[i], jnp.stack(codes)[i]
+
+
+def _take_pending():
+    with _lock:
+        entries = list(_PENDING)
+        _PENDING.clear()
+    return entries
+
+
+def _fold() -> None:
+    # Many checks -> one (bad, values, code) on the device, in program order: no read.
+    entries = _take_pending()
+    if not entries:
+        return
+    bads, ivals, fvals, codes = zip(*entries)
+    with jax.enable_x64(True):
+        # NumPy for the codes known on the host: no device op per code.
+        codes = [np.int32(c) if isinstance(c, int) else c for c in codes]
+        entry = _first_failure(list(bads), list(ivals), list(fvals), codes)
+    with _lock:
+        _PENDING.insert(0, entry)
+
+
+def pending() -> int:
+    """How many checks are queued (not yet read)."""
+    return len(_PENDING)
+
+
+def raise_pending() -> None:
+    """Read every queued check (one host transfer) and raise the first failure; a sync
+    point calls this (Note [Device-side checks])."""
+    if not _PENDING:
+        return
+    entries = _take_pending()
+    _stats.count_host_read()
+    for bad, ival, fval, code in jax.device_get(entries):
+        if not bool(bad):
+            continue
+        exc, template, isfloat = _TEMPLATES[int(code)]
+        value = float(fval) if isfloat else int(ival)
+        raise exc(template.format(value=value))
+
+
+def clear_pending() -> None:
+    """Drop every queued check unread (a test harness between tests)."""
+    _take_pending()

@@ -1,0 +1,94 @@
+"""``torchjax.stats()``: what the eager engine did (compiles, executions, host reads).
+
+Note [Eager engine counters]
+Tests and benchmarks ask "did this op run as one cached executable?", "how many XLA
+programs did this model compile?" and "did this step read device data back to the
+host?". The answers come from counters that cost one attribute increment on the hot
+path:
+
+- ``compiles``: XLA compilations in this process (every backend compile jax reports
+  through ``jax.monitoring``, torchjax's and the user's own jax code alike);
+- per overload (``ops``): ``calls`` made through a cached executable, ``traces`` (cache
+  misses: a new key or a new shape/dtype signature, each one trace and usually one
+  compile), ``keys`` (executables built) and ``op_by_op`` calls (the lowering run
+  primitive by primitive: several jax dispatches each);
+- ``executions``: calls through cached executables (one XLA execution each) plus
+  op-by-op calls (at least one each); ``cache_hits`` = calls - traces, ``cache_misses``
+  = traces;
+- ``host_reads``: device-to-host transfers torchjax made (``.item()``, ``.cpu()``,
+  ``print``, ``.tolist()``, the reads of pending device checks at a sync point).
+
+Counters are plain integers updated without a lock: exact in one thread; two threads
+dispatching at once may lose an increment, never corrupt a cache. The listener for
+``compiles`` is registered once at import (it changes nothing in jax's behaviour).
+"""
+
+from __future__ import annotations
+
+import jax
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class _Counters:
+    __slots__ = ("compiles", "host_reads")
+
+    def __init__(self):
+        self.compiles = 0
+        self.host_reads = 0
+
+
+COUNTERS = _Counters()
+# Per-overload counters, filled by torchjax/ops/compiled.py: name -> object with
+# ``calls``, ``traces``, ``keys``, ``op_by_op`` attributes (its CacheInfo).
+OP_COUNTERS: dict = {}
+
+
+def _on_duration(event: str, duration: float, **kwargs) -> None:
+    if event == _COMPILE_EVENT:
+        COUNTERS.compiles += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+def count_host_read() -> None:
+    COUNTERS.host_reads += 1
+
+
+def stats() -> dict:
+    """The eager engine's counters since import or the last ``reset_stats()``
+    (Note [Eager engine counters]): ``compiles``, ``executions``, ``cache_hits``,
+    ``cache_misses``, ``host_reads`` and ``ops`` ({"aten::add.Tensor": {"calls",
+    "traces", "keys", "op_by_op"}}, overloads that ran since the reset)."""
+    ops = {}
+    calls = traces = op_by_op = 0
+    for func, c in list(OP_COUNTERS.items()):
+        if not (c.calls or c.traces or c.op_by_op):
+            continue
+        ops[f"aten::{func._opname}.{func._overloadname}"] = {
+            "calls": c.calls,
+            "traces": c.traces,
+            "keys": c.keys,
+            "op_by_op": c.op_by_op,
+        }
+        calls += c.calls
+        traces += c.traces
+        op_by_op += c.op_by_op
+    return {
+        "compiles": COUNTERS.compiles,
+        "executions": calls + op_by_op,
+        "cache_hits": max(calls - traces, 0),
+        "cache_misses": traces,
+        "host_reads": COUNTERS.host_reads,
+        "ops": ops,
+    }
+
+
+def reset_stats() -> None:
+    """Zero every counter of ``stats()`` (executables stay cached; ``keys`` counts
+    executables built since the reset)."""
+    COUNTERS.compiles = 0
+    COUNTERS.host_reads = 0
+    for c in list(OP_COUNTERS.values()):
+        c.calls = c.traces = c.keys = c.op_by_op = 0
