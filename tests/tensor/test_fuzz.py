@@ -303,28 +303,7 @@ def _round_trips(case: Case):
         case.check_value(f".to('cpu', {dt})", cpu.to(dt), tpu.to("cpu", dt))
 
 
-# .real / .imag / view_as_real / view(dtype) of a tpu tensor are copies, not views (a
-# separate fix): writes through them are lost and their storage offset/strides are
-# counted in the copy, not in the base storage. These families' strict xfails flip when
-# that lands.
-_NOT_VIEWS = {
-    "real_imag": "writes through .real/.imag are not yet write-through views",
-    "view_as_real": "view_as_real is not yet a write-through view (same cause as .real/.imag)",
-    # torchjax/ops/shape.py's view.dtype is a bitcast copy (writes lost), and its
-    # complex <-> real bitcasts raise jax's TypeError where torch gives a view.
-    "dtype_views": "view(dtype) is a copy, not yet a write-through view (same cause as .real)",
-}
-
-
-def _family_params():
-    for family in FAMILIES:
-        marks = ()
-        if family in _NOT_VIEWS:
-            marks = pytest.mark.xfail(strict=True, reason=_NOT_VIEWS[family])
-        yield pytest.param(family, marks=marks, id=family)
-
-
-@pytest.mark.parametrize("family", list(_family_params()))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_fuzz_views_copies_and_serialization(family):
     errors = []
     for seed in range(CASES[family]):
