@@ -43,6 +43,10 @@ def test_uninstall_restores_every_original():
         experts = dict(ExpertsInterface._global_mapping)
         has_cpu_pin = torch._C._dispatch_has_kernel_for_dispatch_key(
             "aten::_pin_memory", "CPU")
+        loaders = list(torch.serialization._package_registry)
+        import io
+        buf = io.BytesIO()
+        torch.save({"w": torch.arange(3.0)}, buf)
 
         import torchjax
         import torchjax.compile._dynamo  # what torch.compile(backend="tpu") loads
@@ -66,6 +70,8 @@ def test_uninstall_restores_every_original():
         assert cls.__dict__["_load_pretrained_model"] is not before["load"]
         assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::_pin_memory", "CPU")
         assert trace_rules.SKIP_DIRS != skip_dirs
+        buf.seek(0)
+        assert torch.load(buf, map_location="tpu")["w"].device.type == "tpu"
 
         torchjax.uninstall()
         assert torchjax.patches() == []
@@ -81,6 +87,12 @@ def test_uninstall_restores_every_original():
         assert dict(ExpertsInterface._global_mapping) == experts
         assert torch._C._dispatch_has_kernel_for_dispatch_key(
             "aten::_pin_memory", "CPU") == has_cpu_pin
+        assert not hasattr(torch.UntypedStorage, "tpu")
+        assert not hasattr(torch.TypedStorage, "tpu")
+        # The tpu loader stays (Note [Process-wide changes]): loading onto tpu still works.
+        assert len(torch.serialization._package_registry) == len(loaders) + 1
+        buf.seek(0)
+        assert torch.load(buf, map_location="tpu")["w"].tolist() == [0.0, 1.0, 2.0]
         group = opt.param_groups[0]
         assert group["capturable"] is False
         assert all(opt.state[p]["step"].device.type == "cpu" for p in group["params"])
@@ -96,6 +108,8 @@ def test_uninstall_restores_every_original():
         "torch.utils.dlpack.to_dlpack",
         "torch.to_dlpack",
         "torch.utils.swap_tensors",
+        "torch.UntypedStorage.tpu",
+        "torch.TypedStorage.tpu",
         "aten::_pin_memory CPU kernel",
         "Dynamo skip rules for torchjax",
         "optimizer capturable=True under jit",

@@ -21,6 +21,10 @@ how it is undone.
   holds; when a tpu tensor is on either side the TensorImpls are swapped anyway and the
   stale gradient accumulator is poisoned (Note [Moving modules with live references]).
   Undo: torch's function put back.
+- ``torch.UntypedStorage.tpu`` and ``torch.TypedStorage.tpu`` (device/_serialization.py;
+  torch 2.13). What ``generate_methods_for_privateuse1_backend(for_storage=True)`` would
+  add, without its allocation (a Python backend has no allocator): a host-backed tpu
+  copy of the storage. Undo: the methods are deleted.
 - ``aten::_pin_memory CPU kernel`` (device/_pinned.py; torch 2.13). "tpu" is torch's
   accelerator, so ``pin_memory()`` and ``DataLoader(pin_memory=True)`` would ask the
   Python backend for a pinned allocator it cannot have. The kernel runs torch's own for
@@ -51,7 +55,11 @@ how it is undone.
 
 Not undone (torch has no way back): the PrivateUse1 backend renamed to "tpu" with its
 device module ``torch.tpu`` and device guard, and kernels registered for the PrivateUse1,
-AutogradPrivateUse1 and AutocastPrivateUse1 keys (factories, copies, SDPA, autocast).
+AutogradPrivateUse1 and AutocastPrivateUse1 keys (factories, copies, SDPA, autocast);
+and the tpu loader in ``torch.serialization``'s package registry (device/_serialization.py,
+Note [Loading checkpoints onto tpu]), kept because without it ``torch.load`` onto "tpu"
+reaches torch's PrivateUse1 path, which crashes the process on a backend with no
+allocator; it answers tpu locations only.
 They change nothing for tensors on other devices; tpu tensors keep working after
 ``uninstall()``, with torch's own behaviour for the entries above (e.g. ``to_dlpack`` of a
 tpu tensor is torch's, invalid, capsule again).

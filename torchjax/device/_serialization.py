@@ -30,6 +30,7 @@ import re
 
 import torch
 
+from torchjax import _patches
 from torchjax._compat.torch import storage_from_pointer
 from torchjax.device._module import device_count
 
@@ -39,6 +40,7 @@ _LOCATION = re.compile(rf"{DEVICE_TYPE}(:[0-9]+)?$")
 # and the torchjax Storage made from them (once per dtype).
 _HOST = "_torchjax_host"
 _LOADED = "_torchjax_loaded"
+_REGISTERED = False
 
 
 def _forget_map_location() -> None:
@@ -136,10 +138,25 @@ def storage_for(storage, dtype: torch.dtype, device: torch.device, make_storage)
 
 
 def register() -> None:
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    _REGISTERED = True
     # Priority 19: before torch's PrivateUse1 entry (23); torch's own entries use 10 and
-    # 20-26, and two entries of one priority make the registry's sort raise.
+    # 20-26, and two entries of one priority make the registry's sort raise. Not undone
+    # by torchjax.uninstall() (Note [Process-wide changes]): without it torch.load onto
+    # "tpu" reaches torch's PrivateUse1 path, which crashes the process on a backend
+    # with no allocator; it acts on tpu locations only.
     torch.serialization.register_package(19, _tag, _deserialize)
     # What generate_methods_for_privateuse1_backend(for_storage=True) would add, minus
     # its allocation (which has no allocator to use).
-    torch.UntypedStorage.tpu = storage_tpu
-    torch.TypedStorage.tpu = storage_tpu
+    for cls in (torch.UntypedStorage, torch.TypedStorage):
+        _patches.replace_attr(
+            cls,
+            "tpu",
+            storage_tpu,
+            name=f"torch.{cls.__name__}.tpu",
+            why="storage.tpu(), what torch generates for a device with an allocator",
+            package="torch",
+            written_for="2.13",
+        )
