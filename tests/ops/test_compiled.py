@@ -23,6 +23,23 @@ def _info(func):
     return (i.keys, i.traces, i.eager_keys)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    # Key counts depend on what ran earlier in the process (an overload that reached
+    # MAX_KEYS_PER_OP runs new keys op by op): each test starts from empty caches.
+    compiled.clear_caches()
+
+
+def test_clear_caches_drops_executables_and_counts():
+    t = torch.randn(3, 5).to(TPU)
+    torch.atan2(t, t)
+    assert _info(aten.atan2.default)[0] == 1
+    compiled.clear_caches(aten.atan2.default)
+    assert _info(aten.atan2.default) == (0, 0, 0)
+    torch.atan2(t, t)
+    assert _info(aten.atan2.default)[:2] == (1, 1)  # built again
+
+
 def test_same_signature_is_a_cache_hit_new_shape_traces_again():
     x, y = torch.randn(3, 5), torch.randn(3, 5)
     keys, traces, _ = _info(aten.atan2.default)

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 
 import jax
 import numpy as np
@@ -149,6 +150,19 @@ _INFO: dict = _stats.OP_COUNTERS
 def cache_info_entry(func) -> CacheInfo:
     """The (mutable) ``CacheInfo`` counting ``func``'s executables."""
     return _INFO.setdefault(func, CacheInfo())
+
+
+# Every CompiledCompute, for clear_caches (an overload may have several: one per
+# registered variant).
+_COMPUTES: weakref.WeakSet = weakref.WeakSet()
+
+
+def clear_caches(func=None) -> None:
+    """Drop the executables (and the op-by-op decisions) of ``func``'s compiled path, or
+    of every overload: the next calls build them again. Counters restart at zero."""
+    for compute in list(_COMPUTES):
+        if func is None or compute.func == func:
+            compute.clear()
 
 
 def cache_info(func=None):
@@ -266,6 +280,15 @@ class CompiledCompute:
         # dispatching the same overload must not both build, or both delete, a key.
         # Lookups take no lock (dict reads are atomic under the GIL).
         self.lock = threading.Lock()
+        _COMPUTES.add(self)
+
+    def clear(self):
+        with self.lock:
+            self.cache, self.tensor_cache = {}, {}
+            self.eager_keys, self.float_variants = set(), {}
+            self.view_keys = 0
+            info = self.info
+            info.keys = info.traces = info.eager_keys = info.calls = info.op_by_op = 0
 
     def _entry(self, x, dyn, psig, scalars, promoted):
         """The template entry of argument ``x``; appends its arrays to ``dyn``, its

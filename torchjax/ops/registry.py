@@ -670,8 +670,12 @@ def _out_handler(func, functional):
     names = _out_names(func._schema)
     overlap = writeback.checks_overlap(func)
 
+    # ``Tensor(a!)[] out`` (split_with_sizes_copy, unbind_copy...): one argument holding
+    # a list of tensors, one per result; such overloads return nothing.
+    list_out = len(names) == 1 and not func._schema.returns
+
     def out(args, kwargs):
-        outs = [kwargs[n] for n in names]
+        outs = list(kwargs[names[0]]) if list_out else [kwargs[n] for n in names]
         for o in outs:
             if not isinstance(o, JaxTensor):
                 raise _device_error(func, o)
@@ -687,6 +691,8 @@ def _out_handler(func, functional):
             if exact and not values and r.dtype != torch.bool and o.dtype != r.dtype:
                 raise writeback.exact_dtype_error(func, r.dtype, o.dtype)
             write_into(func, o, r, check_cast=values and not meta_ok, resize=True)
+        if list_out:
+            return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     return out

@@ -371,51 +371,59 @@ def check_inplace(opinfo, sample, tol=None) -> bool:
     return True
 
 
-def _out_dtypes(expected):
-    """The dtype (or tuple of dtypes) of the out= argument matching ``expected``, the
-    functional result; None when it is not a tensor or a sequence of tensors."""
+def _empty_outs(expected, device):
+    """0-element tensors on ``device`` shaped like ``expected``'s structure (a tensor, or
+    a tuple/list of them, nested as the functional result is), with its dtypes, so every
+    element is written and compared; a result without tensors gets one float tensor (the
+    call must then be refused as on CPU)."""
     if isinstance(expected, torch.Tensor):
-        return expected.dtype
+        return torch.empty(0, dtype=expected.dtype, device=device)
     if isinstance(expected, (tuple, list)) and expected:
-        if all(isinstance(e, torch.Tensor) for e in expected):
-            return tuple(e.dtype for e in expected)
-    return None
-
-
-def _empty_outs(dtypes):
-    """0-element tpu tensors to pass as out= (one, or a tuple for multi-output ops)."""
-    if isinstance(dtypes, tuple):
-        return tuple(torch.empty(0, dtype=d, device=TPU) for d in dtypes)
-    return torch.empty(0, dtype=dtypes, device=TPU)
+        outs = [_empty_outs(e, device) for e in expected]
+        return outs if isinstance(expected, list) else tuple(outs)
+    return torch.empty(0, device=device)
 
 
 def _check_returned_out(got, out, what):
-    if isinstance(out, tuple):
-        assert isinstance(got, tuple) and len(got) == len(out), f"{what}: returned {type(got)}"
+    if isinstance(out, (tuple, list)):
+        assert isinstance(got, (tuple, list)) and len(got) == len(out), (
+            f"{what}: returned {type(got)}"
+        )
         for i, (g, o) in enumerate(zip(got, out)):
-            assert g is o, f"{what}: element {i} of the result is not out[{i}]"
+            if isinstance(o, (tuple, list)):
+                _check_returned_out(g, o, f"{what}[{i}]")
+            else:
+                assert g is o, f"{what}: element {i} of the result is not out[{i}]"
     else:
         assert got is out, f"{what}: did not return out"
 
 
 def check_out(opinfo, sample, tol=None) -> bool:
-    """Run with ``out=`` (0-element tpu tensors of the functional result's dtypes, one per
-    output for multi-output ops, so every element is written and compared); False when
-    the functional result is not a tensor or a sequence of tensors."""
+    """Run with ``out=`` (0-element tensors of the functional result's dtypes, one per
+    output for multi-output ops) on CPU and on tpu and compare what was written; where
+    CPU torch refuses that ``out=`` (an overload without one, a form its parser rejects),
+    tpu must refuse with the same exception type. False when ``opinfo`` has no out=."""
     if not opinfo.supports_out:
         return False
     fn = opinfo.get_op()
     cpu = clone_cpu(sample, opinfo)
     expected = call(fn, cpu)
-    dtypes = _out_dtypes(expected)
-    if dtypes is None:
-        return False
-    out = _empty_outs(dtypes)
-    tpu = to_tpu(sample, opinfo)
-    got = fn(tpu.input, *tpu.args, **tpu.kwargs, out=out)
     what = f"{opinfo.name} out="
-    _check_returned_out(got, out, what)
-    compare(out, tuple(expected) if isinstance(out, tuple) else expected, what, tol)
+    tpu = to_tpu(sample, opinfo)
+    cpu_out, out = _empty_outs(expected, "cpu"), _empty_outs(expected, TPU)
+    try:
+        cpu_returned = fn(cpu.input, *cpu.args, **cpu.kwargs, out=cpu_out)
+    except (RuntimeError, TypeError, ValueError) as e:
+        assert_refuses_like(e, lambda: fn(tpu.input, *tpu.args, **tpu.kwargs, out=out), what)
+        return True
+    got = fn(tpu.input, *tpu.args, **tpu.kwargs, out=out)
+    if cpu_returned is None:  # list outs (``Tensor(a!)[] out``): the op returns nothing
+        assert got is None, f"{what}: returned {type(got)}, CPU returned None"
+    else:
+        _check_returned_out(got, out, what)
+    if full_name(opinfo) in GAUGE_DEPENDENT:
+        out, cpu_out = sample.output_process_fn_grad(out), sample.output_process_fn_grad(cpu_out)
+    compare(out, cpu_out, what, tol)
     return True
 
 
@@ -604,16 +612,16 @@ def _compare_meta(got, expected, what):
         assert t.shape == c.shape, f"{name}: shape {tuple(t.shape)}, CPU gave {tuple(c.shape)}"
 
 
-def _run_variant(opinfo, variant, sample, out_dtype=None):
+def _run_variant(opinfo, variant, sample, out_like=None):
     """One call of the op (``variant``: "forward", "inplace" or "out") on ``sample``'s
     tensors as given, seeded by the caller; returns the output (self for in-place, out for
-    out=, a tpu tensor of ``out_dtype``)."""
+    out=: tpu tensors shaped like ``out_like``'s structure)."""
     if variant == "inplace":
         inp = sample.input.detach()
         return _unseeded(opinfo.get_inplace())(inp, *sample.args, **sample.kwargs)
     fn = _unseeded(opinfo.get_op())
     if variant == "out":
-        out = _empty_outs(out_dtype)
+        out = _empty_outs(out_like, TPU)
         got = fn(sample.input, *sample.args, **sample.kwargs, out=out)
         _check_returned_out(got, out, f"{full_name(opinfo)} out=")
         return out
@@ -659,10 +667,9 @@ def check_random(opinfo, sample, variant="forward", tol=None) -> bool:
     except RuntimeError as e:  # torch refuses (dtype cast, broadcast): tpu must refuse too
         assert_refuses_like(e, lambda: _run_variant(opinfo, variant, to_tpu(sample, opinfo)), what)
         return True
-    out_dtype = _out_dtypes(c1) if variant == "out" else None
-    if variant == "out" and out_dtype is None:
+    if variant == "out" and not _leaves(c1):
         return False
-    run = lambda s: _run_variant(opinfo, variant, s, out_dtype)  # noqa: E731
+    run = lambda s: _run_variant(opinfo, variant, s, c1)  # noqa: E731
     # Several successive CPU draws: a permutation of 3 categories repeats by chance.
     if all(_identical(c1, cpu_run(clone_cpu(sample, opinfo))) for _ in range(4)):
         got = _seeded(0, run, to_tpu(sample, opinfo))  # a deterministic sample: compare values
