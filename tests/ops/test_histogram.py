@@ -57,20 +57,34 @@ def test_bincount_negative_raises():
         torch.bincount(torch.tensor([1, -1], device=TPU))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "found failing in this session's final full run, not diagnosed yet (see"
-        " the issue note): histc no longer raises for a NaN range bound"
-    ),
-)
 def test_histc_range_nan_and_edges():
     x = torch.tensor([0.0, 1.0, 2.0, 3.0, float("nan"), 5.0, -1.0])
     oi.same(lambda a: torch.histc(a, bins=4, min=0, max=3), x)
     oi.same(lambda a: torch.histc(a, bins=5), torch.full((3,), 2.0))
     oi.same(lambda a: torch.histc(a, bins=3), torch.empty(0))
+    # A range taken from the data is a device check, raised at the next sync; a given
+    # range is known at the op.
+    out = torch.histc(torch.tensor([1.0, float("inf")], device=TPU), bins=3)
+    with pytest.raises(RuntimeError, match="aten::histc: range of the data is not finite"):
+        out.cpu()
+    out = torch.histc(torch.tensor([1.0, float("nan")], device=TPU), bins=3)
     with pytest.raises(RuntimeError, match="not finite"):
-        torch.histc(torch.tensor([1.0, float("inf")], device=TPU), bins=3)
+        torch.tpu.synchronize()
+    with pytest.raises(RuntimeError, match="not finite"):
+        torch.histc(torch.tensor([1.0], device=TPU), bins=3, min=0, max=float("inf"))
+    with pytest.raises(RuntimeError, match="not finite"):
+        torch.histc(torch.tensor([1.0]), bins=3, min=0, max=float("inf"))
+    # min == max (even inf) with data: torch takes the data's range, no error.
+    oi.same(lambda a: torch.histc(a, bins=3, min=float("inf"), max=float("inf")), x[:4])
+
+
+def test_histc_data_range_checked_at_the_op_in_immediate_mode():
+    torch.tpu.set_sync_checks(True)
+    try:
+        with pytest.raises(RuntimeError, match="range of the data is not finite"):
+            torch.histc(torch.tensor([float("-inf"), 1.0], device=TPU), bins=3)
+    finally:
+        torch.tpu.set_sync_checks(False)
 
 
 def test_bincount_under_jit_raises_histc_traces():

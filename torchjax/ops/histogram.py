@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from torchjax.device import _checks
 from torchjax.ops.registry import lowering
 
 aten = torch.ops.aten
@@ -166,6 +167,20 @@ def bincount(self, weights=None, minlength=0):
     return jnp.zeros((length,), dtype=dtype).at[self].add(weights.astype(dtype))
 
 
+def _require_finite_data_range(lo, hi) -> None:
+    """torch raises a RuntimeError for an inf/NaN histogram range. Taken from the data
+    (``min == max``), the range is on the device: a device check, raised at the next sync
+    (Note [Device-side checks]), so histc stays one executable without a host read."""
+    _checks.require(
+        ~(jnp.isfinite(lo) & jnp.isfinite(hi)),
+        jnp.where(jnp.isfinite(lo), hi, lo),
+        RuntimeError,
+        "aten::histc: range of the data is not finite (a bound is {value}): with min == max"
+        " histc takes the range from the input, which holds inf or NaN; pass finite min and"
+        " max, or drop non-finite values",
+    )
+
+
 @lowering(aten.histc)
 def histc(self, bins=100, min=0, max=0):
     """aten::histc - histogram of ``self`` with ``bins`` equal-width bins over [min, max].
@@ -189,18 +204,22 @@ def histc(self, bins=100, min=0, max=0):
         not (min > max), lambda: f"aten::histc: max must be larger than min, got {min} and {max}"
     )
     x = self.reshape(-1)
+    from_data = min == max and x.size > 0
+    # A given range is Python scalars, checked now (widening an equal pair by 1 keeps it
+    # finite or not); one taken from the data is checked on the device, below.
+    torch._check(
+        from_data or bool(np.isfinite(min) and np.isfinite(max)),
+        lambda: f"aten::histc: range of [{min}, {max}] is not finite: pass finite min and max",
+    )
     # Edges are chosen in float64, then rounded to the input dtype, as torch does.
-    if min == max and x.size > 0:
+    if from_data:
         lo, hi = x.min().astype(jnp.float64), x.max().astype(jnp.float64)
     else:
         lo, hi = jnp.asarray(min, dtype=jnp.float64), jnp.asarray(max, dtype=jnp.float64)
     same = lo == hi
     lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
-    try:
-        finite = bool(jnp.isfinite(lo) & jnp.isfinite(hi))
-    except jax.errors.ConcretizationTypeError:  # under jit: non-finite ranges give NaN bins
-        finite = True
-    torch._check(finite, lambda: f"aten::histc: range of [{lo}, {hi}] is not finite")
+    if from_data:
+        _require_finite_data_range(lo, hi)
     lo, hi = lo.astype(self.dtype), hi.astype(self.dtype)
     pos = jnp.floor((x - lo) * np.asarray(bins, dtype=self.dtype) / (hi - lo)).astype(jnp.int64)
     pos = jnp.where(pos == bins, bins - 1, pos)

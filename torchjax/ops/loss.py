@@ -232,7 +232,8 @@ def _ctc_loss_backward(
     ATen returns (exp(lp) - exp(log(alpha*beta) + nll - lp)) * grad for t < input_length
     (0 after): the true derivative of nll (the second term, here a vjp of the forward
     recursion) plus exp(lp), the softmax term that assumes log_probs came from
-    log_softmax. zero_infinity zeroes samples whose nll is inf.
+    log_softmax. Samples whose nll is inf get NaN for t < input_length, as ATen's; with
+    zero_infinity they get 0.
     """
     il, tl, s_max = _ctc_args(
         "aten::_ctc_loss_backward", log_probs, targets, input_lengths, target_lengths
@@ -246,8 +247,12 @@ def _ctc_loss_backward(
     dnll = pullback(g)[0]
     t_mask = (jnp.arange(log_probs.shape[0])[:, None] < il[None, :])[:, :, None]
     out = jnp.where(t_mask, jnp.exp(log_probs) * g[None, :, None] + dnll, 0)
-    if zero_infinity:
-        out = jnp.where(jnp.isinf(neg_log_likelihood)[None, :, None], 0, out)
+    # An impossible alignment (nll inf): ATen fills the log-gradient with -inf, and
+    # exp(-inf + nll - lp) is exp(nan), so every entry with t < input_length is NaN
+    # (0 after), unless zero_infinity zeroes the sample (LossCTC.cpp,
+    # ctc_loss_backward_cpu_template). The vjp above gives finite garbage there.
+    inf = jnp.isinf(neg_log_likelihood)[None, :, None]
+    out = jnp.where(inf, 0 if zero_infinity else jnp.where(t_mask, jnp.nan, 0), out)
     return out.astype(log_probs.dtype)
 
 

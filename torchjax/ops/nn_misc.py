@@ -131,6 +131,11 @@ def _bag_dense_backward(
         g = g * per_sample_weights[:, None].astype(g.dtype)
     g = jnp.where(valid[:, None], g, jnp.zeros((), g.dtype))
     if scale_grad_by_freq:
+        # Note [embedding_bag scale_grad_by_freq]: each row is divided by its index's
+        # count over the whole input, as on CUDA/MPS and in embedding_dense_backward.
+        # CPU torch (2.13) divides by counts[indices_data[i]] with i the unique-group
+        # counter of _embedding_bag_dense_backward_cpu_sum_mean, a bug
+        # (pytorch/pytorch#190063): CPU's numbers are not followed there.
         counts = jnp.zeros((num_weights,), jnp.int64).at[indices].add(valid.astype(jnp.int64))
         g = g / jnp.maximum(jnp.take(counts, indices), 1)[:, None].astype(g.dtype)
     return jnp.zeros((num_weights, d), dtype=grad.dtype).at[indices].add(g, mode="drop")

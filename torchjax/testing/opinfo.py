@@ -167,10 +167,10 @@ def same(fn, *args, **kwargs):
     return got
 
 
-def grads_match(fn, *inputs, rtol=1e-7, atol=1e-7):
+def grads_match(fn, *inputs, rtol=1e-7, atol=1e-7, equal_nan=False):
     """fn's value and its grads w.r.t. the floating inputs match CPU (others are passed as
     they are). A tuple result is judged by its first element (max_pool's values, not its
-    indices)."""
+    indices). ``equal_nan``: NaN where CPU has NaN counts as a match."""
     diff = [t.is_floating_point() for t in inputs]
     cpu = [t.detach().clone().requires_grad_(d) for t, d in zip(inputs, diff)]
     tpu = [t.detach().to("tpu").requires_grad_(d) for t, d in zip(inputs, diff)]
@@ -178,14 +178,16 @@ def grads_match(fn, *inputs, rtol=1e-7, atol=1e-7):
     want = want[0] if isinstance(want, tuple) else want
     got = got[0] if isinstance(got, tuple) else got
     assert got.dtype == want.dtype and got.shape == want.shape
-    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=rtol, atol=atol)
+    torch.testing.assert_close(
+        got.detach().cpu(), want.detach(), rtol=rtol, atol=atol, equal_nan=equal_nan
+    )
     w = torch.rand(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(1))
     cin = [t for t, d in zip(cpu, diff) if d]
     tin = [t for t, d in zip(tpu, diff) if d]
     gw = torch.autograd.grad((want * w).sum(), cin)
     gt = torch.autograd.grad((got * w.to("tpu")).sum(), tin)
     for a, b in zip(gt, gw):
-        torch.testing.assert_close(a.cpu(), b, rtol=rtol, atol=atol)
+        torch.testing.assert_close(a.cpu(), b, rtol=rtol, atol=atol, equal_nan=equal_nan)
 
 
 def _weights_like(out_leaves):
