@@ -37,6 +37,7 @@ def test_uninstall_restores_every_original():
             "from_pretrained": cls.__dict__["from_pretrained"],
             "tied": modeling_utils.remove_tied_weights_from_state_dict,
             "swap": torch.utils.swap_tensors,
+            "torch_load": torch.load,
         }
         meta_path = list(sys.meta_path)
         skip_dirs = list(trace_rules.SKIP_DIRS)
@@ -67,6 +68,9 @@ def test_uninstall_restores_every_original():
         names = [p.name for p in torchjax.patches()]
         print("names", names)
         assert dlpack.to_dlpack is not before["dlpack"]
+        import inspect
+        assert torch.load is not before["torch_load"]
+        assert inspect.signature(torch.load) == inspect.signature(before["torch_load"])
         assert cls.__dict__["_load_pretrained_model"] is not before["load"]
         assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::_pin_memory", "CPU")
         assert trace_rules.SKIP_DIRS != skip_dirs
@@ -78,6 +82,7 @@ def test_uninstall_restores_every_original():
         assert dlpack.to_dlpack is before["dlpack"]
         assert torch.to_dlpack is before["torch_dlpack"]
         assert torch.utils.swap_tensors is before["swap"]
+        assert torch.load is torch.serialization.load is before["torch_load"]
         # _loading.uninstall() re-wraps the original function in a new staticmethod.
         assert cls.__dict__["_load_pretrained_model"].__func__ is before["load"].__func__
         assert cls.__dict__["from_pretrained"] is before["from_pretrained"]
@@ -108,6 +113,7 @@ def test_uninstall_restores_every_original():
         "torch.utils.dlpack.to_dlpack",
         "torch.to_dlpack",
         "torch.utils.swap_tensors",
+        "torch.load",
         "torch.UntypedStorage.tpu",
         "torch.TypedStorage.tpu",
         "aten::_pin_memory CPU kernel",

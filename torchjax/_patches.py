@@ -21,6 +21,11 @@ how it is undone.
   holds; when a tpu tensor is on either side the TensorImpls are swapped anyway and the
   stale gradient accumulator is poisoned (Note [Moving modules with live references]).
   Undo: torch's function put back.
+- ``torch.load`` (device/_serialization.py through _compat/torch.py; torch 2.13). torch
+  clears the thread-local ``map_location`` of a load only when the unpickling returns;
+  after a load that raises, later ``pickle.loads`` of device tensors in the thread are
+  rebuilt where that load pointed, or refused. The wrapper clears it when a load
+  raises; same signature and result otherwise. Undo: the original put back.
 - ``torch.UntypedStorage.tpu`` and ``torch.TypedStorage.tpu`` (device/_serialization.py;
   torch 2.13). What ``generate_methods_for_privateuse1_backend(for_storage=True)`` would
   add, without its allocation (a Python backend has no allocator): a host-backed tpu

@@ -133,10 +133,22 @@ def test_load_onto_missing_device_index_raises(tmp_path):
     torch.save(torch.ones(1), tmp_path / "x.pt")
     with pytest.raises(RuntimeError, match="device 7 but torch.tpu.device_count"):
         torch.load(tmp_path / "x.pt", map_location="tpu:7")
-    # The refused load leaves nothing behind: a later pickle of a tpu tensor comes back
-    # on tpu:0, not on the device the failed load named.
+    _assert_pickle_lands_on_tpu0()
+
+
+def _assert_pickle_lands_on_tpu0():
+    # A refused load leaves nothing behind: a later pickle of a tpu tensor comes back on
+    # tpu:0, not where the failed load pointed (torch keeps a load's map_location in a
+    # thread-local it clears only when the load succeeds; torch.load is wrapped).
     back = pickle.loads(pickle.dumps(torch.arange(3.0).to("tpu")))
     assert back.device == torch.device("tpu", 0) and back.tolist() == [0.0, 1.0, 2.0]
+
+
+def test_failed_callable_load_leaves_pickle_working(tmp_path):
+    torch.save(torch.ones(2).to("tpu"), tmp_path / "t.pt")
+    with pytest.raises(RuntimeError, match="Callable map_location not supported"):
+        torch.load(tmp_path / "t.pt", map_location=lambda s, loc: s)
+    _assert_pickle_lands_on_tpu0()
 
 
 def test_set_with_a_cpu_storage_raises():

@@ -28,17 +28,24 @@ from torchjax.testing import opinfo as oi
 _XFAIL_FILE = pathlib.Path(__file__).with_name("expected_failures.csv")
 # Note [Sample caps]
 # Each case runs the first samples of its (op, dtype) only, sized so the whole suite fits
-# CI (2 cores, < 20 min): forward takes 4 samples in float32 and int64 and 2 in every other
-# dtype; backward, in-place and out= take 2. A passing case therefore says "these samples
-# match CPU", not "every OpInfo sample does"; the README's status section says the same.
+# CI (2 cores, < 30 min with the install): forward takes 2 samples in float32 and int64
+# and 1 in every other dtype; backward takes 1; in-place and out= take 2. A case listed
+# in expected_failures.csv keeps the caps it was diagnosed under (4 forward samples in
+# float32/int64, 2 elsewhere, 2 backward), so a known failure on a later sample stays in
+# view. A passing case therefore says "these samples match CPU", not "every OpInfo
+# sample does"; the README's status section says the same, and
+# ``python -m torchjax.testing.coverage --limit N`` runs deeper sweeps.
 # Every case asserts that at least one of its samples ran its check, so a case whose
 # samples all fall outside the check (no tensor output for out=, no in-place variant)
 # fails instead of passing having compared nothing.
-_SAMPLE_LIMIT = {"forward": 4, "backward": 2, "inplace": 2, "out": 2}
+_SAMPLE_LIMIT = {"forward": 2, "backward": 1, "inplace": 2, "out": 2}
 # Forward in the other dtypes (bfloat16, float16, int32, bool, complex64, float64) takes
-# the first 2 samples: dtype-specific behaviour shows on any sample.
+# the first sample: dtype-specific behaviour shows on any sample.
 _PRIMARY_DTYPES = (torch.float32, torch.int64)
-_OTHER_DTYPE_FORWARD_LIMIT = 2
+_OTHER_DTYPE_FORWARD_LIMIT = 1
+# The caps an expected failure was diagnosed under (see the Note).
+_LISTED_LIMIT = {"forward": 4, "backward": 2, "inplace": 2, "out": 2}
+_LISTED_OTHER_DTYPE_FORWARD_LIMIT = 2
 # Dtypes for the in-place and out= checks (see the module docstring).
 _VARIANT_DTYPES = (torch.float32, torch.int64)
 
@@ -86,18 +93,19 @@ def _cases(names, check):
                 # some CPUs only: the row says so, and only such a row is not strict.
                 strict = not reason.startswith(MACHINE_DEPENDENT)
                 marks.append(pytest.mark.xfail(reason=reason, strict=strict))
-            cases.append(pytest.param(op, dtype, id=f"{key[0]}-{key[1]}", marks=marks))
+            listed = key in XFAILS
+            cases.append(pytest.param(op, dtype, listed, id=f"{key[0]}-{key[1]}", marks=marks))
     return cases
 
 
 def _make_test(check, cases):
     grad = check == "backward"
 
-    @pytest.mark.parametrize("op,dtype", cases)
-    def test(op, dtype):
-        limit = _SAMPLE_LIMIT[check]
+    @pytest.mark.parametrize("op,dtype,listed", cases)
+    def test(op, dtype, listed):
+        limit = (_LISTED_LIMIT if listed else _SAMPLE_LIMIT)[check]
         if check == "forward" and dtype not in _PRIMARY_DTYPES:
-            limit = _OTHER_DTYPE_FORWARD_LIMIT
+            limit = _LISTED_OTHER_DTYPE_FORWARD_LIMIT if listed else _OTHER_DTYPE_FORWARD_LIMIT
         samples = oi.samples(op, dtype, requires_grad=grad, limit=limit)
         assert samples, f"{oi.full_name(op)} has no {dtype} sample: nothing would be compared"
         ran = [oi.run_check(check, op, s) for s in samples]

@@ -270,6 +270,49 @@ def uninstall_swap_tensors() -> None:
         torch.utils.swap_tensors = original
 
 
+def install_load_location_reset() -> None:
+    """Wrap ``torch.load`` (``torch.serialization.load``) so that a load that raises
+    leaves no ``map_location`` behind: torch keeps it in a thread-local for the
+    unpickling and clears it only when unpickling returns (torch 2.13,
+    serialization._load), so after one failed load every ``pickle.loads`` of a device
+    tensor in the thread is rebuilt where that load pointed, or refused ("Callable
+    map_location not supported"). Same signature (``functools.wraps``), same result.
+    Private detail: the thread-local is ``torch.serialization._serialization_tls``."""
+    import functools
+
+    import torch.serialization as serialization
+
+    from torchjax import _patches
+
+    if _patches.is_recorded("torch.load"):
+        return
+    original = serialization.load
+
+    @functools.wraps(original)
+    def load(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        except BaseException:
+            serialization._serialization_tls.map_location = None
+            raise
+
+    def undo():
+        if serialization.load is load:
+            serialization.load = original
+        if torch.load is load:
+            torch.load = original
+
+    serialization.load = torch.load = load
+    _patches.record(
+        "torch.load",
+        why="a failed load must not leave its map_location for later pickle.loads "
+        "of device tensors",
+        package="torch",
+        written_for="2.13",
+        undo=undo,
+    )
+
+
 def call_composite_explicit(op, *args):
     """Run ``op``'s CompositeExplicitAutograd kernel on ``args``, skipping any kernel
     registered for the arguments' backend key (torchjax's CPU ``_pin_memory`` calls

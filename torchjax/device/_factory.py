@@ -9,8 +9,11 @@ arange, randn, tensor) is composite in torch and reaches these, then an in-place
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from torchjax._compat.jax import x64
@@ -34,17 +37,26 @@ def new_array(size, dtype, device) -> jax.Array:
     dtype = dtype if dtype is not None else torch.get_default_dtype()
     index = _device_index(device)
     dev = jax_device(index)
+    size, jdtype = tuple(size), dtypes.to_jax_dtype(dtype)
     with x64(True):
-        arr = _zeros(tuple(size), dtypes.to_jax_dtype(dtype))
+        if math.prod(size) * jdtype.itemsize <= HOST_ZEROS_BYTES:
+            return jax.device_put(np.zeros(size, jdtype), dev)
+        arr = _zeros(size, jdtype)
         if index != 0:
             arr = jax.device_put(arr, dev)
     return arr
 
 
-# One cached executable per (shape, dtype): op by op, jnp.zeros is two jax primitives
-# (a cast and a broadcast), each an XLA dispatch; torch.full/ones/arange and every
-# factory call go through here (Note [Lazy views] in torchjax/ops/registry.py says why
-# dispatches count).
+# Note [Zeros for new tensors]
+# Every tpu factory (empty, zeros, full, arange, randn, x.to("tpu")) starts here. An
+# on-device fill is an XLA executable per (shape, dtype): ~30-50 ms to compile for each
+# new shape, which is most of the time to first result of a model's first call and of
+# a test suite. A host buffer of zeros put on the device compiles nothing and costs a
+# transfer instead, which is cheaper than a compile below a few hundred MB but is paid
+# on every call; so small tensors (up to HOST_ZEROS_BYTES) take the transfer and larger
+# ones the cached executable (op by op, jnp.zeros is two jax primitives, a cast and a
+# broadcast, each an XLA dispatch).
+HOST_ZEROS_BYTES = 1 << 20
 _zeros = jax.jit(jnp.zeros, static_argnums=(0, 1))
 
 

@@ -31,7 +31,7 @@ import re
 import torch
 
 from torchjax import _patches
-from torchjax._compat.torch import storage_from_pointer
+from torchjax._compat.torch import install_load_location_reset, storage_from_pointer
 from torchjax.device._module import device_count
 
 DEVICE_TYPE = "tpu"
@@ -43,22 +43,10 @@ _LOADED = "_torchjax_loaded"
 _REGISTERED = False
 
 
-def _forget_map_location() -> None:
-    # torch.load stores its map_location in a thread-local for the unpickling and clears
-    # it only when the unpickling returns (torch/serialization.py, _load); an error
-    # raised while loading leaves it set, and every later pickle.loads of a device
-    # tensor in the thread is then rebuilt where the failed load pointed. Our loader's
-    # own refusals clear it, as a finished load would.
-    tls = getattr(torch.serialization, "_serialization_tls", None)
-    if tls is not None and hasattr(tls, "map_location"):
-        tls.map_location = None
-
-
 def _tpu_device(location) -> torch.device:
     device = torch.device(location)
     index = 0 if device.index is None else device.index
     if index >= device_count():
-        _forget_map_location()
         raise RuntimeError(
             f"Attempting to deserialize object on TPU device {index} but "
             f"torch.tpu.device_count() is {device_count()}. Please use torch.load with "
@@ -148,6 +136,7 @@ def register() -> None:
     # "tpu" reaches torch's PrivateUse1 path, which crashes the process on a backend
     # with no allocator; it acts on tpu locations only.
     torch.serialization.register_package(19, _tag, _deserialize)
+    install_load_location_reset()
     # What generate_methods_for_privateuse1_backend(for_storage=True) would add, minus
     # its allocation (which has no allocator to use).
     for cls in (torch.UntypedStorage, torch.TypedStorage):

@@ -57,6 +57,4 @@ def tree_to_jax(tree):
 
 def tree_from_jax(tree):
     """``from_jax`` on every jax.Array leaf of a (jax) pytree; other leaves kept."""
-    return jax.tree_util.tree_map(
-        lambda x: from_jax(x) if isinstance(x, jax.Array) else x, tree
-    )
+    return jax.tree_util.tree_map(lambda x: from_jax(x) if isinstance(x, jax.Array) else x, tree)

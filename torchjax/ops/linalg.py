@@ -607,4 +607,3 @@ def linalg_lstsq(self, b, rcond=None, *, driver=None):
         rank if driver != "gels" else _empty(jnp.int64),
         s.astype(real) if driver in ("gelsd", "gelss") else _empty(real),
     )
-

@@ -303,7 +303,8 @@ def _device_error(func, t) -> RuntimeError:
 
 
 def _cpu_to_jax(t: torch.Tensor) -> jax.Array:
-    return jnp.asarray(dtypes.cpu_tensor_to_numpy(t))
+    # device_put compiles nothing; jnp.asarray compiles a copy per new shape.
+    return jax.device_put(dtypes.cpu_tensor_to_numpy(t))
 
 
 def _unwrap(func, entry, x):

@@ -128,6 +128,7 @@ def check_out_on_meta(func, args, kwargs, out_names, meta_like) -> bool:
     The meta outs are empty tensors of the outs' dtypes: resizing those warns nothing
     (torch's resize warning is raised once, by our write; a C++ warning from this nested
     call would surface after it returns, out of reach of ``warnings`` filters)."""
+
     def empty_meta(out):
         if isinstance(out, (list, tuple)):  # a ``Tensor(a!)[] out`` argument
             return [empty_meta(o) for o in out]
@@ -135,8 +136,7 @@ def check_out_on_meta(func, args, kwargs, out_names, meta_like) -> bool:
 
     margs = [_to_meta(a, meta_like) for a in args]
     mkwargs = {
-        k: empty_meta(v) if k in out_names else _to_meta(v, meta_like)
-        for k, v in kwargs.items()
+        k: empty_meta(v) if k in out_names else _to_meta(v, meta_like) for k, v in kwargs.items()
     }
     try:
         func(*margs, **mkwargs)
