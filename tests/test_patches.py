@@ -93,6 +93,7 @@ def test_uninstall_restores_every_original():
         assert torch._C._dispatch_has_kernel_for_dispatch_key(
             "aten::_pin_memory", "CPU") == has_cpu_pin
         assert not hasattr(torch.UntypedStorage, "tpu")
+        assert "__new__" not in torch.UntypedStorage.__dict__
         assert not hasattr(torch.TypedStorage, "tpu")
         # The tpu loader stays (Note [Process-wide changes]): loading onto tpu still works.
         assert len(torch.serialization._package_registry) == len(loaders) + 1
@@ -114,6 +115,7 @@ def test_uninstall_restores_every_original():
         "torch.to_dlpack",
         "torch.utils.swap_tensors",
         "torch.load",
+        "torch.UntypedStorage.__new__",
         "torch.UntypedStorage.tpu",
         "torch.TypedStorage.tpu",
         "aten::_pin_memory CPU kernel",

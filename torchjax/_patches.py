@@ -26,6 +26,12 @@ how it is undone.
   after a load that raises, later ``pickle.loads`` of device tensors in the thread are
   rebuilt where that load pointed, or refused. The wrapper clears it when a load
   raises; same signature and result otherwise. Undo: the original put back.
+- ``torch.UntypedStorage.__new__`` (device/_serialization.py; torch 2.13).
+  ``torch.UntypedStorage(n, device="tpu")`` (and TypedStorage, which builds one) would
+  allocate through the backend's allocator, which a Python backend does not have: the
+  process crashed. For a tpu device the storage is made on CPU and given host-backed
+  tpu bytes, as ``storage.tpu()`` does; every other device goes to torch's constructor
+  unchanged. Undo: the class has no ``__new__`` of its own again.
 - ``torch.UntypedStorage.tpu`` and ``torch.TypedStorage.tpu`` (device/_serialization.py;
   torch 2.13). What ``generate_methods_for_privateuse1_backend(for_storage=True)`` would
   add, without its allocation (a Python backend has no allocator): a host-backed tpu

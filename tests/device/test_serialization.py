@@ -129,6 +129,37 @@ def test_storage_tpu_method():
     assert typed.device.type == "tpu" and typed.dtype == torch.int32
 
 
+def test_storage_constructor_on_tpu_does_not_crash():
+    # torch's constructor would allocate through an allocator a Python backend lacks
+    # (a segfault): run in a child so a crash fails the test.
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                """
+                import torch, torchjax
+                s = torch.UntypedStorage(8, device="tpu")
+                b = torch.UntypedStorage([1, 2, 3, 4], device=torch.device("tpu", 0))
+                x = torch.empty(0, dtype=torch.uint8, device="tpu").set_(b, 1, (3,), (1,))
+                t = torch.TypedStorage(3, dtype=torch.float32, device="tpu")
+                print(s.device, s.nbytes(), x.tolist(), t.device, t.size())
+                print(torch.UntypedStorage(2).device, list(torch.UntypedStorage([5, 6])))
+                try:
+                    torch.UntypedStorage(4, device="tpu:3")
+                except RuntimeError as e:
+                    print("refused", "invalid device ordinal tpu:3" in str(e))
+                """
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:3] == ["tpu:0 8 [2, 3, 4] tpu:0 3", "cpu [5, 6]", "refused True"]
+
+
 def test_load_onto_missing_device_index_raises(tmp_path):
     torch.save(torch.ones(1), tmp_path / "x.pt")
     with pytest.raises(RuntimeError, match="device 7 but torch.tpu.device_count"):

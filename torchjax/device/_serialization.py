@@ -32,7 +32,7 @@ import torch
 
 from torchjax import _patches
 from torchjax._compat.torch import install_load_location_reset, storage_from_pointer
-from torchjax.device._module import device_count
+from torchjax.device._module import device_count, jax_device
 
 DEVICE_TYPE = "tpu"
 _LOCATION = re.compile(rf"{DEVICE_TYPE}(:[0-9]+)?$")
@@ -94,6 +94,29 @@ def storage_tpu(self, device=None, non_blocking=False):
     return host_backed(self, target)
 
 
+def _is_tpu(device) -> bool:
+    if device is None:
+        return False
+    if isinstance(device, int):  # torch reads an int device as the current accelerator
+        return True
+    return torch.device(device).type == DEVICE_TYPE
+
+
+def _storage_new(cls, *args, device=None, **kwargs):
+    """``torch.UntypedStorage(n | sequence, device="tpu")``: torch would allocate through
+    the backend's allocator, which a Python backend does not have (the process
+    crashes); the storage is made on CPU and given host-backed tpu bytes instead, as
+    ``storage.tpu()`` does. Every other device is torch's constructor unchanged."""
+    if not _is_tpu(device):
+        return torch._C.StorageBase.__new__(cls, *args, device=device, **kwargs)
+    if isinstance(device, int):
+        device = torch.device(DEVICE_TYPE, device)
+    index = torch.device(device).index or 0
+    jax_device(index)  # an invalid ordinal raises torch's kind of error, naming the range
+    cpu = torch._C.StorageBase.__new__(cls, *args, **kwargs)
+    return host_backed(cpu, torch.device(DEVICE_TYPE, index))
+
+
 def storage_for(storage, dtype: torch.dtype, device: torch.device, make_storage):
     """The torchjax Storage behind a host-backed tpu ``storage`` viewed as ``dtype``:
     ``make_storage(cpu_flat_tensor)`` builds it the first time, later calls (other
@@ -139,6 +162,15 @@ def register() -> None:
     install_load_location_reset()
     # What generate_methods_for_privateuse1_backend(for_storage=True) would add, minus
     # its allocation (which has no allocator to use).
+    _patches.replace_attr(
+        torch.UntypedStorage,
+        "__new__",
+        _storage_new,
+        name="torch.UntypedStorage.__new__",
+        why="torch.UntypedStorage(n, device='tpu') would crash in torch's allocation",
+        package="torch",
+        written_for="2.13",
+    )
     for cls in (torch.UntypedStorage, torch.TypedStorage):
         _patches.replace_attr(
             cls,
