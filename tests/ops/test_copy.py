@@ -88,3 +88,23 @@ def test_functional_call_grad_and_vmap_match_cpu():
     params_t = dict(m.named_parameters())
     got = per_sample(params_t, x.to("tpu").unsqueeze(1), y.to("tpu").unsqueeze(1))
     torch.testing.assert_close({k: v.cpu() for k, v in got.items()}, want, **TOL)
+
+
+def test_fill_and_zero_through_overlapping_views_match_cpu():
+    # torch lets fill_(number) and zero_ write a tensor whose elements share memory;
+    # fill_(tensor) and other in-place ops refuse it.
+    def run(device):
+        x = torch.zeros(3, device=device)
+        seen = []
+        x.expand(4, 3).fill_(2.0)
+        seen.append(x.tolist())
+        x.expand(2, 3)[:, 1:].fill_(5)
+        seen.append(x.tolist())
+        x.expand(4, 3).zero_()
+        seen.append(x.tolist())
+        for refused in (lambda: x.expand(4, 3).add_(1), lambda: x.expand(2, 3).fill_(x[0])):
+            with pytest.raises(RuntimeError, match="more than one element of the written-to"):
+                refused()
+        return seen
+
+    assert run("tpu") == run("cpu")

@@ -167,16 +167,38 @@ def resize_(args, kwargs):
     return self
 
 
-@lowering(aten.zero_.default, aten.zero.default)
+@lowering(aten.zero.default)
 def zero(self):
-    """aten::zero_ - fill with zeros (dtype kept)."""
+    """aten::zero - zeros of ``self``'s shape and dtype."""
     return jnp.zeros_like(self)
 
 
-@lowering(aten.fill.Scalar, aten.fill.Tensor, aten.fill_.Scalar, aten.fill_.Tensor)
+@lowering(aten.fill.Scalar, aten.fill.Tensor, aten.fill_.Tensor)
 def fill(self, value):
-    """aten::fill_ - every element set to ``value`` cast to ``self``'s dtype."""
+    """aten::fill - every element set to ``value`` cast to ``self``'s dtype."""
     return jnp.full(self.shape, value, dtype=self.dtype)
+
+
+# fill_ with a number and zero_ write one value everywhere, so torch lets them write a
+# tensor whose elements share memory (``x.expand(4, 3).fill_(1)``: ATen's fill skips
+# TensorIterator's internal-overlap check); every other in-place op, fill_ with a tensor
+# value included, refuses such a tensor. The value is
+# written through the view with its broadcast (stride-0) dimensions collapsed to one
+# element, which writes each memory location once.
+@handler(aten.fill_.Scalar, aten.zero_.default)
+def fill_(args, kwargs):
+    """aten::fill_.Scalar / aten::zero_ - ``self`` with every element set to the value."""
+    self = args[0]
+    if not isinstance(self, JaxTensor):
+        raise TypeError(f"torchjax: fill_ of a {type(self).__name__}")
+    size = tuple(1 if st == 0 else n for n, st in zip(self._size, self._stride))
+    target = self if size == self._size else view_of(self, size, self._stride, self._offset)
+    if len(args) == 1:
+        value = aten.zero.default(target)
+    else:
+        value = aten.fill.Scalar(target, args[1])
+    write_into(aten.fill_.Scalar, target, value, check_cast=False)
+    return self
 
 
 @lowering(aten.copy.default)
