@@ -18,10 +18,14 @@ docs/sharding.md.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 
 def free_port() -> int:
@@ -30,11 +34,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: the kernel sends SIGKILL when the launcher dies (Linux
+    prctl PR_SET_PDEATHSIG), so a killed launcher leaves no process behind."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+def _stop(procs) -> None:
+    for q in procs:
+        if q.poll() is None:
+            q.kill()
+    for q in procs:
+        q.wait()
+
+
 def launch(script: list[str], processes: int, devices: int, timeout: float) -> list[str]:
     """Start ``script`` (argv after the interpreter) ``processes`` times; return each
-    process's stdout. RuntimeError (with the outputs) if one fails or times out."""
+    process's output. RuntimeError (with the outputs) if one fails or times out.
+
+    Each child writes to its own file, not a pipe: a pipe is drained only when read,
+    so a process that prints more than the pipe buffer while the launcher waits on
+    another one blocks, and its peer then waits forever in a collective. The first
+    process to fail stops the others (they would wait for it in jax.distributed)."""
     port = free_port()
-    procs = []
+    procs, files = [], []
     for i in range(processes):
         env = dict(
             os.environ,
@@ -44,27 +69,41 @@ def launch(script: list[str], processes: int, devices: int, timeout: float) -> l
             TORCHJAX_NUM_PROCESSES=str(processes),
             TORCHJAX_PROCESS_ID=str(i),
         )
+        log = tempfile.TemporaryFile(mode="w+")
+        files.append(log)
         procs.append(
             subprocess.Popen(
                 [sys.executable, *script],
                 env=env,
-                stdout=subprocess.PIPE,
+                stdout=log,
                 stderr=subprocess.STDOUT,
                 text=True,
+                preexec_fn=_die_with_parent,
             )
         )
-    outputs, failed = [], []
+    failed = []
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs):
+            bad = [i for i, p in enumerate(procs) if p.poll()]
+            if bad:
+                failed.append(f"process {bad[0]} exited with {procs[bad[0]].returncode}")
+                break
+            if time.monotonic() > deadline:
+                running = [i for i, p in enumerate(procs) if p.poll() is None]
+                failed.append(f"process {running[0]} timed out after {timeout}s")
+                break
+            time.sleep(0.1)
+    finally:
+        _stop(procs)
     for i, p in enumerate(procs):
-        try:
-            out, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out, _ = p.communicate()
-            failed.append(f"process {i} timed out after {timeout}s")
-        outputs.append(out)
-        if p.returncode:
+        if p.returncode and not failed:
             failed.append(f"process {i} exited with {p.returncode}")
+    outputs = []
+    for log in files:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
     if failed:
         joined = "\n".join(f"--- process {i} ---\n{o}" for i, o in enumerate(outputs))
         raise RuntimeError(f"{'; '.join(failed)}\n{joined}")

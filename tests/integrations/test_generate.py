@@ -130,6 +130,17 @@ def test_torch_compile_backend_tpu_through_compile_config(cpu, tpu):
     assert stats["cache_hits"] - before["cache_hits"] == 5
 
 
+def test_auto_compile_on_tpu_defaults_to_the_tpu_backend(cpu, tpu):
+    # With no compile_config, transformers compiles a static-cache decode step on a
+    # "tpu" model with the "tpu" Dynamo backend (its _default_compile_config), not
+    # inductor: torchjax's backend builds the graph.
+    kwargs = dict(GREEDY, max_new_tokens=3, cache_implementation="static")
+    before = torchjax.compile.dynamo_stats()
+    assert torch.equal(_generate(tpu, **kwargs), _generate(cpu, **kwargs))
+    assert tpu._last_compile_config.backend == "tpu"
+    assert torchjax.compile.dynamo_stats()["graphs"] - before["graphs"] >= 1
+
+
 def test_bfloat16_load_logits_and_greedy_tokens(llama_dir):
     cpu16 = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.bfloat16)
     tpu16 = transformers.AutoModelForCausalLM.from_pretrained(
