@@ -250,6 +250,31 @@ def xfail_lines(results, xfails) -> list[str]:
 # suite defines but the XML lacks (a subset run, a crashed worker) is reported as not
 # run and left out of the figures, which cover the cases that ran.
 _CASE = re.compile(r"^test_opinfo_(forward|backward|inplace|out)\[(.+)-([a-z0-9]+)\]$")
+# Family files whose own OpInfo tests use other names: factories (forward, and out= in
+# the same test), empty-likes (forward: shape and dtype only, values are unspecified),
+# the attention entries (dtype first).
+_FACTORY_CASE = re.compile(r"^test_(factory|empty)_opinfo\[(.+)-torch\.([a-z0-9]+)\]$")
+_ATTENTION_CASE = re.compile(
+    r"^test_opinfo_attention_(forward|backward)\[torch\.([a-z0-9]+)-(.+)\]$"
+)
+
+
+def _case_keys(name: str) -> list[tuple[str, str, str]]:
+    """The (op, dtype, check) cases one junit test case name stands for."""
+    m = _CASE.match(name)
+    if m is not None:
+        check, op, dtype = m.groups()
+        return [(op, dtype, check)]
+    m = _FACTORY_CASE.match(name)
+    if m is not None:
+        kind, op, dtype = m.groups()
+        checks = ("forward", "out") if kind == "factory" else ("forward",)
+        return [(op, dtype, c) for c in checks]
+    m = _ATTENTION_CASE.match(name)
+    if m is not None:
+        check, dtype, op = m.groups()
+        return [(op, dtype, check)]
+    return []
 
 
 def junit_outcomes(paths) -> tuple[dict, collections.Counter]:
@@ -269,12 +294,9 @@ def junit_outcomes(paths) -> tuple[dict, collections.Counter]:
                     kind = "xfailed" if child.get("type") == "pytest.xfail" else "skipped"
                     outcome, detail = kind, child.get("message") or ""
             totals[outcome] += 1
-            m = _CASE.match(tc.get("name", ""))
-            if m is None:
-                continue
-            check, op, dtype = m.groups()
             cause = {"passed": None, "xfailed": LISTED}.get(outcome, FAILED)
-            cases[(op, dtype, check)] = (cause, " ".join(detail.split())[:160])
+            for key in _case_keys(tc.get("name", "")):
+                cases[key] = (cause, " ".join(detail.split())[:160])
     return cases, totals
 
 
