@@ -18,9 +18,7 @@ docs/sharding.md.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -34,12 +32,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: the kernel sends SIGKILL when the launcher dies (Linux
-    prctl PR_SET_PDEATHSIG), so a killed launcher leaves no process behind."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+# Run first in each child (``python -c _BOOT launcher_pid script args...``): ask the
+# kernel for SIGKILL when the launcher dies (Linux prctl PR_SET_PDEATHSIG, kept across
+# exec), give up if the launcher is already gone, then exec the script. Done in the
+# child's own interpreter rather than a ``preexec_fn``: forking a process that runs JAX
+# threads and running Python before exec can deadlock.
+_BOOT = """
+import ctypes, os, signal, sys
+if sys.platform.startswith("linux"):
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
 
 
 def _stop(procs) -> None:
@@ -73,12 +78,11 @@ def launch(script: list[str], processes: int, devices: int, timeout: float) -> l
         files.append(log)
         procs.append(
             subprocess.Popen(
-                [sys.executable, *script],
+                [sys.executable, "-c", _BOOT, str(os.getpid()), *script],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 text=True,
-                preexec_fn=_die_with_parent,
             )
         )
     failed = []
