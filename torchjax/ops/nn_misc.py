@@ -92,6 +92,10 @@ def _embedding_bag(
         out = jnp.where(empty, jnp.zeros((), weight.dtype), out)
         max_indices = jnp.where(empty, 0, max_indices)
         return out, offset2bag, bag_size, max_indices
+    # Half-precision bags are weighted and summed in float32 and rounded once, as ATen's
+    # CPU kernel accumulates them (summing in bfloat16 loses ~3 bits on a 5-row bag).
+    if rows.dtype in (jnp.bfloat16, jnp.float16):
+        rows = rows.astype(jnp.float32)
     if per_sample_weights is not None:
         rows = rows * per_sample_weights[:, None].astype(rows.dtype)
     rows = jnp.where(valid[:, None], rows, jnp.zeros((), rows.dtype))
