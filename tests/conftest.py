@@ -1,7 +1,21 @@
-import pytest
+import os
 
-import torchjax  # noqa: F401  (registers the "tpu" device before any test collects)
-from torchjax.device import _checks
+# Note [Compile speed in the suite]
+# Most of the suite's time is XLA compiling many tiny programs, and on CPU most of a compile
+# is LLVM optimising the generated code. The suite checks what programs compute, not how fast
+# the code runs: XLA emits its IR without fast-math flags, so LLVM's optimisation level
+# changes speed, not values. The suite compiles at level 0 (a quarter less compile time);
+# benchmarks and user code keep XLA's default. Set the flag yourself in XLA_FLAGS to test
+# at another level.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+    ).strip()
+
+import pytest  # noqa: E402
+
+import torchjax  # noqa: F401,E402  (registers the "tpu" device before any test collects)
+from torchjax.device import _checks  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
