@@ -38,6 +38,8 @@ def test_uninstall_restores_every_original():
             "tied": modeling_utils.remove_tied_weights_from_state_dict,
             "swap": torch.utils.swap_tensors,
             "torch_load": torch.load,
+            "nested_tensor": torch.nested.nested_tensor,
+            "as_nested_tensor": torch.nested.as_nested_tensor,
         }
         meta_path = list(sys.meta_path)
         skip_dirs = list(trace_rules.SKIP_DIRS)
@@ -74,6 +76,15 @@ def test_uninstall_restores_every_original():
         assert cls.__dict__["_load_pretrained_model"] is not before["load"]
         assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::_pin_memory", "CPU")
         assert trace_rules.SKIP_DIRS != skip_dirs
+        assert inspect.signature(torch.nested.nested_tensor) == inspect.signature(
+            before["nested_tensor"])
+        def nested_to_tpu_refusal():
+            try:
+                torch.nested.as_nested_tensor([torch.ones(2), torch.ones(3)]).to("tpu")
+            except NotImplementedError as e:
+                return str(e)
+
+        assert nested_to_tpu_refusal().startswith("torchjax")
         buf.seek(0)
         assert torch.load(buf, map_location="tpu")["w"].device.type == "tpu"
 
@@ -95,6 +106,10 @@ def test_uninstall_restores_every_original():
         assert not hasattr(torch.UntypedStorage, "tpu")
         assert "__new__" not in torch.UntypedStorage.__dict__
         assert not hasattr(torch.TypedStorage, "tpu")
+        assert torch.nested.nested_tensor is before["nested_tensor"]
+        assert torch.nested.as_nested_tensor is before["as_nested_tensor"]
+        # torch's own refusal again ("Could not run 'aten::_to_copy' ...").
+        assert not (nested_to_tpu_refusal() or "").startswith("torchjax")
         # The tpu loader stays (Note [Process-wide changes]): loading onto tpu still works.
         assert len(torch.serialization._package_registry) == len(loaders) + 1
         buf.seek(0)
@@ -119,6 +134,9 @@ def test_uninstall_restores_every_original():
         "torch.UntypedStorage.tpu",
         "torch.TypedStorage.tpu",
         "aten::_pin_memory CPU kernel",
+        "NestedTensorPrivateUse1 fallback",
+        "torch.nested.nested_tensor",
+        "torch.nested.as_nested_tensor",
         "Dynamo skip rules for torchjax",
         "optimizer capturable=True under jit",
         "transformers loading functions",

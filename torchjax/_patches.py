@@ -42,6 +42,12 @@ how it is undone.
   any other target (pins for real, or torch's error); for tpu it warns and returns an
   unpinned copy (Note [Pinned memory with a tpu accelerator]). Undo: its library is
   destroyed, torch's kernel is back.
+- ``NestedTensorPrivateUse1 fallback``, ``torch.nested.nested_tensor`` and
+  ``torch.nested.as_nested_tensor`` (device/_layouts.py; torch 2.13). A nested tensor
+  with a tpu buffer is refused where it is made, with torchjax's message, instead of
+  failing at every later op (Note [Unsupported layouts]); the constructors keep their
+  signatures and results for every other device. Undo: the fallback's library is
+  destroyed, the originals put back.
 - ``Dynamo skip rules for torchjax`` (compile/_dynamo.py, when torch.compile first looks
   up the "tpu" backend; torch 2.13). torchjax/ joins Dynamo's SKIP_DIRS and every
   torchjax function's code gets the SKIP strategy: dispatch, the device guard and the

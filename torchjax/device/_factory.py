@@ -65,10 +65,18 @@ def _check_layout(layout, op):
         raise RuntimeError(f"torchjax: aten::{op} supports only torch.strided, got {layout}")
 
 
+def _check_size(size):
+    # torch's check and text (numpy's would be "negative dimensions are not allowed").
+    for n in size:
+        if n < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {n}: {list(size)}")
+
+
 def empty_memory_format(
     size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None
 ):
     _check_layout(layout, "empty.memory_format")
+    _check_size(size)
     return wrap(new_array(size, dtype, device), _device_index(device))
 
 
@@ -77,6 +85,7 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     # a storage spanning the strided elements, viewed at those strides
     # (Note [Aliasing through views]).
     _check_layout(layout, "empty_strided")
+    _check_size(size)
     size, stride = tuple(size), tuple(stride)
     index = _device_index(device)
     if stride == contiguous_strides(size) or 0 in size:
@@ -91,6 +100,7 @@ def efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=N
     # Autograd's formulas (e.g. sgn's) ask for a "ZeroTensor"; a plain zero tensor has
     # the same values, only without CPU's allocation-free trick.
     _check_layout(layout, "_efficientzerotensor")
+    _check_size(size)
     return wrap(new_array(size, dtype, device), _device_index(device))
 
 

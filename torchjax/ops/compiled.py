@@ -76,6 +76,7 @@ import numpy as np
 import torch
 
 from torchjax.device import _checks, _stats
+from torchjax.tensor import _errors
 from torchjax.tensor._storage import _plan, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor
 
@@ -115,6 +116,8 @@ _VIEW = 3  # (_VIEW, storage numel, size, stride, offset): the next argument is 
 
 # Errors a trace raises when a lowering needs concrete values: such keys run op by op.
 CONCRETE_ERRORS = _CONCRETE_ERRORS = (
+    # Raised by a nested op's dispatch (Note [One error layer]).
+    _errors.DataDependentError,
     jax.errors.ConcretizationTypeError,
     jax.errors.TracerArrayConversionError,
     jax.errors.TracerIntegerConversionError,

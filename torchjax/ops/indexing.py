@@ -16,7 +16,8 @@ Data-dependent behaviour:
   drop out-of-range updates.
 - Bool masks in ``index``/``index_put``, ``masked_select``, ``nonzero`` and
   ``repeat_interleave`` (layout.py) have data-dependent output shapes: eager only; under
-  jit they raise jax's ConcretizationTypeError (use ``torch.where(mask, ...)`` instead).
+  jit they raise DataDependentError (Note [One error layer]; ``torch.where(mask, ...)``
+  keeps the shape fixed).
 """
 
 from __future__ import annotations
@@ -57,13 +58,14 @@ def require_in_range(idx, lo, hi, exc, template) -> None:
     _checks.require(bad, value, exc, template)
 
 
-def _check_range(idx, n, op, dim):
-    """IndexError like torch when any index is outside [-n, n), on the device."""
+def _check_range(idx, n, op, dim, exc=IndexError):
+    """``exc`` (IndexError, RuntimeError for gather/scatter, as torch) when any index is
+    outside [-n, n), on the device."""
     require_in_range(
         idx,
         -n,
         n,
-        IndexError,
+        exc,
         f"index {{value}} is out of bounds for dimension {dim} with size {n} (in aten::{op})",
     )
 
@@ -159,7 +161,7 @@ def _as_nd(self, index, op, dim):
     if not jnp.issubdtype(index.dtype, jnp.integer):
         raise RuntimeError(f"{op}(): Expected dtype int64 for index (got {index.dtype})")
     dim = _dim(dim, self.ndim, op)
-    _check_range(index, self.shape[dim], op, dim)
+    _check_range(index, self.shape[dim], op, dim, RuntimeError)
     return self, index, dim
 
 

@@ -25,6 +25,7 @@ import torch
 from jax import lax
 
 from torchjax.device import _checks
+from torchjax.device._layouts import unsupported_layout
 from torchjax.ops.indexing import require_in_range
 from torchjax.ops.registry import describe_args, handler, lowering
 from torchjax.tensor import dtypes
@@ -500,3 +501,9 @@ def _sparse_unsupported(op):
 
 for _packet in _SPARSE_OPS:
     handler(_packet)(_sparse_unsupported(_packet))
+
+
+@handler(aten._nested_view_from_jagged)
+def _nested_view_from_jagged(args, kwargs):
+    # The jagged layout's constructor (Note [Unsupported layouts]).
+    raise unsupported_layout("aten::_nested_view_from_jagged (a jagged nested tensor)")

@@ -48,6 +48,7 @@ from torchjax._compat.torch import (
 )
 from torchjax.ops import compiled, writeback
 from torchjax.tensor import _tensor, dtypes
+from torchjax.tensor._errors import describe_args
 from torchjax.tensor._reinterpret import Interpretation
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor, view_of, wrap
@@ -218,19 +219,6 @@ def _missing_handler(func):
         )
 
     return missing
-
-
-def describe_args(args, kwargs) -> str:
-    def one(a):
-        if isinstance(a, torch.Tensor):
-            dt = str(a.dtype).removeprefix("torch.")
-            return f"Tensor[{dt}, {tuple(a.shape)}] on {a.device}"
-        if isinstance(a, (list, tuple)):
-            return "[" + ", ".join(one(x) for x in a) + "]"
-        return repr(a)
-
-    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
-    return "(" + ", ".join(parts) + ")"
 
 
 # ---------------------------------------------------------------------------------------

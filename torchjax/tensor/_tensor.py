@@ -20,7 +20,7 @@ import torch
 
 from torchjax._compat.jax import x64_enter, x64_exit
 from torchjax._compat.torch import set_math_bits, set_tensor_data, tensor_repr
-from torchjax.tensor import _backward_errors, _fake, _protocols, dtypes
+from torchjax.tensor import _backward_errors, _errors, _fake, _protocols, dtypes
 from torchjax.tensor._reinterpret import Interpretation, interpret
 from torchjax.tensor._storage import Storage, contiguous_strides
 
@@ -230,8 +230,15 @@ class JaxTensor(torch.Tensor):
             # fails on them, so checking here costs nothing on the hot path.
             if _fake.any_fake(args, kwargs or {}):
                 return _fake.dispatch(func, args, kwargs or {})
+            # torch's exception type and text, not JAX's (Note [One error layer]).
+            torch_error = _errors.translate(func, args, kwargs or {}, error)
             if not _backward_errors.in_backward():
-                raise
+                if torch_error is None:
+                    raise
+                raise torch_error from error
+            if torch_error is not None:
+                torch_error.__cause__ = error
+                error = torch_error
             # See Note [Errors inside the autograd engine].
             return _backward_errors.defer(func, args, kwargs or {}, error)
         finally:

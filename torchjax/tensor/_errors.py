@@ -1,0 +1,256 @@
+"""Errors that escape an op: torch's exception types, messages naming the op.
+
+Note [One error layer]
+A lowering is written in jax.numpy, so a call torch would refuse (shapes that do not
+broadcast, a repeated dim, a negative size) is refused by JAX or numpy instead, with their
+types (``ValueError``, ``TypeError``) and texts (``Incompatible shapes for broadcasting``)
+that say nothing about the torch call. Every exception leaving ``__torch_dispatch__`` or a
+PrivateUse1 kernel passes through ``translate``:
+
+- Errors raised on purpose, by torchjax or torch code (``RuntimeError`` with our message,
+  a device-side check, torch's own checks in decompositions), pass unchanged.
+- An error raised inside JAX or numpy is replaced by what torch raises for the same call:
+  the op runs again on meta tensors of the same sizes, strides and dtypes; torch's meta
+  kernels make the shape, dim and dtype checks of the real ones, so their exception gives
+  the type and text, with the ATen overload added. When meta accepts the call (or has no
+  kernel), the failure is torchjax's own: a ``RuntimeError`` naming the overload and its
+  arguments, saying so. The JAX exception is always the ``__cause__``.
+- Under a trace (``torchjax.jit``, ``jax.jit`` over torchjax.functional) JAX refuses to
+  read values (``if t:``, ``.item()``, ``x[mask]``): ``DataDependentError`` names the op and
+  the user's line, and says what to write instead. A traced tensor kept past its trace
+  gives ``LeakedTracerError``. Both are ``RuntimeError``, as torch's own data-dependent
+  errors (``GuardOnDataDependentSymNode``) are.
+
+This runs only on the error path: the hot path is one ``try``.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+import jax
+import torch
+
+__all__ = ["DataDependentError", "LeakedTracerError", "TraceError", "describe_args", "translate"]
+
+
+class TraceError(RuntimeError):
+    """An op cannot run under a trace as written (see the subclasses)."""
+
+
+class DataDependentError(TraceError):
+    """An op needs tensor values (a Python branch, ``.item()``, a value-dependent output
+    shape) while they are being traced."""
+
+
+class LeakedTracerError(TraceError):
+    """A tensor produced inside a traced function was used after the trace ended."""
+
+
+_CONCRETE = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.NonConcreteBooleanIndexError,
+)
+
+# Where a frame belongs to a library rather than to the caller's code.
+_FOREIGN_DIRS = tuple(
+    os.sep + name + os.sep for name in ("jax", "jaxlib", "numpy", "ml_dtypes", "opt_einsum")
+)
+# Frames skipped when looking for the user's line: the libraries between it and the op.
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+    for m in (torch, jax, __import__("jaxlib"), __import__("numpy"))
+) + (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
+_STDLIB_DIR = os.path.dirname(os.path.abspath(traceback.__file__)) + os.sep
+
+
+# Ops that read a value into Python.
+_READS = {"_local_scalar_dense", "is_nonzero", "item", "equal", "allclose", "_assert_async"}
+# Ops whose output shape depends on values.
+_VALUE_SHAPED = {
+    "nonzero",
+    "masked_select",
+    "index",
+    "unique",
+    "_unique",
+    "_unique2",
+    "unique_consecutive",
+    "unique_dim",
+    "repeat_interleave",
+    "bincount",
+    "argwhere",
+    "masked_scatter",
+    "histc",
+}
+
+
+def describe_args(args, kwargs) -> str:
+    """``(Tensor[float32, (4,)] on tpu:0, 1, dim=0)``: the call as a user would read it."""
+
+    def one(a):
+        if isinstance(a, torch.Tensor):
+            dt = str(a.dtype).removeprefix("torch.")
+            return f"Tensor[{dt}, {tuple(a.shape)}] on {a.device}"
+        if isinstance(a, (list, tuple)):
+            return "[" + ", ".join(one(x) for x in a) + "]"
+        return repr(a)
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
+    return "(" + ", ".join(parts) + ")"
+
+
+def op_name(func) -> str:
+    name = getattr(func, "_opname", None)
+    if name is None:
+        return str(func)
+    return f"aten::{name}.{func._overloadname}"
+
+
+def translate(func, args, kwargs, error: BaseException) -> BaseException | None:
+    """The exception to raise instead of ``error`` (chain it: ``raise new from error``),
+    or None when ``error`` is already what torch would raise (Note [One error layer])."""
+    if isinstance(error, TraceError) or not isinstance(error, Exception):
+        return None
+    if isinstance(error, _CONCRETE):
+        return DataDependentError(_data_dependent_message(func, error))
+    if isinstance(error, jax.errors.UnexpectedTracerError):
+        return LeakedTracerError(_leak_message(func))
+    if not _from_jax(error):
+        _name_the_op(func, error)
+        return None
+    if _out_of_memory(error):
+        return torch.OutOfMemoryError(
+            f"{op_name(func)}{describe_args(args, kwargs)}: the device is out of memory "
+            f"({_first_line(error)}). Free tensors you no longer need (del, or move them to "
+            "CPU), or use smaller batches."
+        )
+    refusal = _torch_refusal(func, args, kwargs)
+    if refusal is not None:
+        return refusal
+    return RuntimeError(
+        f"torchjax could not run {op_name(func)}{describe_args(args, kwargs)}: "
+        f"{type(error).__name__}: {_first_line(error)}. torch accepts this call, so this is "
+        "a gap in torchjax's lowering of the op; run the op on CPU (.cpu()) meanwhile."
+    )
+
+
+# Exceptions whose text gets the op's name added: torch's checks (``torch._check`` in a
+# decomposition, a lowering quoting torch's text) often say what is wrong, not where.
+_PLAIN = (RuntimeError, IndexError, ValueError, TypeError, NotImplementedError)
+
+
+def _name_the_op(func, error: BaseException) -> None:
+    args = error.args
+    if type(error) not in _PLAIN or len(args) != 1 or not isinstance(args[0], str):
+        return
+    if "aten::" in args[0] or not hasattr(func, "_opname"):
+        return
+    error.args = (f"{args[0]} (in {op_name(func)})",)
+
+
+def _from_jax(error: BaseException) -> bool:
+    module = type(error).__module__ or ""
+    if module.split(".")[0] in ("jax", "jaxlib"):
+        return True
+    tb = error.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    if last is None:
+        return False
+    filename = last.tb_frame.f_code.co_filename
+    return any(d in filename for d in _FOREIGN_DIRS)
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    return "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _to_meta(x):
+    if isinstance(x, torch.Tensor):
+        if x.is_meta:
+            return x
+        return torch.empty_strided(tuple(x.shape), x.stride(), dtype=x.dtype, device="meta")
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_meta(y) for y in x)
+    return x
+
+
+def _torch_refusal(func, args, kwargs) -> BaseException | None:
+    """What torch raises for this call, found by running it on meta tensors; None when
+    meta accepts it or cannot tell (no meta kernel)."""
+    if not isinstance(func, torch._ops.OpOverload):
+        return None
+    try:
+        with torch._C._DisableTorchDispatch():
+            func(*_to_meta(list(args)), **{k: _to_meta(v) for k, v in kwargs.items()})
+    except NotImplementedError:
+        return None
+    except Exception as refusal:  # torch's own check: its type, its text, the op named
+        message = f"{refusal} (in {op_name(func)})"
+        try:
+            return type(refusal)(message)
+        except Exception:
+            return RuntimeError(message)
+    return None
+
+
+def user_frame() -> str:
+    """``file:line: code`` of the innermost caller outside torch, jax, torchjax and the
+    standard library: the line of the user's code that reached the op."""
+    for frame in reversed(traceback.extract_stack()):
+        name = os.path.abspath(frame.filename)
+        if frame.filename.startswith("<") or name.startswith(_LIBRARY_DIRS):
+            continue
+        if name.startswith(_STDLIB_DIR) and "site-packages" not in name:
+            continue
+        code = f": {frame.line.strip()}" if frame.line else ""
+        return f"{frame.filename}:{frame.lineno}{code}"
+    return "(no caller outside torch, jax and torchjax)"
+
+
+def _data_dependent_message(func, error) -> str:
+    name = op_name(func)
+    at = user_frame()
+    base = getattr(func, "_opname", "")
+    if base in _VALUE_SHAPED or isinstance(error, jax.errors.NonConcreteBooleanIndexError):
+        return (
+            f"{name} has an output shape that depends on tensor values (x[mask], "
+            f"torch.nonzero, masked_select, unique), called at {at}. Under a trace "
+            "(torchjax.jit, jax.jit) values are not known, only shapes, and every shape "
+            "must be fixed. Write it with fixed shapes instead: torch.where(mask, x, 0) or "
+            "a masked reduction ((x * mask).sum()), torch.nonzero_static(x, size=N); or "
+            'move it out of the traced function, or use torch.compile(fn, backend="tpu"), '
+            "which runs that part eagerly."
+        )
+    if base in _READS:
+        what = "reads a tensor's value into Python (if t:, bool(t), .item(), int(t), .tolist())"
+    else:
+        what = "needs concrete tensor values"
+    return (
+        f"{name} {what}, called at {at}. Under a trace (torchjax.jit, jax.jit) the "
+        "function is traced once for every input, so values are not known, only shapes and "
+        "dtypes. Instead: branch on values with torch.where(cond, a, b); keep the Python "
+        "branch or the .item() outside the traced function; or use "
+        'torch.compile(fn, backend="tpu"), which splits the graph there and runs that '
+        "Python on the value."
+    )
+
+
+def _leak_message(func) -> str:
+    return (
+        f"{op_name(func)} was given a tensor that was produced inside a traced function "
+        f"(torchjax.jit, jax.jit) and kept after that trace ended, called at {user_frame()}. "
+        "A traced tensor has no value outside its trace: return it from the traced function "
+        "instead of storing it (in a global, a module attribute, a list or a cache)."
+    )
