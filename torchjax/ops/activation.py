@@ -59,6 +59,8 @@ def threshold_backward(grad_output, self, threshold):
 @lowering(aten.gelu, promote=Kind.DEFAULT, promote_args=_SELF)
 def gelu(self, *, approximate="none"):
     """aten::gelu - ``x * Phi(x)`` (erf form) or the tanh approximation, as torch's."""
+    if approximate not in ("none", "tanh"):
+        raise RuntimeError("approximate argument must be either none or tanh. (in aten::gelu)")
     return jax.nn.gelu(self, approximate=approximate == "tanh")
 
 
@@ -283,6 +285,12 @@ def hardshrink_backward(grad_out, self, lambd):
 @lowering(aten.softshrink, promote=Kind.DEFAULT, promote_args=_SELF)
 def softshrink(self, lambd=0.5):
     """aten::softshrink - shrink toward 0 by lambd, 0 inside [-lambd, lambd]."""
+    if lambd < 0:
+        hi = float(jnp.finfo(self.dtype).max) if jnp.issubdtype(self.dtype, jnp.inexact) else 0
+        raise RuntimeError(
+            f"lambda must be in range [0, {hi:g}] for input dtype {self.dtype}, but found "
+            f"{lambd} (in aten::softshrink)"
+        )
     lam = _c(lambd, self)
     return jnp.where(self > lam, self - lam, jnp.where(self < -lam, self + lam, _zero(self)))
 

@@ -81,6 +81,21 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
     )
 
 
+def _check_params(stride, padding, dilation, groups):
+    # torch's checks and texts (ConvParams in ATen's Convolution.cpp); jax would raise a
+    # TypeError or a lowering error for these, or compute with negative padding.
+    if any(s <= 0 for s in stride):
+        raise RuntimeError("non-positive stride is not supported (in aten::convolution)")
+    if any(p < 0 for p in padding):
+        raise RuntimeError("negative padding is not supported (in aten::convolution)")
+    if any(d <= 0 for d in dilation):
+        raise RuntimeError(
+            f"dilation should be greater than zero, but got {list(dilation)} (in aten::convolution)"
+        )
+    if groups <= 0:
+        raise RuntimeError("non-positive groups is not supported (in aten::convolution)")
+
+
 def _check(input, weight, transposed, groups):
     if input.ndim != weight.ndim:
         raise RuntimeError(
@@ -123,6 +138,7 @@ def convolution(
     (benchmark, deterministic, cudnn_enabled, allow_tf32) do not apply here.
     Reference: torch.nn.functional.conv2d / conv_transpose2d; lax.conv_general_dilated.
     """
+    _check_params(stride, padding, dilation, groups)
     _check(input, weight, transposed, groups)
     out = _conv(
         input, weight, stride, padding, dilation, transposed, output_padding, groups, precision

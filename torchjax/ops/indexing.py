@@ -201,6 +201,8 @@ def _scatter(self, dim, index, src, how, op):
     shape = self.shape
     if index.size == 0:  # torch skips every check for an empty index
         return self
+    if isinstance(src, (jax.Array, np.ndarray)) and src.dtype != self.dtype:
+        raise RuntimeError(f"{op}(): Expected self.dtype to be equal to src.dtype (in aten::{op})")
     arr, index, dim = _as_nd(self, index, op, dim)
     if isinstance(src, (jax.Array, np.ndarray)) and src.ndim:
         src = src[tuple(slice(0, n) for n in index.shape)]
@@ -304,6 +306,14 @@ def _index_update(self, dim, index, source, how, op):
 @lowering(aten.index_add.default, cpu_tensors=True)
 def index_add(self, dim, index, source, alpha=1):
     """aten::index_add - ``self[..., index[i], ...] += alpha * source[..., i, ...]``."""
+    d = dim % max(self.ndim, 1)
+    off_dim = lambda shape: [n for i, n in enumerate(shape) if i != d]  # noqa: E731
+    if self.ndim and source.ndim and off_dim(self.shape) != off_dim(source.shape):
+        raise RuntimeError(
+            "source tensor shape must match self tensor shape, excluding the specified "
+            f"dimension. Got self.shape = {list(self.shape)} source.shape = "
+            f"{list(source.shape)} (in aten::index_add)"
+        )
     if alpha != 1:
         source = source * np.asarray(alpha).astype(source.dtype)
     return _index_update(self, dim, index, source, "add", "index_add")
@@ -323,6 +333,26 @@ def index_fill(self, dim, index, value):
     )
 
 
+# ATen's names for the C++ type a fill value is converted to.
+_CPP_TYPES = {"float32": "float", "float64": "double", "int64": "int64_t", "int32": "int"}
+
+
+def _check_fill_value(self, value):
+    # torch's checks: a 0-d value tensor, and no complex value into a real tensor.
+    ndim = getattr(value, "ndim", 0)
+    if ndim:
+        raise RuntimeError(
+            "masked_fill_ only supports a 0-dimensional value tensor, but got tensor with "
+            f"{ndim} dimension(s). (in aten::masked_fill)"
+        )
+    complex_value = isinstance(value, complex) or jnp.iscomplexobj(value)
+    if complex_value and not jnp.issubdtype(self.dtype, jnp.complexfloating):
+        name = _CPP_TYPES.get(str(self.dtype), str(self.dtype))
+        raise RuntimeError(
+            f"value cannot be converted to type {name} without overflow (in aten::masked_fill)"
+        )
+
+
 @lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def masked_fill(self, mask, value):
     """aten::masked_fill - ``value`` where ``mask`` (bool, broadcast with self)."""
@@ -331,6 +361,7 @@ def masked_fill(self, mask, value):
             f"masked_fill_ only supports boolean masks, but got mask with "
             f"dtype {mask.dtype} (in aten::masked_fill)"
         )
+    _check_fill_value(self, value)
     return jnp.where(mask, jnp.asarray(value).astype(self.dtype), self)
 
 
@@ -338,6 +369,11 @@ def masked_fill(self, mask, value):
 def masked_scatter(self, mask, source):
     """aten::masked_scatter - positions where ``mask`` is true (row-major) take
     consecutive elements of ``source``. Not data-dependent: works under jit."""
+    if mask.dtype != np.bool_:
+        raise RuntimeError(
+            "masked_scatter_ only supports boolean masks, but got mask with dtype "
+            f"{mask.dtype} (in aten::masked_scatter)"
+        )
     shape = jnp.broadcast_shapes(self.shape, mask.shape)
     arr, mask = jnp.broadcast_to(self, shape), jnp.broadcast_to(mask, shape)
     flat_mask = mask.reshape(-1)

@@ -37,6 +37,11 @@ def cat(tensors, dim=0):
     """
     if not tensors:
         raise RuntimeError("torch.cat(): expected a non-empty list of Tensors (in aten::cat)")
+    for i, t in enumerate(tensors):
+        if t.ndim == 0:
+            raise RuntimeError(
+                f"zero-dimensional tensor (at position {i}) cannot be concatenated (in aten::cat)"
+            )
     out_dt = _result_dtype(tensors)
     kept = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
     if not kept:
@@ -124,6 +129,8 @@ def flip(self, dims):
 @lowering(aten.roll.default)
 def roll(self, shifts, dims=()):
     """aten::roll - circular shift; no ``dims`` rolls the flattened tensor."""
+    if not shifts:
+        raise RuntimeError("`shifts` required (in aten::roll)")
     if not dims:
         return jnp.roll(self.reshape(-1), tuple(shifts)).reshape(self.shape)
     if len(shifts) != len(dims):

@@ -583,6 +583,11 @@ def linalg_lstsq(self, b, rcond=None, *, driver=None):
     for gelsd/gelss; residuals (squared column norms of B - A X) only when m > n, driver
     is not gelsy and every matrix has full rank (else an empty tensor). rcond defaults to
     eps * max(m, n). Reference: torch.linalg.lstsq; ATen linalg_lstsq_out."""
+    # torch's checks (meta has no kernel to make them).
+    if self.ndim < 2:
+        raise RuntimeError("torch.linalg.lstsq: input must have at least 2 dimensions.")
+    if b.ndim < 1:
+        raise RuntimeError("torch.linalg.lstsq: other must have at least 1 dimension.")
     driver = driver or "gelsy"
     m, n = self.shape[-2:]
     vector = b.ndim == self.ndim - 1

@@ -382,12 +382,21 @@ def histogram_bins_tensor(self, bins, *, weight=None, density=False):
     return _histogramdd(self.reshape(-1, 1), [bins], w, density), bins
 
 
+def _check_bins_count(self, bins):
+    if len(bins) != self.shape[-1]:
+        raise RuntimeError(
+            "histogramdd: The size of bins must be equal to the innermost dimension of the "
+            "input. (in aten::histogramdd)"
+        )
+
+
 @lowering(aten._histogramdd_bin_edges)
 def _histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False):
     """aten::_histogramdd_bin_edges - per-dimension equal-width bin edges for the rows of
     ``self`` (..., D): a list of D tensors of ``bins[i] + 1`` edges.
     Reference: torch.histogramdd."""
     _check_float(self, "histogramdd")
+    _check_bins_count(self, bins)
     return _bin_edges(_rows(self), list(bins), range, "histogramdd")
 
 
@@ -397,6 +406,7 @@ def _histogramdd_from_bin_cts(self, bins, *, range=None, weight=None, density=Fa
     ``self`` (..., D) with ``bins[i]`` equal-width bins per dimension.
     Reference: torch.histogramdd."""
     _check_float(self, "histogramdd")
+    _check_bins_count(self, bins)
     x = _rows(self)
     edges = _bin_edges(x, list(bins), range, "histogramdd")
     return _histogramdd(x, edges, weight, density)

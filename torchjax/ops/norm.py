@@ -61,6 +61,11 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     three in input's dtype (as ATen's CPU kernel), stats computed in opmath.
     Reference: torch.nn.functional.layer_norm; torch/_decomp native_layer_norm."""
     normalized_shape = tuple(normalized_shape)
+    if not normalized_shape:
+        raise RuntimeError(
+            "Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
+            "least one element, but got normalized_shape = [] (in aten::native_layer_norm)"
+        )
     if tuple(input.shape[input.ndim - len(normalized_shape) :]) != normalized_shape:
         raise RuntimeError(
             f"aten::native_layer_norm: given normalized_shape={list(normalized_shape)}, "

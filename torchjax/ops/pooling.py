@@ -215,6 +215,9 @@ def _avg_pool(
     k = _tuple(kernel_size, nd)
     s = _tuple(stride, nd, default=k)
     p = _tuple(padding, nd)
+    for pi in p:
+        if pi < 0:
+            raise RuntimeError(f"pad must be non-negative, but got pad: {pi} (in {op})")
     _check_pool_args(op, self, nd, k, s, p)
     if divisor_override is not None and divisor_override == 0:
         raise RuntimeError(f"{op}: divisor must be not zero")

@@ -56,6 +56,8 @@ def reduce_dims(ndim: int, dim, *, empty_is_all: bool = True) -> tuple[int, ...]
     ``dim=[]`` means every axis unless ``empty_is_all`` is False (any/all). On a 0-d
     tensor every valid dim reduces nothing.
     """
+    if ndim > 64:  # torch's limit for reductions (a 64-bit mask of dims)
+        raise RuntimeError("only tensors with up to 64 dims are supported")
     if dim is None or (empty_is_all and isinstance(dim, (list, tuple)) and not dim):
         return tuple(range(ndim))
     dims = [dim] if isinstance(dim, int) else list(dim)

@@ -670,6 +670,7 @@ def _out_handler(func, functional):
                 raise _device_error(func, o)
         rest = {k: v for k, v in kwargs.items() if k not in names}
         if overlap:
+            writeback.check_no_internal_overlap(func, outs)
             writeback.check_no_partial_overlap(func, outs, args, rest)
         meta_ok = writeback.check_out_on_meta(func, args, kwargs, names, _meta_like)
         result = functional(args, rest)

@@ -89,24 +89,50 @@ def _tensors(x):
             yield from _tensors(y)
 
 
+# Ops whose out= refuses any overlap with an input, full overlap too (ATen's
+# assert_no_overlap in their out kernels): the result is gathered from the input while
+# the output is written.
+_NO_OVERLAP = frozenset({"index_select", "gather", "take", "masked_select", "kthvalue", "cat"})
+
+_INTERNAL_OVERLAP_MESSAGE = (
+    "unsupported operation: more than one element of the written-to tensor refers to a "
+    "single memory location. Please clone() the tensor before performing the operation."
+)
+
+
+def check_no_internal_overlap(func, written) -> None:
+    """ATen's assert_no_internal_overlap: a written tensor with a stride-0 dimension of
+    size > 1 (an expanded tensor) is refused before anything is resized or computed."""
+    for w in written:
+        if isinstance(w, JaxTensor) and any(st == 0 and n > 1 for n, st in zip(w._size, w._stride)):
+            raise RuntimeError(
+                f"{_INTERNAL_OVERLAP_MESSAGE} (in aten::{func._opname}.{func._overloadname})"
+            )
+
+
 def check_no_partial_overlap(func, written, args, kwargs) -> None:
-    """Refuse an input that partly shares memory with a written tensor (see Note)."""
+    """Refuse an input that partly shares memory with a written tensor (see Note), or
+    shares any for the ops in ``_NO_OVERLAP``."""
+    refused = ("partial", "full") if func._opname in _NO_OVERLAP else ("partial",)
     for w in written:
         if not isinstance(w, JaxTensor):
             continue
         root = _root(w._storage)
         for x in (*args, *kwargs.values()):
             for t in _tensors(x):
-                if t is w or _root(t._storage) is not root:
+                if _root(t._storage) is not root or (t is w and "full" not in refused):
                     continue
-                if overlap_status(t, w) == "partial":
+                if overlap_status(t, w) in refused:
                     raise RuntimeError(
                         f"{_OVERLAP_MESSAGE} (in aten::{func._opname}.{func._overloadname})"
                     )
 
 
 def checks_overlap(func) -> bool:
-    """Whether torch checks input/output overlap for ``func`` (not reductions)."""
+    """Whether torch checks input/output overlap for ``func`` (not reductions, except
+    the ``_NO_OVERLAP`` ones)."""
+    if func._opname in _NO_OVERLAP:
+        return True
     return not any(a.name == "keepdim" for a in func._schema.arguments)
 
 

@@ -119,7 +119,8 @@ def translate(func, args, kwargs, error: BaseException) -> BaseException | None:
         return DataDependentError(_data_dependent_message(func, error))
     if isinstance(error, jax.errors.UnexpectedTracerError):
         return LeakedTracerError(_leak_message(func))
-    if not _from_jax(error):
+    foreign = _from_jax(error)
+    if not foreign and not _python_error_in_a_lowering(error):
         _name_the_op(func, error)
         return None
     if _out_of_memory(error):
@@ -128,13 +129,19 @@ def translate(func, args, kwargs, error: BaseException) -> BaseException | None:
             f"({_first_line(error)}). Free tensors you no longer need (del, or move them to "
             "CPU), or use smaller batches."
         )
-    refusal = _torch_refusal(func, args, kwargs)
-    if refusal is not None:
-        return refusal
+    if getattr(func, "_opname", "") not in _READS | _VALUE_SHAPED:
+        refusal = _torch_refusal(func, args, kwargs)
+        if refusal is not None:
+            return refusal
+    if not foreign:
+        _name_the_op(func, error)
+        return None
     return RuntimeError(
-        f"torchjax could not run {op_name(func)}{describe_args(args, kwargs)}: "
-        f"{type(error).__name__}: {_first_line(error)}. torch accepts this call, so this is "
-        "a gap in torchjax's lowering of the op; run the op on CPU (.cpu()) meanwhile."
+        f"torchjax could not run {op_name(func)}{describe_args(args, kwargs)}: JAX refused "
+        f"it ({type(error).__name__}: {_first_line(error)}). torch's shape and dtype checks "
+        "accept these arguments, so either a value is out of the op's range or torchjax's "
+        "lowering lacks a check or a case; the same call on CPU (.cpu()) shows torch's "
+        "answer."
     )
 
 
@@ -152,19 +159,54 @@ def _name_the_op(func, error: BaseException) -> None:
     error.args = (f"{args[0]} (in {op_name(func)})",)
 
 
-def _from_jax(error: BaseException) -> bool:
-    module = type(error).__module__ or ""
-    if module.split(".")[0] in ("jax", "jaxlib"):
-        return True
+def _innermost_file(error: BaseException) -> str:
     tb = error.__traceback__
     last = None
     while tb is not None:
         last = tb
         tb = tb.tb_next
-    if last is None:
+    return "" if last is None else last.tb_frame.f_code.co_filename
+
+
+_PYTHON_ERRORS = (
+    ValueError,
+    TypeError,
+    KeyError,
+    AttributeError,
+    AssertionError,
+    ZeroDivisionError,
+    OverflowError,
+)
+_TORCHJAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _python_error_in_a_lowering(error: BaseException) -> bool:
+    # A ValueError/TypeError/... raised by Python itself inside torchjax's code (an
+    # unpacking, a conversion) rather than one of its messages: torch's answer for the
+    # call, if it refuses it, is the right one.
+    if type(error) not in _PYTHON_ERRORS:
         return False
-    filename = last.tb_frame.f_code.co_filename
-    return any(d in filename for d in _FOREIGN_DIRS)
+    return os.path.abspath(_innermost_file(error)).startswith(_TORCHJAX_DIR)
+
+
+def _from_jax(error: BaseException) -> bool:
+    """Raised inside JAX or numpy: by its class, or a plain ValueError/TypeError/... whose
+    innermost frame is theirs or that carries the note JAX adds when it hides its frames
+    (``jax_traceback_filtering``). RuntimeError, IndexError and NotImplementedError are
+    torch's and torchjax's own: JAX raises its own classes for runtime failures, and it
+    adds that note to every exception passing through a jit, deliberate ones included."""
+    seen = 0
+    while error is not None and seen < 4:
+        if (type(error).__module__ or "").split(".")[0] in ("jax", "jaxlib", "numpy"):
+            return True
+        if type(error) in _PYTHON_ERRORS:
+            if any(d in _innermost_file(error) for d in _FOREIGN_DIRS):
+                return True
+            notes = getattr(error, "__notes__", ())
+            if any("JAX has removed its internal frames" in n for n in notes):
+                return True
+        error, seen = error.__cause__, seen + 1
+    return False
 
 
 def _out_of_memory(error: BaseException) -> bool:
