@@ -23,6 +23,7 @@ from torchjax.interop import (
 )
 from torchjax.sharding import mesh
 from torchjax.tensor import JaxTensor
+from torchjax.tensor._errors import DataDependentError, LeakedTracerError, TraceError
 
 # transformers' from_pretrained/save_pretrained on tpu, once transformers is imported
 # (Note [Patching transformers' loading and saving]).
@@ -50,9 +51,12 @@ def uninstall() -> None:
 __version__ = "0.1.0"
 
 __all__ = [
+    "DataDependentError",
     "JaxTensor",
     "Jitted",
+    "LeakedTracerError",
     "RetraceWarning",
+    "TraceError",
     "UntestedVersionWarning",
     "export",
     "from_jax",

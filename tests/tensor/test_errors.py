@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import torchjax
-from torchjax.tensor._errors import DataDependentError, LeakedTracerError
+from torchjax import DataDependentError, LeakedTracerError
 
 
 def r(dev, *shape, dtype=torch.float32):
