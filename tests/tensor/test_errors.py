@@ -185,6 +185,80 @@ CASES = [
         "aten::embedding",
     ),
     ("gather-range", lambda d: r(d, 3).gather(0, i64(d, 5)).cpu(), RuntimeError, "aten::gather"),
+    # values torch refuses that a lowering would otherwise read silently (negative
+    # indices wrapped, clipped or padded past the edge)
+    (
+        "nll-negative-target",
+        lambda d: F.cross_entropy(r(d, 4, 5), i64(d, 1, -1, 3, -1)).cpu(),
+        IndexError,
+        "Target -1",
+    ),
+    (
+        "nll-target-past-classes",
+        lambda d: F.nll_loss(r(d, 2, 3), i64(d, 0, 3)).cpu(),
+        IndexError,
+        "Target 3",
+    ),
+    (
+        "gather-negative",
+        lambda d: r(d, 3).gather(0, i64(d, -1)).cpu(),
+        RuntimeError,
+        "aten::gather",
+    ),
+    (
+        "scatter-negative",
+        lambda d: r(d, 3).scatter(0, i64(d, -1), 5.0).cpu(),
+        RuntimeError,
+        "aten::scatter",
+    ),
+    (
+        "index-select-negative",
+        lambda d: r(d, 3).index_select(0, i64(d, -1)).cpu(),
+        IndexError,
+        "aten::index_select",
+    ),
+    (
+        "index-add-negative",
+        lambda d: r(d, 3).index_add(0, i64(d, -1), r(d, 1)).cpu(),
+        IndexError,
+        "aten::index_add",
+    ),
+    (
+        "index-copy-negative",
+        lambda d: r(d, 3).index_copy(0, i64(d, -1), r(d, 1)).cpu(),
+        IndexError,
+        "aten::index_copy",
+    ),
+    (
+        "take-along-dim-negative",
+        lambda d: torch.take_along_dim(r(d, 3), i64(d, -1)).cpu(),
+        RuntimeError,
+        "aten::",
+    ),
+    (
+        "embedding-bag-range",
+        lambda d: F.embedding_bag(i64(d, 9), r(d, 5, 3), i64(d, 0))[0].cpu(),
+        RuntimeError,
+        "aten::_embedding_bag",
+    ),
+    (
+        "reflect-pad-too-wide",
+        lambda d: F.pad(r(d, 1, 1, 3), (3, 3), mode="reflect"),
+        RuntimeError,
+        "aten::reflection_pad1d",
+    ),
+    (
+        "repeat-interleave-negative",
+        lambda d: torch.arange(2, device=d).repeat_interleave(i64(d, 1, -1)),
+        RuntimeError,
+        "aten::repeat_interleave",
+    ),
+    (
+        "conv-kernel-past-input",
+        lambda d: F.conv2d(r(d, 1, 1, 3, 3), r(d, 2, 1, 5, 5)),
+        RuntimeError,
+        "aten::convolution",
+    ),
 ]
 
 

@@ -96,6 +96,20 @@ def _check_params(stride, padding, dilation, groups):
         raise RuntimeError("non-positive groups is not supported (in aten::convolution)")
 
 
+def _check_kernel_fits(input, weight, padding, dilation):
+    # torch's check: jax would return an empty output instead.
+    nd = weight.ndim - 2
+    padding, dilation = _expand(padding, nd), _expand(dilation, nd)
+    padded = [n + 2 * p for n, p in zip(input.shape[2:], padding)]
+    kernel = [d * (k - 1) + 1 for k, d in zip(weight.shape[2:], dilation)]
+    if any(p < k for p, k in zip(padded, kernel)):
+        raise RuntimeError(
+            f"Calculated padded input size per channel: ({' x '.join(map(str, padded))}). "
+            f"Kernel size: ({' x '.join(map(str, kernel))}). Kernel size can't be greater "
+            "than actual input size (in aten::convolution)"
+        )
+
+
 def _check(input, weight, transposed, groups):
     if input.ndim != weight.ndim:
         raise RuntimeError(
@@ -140,6 +154,8 @@ def convolution(
     """
     _check_params(stride, padding, dilation, groups)
     _check(input, weight, transposed, groups)
+    if not transposed:
+        _check_kernel_fits(input, weight, padding, dilation)
     out = _conv(
         input, weight, stride, padding, dilation, transposed, output_padding, groups, precision
     )

@@ -58,12 +58,13 @@ def require_in_range(idx, lo, hi, exc, template) -> None:
     _checks.require(bad, value, exc, template)
 
 
-def _check_range(idx, n, op, dim, exc=IndexError):
+def _check_range(idx, n, op, dim, exc=IndexError, negative=True):
     """``exc`` (IndexError, RuntimeError for gather/scatter, as torch) when any index is
-    outside [-n, n), on the device."""
+    outside [-n, n), or [0, n) for the ops that do not wrap negative indices (gather,
+    scatter, index_select, index_add, index_copy: CPU refuses -1 there), on the device."""
     require_in_range(
         idx,
-        -n,
+        -n if negative else 0,
         n,
         exc,
         f"index {{value}} is out of bounds for dimension {dim} with size {n} (in aten::{op})",
@@ -161,7 +162,7 @@ def _as_nd(self, index, op, dim):
     if not jnp.issubdtype(index.dtype, jnp.integer):
         raise RuntimeError(f"{op}(): Expected dtype int64 for index (got {index.dtype})")
     dim = _dim(dim, self.ndim, op)
-    _check_range(index, self.shape[dim], op, dim, RuntimeError)
+    _check_range(index, self.shape[dim], op, dim, RuntimeError, negative=False)
     return self, index, dim
 
 
@@ -271,7 +272,7 @@ def scatter_reduce(self, dim, index, src, reduce, include_self=True):
     return jnp.floor_divide(total, count)
 
 
-def _index_1d(self, dim, index, op):
+def _index_1d(self, dim, index, op, negative=False):
     if index.ndim > 1:
         raise IndexError(
             f"{op}(): Index is supposed to be a vector, got {index.ndim}-d (in aten::{op})"
@@ -283,7 +284,7 @@ def _index_1d(self, dim, index, op):
     arr = self.reshape(1) if self.ndim == 0 else self
     dim = _dim(dim, arr.ndim, op)
     index = index.reshape(-1)
-    _check_range(index, arr.shape[dim], op, dim)
+    _check_range(index, arr.shape[dim], op, dim, negative=negative)
     return arr, dim, index
 
 
@@ -296,7 +297,8 @@ def index_select(self, dim, index):
 
 
 def _index_update(self, dim, index, source, how, op):
-    arr, dim, index = _index_1d(self, dim, index, op)
+    # index_fill wraps negative indices on CPU; index_add / index_copy refuse them.
+    arr, dim, index = _index_1d(self, dim, index, op, negative=op == "index_fill")
     source = jnp.asarray(source).astype(arr.dtype)
     if source.ndim == 0 and self.ndim == 0:
         source = source.reshape(1)
@@ -420,13 +422,14 @@ def take(self, index):
 @lowering(aten.take_along_dim.default)
 def take_along_dim(self, indices, dim=None):
     """aten::take_along_dim - ``gather`` after broadcasting self and indices off ``dim``
-    (None: both flattened). Negative indices wrap, as torch does."""
+    (None: both flattened). A gather in torch: negative indices are refused."""
     if dim is None:
         flat = self.reshape(-1)
-        _check_range(indices, flat.shape[0], "take_along_dim", 0)
+        _check_range(indices, flat.shape[0], "take_along_dim", 0, RuntimeError, negative=False)
         return jnp.take_along_axis(flat, indices.reshape(-1) % flat.shape[0], axis=0)
     dim = _dim(dim, self.ndim, "take_along_dim")
-    _check_range(indices, self.shape[dim], "take_along_dim", dim)
+    # torch.take_along_dim is a gather: a negative index is refused, not wrapped.
+    _check_range(indices, self.shape[dim], "take_along_dim", dim, RuntimeError, negative=False)
     return jnp.take_along_axis(self, indices % self.shape[dim], axis=dim, mode="clip")
 
 

@@ -113,6 +113,8 @@ def repeat_interleave(repeats, output_size=None):
 
     The output length is data-dependent: eager only unless ``output_size`` is given.
     """
+    if output_size is None and repeats.size and int(repeats.min()) < 0:
+        raise RuntimeError("repeats can not be negative (in aten::repeat_interleave)")
     n = int(repeats.sum()) if output_size is None else int(output_size)
     return jnp.repeat(
         jnp.arange(repeats.shape[0], dtype=repeats.dtype), repeats, total_repeat_length=n

@@ -16,8 +16,11 @@ import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
+from torch._decomp import decomposition_table
 
+from torchjax.ops.indexing import require_in_range
 from torchjax.ops.registry import handler, lowering
+from torchjax.tensor._tensor import JaxTensor
 
 aten = torch.ops.aten
 
@@ -284,3 +287,30 @@ def _register_linear_cross_entropy():
 
 
 _register_linear_cross_entropy()
+
+
+def _nll_target_check(decomposed):
+    """nll_loss forward through torch's decomposition, after torch's check that every
+    target (but ``ignore_index``) is a class: the decomposition's gather would wrap a
+    negative target (a -1 padding label read as the last class) and compute silently."""
+
+    def run(args, kwargs):
+        self, target = args[0], args[1]
+        ignore = args[4] if len(args) > 4 else kwargs.get("ignore_index", -100)
+        if isinstance(target, JaxTensor) and target.numel():
+            classes = self.shape[1] if self.dim() >= 2 else self.shape[0]
+            t = target._value()
+            require_in_range(
+                jnp.where(t == ignore, 0, t),
+                0,
+                classes,
+                IndexError,
+                "Target {value} is out of bounds. (in aten::nll_loss_forward)",
+            )
+        return decomposed(*args, **kwargs)
+
+    return run
+
+
+for _nll in (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default):
+    handler(_nll)(_nll_target_check(decomposition_table[_nll]))

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from torchjax.ops.indexing import require_in_range
 from torchjax.ops.registry import handler, lowering
 
 aten = torch.ops.aten
@@ -70,6 +71,15 @@ def _embedding_bag(
         raise NotImplementedError(
             "aten::_embedding_bag: per_sample_weights only supported with mode='sum'"
         )
+    # torch's range check (a clipped index would silently read the last row).
+    require_in_range(
+        indices,
+        0,
+        weight.shape[0],
+        RuntimeError,
+        f"embedding_bag: an index takes value {{value}} which is not in the valid range "
+        f"[0, {weight.shape[0]}) (in aten::_embedding_bag)",
+    )
     offset2bag, valid, n_bags = _bags(indices, offsets, include_last_offset, padding_idx)
     rows = jnp.take(weight, jnp.clip(indices, 0, weight.shape[0] - 1), axis=0)
     seg = jnp.where(valid, offset2bag, n_bags)

@@ -16,8 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from torch._decomp import decomposition_table
 
-from torchjax.ops.registry import lowering
+from torchjax.ops.registry import handler, lowering
 
 aten = torch.ops.aten
 
@@ -454,3 +455,30 @@ def _register_grid_sampler(nd):
 
 _register_grid_sampler(2)
 _register_grid_sampler(3)
+
+
+# ---------------------------------------------------------------------------------------
+# reflection pad: torch's decomposition, after torch's size check (the decomposition
+# would reflect past the edge and compute silently)
+
+
+def _reflection_checked(nd, decomposed):
+    def run(args, kwargs):
+        self, padding = args[0], args[1]
+        for i in range(nd):
+            dim = self.dim() - 1 - i
+            lo, hi = padding[2 * i], padding[2 * i + 1]
+            if lo >= self.shape[dim] or hi >= self.shape[dim]:
+                raise RuntimeError(
+                    f"Argument #4: Padding size should be less than the corresponding input "
+                    f"dimension, but got: padding ({lo}, {hi}) at dimension {dim} of input "
+                    f"{list(self.shape)} (in aten::reflection_pad{nd}d)"
+                )
+        return decomposed(*args, **kwargs)
+
+    return run
+
+
+for _nd in (1, 2, 3):
+    _op = getattr(torch.ops.aten, f"reflection_pad{_nd}d").default
+    handler(_op)(_reflection_checked(_nd, decomposition_table[_op]))
