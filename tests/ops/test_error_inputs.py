@@ -2,9 +2,10 @@
 
 Each ErrorInput is a call torch's test suite says must raise (``error_type``, with a
 regex). Here the same call runs on CPU and, with its tensors moved, on tpu: where CPU
-raises, tpu must raise the same exception type (Note [One error layer] in torchjax/tensor/_errors.py). Samples CPU
-accepts are device-specific (written for CUDA) and compared nowhere. Device-side checks
-raise at the next sync, so tensor outputs are read back.
+raises, tpu must raise the same exception type (Note [One error layer] in
+torchjax/tensor/_errors.py). Samples CPU accepts are device-specific (written for CUDA)
+and compared nowhere. Device-side checks raise at the next sync, so tensor outputs are
+read back.
 """
 
 from __future__ import annotations
