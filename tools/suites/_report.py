@@ -56,7 +56,7 @@ def compare(file, cpu, tpu):
 
     # Tests CPU skips for wanting an accelerator (require_torch_accelerator and the like)
     # run on tpu only: reported apart, outside the CPU-passing rate.
-    only = [n for n in ran if cpu.get(n, ("",))[0] == "skipped" and n in tpu]
+    only = [n for n in ran if cpu.get(n, ("",))[0] == "skipped" != tpu.get(n, ("skipped",))[0]]
     only = [n for n in only if "accelerator" in cpu[n][1] or "GPU" in cpu[n][1]]
     only_failed = defaultdict(list)
     for n in only:
