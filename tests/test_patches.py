@@ -40,6 +40,7 @@ def test_uninstall_restores_every_original():
             "torch_load": torch.load,
             "nested_tensor": torch.nested.nested_tensor,
             "as_nested_tensor": torch.nested.as_nested_tensor,
+            "inductor_call": torch._TorchCompileInductorWrapper.__call__,
         }
         meta_path = list(sys.meta_path)
         skip_dirs = list(trace_rules.SKIP_DIRS)
@@ -94,6 +95,7 @@ def test_uninstall_restores_every_original():
         assert torch.to_dlpack is before["torch_dlpack"]
         assert torch.utils.swap_tensors is before["swap"]
         assert torch.load is torch.serialization.load is before["torch_load"]
+        assert torch._TorchCompileInductorWrapper.__call__ is before["inductor_call"]
         # _loading.uninstall() re-wraps the original function in a new staticmethod.
         assert cls.__dict__["_load_pretrained_model"].__func__ is before["load"].__func__
         assert cls.__dict__["from_pretrained"] is before["from_pretrained"]
@@ -138,6 +140,7 @@ def test_uninstall_restores_every_original():
         "torch.nested.nested_tensor",
         "torch.nested.as_nested_tensor",
         "Dynamo skip rules for torchjax",
+        "torch._TorchCompileInductorWrapper.__call__",
         "optimizer capturable=True under jit",
         "transformers loading functions",
         "transformers ExpertsInterface entry",

@@ -53,6 +53,11 @@ how it is undone.
   torchjax function's code gets the SKIP strategy: dispatch, the device guard and the
   kernels called from C++ must run as plain Python. Undo: the directory leaves SKIP_DIRS,
   the codes get Dynamo's DEFAULT strategy.
+- ``torch._TorchCompileInductorWrapper.__call__`` (compile/_default_backend.py through
+  _compat/torch.py; torch 2.13). ``torch.compile(m)`` without ``backend=`` hands each
+  graph to this wrapper; a graph on tpu tensors is compiled by the "tpu" backend instead
+  of inductor's torch_tpu code generation (Note [The default torch.compile backend on
+  tpu]); other graphs reach inductor unchanged. Undo: torch's method put back.
 - ``optimizer capturable=True under jit`` (compile/_jit.py, per optimizer a jitted
   function reaches; torch 2.13). The step counter must be a traced input, not a constant.
   Undo: those param groups back to ``capturable=False``, their step counters on CPU.

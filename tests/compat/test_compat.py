@@ -140,3 +140,14 @@ def test_dynamo_skip_package_undo_and_never_trace_undo():
     ct.dynamo_never_trace(g.__code__, undo=True)
     torch.compile(g, backend=default)(torch.ones(1))
     assert default.frame_count == 1  # DEFAULT again: compiled
+
+
+def test_install_inductor_route_wraps_the_default_backends_call():
+    # torch.compile(m) builds this private wrapper and Dynamo calls it once per graph.
+    wrapper = torch._TorchCompileInductorWrapper("default", None, None)
+    assert callable(wrapper)
+    call = torch._TorchCompileInductorWrapper.__call__
+    assert call.__qualname__.startswith("install_inductor_route")
+    gm = torch.fx.symbolic_trace(lambda a: a + 1)
+    run = wrapper(gm, [torch.ones(2, device="tpu")])  # routed: no inductor compile
+    torch.testing.assert_close(run(torch.ones(2, device="tpu")).cpu(), torch.full((2,), 2.0))

@@ -320,3 +320,15 @@ def test_views_of_many_layouts_stop_adding_keys():
     keys, _, eager = _info(aten.tanh.default)
     assert keys - keys0 <= compiled.MAX_VIEW_KEYS + 1
     assert eager == eager0
+
+
+def test_ops_on_views_at_many_offsets_trace_once():
+    # ``t[:, i]`` over a loop: the view's offset is an argument of the op's executable
+    # (Note [View offsets as arguments]), not part of its key.
+    x = torch.randn(2, 40, 3)
+    t = x.to(TPU)
+    torchjax.reset_stats()
+    for i in range(0, 40, 3):
+        torch.testing.assert_close((t[:, i] * 2.5).cpu(), x[:, i] * 2.5)
+    mul = _calls(aten.mul.Tensor)
+    assert mul["calls"] == 14 and mul["traces"] == 1 and mul["op_by_op"] == 0

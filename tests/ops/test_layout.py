@@ -58,6 +58,15 @@ def test_tril_triu_batched_and_int64():
 def test_roll_flip_empty_and_zero_d():
     both(lambda x: x.roll(3), lambda: torch.zeros(0, 2))
     both(lambda x: x.flip(()), lambda: torch.tensor(1.5))
+    # ATen wraps a 0-d tensor's dims as for 1-d: flip(0) / flip(-1) return the scalar.
+    both(lambda x: x.flip(0), lambda: torch.tensor(1.5))
+    both(lambda x: x.flip(-1), lambda: torch.tensor(1.5))
+
+
+def test_flip_repeated_dim_is_torchs_error():
+    for device in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError, match="dim 1 appears multiple times"):
+            torch.zeros(2, 2, device=device).flip(0, 1, 1)
 
 
 def test_scatter_ops_are_view_backward():

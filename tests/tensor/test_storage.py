@@ -65,3 +65,36 @@ def test_overlapping_write_raises():
 def test_plans_are_cached():
     assert _plan(12, (3, 4), (1, 3), 0) is _plan(12, (3, 4), (1, 3), 0)
     assert contiguous_strides((2, 3, 4)) == (12, 4, 1)
+
+
+@pytest.mark.parametrize(
+    "shape,size,stride",
+    [((8, 5), (5,), (1,)), ((8, 5), (4,), (1,)), ((6, 4), (3, 2), (4, 1)), ((30,), (2, 2), (7, 3))],
+)
+def test_reads_at_many_offsets_share_one_executable(shape, size, stride):
+    # Note [View offsets as arguments]: the offset is an argument of the read, so a
+    # loop over positions does not compile one read per position.
+    import torchjax
+
+    base = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    span = sum((n - 1) * s for n, s in zip(size, stride)) + 1
+    offsets = range(0, base.size - span + 1, 2)
+    with x64(True):
+        st = Storage(jnp.asarray(base))
+        st.read(size, stride, offsets[0])
+        before = torchjax.stats()["compiles"]
+        for offset in offsets:
+            got = np.asarray(st.read(size, stride, offset))
+            np.testing.assert_array_equal(got, _np_view(base, size, stride, offset))
+    assert len(offsets) > 4 and torchjax.stats()["compiles"] == before
+
+
+def test_window_past_the_end_reads_at_a_dynamic_offset():
+    # A slice window that runs past the storage's end (the right half of the last row)
+    # is read through the padded flat storage, at the offset given at run time.
+    base = np.arange(16, dtype=np.int64).reshape(2, 8)
+    plan = _plan(16, (2, 4), (8, 1), 4)
+    assert plan.kind == "slice" and plan.dynamic and plan.impl.pad
+    with x64(True):
+        got = np.asarray(plan.read_array(jnp.asarray(base), 4))
+    np.testing.assert_array_equal(got, base[:, 4:])

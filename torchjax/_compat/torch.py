@@ -324,3 +324,34 @@ def destroy_library(lib) -> None:
     """Remove every registration made through ``torch.library.Library`` ``lib``; kernels
     it overrode are torch's again. Private API (``Library._destroy``)."""
     lib._destroy()
+
+
+def install_inductor_route(route) -> None:
+    """Offer every graph ``torch.compile``'s default backend receives to ``route(gm,
+    example_inputs)`` first; inductor compiles it when ``route`` returns None.
+
+    ``torch.compile(m)`` with the default backend does not go through Dynamo's backend
+    registry: it builds a ``torch._TorchCompileInductorWrapper`` (private) and Dynamo calls
+    it per graph, so its ``__call__`` is the one place to see the graph's devices.
+    """
+    from torchjax import _patches
+
+    cls = torch._TorchCompileInductorWrapper
+    if _patches.is_recorded("torch._TorchCompileInductorWrapper.__call__"):
+        return
+    original = cls.__call__
+
+    def __call__(self, model_, inputs_, **kwargs):
+        compiled = route(model_, inputs_)
+        return original(self, model_, inputs_, **kwargs) if compiled is None else compiled
+
+    __call__.__doc__ = original.__doc__
+    _patches.replace_attr(
+        cls,
+        "__call__",
+        __call__,
+        name="torch._TorchCompileInductorWrapper.__call__",
+        why="graphs on tpu tensors go to the tpu backend, not inductor's torch_tpu codegen",
+        package="torch",
+        written_for="2.13",
+    )

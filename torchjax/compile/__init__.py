@@ -5,10 +5,15 @@ tracers inside tpu tensors; ``torch.compile(backend="tpu")`` runs Dynamo's FX gr
 same way.
 """
 
+from torchjax.compile import _default_backend
 from torchjax.compile._export import export as export
 from torchjax.compile._jit import Jitted as Jitted
 from torchjax.compile._jit import RetraceWarning as RetraceWarning
 from torchjax.compile._jit import jit as jit
+
+# torch.compile's default backend sends tpu graphs to the "tpu" backend (Note [The
+# default torch.compile backend on tpu] in _default_backend.py).
+_default_backend.install()
 
 
 def dynamo_stats() -> dict:

@@ -77,7 +77,7 @@ import torch
 
 from torchjax.device import _checks, _stats
 from torchjax.tensor import _errors
-from torchjax.tensor._storage import _plan, contiguous_strides
+from torchjax.tensor._storage import _plan, contiguous_strides, layout_plan
 from torchjax.tensor._tensor import JaxTensor
 
 MAX_KEYS_PER_OP = 64
@@ -113,6 +113,7 @@ _ARRAY = 0  # ("arg": the next executable argument)
 _STATIC = 1  # (_STATIC, type, key value, value)
 _SEQ = 2  # (_SEQ, list or tuple, entries)
 _VIEW = 3  # (_VIEW, storage numel, size, stride, offset): the next argument is a storage
+# (and, when offset is None, the argument after it the offset)
 
 # Errors a trace raises when a lowering needs concrete values: such keys run op by op.
 CONCRETE_ERRORS = _CONCRETE_ERRORS = (
@@ -224,7 +225,10 @@ def _rebuild(entry, it):
     if entry[0] == _STATIC:
         return entry[3]
     if entry[0] == _VIEW:
-        return _plan(*entry[1:]).read(next(it).reshape(-1))
+        flat = next(it).reshape(-1)
+        if entry[4] is None:  # the offset is the next argument
+            return layout_plan(*entry[1:4]).read(flat, next(it))
+        return _plan(*entry[1:]).read(flat)
     return entry[1](_rebuild(e, it) for e in entry[2])
 
 
@@ -313,8 +317,12 @@ class CompiledCompute:
             if self.view_keys >= MAX_VIEW_KEYS:
                 dyn.append(x._value())
                 return _ARRAY
-            # A view not read yet (Note [Lazy views]): the read joins this executable.
+            # A view not read yet (Note [Lazy views]): the read joins this executable,
+            # its offset an argument where it can be (Note [View offsets as arguments]).
             dyn.append(storage.arr)
+            if _plan(storage.numel, size, stride, offset).dynamic:
+                dyn.append(np.int32(offset))
+                return (_VIEW, storage.numel, size, stride, None)
             return (_VIEW, storage.numel, size, stride, offset)
         if isinstance(x, torch.Tensor):
             if x.dim() != 0 and not self.cpu_ok:

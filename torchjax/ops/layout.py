@@ -123,9 +123,19 @@ def repeat_interleave(repeats, output_size=None):
 
 @lowering(aten.flip.default)
 def flip(self, dims):
-    """aten::flip - reverse the order along ``dims``."""
+    """aten::flip - reverse the order along ``dims``.
+
+    A 0-d tensor takes dims 0 and -1 (ATen wraps its dims as for 1-d) and is returned
+    unchanged, as torch does; a repeated dim is torch's RuntimeError. Reference: torch.flip.
+    """
     dims = tuple(_dim(d, self.ndim, "flip") for d in dims)
-    return jnp.flip(self, dims) if dims else self
+    for i, d in enumerate(dims):
+        if d in dims[:i]:
+            raise RuntimeError(
+                f"dim {d} appears multiple times in the list of dims (in aten::flip, "
+                f"dims={list(dims)}); pass each dim once"
+            )
+    return jnp.flip(self, dims) if dims and self.ndim else self
 
 
 @lowering(aten.roll.default)

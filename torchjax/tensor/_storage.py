@@ -62,7 +62,8 @@ class Storage:
     def read(self, size, stride, offset) -> jax.Array:
         if self.covers(size, stride, offset) and stride == contiguous_strides(size):
             return self.arr
-        return _plan(self.numel, size, stride, offset).read_array(self.arr)
+        plan = _plan(self.numel, size, stride, offset)
+        return plan.read_array(self.arr, offset if plan.dynamic else None)
 
     def write(self, size, stride, offset, value: jax.Array) -> None:
         """Store ``value`` (shape ``size``, storage dtype) at the strided view."""
@@ -111,7 +112,9 @@ class _ContiguousPlan:
     def __init__(self, size, offset, numel):
         self.size, self.offset, self.numel = size, offset, numel
 
-    def read(self, flat):
+    def read(self, flat, offset=None):
+        if offset is not None:  # Note [View offsets as arguments]
+            return lax.dynamic_slice(flat, (offset,), (self.numel,)).reshape(self.size)
         run = (
             flat
             if (self.offset == 0 and self.numel == flat.shape[0])
@@ -154,6 +157,9 @@ class _SlicePlan:
             self.span = n[0] * s[0]
             self.index = tuple(slice(0, k) for k in n) + (0,)
         self.pad = max(0, offset + self.span - storage_numel)
+        # How far the window can run past the view's last element: the padding a read at
+        # any offset needs (Note [View offsets as arguments]).
+        self.tail = self.span - (sum((k - 1) * st for k, st in zip(n, s)) + 1)
         self.sorted_size = tuple(size[d] for d in order)
         # Transpose from stride order back to dim order (over the real dims only).
         self.perm = tuple(sorted(range(len(order)), key=lambda i: order[i]))
@@ -161,13 +167,17 @@ class _SlicePlan:
         self.expand = any(stride[d] == 0 and size[d] != 1 for d in range(len(size)))
         self.keep_shape = tuple(size[d] if d in set(order) else 1 for d in range(len(size)))
 
-    def _window(self, flat):
+    def _window(self, flat, offset=None):
+        if offset is not None:  # Note [View offsets as arguments]
+            if self.tail:
+                flat = jnp.pad(flat, (0, self.tail))
+            return lax.dynamic_slice(flat, (offset,), (self.span,)).reshape(self.shape)
         if self.pad:
             flat = jnp.pad(flat, (0, self.pad))
         return lax.slice(flat, (self.offset,), (self.offset + self.span,)).reshape(self.shape)
 
-    def read(self, flat):
-        part = self._window(flat)[self.index]
+    def read(self, flat, offset=None):
+        part = self._window(flat, offset)[self.index]
         part = jnp.transpose(part, self.perm) if self.perm != tuple(range(len(self.perm))) else part
         part = part.reshape(self.keep_shape)
         return jnp.broadcast_to(part, self.size) if self.expand else part
@@ -190,6 +200,7 @@ class _GatherPlan:
     """Any strided view: explicit flat indices (used when no slice plan exists)."""
 
     def __init__(self, size, stride, offset):
+        self.offset = offset
         idx = np.full(size, offset, dtype=np.int64)
         for d, (n, st) in enumerate(zip(size, stride)):
             shape = [1] * len(size)
@@ -198,7 +209,9 @@ class _GatherPlan:
         self.idx = idx
         self.overlapping = len(np.unique(idx)) != idx.size
 
-    def read(self, flat):
+    def read(self, flat, offset=None):
+        if offset is not None:
+            return flat[(self.idx - self.offset) + offset]
         return flat[self.idx]
 
     def write(self, flat, value):
@@ -234,19 +247,27 @@ class _Plan:
                 self.kind = "gather"
                 self.impl = _GatherPlan(size, stride, offset)
         self.size = size
+        # Whether the offset can be an argument of the read (Note [View offsets as
+        # arguments]): up to int32's range.
+        self.dynamic = self.kind != "empty" and offset < 2**31
 
-    def read(self, flat):
+    def read(self, flat, offset=None):
         if self.kind == "empty":
             return jnp.zeros(self.size, flat.dtype)
-        return self.impl.read(flat)
+        return self.impl.read(flat, offset)
 
     # Op by op, a read or write is several jax primitives, each its own XLA dispatch; as
     # one cached executable per plan (jax's cache covers the storage's shape and dtype)
-    # it is one. A plan used once (a KV-cache slot at a new position) runs op by op: its
-    # own executable would cost a compile for one call. Inside a trace (torchjax.jit,
-    # compiled lowerings) the jitted call inlines.
-    def read_array(self, arr):
-        """The view's values from the storage array ``arr`` (the storage's shape)."""
+    # it is one. Reads take the offset as an argument: one executable per layout, shared
+    # by every offset (Note [View offsets as arguments]). A write plan used once (a
+    # KV-cache slot at a new position) runs op by op: its own executable would cost a
+    # compile for one call. Inside a trace (torchjax.jit, compiled lowerings) the jitted
+    # call inlines.
+    def read_array(self, arr, offset=None):
+        """The view's values from the storage array ``arr`` (the storage's shape).
+        ``offset``: this plan's layout read at that offset (a ``dynamic`` plan)."""
+        if offset is not None:
+            return _offset_reader(self._layout)(arr, np.int32(offset))
         read = self._read
         if read is None:
             self._read = jax.jit(lambda arr: self.read(arr.reshape(-1)))
@@ -272,4 +293,29 @@ class _Plan:
 
 @functools.lru_cache(maxsize=4096)
 def _plan(storage_numel, size, stride, offset) -> _Plan:
-    return _Plan(storage_numel, tuple(size), tuple(stride), offset)
+    plan = _Plan(storage_numel, tuple(size), tuple(stride), offset)
+    plan._layout = (storage_numel, tuple(size), tuple(stride))
+    return plan
+
+
+# Note [View offsets as arguments]
+# A view's storage offset is a run-time value of its read (``lax.dynamic_slice`` from a
+# traced offset), not a constant of the program: ``t[:, i]`` for every ``i`` of a loop
+# (a test comparing positions one by one, a decode step reading its slot) reads through
+# one executable per layout (storage numel, size, stride), where a constant offset
+# compiled one program per position, for the read and for every compiled op taking the
+# view (ops/compiled.py keys views the same way). dynamic_slice clamps a start that would
+# run past the end, so the window must lie inside the array: a slice plan's window can
+# run past the view's last element by ``tail`` elements (a row-major block of a wider
+# storage), so its dynamic read pads the flat storage by that constant first (XLA fuses
+# the pad into the slice). Writes keep constant offsets.
+def layout_plan(storage_numel, size, stride) -> _Plan:
+    """The read plan of a layout at any offset (built at offset 0: the kind, window
+    shape and permutation do not depend on the offset)."""
+    return _plan(storage_numel, tuple(size), tuple(stride), 0)
+
+
+@functools.lru_cache(maxsize=1024)
+def _offset_reader(layout):
+    plan = layout_plan(*layout)
+    return jax.jit(lambda arr, offset: plan.read(arr.reshape(-1), offset))

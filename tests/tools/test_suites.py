@@ -1,0 +1,79 @@
+"""The suite runner's comparison (tools/suites/_report.py, _pytorch.py) on small junit files."""
+
+import json
+
+from tools.suites import _pytorch, _report
+
+HUB = "OSError: We couldn't connect to 'https://huggingface.co'"
+
+
+def _junit(cases):
+    """A junit file: (name, child tag or None, message)."""
+    body = []
+    for name, tag, message in cases:
+        child = f'<{tag} message="{message}">x</{tag}>' if tag else ""
+        body.append(f'<testcase classname="t.A" name="{name}">{child}</testcase>')
+    return "<testsuites><testsuite>" + "".join(body) + "</testsuite></testsuites>"
+
+
+CPU = _junit(
+    [
+        ("test_ok", None, ""),
+        ("test_breaks", None, ""),
+        ("test_breaks_too", None, ""),
+        ("test_cpu_fails", "failure", "AssertionError: no"),
+        ("test_hub", "error", HUB),
+        ("test_gpu", "skipped", "test requires accelerator"),
+    ]
+)
+TPU = _junit(
+    [
+        ("test_ok", None, ""),
+        ("test_breaks", "failure", "ValueError: at 0x7f12 bad&#10;more"),
+        ("test_breaks_too", "failure", "ValueError: at 0x7f99 bad"),
+        ("test_cpu_fails", None, ""),
+        ("test_hub", "error", HUB),
+        ("test_gpu", "failure", "RuntimeError: no kernel"),
+    ]
+)
+
+
+def _summary(tmp_path):
+    (tmp_path / "cpu.xml").write_text(CPU)
+    (tmp_path / "tpu.xml").write_text(TPU)
+    cpu = _report.read_junit(tmp_path / "cpu.xml")
+    tpu = _report.read_junit(tmp_path / "tpu.xml")
+    return _report.compare("t.py", cpu, tpu)
+
+
+def test_counts_and_causes(tmp_path):
+    s = _summary(tmp_path)
+    assert s["collected"] == 6 and s["hub_excluded"] == 1
+    assert s["cpu"] == {"passed": 3, "failed": 1, "skipped": 1}
+    assert s["cpu_passed_tpu_passed"] == 1 and s["tpu_rate_of_cpu_passed"] == round(1 / 3, 4)
+    # Grouped by exception type and first line, addresses blanked.
+    assert s["cpu_passed_tpu_failed"] == {
+        "ValueError: at 0x... bad": ["t.A::test_breaks", "t.A::test_breaks_too"]
+    }
+    assert s["accelerator_only"] == {
+        "ran": 1,
+        "passed": 0,
+        "failed": {"RuntimeError: no kernel": ["t.A::test_gpu"]},
+    }
+
+
+def test_summary_is_printed_and_written(tmp_path, capsys):
+    s = _summary(tmp_path)
+    _report.print_summary(s)
+    out = capsys.readouterr().out
+    assert "of the 3 CPU-passing tests, 1 pass on tpu (33.3%)" in out
+    assert "[2] ValueError: at 0x... bad" in out
+    _report.write_json(tmp_path / "s.json", [s], {"suite": "t"})
+    assert json.loads((tmp_path / "s.json").read_text())["files"][0]["collected"] == 6
+
+
+def test_pytorch_ids_match_across_devices():
+    cpu = _pytorch.normalize("test_view_ops.TestViewOpsCPU::test_flip_cpu_float32")
+    tpu = _pytorch.normalize("test_view_ops.TestViewOpsPRIVATEUSE1::test_flip_tpu_float32")
+    assert cpu == tpu == "test_view_ops.TestViewOps::test_flip_float32"
+    assert _pytorch.normalize("m.TestXCPU::test_y_cpu") == "m.TestX::test_y"

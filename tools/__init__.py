@@ -1,0 +1,1 @@
+"""Developer tools for torchjax (not part of the installed package)."""

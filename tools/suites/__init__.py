@@ -1,0 +1,12 @@
+"""Run third-party test suites (transformers, PyTorch) on CPU and on "tpu" and compare.
+
+`python -m tools.suites transformers tests/models/llama/test_modeling_llama.py` gets
+transformers' tests from the installed version's source distribution at run time, runs the
+file once on CPU (torchjax not imported) and once on "tpu" (`TRANSFORMERS_TEST_DEVICE=tpu`
+and a device spec that imports torchjax), and prints what passes where and why the
+CPU-passing tests fail on "tpu". `python -m tools.suites pytorch --folder DIR test_view_ops.py`
+does the same for PyTorch's device-generic test files brought in by the user.
+
+Nothing fetched is committed: it all lives under the ignored cache folder (`.suites-cache/`).
+See docs/testing.md.
+"""
