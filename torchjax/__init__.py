@@ -9,6 +9,7 @@ from torchjax import checkpoint as checkpoint
 from torchjax import device as _device  # noqa: F401  (registers the "tpu" device)
 from torchjax import ops as _ops  # noqa: F401  (fills the op table)
 from torchjax import pallas as pallas  # after ops: kernels register into its table
+from torchjax._budget import set_cache_budget
 from torchjax._patches import UntestedVersionWarning
 from torchjax.compile import Jitted, RetraceWarning, export, jit
 from torchjax.device._stats import reset_stats, stats
@@ -63,6 +64,7 @@ __all__ = [
     "patches",
     "pallas",
     "reset_stats",
+    "set_cache_budget",
     "stats",
     "to_jax",
     "tree_from_jax",

@@ -29,6 +29,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding
 
+from torchjax import _budget
 from torchjax._compat.jax import x64
 
 
@@ -240,26 +241,39 @@ class _Plan:
             return jnp.zeros(self.size, flat.dtype)
         return self.impl.read(flat)
 
-    # Op by op, a read or write is several jax primitives, each its own XLA dispatch; as
-    # one cached executable per plan (jax's cache covers the storage's shape and dtype)
-    # it is one. A plan used once (a KV-cache slot at a new position) runs op by op: its
-    # own executable would cost a compile for one call. Inside a trace (torchjax.jit,
-    # compiled lowerings) the jitted call inlines.
+    # Op by op, a read or write is several jax primitives, each its own XLA dispatch and,
+    # at a new shape or position, its own compile, kept in jax's op-by-op cache (up to
+    # 4096 executables, outside any budget of ours); as one cached executable per plan
+    # (jax's cache covers the storage's shape and dtype) it is one dispatch and at most
+    # one compile, from the first use. Inside a trace (torchjax.jit, compiled lowerings)
+    # the jitted call inlines. Each program is an entry of the process-wide budget
+    # (Note [Executable cache budget] in torchjax/_budget.py); evicted, the plan
+    # compiles again on its next use.
     def read_array(self, arr):
         """The view's values from the storage array ``arr`` (the storage's shape)."""
         read = self._read
         if read is None:
-            self._read = jax.jit(lambda arr: self.read(arr.reshape(-1)))
-            return self.read(arr.reshape(-1))
+            read = self._read = jax.jit(lambda arr: self.read(arr.reshape(-1)))
+            _budget.admit(read, lambda: self._evict("_read", read))
+        else:
+            _budget.hit(read)
         return read(arr)
 
     def write_array(self, arr, value):
         """The storage array ``arr`` with ``value`` written at the view."""
         write = self._write
         if write is None:
-            self._write = jax.jit(lambda arr, v: self.write(arr.reshape(-1), v).reshape(arr.shape))
-            return self.write(arr.reshape(-1), value).reshape(arr.shape)
+            write = self._write = jax.jit(
+                lambda arr, v: self.write(arr.reshape(-1), v).reshape(arr.shape)
+            )
+            _budget.admit(write, lambda: self._evict("_write", write))
+        else:
+            _budget.hit(write)
         return write(arr, value)
+
+    def _evict(self, name, program):
+        if getattr(self, name) is program:
+            setattr(self, name, None)
 
     def write(self, flat, value):
         if self.kind == "empty":
