@@ -38,6 +38,7 @@ def test_uninstall_restores_every_original():
             "tied": modeling_utils.remove_tied_weights_from_state_dict,
             "swap": torch.utils.swap_tensors,
             "torch_load": torch.load,
+            "dl_init": torch.utils.data.dataloader._MultiProcessingDataLoaderIter.__init__,
         }
         meta_path = list(sys.meta_path)
         skip_dirs = list(trace_rules.SKIP_DIRS)
@@ -92,6 +93,8 @@ def test_uninstall_restores_every_original():
         assert dict(ExpertsInterface._global_mapping) == experts
         assert torch._C._dispatch_has_kernel_for_dispatch_key(
             "aten::_pin_memory", "CPU") == has_cpu_pin
+        from torch.utils.data import dataloader
+        assert dataloader._MultiProcessingDataLoaderIter.__init__ is before["dl_init"]
         assert not hasattr(torch.UntypedStorage, "tpu")
         assert "__new__" not in torch.UntypedStorage.__dict__
         assert not hasattr(torch.TypedStorage, "tpu")
@@ -119,6 +122,7 @@ def test_uninstall_restores_every_original():
         "torch.UntypedStorage.tpu",
         "torch.TypedStorage.tpu",
         "aten::_pin_memory CPU kernel",
+        "DataLoader worker start",
         "Dynamo skip rules for torchjax",
         "optimizer capturable=True under jit",
         "transformers loading functions",

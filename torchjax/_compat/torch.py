@@ -324,3 +324,11 @@ def destroy_library(lib) -> None:
     """Remove every registration made through ``torch.library.Library`` ``lib``; kernels
     it overrode are torch's again. Private API (``Library._destroy``)."""
     lib._destroy()
+
+
+def dataloader_worker_iter():
+    """torch's iterator class that starts a DataLoader's worker processes (its
+    ``__init__`` forks or spawns them: torch.utils.data.dataloader, private)."""
+    from torch.utils.data import dataloader
+
+    return dataloader._MultiProcessingDataLoaderIter
