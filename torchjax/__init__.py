@@ -11,7 +11,7 @@ from torchjax import ops as _ops  # noqa: F401  (fills the op table)
 from torchjax import pallas as pallas  # after ops: kernels register into its table
 from torchjax._budget import set_cache_budget
 from torchjax._patches import UntestedVersionWarning
-from torchjax.compile import Jitted, RetraceWarning, export, jit
+from torchjax.compile import Jitted, RetraceWarning, bucketed, export, jit
 from torchjax.device._stats import reset_stats, stats
 from torchjax.integrations.transformers import _patch_records as _hf_patches
 from torchjax.interop import (
@@ -55,6 +55,7 @@ __all__ = [
     "Jitted",
     "RetraceWarning",
     "UntestedVersionWarning",
+    "bucketed",
     "export",
     "from_jax",
     "functional",

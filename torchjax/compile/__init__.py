@@ -5,6 +5,7 @@ tracers inside tpu tensors; ``torch.compile(backend="tpu")`` runs Dynamo's FX gr
 same way.
 """
 
+from torchjax.compile._buckets import bucketed as bucketed
 from torchjax.compile._export import export as export
 from torchjax.compile._jit import Jitted as Jitted
 from torchjax.compile._jit import RetraceWarning as RetraceWarning
