@@ -19,7 +19,7 @@ import torch
 from torchjax._compat.jax import x64
 from torchjax.device._module import jax_device
 from torchjax.tensor import dtypes
-from torchjax.tensor._storage import Storage, contiguous_strides
+from torchjax.tensor._storage import Filled, Storage, contiguous_strides
 from torchjax.tensor._tensor import make, wrap
 
 _LIB = None
@@ -55,9 +55,23 @@ def new_array(size, dtype, device) -> jax.Array:
 # transfer instead, which is cheaper than a compile below a few hundred MB but is paid
 # on every call; so small tensors (up to HOST_ZEROS_BYTES) take the transfer and larger
 # ones the cached executable (op by op, jnp.zeros is two jax primitives, a cast and a
-# broadcast, each an XLA dispatch).
+# broadcast, each an XLA dispatch). Larger tensors get a storage whose array is made
+# only if it is read before being written whole (Note [Storages filled on first read]
+# in torchjax/tensor/_storage.py): ``x.to("tpu")`` and ``torch.ones`` hold one array.
 HOST_ZEROS_BYTES = 1 << 20
 _zeros = jax.jit(jnp.zeros, static_argnums=(0, 1))
+
+
+def new_tensor(size, dtype, device):
+    """A contiguous tpu tensor of zeros (its array made on first read when large)."""
+    torch_dtype = dtype if dtype is not None else torch.get_default_dtype()
+    index = _device_index(device)
+    size = tuple(size)
+    jdtype = dtypes.to_jax_dtype(torch_dtype)
+    if math.prod(size) * jdtype.itemsize <= HOST_ZEROS_BYTES:
+        return wrap(new_array(size, dtype, device), index)
+    storage = Filled(size, jdtype, jax_device(index))
+    return make(storage, size, contiguous_strides(size), 0, torch_dtype, index)
 
 
 def _check_layout(layout, op):
@@ -69,7 +83,7 @@ def empty_memory_format(
     size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None
 ):
     _check_layout(layout, "empty.memory_format")
-    return wrap(new_array(size, dtype, device), _device_index(device))
+    return new_tensor(size, dtype, device)
 
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
@@ -80,7 +94,7 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     size, stride = tuple(size), tuple(stride)
     index = _device_index(device)
     if stride == contiguous_strides(size) or 0 in size:
-        return wrap(new_array(size, dtype, device), index)
+        return new_tensor(size, dtype, device)
     span = 1 + sum((n - 1) * st for n, st in zip(size, stride))
     arr = new_array((span,), dtype, device)
     dtype = dtype if dtype is not None else torch.get_default_dtype()
@@ -91,7 +105,7 @@ def efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=N
     # Autograd's formulas (e.g. sgn's) ask for a "ZeroTensor"; a plain zero tensor has
     # the same values, only without CPU's allocation-free trick.
     _check_layout(layout, "_efficientzerotensor")
-    return wrap(new_array(size, dtype, device), _device_index(device))
+    return new_tensor(size, dtype, device)
 
 
 def _copy_from(self, dst, non_blocking=False):

@@ -90,6 +90,103 @@ class Storage:
         self.version += 1
 
 
+# Note [Storages filled on first read]
+# ``torch.empty(n, device="tpu")``, ``x.to("tpu")`` and every factory start from a new
+# storage. jax arrays are immutable, so a storage made as an array of zeros and then
+# written whole (the copy of ``.to("tpu")``, the fill of ``torch.ones``) held two full
+# arrays at once: a 1 GiB ``torch.ones`` peaked at 2 GiB, ``.to("tpu")`` above 2 GiB
+# (on XLA:CPU device memory is host memory). A ``Filled`` storage holds no array until
+# one is asked for (``storage.arr``: the slot is unset, ``__getattr__`` makes it, once):
+# - a write covering the whole storage replaces it, and no fill is ever made;
+# - ``fill_``/``zero_`` of the whole storage with 0, 1 or a bool (values every dtype
+#   holds exactly, so torch's overflow checks have nothing to say) only change ``fill``;
+# - anything else (a read, a partial write, a view of another dtype) makes the array:
+#   ``jnp.full(shape, fill, dtype)`` as one executable per (shape, dtype, fill), an entry
+#   of the cache budget (Note [Executable cache budget] in torchjax/_budget.py).
+# Factories use it from HOST_ZEROS_BYTES (torchjax/device/_factory.py); smaller tensors
+# start from host zeros, as before.
+class Filled(Storage):
+    """A storage whose array (every element ``fill``) is made when first read."""
+
+    __slots__ = ("fill", "dtype", "device")
+
+    def __init__(self, shape, dtype, device, fill=0):
+        self.version = 0
+        self.shape = tuple(shape)
+        self.numel = math.prod(self.shape)
+        self.interpretations = None
+        self.fill, self.dtype, self.device = fill, dtype, device
+
+    def __getattr__(self, name):
+        if name != "arr":
+            raise AttributeError(name)
+        arr = self.arr = _filled(self.shape, self.dtype, self.fill, self.device)
+        return arr
+
+    def pending(self) -> bool:
+        """True while no array was made (nothing read, nothing written in part)."""
+        try:
+            _ARR_SLOT.__get__(self, Storage)
+        except AttributeError:
+            return True
+        return False
+
+    def write(self, size, stride, offset, value: jax.Array) -> None:
+        if (
+            self.pending()
+            and self.covers(size, stride, offset)
+            and stride == contiguous_strides(size)
+        ):
+            if value.dtype != self.dtype:
+                raise AssertionError(f"storage write dtype {value.dtype} != {self.dtype}")
+            self.arr = _on_device(value, self.device)
+            self.version += 1
+            return
+        Storage.write(self, size, stride, offset, value)
+
+    def replace(self, arr: jax.Array) -> None:
+        if self.pending():
+            self.arr = _on_device(arr, self.device)
+            self.version += 1
+            return
+        Storage.replace(self, arr)
+
+    def set_fill(self, value) -> bool:
+        """``fill_(value)`` of the whole storage without making an array, if it can."""
+        if not self.pending() or type(value) not in (bool, int, float):
+            return False
+        if type(value) is not bool and value not in (0, 1):
+            return False
+        self.fill = value
+        self.version += 1
+        return True
+
+
+_ARR_SLOT = Storage.__dict__["arr"]
+_FILLS: dict = {}
+
+
+def _filled(shape, dtype, fill, device) -> jax.Array:
+    key = (shape, dtype, type(fill), fill)
+    run = _FILLS.get(key)
+    if run is None:
+        run = _FILLS[key] = jax.jit(lambda: jnp.full(shape, fill, dtype))
+        _budget.admit(run, lambda: _FILLS.pop(key, None))
+    else:
+        _budget.hit(run)
+    with x64(True):
+        return _on_device(run(), device)
+
+
+def _on_device(arr, device):
+    """``arr`` on ``device`` (a jax device), if it is a concrete array elsewhere."""
+    if isinstance(arr, jax.Array) and not isinstance(arr, jax.core.Tracer):
+        devices = arr.devices()
+        if len(devices) == 1 and device not in devices:
+            return jax.device_put(arr, device)
+    return arr
+
+
 # Note [Writes keep the placement]
 # A write changes a storage's values, never where they live, as an in-place op on a CUDA
 # tensor never moves it. For a storage sharded over a mesh (torchjax/sharding) the new
