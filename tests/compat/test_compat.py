@@ -140,3 +140,15 @@ def test_dynamo_skip_package_undo_and_never_trace_undo():
     ct.dynamo_never_trace(g.__code__, undo=True)
     torch.compile(g, backend=default)(torch.ones(1))
     assert default.frame_count == 1  # DEFAULT again: compiled
+
+
+def test_dataloader_worker_iter_is_the_class_that_starts_workers():
+    from torch.utils.data import DataLoader
+
+    cls = ct.dataloader_worker_iter()
+    loader = DataLoader(list(range(4)), batch_size=2, num_workers=1)
+    it = iter(loader)
+    try:
+        assert isinstance(it, cls) and next(it).tolist() == [0, 1]
+    finally:
+        it._shutdown_workers()
