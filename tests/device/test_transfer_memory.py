@@ -8,7 +8,11 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import pytest
+import torch
+
+import torchjax
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIB = 256  # the tensor (or model) size in MiB: cheap here, far above allocator noise
@@ -71,3 +75,34 @@ def test_peak_host_memory_is_one_copy(case):
     above = json.loads(out.stdout.strip().splitlines()[-1])
     # Before: ones 2.0x, to 2.0x (a zeros array, then the copy).
     assert above <= 1.1 * MIB + 32, f"{case}: {above:.0f} MiB above the start for {MIB} MiB"
+
+
+def test_large_factories_make_their_array_on_first_read():
+    # Note [Storages filled on first read]: no array until read; fills of 0/1/bool are
+    # recorded, other values, partial writes and reads make it; values as CPU torch.
+    n = 2**19  # 2 MiB of float32: above the host-zeros size
+    ones = torch.ones(n, 2, device="tpu")
+    assert ones._storage.lazy is not None
+    ones[3, 1] = 7.0  # a partial write makes the array first
+    assert ones._storage.lazy is None
+    want = torch.ones(n, 2)
+    want[3, 1] = 7.0
+    assert torch.equal(ones.cpu(), want)
+    full = torch.full((n,), 2.5, device="tpu", dtype=torch.bfloat16)
+    assert torch.equal(full.cpu(), torch.full((n,), 2.5, dtype=torch.bfloat16))
+    t = torch.empty(n, dtype=torch.int64, device="tpu").zero_()
+    assert t._storage.lazy is not None and t.sum().item() == 0
+    src = torch.arange(n, dtype=torch.float32)
+    moved = src.to("tpu")
+    src.add_(1)  # the device copy does not alias the CPU tensor
+    assert torch.equal(moved.cpu(), torch.arange(n, dtype=torch.float32))
+
+
+def test_filled_storage_first_read_inside_jit_stays_concrete():
+    buf = torch.ones(2**19, device="tpu")  # made outside, read first inside the trace
+    f = torchjax.jit(lambda x: x + buf)
+    out = f(torch.zeros(2**19, device="tpu"))
+    assert not isinstance(buf._storage.arr, jax.core.Tracer)
+    assert torch.equal(out.cpu(), torch.ones(2**19)) and torch.equal(
+        (buf * 2).cpu()[:2], torch.full((2,), 2.0)
+    )

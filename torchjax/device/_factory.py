@@ -19,7 +19,7 @@ import torch
 from torchjax._compat.jax import x64
 from torchjax.device._module import jax_device
 from torchjax.tensor import dtypes
-from torchjax.tensor._storage import Filled, Storage, contiguous_strides
+from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import make, wrap
 
 _LIB = None
@@ -70,7 +70,7 @@ def new_tensor(size, dtype, device):
     jdtype = dtypes.to_jax_dtype(torch_dtype)
     if math.prod(size) * jdtype.itemsize <= HOST_ZEROS_BYTES:
         return wrap(new_array(size, dtype, device), index)
-    storage = Filled(size, jdtype, jax_device(index))
+    storage = Storage.filled(size, jdtype, jax_device(index))
     return make(storage, size, contiguous_strides(size), 0, torch_dtype, index)
 
 

@@ -16,7 +16,7 @@ from torchjax.device._module import jax_device
 from torchjax.device._serialization import storage_for
 from torchjax.ops.registry import _cpu_to_jax, handler, lowering, write_into
 from torchjax.tensor import dtypes
-from torchjax.tensor._storage import Filled, Storage, contiguous_strides
+from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor, view_of, wrap
 
 aten = torch.ops.aten
@@ -192,7 +192,7 @@ def fill_(args, kwargs):
     if not isinstance(self, JaxTensor):
         raise TypeError(f"torchjax: fill_ of a {type(self).__name__}")
     storage = self._storage
-    if type(storage) is Filled and storage.covers(self._size, self._stride, self._offset):
+    if storage.lazy is not None and storage.covers(self._size, self._stride, self._offset):
         # A new large tensor: the fill is recorded, no array made (Note [Storages filled
         # on first read] in torchjax/tensor/_storage.py).
         if self._stride == contiguous_strides(self._size) and storage.set_fill(

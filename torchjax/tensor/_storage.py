@@ -46,7 +46,9 @@ class Storage:
 
     # interpretations: this storage read as other dtypes / conj / neg, created on demand
     # (Note [Views across dtypes] in torchjax/tensor/_reinterpret.py).
-    __slots__ = ("arr", "version", "numel", "shape", "interpretations", "__weakref__")
+    # lazy: [fill, dtype, jax device] while the array is not made yet, else None
+    # (Note [Storages filled on first read]).
+    __slots__ = ("arr", "version", "numel", "shape", "interpretations", "lazy", "__weakref__")
 
     def __init__(self, arr: jax.Array, shape=None, numel=None):
         # shape/numel: precomputed by callers that have them (wrap), to save the work.
@@ -55,6 +57,41 @@ class Storage:
         self.shape = tuple(arr.shape) if shape is None else shape
         self.numel = math.prod(self.shape) if numel is None else numel
         self.interpretations = None
+        self.lazy = None
+
+    @classmethod
+    def filled(cls, shape, dtype, device, fill=0) -> Storage:
+        """A storage of ``shape`` and ``dtype`` (jax's) on ``device``, every element
+        ``fill``, whose array is made when first read."""
+        self = cls.__new__(cls)
+        self.version = 0
+        self.shape = tuple(shape)
+        self.numel = math.prod(self.shape)
+        self.interpretations = None
+        self.lazy = [fill, dtype, device]
+        return self
+
+    def __getattr__(self, name):
+        # Only reached for an unset slot: ``arr`` of a storage not filled yet.
+        lazy = self.lazy if name == "arr" else None
+        if lazy is None:
+            raise AttributeError(f"'Storage' object has no attribute {name!r}")
+        fill, dtype, device = lazy
+        arr = _filled(self.shape, dtype, fill, device)
+        self.arr = arr
+        self.lazy = None
+        return arr
+
+    def set_fill(self, value) -> bool:
+        """``fill_(value)`` of the whole storage without making an array, if it can."""
+        lazy = self.lazy
+        if lazy is None or type(value) not in (bool, int, float):
+            return False
+        if type(value) is not bool and value not in (0, 1):
+            return False
+        lazy[0] = value
+        self.version += 1
+        return True
 
     def covers(self, size, stride, offset) -> bool:
         """True when (size, stride, offset) is the whole storage in its own shape."""
@@ -67,6 +104,18 @@ class Storage:
 
     def write(self, size, stride, offset, value: jax.Array) -> None:
         """Store ``value`` (shape ``size``, storage dtype) at the strided view."""
+        lazy = self.lazy
+        if (
+            lazy is not None
+            and self.covers(size, stride, offset)
+            and stride == contiguous_strides(size)
+        ):
+            if value.dtype != lazy[1]:
+                raise AssertionError(f"storage write dtype {value.dtype} != {lazy[1]}")
+            self.arr = _on_device(value, lazy[2])
+            self.lazy = None
+            self.version += 1
+            return
         if value.dtype != self.arr.dtype:
             raise AssertionError(f"storage write dtype {value.dtype} != {self.arr.dtype}")
         if self.covers(size, stride, offset) and stride == contiguous_strides(size):
@@ -86,7 +135,12 @@ class Storage:
 
     def replace(self, arr: jax.Array) -> None:
         """Swap in a new array of the same shape and dtype (a whole-storage write)."""
-        self.arr = _keep_placement(arr, self.arr)
+        lazy = self.lazy
+        if lazy is not None:
+            self.arr = _on_device(arr, lazy[2])
+            self.lazy = None
+        else:
+            self.arr = _keep_placement(arr, self.arr)
         self.version += 1
 
 
@@ -95,8 +149,10 @@ class Storage:
 # storage. jax arrays are immutable, so a storage made as an array of zeros and then
 # written whole (the copy of ``.to("tpu")``, the fill of ``torch.ones``) held two full
 # arrays at once: a 1 GiB ``torch.ones`` peaked at 2 GiB, ``.to("tpu")`` above 2 GiB
-# (on XLA:CPU device memory is host memory). A ``Filled`` storage holds no array until
-# one is asked for (``storage.arr``: the slot is unset, ``__getattr__`` makes it, once):
+# (on XLA:CPU device memory is host memory). A storage made by ``Storage.filled`` holds
+# no array until one is asked for (``storage.arr``: the slot is unset, ``__getattr__``
+# makes it, once; ``lazy`` holds the fill, dtype and device meanwhile). The class stays
+# ``Storage`` (torchjax.jit swaps a storage's class to one of the same layout):
 # - a write covering the whole storage replaces it, and no fill is ever made;
 # - ``fill_``/``zero_`` of the whole storage with 0, 1 or a bool (values every dtype
 #   holds exactly, so torch's overflow checks have nothing to say) only change ``fill``;
@@ -105,64 +161,6 @@ class Storage:
 #   of the cache budget (Note [Executable cache budget] in torchjax/_budget.py).
 # Factories use it from HOST_ZEROS_BYTES (torchjax/device/_factory.py); smaller tensors
 # start from host zeros, as before.
-class Filled(Storage):
-    """A storage whose array (every element ``fill``) is made when first read."""
-
-    __slots__ = ("fill", "dtype", "device")
-
-    def __init__(self, shape, dtype, device, fill=0):
-        self.version = 0
-        self.shape = tuple(shape)
-        self.numel = math.prod(self.shape)
-        self.interpretations = None
-        self.fill, self.dtype, self.device = fill, dtype, device
-
-    def __getattr__(self, name):
-        if name != "arr":
-            raise AttributeError(name)
-        arr = self.arr = _filled(self.shape, self.dtype, self.fill, self.device)
-        return arr
-
-    def pending(self) -> bool:
-        """True while no array was made (nothing read, nothing written in part)."""
-        try:
-            _ARR_SLOT.__get__(self, Storage)
-        except AttributeError:
-            return True
-        return False
-
-    def write(self, size, stride, offset, value: jax.Array) -> None:
-        if (
-            self.pending()
-            and self.covers(size, stride, offset)
-            and stride == contiguous_strides(size)
-        ):
-            if value.dtype != self.dtype:
-                raise AssertionError(f"storage write dtype {value.dtype} != {self.dtype}")
-            self.arr = _on_device(value, self.device)
-            self.version += 1
-            return
-        Storage.write(self, size, stride, offset, value)
-
-    def replace(self, arr: jax.Array) -> None:
-        if self.pending():
-            self.arr = _on_device(arr, self.device)
-            self.version += 1
-            return
-        Storage.replace(self, arr)
-
-    def set_fill(self, value) -> bool:
-        """``fill_(value)`` of the whole storage without making an array, if it can."""
-        if not self.pending() or type(value) not in (bool, int, float):
-            return False
-        if type(value) is not bool and value not in (0, 1):
-            return False
-        self.fill = value
-        self.version += 1
-        return True
-
-
-_ARR_SLOT = Storage.__dict__["arr"]
 _FILLS: dict = {}
 
 
@@ -175,7 +173,14 @@ def _filled(shape, dtype, fill, device) -> jax.Array:
     else:
         _budget.hit(run)
     with x64(True):
-        return _on_device(run(), device)
+        arr = run()
+        if isinstance(arr, jax.core.Tracer):
+            # First read inside a trace (torchjax.jit reading a tensor made outside it):
+            # the storage outlives the trace, so its array must be concrete. (Evaluated
+            # this way outside a trace, the fill would take twice the memory.)
+            with jax.ensure_compile_time_eval():
+                arr = run()
+        return _on_device(arr, device)
 
 
 def _on_device(arr, device):
