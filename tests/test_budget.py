@@ -10,6 +10,9 @@ import torch
 
 import torchjax
 from torchjax import _budget
+from torchjax.ops import compiled
+
+aten = torch.ops.aten
 
 TPU = "tpu"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,3 +153,23 @@ def test_resident_memory_after_200_shapes_stays_near_10():
     marks, ex = res["marks"], res["executables"]
     assert ex["entries"] <= 16 and ex["evictions"] > 500
     assert marks["200"] - marks["10"] <= 64, marks
+
+
+def test_a_byte_budget_measures_each_new_executable(budget):
+    def tanh_runs():
+        return [
+            r for c in compiled._COMPUTES if c.func == aten.tanh.default for r in c.runs.values()
+        ]
+
+    compiled.clear_caches(aten.tanh.default)
+    torchjax.set_cache_budget(entries=64, bytes=10**9)
+    x = torch.randn(13, 7)
+    got = torch.tanh(x.to(TPU))  # a new signature: measured after its first call
+    torch.testing.assert_close(got.cpu(), torch.tanh(x))
+    ex = torchjax.stats()["executables"]
+    assert ex["budget_bytes"] == 10**9 and ex["entries"] >= 1
+    # Measured once each: XLA:CPU reports 0 bytes of generated code, GPU/TPU the size.
+    runs = tanh_runs()
+    assert runs and all(r.nbytes is not None for r in runs)
+    torchjax.set_cache_budget(bytes=None)
+    assert torchjax.stats()["executables"]["budget_bytes"] is None
