@@ -92,6 +92,9 @@ def test_large_factories_make_their_array_on_first_read():
     assert torch.equal(full.cpu(), torch.full((n,), 2.5, dtype=torch.bfloat16))
     t = torch.empty(n, dtype=torch.int64, device="tpu").zero_()
     assert t._storage.lazy is not None and t.sum().item() == 0
+    viewed = torch.ones(n, device="tpu")
+    viewed.view(torch.int32).fill_(1)  # through a view of another dtype: the root is made
+    assert torch.equal(viewed.cpu(), torch.ones(n).view(torch.int32).fill_(1).view(torch.float32))
     src = torch.arange(n, dtype=torch.float32)
     moved = src.to("tpu")
     src.add_(1)  # the device copy does not alias the CPU tensor

@@ -192,7 +192,9 @@ def fill_(args, kwargs):
     if not isinstance(self, JaxTensor):
         raise TypeError(f"torchjax: fill_ of a {type(self).__name__}")
     storage = self._storage
-    if storage.lazy is not None and storage.covers(self._size, self._stride, self._offset):
+    # (A view of another dtype has an Interpretation here, never a fill to record.)
+    lazy = getattr(storage, "lazy", None)
+    if lazy is not None and storage.covers(self._size, self._stride, self._offset):
         # A new large tensor: the fill is recorded, no array made (Note [Storages filled
         # on first read] in torchjax/tensor/_storage.py).
         if self._stride == contiguous_strides(self._size) and storage.set_fill(
