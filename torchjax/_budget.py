@@ -10,7 +10,8 @@ torchjax keeps registers its entries here, and one budget bounds them all:
 
 - what counts as one entry: an eager op's executable for one key and one input
   signature (torchjax/ops/compiled.py, foreach in torchjax/ops/foreach.py), a view
-  plan's read or write program (torchjax/tensor/_storage.py), one traced signature of
+  plan's read or write program and the fill of a large new tensor
+  (torchjax/tensor/_storage.py), one traced signature of
   a ``torchjax.jit`` function, and so of a ``torch.compile(backend="tpu")`` graph
   (torchjax/compile/_jit.py). Each entry is its own ``jax.jit`` object over a function
   made for it alone: jax keys its staging caches (traced jaxprs, lowerings, compiled
@@ -23,9 +24,10 @@ torchjax keeps registers its entries here, and one budget bounds them all:
   compiles again (counted in ``traces`` and ``compiles``) and gives the same values.
 - the budget is a count of entries (``TORCHJAX_CACHE_ENTRIES``, default 1024) and, if
   set, bytes of generated code (``TORCHJAX_CACHE_BYTES``), read from jax's
-  ``memory_analysis()`` of each new executable. XLA:CPU reports 0 bytes of generated
-  code, so on CPU only the count bounds memory; the bytes are measured only while a
-  byte budget is set (a lower-and-compile cache hit, about 2 ms per new entry).
+  ``memory_analysis()`` of each new eager op executable (the other entries count 0
+  bytes: their programs are few per model). XLA:CPU reports 0 bytes of generated code,
+  so on CPU only the count bounds memory; the bytes are measured only while a byte
+  budget is set (a lower-and-compile cache hit, about 2 ms per new entry).
   ``torchjax.set_cache_budget(entries=..., bytes=...)`` changes both at run time and
   evicts at once down to them.
 - what stays outside the budget: jax's own bounded caches (2048-4096 entries each, of
