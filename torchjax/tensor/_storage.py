@@ -160,7 +160,9 @@ class Storage:
 #   ``jnp.full(shape, fill, dtype)`` as one executable per (shape, dtype, fill), an entry
 #   of the cache budget (Note [Executable cache budget] in torchjax/_budget.py).
 # Factories use it from HOST_ZEROS_BYTES (torchjax/device/_factory.py); smaller tensors
-# start from host zeros, as before.
+# start from host zeros, as before. Seen from outside: ``torch.tpu.memory_allocated()``
+# counts the arrays that exist, so a large ``torch.empty``/``ones`` not read yet adds
+# nothing to it (on CUDA it would count at once).
 _FILLS: dict = {}
 
 
