@@ -41,6 +41,7 @@ def test_uninstall_restores_every_original():
             "nested_tensor": torch.nested.nested_tensor,
             "as_nested_tensor": torch.nested.as_nested_tensor,
             "inductor_call": torch._TorchCompileInductorWrapper.__call__,
+            "dl_init": torch.utils.data.dataloader._MultiProcessingDataLoaderIter.__init__,
         }
         meta_path = list(sys.meta_path)
         skip_dirs = list(trace_rules.SKIP_DIRS)
@@ -105,6 +106,8 @@ def test_uninstall_restores_every_original():
         assert dict(ExpertsInterface._global_mapping) == experts
         assert torch._C._dispatch_has_kernel_for_dispatch_key(
             "aten::_pin_memory", "CPU") == has_cpu_pin
+        from torch.utils.data import dataloader
+        assert dataloader._MultiProcessingDataLoaderIter.__init__ is before["dl_init"]
         assert not hasattr(torch.UntypedStorage, "tpu")
         assert "__new__" not in torch.UntypedStorage.__dict__
         assert not hasattr(torch.TypedStorage, "tpu")
@@ -139,6 +142,7 @@ def test_uninstall_restores_every_original():
         "NestedTensorPrivateUse1 fallback",
         "torch.nested.nested_tensor",
         "torch.nested.as_nested_tensor",
+        "DataLoader worker start",
         "Dynamo skip rules for torchjax",
         "torch._TorchCompileInductorWrapper.__call__",
         "optimizer capturable=True under jit",

@@ -9,8 +9,9 @@ from torchjax import checkpoint as checkpoint
 from torchjax import device as _device  # noqa: F401  (registers the "tpu" device)
 from torchjax import ops as _ops  # noqa: F401  (fills the op table)
 from torchjax import pallas as pallas  # after ops: kernels register into its table
+from torchjax._budget import set_cache_budget
 from torchjax._patches import UntestedVersionWarning
-from torchjax.compile import Jitted, RetraceWarning, export, jit
+from torchjax.compile import Jitted, RetraceWarning, bucketed, export, jit
 from torchjax.device._stats import reset_stats, stats
 from torchjax.integrations.transformers import _patch_records as _hf_patches
 from torchjax.interop import (
@@ -58,6 +59,7 @@ __all__ = [
     "RetraceWarning",
     "TraceError",
     "UntestedVersionWarning",
+    "bucketed",
     "export",
     "from_jax",
     "functional",
@@ -67,6 +69,7 @@ __all__ = [
     "patches",
     "pallas",
     "reset_stats",
+    "set_cache_budget",
     "stats",
     "to_jax",
     "tree_from_jax",

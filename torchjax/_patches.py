@@ -48,6 +48,10 @@ how it is undone.
   failing at every later op (Note [Unsupported layouts]); the constructors keep their
   signatures and results for every other device. Undo: the fallback's library is
   destroyed, the originals put back.
+- ``DataLoader worker start`` (device/_dataloader.py through _compat/torch.py; torch
+  2.13). ``_MultiProcessingDataLoaderIter.__init__`` wrapped: JAX's "os.fork() was
+  called" warning is ignored while it starts the workers, which run CPU code only (Note
+  [DataLoader workers and JAX's fork warning]). Undo: the original ``__init__`` back.
 - ``Dynamo skip rules for torchjax`` (compile/_dynamo.py, when torch.compile first looks
   up the "tpu" backend; torch 2.13). torchjax/ joins Dynamo's SKIP_DIRS and every
   torchjax function's code gets the SKIP strategy: dispatch, the device guard and the

@@ -151,3 +151,15 @@ def test_install_inductor_route_wraps_the_default_backends_call():
     gm = torch.fx.symbolic_trace(lambda a: a + 1)
     run = wrapper(gm, [torch.ones(2, device="tpu")])  # routed: no inductor compile
     torch.testing.assert_close(run(torch.ones(2, device="tpu")).cpu(), torch.full((2,), 2.0))
+
+
+def test_dataloader_worker_iter_is_the_class_that_starts_workers():
+    from torch.utils.data import DataLoader
+
+    cls = ct.dataloader_worker_iter()
+    loader = DataLoader(list(range(4)), batch_size=2, num_workers=1)
+    it = iter(loader)
+    try:
+        assert isinstance(it, cls) and next(it).tolist() == [0, 1]
+    finally:
+        it._shutdown_workers()

@@ -63,7 +63,9 @@ def test_set_rng_state_rejects_garbage():
 
 
 def test_memory_stats():
-    x = torch.ones(1024, 1024, device="tpu")
+    # Written, so its array exists (a new torch.ones this large holds none until read:
+    # Note [Storages filled on first read]).
+    x = torch.randn(1024, 1024, device="tpu")
     stats = torch.tpu.memory_stats()
     assert isinstance(stats, dict) and stats["bytes_in_use"] >= x.numel() * 4
     assert torch.tpu.memory_allocated() >= x.numel() * 4

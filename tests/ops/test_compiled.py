@@ -25,8 +25,8 @@ def _info(func):
 
 @pytest.fixture(autouse=True)
 def _fresh_caches():
-    # Key counts depend on what ran earlier in the process (an overload that reached
-    # MAX_KEYS_PER_OP runs new keys op by op): each test starts from empty caches.
+    # Key counts depend on what ran earlier in the process (float variants, view keys
+    # counted per overload): each test starts from empty caches.
     compiled.clear_caches()
 
 
@@ -115,7 +115,7 @@ def test_half_trunc_division_compiled_equals_op_by_op_bit_for_bit(dtype, monkeyp
     ta, tb = a.to(TPU), b.to(TPU)
     got = torch.div(ta, tb, rounding_mode="trunc").cpu()
     assert _calls(aten.div.Tensor_mode)["calls"] >= 1
-    monkeypatch.setattr(compiled, "MAX_KEYS_PER_OP", 0)  # new keys run op by op
+    monkeypatch.setattr(compiled, "MAX_FLOAT_VARIANTS", 0)  # new keys run op by op
     ta2, tb2 = a.to(TPU)[1:], b.to(TPU)[1:]  # views: a new key
     eager = torch.div(ta2, tb2, rounding_mode="trunc").cpu()
     assert torch.equal(got[1:].view(torch.int16), eager.view(torch.int16))

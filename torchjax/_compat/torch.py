@@ -355,3 +355,11 @@ def install_inductor_route(route) -> None:
         package="torch",
         written_for="2.13",
     )
+
+
+def dataloader_worker_iter():
+    """torch's iterator class that starts a DataLoader's worker processes (its
+    ``__init__`` forks or spawns them: torch.utils.data.dataloader, private)."""
+    from torch.utils.data import dataloader
+
+    return dataloader._MultiProcessingDataLoaderIter

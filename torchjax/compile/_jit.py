@@ -37,7 +37,7 @@ import torch
 from jax.extend.core import jaxpr_as_fun
 from torch.utils import _pytree as pytree
 
-from torchjax import _patches
+from torchjax import _budget, _patches
 from torchjax._compat.jax import x64, x64_enter, x64_exit
 from torchjax.compile import _donate, _hyper, _state
 from torchjax.compile._swap import bound, trace_lock
@@ -113,6 +113,7 @@ class Jitted:
         self.last_retrace_reason = None
         self.donation_copies = 0
         self._entries: dict = {}
+        weakref.finalize(self, _forget_entries, self._entries)
         self._last_sig = None
         self._is_module = isinstance(fn, torch.nn.Module) or isinstance(
             getattr(fn, "__self__", None), torch.nn.Module
@@ -130,6 +131,7 @@ class Jitted:
         entry = self._entries.get(call.key)
         if entry is not None and entry.alive():
             self.cache_hits += 1
+            _budget.hit(entry)
         else:
             entry = self._trace(call)
         if entry.vjp is not None and call.grad_mode:
@@ -154,8 +156,29 @@ class Jitted:
             self._last_sig = call.sig
             entry = _Entry.trace(self, call)
             if not entry.single_use:
-                self._entries[call.key] = entry
+                key = call.key
+                old = self._entries.get(key)
+                if old is not None:
+                    _budget.forget(old)
+                self._entries[key] = entry
+                # One entry of the process-wide budget (Note [Executable cache budget]
+                # in torchjax/_budget.py); evicted, the next call traces again. The
+                # callback holds the entries, not this object (nor its module).
+                entries = self._entries
+                _budget.admit(entry, lambda: _evict(entries, key, entry))
             return entry
+
+
+def _evict(entries, key, entry) -> None:
+    if entries.get(key) is entry:
+        del entries[key]
+
+
+def _forget_entries(entries) -> None:
+    """A torchjax.jit function was freed: its executables leave the budget."""
+    for entry in list(entries.values()):
+        _budget.forget(entry)
+    entries.clear()
 
 
 class _Flat:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -32,19 +31,16 @@ def _device_index(device) -> int:
     return 0 if device.index is None else device.index
 
 
-def new_array(size, dtype, device) -> jax.Array:
-    """A zero-filled array on the jax device behind tpu:``index``."""
+def new_storage(size, dtype, device) -> Storage:
+    """A zero-filled storage on the jax device behind tpu:``index`` (Note [Zeros for new
+    tensors]): host zeros put on the device when small, filled on first read when large."""
     dtype = dtype if dtype is not None else torch.get_default_dtype()
-    index = _device_index(device)
-    dev = jax_device(index)
+    dev = jax_device(_device_index(device))
     size, jdtype = tuple(size), dtypes.to_jax_dtype(dtype)
-    with x64(True):
-        if math.prod(size) * jdtype.itemsize <= HOST_ZEROS_BYTES:
-            return jax.device_put(np.zeros(size, jdtype), dev)
-        arr = _zeros(size, jdtype)
-        if index != 0:
-            arr = jax.device_put(arr, dev)
-    return arr
+    if math.prod(size) * jdtype.itemsize <= HOST_ZEROS_BYTES:
+        with x64(True):
+            return Storage(jax.device_put(np.zeros(size, jdtype), dev))
+    return Storage.filled(size, jdtype, dev)
 
 
 # Note [Zeros for new tensors]
@@ -53,11 +49,22 @@ def new_array(size, dtype, device) -> jax.Array:
 # new shape, which is most of the time to first result of a model's first call and of
 # a test suite. A host buffer of zeros put on the device compiles nothing and costs a
 # transfer instead, which is cheaper than a compile below a few hundred MB but is paid
-# on every call; so small tensors (up to HOST_ZEROS_BYTES) take the transfer and larger
-# ones the cached executable (op by op, jnp.zeros is two jax primitives, a cast and a
-# broadcast, each an XLA dispatch).
+# on every call; so small tensors (up to HOST_ZEROS_BYTES) take the transfer. Larger
+# ones get a storage whose array is made only if it is read before being written whole
+# (Note [Storages filled on first read] in torchjax/tensor/_storage.py), then by one
+# cached executable per (shape, dtype, value) in the cache budget: ``x.to("tpu")`` and
+# ``torch.ones`` hold one array, and a copy compiles nothing.
 HOST_ZEROS_BYTES = 1 << 20
-_zeros = jax.jit(jnp.zeros, static_argnums=(0, 1))
+
+
+def new_tensor(size, dtype, device):
+    """A contiguous tpu tensor of zeros (its array made on first read when large)."""
+    torch_dtype = dtype if dtype is not None else torch.get_default_dtype()
+    size = tuple(size)
+    storage, index = new_storage(size, dtype, device), _device_index(device)
+    if storage.lazy is None:
+        return wrap(storage.arr, index)  # its value at hand for the first op
+    return make(storage, size, contiguous_strides(size), 0, torch_dtype, index)
 
 
 def _check_layout(layout, op):
@@ -77,7 +84,7 @@ def empty_memory_format(
 ):
     _check_layout(layout, "empty.memory_format")
     _check_size(size)
-    return wrap(new_array(size, dtype, device), _device_index(device))
+    return new_tensor(size, dtype, device)
 
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
@@ -89,11 +96,11 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     size, stride = tuple(size), tuple(stride)
     index = _device_index(device)
     if stride == contiguous_strides(size) or 0 in size:
-        return wrap(new_array(size, dtype, device), index)
+        return new_tensor(size, dtype, device)
     span = 1 + sum((n - 1) * st for n, st in zip(size, stride))
-    arr = new_array((span,), dtype, device)
+    storage = new_storage((span,), dtype, device)
     dtype = dtype if dtype is not None else torch.get_default_dtype()
-    return make(Storage(arr), size, stride, 0, dtype, index)
+    return make(storage, size, stride, 0, dtype, index)
 
 
 def efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=None):
@@ -101,7 +108,7 @@ def efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=N
     # the same values, only without CPU's allocation-free trick.
     _check_layout(layout, "_efficientzerotensor")
     _check_size(size)
-    return wrap(new_array(size, dtype, device), _device_index(device))
+    return new_tensor(size, dtype, device)
 
 
 def _copy_from(self, dst, non_blocking=False):

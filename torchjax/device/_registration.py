@@ -17,7 +17,15 @@ from torchjax._compat.torch import (
     privateuse1_backend_name,
     setup_privateuse1_python_backend,
 )
-from torchjax.device import _autocast, _factory, _layouts, _module, _pinned, _serialization
+from torchjax.device import (
+    _autocast,
+    _dataloader,
+    _factory,
+    _layouts,
+    _module,
+    _pinned,
+    _serialization,
+)
 
 DEVICE_TYPE = "tpu"
 
@@ -42,6 +50,7 @@ def _register() -> None:
     _autocast.register()
     _pinned.register()
     _layouts.register()
+    _dataloader.register()
     _serialization.register()
     install_swap_tensors(_involves_tpu)
 

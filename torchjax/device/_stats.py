@@ -16,7 +16,10 @@ path:
   op-by-op calls (at least one each); ``cache_hits`` = calls - traces, ``cache_misses``
   = traces;
 - ``host_reads``: device-to-host transfers torchjax made (``.item()``, ``.cpu()``,
-  ``print``, ``.tolist()``, the reads of pending device checks at a sync point).
+  ``print``, ``.tolist()``, the reads of pending device checks at a sync point);
+- ``executables``: the process-wide budget of cached programs and what it holds
+  (``entries``, ``bytes``, ``evictions``, ``budget_entries``, ``budget_bytes``: Note
+  [Executable cache budget] in torchjax/_budget.py).
 
 Counters are plain integers updated without a lock: exact in one thread; two threads
 dispatching at once may lose an increment, never corrupt a cache. The listener for
@@ -26,6 +29,8 @@ dispatching at once may lose an increment, never corrupt a cache. The listener f
 from __future__ import annotations
 
 import jax
+
+from torchjax import _budget
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -59,8 +64,10 @@ def count_host_read() -> None:
 def stats() -> dict:
     """The eager engine's counters since import or the last ``reset_stats()``
     (Note [Eager engine counters]): ``compiles``, ``executions``, ``cache_hits``,
-    ``cache_misses``, ``host_reads`` and ``ops`` ({"aten::add.Tensor": {"calls",
-    "traces", "keys", "op_by_op"}}, overloads that ran since the reset)."""
+    ``cache_misses``, ``host_reads``, ``executables`` (the cache budget: ``entries``,
+    ``bytes``, ``evictions``, ``budget_entries``, ``budget_bytes``) and ``ops``
+    ({"aten::add.Tensor": {"calls", "traces", "keys", "op_by_op"}}, overloads that ran
+    since the reset)."""
     ops = {}
     calls = traces = op_by_op = 0
     for func, c in list(OP_COUNTERS.items()):
@@ -81,6 +88,7 @@ def stats() -> dict:
         "cache_hits": max(calls - traces, 0),
         "cache_misses": traces,
         "host_reads": COUNTERS.host_reads,
+        "executables": _budget.cache_budget(),
         "ops": ops,
     }
 
@@ -90,5 +98,6 @@ def reset_stats() -> None:
     executables built since the reset)."""
     COUNTERS.compiles = 0
     COUNTERS.host_reads = 0
+    _budget.reset_counters()
     for c in list(OP_COUNTERS.values()):
         c.calls = c.traces = c.keys = c.op_by_op = 0

@@ -20,11 +20,14 @@ runs every eligible lowering, together with the promotion casts around it, as on
   been read (Note [Lazy views] in torchjax/ops/registry.py) enters as its storage's
   array, its layout (storage numel, size, stride, offset) in the key, and is read inside
   the executable, where XLA fuses the read (a transpose into a dot, a slice into an add).
-- One executable per key, built on first use; the second call with the same key is a
-  cache hit (``cache_info`` counts keys and traces). A non-promoted float that changes
-  every call (torch.optim's ``p.addcdiv_(m, d, value=-step_size)``) would compile every
-  call: after ``MAX_FLOAT_VARIANTS`` keys that differ only in float values, such calls
-  run op by op; an overload that reaches ``MAX_KEYS_PER_OP`` keys runs new keys op by op.
+- One executable per key and input signature (the shapes and dtypes of the arrays),
+  each its own ``jax.jit`` object, built on first use; the second call with the same
+  key and signature is a cache hit (``cache_info`` counts keys and traces). Every one
+  of them is an entry of the process-wide budget (Note [Executable cache budget] in
+  torchjax/_budget.py): past it, the least recently used are evicted and compile again
+  when next called. A non-promoted float that changes every call (torch.optim's
+  ``p.addcdiv_(m, d, value=-step_size)``) would compile every call: after
+  ``MAX_FLOAT_VARIANTS`` keys that differ only in float values, such calls run op by op.
 - Tracers pass through: under ``torchjax.jit`` (tpu tensors holding tracers) calling
   the cached ``jax.jit`` function inlines it into the outer trace.
 
@@ -75,15 +78,15 @@ import jax
 import numpy as np
 import torch
 
+from torchjax import _budget
 from torchjax.device import _checks, _stats
 from torchjax.tensor import _errors
 from torchjax.tensor._storage import _plan, contiguous_strides, layout_plan
 from torchjax.tensor._tensor import JaxTensor
 
-MAX_KEYS_PER_OP = 64
 # Keys of one overload that read a view inside (their layouts are part of the key): a
-# loop whose views change layout every step (a growing KV cache) would otherwise use up
-# MAX_KEYS_PER_OP; past this many, views are read first (one executable) and the op
+# loop whose views change layout every step (a growing KV cache) would compile a new
+# key every step; past this many, views are read first (one executable) and the op
 # uses its plain key.
 MAX_VIEW_KEYS = 16
 # No excess precision: half-type results are rounded after every op, as torch does
@@ -132,6 +135,7 @@ class NotCompilable(Exception):
 
 
 _TRACE_ERRORS = (NotCompilable, _checks.NeedsValues, *CONCRETE_ERRORS)
+_NO_KEY = object()  # a key not built (dtypes may be None: a key without promotion)
 
 
 @dataclasses.dataclass
@@ -232,16 +236,26 @@ def _rebuild(entry, it):
     return entry[1](_rebuild(e, it) for e in entry[2])
 
 
-_NESTED: dict = {}
-
-
 def _nested(run):
     """``run`` (a jitted kernel) without compiler options, for calls inside a trace.
-    A ValueError raised by the lowering itself is raised again by this second call."""
-    nested = _NESTED.get(run)
+    A ValueError raised by the lowering itself is raised again by this second call.
+    Kept on ``run``, so it goes when ``run`` is evicted."""
+    nested = getattr(run, "nested", None)
     if nested is None:
-        nested = _NESTED[run] = jax.jit(run.__wrapped__)
+        nested = run.nested = jax.jit(run.__wrapped__)
     return nested
+
+
+def _signature(dyn) -> tuple:
+    """The input signature of an executable's arguments: (shape, dtype) of each array,
+    the type of each Python scalar (cast to a 0-d array of the computation dtype)."""
+    sig = []
+    for d in dyn:
+        try:
+            sig.append((d.shape, d.dtype))
+        except AttributeError:
+            sig.append(type(d))
+    return tuple(sig)
 
 
 def _check_outputs(out):
@@ -274,9 +288,11 @@ class CompiledCompute:
         self.pnames = pnames
         self.eager = eager
         self.unwrap_cpu, self.device_error, self.promoted, self.cast, self.cast_out = helpers
+        # key -> its (computation, result) dtypes; (key, input signature) -> executable.
         self.cache: dict = {}
+        self.runs: dict = {}
         # Calls whose arguments are all plain tpu tensors (no kwargs): keyed by their
-        # (dtype, 0-d) pairs alone, the common case, checked first.
+        # (dtype, size) pairs alone, the common case, checked first.
         self.tensor_cache: dict = {}
         self.eager_keys: set = set()
         self.float_variants: dict = {}
@@ -291,7 +307,9 @@ class CompiledCompute:
 
     def clear(self):
         with self.lock:
-            self.cache, self.tensor_cache = {}, {}
+            for run in self.runs.values():
+                _budget.forget(run)
+            self.cache, self.runs, self.tensor_cache = {}, {}, {}
             self.eager_keys, self.float_variants = set(), {}
             self.view_keys = 0
             info = self.info
@@ -351,11 +369,15 @@ class CompiledCompute:
                 if a.__class__ is not JaxTensor or a._cache_version != a._storage.version:
                     break
                 sig.append(a.dtype)
-                sig.append(not a._size)
+                sig.append(a._size)
                 vals.append(a._cache)
             else:
                 run = self.tensor_cache.get(tuple(sig))
                 if run is not None:
+                    try:
+                        _budget.touch(run)
+                    except KeyError:  # evicted by another thread just now
+                        pass
                     try:
                         try:
                             out = run(*vals)
@@ -385,26 +407,21 @@ class CompiledCompute:
                 else ()
             )
             key = (tuple(psig), tmpl, kwtmpl)
-            hit = self.cache.get(key)
+            run_key = (key, _signature(dyn))
+            run = self.runs.get(run_key)
         except (NotCompilable, TypeError):
             # TypeError: an unhashable static argument (no key to cache under).
             return self._op_by_op(args, kwargs)
-        if hit is None:
-            hit = self._new_key(key, tmpl, kwtmpl, psig)
-            if hit is None:
-                return self._op_by_op(args, kwargs)
-        run, dts = hit
-        if (
-            not kwargs
-            and not scalars
-            and all(a.__class__ is JaxTensor for a in args)
-            and all(e is _ARRAY for e in tmpl)
-        ):
-            sig = []
-            for a in args:
-                sig.append(a.dtype)
-                sig.append(not a._size)
-            self.tensor_cache[tuple(sig)] = run
+        if run is None:
+            dts = self.cache.get(key, _NO_KEY)
+            if dts is _NO_KEY:
+                dts = self._new_key(key, tmpl, kwtmpl, psig)
+                if dts is _NO_KEY:
+                    return self._op_by_op(args, kwargs)
+            run = self._new_run(run_key, tmpl, kwtmpl, dts, args, kwargs, scalars)
+        else:
+            _budget.hit(run)
+        dts = run.dts
         if scalars:
             # Python scalars in promoted positions: 0-d arrays of the computation dtype
             # (numpy's astype wraps out-of-range ints as torch does), passed as arguments.
@@ -420,20 +437,22 @@ class CompiledCompute:
             # Raised while tracing (never by a built executable): this key runs op by op.
             # Under an outer trace the op-by-op run raises the same error, as it should,
             # so only eager failures are remembered.
-            self._forget(key, run, remember=not any(isinstance(d, jax.core.Tracer) for d in dyn))
+            self._forget(key, remember=not any(isinstance(d, jax.core.Tracer) for d in dyn))
             return self._op_by_op(args, kwargs)
         self.info.calls += 1
+        if run.nbytes is None:
+            self._measure(run, dyn)
         return _finish(out)
 
     def _new_key(self, key, tmpl, kwtmpl, psig):
-        """The (executable, dtypes) for a key seen for the first time, or None when the
-        key runs op by op (Note [Compiled lowerings])."""
+        """The dtypes for a key seen for the first time, or _NO_KEY when the key runs op
+        by op (Note [Compiled lowerings])."""
         with self.lock:
-            hit = self.cache.get(key)
-            if hit is not None:
-                return hit
-            if key in self.eager_keys or len(self.cache) >= MAX_KEYS_PER_OP:
-                return None
+            dts = self.cache.get(key, _NO_KEY)
+            if dts is not _NO_KEY:
+                return dts
+            if key in self.eager_keys:
+                return _NO_KEY
             masked = (
                 key[0],
                 tuple(_float_masked(e) for e in tmpl),
@@ -441,21 +460,69 @@ class CompiledCompute:
             )
             seen = self.float_variants.get(masked, 0)
             if seen >= MAX_FLOAT_VARIANTS:
-                return None
+                return _NO_KEY
             self.float_variants[masked] = seen + 1
-            dts = self.promoted(self.kind, psig) if self.kind is not None else None
-            hit = self.cache[key] = (self._build(tmpl, kwtmpl, dts), dts)
+            dts = self.cache[key] = (
+                self.promoted(self.kind, psig) if self.kind is not None else None
+            )
             self.info.keys += 1
             if any(_has_view(e) for e in tmpl) or any(_has_view(e) for _, e in kwtmpl):
                 self.view_keys += 1
-            return hit
+            return dts
 
-    def _forget(self, key, run, remember):
+    def _new_run(self, run_key, tmpl, kwtmpl, dts, args, kwargs, scalars):
+        """The executable of a new (key, input signature), entered in the budget."""
+        run = self._build(tmpl, kwtmpl, dts)
+        run.dts = dts
+        run.nbytes = None if _budget.measure_bytes() else 0
+        fast = None
+        if (
+            not kwargs
+            and not scalars
+            and all(a.__class__ is JaxTensor for a in args)
+            and all(e is _ARRAY for e in tmpl)
+        ):
+            sig = []
+            for a in args:
+                sig.append(a.dtype)
+                sig.append(a._size)
+            fast = tuple(sig)
         with self.lock:
-            if self.cache.pop(key, None) is not None:
+            old = self.runs.get(run_key)
+            if old is not None:  # another thread built it first
+                return old
+            self.runs[run_key] = run
+            if fast is not None:
+                self.tensor_cache[fast] = run
+        _budget.admit(run, lambda: self._evict(run_key, run, fast))
+        return run
+
+    def _evict(self, run_key, run, fast):
+        """Drop every reference to ``run``: jax frees its executable and staging caches
+        with it. The key's dtypes stay (a few tuples; a new signature reuses them)."""
+        with self.lock:
+            if self.runs.get(run_key) is run:
+                del self.runs[run_key]
+            if fast is not None and self.tensor_cache.get(fast) is run:
+                del self.tensor_cache[fast]
+
+    def _measure(self, run, dyn):
+        """Bytes of ``run``'s executable, once, when a byte budget is set."""
+        if any(isinstance(d, jax.core.Tracer) for d in dyn):
+            return
+        run.nbytes = _budget.code_bytes(run, dyn)
+        _budget.resize(run, run.nbytes)
+
+    def _forget(self, key, remember):
+        with self.lock:
+            if self.cache.pop(key, _NO_KEY) is not _NO_KEY:
                 self.info.keys -= 1
-            # A new dict, not a mutation: the lock-free fast path may be reading it.
-            self.tensor_cache = {k: v for k, v in self.tensor_cache.items() if v is not run}
+            gone = [rk for rk in self.runs if rk[0] == key]
+            for rk in gone:
+                run = self.runs.pop(rk)
+                _budget.forget(run)
+                # A new dict, not a mutation: the lock-free fast path may be reading it.
+                self.tensor_cache = {k: v for k, v in self.tensor_cache.items() if v is not run}
             if remember and key not in self.eager_keys:
                 self.eager_keys.add(key)
                 self.info.eager_keys += 1

@@ -191,6 +191,16 @@ def fill_(args, kwargs):
     self = args[0]
     if not isinstance(self, JaxTensor):
         raise TypeError(f"torchjax: fill_ of a {type(self).__name__}")
+    storage = self._storage
+    # (A view of another dtype has an Interpretation here, never a fill to record.)
+    lazy = getattr(storage, "lazy", None)
+    if lazy is not None and storage.covers(self._size, self._stride, self._offset):
+        # A new large tensor: the fill is recorded, no array made (Note [Storages filled
+        # on first read] in torchjax/tensor/_storage.py).
+        if self._stride == contiguous_strides(self._size) and storage.set_fill(
+            0 if len(args) == 1 else args[1]
+        ):
+            return self
     size = tuple(1 if st == 0 else n for n, st in zip(self._size, self._stride))
     target = self if size == self._size else view_of(self, size, self._stride, self._offset)
     if len(args) == 1:

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from torchjax import _budget
 from torchjax._compat.torch import all_op_schemas
 from torchjax.ops import compiled
 from torchjax.ops.registry import Kind, _promoted_by_key, handler, write_into
@@ -197,6 +198,8 @@ def _foreach_handler(func):
 # Single ``Scalar`` arguments are part of the key (they are constants in an optimizer;
 # a float that changes every call runs op by op after ``MAX_FLOAT_VARIANTS`` keys, as for
 # single ops). Integer/bool lists, CPU tensors and ``.out`` overloads take the eager path.
+# Each key's executable is one entry of the process-wide budget (Note [Executable cache
+# budget] in torchjax/_budget.py).
 
 _FLOATING = frozenset(
     {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128}
@@ -256,11 +259,15 @@ class _CompiledForeach:
                 tuple((k, t) if t is float else (k, t, v) for k, t, v in kwt),
             )
             seen = self.float_variants.get(masked, 0)
-            if seen >= compiled.MAX_FLOAT_VARIANTS or len(self.cache) >= compiled.MAX_KEYS_PER_OP:
+            if seen >= compiled.MAX_FLOAT_VARIANTS:
                 return self.eager(args, kwargs)
             self.float_variants[masked] = seen + 1
             fn = self.cache[key] = self._build(tuple(bound), tuple(tmpl), dict(kw))
             self.info.keys += 1
+            # One budget entry per key (a parameter list keeps its shapes step to step).
+            _budget.admit(fn, lambda: self._evict(key, fn))
+        else:
+            _budget.hit(fn)
         try:
             # Under an outer trace (torchjax.jit, jax.grad over torchjax.functional) the
             # lists hold tracers and jax refuses compiler_options on a nested jit: the
@@ -268,8 +275,9 @@ class _CompiledForeach:
             results = fn.__wrapped__(dyn) if _traced(dyn) else fn(dyn)
         except compiled.CONCRETE_ERRORS:
             # A per-element lowering reads values (raised while tracing): op by op.
-            del self.cache[key]
-            self.info.keys -= 1
+            if self.cache.pop(key, None) is not None:
+                self.info.keys -= 1
+            _budget.forget(fn)
             return self.eager(args, kwargs)
         if not self.inplace:
             index = lead[0]._device_index
@@ -277,6 +285,10 @@ class _CompiledForeach:
         for t, r in zip(lead, results):
             t._write(r)
         return None
+
+    def _evict(self, key, fn):
+        if self.cache.get(key) is fn:
+            del self.cache[key]
 
     def _list_entry(self, k, v, n, dyn):
         """The template entry of list argument ``k`` (None: take the eager path)."""

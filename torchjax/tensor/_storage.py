@@ -29,6 +29,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding
 
+from torchjax import _budget
 from torchjax._compat.jax import x64
 
 
@@ -45,7 +46,9 @@ class Storage:
 
     # interpretations: this storage read as other dtypes / conj / neg, created on demand
     # (Note [Views across dtypes] in torchjax/tensor/_reinterpret.py).
-    __slots__ = ("arr", "version", "numel", "shape", "interpretations", "__weakref__")
+    # lazy: [fill, dtype, jax device] while the array is not made yet, else None
+    # (Note [Storages filled on first read]).
+    __slots__ = ("arr", "version", "numel", "shape", "interpretations", "lazy", "__weakref__")
 
     def __init__(self, arr: jax.Array, shape=None, numel=None):
         # shape/numel: precomputed by callers that have them (wrap), to save the work.
@@ -54,6 +57,41 @@ class Storage:
         self.shape = tuple(arr.shape) if shape is None else shape
         self.numel = math.prod(self.shape) if numel is None else numel
         self.interpretations = None
+        self.lazy = None
+
+    @classmethod
+    def filled(cls, shape, dtype, device, fill=0) -> Storage:
+        """A storage of ``shape`` and ``dtype`` (jax's) on ``device``, every element
+        ``fill``, whose array is made when first read."""
+        self = cls.__new__(cls)
+        self.version = 0
+        self.shape = tuple(shape)
+        self.numel = math.prod(self.shape)
+        self.interpretations = None
+        self.lazy = [fill, dtype, device]
+        return self
+
+    def __getattr__(self, name):
+        # Only reached for an unset slot: ``arr`` of a storage not filled yet.
+        lazy = self.lazy if name == "arr" else None
+        if lazy is None:
+            raise AttributeError(f"'Storage' object has no attribute {name!r}")
+        fill, dtype, device = lazy
+        arr = _filled(self.shape, dtype, fill, device)
+        self.arr = arr
+        self.lazy = None
+        return arr
+
+    def set_fill(self, value) -> bool:
+        """``fill_(value)`` of the whole storage without making an array, if it can."""
+        lazy = self.lazy
+        if lazy is None or type(value) not in (bool, int, float):
+            return False
+        if type(value) is not bool and value not in (0, 1):
+            return False
+        lazy[0] = value
+        self.version += 1
+        return True
 
     def covers(self, size, stride, offset) -> bool:
         """True when (size, stride, offset) is the whole storage in its own shape."""
@@ -67,6 +105,18 @@ class Storage:
 
     def write(self, size, stride, offset, value: jax.Array) -> None:
         """Store ``value`` (shape ``size``, storage dtype) at the strided view."""
+        lazy = self.lazy
+        if (
+            lazy is not None
+            and self.covers(size, stride, offset)
+            and stride == contiguous_strides(size)
+        ):
+            if value.dtype != lazy[1]:
+                raise AssertionError(f"storage write dtype {value.dtype} != {lazy[1]}")
+            self.arr = _on_device(value, lazy[2])
+            self.lazy = None
+            self.version += 1
+            return
         if value.dtype != self.arr.dtype:
             raise AssertionError(f"storage write dtype {value.dtype} != {self.arr.dtype}")
         if self.covers(size, stride, offset) and stride == contiguous_strides(size):
@@ -86,8 +136,63 @@ class Storage:
 
     def replace(self, arr: jax.Array) -> None:
         """Swap in a new array of the same shape and dtype (a whole-storage write)."""
-        self.arr = _keep_placement(arr, self.arr)
+        lazy = self.lazy
+        if lazy is not None:
+            self.arr = _on_device(arr, lazy[2])
+            self.lazy = None
+        else:
+            self.arr = _keep_placement(arr, self.arr)
         self.version += 1
+
+
+# Note [Storages filled on first read]
+# ``torch.empty(n, device="tpu")``, ``x.to("tpu")`` and every factory start from a new
+# storage. jax arrays are immutable, so a storage made as an array of zeros and then
+# written whole (the copy of ``.to("tpu")``, the fill of ``torch.ones``) held two full
+# arrays at once: a 1 GiB ``torch.ones`` peaked at 2 GiB, ``.to("tpu")`` above 2 GiB
+# (on XLA:CPU device memory is host memory). A storage made by ``Storage.filled`` holds
+# no array until one is asked for (``storage.arr``: the slot is unset, ``__getattr__``
+# makes it, once; ``lazy`` holds the fill, dtype and device meanwhile). The class stays
+# ``Storage`` (torchjax.jit swaps a storage's class to one of the same layout):
+# - a write covering the whole storage replaces it, and no fill is ever made;
+# - ``fill_``/``zero_`` of the whole storage with 0, 1 or a bool (values every dtype
+#   holds exactly, so torch's overflow checks have nothing to say) only change ``fill``;
+# - anything else (a read, a partial write, a view of another dtype) makes the array:
+#   ``jnp.full(shape, fill, dtype)`` as one executable per (shape, dtype, fill), an entry
+#   of the cache budget (Note [Executable cache budget] in torchjax/_budget.py).
+# Factories use it from HOST_ZEROS_BYTES (torchjax/device/_factory.py); smaller tensors
+# start from host zeros, as before. Seen from outside: ``torch.tpu.memory_allocated()``
+# counts the arrays that exist, so a large ``torch.empty``/``ones`` not read yet adds
+# nothing to it (on CUDA it would count at once).
+_FILLS: dict = {}
+
+
+def _filled(shape, dtype, fill, device) -> jax.Array:
+    key = (shape, dtype, type(fill), fill)
+    run = _FILLS.get(key)
+    if run is None:
+        run = _FILLS[key] = jax.jit(lambda: jnp.full(shape, fill, dtype))
+        _budget.admit(run, lambda: _FILLS.pop(key, None))
+    else:
+        _budget.hit(run)
+    with x64(True):
+        arr = run()
+        if isinstance(arr, jax.core.Tracer):
+            # First read inside a trace (torchjax.jit reading a tensor made outside it):
+            # the storage outlives the trace, so its array must be concrete. (Evaluated
+            # this way outside a trace, the fill would take twice the memory.)
+            with jax.ensure_compile_time_eval():
+                arr = run()
+        return _on_device(arr, device)
+
+
+def _on_device(arr, device):
+    """``arr`` on ``device`` (a jax device), if it is a concrete array elsewhere."""
+    if isinstance(arr, jax.Array) and not isinstance(arr, jax.core.Tracer):
+        devices = arr.devices()
+        if len(devices) == 1 and device not in devices:
+            return jax.device_put(arr, device)
+    return arr
 
 
 # Note [Writes keep the placement]
@@ -256,13 +361,15 @@ class _Plan:
             return jnp.zeros(self.size, flat.dtype)
         return self.impl.read(flat, offset)
 
-    # Op by op, a read or write is several jax primitives, each its own XLA dispatch; as
-    # one cached executable per plan (jax's cache covers the storage's shape and dtype)
-    # it is one. Reads take the offset as an argument: one executable per layout, shared
-    # by every offset (Note [View offsets as arguments]). A write plan used once (a
-    # KV-cache slot at a new position) runs op by op: its own executable would cost a
-    # compile for one call. Inside a trace (torchjax.jit, compiled lowerings) the jitted
-    # call inlines.
+    # Op by op, a read or write is several jax primitives, each its own XLA dispatch and,
+    # at a new shape or position, its own compile, kept in jax's op-by-op cache (up to
+    # 4096 executables, outside any budget of ours); as one cached executable per plan
+    # (jax's cache covers the storage's shape and dtype) it is one dispatch and at most
+    # one compile, from the first use. Reads may take the offset as an argument: one
+    # executable per layout, shared by every offset (Note [View offsets as arguments]).
+    # Inside a trace (torchjax.jit, compiled lowerings) the jitted call inlines. Each
+    # per-plan program is an entry of the process-wide budget (Note [Executable cache
+    # budget] in torchjax/_budget.py); evicted, the plan compiles again on its next use.
     def read_array(self, arr, offset=None):
         """The view's values from the storage array ``arr`` (the storage's shape).
         ``offset``: this plan's layout read at that offset (a ``dynamic`` plan)."""
@@ -270,17 +377,27 @@ class _Plan:
             return _offset_reader(self._layout)(arr, np.int32(offset))
         read = self._read
         if read is None:
-            self._read = jax.jit(lambda arr: self.read(arr.reshape(-1)))
-            return self.read(arr.reshape(-1))
+            read = self._read = jax.jit(lambda arr: self.read(arr.reshape(-1)))
+            _budget.admit(read, lambda: self._evict("_read", read))
+        else:
+            _budget.hit(read)
         return read(arr)
 
     def write_array(self, arr, value):
         """The storage array ``arr`` with ``value`` written at the view."""
         write = self._write
         if write is None:
-            self._write = jax.jit(lambda arr, v: self.write(arr.reshape(-1), v).reshape(arr.shape))
-            return self.write(arr.reshape(-1), value).reshape(arr.shape)
+            write = self._write = jax.jit(
+                lambda arr, v: self.write(arr.reshape(-1), v).reshape(arr.shape)
+            )
+            _budget.admit(write, lambda: self._evict("_write", write))
+        else:
+            _budget.hit(write)
         return write(arr, value)
+
+    def _evict(self, name, program):
+        if getattr(self, name) is program:
+            setattr(self, name, None)
 
     def write(self, flat, value):
         if self.kind == "empty":

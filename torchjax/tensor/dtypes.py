@@ -64,12 +64,22 @@ def to_torch_dtype(dtype) -> torch.dtype:
 
 
 def cpu_tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A fresh, writable, C-contiguous NumPy copy of a CPU tensor, dtype exact."""
-    t = t.detach().resolve_conj().resolve_neg()
+    """A fresh, writable, C-contiguous NumPy copy of a CPU tensor, dtype exact.
+
+    The copy is torch's (``clone``), whose buffer is 64-byte aligned: ``jax.device_put``
+    on XLA:CPU then adopts it without copying again, where a NumPy copy (16-byte
+    aligned) is copied once more, so ``x.to("tpu")`` of a large tensor held 2x its
+    bytes (Note [Storages filled on first read] in torchjax/tensor/_storage.py)."""
+    t = t.detach()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()  # already a fresh tensor
+        t = t.contiguous()
+    else:
+        t = t.clone(memory_format=torch.contiguous_format)
     via = _BITCAST_VIA.get(t.dtype)
     if via is not None:
-        return t.contiguous().view(via).numpy().copy().view(_TORCH_TO_NUMPY[t.dtype])
-    return np.array(t.numpy(), copy=True, order="C")
+        return t.view(via).numpy().view(_TORCH_TO_NUMPY[t.dtype])
+    return t.numpy()
 
 
 def numpy_to_cpu_tensor(a: np.ndarray) -> torch.Tensor:

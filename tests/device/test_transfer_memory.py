@@ -1,0 +1,111 @@
+"""Peak host memory of new and copied tensors: one array, not two (Note [Storages filled
+on first read] in torchjax/tensor/_storage.py). XLA:CPU device memory is host memory,
+so the bound counts the device array itself: 1.1x the bytes plus a small constant."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import pytest
+import torch
+
+import torchjax
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MIB = 256  # the tensor (or model) size in MiB: cheap here, far above allocator noise
+
+_PRELUDE = """
+import json, resource
+import torch, torchjax
+
+def peak_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+n = 2**26  # 256 MiB of float32
+(torch.ones(4, device="tpu") + 1).cpu()  # JAX's backend up before the baseline
+"""
+
+_CASES = {
+    "ones": """
+base = peak_mb()
+y = torch.ones(n, device="tpu")
+assert y[-1].item() == 1.0
+""",
+    "to": """
+x = torch.ones(n)
+x.add_(1)
+base = peak_mb()
+y = x.to("tpu")
+x.add_(1)  # the device copy is independent of the CPU tensor
+assert y[-1].item() == 2.0
+""",
+    "model_to": """
+model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048, bias=False) for _ in range(16)])
+want = model[3].weight[0, :4].clone()
+base = peak_mb()
+model.to("tpu")
+assert torch.equal(model[3].weight[0, :4].cpu(), want)
+""",
+    "load_state_dict": """
+model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048, bias=False) for _ in range(16)])
+state = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+model.to("tpu")
+base = peak_mb()
+model.load_state_dict(state)
+assert torch.equal(model[5].weight[1, :4].cpu(), state["5.weight"][1, :4])
+""",
+}
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_peak_host_memory_is_one_copy(case):
+    code = _PRELUDE + _CASES[case] + "\nprint(json.dumps(peak_mb() - base))\n"
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    above = json.loads(out.stdout.strip().splitlines()[-1])
+    # Before: ones 2.0x, to 2.0x (a zeros array, then the copy).
+    assert above <= 1.1 * MIB + 32, f"{case}: {above:.0f} MiB above the start for {MIB} MiB"
+
+
+def test_large_factories_make_their_array_on_first_read():
+    # Note [Storages filled on first read]: no array until read; fills of 0/1/bool are
+    # recorded, other values, partial writes and reads make it; values as CPU torch.
+    n = 2**19  # 2 MiB of float32: above the host-zeros size
+    ones = torch.ones(n, 2, device="tpu")
+    assert ones._storage.lazy is not None
+    ones[3, 1] = 7.0  # a partial write makes the array first
+    assert ones._storage.lazy is None
+    want = torch.ones(n, 2)
+    want[3, 1] = 7.0
+    assert torch.equal(ones.cpu(), want)
+    full = torch.full((n,), 2.5, device="tpu", dtype=torch.bfloat16)
+    assert torch.equal(full.cpu(), torch.full((n,), 2.5, dtype=torch.bfloat16))
+    t = torch.empty(n, dtype=torch.int64, device="tpu").zero_()
+    assert t._storage.lazy is not None and t.sum().item() == 0
+    viewed = torch.ones(n, device="tpu")
+    viewed.view(torch.int32).fill_(1)  # through a view of another dtype: the root is made
+    assert torch.equal(viewed.cpu(), torch.ones(n).view(torch.int32).fill_(1).view(torch.float32))
+    src = torch.arange(n, dtype=torch.float32)
+    moved = src.to("tpu")
+    src.add_(1)  # the device copy does not alias the CPU tensor
+    assert torch.equal(moved.cpu(), torch.arange(n, dtype=torch.float32))
+
+
+def test_filled_storage_first_read_inside_jit_stays_concrete():
+    buf = torch.ones(2**19, device="tpu")  # made outside, read first inside the trace
+    f = torchjax.jit(lambda x: x + buf)
+    out = f(torch.zeros(2**19, device="tpu"))
+    assert not isinstance(buf._storage.arr, jax.core.Tracer)
+    assert torch.equal(out.cpu(), torch.ones(2**19)) and torch.equal(
+        (buf * 2).cpu()[:2], torch.full((2,), 2.0)
+    )

@@ -1,0 +1,175 @@
+"""The process-wide budget of cached executables (Note [Executable cache budget])."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torchjax
+from torchjax import _budget
+from torchjax.ops import compiled
+
+aten = torch.ops.aten
+
+TPU = "tpu"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def budget():
+    before = _budget.BUDGET.max_entries, _budget.BUDGET.max_bytes
+    yield
+    torchjax.set_cache_budget(entries=before[0], bytes=before[1])
+
+
+def _run_child(code: str, env=None, timeout=600):
+    full_env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+
+
+def _chain(x):
+    return (x @ x.t()).relu().sum()
+
+
+def test_lru_order_and_eviction_by_count_and_bytes():
+    b = _budget._Budget()
+    b.max_entries, b.max_bytes = 2, None
+    gone = []
+    b.admit("a", lambda: gone.append("a"), 10)
+    b.admit("b", lambda: gone.append("b"), 10)
+    b.order.move_to_end("a")  # a hit: "b" is now the least recently used
+    b.admit("c", lambda: gone.append("c"), 10)
+    assert gone == ["b"] and list(b.order) == ["a", "c"] and b.evictions == 1
+    b.set(10, 15)  # 20 bytes held: the oldest goes
+    assert gone == ["b", "a"] and list(b.order) == ["c"] and b.bytes == 10
+    b.set(0, None)  # nothing kept
+    assert gone == ["b", "a", "c"] and not b.order and b.bytes == 0
+    b.forget("missing")  # forgetting an unknown entry is a no-op
+
+
+def test_set_cache_budget_refuses_bad_values(budget):
+    with pytest.raises(ValueError, match="set_cache_budget: entries must be a non-negative int"):
+        torchjax.set_cache_budget(entries=-1)
+    with pytest.raises(ValueError, match="set_cache_budget: bytes must be"):
+        torchjax.set_cache_budget(bytes=1.5)
+    torchjax.set_cache_budget(entries=7)
+    assert torchjax.stats()["executables"]["budget_entries"] == 7
+
+
+def test_evicted_executables_compile_again_with_the_same_values(budget):
+    torchjax.set_cache_budget(entries=2)
+    shapes = [(5, 3), (6, 3), (7, 3)]
+    cpu = [torch.randn(*s) for s in shapes]
+    dev = [c.to(TPU) for c in cpu]
+    for d, c in zip(dev, cpu):
+        torch.testing.assert_close(_chain(d).cpu(), _chain(c))
+    torchjax.reset_stats()
+    got = _chain(dev[0])  # its executables were evicted by the later shapes
+    s = torchjax.stats()
+    torch.testing.assert_close(got.cpu(), _chain(cpu[0]))
+    assert s["cache_misses"] >= 3  # mm, relu and sum traced again
+    assert s["executables"]["evictions"] >= 3
+    assert s["executables"]["entries"] <= 2
+    torchjax.set_cache_budget(entries=64)
+    torchjax.reset_stats()
+    _chain(dev[0]), _chain(dev[0])
+    s = torchjax.stats()
+    assert s["cache_hits"] >= 3 and s["executables"]["evictions"] == 0
+
+
+def test_jit_signatures_are_budget_entries(budget):
+    torchjax.set_cache_budget(entries=1)
+    f = torchjax.jit(lambda x: x * 2 + 1, warn_after=100)
+    a, b = torch.randn(3), torch.randn(4)
+    torch.testing.assert_close(f(a.to(TPU)).cpu(), a * 2 + 1)
+    torch.testing.assert_close(f(b.to(TPU)).cpu(), b * 2 + 1)
+    traces = f.trace_count
+    torch.testing.assert_close(f(a.to(TPU)).cpu(), a * 2 + 1)  # evicted: traced again
+    assert f.trace_count == traces + 1
+    torchjax.set_cache_budget(entries=64)
+    f(a.to(TPU))
+    assert f.trace_count == traces + 1  # kept now
+
+
+def test_environment_sets_the_budget_and_refuses_garbage():
+    ok = _run_child(
+        "import torchjax; print(torchjax.stats()['executables']['budget_entries'])",
+        env={"TORCHJAX_CACHE_ENTRIES": "5"},
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == "5"
+    bad = _run_child("import torchjax", env={"TORCHJAX_CACHE_ENTRIES": "lots"})
+    assert bad.returncode != 0
+    assert "TORCHJAX_CACHE_ENTRIES='lots' must be an integer" in bad.stderr
+
+
+_RSS_CHILD = """
+import ctypes, gc, json
+import torch, torchjax
+
+libc = ctypes.CDLL("libc.so.6")
+
+def rss_mb():
+    gc.collect()
+    libc.malloc_trim(0)
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+
+torchjax.set_cache_budget(entries=16)
+base = torch.randn(210, 8)
+marks = {}
+for i in range(200):
+    x = base[: 3 + i].clone().to("tpu")
+    got = float((x @ x.t()).relu().sum())
+    want = float((base[: 3 + i] @ base[: 3 + i].t()).relu().sum())
+    assert abs(got - want) <= 1e-3 * max(1.0, abs(want)), (i, got, want)
+    if i + 1 in (10, 200):
+        marks[i + 1] = rss_mb()
+print(json.dumps({"marks": marks, "executables": torchjax.stats()["executables"]}))
+"""
+
+
+def test_resident_memory_after_200_shapes_stays_near_10():
+    # Before the budget: +3.1 GB over the same 190 shapes (16 MB each, never freed).
+    # Bound: jax's own staging caches keep ~0.1 MB per shape (Note [Executable cache
+    # budget]), so 190 more shapes may add at most 64 MB.
+    import json
+
+    out = _run_child(_RSS_CHILD)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    marks, ex = res["marks"], res["executables"]
+    assert ex["entries"] <= 16 and ex["evictions"] > 500
+    assert marks["200"] - marks["10"] <= 64, marks
+
+
+def test_a_byte_budget_measures_each_new_executable(budget):
+    def tanh_runs():
+        return [
+            r for c in compiled._COMPUTES if c.func == aten.tanh.default for r in c.runs.values()
+        ]
+
+    compiled.clear_caches(aten.tanh.default)
+    torchjax.set_cache_budget(entries=64, bytes=10**9)
+    x = torch.randn(13, 7)
+    got = torch.tanh(x.to(TPU))  # a new signature: measured after its first call
+    torch.testing.assert_close(got.cpu(), torch.tanh(x))
+    ex = torchjax.stats()["executables"]
+    assert ex["budget_bytes"] == 10**9 and ex["entries"] >= 1
+    # Measured once each: XLA:CPU reports 0 bytes of generated code, GPU/TPU the size.
+    runs = tanh_runs()
+    assert runs and all(r.nbytes is not None for r in runs)
+    torchjax.set_cache_budget(bytes=None)
+    assert torchjax.stats()["executables"]["budget_bytes"] is None
