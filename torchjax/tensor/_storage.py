@@ -432,7 +432,24 @@ def layout_plan(storage_numel, size, stride) -> _Plan:
     return _plan(storage_numel, tuple(size), tuple(stride), 0)
 
 
-@functools.lru_cache(maxsize=1024)
+# One reader per layout, each an entry of the process-wide budget (Note [Executable cache
+# budget] in torchjax/_budget.py): a loop over many shapes evicts the old ones.
+_OFFSET_READERS: dict = {}
+
+
 def _offset_reader(layout):
+    read = _OFFSET_READERS.get(layout)
+    if read is not None:
+        _budget.hit(read)
+        return read
     plan = layout_plan(*layout)
-    return jax.jit(lambda arr, offset: plan.read(arr.reshape(-1), offset))
+    read = _OFFSET_READERS[layout] = jax.jit(
+        lambda arr, offset: plan.read(arr.reshape(-1), offset)
+    )
+
+    def evict():
+        if _OFFSET_READERS.get(layout) is read:
+            del _OFFSET_READERS[layout]
+
+    _budget.admit(read, evict)
+    return read
