@@ -202,7 +202,8 @@ def _scatter(self, dim, index, src, how, op):
     shape = self.shape
     if index.size == 0:  # torch skips every check for an empty index
         return self
-    if isinstance(src, (jax.Array, np.ndarray)) and src.dtype != self.dtype:
+    # A tensor source (not the fills this module passes as numpy scalars).
+    if isinstance(src, jax.Array) and src.dtype != self.dtype:
         raise RuntimeError(f"{op}(): Expected self.dtype to be equal to src.dtype (in aten::{op})")
     arr, index, dim = _as_nd(self, index, op, dim)
     if isinstance(src, (jax.Array, np.ndarray)) and src.ndim:
