@@ -443,9 +443,7 @@ def _offset_reader(layout):
         _budget.hit(read)
         return read
     plan = layout_plan(*layout)
-    read = _OFFSET_READERS[layout] = jax.jit(
-        lambda arr, offset: plan.read(arr.reshape(-1), offset)
-    )
+    read = _OFFSET_READERS[layout] = jax.jit(lambda arr, offset: plan.read(arr.reshape(-1), offset))
 
     def evict():
         if _OFFSET_READERS.get(layout) is read:
