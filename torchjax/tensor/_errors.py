@@ -87,6 +87,9 @@ _VALUE_SHAPED = {
     "histc",
 }
 
+# Ops whose meta kernels cannot judge the call (they need values).
+_VALUE_DEPENDENT = _READS | _VALUE_SHAPED
+
 
 def describe_args(args, kwargs) -> str:
     """``(Tensor[float32, (4,)] on tpu:0, 1, dim=0)``: the call as a user would read it."""
@@ -129,7 +132,7 @@ def translate(func, args, kwargs, error: BaseException) -> BaseException | None:
             f"({_first_line(error)}). Free tensors you no longer need (del, or move them to "
             "CPU), or use smaller batches."
         )
-    if getattr(func, "_opname", "") not in _READS | _VALUE_SHAPED:
+    if getattr(func, "_opname", "") not in _VALUE_DEPENDENT:
         refusal = _torch_refusal(func, args, kwargs)
         if refusal is not None:
             return refusal
@@ -233,9 +236,8 @@ def _torch_refusal(func, args, kwargs) -> BaseException | None:
     meta accepts it or cannot tell (no meta kernel)."""
     if not isinstance(func, torch._ops.OpOverload):
         return None
-    try:
-        with torch._C._DisableTorchDispatch():
-            func(*_to_meta(list(args)), **{k: _to_meta(v) for k, v in kwargs.items()})
+    try:  # every tensor is a plain meta tensor: nothing reaches __torch_dispatch__
+        func(*_to_meta(list(args)), **{k: _to_meta(v) for k, v in kwargs.items()})
     except NotImplementedError:
         return None
     except Exception as refusal:  # torch's own check: its type, its text, the op named
