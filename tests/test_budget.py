@@ -1,21 +1,16 @@
 """The process-wide budget of cached executables (Note [Executable cache budget])."""
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 
 import torchjax
+from tests._child import run_python
 from torchjax import _budget
 from torchjax.ops import compiled
 
 aten = torch.ops.aten
 
 TPU = "tpu"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -23,18 +18,6 @@ def budget():
     before = _budget.BUDGET.max_entries, _budget.BUDGET.max_bytes
     yield
     torchjax.set_cache_budget(entries=before[0], bytes=before[1])
-
-
-def _run_child(code: str, env=None, timeout=600):
-    full_env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        cwd=ROOT,
-        timeout=timeout,
-    )
 
 
 def _chain(x):
@@ -102,13 +85,13 @@ def test_jit_signatures_are_budget_entries(budget):
 
 
 def test_environment_sets_the_budget_and_refuses_garbage():
-    ok = _run_child(
+    ok = run_python(
         "import torchjax; print(torchjax.stats()['executables']['budget_entries'])",
         env={"TORCHJAX_CACHE_ENTRIES": "5"},
     )
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.strip() == "5"
-    bad = _run_child("import torchjax", env={"TORCHJAX_CACHE_ENTRIES": "lots"})
+    bad = run_python("import torchjax", env={"TORCHJAX_CACHE_ENTRIES": "lots"})
     assert bad.returncode != 0
     assert "TORCHJAX_CACHE_ENTRIES='lots' must be an integer" in bad.stderr
 
@@ -147,7 +130,7 @@ def test_resident_memory_after_200_shapes_stays_near_10():
     # budget]), so 190 more shapes may add at most 64 MB.
     import json
 
-    out = _run_child(_RSS_CHILD)
+    out = run_python(_RSS_CHILD)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     marks, ex = res["marks"], res["executables"]

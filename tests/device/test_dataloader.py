@@ -1,12 +1,7 @@
 """DataLoader workers start without JAX's fork warning (Note [DataLoader workers and
 JAX's fork warning] in torchjax/device/_dataloader.py)."""
 
-import os
-import subprocess
-import sys
-import textwrap
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests._child import run_python
 
 _CHILD = """
 import warnings
@@ -35,14 +30,7 @@ for (batch,) in loader:
 
 
 def test_two_worker_epochs_print_no_fork_warning():
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_CHILD)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": ROOT},
-        cwd=ROOT,
-        timeout=300,
-    )
+    out = run_python(_CHILD, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "patched epochs done" in out.stdout
     patched, unpatched = out.stderr.split("--- uninstalled ---")

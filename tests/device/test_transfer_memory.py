@@ -3,18 +3,14 @@ on first read] in torchjax/tensor/_storage.py). XLA:CPU device memory is host me
 so the bound counts the device array itself: 1.1x the bytes plus a small constant."""
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import jax
 import pytest
 import torch
 
 import torchjax
+from tests._child import run_python
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIB = 256  # the tensor (or model) size in MiB: cheap here, far above allocator noise
 
 _PRELUDE = """
@@ -63,14 +59,7 @@ assert torch.equal(model[5].weight[1, :4].cpu(), state["5.weight"][1, :4])
 @pytest.mark.parametrize("case", list(_CASES))
 def test_peak_host_memory_is_one_copy(case):
     code = _PRELUDE + _CASES[case] + "\nprint(json.dumps(peak_mb() - base))\n"
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": ROOT},
-        cwd=ROOT,
-        timeout=300,
-    )
+    out = run_python(code, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     above = json.loads(out.stdout.strip().splitlines()[-1])
     # Before: ones 2.0x, to 2.0x (a zeros array, then the copy).
