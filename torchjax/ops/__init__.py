@@ -2,6 +2,7 @@
 
 from torchjax.ops import activation as _activation  # noqa: F401
 from torchjax.ops import amp as _amp  # noqa: F401
+from torchjax.ops import asserts as _asserts  # noqa: F401
 from torchjax.ops import attention as _attention  # noqa: F401
 from torchjax.ops import comparison as _comparison  # noqa: F401
 from torchjax.ops import conv as _conv  # noqa: F401

@@ -105,7 +105,8 @@ def clone(args, kwargs):
     return wrap(self._value(), self._device_index)
 
 
-@handler(aten._local_scalar_dense.default)
+# aten::item reaches us itself when a decomposition calls it below autograd (one_hot's).
+@handler(aten._local_scalar_dense.default, aten.item.default)
 def _local_scalar_dense(args, kwargs):
     """aten::_local_scalar_dense - ``.item()``: the Python number (blocks)."""
     return to_host(args[0]._value()).item()
