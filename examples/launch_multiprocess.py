@@ -55,6 +55,12 @@ def _stop(procs) -> None:
         q.wait()
 
 
+def _with_device_count(flags: str, devices: int) -> str:
+    """``flags`` (the caller's XLA_FLAGS, kept) with the simulated device count set."""
+    kept = [f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count")]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+
+
 def launch(script: list[str], processes: int, devices: int, timeout: float) -> list[str]:
     """Start ``script`` (argv after the interpreter) ``processes`` times; return each
     process's output. RuntimeError (with the outputs) if one fails or times out.
@@ -68,7 +74,7 @@ def launch(script: list[str], processes: int, devices: int, timeout: float) -> l
     for i in range(processes):
         env = dict(
             os.environ,
-            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+            XLA_FLAGS=_with_device_count(os.environ.get("XLA_FLAGS", ""), devices),
             JAX_PLATFORMS="cpu",
             TORCHJAX_COORDINATOR=f"127.0.0.1:{port}",
             TORCHJAX_NUM_PROCESSES=str(processes),

@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import XFAILS
+from torchjax.testing.opinfo import error_samples
 
 
 def _mover():
@@ -66,8 +67,7 @@ def _cases():
     for op in op_db:
         if op.error_inputs_func is None:
             continue
-        torch.manual_seed(0)
-        if not any(_raise_of(op, ei.sample_input) for ei in op.error_inputs("cpu")):
+        if not any(_raise_of(op, ei.sample_input) for ei in error_samples(op)):
             continue
         key = (_name(op), "any", "error_inputs")
         marks = [pytest.mark.xfail(reason=XFAILS[key], strict=True)] if key in XFAILS else []
@@ -77,9 +77,8 @@ def _cases():
 
 @pytest.mark.parametrize("op", _cases())
 def test_error_inputs_raise_cpus_exception_type(op):
-    torch.manual_seed(0)
     compared, wrong = 0, []
-    for ei in op.error_inputs("cpu"):
+    for ei in error_samples(op):
         cpu_error = _raise_of(op, ei.sample_input)
         if cpu_error is None:
             continue  # written for another device

@@ -48,13 +48,7 @@ def _cases(check):
 
 
 def _samples(op, dtype):
-    torch.manual_seed(0)
-    out = []
-    for s in op.sample_inputs("cpu", dtype, num_input_tensors=[2]):
-        out.append(s)
-        if len(out) == _SAMPLE_LIMIT:
-            break
-    return out
+    return oi.samples(op, dtype, limit=_SAMPLE_LIMIT, num_input_tensors=[2])
 
 
 def _run(fn, sample):

@@ -29,9 +29,11 @@ LAUNCH_TIMEOUT_S = 120
 
 def _run_all() -> dict:
     """Both subprocesses, started together; {"cases": {name: outcome}, "multi": [code, out]}."""
+    # The suite's other XLA flags (its compile level, tests/conftest.py) are kept.
+    flags = os.environ.get("XLA_FLAGS", "")
     env = dict(
         os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count=8".strip(),
         JAX_PLATFORMS="cpu",
         PYTHONPATH=ROOT,
     )
@@ -48,7 +50,7 @@ def _run_all() -> dict:
         "--new-tokens=2",
     ]
     cases = subprocess.Popen([sys.executable, "-m", "tests.sharding._cases"], env=env, **pipes)
-    multi = subprocess.Popen(launcher, env=dict(env, XLA_FLAGS=""), **pipes)
+    multi = subprocess.Popen(launcher, env=dict(env, XLA_FLAGS=flags), **pipes)
     try:
         out, _ = cases.communicate(timeout=TIMEOUT_S)
         line = [x for x in out.splitlines() if x.startswith("TORCHJAX_RESULTS ")]

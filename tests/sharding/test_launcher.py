@@ -102,3 +102,19 @@ def _alive(pid: int) -> bool:
     # A zombie (exited, not yet reaped by init) is dead for this purpose.
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_children_keep_the_callers_xla_flags(tmp_path, monkeypatch):
+    # The device count is set for each child; the caller's other flags (and no second
+    # device count) reach it.
+    monkeypatch.setenv(
+        "XLA_FLAGS",
+        "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=3",
+    )
+    script = _script(tmp_path, 'import os; print(os.environ["XLA_FLAGS"])')
+    outs = launch_multiprocess.launch([script], processes=2, devices=4, timeout=60)
+    for out in outs:
+        assert out.split() == [
+            "--xla_backend_optimization_level=0",
+            "--xla_force_host_platform_device_count=4",
+        ]

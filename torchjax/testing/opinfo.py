@@ -453,13 +453,20 @@ def full_name(opinfo) -> str:
     return opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
 
 
-def samples(opinfo, dtype, requires_grad=False, limit=8):
+def samples(opinfo, dtype, requires_grad=False, limit=8, **kwargs):
     """The first ``limit`` CPU samples of ``opinfo`` in ``dtype`` (seeded: the same every
-    call)."""
+    call); ``kwargs`` go to ``sample_inputs`` (``num_input_tensors=`` of foreach ops)."""
     torch.manual_seed(0)
     with _no_test_case_lookup():
-        it = opinfo.sample_inputs("cpu", dtype, requires_grad=requires_grad)
+        it = opinfo.sample_inputs("cpu", dtype, requires_grad=requires_grad, **kwargs)
         return list(itertools.islice(it, limit))
+
+
+def error_samples(opinfo) -> list:
+    """``opinfo``'s CPU ``ErrorInput``s (seeded: the same every call)."""
+    torch.manual_seed(0)
+    with _no_test_case_lookup():
+        return list(opinfo.error_inputs("cpu"))
 
 
 @contextlib.contextmanager
