@@ -42,6 +42,8 @@ def test_uninstall_restores_every_original():
             "as_nested_tensor": torch.nested.as_nested_tensor,
             "inductor_call": torch._TorchCompileInductorWrapper.__call__,
             "dl_init": torch.utils.data.dataloader._MultiProcessingDataLoaderIter.__init__,
+            "apply": torch.nn.Module.__dict__["_apply"],
+            "swap_flag": torch.__future__.get_swap_module_params_on_conversion,
         }
         meta_path = list(sys.meta_path)
         skip_dirs = list(trace_rules.SKIP_DIRS)
@@ -78,6 +80,7 @@ def test_uninstall_restores_every_original():
         assert cls.__dict__["_load_pretrained_model"] is not before["load"]
         assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::_pin_memory", "CPU")
         assert trace_rules.SKIP_DIRS != skip_dirs
+        assert inspect.signature(torch.nn.Module._apply) == inspect.signature(before["apply"])
         assert inspect.signature(torch.nested.nested_tensor) == inspect.signature(
             before["nested_tensor"])
         def nested_to_tpu_refusal():
@@ -95,6 +98,8 @@ def test_uninstall_restores_every_original():
         assert dlpack.to_dlpack is before["dlpack"]
         assert torch.to_dlpack is before["torch_dlpack"]
         assert torch.utils.swap_tensors is before["swap"]
+        assert torch.nn.Module.__dict__["_apply"] is before["apply"]
+        assert torch.__future__.get_swap_module_params_on_conversion is before["swap_flag"]
         assert torch.load is torch.serialization.load is before["torch_load"]
         assert torch._TorchCompileInductorWrapper.__call__ is before["inductor_call"]
         # _loading.uninstall() re-wraps the original function in a new staticmethod.
@@ -134,6 +139,8 @@ def test_uninstall_restores_every_original():
         "torch.utils.dlpack.to_dlpack",
         "torch.to_dlpack",
         "torch.utils.swap_tensors",
+        "torch.nn.Module._apply",
+        "torch.__future__.get_swap_module_params_on_conversion",
         "torch.load",
         "torch.UntypedStorage.__new__",
         "torch.UntypedStorage.tpu",

@@ -21,6 +21,13 @@ how it is undone.
   holds; when a tpu tensor is on either side the TensorImpls are swapped anyway and the
   stale gradient accumulator is poisoned (Note [Moving modules with live references]).
   Undo: torch's function put back.
+- ``torch.nn.Module._apply`` and ``torch.__future__.get_swap_module_params_on_conversion``
+  (device/_registration.py through _compat/torch.py; torch 2.13). Moving a module off
+  tpu (``model.cpu()``) made a new Parameter per module, untying tied weights and
+  leaving an optimizer on the old ones; a module whose own parameters are on tpu is now
+  moved with torch's swap path, selected for that thread and module only (Note [Moving
+  modules off tpu]). Same signatures; every other module takes torch's path unchanged.
+  Undo: both originals put back.
 - ``torch.load`` (device/_serialization.py through _compat/torch.py; torch 2.13). torch
   clears the thread-local ``map_location`` of a load only when the unpickling returns;
   after a load that raises, later ``pickle.loads`` of device tensors in the thread are

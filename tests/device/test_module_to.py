@@ -68,3 +68,52 @@ def test_other_swaps_keep_torchs_checks():
     with pytest.raises(RuntimeError, match="weakref"):
         torch.utils.swap_tensors(a, b)
     del keep
+
+
+class _TiedLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(7, 4)
+        self.norm = torch.nn.LayerNorm(4)
+        self.head = torch.nn.Linear(4, 7, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(self.norm(self.embed(ids)))
+
+
+@pytest.mark.parametrize(
+    "move", [lambda m: m.cpu(), lambda m: m.to("cpu"), lambda m: m.to("cpu", torch.float64)]
+)
+def test_moving_off_tpu_keeps_tied_weights_and_optimizer_references(move):
+    # Before: model.cpu() made one new Parameter per module, so the LM head and the
+    # embedding came back as two parameters and the optimizer kept the tpu ones.
+    torch.manual_seed(0)
+    ref = _TiedLM()
+    m = copy.deepcopy(ref).to("tpu")
+    params = list(m.parameters())
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    ids = torch.tensor([1, 2, 3])
+    m(ids.to("tpu")).square().sum().backward()
+    move(m)
+    assert m.head.weight is m.embed.weight
+    assert all(a is b for a, b in zip(params, m.parameters()))  # same objects
+    assert all(p.device.type == "cpu" and p.grad.device.type == "cpu" for p in params)
+    opt.step()  # updates the module's own (CPU) parameters
+    # The same steps on CPU throughout.
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    ref(ids).square().sum().backward()
+    ref.to(m.embed.weight.dtype)  # gradients too: the step runs in the moved dtype
+    ref_opt.step()
+    # float32 gradients from two backends: float32's tolerance, whatever the moved dtype.
+    torch.testing.assert_close(m(ids), ref(ids), rtol=1.3e-6, atol=1e-5)
+    assert len(list(m.parameters())) == len(list(ref.parameters())) == 3
+
+
+def test_a_cpu_module_moves_as_torch_moves_it():
+    # A module with no tpu parameters keeps torch's path (set_data for CPU -> CPU dtype).
+    m = torch.nn.Linear(2, 2)
+    w = m.weight
+    m.to(torch.float64)
+    assert m.weight is w and w.dtype == torch.float64
+    assert torch.__future__.get_swap_module_params_on_conversion() is False

@@ -7,6 +7,9 @@ upgrade breaks exactly one module, loudly.
 
 from __future__ import annotations
 
+import functools
+import threading
+
 import torch
 from torch._decomp import decomposition_table as decomposition_table
 from torch._prims_common import (
@@ -268,6 +271,74 @@ def uninstall_swap_tensors() -> None:
     original = getattr(torch.utils.swap_tensors, "_torchjax_original", None)
     if original is not None:
         torch.utils.swap_tensors = original
+
+
+# Note [Moving modules off tpu]
+# For a move off tpu (``model.cpu()``, ``model.to("cpu")``) ``Module._apply`` has neither
+# of its in-place paths: the CPU result is not a traceable wrapper subclass (no swap),
+# and a JaxTensor and a CPU tensor have no compatible shallow-copy type (no set_data).
+# So it made a new Parameter per module: tied weights (an LM head and its embedding)
+# came back as two parameters, and an optimizer built on tpu held the old ones. A module
+# whose own parameters hold a tpu tensor is moved with torch's swap path instead (what
+# ``torch.__future__.set_swap_module_params_on_conversion(True)`` selects), for this
+# thread and this module's own parameters only: the Parameter objects are kept, so ties
+# and optimizer references survive, as CPU <-> CUDA keeps them.
+_SWAP_LOCAL = threading.local()
+
+
+def install_module_moves(holds_device_params) -> None:
+    """Wrap ``nn.Module._apply`` and ``torch.__future__.get_swap_module_params_on_conversion``
+    (Note [Moving modules off tpu]); written for torch 2.13, both recorded (undone by
+    ``torchjax.uninstall()``)."""
+    import torch.__future__ as future
+    import torch.nn as nn
+
+    from torchjax import _patches
+
+    original_apply = nn.Module._apply
+    if getattr(original_apply, "_torchjax_original", None) is not None:
+        return
+    original_get = future.get_swap_module_params_on_conversion
+
+    def get_swap_module_params_on_conversion() -> bool:
+        return getattr(_SWAP_LOCAL, "on", False) or original_get()
+
+    def _apply(self, fn, recurse=True):
+        if not holds_device_params(self):
+            return original_apply(self, fn, recurse)
+        if recurse:
+            for module in self.children():
+                module._apply(fn)
+        before = getattr(_SWAP_LOCAL, "on", False)
+        _SWAP_LOCAL.on = True
+        try:
+            return original_apply(self, fn, False)
+        finally:
+            _SWAP_LOCAL.on = before
+
+    functools.update_wrapper(get_swap_module_params_on_conversion, original_get)
+    functools.update_wrapper(_apply, original_apply)
+    _apply._torchjax_original = original_apply
+    _patches.replace_attr(
+        future,
+        "get_swap_module_params_on_conversion",
+        get_swap_module_params_on_conversion,
+        name="torch.__future__.get_swap_module_params_on_conversion",
+        why="True in this thread while a module with tpu parameters is moved "
+        "(Note [Moving modules off tpu])",
+        package="torch",
+        written_for="2.13",
+    )
+    _patches.replace_attr(
+        nn.Module,
+        "_apply",
+        _apply,
+        name="torch.nn.Module._apply",
+        why="a module with tpu parameters keeps its Parameter objects (tied weights, "
+        "optimizer references) when moved off tpu (Note [Moving modules off tpu])",
+        package="torch",
+        written_for="2.13",
+    )
 
 
 def install_load_location_reset() -> None:

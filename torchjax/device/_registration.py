@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from torchjax._compat.torch import (
+    install_module_moves,
     install_swap_tensors,
     privateuse1_backend_name,
     setup_privateuse1_python_backend,
@@ -53,6 +54,7 @@ def _register() -> None:
     _dataloader.register()
     _serialization.register()
     install_swap_tensors(_involves_tpu)
+    install_module_moves(_holds_tpu_params)
 
 
 def _involves_tpu(t1, t2) -> bool:
@@ -60,6 +62,14 @@ def _involves_tpu(t1, t2) -> bool:
     from torchjax.tensor._tensor import JaxTensor
 
     return isinstance(t1, JaxTensor) or isinstance(t2, JaxTensor)
+
+
+def _holds_tpu_params(module) -> bool:
+    # Note [Moving modules off tpu] in torchjax/_compat/torch.py: the module's own
+    # parameters (``_apply`` recurses into its children itself).
+    from torchjax.tensor._tensor import JaxTensor
+
+    return any(isinstance(p, JaxTensor) for p in module._parameters.values())
 
 
 _register()
