@@ -188,3 +188,21 @@ def test_reset_persistent_cache_makes_a_new_directory_take_effect(tmp_path):
         jax.config.update("jax_compilation_cache_dir", old_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", old_time)
         cj.reset_persistent_cache()
+
+
+def test_graph_task_id_and_engine_callback():
+    from torchjax._compat import torch as ctorch
+
+    assert ctorch.graph_task_id() == -1
+    seen = []
+
+    def hook(grad):
+        seen.append(ctorch.graph_task_id())
+        ctorch.queue_engine_callback(lambda: seen.append("end"))
+        return grad
+
+    x = torch.ones(2, requires_grad=True)
+    y = x * 2
+    y.register_hook(hook)
+    y.sum().backward()
+    assert seen[0] != -1 and seen[1:] == ["end"]
