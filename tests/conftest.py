@@ -12,6 +12,14 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
         os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
     ).strip()
 
+# Note [The suite and the persistent compilation cache]
+# ``import torchjax`` turns JAX's persistent compilation cache on in the user's cache
+# directory (Note [Persistent compilation cache]); the suite must not fill it, and a test
+# must compile what it checks, not load a program an earlier run wrote. So it is off here
+# and in every child process the suite starts (they inherit the environment); the tests
+# of the cache itself set it to a temporary directory in their child processes.
+os.environ["TORCHJAX_COMPILATION_CACHE"] = "0"
+
 import pytest  # noqa: E402
 
 import torchjax  # noqa: F401,E402  (registers the "tpu" device before any test collects)

@@ -183,7 +183,11 @@ def test_note_lists_every_recorded_patch():
     note = " ".join(_patches.__doc__.split())
     for p in torchjax.patches():
         assert f"``{p.name}``" in note, p.name
-    for name in ("optimizer capturable=True under jit", "transformers ExpertsInterface entry"):
+    for name in (
+        "optimizer capturable=True under jit",
+        "transformers ExpertsInterface entry",
+        "jax persistent compilation cache",  # off in the suite (tests/conftest.py)
+    ):
         assert f"``{name}``" in note
 
 

@@ -4,7 +4,7 @@ A tensor on "tpu" is a ``torch.Tensor`` whose data is a ``jax.Array``; every ATe
 runs as a jax computation. See README.md.
 """
 
-from torchjax import _patches
+from torchjax import _compilation_cache, _patches
 from torchjax import checkpoint as checkpoint
 from torchjax import device as _device  # noqa: F401  (registers the "tpu" device)
 from torchjax import ops as _ops  # noqa: F401  (fills the op table)
@@ -25,6 +25,10 @@ from torchjax.interop import (
 from torchjax.sharding import mesh
 from torchjax.tensor import JaxTensor
 from torchjax.tensor._errors import DataDependentError, LeakedTracerError, TraceError
+
+# A second process loads its executables instead of compiling them (Note [Persistent
+# compilation cache]); importing compiles nothing, so every torchjax program is cached.
+_compilation_cache.install()
 
 # transformers' from_pretrained/save_pretrained on tpu, once transformers is imported
 # (Note [Patching transformers' loading and saving]).

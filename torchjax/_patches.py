@@ -82,6 +82,13 @@ how it is undone.
   ``modeling_utils.remove_tied_weights_from_state_dict`` wrapped: Note [Patching
   transformers' loading and saving]. Undo: ``_loading.uninstall()`` puts the originals
   back.
+- ``jax persistent compilation cache`` (_compilation_cache.py, at import unless
+  ``TORCHJAX_COMPILATION_CACHE=0`` or the user set a JAX cache directory or turned the
+  cache off; jax 0.10). ``jax_compilation_cache_dir`` set to the user's cache directory
+  and ``jax_persistent_cache_min_compile_time_secs`` from JAX's default 1 s to 0, so a
+  second process loads the eager-op programs instead of compiling them (Note
+  [Persistent compilation cache]). Undo: both options back, JAX's cache object dropped
+  (through _compat/jax.py), so later compiles neither read nor write the directory.
 - ``transformers ExpertsInterface entry`` (integrations/transformers/_moe.py, only when
   the user calls ``register_experts()``; transformers 5.24). "torchjax_ragged_dot" in
   transformers' global experts registry. Undo: the entry is deleted.

@@ -163,3 +163,46 @@ def test_dataloader_worker_iter_is_the_class_that_starts_workers():
         assert isinstance(it, cls) and next(it).tolist() == [0, 1]
     finally:
         it._shutdown_workers()
+
+
+def test_reset_persistent_cache_makes_a_new_directory_take_effect(tmp_path):
+    import jax
+    import jax.numpy as jnp
+
+    from torchjax._compat import jax as cj
+
+    old_dir = jax.config.jax_compilation_cache_dir
+    old_time = jax.config.jax_persistent_cache_min_compile_time_secs
+    try:
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        cj.reset_persistent_cache()
+        jax.jit(lambda v: v * 3.25 + 0.5)(jnp.ones(7)).block_until_ready()
+        assert list(tmp_path.iterdir())
+        jax.config.update("jax_compilation_cache_dir", None)
+        cj.reset_persistent_cache()
+        before = sorted(tmp_path.iterdir())
+        jax.jit(lambda v: v * 4.75 - 0.5)(jnp.ones(9)).block_until_ready()
+        assert sorted(tmp_path.iterdir()) == before
+    finally:
+        jax.config.update("jax_compilation_cache_dir", old_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", old_time)
+        cj.reset_persistent_cache()
+
+
+def test_graph_task_id_and_engine_callback():
+    from torchjax._compat import torch as ctorch
+
+    assert ctorch.graph_task_id() == -1
+    seen = []
+
+    def hook(grad):
+        seen.append(ctorch.graph_task_id())
+        ctorch.queue_engine_callback(lambda: seen.append("end"))
+        return grad
+
+    x = torch.ones(2, requires_grad=True)
+    y = x * 2
+    y.register_hook(hook)
+    y.sum().backward()
+    assert seen[0] != -1 and seen[1:] == ["end"]

@@ -67,6 +67,58 @@ def test_immediate_mode_raises_at_the_op():
         torch.tpu.set_sync_checks(False)
 
 
+def test_out_of_range_embedding_raises_at_the_end_of_backward():
+    emb = nn.Embedding(5, 3).to(TPU)
+    loss = emb(torch.tensor([1, 7], device=TPU)).sum()  # no raise, no read
+    assert _checks.pending() >= 1
+    reads = torchjax.stats()["host_reads"]
+    with pytest.raises(IndexError, match=r"index out of range in self \(index 7, 5 rows\)"):
+        loss.backward()
+    assert _checks.pending() == 0
+    assert torchjax.stats()["host_reads"] == reads + 1
+    # The next backward pass (valid indices) raises nothing.
+    emb(torch.tensor([1, 4], device=TPU)).sum().backward()
+    assert emb.weight.grad is not None
+
+
+def test_backward_end_names_the_op():
+    emb = nn.Embedding(5, 3).to(TPU)
+    loss = emb(torch.tensor([9], device=TPU)).sum()
+    with pytest.raises(IndexError) as info:
+        loss.backward()
+    assert "aten::embedding" in str(info.value)
+
+
+def test_backward_with_nothing_pending_reads_nothing():
+    # The plain path: no pending check, no read at the end of backward().
+    w = torch.randn(4, 3, device=TPU, requires_grad=True)
+    torch.tpu.synchronize()
+    reads = torchjax.stats()["host_reads"]
+    (w * 2).sum().backward()
+    assert torchjax.stats()["host_reads"] == reads
+    assert _checks.pending() == 0
+
+
+def test_valid_checks_are_read_once_at_the_end_of_backward():
+    emb = nn.Embedding(5, 3).to(TPU)
+    torch.tpu.synchronize()
+    reads = torchjax.stats()["host_reads"]
+    emb(torch.tensor([0, 4], device=TPU)).sum().backward()
+    assert _checks.pending() == 0 and torchjax.stats()["host_reads"] == reads + 1
+    assert emb.weight.grad.cpu().sum().item() == 6.0
+
+
+def test_a_backward_outside_the_checks_graph_reports_them_too():
+    # Pending checks of a no_grad forward are reported by the next backward pass.
+    w = torch.randn(5, 3, device=TPU)
+    with torch.no_grad():
+        torch.index_select(w, 0, torch.tensor([8], device=TPU))
+    x = torch.ones(2, device=TPU, requires_grad=True)
+    with pytest.raises(IndexError, match="index 8 is out of bounds"):
+        (x * 3).sum().backward()
+    (x * 3).sum().backward()  # reported once
+
+
 def test_immediate_mode_from_the_environment():
     code = textwrap.dedent(
         """
@@ -111,12 +163,31 @@ class _Tiny(nn.Module):
         return self.head(self.layer(self.emb(ids)))
 
 
-def test_transformer_forward_and_train_step_read_nothing_back():
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).eval().to(TPU)
+
+
+def _decode_step(model, ids, past):
+    # One greedy step with the KV cache: the next token stays on the device.
+    out = model(ids, past_key_values=past, use_cache=True)
+    return out.logits[:, -1:].argmax(-1), out.past_key_values
+
+
+def test_transformer_forward_decode_step_and_train_step_read_nothing_back():
     torch.manual_seed(0)
     model = _Tiny().to(TPU)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 50, (2, 8)).to(TPU)
     target = torch.randint(0, 50, (2, 8)).to(TPU)
+    llama = _tiny_llama()
+    prompt = torch.randint(1, 64, (1, 6)).to(TPU)
 
     def step():
         loss = F.cross_entropy(model(ids).reshape(-1, 50), target.reshape(-1))
@@ -125,19 +196,31 @@ def test_transformer_forward_and_train_step_read_nothing_back():
         opt.zero_grad()
         return loss
 
+    def reads(fn):
+        torch.tpu.synchronize()  # nothing pending before, so each count is fn's own
+        torchjax.reset_stats()
+        with jax.transfer_guard_device_to_host("disallow"):
+            out = fn()
+        return torchjax.stats()["host_reads"], out
+
+    with torch.no_grad():
+        token, past = _decode_step(llama, prompt, None)  # prefill
+        _decode_step(llama, token, past)  # compiles the step's programs
     step()
-    torch.tpu.synchronize()
-    torchjax.reset_stats()
-    with jax.transfer_guard_device_to_host("disallow"):
-        with torch.no_grad():
-            model(ids)
-        loss = step()
-    stats = torchjax.stats()
-    assert stats["host_reads"] == 0
-    assert stats["ops"]["aten::embedding.default"]["calls"] >= 1
-    assert stats["ops"]["aten::embedding.default"]["op_by_op"] == 0
-    assert loss.item() > 0  # a sync after the guard: reads the queued index checks
-    assert torchjax.stats()["host_reads"] >= 1
+    with torch.no_grad():
+        assert reads(lambda: model(ids))[0] == 0
+        n, (token, past) = reads(lambda: _decode_step(llama, token, past))
+        assert n == 0
+    assert torchjax.stats()["ops"]["aten::embedding.default"]["op_by_op"] == 0
+    # A train step: the one read is the end of backward() reporting the embedding's
+    # index checks (Note [Device-side checks]); the forward, the optimizer step and
+    # zero_grad read nothing.
+    n, loss = reads(step)
+    assert n == 1
+    assert torchjax.stats()["ops"]["aten::embedding.default"]["calls"] >= 1
+    assert _checks.pending() == 0  # read by the end of backward()
+    assert loss.item() > 0  # the value's own read after the guard
+    assert torchjax.stats()["host_reads"] == 2
 
 
 def test_stats_count_compiles_hits_and_reads():

@@ -322,6 +322,32 @@ def test_views_of_many_layouts_stop_adding_keys():
     assert eager == eager0
 
 
+def test_a_view_beside_a_growing_argument_shares_the_plain_executables():
+    # cat([cache, new.transpose(1, 2)]) of a growing KV cache: the view's layout is fixed,
+    # the cache grows. Past MAX_VIEW_SIGNATURES lengths the view is read first, so the
+    # cat of the view and the cat of a plain tensor of its shape share one executable
+    # per length (Note [Views in keys whose shapes vary]); values are exact.
+    new = torch.randn(1, 1, 2, 4)
+    tnew = new.to(TPU)
+    plain = torch.randn(1, 2, 1, 4)
+    tplain = plain.to(TPU)
+    cache = torch.randn(1, 2, 3, 4)
+    tcache = cache.to(TPU)
+    traces = []
+    for _ in range(compiled.MAX_VIEW_SIGNATURES + 4):
+        before = compiled.cache_info(aten.cat.default).traces
+        cat_v = torch.cat([tcache, tnew.transpose(1, 2)], dim=-2)
+        cat_p = torch.cat([tcache, tplain], dim=-2)
+        traces.append(compiled.cache_info(aten.cat.default).traces - before)
+        assert torch.equal(cat_v.cpu(), torch.cat([cache, new.transpose(1, 2)], dim=-2))
+        assert torch.equal(cat_p.cpu(), torch.cat([cache, plain], dim=-2))
+        cache, tcache = torch.cat([cache, plain], dim=-2), cat_p
+    n = compiled.MAX_VIEW_SIGNATURES
+    assert traces[:n] == [2] * n  # the view read inside: its own executable per length
+    assert traces[n:] == [1] * (len(traces) - n)  # one shared executable per length
+    assert compiled.cache_info(aten.cat.default).op_by_op == 0
+
+
 def test_ops_on_views_at_many_offsets_trace_once():
     # ``t[:, i]`` over a loop: the view's offset is an argument of the op's executable
     # (Note [View offsets as arguments]), not part of its key.

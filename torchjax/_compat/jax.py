@@ -38,3 +38,13 @@ def x64_enter():
 def x64_exit(token) -> None:
     """Restore the thread's x64 setting saved by ``x64_enter``."""
     _X64_STATE.set_local(token)
+
+
+def reset_persistent_cache() -> None:
+    """Drop JAX's persistent-cache object, so the next compile looks up
+    ``jax_compilation_cache_dir`` again (None: no cache). ``reset_cache`` is exported by
+    ``jax.experimental.compilation_cache.compilation_cache``; it is the only way to make
+    a directory change take effect after the first compile."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    compilation_cache.reset_cache()

@@ -434,3 +434,14 @@ def dataloader_worker_iter():
     from torch.utils.data import dataloader
 
     return dataloader._MultiProcessingDataLoaderIter
+
+
+def graph_task_id() -> int:
+    """The id of the autograd engine's running backward pass in this thread (-1: none)."""
+    return torch._C._current_graph_task_id()
+
+
+def queue_engine_callback(callback) -> None:
+    """Run ``callback()`` when the running backward pass ends (inside it only); an
+    exception it raises is raised by ``backward()``."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)

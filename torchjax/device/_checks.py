@@ -12,11 +12,12 @@ boolean scalar (True: the input is invalid), ``value`` the offending value to na
 - inside an eager op's cached executable (Note [Compiled lowerings]) the check becomes
   two more outputs of that executable; op by op it is computed like the op itself;
 - the check joins the pending list of this process; the next synchronisation point
-  (``.item()``, ``.cpu()``, ``print``/``repr``, ``.tolist()``, ``torch.tpu.synchronize()``)
-  reads every pending flag in one transfer and raises the first failure, in program order,
-  with its op and value: ``IndexError: index 7 is out of bounds for dimension 0 with size
-  5 (in aten::index_select)``. Results of the failed op are undefined, as after a CUDA
-  device assert; the error says the op, so no result is silently clamped into use;
+  (``.item()``, ``.cpu()``, ``print``/``repr``, ``.tolist()``, ``torch.tpu.synchronize()``,
+  the end of ``backward()``) reads every pending flag in one transfer and raises the
+  first failure, in program order, with its op and value: ``IndexError: index 7 is out
+  of bounds for dimension 0 with size 5 (in aten::index_select)``. Results of the
+  failed op are undefined, as after a CUDA device assert; the error says the op, so no
+  result is silently clamped into use;
 - immediate mode (``TORCHJAX_SYNC_CHECKS=1`` in the environment, or
   ``torch.tpu.set_sync_checks(True)``) reads the flag at the op and raises there: slower
   (one host read per checked op), for debugging;
@@ -25,6 +26,14 @@ boolean scalar (True: the input is invalid), ``value`` the offending value to na
   jax's rules (``jnp.take`` fills NaN, ``x[idx]`` gathers clamp, scatters drop). Check
   the data eagerly, or inside the jitted function with ``jax.experimental.checkify``, if
   it may be invalid.
+
+The end of ``backward()``: the first tpu op of a backward pass that finds checks pending
+(the forward's, or its own) queues an autograd-engine callback that reads them when the
+pass ends, so ``loss.backward()`` raises the failure, as the op's own error would
+(Note [Errors inside the autograd engine] in torchjax/tensor/_backward_errors.py). That
+read waits for the checks' inputs (the indices, the divisors), not for the backward's
+results; a pass with no checks pending reads nothing. It is one host read per backward
+of a model with checked ops (an embedding): the price of reporting there.
 
 The pending list is folded on the device every ``_FOLD_AT`` entries (one small
 executable), so a loop that never synchronises keeps a few arrays, not thousands.
@@ -39,7 +48,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from torchjax._compat.torch import graph_task_id, queue_engine_callback
 from torchjax.device import _stats
+from torchjax.tensor import _tensor
 
 _FOLD_AT = 64
 _lock = threading.Lock()
@@ -223,6 +234,26 @@ def raise_pending() -> None:
         raise exc(template.format(value=value))
 
 
+def at_backward_op() -> None:
+    """Called by a tpu op while checks are pending: inside a backward pass, have its
+    end raise them (once per pass; Note [Device-side checks])."""
+    task = graph_task_id()
+    if task == -1 or getattr(_local, "backward_task", None) == task:
+        return
+    _local.backward_task = task
+
+    def at_end():
+        _local.backward_task = None
+        raise_pending()
+
+    queue_engine_callback(at_end)
+
+
 def clear_pending() -> None:
     """Drop every queued check unread (a test harness between tests)."""
     _take_pending()
+
+
+# Every tpu op looks at the pending list (one truth test) for the end of backward().
+_tensor._PENDING_CHECKS = _PENDING
+_tensor._at_backward_op = at_backward_op

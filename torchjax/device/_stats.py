@@ -15,6 +15,9 @@ path:
 - ``executions``: calls through cached executables (one XLA execution each) plus
   op-by-op calls (at least one each); ``cache_hits`` = calls - traces, ``cache_misses``
   = traces;
+- ``persistent_cache_hits``: executables JAX loaded from its persistent compilation
+  cache instead of compiling (Note [Persistent compilation cache]); jax reports each
+  as a compile too, ``compiles`` does not count them;
 - ``host_reads``: device-to-host transfers torchjax made (``.item()``, ``.cpu()``,
   ``print``, ``.tolist()``, the reads of pending device checks at a sync point);
 - ``executables``: the process-wide budget of cached programs and what it holds
@@ -22,8 +25,9 @@ path:
   [Executable cache budget] in torchjax/_budget.py).
 
 Counters are plain integers updated without a lock: exact in one thread; two threads
-dispatching at once may lose an increment, never corrupt a cache. The listener for
-``compiles`` is registered once at import (it changes nothing in jax's behaviour).
+dispatching at once may lose an increment, never corrupt a cache. The listeners for
+``compiles`` and ``persistent_cache_hits`` are registered once at import (they change
+nothing in jax's behaviour).
 """
 
 from __future__ import annotations
@@ -33,13 +37,15 @@ import jax
 from torchjax import _budget
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_PERSISTENT_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 class _Counters:
-    __slots__ = ("compiles", "host_reads")
+    __slots__ = ("compiles", "persistent_cache_hits", "host_reads")
 
     def __init__(self):
         self.compiles = 0
+        self.persistent_cache_hits = 0
         self.host_reads = 0
 
 
@@ -54,7 +60,13 @@ def _on_duration(event: str, duration: float, **kwargs) -> None:
         COUNTERS.compiles += 1
 
 
+def _on_event(event: str, **kwargs) -> None:
+    if event == _PERSISTENT_HIT_EVENT:
+        COUNTERS.persistent_cache_hits += 1
+
+
 jax.monitoring.register_event_duration_secs_listener(_on_duration)
+jax.monitoring.register_event_listener(_on_event)
 
 
 def count_host_read() -> None:
@@ -63,9 +75,10 @@ def count_host_read() -> None:
 
 def stats() -> dict:
     """The eager engine's counters since import or the last ``reset_stats()``
-    (Note [Eager engine counters]): ``compiles``, ``executions``, ``cache_hits``,
-    ``cache_misses``, ``host_reads``, ``executables`` (the cache budget: ``entries``,
-    ``bytes``, ``evictions``, ``budget_entries``, ``budget_bytes``) and ``ops``
+    (Note [Eager engine counters]): ``compiles``, ``persistent_cache_hits``,
+    ``executions``, ``cache_hits``, ``cache_misses``, ``host_reads``, ``executables``
+    (the cache budget: ``entries``, ``bytes``, ``evictions``, ``budget_entries``,
+    ``budget_bytes``) and ``ops``
     ({"aten::add.Tensor": {"calls", "traces", "keys", "op_by_op"}}, overloads that ran
     since the reset)."""
     ops = {}
@@ -83,7 +96,9 @@ def stats() -> dict:
         traces += c.traces
         op_by_op += c.op_by_op
     return {
-        "compiles": COUNTERS.compiles,
+        # jax reports a load from the persistent cache as a compile too.
+        "compiles": max(COUNTERS.compiles - COUNTERS.persistent_cache_hits, 0),
+        "persistent_cache_hits": COUNTERS.persistent_cache_hits,
         "executions": calls + op_by_op,
         "cache_hits": max(calls - traces, 0),
         "cache_misses": traces,
@@ -97,6 +112,7 @@ def reset_stats() -> None:
     """Zero every counter of ``stats()`` (executables stay cached; ``keys`` counts
     executables built since the reset)."""
     COUNTERS.compiles = 0
+    COUNTERS.persistent_cache_hits = 0
     COUNTERS.host_reads = 0
     _budget.reset_counters()
     for c in list(OP_COUNTERS.values()):

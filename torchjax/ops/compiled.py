@@ -31,6 +31,19 @@ runs every eligible lowering, together with the promotion casts around it, as on
 - Tracers pass through: under ``torchjax.jit`` (tpu tensors holding tracers) calling
   the cached ``jax.jit`` function inlines it into the outer trace.
 
+Note [Views in keys whose shapes vary]
+A key that reads a view inside is built for the view's layout, and the executable for
+the shapes of the other arguments. When those change every call while the layout stays
+(``torch.cat([cache, value.transpose(1, 2)])`` of a growing KV cache; ``torch.cat([ids,
+next_token[:, None]])`` of ``generate``), each new length compiles a program of the view
+read and the op, beside the plain key's program of the same op and shapes (the key cache
+without a view): two compiles per step where one would do. So after
+``MAX_VIEW_SIGNATURES`` input signatures of such a key, a new signature reads the views
+first (one small executable per layout, compiled once) and uses the plain key; the
+signatures seen so far keep their fused executables. The read is exact, so the values
+are the same. (A 64-token greedy ``generate`` of the tiny Llama: two compiles fewer per
+token.)
+
 Every dtype is compiled: float32/64, bfloat16, float16, float8, every int, bool and
 complex. Value checks of integer inputs (index out of range, division by zero) are device
 checks (Note [Device-side checks], torchjax/device/_checks.py): traced, they become two
@@ -89,6 +102,11 @@ from torchjax.tensor._tensor import JaxTensor
 # key every step; past this many, views are read first (one executable) and the op
 # uses its plain key.
 MAX_VIEW_KEYS = 16
+# Input signatures of one key that reads a view inside: the view's layout is fixed but
+# another argument's shape changes (``cat([cache, new_token_view])`` of a growing KV
+# cache): past this many, such calls read their views first and share the plain key's
+# executables (Note [Views in keys whose shapes vary]).
+MAX_VIEW_SIGNATURES = 2
 # No excess precision: half-type results are rounded after every op, as torch does
 # (module docstring).
 COMPILER_OPTIONS = {"xla_allow_excess_precision": False}
@@ -298,6 +316,7 @@ class CompiledCompute:
         self.float_variants: dict = {}
         self.info = _INFO.setdefault(func, CacheInfo())
         self.view_keys = 0
+        self.view_signatures: dict = {}
         self.masks = func in _MASK_INDEXED
         # Held while the caches are changed (a new key, a forgotten one): two threads
         # dispatching the same overload must not both build, or both delete, a key.
@@ -312,13 +331,14 @@ class CompiledCompute:
             self.cache, self.runs, self.tensor_cache = {}, {}, {}
             self.eager_keys, self.float_variants = set(), {}
             self.view_keys = 0
+            self.view_signatures = {}
             info = self.info
             info.keys = info.traces = info.eager_keys = info.calls = info.op_by_op = 0
 
-    def _entry(self, x, dyn, psig, scalars, promoted):
+    def _entry(self, x, dyn, psig, scalars, promoted, read_views=False):
         """The template entry of argument ``x``; appends its arrays to ``dyn``, its
         promotion key to ``psig`` (if ``promoted``) and the index in ``dyn`` of a Python
-        scalar to cast to ``scalars``."""
+        scalar to cast to ``scalars``. ``read_views``: a view enters as its value."""
         if isinstance(x, JaxTensor):
             if self.masks and x.dtype in _MASK_DTYPES:
                 raise NotCompilable  # a mask index: data-dependent shape
@@ -332,7 +352,7 @@ class CompiledCompute:
             if storage.covers(size, stride, offset) and stride == contiguous_strides(size):
                 dyn.append(storage.arr)
                 return _ARRAY
-            if self.view_keys >= MAX_VIEW_KEYS:
+            if read_views or self.view_keys >= MAX_VIEW_KEYS:
                 dyn.append(x._value())
                 return _ARRAY
             # A view not read yet (Note [Lazy views]): the read joins this executable,
@@ -357,7 +377,11 @@ class CompiledCompute:
             dyn.append(x)
             return _ARRAY
         if isinstance(x, (list, tuple)):
-            return (_SEQ, type(x), tuple(self._entry(y, dyn, psig, scalars, False) for y in x))
+            return (
+                _SEQ,
+                type(x),
+                tuple(self._entry(y, dyn, psig, scalars, False, read_views) for y in x),
+            )
         return _static(x)
 
     def __call__(self, args, kwargs):
@@ -394,15 +418,18 @@ class CompiledCompute:
         self.info.op_by_op += 1
         return self.eager(args, kwargs)
 
-    def _call(self, args, kwargs):
+    def _call(self, args, kwargs, read_views=False):
         if kwargs and self.outs:
             kwargs = {k: v for k, v in kwargs.items() if k not in self.outs}
         dyn, psig, scalars = [], [], []
         pidx, pnames, entry = self.pidx, self.pnames, self._entry
+        rv = read_views
         try:
-            tmpl = tuple([entry(a, dyn, psig, scalars, i in pidx) for i, a in enumerate(args)])
+            tmpl = tuple([entry(a, dyn, psig, scalars, i in pidx, rv) for i, a in enumerate(args)])
             kwtmpl = (
-                tuple([(k, entry(v, dyn, psig, scalars, k in pnames)) for k, v in kwargs.items()])
+                tuple(
+                    [(k, entry(v, dyn, psig, scalars, k in pnames, rv)) for k, v in kwargs.items()]
+                )
                 if kwargs
                 else ()
             )
@@ -413,6 +440,8 @@ class CompiledCompute:
             # TypeError: an unhashable static argument (no key to cache under).
             return self._op_by_op(args, kwargs)
         if run is None:
+            if not read_views and self._varying_view_shapes(key, tmpl, kwtmpl):
+                return self._call(args, kwargs, read_views=True)
             dts = self.cache.get(key, _NO_KEY)
             if dts is _NO_KEY:
                 dts = self._new_key(key, tmpl, kwtmpl, psig)
@@ -443,6 +472,18 @@ class CompiledCompute:
         if run.nbytes is None:
             self._measure(run, dyn)
         return _finish(out)
+
+    def _varying_view_shapes(self, key, tmpl, kwtmpl) -> bool:
+        """Whether a new input signature of ``key`` (which may read views inside) should
+        read its views first instead (Note [Views in keys whose shapes vary]); counts it."""
+        if not (any(_has_view(e) for e in tmpl) or any(_has_view(e) for _, e in kwtmpl)):
+            return False
+        with self.lock:
+            seen = self.view_signatures.get(key, 0)
+            if seen >= MAX_VIEW_SIGNATURES:
+                return True
+            self.view_signatures[key] = seen + 1
+            return False
 
     def _new_key(self, key, tmpl, kwtmpl, psig):
         """The dtypes for a key seen for the first time, or _NO_KEY when the key runs op

@@ -29,6 +29,11 @@ _DEVICES = {}
 # The registry's resolved handlers (ATen overload -> fn(args, kwargs)); filled by
 # torchjax/ops/registry.py, which imports this module. Read directly on the hot path.
 _HANDLERS: dict = {}
+# The device checks not read yet and the function that has the end of a running backward
+# pass read them (Note [Device-side checks]); set by torchjax/device/_checks.py, which
+# this module cannot import (the device package imports it).
+_PENDING_CHECKS: list = []
+_at_backward_op = None
 
 
 def make(
@@ -220,6 +225,8 @@ class JaxTensor(torch.Tensor):
         # registry's handler for ``func`` (see Note [The eager hot path] in
         # torchjax/ops/registry.py).
         token = x64_enter()
+        if _PENDING_CHECKS:  # the end of a backward pass reports them
+            _at_backward_op()
         try:
             handler = _HANDLERS.get(func)
             if handler is None:

@@ -1,0 +1,134 @@
+"""Cold start: the tiny Llama's first greedy ``generate`` in a fresh process.
+
+The tiny Llama of bench/compiled.py (hidden 256, 4 layers, vocab 1024), an 8-token
+prompt, ``generate(max_new_tokens=64, do_sample=False)``, in float32 and bfloat16. Each
+figure comes from its own child process: the first with an empty persistent compilation
+cache (cold), the second with the cache the first one filled (warm). Reported per run:
+the wall time of the first ``generate`` call, the XLA compiles it made
+(``torchjax.stats()["compiles"]``) and the cache files after it.
+
+Run:  python bench/startup.py  [--by-op]  (--by-op: the traces of each overload, most first)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from bench.common import header  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NEW_TOKENS = 64
+PROMPT = [[1, 17, 42, 99, 5, 6, 7, 8]]
+DTYPES = ("float32", "bfloat16")
+
+_CHILD = """
+import json, os, sys, time
+t_start = time.perf_counter()
+import torch
+import transformers
+import torchjax
+t_import = time.perf_counter() - t_start
+from bench.compiled import llama
+
+dtype = getattr(torch, sys.argv[1])
+model = llama().to(dtype).to("tpu")
+ids = torch.tensor(PROMPT, device="tpu")
+torch.tpu.synchronize()
+torchjax.reset_stats()
+t0 = time.perf_counter()
+with torch.no_grad():
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW,
+                         min_new_tokens=NEW, do_sample=False, pad_token_id=0)
+out.cpu()
+wall = time.perf_counter() - t0
+s = torchjax.stats()
+cache = os.environ.get("TORCHJAX_COMPILATION_CACHE", "")
+files = sum(len(f) for _, _, f in os.walk(cache)) if os.path.isdir(cache) else 0
+ops = sorted(((v["traces"], k) for k, v in s["ops"].items() if v["traces"]), reverse=True)
+print("RESULT " + json.dumps({
+    "wall_s": wall, "import_s": t_import, "compiles": s["compiles"],
+    "persistent_hits": s["persistent_cache_hits"],
+    "traces": sum(t for t, _ in ops), "cache_files": files, "ops": ops,
+    "tokens": out.shape[1] - len(PROMPT[0]), "head": out[0, -8:].tolist(),
+}))
+"""
+
+
+def child(dtype: str, cache_dir: str) -> dict:
+    """One fresh process: the first ``generate`` of the tiny Llama in ``dtype``, with the
+    persistent compilation cache in ``cache_dir`` ("0": cache off)."""
+    code = _CHILD.replace("PROMPT", repr(PROMPT)).replace("NEW", str(NEW_TOKENS))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TORCHJAX_COMPILATION_CACHE": cache_dir,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code, dtype],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=1200,
+    )
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise RuntimeError(f"bench/startup.py: the child process failed:\n{out.stderr[-3000:]}")
+
+
+def run(dtypes=DTYPES) -> dict:
+    """{dtype: {"cold": child result, "warm": child result}}, a fresh cache per dtype."""
+    results = {}
+    for dtype in dtypes:
+        with tempfile.TemporaryDirectory(prefix="torchjax-startup-") as cache:
+            cold = child(dtype, cache)
+            warm = child(dtype, cache)
+        results[dtype] = {"cold": cold, "warm": warm}
+    return results
+
+
+def report(r) -> str:
+    lines = [
+        f"| tiny Llama first generate ({NEW_TOKENS} tokens), fresh process | wall | "
+        "XLA compiles | cache files | target |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for dtype, runs in r.items():
+        for which, target in (("cold", "<= 5 s, <= 100 compiles"), ("warm", "<= 1 s")):
+            x = runs[which]
+            lines.append(
+                f"| {dtype}, {which} cache | {x['wall_s']:.2f} s | {x['compiles']} | "
+                f"{x['cache_files']} | {target} |"
+            )
+    return "\n".join(lines)
+
+
+def by_op(r, top: int = 25) -> str:
+    lines = []
+    for dtype, runs in r.items():
+        cold = runs["cold"]
+        lines.append(f"\n{dtype} cold: {cold['traces']} traces")
+        lines += [f"  {t:5d}  {name}" for t, name in cold["ops"][:top]]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    print(header("cold start"))
+    r = run()
+    print(report(r))
+    if "--by-op" in sys.argv:
+        print(by_op(r))
+
+
+if __name__ == "__main__":
+    main()
