@@ -75,6 +75,21 @@ how it is undone.
   ``modeling_utils.remove_tied_weights_from_state_dict`` wrapped: Note [Patching
   transformers' loading and saving]. Undo: ``_loading.uninstall()`` puts the originals
   back.
+- ``sys.meta_path import hook for accelerate`` and ``sys.meta_path import hook for
+  transformers.trainer`` (integrations/_after_import.py; no release). Finders like the
+  one above, for ``accelerate.state`` and ``transformers.trainer``; each removes itself
+  when it fires. Undo: the finder is removed.
+- ``accelerate PartialState.default_device`` (integrations/accelerate/_device.py;
+  accelerate 1.15). accelerate picks its device from a list of backends it knows and
+  never asks ``torch.accelerator``, so ``Accelerator()`` and the Trainer's batches stayed
+  on cpu while transformers put the model on tpu. The property answers accelerate's
+  answer except that its cpu fallback is tpu when torch's accelerator is tpu (Note
+  [accelerate's device on tpu]). Undo: the original property put back.
+- ``transformers Trainer RNG state`` (integrations/transformers/_trainer.py; transformers
+  5.24). ``Trainer._save_rng_state`` / ``_load_rng_state`` wrapped: transformers' own run
+  first, then the tpu RNG states are added to / restored from ``rng_state.pth`` (Note
+  [Trainer checkpoints and the tpu RNG]); signatures unchanged. Undo: the originals put
+  back.
 - ``transformers ExpertsInterface entry`` (integrations/transformers/_moe.py, only when
   the user calls ``register_experts()``; transformers 5.24). "torchjax_ragged_dot" in
   transformers' global experts registry. Undo: the entry is deleted.
