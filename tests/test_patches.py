@@ -162,6 +162,10 @@ def test_uninstall_restores_every_original():
         "transformers loading functions",
         "transformers ExpertsInterface entry",
         "accelerate PartialState.default_device",
+        "transformers accelerate_max_memory",
+        "accelerate clean_state_dict_for_safetensors",
+        "accelerate.checkpointing.load_model",
+        "accelerate OffloadedWeightsLoader.__getitem__",
         "transformers Trainer RNG state",
     }
     # transformers was imported first, so the import hook was never needed.
@@ -193,7 +197,7 @@ def test_accelerate_and_trainer_hooks_patch_on_import():
         import sys
         import torchjax
         names = [p.name for p in torchjax.patches()]
-        assert "sys.meta_path import hook for accelerate" in names
+        assert "sys.meta_path import hook for accelerate.state" in names
         assert "sys.meta_path import hook for transformers.trainer" in names
         import torch
         from transformers import Trainer  # imports accelerate.state too
@@ -217,7 +221,14 @@ def test_note_lists_every_recorded_patch():
     note = " ".join(_patches.__doc__.split())
     for p in torchjax.patches():
         assert f"``{p.name}``" in note, p.name
-    for name in ("optimizer capturable=True under jit", "transformers ExpertsInterface entry"):
+    hooks = [
+        f"sys.meta_path import hook for {m}" for m in ("accelerate.state", "transformers.trainer")
+    ]
+    for name in (
+        "optimizer capturable=True under jit",
+        "transformers ExpertsInterface entry",
+        *hooks,
+    ):
         assert f"``{name}``" in note
 
 

@@ -12,10 +12,20 @@ that its "cpu" fallback becomes ``tpu:<current index>`` when ``torch.accelerator
 tpu. ``Accelerator(cpu=True)``, ``use_cpu=True`` and ``ACCELERATE_TORCH_DEVICE`` are
 unchanged: accelerate reads those before it asks ``default_device``. Multi-process
 launches (``LOCAL_RANK``) take accelerate's distributed path, which this does not reach.
+
+``device_map="auto"`` sizes devices with accelerate's ``get_max_memory()``, which lists
+the same known backends and so offers only cpu (and disk): a tiny model loaded
+"auto" stayed on cpu. transformers calls it as
+``transformers.integrations.accelerate.accelerate_max_memory``; that name is wrapped so
+that, with no ``max_memory`` given and tpu as torch's accelerator, every tpu device is
+offered first with its free memory (``torch.tpu.mem_get_info``), under the integer key
+that ``torch.device(i)`` resolves to ``tpu:i``. A ``max_memory`` the user passes
+(``{0: "2GiB", "cpu": ...}``) already works and goes through unchanged.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
@@ -26,6 +36,8 @@ from torchjax.integrations import _after_import
 PATCHED_FOR = "1.15"
 _TARGET_MODULE = "accelerate.state"
 _NAME = "accelerate PartialState.default_device"
+_MEMORY_TARGET = "transformers.integrations.accelerate"
+_MEMORY_NAME = "transformers accelerate_max_memory"
 
 
 def _tpu_is_the_accelerator() -> bool:
@@ -61,13 +73,46 @@ def install() -> None:
     )
 
 
+def _wrap_max_memory(original):
+    @functools.wraps(original)
+    def get_max_memory(max_memory=None):
+        found = original(max_memory)
+        if max_memory is not None or not _tpu_is_the_accelerator():
+            return found
+        if any(isinstance(k, int) for k in found):
+            return found  # accelerate found devices of its own (cuda, ...)
+        tpus = {i: torch.tpu.mem_get_info(i)[0] for i in range(torch.tpu.device_count())}
+        return {**tpus, **found}
+
+    return get_max_memory
+
+
+def install_max_memory() -> None:
+    """Wrap the ``get_max_memory`` transformers' ``device_map="auto"`` calls; idempotent."""
+    if _patches.is_recorded(_MEMORY_NAME):
+        return
+    module = sys.modules[_MEMORY_TARGET]
+    if not hasattr(module, "accelerate_max_memory"):
+        return  # transformers without accelerate: no "auto" device map to size
+    _patches.replace_attr(
+        module,
+        "accelerate_max_memory",
+        _wrap_max_memory(module.accelerate_max_memory),
+        name=_MEMORY_NAME,
+        why='device_map="auto" offers the tpu devices (accelerate lists only its backends)',
+        package="transformers",
+        written_for="5.24",
+    )
+
+
 def install_when_imported() -> None:
-    """``install()`` now if accelerate's state module is loaded, else right after it is."""
-    if _after_import.when_imported(_TARGET_MODULE, install):
-        _patches.record(
-            "sys.meta_path import hook for accelerate",
-            why="patch accelerate's device right after accelerate.state is imported",
-            package=None,
-            written_for=None,
-            undo=lambda: _after_import.remove_hooks(_TARGET_MODULE),
-        )
+    """Both wraps now if their modules are loaded, else right after each is."""
+    for target, install_one in ((_TARGET_MODULE, install), (_MEMORY_TARGET, install_max_memory)):
+        if _after_import.when_imported(target, install_one):
+            _patches.record(
+                f"sys.meta_path import hook for {target}",
+                why="patch accelerate's device choice right after the module is imported",
+                package=None,
+                written_for=None,
+                undo=functools.partial(_after_import.remove_hooks, target),
+            )
