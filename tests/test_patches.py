@@ -166,6 +166,7 @@ def test_uninstall_restores_every_original():
         "accelerate clean_state_dict_for_safetensors",
         "accelerate.checkpointing.load_model",
         "accelerate OffloadedWeightsLoader.__getitem__",
+        "accelerate save/load_accelerator_state",
         "transformers Trainer RNG state",
     }
     # transformers was imported first, so the import hook was never needed.

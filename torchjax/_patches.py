@@ -77,6 +77,7 @@ how it is undone.
   back.
 - ``sys.meta_path import hook for accelerate.state``, ``sys.meta_path import hook for
   accelerate.utils.other``, ``sys.meta_path import hook for accelerate.checkpointing``,
+  ``sys.meta_path import hook for accelerate.accelerator``,
   ``sys.meta_path import hook for accelerate.utils.offload``, ``sys.meta_path import hook
   for transformers.integrations.accelerate`` and ``sys.meta_path import hook for
   transformers.trainer`` (integrations/_after_import.py; no release): finders like the
@@ -99,6 +100,11 @@ how it is undone.
   pointer, which a tpu tensor does not have; the wrappers work from CPU copies that keep
   the sharing (Note [accelerate's safetensors save of tpu tensors]); other models go to
   accelerate's / safetensors' functions. Undo: the originals put back.
+- ``accelerate save/load_accelerator_state`` (integrations/accelerate/_saving.py;
+  accelerate 1.15). The names ``Accelerator.save_state`` / ``load_state`` call in
+  ``accelerate.accelerator``, wrapped: accelerate's own run first, then the tpu RNG states
+  are added to / restored from its ``random_states_<process>.pkl`` (Note [accelerate
+  checkpoints and the tpu RNG]). Undo: the originals put back.
 - ``accelerate OffloadedWeightsLoader.__getitem__`` (integrations/accelerate/_offload.py;
   accelerate 1.15). A disk-offloaded weight for a tpu execution device is read on CPU
   and moved to tpu (safetensors' reader refuses device "tpu"; Note [Offloaded weights

@@ -82,6 +82,23 @@ def test_save_and_load_state_keep_tied_weights(tmp_path):
     assert torch.equal(model[1].weight.detach().cpu(), weight)
 
 
+def test_load_state_restores_the_tpu_rng(tmp_path):
+    # Dropout on tpu draws from the tpu RNG: after load_state the next step must draw the
+    # masks the step after save_state drew.
+    accelerator = Accelerator()
+    torch.manual_seed(0)
+    model = accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Dropout(0.5)))
+    x = torch.ones(2, 4, device="tpu")
+    model(x)
+    accelerator.save_state(str(tmp_path))
+    after_save = model(x).cpu()
+    model(x)  # moves the RNG on
+    accelerator.load_state(str(tmp_path))
+    assert torch.equal(model(x).cpu(), after_save)
+    states = torch.load(next(tmp_path.glob("random_states_*.pkl")), weights_only=False)
+    assert len(states["torch_tpu_manual_seed"]) == torch.tpu.device_count()
+
+
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("qwen3"))

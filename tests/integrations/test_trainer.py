@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from tests.integrations import _trainer_runs as runs
+from examples import hf_trainer as runs
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 BF16 = dict(rtol=0, atol=2e-3)
@@ -69,6 +69,13 @@ def test_torch_compile_backend_tpu_is_refused_by_accelerate():
     # torch_compile=True (above) is the way to compile a Trainer's model on tpu.
     with pytest.raises(ValueError, match="'TPU' is not a valid DynamoBackend"):
         runs.run("tpu", steps=1, torch_compile=True, torch_compile_backend="tpu")
+
+
+def test_fp16_is_refused_by_accelerate():
+    # accelerate allows fp16 (and its GradScaler) only on devices it names; bf16, which
+    # needs no scaler, is the mixed precision for tpu.
+    with pytest.raises(ValueError, match=r"fp16 mixed precision requires a device in .*'tpu'"):
+        runs.run("tpu", steps=1, fp16=True)
 
 
 def test_resume_from_checkpoint_continues_the_same_run(tmp_path):

@@ -16,12 +16,23 @@ file to CPU, ``load_state_dict(strict=False)`` copies it into the tpu parameters
 missing name that shares its tpu storage with a loaded one counts as loaded, as
 safetensors' own dedup would say; ``strict`` raises safetensors' error. Any other model
 goes to safetensors' function.
+
+Note [accelerate checkpoints and the tpu RNG]
+``save_accelerator_state`` pickles python, numpy, cpu and each accelerator it names
+(cuda, xpu, npu, ...) into ``random_states_<process>.pkl``; tpu is not among them, so
+``load_state`` gave back other dropout masks on tpu. The wrapped functions (the names
+``Accelerator.save_state`` / ``load_state`` call, in ``accelerate.accelerator``) run
+accelerate's own first, then add ``"torch_tpu_manual_seed"`` (every tpu device's state,
+as accelerate stores the others) to that file and restore it on load. A file without the
+key loads as before.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import inspect
+import pathlib
 import sys
 
 import torch
@@ -122,9 +133,86 @@ def install_load() -> None:
     )
 
 
+_RNG_TARGET = "accelerate.accelerator"
+_RNG_NAME = "accelerate save/load_accelerator_state"
+_TPU_KEY = "torch_tpu_manual_seed"
+
+
+def _rng_file(signature, args, kwargs, directory_arg: str) -> pathlib.Path | None:
+    from accelerate.utils import RNG_STATE_NAME
+
+    bound = signature.bind(*args, **kwargs)
+    path = pathlib.Path(bound.arguments[directory_arg])
+    path = path / f"{RNG_STATE_NAME}_{bound.arguments['process_index']}.pkl"
+    return path if path.is_file() else None
+
+
+def _tpu_is_the_accelerator() -> bool:
+    accelerator = torch.accelerator.current_accelerator()
+    return accelerator is not None and accelerator.type == "tpu"
+
+
+def _wrap_save_state(original):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def save_accelerator_state(*args, **kwargs):
+        out = original(*args, **kwargs)
+        path = _tpu_is_the_accelerator() and _rng_file(signature, args, kwargs, "output_dir")
+        if path:
+            states = torch.load(path, weights_only=False)
+            states[_TPU_KEY] = torch.tpu.get_rng_state_all()
+            torch.save(states, path)
+        return out
+
+    return save_accelerator_state
+
+
+def _wrap_load_state(original):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def load_accelerator_state(*args, **kwargs):
+        out = original(*args, **kwargs)
+        path = _tpu_is_the_accelerator() and _rng_file(signature, args, kwargs, "input_dir")
+        if path:
+            states = torch.load(path, weights_only=False)
+            if _TPU_KEY in states:
+                torch.tpu.set_rng_state_all(states[_TPU_KEY])
+        return out
+
+    return load_accelerator_state
+
+
+def install_rng() -> None:
+    """Wrap the state save/load ``Accelerator`` calls (Note [accelerate checkpoints and
+    the tpu RNG]); idempotent."""
+    if _patches.is_recorded(_RNG_NAME):
+        return
+    module = sys.modules[_RNG_TARGET]
+    save, load = module.save_accelerator_state, module.load_accelerator_state
+    module.save_accelerator_state = _wrap_save_state(save)
+    module.load_accelerator_state = _wrap_load_state(load)
+
+    def undo():
+        module.save_accelerator_state, module.load_accelerator_state = save, load
+
+    _patches.record(
+        _RNG_NAME,
+        why="Accelerator.save_state/load_state keep the tpu RNG state",
+        package="accelerate",
+        written_for=PATCHED_FOR,
+        undo=undo,
+    )
+
+
 def install_when_imported() -> None:
-    """Both wraps now if their modules are loaded, else right after each is."""
-    for target, install_one in ((_TARGET_MODULE, install), (_LOAD_TARGET, install_load)):
+    """The wraps now if their modules are loaded, else right after each is."""
+    for target, install_one in (
+        (_TARGET_MODULE, install),
+        (_LOAD_TARGET, install_load),
+        (_RNG_TARGET, install_rng),
+    ):
         if _after_import.when_imported(target, install_one):
             _patches.record(
                 f"sys.meta_path import hook for {target}",
