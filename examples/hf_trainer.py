@@ -1,8 +1,12 @@
-"""Small ``transformers.Trainer`` runs on cpu and tpu, for tests and the bench.
+"""Fine-tune with ``transformers.Trainer`` on "tpu", step by step against CPU.
 
 Tiny models from configs (no hub): a Llama causal LM and a BERT sequence classifier,
 seeded weights, a fixed random dataset. ``run(...)`` trains on the device asked for and
-returns the per-step losses, the eval loss and the trainer.
+returns the per-step losses, the eval loss and the trainer; the tests and
+``bench/hf.py`` use it too. Nothing torchjax-specific is needed beyond ``import
+torchjax``: the Trainer picks "tpu" as torch's accelerator.
+
+Run:  python -m examples.hf_trainer    (20 steps of each model, cpu and tpu, then eval)
 """
 
 from __future__ import annotations
@@ -96,3 +100,19 @@ def run(
     losses = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
     eval_loss = trainer.evaluate()["eval_loss"] if evaluate else None
     return losses, eval_loss, trainer
+
+
+def main() -> None:
+    import torchjax  # noqa: F401  (makes "tpu" torch's accelerator)
+
+    for task in ("causal_lm", "classifier"):
+        cpu, cpu_eval, _ = run("cpu", task, steps=20, evaluate=True)
+        tpu, tpu_eval, _ = run("tpu", task, steps=20, evaluate=True)
+        print(f"{task}: step  cpu loss  tpu loss")
+        for step in cpu:
+            print(f"  {step:4d}  {cpu[step]:.6f}  {tpu[step]:.6f}")
+        print(f"  eval  {cpu_eval:.6f}  {tpu_eval:.6f}")
+
+
+if __name__ == "__main__":
+    main()
