@@ -147,6 +147,13 @@ def _rng_file(signature, args, kwargs, directory_arg: str) -> pathlib.Path | Non
     return path if path.is_file() else None
 
 
+def _load_states(path: pathlib.Path) -> dict:
+    # accelerate's own reader: weights_only, with the numpy/random globals it allows.
+    from accelerate.utils import load
+
+    return load(path)
+
+
 def _tpu_is_the_accelerator() -> bool:
     accelerator = torch.accelerator.current_accelerator()
     return accelerator is not None and accelerator.type == "tpu"
@@ -160,7 +167,7 @@ def _wrap_save_state(original):
         out = original(*args, **kwargs)
         path = _tpu_is_the_accelerator() and _rng_file(signature, args, kwargs, "output_dir")
         if path:
-            states = torch.load(path, weights_only=False)
+            states = _load_states(path)
             states[_TPU_KEY] = torch.tpu.get_rng_state_all()
             torch.save(states, path)
         return out
@@ -176,7 +183,7 @@ def _wrap_load_state(original):
         out = original(*args, **kwargs)
         path = _tpu_is_the_accelerator() and _rng_file(signature, args, kwargs, "input_dir")
         if path:
-            states = torch.load(path, weights_only=False)
+            states = _load_states(path)
             if _TPU_KEY in states:
                 torch.tpu.set_rng_state_all(states[_TPU_KEY])
         return out

@@ -33,6 +33,14 @@ def _rng_file(trainer, directory: str) -> str:
     return os.path.join(directory, f"rng_state_{trainer.args.process_index}.pth")
 
 
+def _load_states(path: str) -> dict:
+    # As transformers reads the file: weights_only, numpy's globals allowed.
+    from transformers.trainer_pt_utils import safe_globals
+
+    with safe_globals():
+        return torch.load(path, weights_only=True)
+
+
 def _tpu_in_use() -> bool:
     accelerator = torch.accelerator.current_accelerator()
     return accelerator is not None and accelerator.type == "tpu"
@@ -45,7 +53,7 @@ def _wrap_save(original):
         path = _rng_file(self, output_dir)
         if not _tpu_in_use() or not os.path.isfile(path):
             return
-        states = torch.load(path, weights_only=False)
+        states = _load_states(path)
         states["tpu"] = torch.tpu.get_rng_state_all()
         torch.save(states, path)
 
@@ -61,7 +69,7 @@ def _wrap_load(original):
         path = _rng_file(self, checkpoint)
         if not os.path.isfile(path):
             return
-        states = torch.load(path, weights_only=False)
+        states = _load_states(path)
         if "tpu" in states:
             torch.tpu.set_rng_state_all(states["tpu"])
 
