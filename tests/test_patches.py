@@ -31,6 +31,19 @@ def test_uninstall_restores_every_original():
         from transformers.integrations.moe import ExpertsInterface
         from transformers import Trainer
         from accelerate.state import PartialState
+        import accelerate.accelerator as acc_accelerator
+        import accelerate.checkpointing as acc_checkpointing
+        import accelerate.utils.offload as acc_offload
+        import accelerate.utils.other as acc_other
+        import transformers.integrations.accelerate as hf_accelerate
+        accelerate_before = {
+            "save_state": acc_accelerator.save_accelerator_state,
+            "load_state": acc_accelerator.load_accelerator_state,
+            "load_model": acc_checkpointing.load_model,
+            "clean": acc_other.clean_state_dict_for_safetensors,
+            "getitem": acc_offload.OffloadedWeightsLoader.__dict__["__getitem__"],
+            "max_memory": hf_accelerate.accelerate_max_memory,
+        }
 
         cls = modeling_utils.PreTrainedModel
         before = {
@@ -82,6 +95,8 @@ def test_uninstall_restores_every_original():
         assert inspect.signature(torch.load) == inspect.signature(before["torch_load"])
         assert cls.__dict__["_load_pretrained_model"] is not before["load"]
         assert PartialState().default_device == torch.device("tpu", 0)
+        assert acc_accelerator.save_accelerator_state is not accelerate_before["save_state"]
+        assert acc_offload.OffloadedWeightsLoader.__getitem__ is not accelerate_before["getitem"]
         assert inspect.signature(Trainer._save_rng_state) == inspect.signature(
             before["save_rng"])
         assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::_pin_memory", "CPU")
@@ -114,6 +129,14 @@ def test_uninstall_restores_every_original():
         assert Trainer.__dict__["_load_rng_state"] is before["load_rng"]
         PartialState._reset_state()
         assert PartialState().default_device == torch.device("cpu")
+        assert accelerate_before == {
+            "save_state": acc_accelerator.save_accelerator_state,
+            "load_state": acc_accelerator.load_accelerator_state,
+            "load_model": acc_checkpointing.load_model,
+            "clean": acc_other.clean_state_dict_for_safetensors,
+            "getitem": acc_offload.OffloadedWeightsLoader.__dict__["__getitem__"],
+            "max_memory": hf_accelerate.accelerate_max_memory,
+        }
         assert sys.meta_path == meta_path
         assert trace_rules.SKIP_DIRS == skip_dirs
         assert dict(ExpertsInterface._global_mapping) == experts
