@@ -40,7 +40,8 @@ _MEMORY_TARGET = "transformers.integrations.accelerate"
 _MEMORY_NAME = "transformers accelerate_max_memory"
 
 
-def _tpu_is_the_accelerator() -> bool:
+def tpu_is_the_accelerator() -> bool:
+    """True when torch's current accelerator is tpu (what transformers asks)."""
     accelerator = torch.accelerator.current_accelerator()
     return accelerator is not None and accelerator.type == "tpu"
 
@@ -48,7 +49,7 @@ def _tpu_is_the_accelerator() -> bool:
 def _wrap_default_device(original: property) -> property:
     def default_device(self) -> torch.device:
         device = original.fget(self)
-        if device.type == "cpu" and _tpu_is_the_accelerator():
+        if device.type == "cpu" and tpu_is_the_accelerator():
             return torch.device("tpu", torch.accelerator.current_device_index())
         return device
 
@@ -77,7 +78,7 @@ def _wrap_max_memory(original):
     @functools.wraps(original)
     def get_max_memory(max_memory=None):
         found = original(max_memory)
-        if max_memory is not None or not _tpu_is_the_accelerator():
+        if max_memory is not None or not tpu_is_the_accelerator():
             return found
         if any(isinstance(k, int) for k in found):
             return found  # accelerate found devices of its own (cuda, ...)

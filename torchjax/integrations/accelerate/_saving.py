@@ -39,6 +39,7 @@ import torch
 
 from torchjax import _patches
 from torchjax.integrations import _after_import
+from torchjax.integrations.accelerate._device import tpu_is_the_accelerator
 
 PATCHED_FOR = "1.15"
 _TARGET_MODULE = "accelerate.utils.other"
@@ -154,18 +155,13 @@ def _load_states(path: pathlib.Path) -> dict:
     return load(path)
 
 
-def _tpu_is_the_accelerator() -> bool:
-    accelerator = torch.accelerator.current_accelerator()
-    return accelerator is not None and accelerator.type == "tpu"
-
-
 def _wrap_save_state(original):
     signature = inspect.signature(original)
 
     @functools.wraps(original)
     def save_accelerator_state(*args, **kwargs):
         out = original(*args, **kwargs)
-        path = _tpu_is_the_accelerator() and _rng_file(signature, args, kwargs, "output_dir")
+        path = tpu_is_the_accelerator() and _rng_file(signature, args, kwargs, "output_dir")
         if path:
             states = _load_states(path)
             states[_TPU_KEY] = torch.tpu.get_rng_state_all()
@@ -181,7 +177,7 @@ def _wrap_load_state(original):
     @functools.wraps(original)
     def load_accelerator_state(*args, **kwargs):
         out = original(*args, **kwargs)
-        path = _tpu_is_the_accelerator() and _rng_file(signature, args, kwargs, "input_dir")
+        path = tpu_is_the_accelerator() and _rng_file(signature, args, kwargs, "input_dir")
         if path:
             states = _load_states(path)
             if _TPU_KEY in states:
