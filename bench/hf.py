@@ -15,8 +15,13 @@
 3. Diffusers: one UNet denoising step (the tiny pipeline of examples/diffusers_tpu.py,
    classifier-free-guidance batch 2), median of ``RUNS`` calls: eager vs
    ``unet.compile(backend="tpu", fullgraph=True, dynamic=False)``.
+4. Trainer: optimizer steps/s of ``transformers.Trainer`` fine-tuning the tiny Llama of
+   examples/hf_trainer.py (batch 4, sequence 8), ``TRAINER_STEPS`` steps after a
+   ``TRAINER_STEPS``-step warm-up run in the same process (the warm-up pays the eager
+   ops' compiles): torch CPU vs torchjax eager, and with ``torch_compile=True``.
 
 Run:  python bench/hf.py            (LOAD_CONFIG: a ~110M-parameter Llama)
+      python bench/hf.py --trainer  (only 4., the Trainer row)
       python bench/hf.py --quick    (a ~4M-parameter load model, 8 new tokens)
 """
 
@@ -41,6 +46,7 @@ from bench import _torchax, decode  # noqa: E402
 from bench.common import block_torch, fmt_us, header, median_us, ratio  # noqa: E402
 
 NEW_TOKENS = 32
+TRAINER_STEPS = 20
 RUNS = 5
 LOAD_CONFIG = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
                    num_attention_heads=16, num_key_value_heads=4, vocab_size=32000)  # fmt: skip
@@ -163,6 +169,29 @@ def diffusion_figures() -> dict:
     return out
 
 
+# ---- 4. Trainer steps/s ----
+
+
+def trainer_figures(steps: int) -> dict:
+    from examples import hf_trainer
+
+    out = {}
+    for name, device, kwargs in (
+        ("torch CPU", "cpu", {}),
+        ("torchjax eager", "tpu", {}),
+        ("torchjax torch_compile=True", "tpu", {"torch_compile": True}),
+    ):
+        hf_trainer.run(device, steps=steps, **kwargs)  # warm-up: compiles
+        _, _, trainer = hf_trainer.run(device, steps=steps, **kwargs)
+        out[name] = trainer.state.max_steps / _train_seconds(trainer)
+    return out
+
+
+def _train_seconds(trainer) -> float:
+    # The Trainer's own wall time of train(), logged with its final record.
+    return next(h["train_runtime"] for h in trainer.state.log_history if "train_runtime" in h)
+
+
 def report(load: dict, dec: dict, diff: dict, new_tokens: int) -> str:
     def f(v, spec):
         return v if isinstance(v, str) else format(v, spec)
@@ -201,11 +230,27 @@ def report(load: dict, dec: dict, diff: dict, new_tokens: int) -> str:
     return "\n".join(lines)
 
 
+def trainer_report(steps_per_s: dict, steps: int) -> str:
+    cpu = steps_per_s["torch CPU"]
+    lines = [
+        f"| Trainer, tiny Llama, batch 4 x 8 tokens, {steps} steps | steps/s | vs torch CPU |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {name} | {v:.1f} | {ratio(v, cpu)} |" for name, v in steps_per_s.items()]
+    return "\n".join(lines)
+
+
 def main(argv) -> None:
     if argv[:1] == ["--load-child"]:
         _load_child(argv[1], argv[2])
         return
     quick = "--quick" in argv
+    if "--trainer" in argv:
+        import torchjax  # noqa: F401
+
+        print(header("Hugging Face on tpu: Trainer"))
+        print(trainer_report(trainer_figures(TRAINER_STEPS), TRAINER_STEPS))
+        return
     new_tokens = 8 if quick else NEW_TOKENS
     import torchjax  # noqa: F401
 
@@ -214,6 +259,9 @@ def main(argv) -> None:
     dec = decode_figures(new_tokens)
     diff = diffusion_figures()
     print(report(load, dec, diff, new_tokens))
+    steps = 4 if quick else TRAINER_STEPS
+    print()
+    print(trainer_report(trainer_figures(steps), steps))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,21 @@ def test_uninstall_restores_every_original():
         import torch._dynamo.trace_rules as trace_rules
         from transformers import modeling_utils
         from transformers.integrations.moe import ExpertsInterface
+        from transformers import Trainer
+        from accelerate.state import PartialState
+        import accelerate.accelerator as acc_accelerator
+        import accelerate.checkpointing as acc_checkpointing
+        import accelerate.utils.offload as acc_offload
+        import accelerate.utils.other as acc_other
+        import transformers.integrations.accelerate as hf_accelerate
+        accelerate_before = {
+            "save_state": acc_accelerator.save_accelerator_state,
+            "load_state": acc_accelerator.load_accelerator_state,
+            "load_model": acc_checkpointing.load_model,
+            "clean": acc_other.clean_state_dict_for_safetensors,
+            "getitem": acc_offload.OffloadedWeightsLoader.__dict__["__getitem__"],
+            "max_memory": hf_accelerate.accelerate_max_memory,
+        }
 
         cls = modeling_utils.PreTrainedModel
         before = {
@@ -36,6 +51,9 @@ def test_uninstall_restores_every_original():
             "load": cls.__dict__["_load_pretrained_model"],
             "from_pretrained": cls.__dict__["from_pretrained"],
             "tied": modeling_utils.remove_tied_weights_from_state_dict,
+            "default_device": PartialState.__dict__["default_device"],
+            "save_rng": Trainer.__dict__["_save_rng_state"],
+            "load_rng": Trainer.__dict__["_load_rng_state"],
             "swap": torch.utils.swap_tensors,
             "torch_load": torch.load,
             "nested_tensor": torch.nested.nested_tensor,
@@ -78,6 +96,11 @@ def test_uninstall_restores_every_original():
         assert torch.load is not before["torch_load"]
         assert inspect.signature(torch.load) == inspect.signature(before["torch_load"])
         assert cls.__dict__["_load_pretrained_model"] is not before["load"]
+        assert PartialState().default_device == torch.device("tpu", 0)
+        assert acc_accelerator.save_accelerator_state is not accelerate_before["save_state"]
+        assert acc_offload.OffloadedWeightsLoader.__getitem__ is not accelerate_before["getitem"]
+        assert inspect.signature(Trainer._save_rng_state) == inspect.signature(
+            before["save_rng"])
         assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::_pin_memory", "CPU")
         assert trace_rules.SKIP_DIRS != skip_dirs
         assert inspect.signature(torch.nn.Module._apply) == inspect.signature(before["apply"])
@@ -106,6 +129,19 @@ def test_uninstall_restores_every_original():
         assert cls.__dict__["_load_pretrained_model"].__func__ is before["load"].__func__
         assert cls.__dict__["from_pretrained"] is before["from_pretrained"]
         assert modeling_utils.remove_tied_weights_from_state_dict is before["tied"]
+        assert PartialState.__dict__["default_device"] is before["default_device"]
+        assert Trainer.__dict__["_save_rng_state"] is before["save_rng"]
+        assert Trainer.__dict__["_load_rng_state"] is before["load_rng"]
+        PartialState._reset_state()
+        assert PartialState().default_device == torch.device("cpu")
+        assert accelerate_before == {
+            "save_state": acc_accelerator.save_accelerator_state,
+            "load_state": acc_accelerator.load_accelerator_state,
+            "load_model": acc_checkpointing.load_model,
+            "clean": acc_other.clean_state_dict_for_safetensors,
+            "getitem": acc_offload.OffloadedWeightsLoader.__dict__["__getitem__"],
+            "max_memory": hf_accelerate.accelerate_max_memory,
+        }
         assert sys.meta_path == meta_path
         assert trace_rules.SKIP_DIRS == skip_dirs
         assert dict(ExpertsInterface._global_mapping) == experts
@@ -155,6 +191,13 @@ def test_uninstall_restores_every_original():
         "optimizer capturable=True under jit",
         "transformers loading functions",
         "transformers ExpertsInterface entry",
+        "accelerate PartialState.default_device",
+        "transformers accelerate_max_memory",
+        "accelerate clean_state_dict_for_safetensors",
+        "accelerate.checkpointing.load_model",
+        "accelerate OffloadedWeightsLoader.__getitem__",
+        "accelerate save/load_accelerator_state",
+        "transformers Trainer RNG state",
     }
     # transformers was imported first, so the import hook was never needed.
     assert set(names) == expected, names
@@ -179,14 +222,44 @@ def test_import_hook_is_recorded_and_removed():
     assert out.strip().endswith("ok")
 
 
+def test_accelerate_and_trainer_hooks_patch_on_import():
+    out = _run(
+        """
+        import sys
+        import torchjax
+        names = [p.name for p in torchjax.patches()]
+        assert "sys.meta_path import hook for accelerate.state" in names
+        assert "sys.meta_path import hook for transformers.trainer" in names
+        import torch
+        from transformers import Trainer  # imports accelerate.state too
+        from accelerate.state import PartialState
+        names = [p.name for p in torchjax.patches()]
+        assert "accelerate PartialState.default_device" in names
+        assert "transformers Trainer RNG state" in names
+        assert PartialState().device == torch.device("tpu", 0)
+        assert Trainer._save_rng_state.__wrapped__ is not None
+        torchjax.uninstall()
+        # transformers adds a finder of its own (its legacy module aliases).
+        assert not [f for f in sys.meta_path if type(f).__module__.startswith("torchjax")]
+        assert not hasattr(Trainer._save_rng_state, "__wrapped__")
+        print("ok")
+        """
+    )
+    assert out.strip().endswith("ok")
+
+
 def test_note_lists_every_recorded_patch():
     note = " ".join(_patches.__doc__.split())
     for p in torchjax.patches():
         assert f"``{p.name}``" in note, p.name
+    hooks = [
+        f"sys.meta_path import hook for {m}" for m in ("accelerate.state", "transformers.trainer")
+    ]
     for name in (
         "optimizer capturable=True under jit",
         "transformers ExpertsInterface entry",
         "jax persistent compilation cache",  # off in the suite (tests/conftest.py)
+        *hooks,
     ):
         assert f"``{name}``" in note
 

@@ -13,7 +13,11 @@ from torchjax._budget import set_cache_budget
 from torchjax._patches import UntestedVersionWarning
 from torchjax.compile import Jitted, RetraceWarning, bucketed, export, jit
 from torchjax.device._stats import reset_stats, stats
+from torchjax.integrations.accelerate import _device as _accelerate_device
+from torchjax.integrations.accelerate import _offload as _accelerate_offload
+from torchjax.integrations.accelerate import _saving as _accelerate_saving
 from torchjax.integrations.transformers import _patch_records as _hf_patches
+from torchjax.integrations.transformers import _trainer as _hf_trainer
 from torchjax.interop import (
     from_jax,
     functional,
@@ -33,6 +37,13 @@ _compilation_cache.install()
 # transformers' from_pretrained/save_pretrained on tpu, once transformers is imported
 # (Note [Patching transformers' loading and saving]).
 _hf_patches.install_loading_when_imported()
+# accelerate's device is tpu when torch's accelerator is (Note [accelerate's device on tpu]),
+# its checkpoints and disk offload take tpu tensors, and Trainer checkpoints keep the tpu
+# RNG (Note [Trainer checkpoints and the tpu RNG]).
+_accelerate_device.install_when_imported()
+_accelerate_saving.install_when_imported()
+_accelerate_offload.install_when_imported()
+_hf_trainer.install_when_imported()
 
 
 def patches() -> list:

@@ -89,6 +89,45 @@ how it is undone.
   second process loads the eager-op programs instead of compiling them (Note
   [Persistent compilation cache]). Undo: both options back, JAX's cache object dropped
   (through _compat/jax.py), so later compiles neither read nor write the directory.
+- ``sys.meta_path import hook for accelerate.state``, ``sys.meta_path import hook for
+  accelerate.utils.other``, ``sys.meta_path import hook for accelerate.checkpointing``,
+  ``sys.meta_path import hook for accelerate.accelerator``,
+  ``sys.meta_path import hook for accelerate.utils.offload``, ``sys.meta_path import hook
+  for transformers.integrations.accelerate`` and ``sys.meta_path import hook for
+  transformers.trainer`` (integrations/_after_import.py; no release): finders like the
+  one above, one per module the patches below are applied to, so ``import torchjax``
+  imports neither library; each removes itself when it fires. Undo: the finder is
+  removed.
+- ``accelerate PartialState.default_device`` (integrations/accelerate/_device.py;
+  accelerate 1.15). accelerate picks its device from a list of backends it knows and
+  never asks ``torch.accelerator``, so ``Accelerator()`` and the Trainer's batches stayed
+  on cpu while transformers put the model on tpu. The property answers accelerate's
+  answer except that its cpu fallback is tpu when torch's accelerator is tpu (Note
+  [accelerate's device on tpu]). Undo: the original property put back.
+- ``transformers accelerate_max_memory`` (integrations/accelerate/_device.py;
+  transformers 5.24). accelerate's ``get_max_memory`` as transformers' ``device_map="auto"``
+  calls it, wrapped: with no ``max_memory`` given it offers the tpu devices too, so
+  "auto" places layers on tpu instead of cpu (same Note). Undo: the original put back.
+- ``accelerate clean_state_dict_for_safetensors`` and
+  ``accelerate.checkpointing.load_model`` (integrations/accelerate/_saving.py; accelerate
+  1.15). ``Accelerator.save_state`` / ``load_state`` dedup tied tensors by host storage
+  pointer, which a tpu tensor does not have; the wrappers work from CPU copies that keep
+  the sharing (Note [accelerate's safetensors save of tpu tensors]); other models go to
+  accelerate's / safetensors' functions. Undo: the originals put back.
+- ``accelerate save/load_accelerator_state`` (integrations/accelerate/_saving.py;
+  accelerate 1.15). The names ``Accelerator.save_state`` / ``load_state`` call in
+  ``accelerate.accelerator``, wrapped: accelerate's own run first, then the tpu RNG states
+  are added to / restored from its ``random_states_<process>.pkl`` (Note [accelerate
+  checkpoints and the tpu RNG]). Undo: the originals put back.
+- ``accelerate OffloadedWeightsLoader.__getitem__`` (integrations/accelerate/_offload.py;
+  accelerate 1.15). A disk-offloaded weight for a tpu execution device is read on CPU
+  and moved to tpu (safetensors' reader refuses device "tpu"; Note [Offloaded weights
+  onto tpu]). Undo: the original method put back.
+- ``transformers Trainer RNG state`` (integrations/transformers/_trainer.py; transformers
+  5.24). ``Trainer._save_rng_state`` / ``_load_rng_state`` wrapped: transformers' own run
+  first, then the tpu RNG states are added to / restored from ``rng_state.pth`` (Note
+  [Trainer checkpoints and the tpu RNG]); signatures unchanged. Undo: the originals put
+  back.
 - ``transformers ExpertsInterface entry`` (integrations/transformers/_moe.py, only when
   the user calls ``register_experts()``; transformers 5.24). "torchjax_ragged_dot" in
   transformers' global experts registry. Undo: the entry is deleted.
