@@ -22,6 +22,7 @@ from torchjax.interop import (
     tree_from_jax,
     tree_to_jax,
 )
+from torchjax.ops.fused import eager_mode, fused, set_eager_mode
 from torchjax.sharding import mesh
 from torchjax.tensor import JaxTensor
 from torchjax.tensor._errors import DataDependentError, LeakedTracerError, TraceError
@@ -60,7 +61,9 @@ __all__ = [
     "TraceError",
     "UntestedVersionWarning",
     "bucketed",
+    "eager_mode",
     "export",
+    "fused",
     "from_jax",
     "functional",
     "jax_function",
@@ -70,6 +73,7 @@ __all__ = [
     "pallas",
     "reset_stats",
     "set_cache_budget",
+    "set_eager_mode",
     "stats",
     "to_jax",
     "tree_from_jax",

@@ -163,3 +163,23 @@ def test_dataloader_worker_iter_is_the_class_that_starts_workers():
         assert isinstance(it, cls) and next(it).tolist() == [0, 1]
     finally:
         it._shutdown_workers()
+
+
+def test_engine_callback_runs_at_the_end_of_backward():
+    seen = []
+    assert not ct.in_graph_task()
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(ct.in_graph_task())
+            ct.queue_engine_callback(lambda: seen.append("end"))
+            return g * 2
+
+    x = torch.ones(2, requires_grad=True)
+    Probe.apply(x).sum().backward()
+    assert seen == [True, "end"]

@@ -363,3 +363,14 @@ def dataloader_worker_iter():
     from torch.utils.data import dataloader
 
     return dataloader._MultiProcessingDataLoaderIter
+
+
+def in_graph_task() -> bool:
+    """Whether this thread is running ops of a backward pass (the autograd engine's
+    current graph task)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def queue_engine_callback(fn) -> None:
+    """Run ``fn()`` when the running backward pass ends (inside the engine)."""
+    torch.autograd.Variable._execution_engine.queue_callback(fn)

@@ -44,6 +44,19 @@ class _Counters:
 
 
 COUNTERS = _Counters()
+
+
+class _Fused:
+    """Fused eager mode (Note [Fused eager] in torchjax/ops/fused.py): ops recorded,
+    segments run (one XLA execution each), segment programs traced."""
+
+    __slots__ = ("ops", "segments", "compiles")
+
+    def __init__(self):
+        self.ops = self.segments = self.compiles = 0
+
+
+FUSED = _Fused()
 # Per-overload counters, filled by torchjax/ops/compiled.py: name -> object with
 # ``calls``, ``traces``, ``keys``, ``op_by_op`` attributes (its CacheInfo).
 OP_COUNTERS: dict = {}
@@ -84,11 +97,14 @@ def stats() -> dict:
         op_by_op += c.op_by_op
     return {
         "compiles": COUNTERS.compiles,
-        "executions": calls + op_by_op,
+        "executions": calls + op_by_op + FUSED.segments,
         "cache_hits": max(calls - traces, 0),
         "cache_misses": traces,
         "host_reads": COUNTERS.host_reads,
         "executables": _budget.cache_budget(),
+        "fused_ops": FUSED.ops,
+        "fused_segments": FUSED.segments,
+        "fused_compiles": FUSED.compiles,
         "ops": ops,
     }
 
@@ -98,6 +114,7 @@ def reset_stats() -> None:
     executables built since the reset)."""
     COUNTERS.compiles = 0
     COUNTERS.host_reads = 0
+    FUSED.ops = FUSED.segments = FUSED.compiles = 0
     _budget.reset_counters()
     for c in list(OP_COUNTERS.values()):
         c.calls = c.traces = c.keys = c.op_by_op = 0
