@@ -293,3 +293,14 @@ def test_environment_variable_turns_it_on_in_a_child_process():
     assert "segments 1" in done.stdout
     bad = run_python("import torchjax", env={"TORCHJAX_EAGER": "lazy"})
     assert bad.returncode != 0 and "TORCHJAX_EAGER='lazy'" in bad.stderr
+
+
+def test_immediate_checks_raise_at_the_op_in_fused_mode():
+    w = torch.randn(5, 3, device=TPU)
+    torch.tpu.set_sync_checks(True)
+    try:
+        with torchjax.fused():
+            with pytest.raises(IndexError, match="index 7 is out of bounds"):
+                torch.index_select(w, 0, torch.tensor([7], device=TPU))
+    finally:
+        torch.tpu.set_sync_checks(False)

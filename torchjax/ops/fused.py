@@ -58,7 +58,7 @@ executable records the call instead, and a *segment* of such calls runs later as
 - Errors. Shape and dtype errors are raised at the op (``eval_shape`` traces the op
   when it is recorded). Device checks (an index out of range) are raised at the next
   synchronisation point, as in eager; in immediate mode (``TORCHJAX_SYNC_CHECKS=1``)
-  at the flush of the segment holding the op, not at the op.
+  nothing is recorded, so they raise at the op.
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def _update_active() -> None:
 def recording() -> bool:
     """Whether ops on this thread are recorded (fused mode is on here)."""
     mode = getattr(_local, "mode", None)
-    return _GLOBAL[0] if mode is None else mode
+    # Immediate device checks raise at the op: nothing is recorded meanwhile.
+    return (_GLOBAL[0] if mode is None else mode) and not _checks._SYNC[0]
 
 
 def set_eager_mode(mode: str) -> None:
