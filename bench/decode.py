@@ -61,12 +61,15 @@ PROMPT = [[1, 17, 42, 99, 5, 6, 7, 8]]
 
 
 def run() -> dict:
-    import torchjax  # noqa: F401  (the "tpu" device)
+    import torchjax
 
     model = tiny_llama()
     ids = torch.tensor(PROMPT)
     out = {"torch CPU": tokens_per_s(model, ids)}
     out["torchjax"] = tokens_per_s(copy.deepcopy(model).to("tpu"), ids.to("tpu"))
+    # Fused eager mode (Note [Fused eager] in torchjax/ops/fused.py).
+    with torchjax.fused():
+        out["torchjax fused"] = tokens_per_s(copy.deepcopy(model).to("tpu"), ids.to("tpu"))
     tax = _torchax.measure("decode")
     out["torchax"] = tax.get("decode", tax.get("*", "n/a (not measured)"))
     return out
@@ -91,11 +94,11 @@ def report(r) -> str:
 
     return "\n".join(
         [
-            "| tiny Llama greedy decode (tokens/s, higher is better) | torchjax | torchax | "
-            "torch CPU |",
-            "|---|---:|---:|---:|",
-            f"| batch 1, {NEW_TOKENS} new tokens | {f(r['torchjax'])} | {f(r['torchax'])} | "
-            f"{f(r['torch CPU'])} |",
+            "| tiny Llama greedy decode (tokens/s, higher is better) | torchjax | "
+            "torchjax fused | torchax | torch CPU |",
+            "|---|---:|---:|---:|---:|",
+            f"| batch 1, {NEW_TOKENS} new tokens | {f(r['torchjax'])} | "
+            f"{f(r.get('torchjax fused', 'n/a'))} | {f(r['torchax'])} | {f(r['torch CPU'])} |",
         ]
     )
 

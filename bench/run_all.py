@@ -110,6 +110,10 @@ def main() -> None:
     mdl = models.run()
     mdl_table = models.report(mdl)
     print("\n" + mdl_table)
+    fused_table = models.fused_report(
+        [(name, models.time_fused(dt)) for name, dt in models.FUSED_ROWS]
+    )
+    print("\n" + fused_table)
     dec = decode.run()
     dec_table = decode.report(dec)
     print("\n" + dec_table)
@@ -130,9 +134,10 @@ def main() -> None:
             f"Machine load average (1, 5, 15 min): before {load_before}; after {load_after}.",
             "## Eager per-op latency\n\n" + ops_table,
             "## Model forward (eager)\n\n" + mdl_table,
+            "## Fused eager forward\n\n" + fused_table,
             "## Decode (eager)\n\n" + dec_table,
             "## Cold start (fresh processes)\n\n" + cold_table,
-            "## Targets (issue 4)\n\n" + targets,
+            "## Targets\n\n" + targets,
             "![chart](results.png)",
         ]
     )

@@ -24,12 +24,20 @@ import pytest  # noqa: E402
 
 import torchjax  # noqa: F401,E402  (registers the "tpu" device before any test collects)
 from torchjax.device import _checks  # noqa: E402
+from torchjax.ops import fused as _fused  # noqa: E402
+
+# Note [The suite in fused eager mode]
+# ``TORCHJAX_EAGER=fused pytest ...`` runs tests with every op recorded and run in fused
+# segments (Note [Fused eager] in torchjax/ops/fused.py): torchjax reads the variable at
+# import. docs/performance.md lists the subset run that way and its counts.
 
 
 @pytest.fixture(autouse=True)
 def _no_device_check_leaks_between_tests():
     # A test that makes a failing device check without synchronising (an error-input
     # sample, a test of the op's own raise) must not fail the next test at its first
-    # sync (Note [Device-side checks]).
+    # sync (Note [Device-side checks]). In fused mode a test's recorded ops run first,
+    # so their checks are dropped with the rest.
     yield
+    _fused.flush_current()
     _checks.clear_pending()

@@ -26,6 +26,7 @@ from torchjax.interop import (
     tree_from_jax,
     tree_to_jax,
 )
+from torchjax.ops.fused import eager_mode, fused, set_eager_mode
 from torchjax.sharding import mesh
 from torchjax.tensor import JaxTensor
 from torchjax.tensor._errors import DataDependentError, LeakedTracerError, TraceError
@@ -75,7 +76,9 @@ __all__ = [
     "TraceError",
     "UntestedVersionWarning",
     "bucketed",
+    "eager_mode",
     "export",
+    "fused",
     "from_jax",
     "functional",
     "jax_function",
@@ -85,6 +88,7 @@ __all__ = [
     "pallas",
     "reset_stats",
     "set_cache_budget",
+    "set_eager_mode",
     "stats",
     "to_jax",
     "tree_from_jax",

@@ -206,3 +206,23 @@ def test_graph_task_id_and_engine_callback():
     y.register_hook(hook)
     y.sum().backward()
     assert seen[0] != -1 and seen[1:] == ["end"]
+
+
+def test_engine_callback_runs_at_the_end_of_backward():
+    seen = []
+    assert not ct.in_graph_task()
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(ct.in_graph_task())
+            ct.queue_engine_callback(lambda: seen.append("end"))
+            return g * 2
+
+    x = torch.ones(2, requires_grad=True)
+    Probe.apply(x).sum().backward()
+    assert seen == [True, "end"]

@@ -445,3 +445,9 @@ def queue_engine_callback(callback) -> None:
     """Run ``callback()`` when the running backward pass ends (inside it only); an
     exception it raises is raised by ``backward()``."""
     torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def in_graph_task() -> bool:
+    """Whether this thread is running ops of a backward pass (the autograd engine's
+    current graph task)."""
+    return graph_task_id() != -1

@@ -61,6 +61,9 @@ _CODES: dict = {}
 # [(bad, value, code)]: bool scalar, int64/float64 scalar, int32 scalar (arrays or ints).
 _PENDING: list = []
 _SYNC = [os.environ.get("TORCHJAX_SYNC_CHECKS", "") not in ("", "0")]
+# Called at every synchronisation point before the queue is read: fused eager mode runs
+# the recorded ops there, so their checks are queued (Note [Fused eager]).
+BEFORE_SYNC: list = []
 
 
 def set_sync_checks(enabled: bool) -> None:
@@ -222,6 +225,8 @@ def pending() -> int:
 def raise_pending() -> None:
     """Read every queued check (one host transfer) and raise the first failure; a sync
     point calls this (Note [Device-side checks])."""
+    for hook in BEFORE_SYNC:
+        hook()
     if not _PENDING:
         return
     entries = _take_pending()

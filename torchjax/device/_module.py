@@ -91,6 +91,8 @@ def get_device_name(device=None) -> str:
 def synchronize(device=None) -> None:
     """Block until every pending JAX computation has finished (all live arrays ready);
     then raise the first failed device check, if any (Note [Device-side checks])."""
+    for hook in _checks.BEFORE_SYNC:  # recorded ops run first (Note [Fused eager])
+        hook()
     jax.block_until_ready(jax.live_arrays())
     _checks.raise_pending()
 

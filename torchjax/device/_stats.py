@@ -50,6 +50,19 @@ class _Counters:
 
 
 COUNTERS = _Counters()
+
+
+class _Fused:
+    """Fused eager mode (Note [Fused eager] in torchjax/ops/fused.py): ops recorded,
+    segments run (one XLA execution each), segment programs traced."""
+
+    __slots__ = ("ops", "segments", "compiles")
+
+    def __init__(self):
+        self.ops = self.segments = self.compiles = 0
+
+
+FUSED = _Fused()
 # Per-overload counters, filled by torchjax/ops/compiled.py: name -> object with
 # ``calls``, ``traces``, ``keys``, ``op_by_op`` attributes (its CacheInfo).
 OP_COUNTERS: dict = {}
@@ -99,11 +112,14 @@ def stats() -> dict:
         # jax reports a load from the persistent cache as a compile too.
         "compiles": max(COUNTERS.compiles - COUNTERS.persistent_cache_hits, 0),
         "persistent_cache_hits": COUNTERS.persistent_cache_hits,
-        "executions": calls + op_by_op,
+        "executions": calls + op_by_op + FUSED.segments,
         "cache_hits": max(calls - traces, 0),
         "cache_misses": traces,
         "host_reads": COUNTERS.host_reads,
         "executables": _budget.cache_budget(),
+        "fused_ops": FUSED.ops,
+        "fused_segments": FUSED.segments,
+        "fused_compiles": FUSED.compiles,
         "ops": ops,
     }
 
@@ -114,6 +130,7 @@ def reset_stats() -> None:
     COUNTERS.compiles = 0
     COUNTERS.persistent_cache_hits = 0
     COUNTERS.host_reads = 0
+    FUSED.ops = FUSED.segments = FUSED.compiles = 0
     _budget.reset_counters()
     for c in list(OP_COUNTERS.values()):
         c.calls = c.traces = c.keys = c.op_by_op = 0

@@ -93,6 +93,7 @@ import torch
 
 from torchjax import _budget
 from torchjax.device import _checks, _stats
+from torchjax.ops import fused as _fused
 from torchjax.tensor import _errors
 from torchjax.tensor._storage import _plan, contiguous_strides, layout_plan
 from torchjax.tensor._tensor import JaxTensor
@@ -276,6 +277,15 @@ def _signature(dyn) -> tuple:
     return tuple(sig)
 
 
+def _array(storage):
+    """``storage.arr``, or its pending value while this thread records (Note [Fused
+    eager] in torchjax/ops/fused.py): reading ``arr`` would run the segment."""
+    lazy = storage.lazy
+    if lazy is not None and lazy.__class__ is _fused.Pending and _fused.recording():
+        return lazy
+    return storage.arr
+
+
 def _check_outputs(out):
     if out is None or isinstance(out, (jax.Array, np.ndarray)):
         return
@@ -350,14 +360,14 @@ class CompiledCompute:
                 return _ARRAY
             size, stride, offset = x._size, x._stride, x._offset
             if storage.covers(size, stride, offset) and stride == contiguous_strides(size):
-                dyn.append(storage.arr)
+                dyn.append(_array(storage))
                 return _ARRAY
             if read_views or self.view_keys >= MAX_VIEW_KEYS:
                 dyn.append(x._value())
                 return _ARRAY
             # A view not read yet (Note [Lazy views]): the read joins this executable,
             # its offset an argument where it can be (Note [View offsets as arguments]).
-            dyn.append(storage.arr)
+            dyn.append(_array(storage))
             if _plan(storage.numel, size, stride, offset).dynamic:
                 dyn.append(np.int32(offset))
                 return (_VIEW, storage.numel, size, stride, None)
@@ -403,6 +413,10 @@ class CompiledCompute:
                     except KeyError:  # evicted by another thread just now
                         pass
                     try:
+                        if _fused.ACTIVE[0] and _fused.recording():
+                            out = _fused.record(run, vals)
+                            if out is not _fused.NOT_RECORDED:
+                                return out
                         try:
                             out = run(*vals)
                         except ValueError:
@@ -458,6 +472,11 @@ class CompiledCompute:
             for j in scalars:
                 dyn[j] = cast(dyn[j], compute_dt)
         try:
+            if _fused.ACTIVE[0] and _fused.recording():
+                # Fused eager: recorded, run later with its segment (Note [Fused eager]).
+                out = _fused.record(run, dyn)
+                if out is not _fused.NOT_RECORDED:
+                    return out
             try:
                 out = run(*dyn)
             except ValueError:

@@ -14,6 +14,7 @@ import torch
 from torchjax.device import _checks, _stats
 from torchjax.device._module import jax_device
 from torchjax.device._serialization import storage_for
+from torchjax.ops import fused
 from torchjax.ops.registry import _cpu_to_jax, handler, lowering, write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
@@ -75,8 +76,13 @@ def _to_copy(args, kwargs):
     device = kwargs.get("device")
     if device is not None and torch.device(device).type == "cpu":
         return _preserve_strides(self, to_cpu(self).to(dtype))
-    arr = self._value()
     jdt = dtypes.to_jax_dtype(dtype)
+    pending = fused.pending_of(self) if fused.ACTIVE[0] else None
+    same_device = device is None or (torch.device(device).index or 0) == self._device_index
+    if pending is not None and same_device and pending.dtype != jdt:
+        # A conversion of a recorded value is recorded too (Note [Fused eager]).
+        return fused.wrap(fused.record_convert(pending, jdt), self._device_index)
+    arr = self._value()
     arr = arr.astype(jdt) if arr.dtype != jdt else jnp.array(arr, copy=True)
     index = self._device_index
     if device is not None:
@@ -94,7 +100,8 @@ def alias(args, kwargs):
     self = args[0]
     if len(args) > 1:  # _unsafe_view(self, size): a view whose result torch treats as fresh
         return aten.view.default(self, args[1])
-    return view_of(self, self._size, self._stride, self._offset, value=self._value())
+    value = None if fused.pending_of(self) is not None else self._value()
+    return view_of(self, self._size, self._stride, self._offset, value=value)
 
 
 @handler(aten.clone.default)

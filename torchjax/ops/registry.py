@@ -46,7 +46,7 @@ from torchjax._compat.torch import (
     elementwise_dtypes,
     set_math_bits,
 )
-from torchjax.ops import compiled, writeback
+from torchjax.ops import compiled, fused, writeback
 from torchjax.tensor import _tensor, dtypes
 from torchjax.tensor._errors import describe_args
 from torchjax.tensor._reinterpret import Interpretation
@@ -389,6 +389,8 @@ def _wrap_out(x, device_index):
         return type(x)(_wrap_out(y, device_index) for y in x)
     if isinstance(x, np.ndarray):
         return wrap(jnp.asarray(x), device_index)
+    if x.__class__ is fused.Pending:  # recorded, not run (Note [Fused eager])
+        return fused.wrap(x, device_index)
     return x
 
 
@@ -511,6 +513,9 @@ def _view_handler(func, entry):
     def view(args, kwargs):
         base = args[0]
         value = None if lazy else compute(args, kwargs)
+        if value is not None and not isinstance(value, jax.Array) and fused.ACTIVE[0]:
+            # Recorded (Note [Fused eager]): the view reads its storage when needed.
+            value = None
         try:
             key = (
                 base._storage.numel,
@@ -595,6 +600,9 @@ def write_into(func, dst: torch.Tensor, src: JaxTensor, *, check_cast=True, resi
         raise _device_error(func, dst)
     if check_cast:
         _check_cast(func, src.dtype, dst.dtype)
+    pending = fused.pending_of(src) if fused.ACTIVE[0] else None
+    if pending is not None and fused.write(dst, pending):
+        return dst  # recorded: the write happens at the flush (Note [Fused eager])
     arr = src._value()
     if arr.dtype != dtypes.to_jax_dtype(dst.dtype):
         arr = arr.astype(dtypes.to_jax_dtype(dst.dtype))

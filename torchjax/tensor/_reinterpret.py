@@ -92,6 +92,8 @@ class Interpretation:
     """The root ``Storage`` seen as ``dtype`` elements, optionally conj/neg (see Note)."""
 
     __slots__ = ("root", "dtype", "conj", "neg", "numel", "shape", "_src", "_flat", "__weakref__")
+    # Never pending or filled on first read itself (its root may be): read as Storage's.
+    lazy = None
 
     def __init__(self, root, dtype, conj, neg):
         self.root, self.dtype, self.conj, self.neg = root, np.dtype(dtype), conj, neg

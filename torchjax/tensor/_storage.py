@@ -47,7 +47,8 @@ class Storage:
     # interpretations: this storage read as other dtypes / conj / neg, created on demand
     # (Note [Views across dtypes] in torchjax/tensor/_reinterpret.py).
     # lazy: [fill, dtype, jax device] while the array is not made yet, else None
-    # (Note [Storages filled on first read]).
+    # (Note [Storages filled on first read]); or, in fused eager mode, the pending value
+    # of a recorded op (Note [Fused eager] in torchjax/ops/fused.py).
     __slots__ = ("arr", "version", "numel", "shape", "interpretations", "lazy", "__weakref__")
 
     def __init__(self, arr: jax.Array, shape=None, numel=None):
@@ -76,6 +77,11 @@ class Storage:
         lazy = self.lazy if name == "arr" else None
         if lazy is None:
             raise AttributeError(f"'Storage' object has no attribute {name!r}")
+        if lazy.__class__ is not list:  # a pending value: its segment runs now
+            arr = lazy.resolve()
+            self.arr = arr
+            self.lazy = None
+            return arr
         fill, dtype, device = lazy
         arr = _filled(self.shape, dtype, fill, device)
         self.arr = arr
@@ -85,7 +91,7 @@ class Storage:
     def set_fill(self, value) -> bool:
         """``fill_(value)`` of the whole storage without making an array, if it can."""
         lazy = self.lazy
-        if lazy is None or type(value) not in (bool, int, float):
+        if lazy.__class__ is not list or type(value) not in (bool, int, float):
             return False
         if type(value) is not bool and value not in (0, 1):
             return False
@@ -106,6 +112,15 @@ class Storage:
     def write(self, size, stride, offset, value: jax.Array) -> None:
         """Store ``value`` (shape ``size``, storage dtype) at the strided view."""
         lazy = self.lazy
+        if lazy is not None and lazy.__class__ is not list:
+            # A pending value (Note [Fused eager]): a whole write needs none of it.
+            if self.covers(size, stride, offset) and stride == contiguous_strides(size):
+                self.arr = value
+                self.lazy = None
+                self.version += 1
+                return
+            self.__getattr__("arr")  # a partial write: its segment runs first
+            lazy = None
         if (
             lazy is not None
             and self.covers(size, stride, offset)
@@ -137,7 +152,10 @@ class Storage:
     def replace(self, arr: jax.Array) -> None:
         """Swap in a new array of the same shape and dtype (a whole-storage write)."""
         lazy = self.lazy
-        if lazy is not None:
+        if lazy.__class__ is not list and lazy is not None:  # pending (Note [Fused eager])
+            self.arr = arr
+            self.lazy = None
+        elif lazy is not None:
             self.arr = _on_device(arr, lazy[2])
             self.lazy = None
         else:

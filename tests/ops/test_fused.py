@@ -1,0 +1,306 @@
+"""Fused eager mode (torchjax/ops/fused.py): recorded segments give eager's exact values."""
+
+import copy
+import threading
+
+import pytest
+import torch
+import transformers as tf
+
+import torchjax
+from tests._child import run_python
+from torchjax.device import _checks
+from torchjax.ops import fused as F
+
+TPU = "tpu"
+
+
+def _fused_counts():
+    s = torchjax.stats()
+    return s["fused_ops"], s["fused_segments"], s["fused_compiles"]
+
+
+def _both(fn, *args, recorded=True):
+    """``fn(*args)`` in eager and in fused mode, as CPU tensors (lists of them)."""
+    eager = fn(*args)
+    with torchjax.fused():
+        out = fn(*args)
+        # Still recorded inside the block: something has not run yet.
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        assert not recorded or any(F.is_pending(t._storage.lazy) for t in outs)
+    conv = lambda t: t.cpu() if isinstance(t, torch.Tensor) else [x.cpu() for x in t]  # noqa: E731
+    return conv(eager), conv(out)
+
+
+def _same(a, b):
+    if isinstance(a, list):
+        for x, y in zip(a, b):
+            _same(x, y)
+        return
+    torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_elementwise_chain_is_one_segment_and_bit_identical(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(33, 17, generator=g) * 5).to(dtype).to(TPU)
+    y = (torch.randn(33, 17, generator=g) * 5).to(dtype).to(TPU)
+
+    def chain(x, y):
+        z = x * y + x - 3 * y
+        if dtype.is_floating_point:
+            z = torch.exp(z.tanh()) / (y.abs() + 1) + torch.sigmoid(x) * torch.sqrt(y.abs())
+        else:
+            z = (z // 7) % 5 + (x & y) - torch.maximum(x, y)
+        return z * 2 - x
+
+    torchjax.reset_stats()
+    eager, fused = _both(chain, x, y)
+    _same(eager, fused)
+    ops, segments, _ = _fused_counts()
+    assert ops >= 5 and segments == 1
+
+
+def test_fma_contraction_and_reduction_fusion_keep_eager_numbers():
+    # a * b then + c fused by LLVM into an FMA, and a producer fused into a sum by
+    # XLA:CPU, both change the last bit (Note [Fusion keeps eager's numbers]). The FMA
+    # only happens at XLA's default optimisation level, which the suite lowers (Note
+    # [Compile speed in the suite]): a child process at the default level.
+    code = """
+        import torch, torchjax
+        g = torch.Generator().manual_seed(1)
+        a, b, c = (torch.randn(64, 256, generator=g).to("tpu") for _ in range(3))
+        f = lambda: [a * b + c, (a * a).sum(0), a.exp().sum(1), a / b.abs().sqrt()]
+        eager = [t.cpu() for t in f()]
+        with torchjax.fused():
+            out = f()
+        for e, o in zip(eager, out):
+            torch.testing.assert_close(o.cpu(), e, rtol=0, atol=0)
+        print("ok", torchjax.stats()["fused_segments"])
+    """
+    done = run_python(code, env={"XLA_FLAGS": ""})
+    assert done.returncode == 0, done.stderr
+    assert "ok 1" in done.stdout
+
+
+def test_matmul_softmax_layer_norm():
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(16, 64, generator=g).to(TPU), torch.randn(64, 64, generator=g).to(TPU)
+    ln = torch.nn.LayerNorm(64).to(TPU)
+
+    def block(x):
+        h = torch.softmax(x @ w.t() / 8.0, dim=-1)
+        return ln(h @ w + x).relu().mean(-1)
+
+    with torch.no_grad():
+        eager, fused = _both(block, x)
+    _same(eager, fused)
+
+
+def test_views_and_inplace_ops_mixed_in():
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(8, 12, generator=g)
+
+    def prog():
+        x = base.to(TPU)
+        y = (x * 2).t()[1:5]  # a view of a recorded value
+        z = y + 1
+        z.mul_(3).add_(x[:4, 2:10])  # whole-tensor in-place writes stay recorded
+        x[0].add_(z.sum())  # an in-place write into a view: a partial write
+        w = torch.cat([z, x[:2, :8]]).transpose(0, 1)
+        return [z, x, w.contiguous(), x.view(-1)[::5]]
+
+    # clone (contiguous) reads its input: the last op runs it, nothing stays recorded.
+    eager, fused = _both(prog, recorded=False)
+    _same(eager, fused)
+
+
+def test_op_that_cannot_be_recorded_runs_in_the_middle():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(50, generator=g).to(TPU)
+
+    def prog():
+        y = x * 3 - 1
+        kept = y[y > 0]  # a boolean mask: data-dependent shape, not recorded
+        return [kept * 2, (y + kept.sum()).cos()]
+
+    torchjax.reset_stats()
+    eager, fused = _both(prog)
+    _same(eager, fused)
+    assert _fused_counts()[1] >= 2  # the mask cut the recording in two
+
+
+def test_out_of_range_index_raises_at_the_next_sync_naming_the_op():
+    w = torch.randn(5, 3, device=TPU)
+    with torchjax.fused():
+        out = torch.index_select(w * 2, 0, torch.tensor([1, 7], device=TPU)) + 1
+        assert F.is_pending(out._storage.lazy)  # nothing ran, nothing raised
+        with pytest.raises(
+            IndexError, match=r"index 7 is out of bounds for dimension 0 with size 5"
+        ):
+            out.sum().item()
+        # A check of an op whose result is never read is raised at a sync too.
+        torch.index_select(w, 0, torch.tensor([-9], device=TPU))
+        with pytest.raises(IndexError, match="index_select"):
+            torch.tpu.synchronize()
+    assert _checks.pending() == 0
+
+
+def _tiny_llama():
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        pad_token_id=0,
+    )  # fmt: skip
+    return tf.LlamaForCausalLM(config).eval()
+
+
+IDS = torch.tensor([[1, 17, 42, 99, 5, 6, 7, 8]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiny_llama_forward_is_bit_identical_and_cached(dtype):
+    model = _tiny_llama().to(TPU).to(dtype)
+    ids = IDS.to(TPU)
+    with torch.no_grad():
+        eager = model(ids).logits.cpu()
+        with torchjax.fused():
+            first = model(ids).logits
+        torchjax.reset_stats()
+        with torchjax.fused():
+            second = model(ids).logits
+        stats = torchjax.stats()
+    assert torch.equal(first.cpu(), eager)
+    assert torch.equal(second.cpu(), eager)
+    # The second identical forward reuses every segment program: nothing compiles.
+    assert stats["fused_compiles"] == 0 and stats["compiles"] == 0
+    assert stats["fused_ops"] > 50
+    assert stats["fused_segments"] < stats["fused_ops"] / 10
+
+
+def test_train_step_matches_eager():
+    cpu = _tiny_llama().train()
+    labels = IDS.to(TPU)
+
+    def step(model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = model(labels, labels=labels).loss
+        loss.backward()
+        opt.step()
+        return [loss.detach()] + [p.detach() for p in model.parameters()]
+
+    eager = [t.cpu() for t in step(copy.deepcopy(cpu).to(TPU))]
+    model = copy.deepcopy(cpu).to(TPU)
+    torchjax.reset_stats()
+    with torchjax.fused():
+        out = step(model)
+        recorded = torchjax.stats()["fused_ops"]
+    _same(eager, [t.cpu() for t in out])
+    assert recorded > 100  # forward, backward and the update were recorded
+
+
+def test_backward_records_on_the_calling_thread_and_flushes_at_its_end():
+    x = torch.randn(6, 4, device=TPU, requires_grad=True)
+    (x.sin() * 3).sum().backward()
+    want = x.grad.cpu()
+    x.grad = None
+    torchjax.reset_stats()
+    with torchjax.fused():
+        (x.sin() * 3).sum().backward()
+        # Ran at the end of backward(), still inside the block.
+        assert not F.is_pending(x.grad._storage.lazy)
+        assert torchjax.stats()["fused_segments"] >= 1
+    assert torch.equal(x.grad.cpu(), want)
+
+
+def test_threads_have_their_own_segments():
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(32, 32, generator=g).to(TPU) for _ in range(2)]
+    want = [((x @ x).tanh() * 2 + 1).cpu() for x in xs]
+    got, segs, barrier = [None, None], [None, None], threading.Barrier(2)
+
+    def worker(i):
+        with torchjax.fused():
+            y = (xs[i] @ xs[i]).tanh() * 2 + 1
+            barrier.wait()  # both threads hold a recorded segment at once
+            segs[i] = y._storage.lazy.segment
+            got[i] = y.cpu()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert segs[0] is not segs[1]
+    for w, g_ in zip(want, got):
+        assert torch.equal(w, g_)
+
+
+def test_a_pending_value_read_by_another_thread_runs_its_segment():
+    x = torch.randn(8, device=TPU)
+    with torchjax.fused():
+        y = x * 2 + 1
+        out = []
+        t = threading.Thread(target=lambda: out.append(y.cpu()))
+        t.start()
+        t.join()
+    assert torch.equal(out[0], x.cpu() * 2 + 1)
+
+
+def test_modes_nest_and_reverse():
+    x = torch.ones(3, device=TPU)
+    assert torchjax.eager_mode() == "eager"
+    with torchjax.fused():
+        assert torchjax.eager_mode() == "fused"
+        a = x + 1
+        with torchjax.fused(False):
+            assert torchjax.eager_mode() == "eager"
+            assert not F.is_pending(a._storage.lazy)  # turning it off ran the segment
+            b = x + 2
+            assert b._storage.lazy is None
+        assert F.is_pending((x + 3)._storage.lazy)
+    assert torchjax.eager_mode() == "eager"
+    with pytest.raises(ValueError, match="set_eager_mode"):
+        torchjax.set_eager_mode("lazy")
+
+
+def test_torchjax_jit_inside_fused_mode_is_not_recorded():
+    x = torch.randn(4, 4, device=TPU)
+    f = torchjax.jit(lambda t: (t @ t).relu() + 1)
+    want = f(x).cpu()
+    with torchjax.fused():
+        pre = x * 1  # a pending value passed into the trace
+        torchjax.reset_stats()
+        got = f(pre)
+        assert torchjax.stats()["fused_ops"] == 0
+    assert torch.equal(got.cpu(), want)
+
+
+def test_environment_variable_turns_it_on_in_a_child_process():
+    code = """
+        import torch, torchjax
+        from torchjax.ops import fused as F
+        assert torchjax.eager_mode() == "fused"
+        x = torch.arange(6.0, device="tpu")
+        y = (x * 2 + 1).sin()
+        assert F.is_pending(y._storage.lazy)
+        assert torch.equal(y.cpu(), (torch.arange(6.0) * 2 + 1).sin())
+        print("segments", torchjax.stats()["fused_segments"])
+    """
+    done = run_python(code, env={"TORCHJAX_EAGER": "fused"})
+    assert done.returncode == 0, done.stderr
+    assert "segments 1" in done.stdout
+    bad = run_python("import torchjax", env={"TORCHJAX_EAGER": "lazy"})
+    assert bad.returncode != 0 and "TORCHJAX_EAGER='lazy'" in bad.stderr
+
+
+def test_immediate_checks_raise_at_the_op_in_fused_mode():
+    w = torch.randn(5, 3, device=TPU)
+    torch.tpu.set_sync_checks(True)
+    try:
+        with torchjax.fused():
+            with pytest.raises(IndexError, match="index 7 is out of bounds"):
+                torch.index_select(w, 0, torch.tensor([7], device=TPU))
+    finally:
+        torch.tpu.set_sync_checks(False)

@@ -1,0 +1,604 @@
+"""Fused eager mode: ops are recorded, and each segment runs as one compiled program.
+
+Note [Fused eager]
+Plain eager runs every op as its own cached executable (Note [Compiled lowerings] in
+torchjax/ops/compiled.py): one XLA dispatch per op, with no fusion between ops. In
+fused eager mode (``with torchjax.fused():``, ``TORCHJAX_EAGER=fused`` in the
+environment, or ``torchjax.set_eager_mode("fused")``) an op that would call its cached
+executable records the call instead, and a *segment* of such calls runs later as one
+``jax.jit`` program:
+
+- Recording. Where ``CompiledCompute`` would call ``run(*dyn)``, it appends (the
+  executable's traceable function, its arguments) to this thread's segment. Real
+  arrays become inputs of the segment; a ``Pending`` argument (an output of an earlier
+  node of the same segment) refers to that node. The outputs are ``Pending`` values of
+  the avals ``jax.eval_shape`` gives (cached per executable and input weak types), and
+  the registry wraps them as tensors whose storage has no array yet: its ``arr`` slot
+  is unset and ``lazy`` holds the ``Pending`` (the mechanism of Note [Storages filled on
+  first read] in torchjax/tensor/_storage.py). Tensor metadata (shape, dtype, strides)
+  is known at once, as in eager; values are not.
+- Flushing. Anything that reads ``storage.arr`` of such a storage - an op that is not
+  recorded (random ops, ``jit=False`` lowerings, mask indexing, ``.cpu()``, ``.item()``,
+  ``print``, a partial in-place write, the autograd engine reading a saved tensor
+  outside the segment's thread) - flushes the segment first and gets the real array.
+  So the segment ends exactly where a value is needed, by construction; everything else
+  stays recorded. A segment also ends when it reaches ``MAX_NODES`` ops, when the mode
+  is turned off in this thread (``fused()`` exits), at every synchronisation point of
+  device checks (``_checks.raise_pending``: ``torch.tpu.synchronize()``, a host read),
+  and at the end of a backward pass that recorded ops.
+- The program. A flush builds (or finds in a cache keyed by the segment's structure:
+  each node's function and its wiring, plus which outputs are still referenced) one
+  ``jax.jit`` that replays the nodes and returns the outputs some live storage still
+  holds (weak references taken at flush time) and every node's device-check outputs;
+  the storages are filled, the checks queued in program order (Note [Device-side
+  checks], torchjax/device/_checks.py). Intermediates nobody holds are never
+  materialised: XLA fuses through them. The program is built with the same
+  ``COMPILER_OPTIONS`` as the per-op executables (no excess precision), so half types
+  round after every op as in eager. Programs are entries of the process-wide budget
+  (Note [Executable cache budget]).
+- Retracing. A segment's key is its op sequence: each node's per-op executable (itself
+  keyed by overload, static arguments, shapes and dtypes: Note [Compiled lowerings]),
+  where each argument comes from (a segment input or node k's output j) and the set of
+  live outputs. A loop repeating the same ops on the same shapes reuses one program; a
+  new shape, a new static argument, a different live set (a tensor kept that was
+  dropped before) or a different cut point (a host read moved) is a new program.
+  ``torchjax.stats()`` counts ``fused_ops`` recorded, ``fused_segments`` run and
+  ``fused_compiles`` (program traces).
+- Threads. Segments are per thread; the mode is per thread inside ``fused()`` and
+  process-wide when set with the environment variable or ``set_eager_mode``. Any
+  thread reading a pending value flushes the segment that holds it (under that
+  segment's lock). ``fused()`` also runs ``backward()`` on the calling thread
+  (``torch.autograd.set_multithreading_enabled(False)``, thread-local), so a train
+  step's backward records into the same segments; a pass that recorded ops flushes at
+  its end (an engine callback).
+- Not recorded: calls under a user's trace (``torchjax.jit``, ``jax.jit``: tracers in
+  the arguments; pending arguments are flushed first, evaluated at compile time), and
+  every op not on the compiled path: those run as in eager and flush their pending
+  inputs on the way.
+- Errors. Shape and dtype errors are raised at the op (``eval_shape`` traces the op
+  when it is recorded). Device checks (an index out of range) are raised at the next
+  synchronisation point, as in eager; in immediate mode (``TORCHJAX_SYNC_CHECKS=1``)
+  nothing is recorded, so they raise at the op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax, tree_util
+
+from torchjax import _budget
+from torchjax._compat.jax import x64
+from torchjax._compat.torch import in_graph_task, queue_engine_callback
+from torchjax.device import _checks, _stats
+from torchjax.tensor import dtypes
+from torchjax.tensor._storage import Storage, contiguous_strides
+from torchjax.tensor._tensor import make
+
+# A segment runs once it holds this many ops: bounds the program size (compile time)
+# and the latency before the first op of a long recorded stretch runs.
+MAX_NODES = 256
+_MODES = ("eager", "fused")
+
+
+def _env_mode() -> bool:
+    raw = os.environ.get("TORCHJAX_EAGER", "")
+    if raw in ("", "eager"):
+        return False
+    if raw == "fused":
+        return True
+    raise ValueError(
+        f"torchjax: environment variable TORCHJAX_EAGER={raw!r} must be 'eager' or "
+        "'fused' (or unset for 'eager')"
+    )
+
+
+_local = threading.local()
+# The process-wide mode (TORCHJAX_EAGER / set_eager_mode).
+_GLOBAL = [_env_mode()]
+# ACTIVE[0]: some thread may be recording (the global mode, or a fused() context open
+# somewhere): the one check compiled.py makes on its hot path.
+ACTIVE = [_GLOBAL[0]]
+_open = [0]
+_open_lock = threading.Lock()
+_CHECKLESS = ()
+
+
+def _update_active() -> None:
+    ACTIVE[0] = _GLOBAL[0] or _open[0] > 0
+
+
+def recording() -> bool:
+    """Whether ops on this thread are recorded (fused mode is on here)."""
+    mode = getattr(_local, "mode", None)
+    # Immediate device checks raise at the op: nothing is recorded meanwhile.
+    return (_GLOBAL[0] if mode is None else mode) and not _checks._SYNC[0]
+
+
+def set_eager_mode(mode: str) -> None:
+    """The process-wide eager mode: ``"fused"`` records ops and runs them as fused
+    segments (Note [Fused eager] in torchjax/ops/fused.py), ``"eager"`` (the default)
+    runs each op at once. A ``torchjax.fused()`` block overrides it in its thread."""
+    if mode not in _MODES:
+        raise ValueError(f"torchjax.set_eager_mode: mode must be 'eager' or 'fused', got {mode!r}")
+    _GLOBAL[0] = mode == "fused"
+    _update_active()
+    if not recording():
+        flush_current()
+
+
+def eager_mode() -> str:
+    """This thread's eager mode: ``"fused"`` or ``"eager"``."""
+    return "fused" if recording() else "eager"
+
+
+@contextlib.contextmanager
+def fused(enabled: bool = True):
+    """Fused eager mode in this thread for the block (``enabled=False``: plain eager).
+
+    Ops are recorded and run as one compiled program per segment (Note [Fused eager]
+    in torchjax/ops/fused.py); results are the same as in eager. Nestable; on exit the
+    previous mode is back and, if that is eager, the recorded ops run."""
+    prev = getattr(_local, "mode", None)
+    enabled = bool(enabled)
+    if not enabled:
+        flush_current()
+    with _open_lock:
+        _open[0] += 1
+        _update_active()
+    _local.mode = enabled
+    # backward() on this thread, so that it records into this thread's segments.
+    threads = torch.autograd.set_multithreading_enabled(not enabled)
+    try:
+        with threads:
+            yield
+    finally:
+        _local.mode = prev
+        with _open_lock:
+            _open[0] -= 1
+            _update_active()
+        if not recording():
+            flush_current()
+
+
+class Pending:
+    """Output ``leaf`` of node ``node`` of ``segment``, not computed yet (the value of
+    the storages in ``storages`` whose ``lazy`` is this object)."""
+
+    __slots__ = ("segment", "node", "leaf", "aval", "shape", "dtype", "storages", "value")
+
+    def __init__(self, segment, node, leaf, aval):
+        self.segment, self.node, self.leaf = segment, node, leaf
+        self.aval = aval
+        self.shape, self.dtype = aval.shape, aval.dtype
+        self.storages: list = []
+        self.value = None
+
+    @property
+    def weak_type(self) -> bool:
+        return self.aval.weak_type
+
+    def live(self) -> bool:
+        for ref in self.storages:
+            s = ref()
+            if s is not None and s.lazy is self:
+                return True
+        return False
+
+    def resolve(self):
+        """The array (flushing the segment first)."""
+        if self.value is None:
+            flush(self.segment)
+            if self.value is None:
+                raise AssertionError(
+                    "torchjax fused eager: a pending value was not kept by its segment"
+                )
+        return self.value
+
+    def fill(self, value) -> None:
+        self.value = value
+        self.segment = None
+        for ref in self.storages:
+            s = ref()
+            if s is not None and s.lazy is self:
+                s.arr = value
+                s.lazy = None
+        self.storages = []
+
+
+class _Segment:
+    __slots__ = ("nodes", "outs", "inputs", "input_ids", "lock", "closed", "task_flush")
+
+    def __init__(self):
+        self.nodes: list = []  # (fn, refs, codes)
+        self.outs: list = []  # per node: its Pending leaves
+        self.inputs: list = []
+        self.input_ids: dict = {}
+        self.lock = threading.RLock()
+        self.closed = False
+        self.task_flush = False
+
+
+def _segment() -> _Segment:
+    seg = getattr(_local, "segment", None)
+    if seg is None or seg.closed:
+        seg = _local.segment = _Segment()
+    return seg
+
+
+def flush_current() -> None:
+    """Run this thread's segment, if it holds recorded ops."""
+    seg = getattr(_local, "segment", None)
+    if seg is not None and not seg.closed:
+        flush(seg)
+
+
+def _shapes(run, dyn):
+    """The output avals of ``run`` on ``dyn`` (cached per executable and weak types)."""
+    weak = tuple([getattr(d, "weak_type", False) for d in dyn])
+    cache = getattr(run, "fused_shapes", None)
+    if cache is None:
+        cache = run.fused_shapes = {}
+    hit = cache.get(weak)
+    if hit is None:
+        specs = [d.aval if d.__class__ is Pending else d for d in dyn]
+        jaxpr, (out, checks) = jax.make_jaxpr(run.__wrapped__, return_shape=True)(*specs)
+        leaves, tree = tree_util.tree_flatten(out)
+        isolated = not (FUSE_ELEMENTWISE and _elementwise(jaxpr.jaxpr))
+        cuts = () if isolated else _cut_outputs(jaxpr.jaxpr, len(leaves))
+        hit = cache[weak] = (leaves, tree, checks.codes, isolated, cuts)
+    return hit
+
+
+# Whether elementwise nodes fuse with each other (the rules below). Off: a tiny Llama
+# forward at the suite's optimisation level and a train step still differed from eager
+# in the last bit with them (7e-9 in 114 of 4096 gradient elements; the primitive
+# responsible is not found yet), so every node is isolated and a segment is one
+# dispatch of many programs' worth of work, not one fusion.
+FUSE_ELEMENTWISE = False
+
+# Primitives that only move elements (a fused consumer sees the producer's arithmetic
+# through them), and those whose result a fused consumer's arithmetic could be
+# rewritten with (Note [Fusion keeps eager's numbers]).
+_MOVES = frozenset(
+    "reshape broadcast_in_dim transpose squeeze expand_dims slice dynamic_slice "
+    "concatenate pad select_n copy copy_p".split()
+)
+_REWRITABLE = frozenset("mul div sqrt rsqrt exp exp2 log pow integer_pow neg".split())
+
+
+def _cut_outputs(jaxpr, n) -> tuple:
+    """Indices of the first ``n`` outputs of ``jaxpr`` computed by a _REWRITABLE
+    primitive (looking through _MOVES and nested jaxprs)."""
+    return tuple(k for k, v in enumerate(jaxpr.outvars[:n]) if _rewritable(jaxpr, v))
+
+
+def _rewritable(jaxpr, var) -> bool:
+    for eqn in reversed(jaxpr.eqns):
+        if not any(o is var for o in eqn.outvars):
+            continue
+        name = eqn.primitive.name
+        if name in _REWRITABLE:
+            return True
+        if name in _MOVES:
+            return any(_rewritable(jaxpr, v) for v in eqn.invars if hasattr(v, "count"))
+        for p in eqn.params.values():
+            inner = getattr(p, "jaxpr", None)
+            if inner is not None and hasattr(inner, "eqns"):
+                k = [i for i, o in enumerate(eqn.outvars) if o is var][0]
+                return _rewritable(inner, inner.outvars[k])
+        return False
+    return False
+
+
+# Note [Fusion keeps eager's numbers]
+# A reduction that XLA:CPU fuses with its producer computes differently from the same
+# reduction reading an array: ``jnp.exp(a).sum(1)`` as one program differs in the last
+# bit from ``exp`` then ``sum`` as two (measured on float32 (64, 64)...(512, 64), for
+# exp, tanh, ``t * t`` and ``t * 1.5 + 0.3`` producers). Two causes, both seen in the
+# optimised HLO: the reduce becomes a YNNPACK fusion (``__ynn_fusion``) that evaluates
+# the fused producer with YNNPACK's own kernels (its exp, fused multiply-adds); and with
+# YNNPACK fusions off, XLA's own reduce loop still contracts ``t * t`` into the sum with
+# an FMA. max is order-free and agrees, and elementwise chains agree bit for bit (the
+# same code computes each element; excess precision is off: COMPILER_OPTIONS).
+# ``lax.optimization_barrier`` does not help: XLA:CPU removes it before fusion. So a
+# node whose lowering is not purely elementwise or layout (a reduction, a dot, a
+# gather...) runs in the segment program as the taken branch of a ``lax.cond`` on a
+# predicate passed in as an argument: XLA cannot fuse across a conditional it cannot
+# resolve at compile time, so the node reads and writes arrays exactly as its own
+# executable does (checked bit for bit on those producers followed by sum, mean,
+# softmax, a dot and a layer norm, 72 of 72 cases), and fusion happens between
+# elementwise ops.
+# Elementwise ops fused together still change numbers in two ways XLA:CPU takes at its
+# default optimisation level: LLVM contracts a multiply feeding an add into one FMA
+# (``a * b`` then ``+ c`` as two ops differs from ``a * b + c`` in one program in 951
+# of 4096 float32 elements; at ``xla_backend_optimization_level=0``, the suite's
+# level, they agree), and XLA's algebraic simplifier rewrites across ops (``a / sqrt(b)``
+# into ``a * rsqrt(b)``, products of exps). So an elementwise node's output computed by
+# one of those primitives (``_REWRITABLE``: mul, div, sqrt, rsqrt, exp, log, pow, neg,
+# looked up through element moves such as reshape and broadcast) leaves it through an
+# identity conditional on the same predicate: it is an array when the next op reads it,
+# as in eager. XLA:CPU's tanh gives other bits fused with a neighbour (``(x + 1).tanh()``
+# and ``x.tanh() + 1`` both differ; exp, sin, logistic do not), so ``_ELEMENTWISE``
+# lists only primitives checked or plain arithmetic: tanh, erf, the inverse
+# trigonometric and hyperbolic functions, log1p, expm1 and the like are isolated as
+# reductions are. Chains of adds, compares, selects, casts and the listed functions
+# still fuse (a tiny Llama forward: bit-identical to eager in float32
+# and bfloat16 with these cuts; without them 1.2e-7 apart).
+_ELEMENTWISE = frozenset(
+    (
+        "abs add and bitcast_convert_type broadcast_in_dim ceil clamp clz complex "
+        "concatenate conj convert_element_type copy copy_p cos div eq exp expand_dims floor "
+        "ge gt imag integer_pow is_finite le log logistic lt max min mul ne neg nextafter "
+        "not or pad population_count pow real reduce_precision rem reshape round rsqrt "
+        "select_n shift_left shift_right_arithmetic shift_right_logical sign sin slice sqrt "
+        "square squeeze stop_gradient sub transpose xor iota dynamic_slice pjit jit "
+        "closed_call custom_jvp_call custom_vjp_call"
+    ).split()
+)
+
+
+def _elementwise(jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name not in _ELEMENTWISE:
+            return False
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, (tuple, list)) else (v,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns") and not _elementwise(inner):
+                    return False
+    return True
+
+
+NOT_RECORDED = object()
+
+
+def record(run, dyn):
+    """Record ``run(*dyn)`` (a per-op executable, Note [Compiled lowerings]) in this
+    thread's segment and return its outputs as ``Pending`` values; or, under a user's
+    trace, resolve the pending arguments in ``dyn`` and return ``NOT_RECORDED``."""
+    for d in dyn:
+        if isinstance(d, jax.core.Tracer):
+            _resolve_all(dyn)
+            return NOT_RECORDED
+    while True:
+        seg = _segment()
+        if len(seg.nodes) >= MAX_NODES:
+            flush(seg)
+            continue
+        for i, d in enumerate(dyn):
+            if d.__class__ is Pending and d.segment is not seg:
+                dyn[i] = d.resolve()  # another thread's segment, or already run
+        leaves, tree, codes, isolated, cuts = _shapes(run, dyn)
+        with seg.lock:
+            if seg.closed:  # flushed by another thread meanwhile: record again
+                continue
+            return _append(seg, run.__wrapped__, dyn, leaves, tree, codes, isolated, cuts)
+
+
+def _append(seg, fn, dyn, leaves, tree, codes, isolated, cuts):
+    refs = []
+    inputs, ids = seg.inputs, seg.input_ids
+    for d in dyn:
+        if d.__class__ is Pending:
+            refs.append((1, d.node, d.leaf))
+            continue
+        i = ids.get(id(d))
+        if i is None:
+            i = ids[id(d)] = len(inputs)
+            inputs.append(d)
+        refs.append((0, i))
+    n = len(seg.nodes)
+    seg.nodes.append((fn, tuple(refs), codes, isolated, cuts))
+    outs = [Pending(seg, n, k, aval) for k, aval in enumerate(leaves)]
+    seg.outs.append(outs)
+    _stats.FUSED.ops += 1
+    if not seg.task_flush and in_graph_task():
+        # Recorded inside backward(): the pass flushes at its end.
+        seg.task_flush = True
+        queue_engine_callback(lambda: flush(seg))
+    return tree_util.tree_unflatten(tree, outs)
+
+
+def _resolve_all(dyn) -> None:
+    for i, d in enumerate(dyn):
+        if d.__class__ is Pending:
+            with jax.ensure_compile_time_eval():
+                dyn[i] = d.resolve()
+
+
+# structure key -> segment program
+_PROGRAMS: dict = {}
+
+
+def flush(seg) -> None:
+    """Run ``seg`` as one program; fill the storages still holding its outputs and
+    queue its device checks (Note [Fused eager])."""
+    with seg.lock:
+        if seg.closed:
+            return
+        seg.closed = True
+        live = [p for outs in seg.outs for p in outs if p.live()]
+        nodes = seg.nodes
+        if not live and not any(n[2] for n in nodes):
+            for outs in seg.outs:
+                for p in outs:
+                    p.segment = None
+            return
+        key = (
+            tuple([(n[0], n[1], n[3], n[4]) for n in nodes]),
+            tuple([(p.node, p.leaf) for p in live]),
+        )
+        program = _PROGRAMS.get(key)
+        if program is None:
+            program = _PROGRAMS[key] = _program(nodes, key[1])
+            _budget.admit(program, lambda: _PROGRAMS.pop(key, None))
+        else:
+            _budget.hit(program)
+        # Compile-time evaluation: a flush inside a user's trace (a pending value read
+        # there) computes concrete arrays, which the storages outlive the trace with.
+        # x64 on, as in dispatch: the nodes were traced so (a flush may come from
+        # outside an op: a sync point, a thread).
+        with jax.ensure_compile_time_eval(), x64(True):
+            values, checks = program(_TRUE, *seg.inputs)
+        _stats.FUSED.segments += 1
+        for p, v in zip(live, values):
+            p.fill(v)
+        for outs in seg.outs:
+            for p in outs:
+                p.segment = None
+        seg.inputs, seg.input_ids = [], {}
+    for node, (bads, vals) in zip([n for n in nodes if n[2]], checks):
+        codes = node[2]
+        _checks.add_collected(codes, bads, vals)
+
+
+def _program(nodes, live):
+    fns = [n[0] for n in nodes]
+    wiring = [n[1] for n in nodes]
+    checked = [bool(n[2]) for n in nodes]
+    isolated = [n[3] for n in nodes]
+    cuts = [n[4] for n in nodes]
+
+    def segment(pred, *inputs):
+        _stats.FUSED.compiles += 1
+        outs, checks = [], []
+        for fn, refs, has_checks, iso, cut in zip(fns, wiring, checked, isolated, cuts):
+            args = [inputs[r[1]] if r[0] == 0 else outs[r[1]][r[2]] for r in refs]
+            out, chk = _isolated(fn, pred, args) if iso else fn(*args)
+            leaves = tree_util.tree_leaves(out)
+            if cut:  # Note [Fusion keeps eager's numbers]
+                kept = _isolated(_identity, pred, [leaves[k] for k in cut])
+                for k, v in zip(cut, kept):
+                    leaves[k] = v
+            outs.append(leaves)
+            if has_checks:
+                checks.append((chk.bads, chk.values))
+        return [outs[n][k] for n, k in live], checks
+
+    from torchjax.ops.compiled import COMPILER_OPTIONS
+
+    return jax.jit(segment, compiler_options=COMPILER_OPTIONS)
+
+
+_TRUE = np.bool_(True)
+
+
+def _identity(*args):
+    return list(args)
+
+
+def _isolated(fn, pred, args):
+    """``fn(*args)`` as the branch of a conditional XLA cannot see through (its
+    predicate is an argument of the program): Note [Fusion keeps eager's numbers]."""
+    shapes = jax.eval_shape(fn, *args)
+
+    def zeros(*_):
+        return tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    return lax.cond(pred, fn, zeros, *args)
+
+
+def is_pending(x) -> bool:
+    return x.__class__ is Pending
+
+
+def wrap(p: Pending, device_index: int = 0):
+    """A new tpu tensor whose storage's value is ``p`` (computed at the flush)."""
+    size = tuple(p.shape)
+    s = Storage.__new__(Storage)
+    s.version = 0
+    s.shape = size
+    s.numel = math.prod(size)
+    s.interpretations = None
+    s.lazy = p
+    p.storages.append(weakref.ref(s))
+    return make(s, size, contiguous_strides(size), 0, dtypes.to_torch_dtype(p.dtype), device_index)
+
+
+def pending_of(t):
+    """The ``Pending`` value of tpu tensor ``t`` if it is one, whole (its storage in its
+    own shape, contiguous) and this thread records; else None."""
+    s = t._storage
+    lazy = s.lazy
+    if (
+        lazy.__class__ is Pending
+        and recording()
+        and s.covers(t._size, t._stride, t._offset)
+        and t._stride == contiguous_strides(t._size)
+    ):
+        return lazy
+    return None
+
+
+def write(dst, p: Pending) -> bool:
+    """Write pending ``p`` into the whole of ``dst`` (same shape and dtype) without
+    running it; False when that is not such a write (the caller writes eagerly)."""
+    s = dst._storage
+    if (
+        s.__class__ is not Storage
+        or tuple(p.shape) != dst._size
+        or not s.covers(dst._size, dst._stride, dst._offset)
+        or dst._stride != contiguous_strides(dst._size)
+        or p.dtype != dtypes.to_jax_dtype(dst.dtype)
+        or p.segment is None
+    ):
+        return False
+    lazy = s.lazy
+    if lazy is None:
+        if type(getattr(s.arr, "sharding", None)).__name__ == "NamedSharding":
+            return False  # Note [Writes keep the placement]: write eagerly
+        s.lazy = p  # before the array goes: a reader in another thread sees one of them
+        del s.arr
+    elif lazy.__class__ is not Pending:
+        return False
+    s.lazy = p
+    p.storages.append(weakref.ref(s))
+    s.version += 1
+    dst._cache, dst._cache_version = None, -1
+    return True
+
+
+# The before-sync hook of device checks: pending checks of recorded ops join the queue
+# before it is read.
+_checks.BEFORE_SYNC.append(flush_current)
+
+# Conversions recorded from the copy handlers (``.to(dtype)`` of a pending value):
+# one traceable function per (shape, dtype, target dtype), so segment keys are stable.
+_CONVERTS: dict = {}
+
+
+class _Convert:
+    """A traceable ``astype`` with the per-op executable's calling convention."""
+
+    def __init__(self, jdt):
+        from torchjax.ops.compiled import _Checks
+
+        self.jdt = jdt
+        self.fused_shapes = {}
+        dt = jdt
+
+        def convert(a):
+            return a.astype(dt), _Checks(_CHECKLESS, [], [])
+
+        self.__wrapped__ = convert
+
+
+def record_convert(p: Pending, jdt):
+    """``p.astype(jdt)`` recorded in this thread's segment (a Pending)."""
+    key = (p.shape, p.dtype, jdt)  # one per signature, as the per-op executables
+    conv = _CONVERTS.get(key)
+    if conv is None:
+        if len(_CONVERTS) > 4096:
+            _CONVERTS.clear()
+        conv = _CONVERTS[key] = _Convert(jdt)
+    out = record(conv, [p])
+    return out
