@@ -107,3 +107,32 @@ def test_set_():
 def test_format_0d_like_torch():
     assert f"{torch.tensor(3.14159).to('tpu'):.2f}" == "3.14"
     assert f"{torch.tensor(7).to('tpu'):>3}" == "  7"
+
+
+def test_data_ptr_is_an_identity_per_storage_with_views_at_their_byte_offsets():
+    # Before: every tpu tensor of offset 0 had data_ptr() 0, so libraries that find tied
+    # weights by address (accelerate's offload hooks) took unrelated weights for one.
+    x = torch.randn(4, 3)
+    t, u = x.to("tpu"), torch.randn(4, 3).to("tpu")
+    assert t.data_ptr() != 0 and t.data_ptr() != u.data_ptr()
+    assert t.data_ptr() == t.data_ptr()  # stable
+    for view in (lambda a: a[1], lambda a: a[:, 2], lambda a: a.t(), lambda a: a.view(torch.int32)):
+        assert view(t).data_ptr() - t.data_ptr() == view(x).data_ptr() - x.data_ptr()
+    z = torch.randn(3, dtype=torch.complex64)
+    tz = z.to("tpu")
+    assert tz.imag.data_ptr() - tz.data_ptr() == z.imag.data_ptr() - z.data_ptr() == 4
+    # Distinct storages never overlap: [ptr, ptr + nbytes) ranges are disjoint.
+    big = torch.zeros(1000).to("tpu")
+    after = torch.zeros(1).to("tpu")
+    lo, hi = sorted([big, after], key=lambda a: a.data_ptr())
+    assert lo.data_ptr() + lo.numel() * lo.element_size() <= hi.data_ptr()
+
+
+def test_tied_parameters_share_data_ptr_untied_ones_do_not():
+    m = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
+    m[1].weight = m[0].weight
+    ln = torch.nn.LayerNorm(3)
+    m.to("tpu")
+    ln.to("tpu")
+    assert m[1].weight.data_ptr() == m[0].weight.data_ptr()
+    assert len({ln.weight.data_ptr(), ln.bias.data_ptr(), m[0].weight.data_ptr()}) == 3

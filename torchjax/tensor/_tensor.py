@@ -13,6 +13,8 @@ threads and after any context manager exits.
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 
 import jax
 import numpy as np
@@ -143,6 +145,11 @@ class JaxTensor(torch.Tensor):
     def __dlpack_device__(self):
         return self._value().__dlpack_device__()
 
+    def data_ptr(self) -> int:
+        """An address for identity, not for reading: unique per storage, views offset
+        within it (Note [Addresses of tpu tensors])."""
+        return _address(self._storage) + self._offset * self.element_size()
+
     def tolist(self):
         return self.detach().cpu().tolist()
 
@@ -250,6 +257,31 @@ class JaxTensor(torch.Tensor):
             return _backward_errors.defer(func, args, kwargs or {}, error)
         finally:
             x64_exit(token)
+
+
+# Note [Addresses of tpu tensors]
+# A wrapper subclass has no TensorImpl storage, so torch reports ``data_ptr()`` 0 plus the
+# view's byte offset: every tpu tensor of offset 0 had the same address. Libraries find
+# shared and tied tensors by address (accelerate's offload hooks keep tied weights by
+# ``data_ptr()``; a T5 layer-norm weight was replaced by the tied embedding), so each
+# storage gets a distinct, never reused, non-overlapping range of fake addresses,
+# assigned when first asked: views of one storage (and its dtype interpretations) share
+# it, at their byte offsets, as on CPU. The address is never dereferenceable: the data
+# is a jax array (``.cpu()``, DLPack or ``.jax()`` reach the bytes).
+_ADDRESSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_NEXT_ADDRESS = [1 << 44]
+_ADDRESS_LOCK = threading.Lock()
+
+
+def _address(storage) -> int:
+    root = storage.root if storage.__class__ is Interpretation else storage
+    with _ADDRESS_LOCK:
+        addr = _ADDRESSES.get(root)
+        if addr is None:
+            addr = _ADDRESSES[root] = _NEXT_ADDRESS[0]
+            # 16 bytes an element bounds every dtype's view of the storage; 64-byte aligned.
+            _NEXT_ADDRESS[0] += (root.numel * 16 + 127) // 64 * 64
+    return addr
 
 
 # (shape, jax dtype) -> (size, contiguous strides, numel, torch dtype): the metadata of a
