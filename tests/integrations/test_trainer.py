@@ -58,6 +58,10 @@ def test_gradient_accumulation_matches_cpu(task):
 def test_torch_compile_matches_cpu():
     # torch_compile=True compiles with torch.compile's default backend, which hands graphs
     # of tpu tensors to the "tpu" backend (Note [The default torch.compile backend on tpu]).
+    # Dynamo's caches start empty, as in the other torch.compile tests: code objects an
+    # earlier test compiled can recompile here with a float attribute made dynamic, a
+    # graph calling .item() on it (a case the "tpu" backend refuses under its trace).
+    torch._dynamo.reset()
     cpu, _, _ = runs.run("cpu", steps=3)
     tpu, _, trainer = runs.run("tpu", steps=3, torch_compile=True)
     assert type(trainer.model_wrapped).__name__ == "OptimizedModule"

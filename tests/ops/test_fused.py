@@ -10,9 +10,18 @@ import transformers as tf
 import torchjax
 from tests._child import run_python
 from torchjax.device import _checks
+from torchjax.ops import compiled
 from torchjax.ops import fused as F
 
 TPU = "tpu"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_executables():
+    # Eager's own path depends on what the process compiled before (a key past
+    # MAX_VIEW_SIGNATURES reads its views first, a different program): both modes of a
+    # test start from empty caches, so they take the same per-op programs.
+    compiled.clear_caches()
 
 
 def _fused_counts():
