@@ -8,6 +8,7 @@ loader so the patch runs right after the module body; it removes itself when it 
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import sys
@@ -49,12 +50,20 @@ def remove_hooks(target: str) -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if f not in hooks_for(target)]
 
 
-def when_imported(target: str, install: Callable[[], None]) -> bool:
-    """``install()`` now if ``target`` is loaded, else right after it is. Returns True when
-    a finder was added (the caller records it as a process-wide change)."""
+def when_imported(target: str, install: Callable[[], None], why: str) -> None:
+    """``install()`` now if ``target`` is loaded, else right after it is; a finder added
+    for it is recorded as a process-wide change (``why``: what the patch is for)."""
     if target in sys.modules:
         install()
-        return False
+        return
     if not hooks_for(target):
         sys.meta_path.insert(0, InstallAfterImport(target, install))
-    return True
+    from torchjax import _patches
+
+    _patches.record(
+        f"sys.meta_path import hook for {target}",
+        why=why,
+        package=None,
+        written_for=None,
+        undo=functools.partial(remove_hooks, target),
+    )

@@ -109,11 +109,8 @@ def install_max_memory() -> None:
 def install_when_imported() -> None:
     """Both wraps now if their modules are loaded, else right after each is."""
     for target, install_one in ((_TARGET_MODULE, install), (_MEMORY_TARGET, install_max_memory)):
-        if _after_import.when_imported(target, install_one):
-            _patches.record(
-                f"sys.meta_path import hook for {target}",
-                why="patch accelerate's device choice right after the module is imported",
-                package=None,
-                written_for=None,
-                undo=functools.partial(_after_import.remove_hooks, target),
-            )
+        _after_import.when_imported(
+            target,
+            install_one,
+            why="patch accelerate's device choice right after the module is imported",
+        )

@@ -64,11 +64,8 @@ def install() -> None:
 
 def install_when_imported() -> None:
     """``install()`` now if accelerate's offload module is loaded, else right after it is."""
-    if _after_import.when_imported(_TARGET_MODULE, install):
-        _patches.record(
-            f"sys.meta_path import hook for {_TARGET_MODULE}",
-            why="patch accelerate's offloaded-weight reads right after the module is imported",
-            package=None,
-            written_for=None,
-            undo=lambda: _after_import.remove_hooks(_TARGET_MODULE),
-        )
+    _after_import.when_imported(
+        _TARGET_MODULE,
+        install,
+        why="patch accelerate's offloaded-weight reads right after the module is imported",
+    )

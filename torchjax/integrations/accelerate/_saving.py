@@ -216,11 +216,8 @@ def install_when_imported() -> None:
         (_LOAD_TARGET, install_load),
         (_RNG_TARGET, install_rng),
     ):
-        if _after_import.when_imported(target, install_one):
-            _patches.record(
-                f"sys.meta_path import hook for {target}",
-                why="patch accelerate's safetensors save/load right after the module is imported",
-                package=None,
-                written_for=None,
-                undo=functools.partial(_after_import.remove_hooks, target),
-            )
+        _after_import.when_imported(
+            target,
+            install_one,
+            why="patch accelerate's safetensors save/load right after the module is imported",
+        )

@@ -99,11 +99,8 @@ def install() -> None:
 
 def install_when_imported() -> None:
     """``install()`` now if ``transformers.trainer`` is loaded, else right after it is."""
-    if _after_import.when_imported(_TARGET_MODULE, install):
-        _patches.record(
-            "sys.meta_path import hook for transformers.trainer",
-            why="patch the Trainer's RNG checkpointing right after transformers.trainer runs",
-            package=None,
-            written_for=None,
-            undo=lambda: _after_import.remove_hooks(_TARGET_MODULE),
-        )
+    _after_import.when_imported(
+        _TARGET_MODULE,
+        install,
+        why="patch the Trainer's RNG checkpointing right after transformers.trainer runs",
+    )
