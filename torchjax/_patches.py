@@ -225,20 +225,30 @@ def is_recorded(name: str) -> bool:
 def replace_attr(owner, attr: str, new, *, name: str, why: str, package: str, written_for: str):
     """``setattr(owner, attr, new)``, recorded; undo restores the original object (the
     raw class-``__dict__`` entry for a class, so a staticmethod stays one)."""
+    return replace_attrs(
+        owner, {attr: new}, name=name, why=why, package=package, written_for=written_for
+    )[attr]
+
+
+def replace_attrs(owner, new: dict, *, name: str, why: str, package: str, written_for: str):
+    """``replace_attr`` of several attributes of ``owner`` as one recorded change (a save
+    and load pair); returns the originals by attribute."""
     if isinstance(owner, type):
-        original = owner.__dict__.get(attr, _MISSING)
+        originals = {attr: owner.__dict__.get(attr, _MISSING) for attr in new}
     else:
-        original = getattr(owner, attr, _MISSING)
+        originals = {attr: getattr(owner, attr, _MISSING) for attr in new}
 
     def undo():
-        if original is _MISSING:
-            delattr(owner, attr)
-        else:
-            setattr(owner, attr, original)
+        for attr, original in originals.items():
+            if original is _MISSING:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
 
-    setattr(owner, attr, new)
+    for attr, value in new.items():
+        setattr(owner, attr, value)
     record(name, why=why, package=package, written_for=written_for, undo=undo)
-    return original
+    return originals
 
 
 def installed() -> list[Patch]:

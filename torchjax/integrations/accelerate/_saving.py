@@ -193,19 +193,16 @@ def install_rng() -> None:
     if _patches.is_recorded(_RNG_NAME):
         return
     module = sys.modules[_RNG_TARGET]
-    save, load = module.save_accelerator_state, module.load_accelerator_state
-    module.save_accelerator_state = _wrap_save_state(save)
-    module.load_accelerator_state = _wrap_load_state(load)
-
-    def undo():
-        module.save_accelerator_state, module.load_accelerator_state = save, load
-
-    _patches.record(
-        _RNG_NAME,
+    _patches.replace_attrs(
+        module,
+        {
+            "save_accelerator_state": _wrap_save_state(module.save_accelerator_state),
+            "load_accelerator_state": _wrap_load_state(module.load_accelerator_state),
+        },
+        name=_RNG_NAME,
         why="Accelerator.save_state/load_state keep the tpu RNG state",
         package="accelerate",
         written_for=PATCHED_FOR,
-        undo=undo,
     )
 
 

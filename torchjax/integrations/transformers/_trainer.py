@@ -81,19 +81,16 @@ def install() -> None:
     if _patches.is_recorded(_NAME):
         return
     cls = sys.modules[_TARGET_MODULE].Trainer
-    save, load = cls.__dict__["_save_rng_state"], cls.__dict__["_load_rng_state"]
-    cls._save_rng_state = _wrap_save(save)
-    cls._load_rng_state = _wrap_load(load)
-
-    def undo():
-        cls._save_rng_state, cls._load_rng_state = save, load
-
-    _patches.record(
-        _NAME,
+    _patches.replace_attrs(
+        cls,
+        {
+            "_save_rng_state": _wrap_save(cls.__dict__["_save_rng_state"]),
+            "_load_rng_state": _wrap_load(cls.__dict__["_load_rng_state"]),
+        },
+        name=_NAME,
         why="Trainer checkpoints save and restore the tpu RNG state",
         package="transformers",
         written_for=PATCHED_FOR,
-        undo=undo,
     )
 
 
