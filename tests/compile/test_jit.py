@@ -77,6 +77,31 @@ def test_static_args_and_python_scalars_are_part_of_the_key():
     assert f.trace_count == 3 and f.cache_hits == 1
 
 
+def test_scalars_equal_in_python_but_not_in_a_trace_get_their_own_programs():
+    # 1 == 1.0 == True and 0.0 == -0.0 in Python; the traced results differ in dtype
+    # or sign, so each needs its own executable. NaN must still hit its own entry.
+    f = torchjax.jit(lambda x, s: x * s)
+    ints = torch.arange(3, device="tpu")
+    for s in (1, 1.0, True):
+        out = f(ints, s)
+        want = torch.arange(3) * s
+        assert out.dtype == want.dtype
+        torch.testing.assert_close(out.cpu(), want)
+    ones = torch.ones(2, device="tpu")
+    for s in (0.0, -0.0):
+        assert torch.equal(f(ones, s).cpu().signbit(), (torch.ones(2) * s).signbit())
+    f(ones, float("nan"))
+    before = f.trace_count
+    assert f(ones, float("nan")).isnan().all()
+    assert f.trace_count == before
+    # The same holds for a number the function reads from its closure.
+    scale = 1
+    g = torchjax.jit(lambda x: x * scale)
+    assert g(ints).dtype == torch.int64
+    scale = 1.0
+    assert g(ints).dtype == torch.float32 and g.trace_count == 2
+
+
 def test_outputs_keep_their_pytree_and_dtypes():
     f = torchjax.jit(lambda x: {"a": x.long() * 2**40, "b": (x.double(), 3)})
     out = f(torch.arange(3, device="tpu"))

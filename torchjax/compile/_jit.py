@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 from torchjax import _budget, _patches
 from torchjax._compat.jax import x64, x64_enter, x64_exit
 from torchjax.compile import _donate, _hyper, _state
+from torchjax.compile._keys import value_key
 from torchjax.compile._swap import bound, trace_lock
 from torchjax.interop._jax_function import _VJP
 from torchjax.tensor import random as _rng
@@ -254,7 +255,7 @@ class _Call:
         flags = (grad_mode, torch.is_autocast_enabled("tpu"), walk.training_flags())
         self.sig = (
             spec,
-            tuple(static),
+            tuple(value_key(v) for v in static),
             tuple(_static_key(v) for v in static_kwargs.items()),
             tuple(_aval(a) for a in self.arrays),
             tuple(t.requires_grad for t in tensors),
@@ -275,7 +276,7 @@ def _static_key(item):
         raise TypeError(
             f"torchjax.jit: static argument {k!r} must be hashable, got {type(v).__name__}"
         ) from None
-    return item
+    return (k, value_key(v))
 
 
 def _hashable_by_value(x) -> bool:

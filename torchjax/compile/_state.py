@@ -28,6 +28,7 @@ import types
 
 import torch
 
+from torchjax.compile._keys import value_key
 from torchjax.tensor._tensor import JaxTensor
 
 _MAX_DEPTH = 6
@@ -159,7 +160,7 @@ class StateWalk:
         # A number the code reads is baked into the trace: guard it (a changed value
         # retraces) rather than keep a stale constant.
         if type(v) in _GUARDED:
-            self.scalars.append((type(v), v))
+            self.scalars.append(value_key(v))
         else:
             self.add(v, depth)
 
