@@ -134,3 +134,33 @@ def test_tiny_llama_forward():
         want = cpu(**batch).logits
         got = compiled(**{k: v.to("tpu") for k, v in batch.items()}).logits
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scaling = 0.5
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.proj(x) * self.scaling
+
+
+def test_float_attribute_that_changes_is_passed_as_its_value():
+    # On the recompile after `scaling` changes, Dynamo hands the backend the float as a
+    # 0-d CPU tensor read with .item() inside the graph (Note [Python floats Dynamo
+    # passes as tensors]); a traced .item() used to raise a DataDependentError.
+    cpu = _Scaled()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    compiled = torch.compile(tpu, backend="tpu")
+    x = torch.randn(2, 4)
+    for value in (0.5, 0.25, 0.125, 0.25):
+        cpu.scaling = tpu.scaling = value
+        out = compiled(x.to("tpu"))
+        torch.testing.assert_close(out.cpu(), cpu(x), rtol=1e-6, atol=1e-6)
+    out.sum().backward()
+    cpu(x).sum().backward()
+    torch.testing.assert_close(tpu.proj.weight.grad.cpu(), cpu.proj.weight.grad)
+    # The float reached the graph as a tensor input at least once (else this test
+    # checks nothing beyond Dynamo's own specialisation).
+    assert torchjax.compile.dynamo_stats()["graphs"] >= 2

@@ -87,14 +87,59 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
     symbolic sizes when Dynamo marks dimensions dynamic: each distinct size is then one
     more compiled executable) and returning its outputs.
     """
+    scalars = _scalars_as_values(gm, example_inputs)
     compiled = Jitted(gm, warn_after=16)
     _GRAPHS.append(weakref.ref(compiled))
 
-    def run(*args):
-        return compiled(*args)
+    if not scalars:
+
+        def run(*args):
+            return compiled(*args)
+
+    else:
+
+        def run(*args):
+            args = list(args)
+            for i in scalars:
+                args[i] = args[i].item()  # a CPU scalar: no device read
+            return compiled(*args)
 
     run.jitted = compiled  # the trace counter, for tests and users who ask
     return run
+
+
+# Note [Python floats Dynamo passes as tensors]
+# With torch's default ``specialize_float=False``, a float that changed between calls
+# (a module attribute such as attention's ``scaling`` once two models share the code,
+# a learning rate) comes back on the recompile as a 0-d float64 CPU tensor input whose
+# only use is ``.item()`` inside the graph; inductor's AOTAutograd pass rewrites those
+# into tensor ops. Traced by torchjax.jit, that input is a tracer and ``.item()`` cannot
+# give a Python number. Such inputs are handed to the graph as the Python number
+# itself, a static value of the jit key (Note [Typed keys for static values]): the
+# graph computes exactly what eager Python would with that float, and each new value
+# is one more compiled program (the jit's retrace warning says so when it repeats).
+def _scalars_as_values(gm: torch.fx.GraphModule, example_inputs) -> list[int]:
+    """Positions of the 0-d CPU tensor inputs used only through ``.item()``; the graph
+    is rewritten to take their numbers directly."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    positions = []
+    for i, (node, example) in enumerate(zip(placeholders, example_inputs)):
+        if not (
+            isinstance(example, torch.Tensor)
+            and type(example) is torch.Tensor
+            and example.device.type == "cpu"
+            and example.dim() == 0
+            and node.users
+            and all(u.op == "call_method" and u.target == "item" for u in node.users)
+        ):
+            continue
+        for use in list(node.users):
+            use.replace_all_uses_with(node)
+            gm.graph.erase_node(use)
+        positions.append(i)
+    if positions:
+        gm.recompile()
+    return positions
 
 
 def stats() -> dict:
