@@ -196,10 +196,22 @@ def test_multinomial():
     assert abs((firsts == 3).double().mean() - 0.6) < 0.03
     with pytest.raises(RuntimeError, match="cannot sample n_sample > prob_dist"):
         torch.multinomial(w, 5)
-    with pytest.raises(RuntimeError, match="not enough non-negative category"):
-        torch.multinomial(w, 4)
+    # The distribution checks are device checks: raised at the next sync, naming the
+    # op and the bad value, or at the op in immediate mode.
+    bad = torch.multinomial(w, 4)
+    with pytest.raises(RuntimeError, match="not enough non-negative category.*3 positive"):
+        bad.cpu()
+    bad = torch.multinomial(torch.tensor([1.0, -1.0], device="tpu"), 1)
+    with pytest.raises(RuntimeError, match=r"element < 0 \(in aten::multinomial: got -1.0"):
+        bad.cpu()
     with pytest.raises(RuntimeError, match="element < 0"):
-        torch.multinomial(torch.tensor([1.0, -1.0], device="tpu"), 1)
+        torch.multinomial(torch.tensor([1.0, float("nan")]), 1)  # CPU refuses alike
+    torch.tpu.set_sync_checks(True)
+    try:
+        with pytest.raises(RuntimeError, match="sum of probabilities <= 0"):
+            torch.multinomial(torch.zeros(2, 3, device="tpu"), 1)
+    finally:
+        torch.tpu.set_sync_checks(False)
 
 
 def test_like_factories():

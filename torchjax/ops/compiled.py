@@ -64,9 +64,9 @@ Half types and XLA's numerics (why an executable gives op-by-op's numbers):
   for both paths: a bfloat16 subnormal *divisor* is flushed by XLA:CPU, not by torch.)
 
 Not compiled (run op by op), decided per overload once, or per call:
-- ops tagged ``nondeterministic_seeded`` (random ops draw a fresh key per call in the
-  lowering: a trace would bake one key in; a lowering registered ``deterministic``, a
-  dropout-free path, is compiled), or with data-dependent output shapes (``index`` and
+- random ops (tagged ``nondeterministic_seeded``) called with a CPU ``generator=`` or
+  inside an outer trace (Note [Compiled random ops], torchjax/ops/_seeded.py; every other
+  call takes its key as an argument), and ops with data-dependent output shapes (``index`` and
   ``index_put`` are compiled unless a bool/uint8 mask is among the indices);
 - lowerings registered with ``jit=False``: their eager checks read values;
 - a key whose first trace fails with a concretization error (the lowering reads a value
@@ -93,6 +93,7 @@ import torch
 
 from torchjax import _budget
 from torchjax.device import _checks, _stats
+from torchjax.ops import _seeded
 from torchjax.ops import fused as _fused
 from torchjax.tensor import _errors
 from torchjax.tensor._storage import _plan, contiguous_strides, layout_plan
@@ -214,7 +215,6 @@ def compilable(func, entry) -> bool:
     tags = func.tags
     return (
         entry.jit
-        and (entry.deterministic or torch.Tag.nondeterministic_seeded not in tags)
         and (torch.Tag.dynamic_output_shape not in tags or func in _MASK_INDEXED)
         and torch.Tag.data_dependent_output not in tags
     )
@@ -328,6 +328,8 @@ class CompiledCompute:
         self.view_keys = 0
         self.view_signatures: dict = {}
         self.masks = func in _MASK_INDEXED
+        # Random ops take their key as an argument (Note [Compiled random ops]).
+        self.seeded = not entry.deterministic and _seeded.seeded(func)
         # Held while the caches are changed (a new key, a forgotten one): two threads
         # dispatching the same overload must not both build, or both delete, a key.
         # Lookups take no lock (dict reads are atomic under the GIL).
@@ -395,7 +397,7 @@ class CompiledCompute:
         return _static(x)
 
     def __call__(self, args, kwargs):
-        if not kwargs:
+        if not kwargs and not self.seeded:
             sig = []
             vals = []
             for a in args:
@@ -447,6 +449,10 @@ class CompiledCompute:
                 if kwargs
                 else ()
             )
+            if self.seeded:
+                if not _seeded.usable(args, kwargs):
+                    return self._op_by_op(args, kwargs)
+                dyn.extend(_seeded.key_args(args))
             key = (tuple(psig), tmpl, kwtmpl)
             run_key = (key, _signature(dyn))
             run = self.runs.get(run_key)
@@ -612,11 +618,18 @@ class CompiledCompute:
             _check_outputs(out)
             return cast_out(out, result_dt)
 
+        seeded = self.seeded
+
         def run(*dyn):
             info.traces += 1
             # The lowering's device checks become outputs (Note [Device-side checks]).
             with _checks.collecting() as collected:
-                out = compute(dyn)
+                if seeded:
+                    *dyn, base, n = dyn
+                    with _seeded.stream(base, n):
+                        out = compute(dyn)
+                else:
+                    out = compute(dyn)
             return out, _Checks(tuple(collected.codes), collected.bads, collected.values)
 
         run.__name__ = f"{self.func._opname}_{self.func._overloadname}"

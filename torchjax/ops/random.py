@@ -22,8 +22,10 @@ with a CPU generator draws on CPU from that generator (the same values, and the 
 generator advance, as the op on a CPU tensor) and moves the result to the tensor's tpu
 device. Under torchjax.jit it raises: a CPU draw would be a constant of the trace.
 
-Data-dependent checks (bernoulli's ``p`` in [0, 1], multinomial's distribution) read the
-concrete values in eager.
+Data-dependent checks (bernoulli's ``p`` in [0, 1], multinomial's distribution) are
+device checks, raised at the next sync (Note [Device-side checks]). Each op is a cached
+executable taking its key as an argument (Note [Compiled random ops] in
+torchjax/ops/_seeded.py).
 """
 
 from __future__ import annotations
@@ -461,20 +463,33 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
             f"replacement (n_sample={num_samples}, size={n}, in {op})"
         )
     w = jnp.atleast_2d(self).astype(jnp.float64 if self.dtype == jnp.float64 else jnp.float32)
-    if not isinstance(w, jax.core.Tracer):
-        if bool(jnp.any(~jnp.isfinite(w) | (w < 0))):
-            raise RuntimeError(
-                f"probability tensor contains either `inf`, `nan` or element < 0 (in {op})"
-            )
-        if bool(jnp.any(jnp.sum(w, axis=-1) <= 0)):
-            raise RuntimeError(
-                f"invalid multinomial distribution (sum of probabilities <= 0) (in {op})"
-            )
-        if not replacement and bool(jnp.any(jnp.sum(w > 0, axis=-1) < num_samples)):
-            raise RuntimeError(
-                f"invalid multinomial distribution (with replacement=False, "
-                f"not enough non-negative category to sample) (in {op})"
-            )
+    # On the device, raised at the next sync (Note [Device-side checks]); one value
+    # each: the first bad weight, the first row sum, the first row's positive count.
+    bad = ~jnp.isfinite(w) | (w < 0)
+    _checks.require(
+        jnp.any(bad),
+        w.reshape(-1)[jnp.argmax(bad.reshape(-1))],
+        RuntimeError,
+        f"probability tensor contains either `inf`, `nan` or element < 0 (in {op}: got {{value}})",
+    )
+    sums = jnp.sum(w, axis=-1)
+    _checks.require(
+        jnp.any(sums <= 0),
+        sums[jnp.argmax(sums <= 0)],
+        RuntimeError,
+        f"invalid multinomial distribution (sum of probabilities <= 0) (in {op}: a row sums "
+        "to {value})",
+    )
+    if not replacement:
+        positive = jnp.sum(w > 0, axis=-1)
+        _checks.require(
+            jnp.any(positive < num_samples),
+            positive[jnp.argmax(positive < num_samples)],
+            RuntimeError,
+            "invalid multinomial distribution (with replacement=False, not enough "
+            f"non-negative category to sample) (in {op}: a row has {{value}} positive weights "
+            f"for {num_samples} samples)",
+        )
     logits = jnp.log(w)
     key = _key(self)
     if replacement:

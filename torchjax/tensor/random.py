@@ -24,17 +24,25 @@ _lock = threading.Lock()
 
 
 class _State:
-    __slots__ = ("seed", "counter", "_base")
+    __slots__ = ("seed", "counter", "_base", "_words")
 
     def __init__(self, seed: int):
         self.seed = seed
         self.counter = 0
         self._base = None
+        self._words = None
+
+    def words(self):
+        """The base key's data (uint32[2]), the argument compiled random ops take."""
+        if self._words is None:
+            self._words = np.array(
+                [(self.seed >> 32) & 0xFFFFFFFF, self.seed & 0xFFFFFFFF], np.uint32
+            )
+        return self._words
 
     def base_key(self):
         if self._base is None:
-            words = np.array([(self.seed >> 32) & 0xFFFFFFFF, self.seed & 0xFFFFFFFF], np.uint32)
-            self._base = jax.random.wrap_key_data(words, impl="threefry2x32")
+            self._base = jax.random.wrap_key_data(self.words(), impl="threefry2x32")
         return self._base
 
 
@@ -83,6 +91,21 @@ def set_traced_stream(stream: TracedStream | None) -> TracedStream | None:
     old = _traced.get()
     _traced.set(stream)
     return old
+
+
+def traced_stream() -> TracedStream | None:
+    """The stream of the trace running in this thread, if any."""
+    return _traced.get()
+
+
+def reserve(index: int = 0):
+    """(base key data, counter) for one draw on device ``index``, the counter bumped:
+    ``fold_in(key(base), counter)`` is the key ``next_key`` would have returned."""
+    st = _state(index)
+    with _lock:
+        n = st.counter
+        st.counter += 1
+    return st.words(), n
 
 
 def next_key(index: int = 0):
