@@ -52,6 +52,15 @@ def test_kernels_selects_the_tpu_backend_and_variant():
     assert resolve_variant(variants)[0].variant_str == "torch-tpu"
 
 
+def test_variant_selection_follows_the_backend(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"torch-tpu: backend \(tpu\) does not match"):
+        kernels.get_local_kernel(REPO, backend="cpu")
+    # A repository with only compiled CUDA builds has nothing for tpu.
+    (tmp_path / "build" / "torch213-cxx11-cu128-x86_64-linux").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="Cannot find a build variant"):
+        kernels.get_local_kernel(tmp_path)
+
+
 def test_get_local_kernel_loads_the_tpu_variant(kernel):
     assert Path(kernel.__file__).parent.parent.name == "torch-tpu"
     g = torch.Generator().manual_seed(0)
