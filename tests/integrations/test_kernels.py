@@ -27,7 +27,6 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 import examples
 import torchjax
 from tests.integrations import tiny_models
-from torchjax.compile._dynamo import backend as dynamo_backend
 
 # One absolute path: kernels caches a loaded variant by its path, and a second import of
 # the repository would define its torch ops twice.
@@ -137,6 +136,8 @@ def test_kernelize_swaps_llama_rmsnorm_in_eager_jit_and_compile(kernel, hub_rmsn
     assert run(torchjax.jit(_logits(model)), 7) == 1
     # torch.compile: the graph Dynamo hands the tpu backend calls the kernel's op (the
     # fake implementation also traces the jax function, so CALLS would not tell).
+    from torchjax.compile._dynamo import backend as dynamo_backend
+
     graphs = []
 
     def tpu_backend(gm, example_inputs):
