@@ -36,6 +36,9 @@ def test_uninstall_restores_every_original():
         import accelerate.utils.offload as acc_offload
         import accelerate.utils.other as acc_other
         import transformers.integrations.accelerate as hf_accelerate
+        import kernels
+        from kernels.backends import CPU, TPU, _backend
+        assert _backend() == CPU()
         accelerate_before = {
             "save_state": acc_accelerator.save_accelerator_state,
             "load_state": acc_accelerator.load_accelerator_state,
@@ -92,6 +95,7 @@ def test_uninstall_restores_every_original():
         names = [p.name for p in torchjax.patches()]
         print("names", names)
         assert dlpack.to_dlpack is not before["dlpack"]
+        assert _backend() == TPU() and sys.modules["torch.backends.tpu"] is torch.backends.tpu
         import inspect
         assert torch.load is not before["torch_load"]
         assert inspect.signature(torch.load) == inspect.signature(before["torch_load"])
@@ -143,6 +147,8 @@ def test_uninstall_restores_every_original():
             "max_memory": hf_accelerate.accelerate_max_memory,
         }
         assert sys.meta_path == meta_path
+        assert not hasattr(torch.backends, "tpu") and "torch.backends.tpu" not in sys.modules
+        assert _backend() == CPU()
         assert trace_rules.SKIP_DIRS == skip_dirs
         assert dict(ExpertsInterface._global_mapping) == experts
         assert torch._C._dispatch_has_kernel_for_dispatch_key(
@@ -198,8 +204,9 @@ def test_uninstall_restores_every_original():
         "accelerate OffloadedWeightsLoader.__getitem__",
         "accelerate save/load_accelerator_state",
         "transformers Trainer RNG state",
+        "torch.backends.tpu",
     }
-    # transformers was imported first, so the import hook was never needed.
+    # transformers, accelerate and kernels were imported first: no import hook was needed.
     assert set(names) == expected, names
 
 
@@ -248,12 +255,52 @@ def test_accelerate_and_trainer_hooks_patch_on_import():
     assert out.strip().endswith("ok")
 
 
+def test_kernels_hook_sets_torch_backends_tpu_on_import():
+    out = _run(
+        """
+        import sys
+        import torch
+        import torchjax
+        assert "kernels" not in sys.modules and not hasattr(torch.backends, "tpu")
+        assert "sys.meta_path import hook for kernels" in [p.name for p in torchjax.patches()]
+        from kernels.backends import CPU, TPU, _backend
+        assert "torch.backends.tpu" in [p.name for p in torchjax.patches()]
+        assert _backend() == TPU()
+        import torch.backends.tpu as tpu_backend
+        assert tpu_backend.is_available() and tpu_backend.is_built()
+        torchjax.uninstall()
+        assert not hasattr(torch.backends, "tpu") and _backend() == CPU()
+        print("ok")
+        """
+    )
+    assert out.strip().endswith("ok")
+
+
+def test_kernels_hook_keeps_a_torch_backends_tpu_set_before():
+    out = _run(
+        """
+        import types
+        import torch
+        own = torch.backends.tpu = types.ModuleType("torch.backends.tpu")
+        import kernels
+        import torchjax
+        assert torch.backends.tpu is own
+        assert "torch.backends.tpu" not in [p.name for p in torchjax.patches()]
+        torchjax.uninstall()
+        assert torch.backends.tpu is own
+        print("ok")
+        """
+    )
+    assert out.strip().endswith("ok")
+
+
 def test_note_lists_every_recorded_patch():
     note = " ".join(_patches.__doc__.split())
     for p in torchjax.patches():
         assert f"``{p.name}``" in note, p.name
     hooks = [
-        f"sys.meta_path import hook for {m}" for m in ("accelerate.state", "transformers.trainer")
+        f"sys.meta_path import hook for {m}"
+        for m in ("accelerate.state", "transformers.trainer", "kernels")
     ]
     for name in (
         "optimizer capturable=True under jit",

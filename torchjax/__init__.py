@@ -16,6 +16,7 @@ from torchjax.device._stats import reset_stats, stats
 from torchjax.integrations.accelerate import _device as _accelerate_device
 from torchjax.integrations.accelerate import _offload as _accelerate_offload
 from torchjax.integrations.accelerate import _saving as _accelerate_saving
+from torchjax.integrations.kernels import _backend as _kernels_backend
 from torchjax.integrations.transformers import _patch_records as _hf_patches
 from torchjax.integrations.transformers import _trainer as _hf_trainer
 from torchjax.interop import (
@@ -45,6 +46,9 @@ _accelerate_device.install_when_imported()
 _accelerate_saving.install_when_imported()
 _accelerate_offload.install_when_imported()
 _hf_trainer.install_when_imported()
+# The kernels library loads a repository's tpu build variant (Note [The Kernels Hub
+# backend on tpu]).
+_kernels_backend.install_when_imported()
 
 
 def patches() -> list:

@@ -93,11 +93,11 @@ how it is undone.
   accelerate.utils.other``, ``sys.meta_path import hook for accelerate.checkpointing``,
   ``sys.meta_path import hook for accelerate.accelerator``,
   ``sys.meta_path import hook for accelerate.utils.offload``, ``sys.meta_path import hook
-  for transformers.integrations.accelerate`` and ``sys.meta_path import hook for
-  transformers.trainer`` (integrations/_after_import.py; no release): finders like the
-  one above, one per module the patches below are applied to, so ``import torchjax``
-  imports neither library; each removes itself when it fires. Undo: the finder is
-  removed.
+  for transformers.integrations.accelerate``, ``sys.meta_path import hook for
+  transformers.trainer`` and ``sys.meta_path import hook for kernels``
+  (integrations/_after_import.py; no release): finders like the one above, one per
+  module the patches below are applied to, so ``import torchjax`` imports none of these
+  libraries; each removes itself when it fires. Undo: the finder is removed.
 - ``accelerate PartialState.default_device`` (integrations/accelerate/_device.py;
   accelerate 1.15). accelerate picks its device from a list of backends it knows and
   never asks ``torch.accelerator``, so ``Accelerator()`` and the Trainer's batches stayed
@@ -128,6 +128,12 @@ how it is undone.
   first, then the tpu RNG states are added to / restored from ``rng_state.pth`` (Note
   [Trainer checkpoints and the tpu RNG]); signatures unchanged. Undo: the originals put
   back.
+- ``torch.backends.tpu`` (integrations/kernels/_backend.py, right after ``kernels`` is
+  imported, unless something already set it; kernels 0.17). ``kernels`` selects its TPU
+  backend, and so a kernel repository's ``torch-tpu`` build variant, only when
+  ``torch.backends.tpu`` exists; a module with ``is_available()``/``is_built()`` is set
+  there and in ``sys.modules`` (Note [The Kernels Hub backend on tpu]). Undo: both
+  removed, unless replaced since.
 - ``transformers ExpertsInterface entry`` (integrations/transformers/_moe.py, only when
   the user calls ``register_experts()``; transformers 5.24). "torchjax_ragged_dot" in
   transformers' global experts registry. Undo: the entry is deleted.
