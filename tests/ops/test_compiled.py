@@ -135,11 +135,14 @@ def test_integer_checks_compile_and_raise_at_the_next_sync():
     e.cpu()  # reported once
 
 
-def test_random_ops_are_not_compiled():
+def test_random_ops_are_compiled_with_a_new_key_per_call():
+    # Note [Compiled random ops]: one executable, the key an argument.
     x = torch.ones(1000, device=TPU)
     a, b = F.dropout(x, 0.5), F.dropout(x, 0.5)
     assert not torch.equal(a.cpu(), b.cpu())
-    assert not compiled.compilable(aten.native_dropout.default, _entry(aten.native_dropout.default))
+    assert compiled.compilable(aten.native_dropout.default, _entry(aten.native_dropout.default))
+    info = compiled.cache_info(aten.native_dropout.default)
+    assert info.calls >= 2 and info.op_by_op == 0
 
 
 def _entry(func):

@@ -60,3 +60,26 @@ def test_cpu_generator_and_outer_trace_keep_their_own_draws():
     x = torch.zeros(8, device="tpu")
     assert not torch.equal(noisy(x).cpu(), noisy(x).cpu())
     assert noisy.trace_count == 1
+
+
+def test_samplers_do_not_make_the_zeros_they_overwrite(monkeypatch):
+    # Note [Samplers read no values]: torch.randn is empty + normal_; the empty
+    # storage's zeros are never made (no transfer, no fill program).
+    from torchjax.tensor import _storage
+
+    made = []
+    real = _storage._filled
+    monkeypatch.setattr(_storage, "_filled", lambda *a: made.append(a) or real(*a))
+    draws = [
+        torch.randn(3, 5, device="tpu"),
+        torch.rand(7, device="tpu", dtype=torch.bfloat16),
+        torch.randint(0, 9, (4,), device="tpu"),
+        torch.empty(6, device="tpu").exponential_(),
+    ]
+    assert made == []
+    assert [d.shape for d in draws] == [(3, 5), (7,), (4,), (6,)]
+    assert draws[1].dtype == torch.bfloat16 and draws[2].dtype == torch.int64
+    assert (draws[3].cpu() > 0).all() and draws[2].cpu().max() < 9
+    # A tensor read before it is written still reads its zeros.
+    assert torch.equal(torch.zeros(2, 2, device="tpu").cpu(), torch.zeros(2, 2))
+    assert made

@@ -9,10 +9,6 @@ arange, randn, tensor) is composite in torch and reaches these, then an in-place
 
 from __future__ import annotations
 
-import math
-
-import jax
-import numpy as np
 import torch
 
 from torchjax._compat.jax import x64
@@ -32,29 +28,25 @@ def _device_index(device) -> int:
 
 
 def new_storage(size, dtype, device) -> Storage:
-    """A zero-filled storage on the jax device behind tpu:``index`` (Note [Zeros for new
-    tensors]): host zeros put on the device when small, filled on first read when large."""
+    """A zero-filled storage on the jax device behind tpu:``index``, its array made when
+    first read (Note [Zeros for new tensors])."""
     dtype = dtype if dtype is not None else torch.get_default_dtype()
     dev = jax_device(_device_index(device))
-    size, jdtype = tuple(size), dtypes.to_jax_dtype(dtype)
-    if math.prod(size) * jdtype.itemsize <= HOST_ZEROS_BYTES:
-        with x64(True):
-            return Storage(jax.device_put(np.zeros(size, jdtype), dev))
-    return Storage.filled(size, jdtype, dev)
+    return Storage.filled(tuple(size), dtypes.to_jax_dtype(dtype), dev)
 
 
 # Note [Zeros for new tensors]
 # Every tpu factory (empty, zeros, full, arange, randn, x.to("tpu")) starts here. An
 # on-device fill is an XLA executable per (shape, dtype): ~30-50 ms to compile for each
 # new shape, which is most of the time to first result of a model's first call and of
-# a test suite. A host buffer of zeros put on the device compiles nothing and costs a
-# transfer instead, which is cheaper than a compile below a few hundred MB but is paid
-# on every call; so small tensors (up to HOST_ZEROS_BYTES) take the transfer. Larger
-# ones get a storage whose array is made only if it is read before being written whole
-# (Note [Storages filled on first read] in torchjax/tensor/_storage.py), then by one
-# cached executable per (shape, dtype, value) in the cache budget: ``x.to("tpu")`` and
-# ``torch.ones`` hold one array, and a copy compiles nothing.
-HOST_ZEROS_BYTES = 1 << 20
+# a test suite; host zeros put on the device compile nothing but cost a transfer (about
+# 100 us for a small tensor) on every call. Most new tensors are written whole before
+# anything reads them (the draw of ``torch.randn``, the copy of ``.to("tpu")``, the fill
+# of ``torch.ones``), so a new storage holds no array until it is read (Note [Storages
+# filled on first read] in torchjax/tensor/_storage.py): then small ones (up to
+# HOST_FILL_BYTES) take the transfer and larger ones one cached fill executable per
+# (shape, dtype, value) in the cache budget. ``x.to("tpu")`` and ``torch.ones`` hold one
+# array, and neither compiles nor transfers zeros.
 
 
 def new_tensor(size, dtype, device):

@@ -56,12 +56,21 @@ def key_args(args) -> list:
     index = 0
     for a in args:
         if isinstance(a, JaxTensor):
-            arr = a._storage.arr
-            if isinstance(arr, jax.Array) and len(arr.sharding.device_set) == 1:
+            if not _sharded(a._storage):
                 index = a._device_index
             break
     base, n = _rng.reserve(index)
     return [base, np.uint32(n)]
+
+
+def _sharded(storage) -> bool:
+    """Whether the storage's array spans several devices. One whose array is not made
+    yet (Note [Storages filled on first read]) or still pending (Note [Fused eager]) is
+    not read: its tensor's own device index is the stream's, as for a made array."""
+    if storage.lazy is not None:
+        return False
+    arr = storage.arr
+    return isinstance(arr, jax.Array) and len(arr.sharding.device_set) != 1
 
 
 class stream:

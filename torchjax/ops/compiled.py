@@ -88,6 +88,7 @@ import threading
 import weakref
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -95,7 +96,7 @@ from torchjax import _budget
 from torchjax.device import _checks, _stats
 from torchjax.ops import _seeded
 from torchjax.ops import fused as _fused
-from torchjax.tensor import _errors
+from torchjax.tensor import _errors, dtypes
 from torchjax.tensor._storage import _plan, contiguous_strides, layout_plan
 from torchjax.tensor._tensor import JaxTensor
 
@@ -137,6 +138,16 @@ _STATIC = 1  # (_STATIC, type, key value, value)
 _SEQ = 2  # (_SEQ, list or tuple, entries)
 _VIEW = 3  # (_VIEW, storage numel, size, stride, offset): the next argument is a storage
 # (and, when offset is None, the argument after it the offset)
+_SHAPE = 4  # (_SHAPE, size, jax dtype): zeros of that shape, no argument
+# (Note [Samplers read no values])
+
+# Note [Samplers read no values]
+# ``torch.randn(n)`` is ``empty`` then ``normal_``, and ``normal_`` overwrites its input:
+# only its shape and dtype matter. Passing the input's array would make the array of a
+# new tensor (Note [Storages filled on first read]) just to be overwritten, a transfer
+# or a fill per call. A lowering registered with ``self_values=False`` gets zeros of the
+# input's shape built inside its executable instead (XLA drops them, unused), and the
+# input enters the key by its shape and dtype only.
 
 # Errors a trace raises when a lowering needs concrete values: such keys run op by op.
 CONCRETE_ERRORS = _CONCRETE_ERRORS = (
@@ -229,7 +240,7 @@ def _static(x):
 
 def _float_masked(entry):
     """``entry`` with float static values blanked (keys equal up to float values)."""
-    if entry is _ARRAY or entry[0] == _VIEW:
+    if entry is _ARRAY or entry[0] in (_VIEW, _SHAPE):
         return entry
     if entry[0] == _STATIC:
         return (_STATIC, float) if entry[1] is float else entry
@@ -237,7 +248,7 @@ def _float_masked(entry):
 
 
 def _has_view(entry) -> bool:
-    if entry is _ARRAY or entry[0] == _STATIC:
+    if entry is _ARRAY or entry[0] in (_STATIC, _SHAPE):
         return False
     return entry[0] == _VIEW or any(_has_view(e) for e in entry[2])
 
@@ -247,6 +258,8 @@ def _rebuild(entry, it):
         return next(it)
     if entry[0] == _STATIC:
         return entry[3]
+    if entry[0] == _SHAPE:
+        return jnp.zeros(entry[1], entry[2])
     if entry[0] == _VIEW:
         flat = next(it).reshape(-1)
         if entry[4] is None:  # the offset is the next argument
@@ -330,6 +343,7 @@ class CompiledCompute:
         self.masks = func in _MASK_INDEXED
         # Random ops take their key as an argument (Note [Compiled random ops]).
         self.seeded = not entry.deterministic and _seeded.seeded(func)
+        self.shape_only_self = not entry.self_values
         # Held while the caches are changed (a new key, a forgotten one): two threads
         # dispatching the same overload must not both build, or both delete, a key.
         # Lookups take no lock (dict reads are atomic under the GIL).
@@ -441,7 +455,15 @@ class CompiledCompute:
         pidx, pnames, entry = self.pidx, self.pnames, self._entry
         rv = read_views
         try:
-            tmpl = tuple([entry(a, dyn, psig, scalars, i in pidx, rv) for i, a in enumerate(args)])
+            if self.shape_only_self and isinstance(args[0], JaxTensor) and 0 not in pidx:
+                tmpl = (
+                    (_SHAPE, args[0]._size, dtypes.to_jax_dtype(args[0].dtype)),
+                    *[entry(a, dyn, psig, scalars, i in pidx, rv) for i, a in enumerate(args) if i],
+                )
+            else:
+                tmpl = tuple(
+                    [entry(a, dyn, psig, scalars, i in pidx, rv) for i, a in enumerate(args)]
+                )
             kwtmpl = (
                 tuple(
                     [(k, entry(v, dyn, psig, scalars, k in pnames, rv)) for k, v in kwargs.items()]

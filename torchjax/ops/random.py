@@ -78,7 +78,9 @@ def _cpu_draw(op: str, generator, draw, *args):
             f"aten::{op}: expected a CPU generator for a tpu tensor, got one on {generator.device}"
         )
     arrays = [a for a in args if isinstance(a, jax.Array)]
-    if any(isinstance(a, jax.core.Tracer) for a in arrays):
+    # A trace's stream is set even when every input is concrete (a tensor made inside
+    # the traced function holds a concrete array of zeros until it is written).
+    if _rng.traced_stream() is not None or any(isinstance(a, jax.core.Tracer) for a in arrays):
         raise RuntimeError(
             f"aten::{op}: generator= cannot drive a draw inside torchjax.jit (a CPU draw "
             "would be a constant of the trace); drop generator= there and seed with "
@@ -126,7 +128,7 @@ def _uniform01(key, shape, dtype):
 # in-place samplers
 
 
-@lowering(aten.uniform_.default, aten.uniform.default)
+@lowering(aten.uniform_.default, aten.uniform.default, self_values=False)
 def uniform(self, from_=0.0, to=1.0, *, generator=None, **kw):
     """aten::uniform_ - fill with U[from, to).
 
@@ -152,7 +154,7 @@ def uniform(self, from_=0.0, to=1.0, *, generator=None, **kw):
     )
 
 
-@lowering(aten.normal_.default)
+@lowering(aten.normal_.default, self_values=False)
 def normal_(self, mean=0.0, std=1.0, *, generator=None):
     """aten::normal_ - fill with N(mean, std**2). Dtypes: floating and complex; a complex
     tensor gets real and imaginary parts each N(mean, std**2 / 2), so E|z - mean|^2 = std**2
@@ -215,7 +217,7 @@ def normal_tensor_tensor(mean, std, *, generator=None):
     return _normal("normal.Tensor_Tensor", mean, std, generator)
 
 
-@lowering(aten.bernoulli_.float, aten.bernoulli.p)
+@lowering(aten.bernoulli_.float, aten.bernoulli.p, self_values=False)
 def bernoulli_p(self, p=0.5, *, generator=None):
     """aten::bernoulli_.float / bernoulli.p - 1 with probability ``p`` else 0, in
     ``self``'s dtype and shape. Reference: torch.Tensor.bernoulli_."""
@@ -231,7 +233,7 @@ def bernoulli_p(self, p=0.5, *, generator=None):
     return (u < p).astype(self.dtype)
 
 
-@lowering(aten.bernoulli_.Tensor, aten.bernoulli.Tensor)
+@lowering(aten.bernoulli_.Tensor, aten.bernoulli.Tensor, self_values=False)
 def bernoulli_tensor(self, p, *, generator=None):
     """aten::bernoulli_.Tensor - 1 with probability ``p`` (broadcast to ``self``)."""
     if generator is not None:
@@ -311,7 +313,7 @@ def _random_range(op, self, lo: int, hi: int):
     return vals.astype(self.dtype)
 
 
-@lowering(aten.random_.default, aten.random.default)
+@lowering(aten.random_.default, aten.random.default, self_values=False)
 def random_(self, *, generator=None):
     """aten::random_ - integers uniform on [0, max]: the dtype's max for integers,
     2**mantissa_digits for floats. Reference: torch.Tensor.random_."""
@@ -320,7 +322,7 @@ def random_(self, *, generator=None):
     return _random_range("random_", self, 0, _dtype_max(self.dtype) + 1)
 
 
-@lowering(getattr(aten.random_, "from"), getattr(aten.random, "from"))
+@lowering(getattr(aten.random_, "from"), getattr(aten.random, "from"), self_values=False)
 def random_from(self, from_, to, *, generator=None, **kw):
     """aten::random_.from - integers uniform on [from, to); ``to=None`` means up to the
     dtype's max (inclusive)."""
@@ -333,7 +335,7 @@ def random_from(self, from_, to, *, generator=None, **kw):
     return _random_range("random_.from", self, from_, hi)
 
 
-@lowering(aten.random_.to, aten.random.to)
+@lowering(aten.random_.to, aten.random.to, self_values=False)
 def random_to(self, to, *, generator=None):
     """aten::random_.to - integers uniform on [0, to)."""
     if generator is not None:
@@ -341,7 +343,7 @@ def random_to(self, to, *, generator=None):
     return _random_range("random_.to", self, 0, to)
 
 
-@lowering(aten.exponential_.default, aten.exponential.default)
+@lowering(aten.exponential_.default, aten.exponential.default, self_values=False)
 def exponential(self, lambd=1.0, *, generator=None):
     """aten::exponential_ - Exp(lambd) samples, -log1p(-U)/lambd. Dtypes: floating."""
     if generator is not None:
@@ -357,7 +359,7 @@ def exponential(self, lambd=1.0, *, generator=None):
     return (-jnp.log1p(-u) / lambd).astype(self.dtype)
 
 
-@lowering(aten.geometric_.default, aten.geometric.default)
+@lowering(aten.geometric_.default, aten.geometric.default, self_values=False)
 def geometric(self, p, *, generator=None):
     """aten::geometric_ - number of Bernoulli(p) trials to the first success (>= 1):
     ceil(log(U) / log1p(-p)), in ``self``'s dtype. Reference: torch.Tensor.geometric_."""
@@ -375,7 +377,7 @@ def geometric(self, p, *, generator=None):
     return jnp.maximum(jnp.ceil(jnp.log(u) / math.log1p(-p)), 1.0).astype(self.dtype)
 
 
-@lowering(aten.cauchy_.default, aten.cauchy.default)
+@lowering(aten.cauchy_.default, aten.cauchy.default, self_values=False)
 def cauchy(self, median=0.0, sigma=1.0, *, generator=None):
     """aten::cauchy_ - median + sigma * tan(pi * (U - 1/2)). Dtypes: floating."""
     if generator is not None:
@@ -391,7 +393,7 @@ def cauchy(self, median=0.0, sigma=1.0, *, generator=None):
     return (median + sigma * jnp.tan(np.pi * (u - 0.5))).astype(self.dtype)
 
 
-@lowering(aten.log_normal_.default, aten.log_normal.default)
+@lowering(aten.log_normal_.default, aten.log_normal.default, self_values=False)
 def log_normal(self, mean=1.0, std=2.0, *, generator=None):
     """aten::log_normal_ - exp(N(mean, std**2)). Dtypes: floating."""
     if generator is not None:

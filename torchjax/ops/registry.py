@@ -72,6 +72,9 @@ class Lowering:
     # draws no random key although the overload is tagged nondeterministic_seeded (a
     # dropout-free path of a dropout op): may be compiled
     deterministic: bool = False
+    # False: fn reads only the shape and dtype of its first argument, never its values
+    # (a sampler overwriting ``self``): a tensor whose array is not made yet stays so
+    self_values: bool = True
 
 
 _LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
@@ -94,7 +97,14 @@ def _register(ops, entry: Lowering) -> None:
             _HANDLERS.pop(ov, None)
 
 
-def lowering(*ops, promote: Kind | None = None, promote_args=None, cpu_tensors=False, jit=True):
+def lowering(
+    *ops,
+    promote: Kind | None = None,
+    promote_args=None,
+    cpu_tensors=False,
+    jit=True,
+    self_values=True,
+):
     """Register ``fn`` as the jax lowering of ``ops`` (overloads or whole packets).
 
     ``fn`` receives the op's arguments with tensors as jax arrays (promoted to the
@@ -107,13 +117,22 @@ def lowering(*ops, promote: Kind | None = None, promote_args=None, cpu_tensors=F
     when ``fn`` runs an eager check on float/bool *values* guarded by
     ``isinstance(x, jax.core.Tracer)`` (a trace would skip the check silently). Calls
     with integer tensors are never compiled, so index checks need nothing.
+
+    ``self_values=False``: ``fn`` uses only the shape and dtype of its first argument
+    (an in-place sampler that overwrites it); the compiled path then passes none of its
+    data (Note [Samplers read no values]).
     """
 
     def deco(fn):
         _register(
             ops,
             Lowering(
-                fn, promote, tuple(promote_args) if promote_args else None, cpu_tensors, jit=jit
+                fn,
+                promote,
+                tuple(promote_args) if promote_args else None,
+                cpu_tensors,
+                jit=jit,
+                self_values=self_values,
             ),
         )
         return fn

@@ -178,14 +178,35 @@ class Storage:
 # - anything else (a read, a partial write, a view of another dtype) makes the array:
 #   ``jnp.full(shape, fill, dtype)`` as one executable per (shape, dtype, fill), an entry
 #   of the cache budget (Note [Executable cache budget] in torchjax/_budget.py).
-# Factories use it from HOST_ZEROS_BYTES (torchjax/device/_factory.py); smaller tensors
-# start from host zeros, as before. Seen from outside: ``torch.tpu.memory_allocated()``
-# counts the arrays that exist, so a large ``torch.empty``/``ones`` not read yet adds
-# nothing to it (on CUDA it would count at once).
+# Every factory uses it. A small storage (up to HOST_FILL_BYTES) read before any write
+# gets its array as host values put on the device instead: a transfer compiles nothing,
+# where an on-device fill would compile once per new shape (30-50 ms, most of a model's
+# time to first result; Note [Zeros for new tensors] in torchjax/device/_factory.py).
+# Most small factories are written whole at once (``torch.randn`` is ``empty`` then
+# ``normal_``, ``x.to("tpu")`` is ``empty_strided`` then ``copy_``, ``torch.full`` a
+# fill), so they make no array of zeros and transfer nothing. Seen from outside:
+# ``torch.tpu.memory_allocated()`` counts the arrays that exist, so a ``torch.empty``/
+# ``ones`` not read yet adds nothing to it (on CUDA it would count at once).
 _FILLS: dict = {}
 
 
+HOST_FILL_BYTES = 1 << 20
+
+
 def _filled(shape, dtype, fill, device) -> jax.Array:
+    # Under a mesh (torchjax.mesh, jax.set_mesh) the fill executable places the array
+    # as every other op's output is placed there; host values would sit on one device.
+    if (
+        math.prod(shape) * dtype.itemsize <= HOST_FILL_BYTES
+        and jax.sharding.get_abstract_mesh().empty
+    ):
+        with x64(True), jax.ensure_compile_time_eval():
+            host = np.full(shape, fill, dtype)
+            # Uncommitted on the default device, as an executable's output from no
+            # committed input is: it may then join a computation over a mesh's devices.
+            if device == jax.devices()[0] or not _local(device):
+                return jax.device_put(host)
+            return jax.device_put(host, device)
     key = (shape, dtype, type(fill), fill)
     run = _FILLS.get(key)
     if run is None:
@@ -205,12 +226,19 @@ def _filled(shape, dtype, fill, device) -> jax.Array:
 
 
 def _on_device(arr, device):
-    """``arr`` on ``device`` (a jax device), if it is a concrete array elsewhere."""
+    """``arr`` on ``device`` (a jax device), if it is a concrete array elsewhere. With
+    several processes (jax.distributed) tpu:N names a global device that may belong to
+    another process: an array stays on this process's device then, as an op's output
+    does."""
     if isinstance(arr, jax.Array) and not isinstance(arr, jax.core.Tracer):
         devices = arr.devices()
-        if len(devices) == 1 and device not in devices:
+        if len(devices) == 1 and device not in devices and _local(device):
             return jax.device_put(arr, device)
     return arr
+
+
+def _local(device) -> bool:
+    return device.process_index == jax.process_index()
 
 
 # Note [Writes keep the placement]
