@@ -272,7 +272,16 @@ class _CompiledForeach:
             # Under an outer trace (torchjax.jit, jax.grad over torchjax.functional) the
             # lists hold tracers and jax refuses compiler_options on a nested jit: the
             # traced function runs inline, part of the outer program.
-            results = fn.__wrapped__(dyn) if _traced(dyn) else fn(dyn)
+            if _traced(dyn):
+                results = fn.__wrapped__(dyn)
+            else:
+                try:
+                    results = fn(dyn)
+                except ValueError:
+                    # Concrete lists inside an outer trace (tensors made inside it hold
+                    # concrete arrays until written): the same refusal; a ValueError of
+                    # the lowering itself is raised again by the inline run.
+                    results = fn.__wrapped__(dyn)
         except compiled.CONCRETE_ERRORS:
             # A per-element lowering reads values (raised while tracing): op by op.
             if self.cache.pop(key, None) is not None:
