@@ -156,8 +156,10 @@ def check_out_on_meta(func, args, kwargs, out_names, meta_like) -> bool:
     call would surface after it returns, out of reach of ``warnings`` filters)."""
 
     def empty_meta(out):
-        if isinstance(out, (list, tuple)):  # a ``Tensor(a!)[] out`` argument
-            return [empty_meta(o) for o in out]
+        if isinstance(out, (list, tuple)):
+            # A ``Tensor(a!)[] out`` argument (split_copy, unbind_copy...): torch copies
+            # into each out as it is, never resizing it, so the meta call gets their shapes.
+            return [_to_meta(o, meta_like) for o in out]
         return torch.empty(0, dtype=out.dtype, device="meta")
 
     margs = [_to_meta(a, meta_like) for a in args]
