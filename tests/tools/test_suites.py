@@ -108,3 +108,16 @@ def test_keyword_tpu_run_compares_with_whole_file_cpu_run(tmp_path, monkeypatch)
     args = argparse.Namespace(keyword="test_breaks", devices="tpu")
     s = main._run_file(args, None, lambda n: n, tmp_path, out, "t.py")
     assert s["cpu"]["passed"] == 3 and s["cpu_passed_tpu_passed"] == 1
+
+
+def test_tests_for_other_device_types_leave_the_rate(tmp_path):
+    # An onlyCPU test is skipped on tpu by design: it used to count as a tpu failure.
+    cpu = _junit([("test_a", None, ""), ("test_cpu_only", None, "")])
+    tpu = _junit([("test_a", None, ""), ("test_cpu_only", "skipped", "Only runs on cpu")])
+    (tmp_path / "c.xml").write_text(cpu)
+    (tmp_path / "t.xml").write_text(tpu)
+    s = _report.compare(
+        "t.py", _report.read_junit(tmp_path / "c.xml"), _report.read_junit(tmp_path / "t.xml")
+    )
+    assert s["other_device_only"] == 1 and s["cpu"]["passed"] == 1
+    assert s["tpu_rate_of_cpu_passed"] == 1.0 and not s["cpu_passed_tpu_failed"]

@@ -21,7 +21,7 @@ def _parse(argv):
     p.add_argument("--folder", type=Path, help="test files laid out as in the suite's repository")
     p.add_argument("--stub-missing", action="store_true", help="empty mixins for absent modules")
     p.add_argument("--cache", type=Path, default=REPO / ".suites-cache")
-    p.add_argument("--devices", default="cpu,tpu", help="which runs (a rerun reuses the XML)")
+    p.add_argument("--devices", default="cpu,tpu", help="which runs; \"\" re-reads the last runs' XML")
     p.add_argument("-k", dest="keyword", help="pytest -k expression")
     p.add_argument("--test-timeout", type=float, default=300, help="seconds per test")
     p.add_argument("--file-timeout", type=float, default=3600, help="seconds per file and device")
@@ -123,7 +123,7 @@ def _read(xml, normalize, only=None):
 def _run_file(args, suite, normalize, tree, out, file):
     stem = _stem(file, args.keyword)
     xmls = {d: out / f"{stem}.{d}.xml" for d in ("cpu", "tpu")}
-    for device in args.devices.split(","):
+    for device in filter(None, args.devices.split(",")):  # "" re-reads the last XML
         _run_one(args, suite, tree, file, device, xmls[device])
     tpu = _read(xmls["tpu"], normalize)
     cpu = _read(xmls["cpu"], normalize)
