@@ -273,3 +273,11 @@ def test_static_shape_ops_under_torchjax_jit():
     x, i = torch.randn(6), torch.tensor([1, 4])
     got = torchjax.jit(fn)(x.to(TPU), i.to(TPU))
     oi.compare(got, fn(x, i))
+
+
+@pytest.mark.parametrize("shape", [(), (2, 3)])
+def test_sparse_and_dense_dim_of_a_dense_tensor(shape):
+    # aten::sparse_dim / dense_dim had no lowering: every dense tpu tensor raised.
+    for device in ("cpu", "tpu"):
+        x = torch.rand(shape, device=device)
+        assert (x.sparse_dim(), x.dense_dim()) == (0, len(shape))

@@ -227,3 +227,20 @@ def test_tensor_split_and_chunk():
 def test_as_strided_of_partial_view():
     # OpInfo's as_strided.partial_views samples are views that the harness clones away.
     both(lambda x: x.view(-1)[5:].as_strided((2, 2), (1, 2), 10).add_(1.0))
+
+
+def test_split_copy_and_its_list_out():
+    # aten::split_copy had no lowering; its ``Tensor(a!)[] out`` overload was checked on
+    # meta with empty outs, which torch (never resizing those) rejected.
+    results = {}
+    for device in ("cpu", "tpu"):
+        a = torch.arange(5.0, device=device)
+        pieces = torch.split_copy(a, 3)
+        assert not pieces[0]._is_view()
+        outs = (torch.empty(3, device=device), torch.empty(2, device=device))
+        torch.split_copy(a, 3, out=outs)
+        with pytest.raises(RuntimeError, match="must match the size of tensor b"):
+            torch.split_copy(a, 3, out=(torch.empty(2, device=device), outs[1]))
+        results[device] = [p.cpu() for p in pieces] + [o.cpu() for o in outs]
+    for c, t in zip(results["cpu"], results["tpu"]):
+        torch.testing.assert_close(t, c)

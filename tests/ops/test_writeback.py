@@ -143,3 +143,12 @@ def test_overlapping_writes_match_cpu(case):
         return
     assert not isinstance(tpu, Exception), repr(tpu)
     torch.testing.assert_close(tpu, cpu)
+
+
+def test_nonzero_out_dtype_error_has_torchs_text():
+    # torch's own nonzero check; the generic out= text did not match what torch raises.
+    text = "nonzero: Expected out tensor to have scalar type Long but got scalar typeFloat"
+    for device in ("cpu", "tpu"):
+        x = torch.randn(3, 3, device=device)
+        with pytest.raises(RuntimeError, match=text):
+            torch.nonzero(x, out=torch.empty([], device=device))

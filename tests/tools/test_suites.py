@@ -1,7 +1,10 @@
 """The suite runner's comparison (tools/suites/_report.py, _pytorch.py) on small junit files."""
 
+import argparse
 import json
+import os
 
+from tools.suites import __main__ as main
 from tools.suites import _pytorch, _report
 
 HUB = "OSError: We couldn't connect to 'https://huggingface.co'"
@@ -77,3 +80,44 @@ def test_pytorch_ids_match_across_devices():
     tpu = _pytorch.normalize("test_view_ops.TestViewOpsPRIVATEUSE1::test_flip_tpu_float32")
     assert cpu == tpu == "test_view_ops.TestViewOps::test_flip_float32"
     assert _pytorch.normalize("m.TestXCPU::test_y_cpu") == "m.TestX::test_y"
+
+
+def test_pytorch_trees_are_per_run(tmp_path):
+    # Two runs at once used to rebuild one shared tree under each other.
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "test_a.py").write_text("")
+    tree, notes = _pytorch.build_tree(tmp_path / "cache", tmp_path / "src")
+    assert tree.name == f"tree-pytorch-{os.getpid()}" and (tree / "test_a.py").exists()
+    assert any("SOURCES.json" in n for n in notes)
+
+
+def test_pytorch_sources_are_noted(tmp_path):
+    src = {"test_a.py": {"repo": "pytorch/pytorch", "commit": "abc"}}
+    (tmp_path / "SOURCES.json").write_text(json.dumps(src))
+    _, notes = _pytorch.build_tree(tmp_path / "cache", tmp_path)
+    assert "test_a.py: pytorch/pytorch at abc" in notes
+
+
+def test_keyword_tpu_run_compares_with_whole_file_cpu_run(tmp_path, monkeypatch):
+    # A `-k` run on tpu alone used to report CPU 0/0: no CPU XML of its own.
+    out = tmp_path / "results-pytorch"
+    out.mkdir()
+    (out / "t.cpu.xml").write_text(CPU)
+    (out / "t-k-test_breaks.tpu.xml").write_text(TPU)
+    monkeypatch.setattr(main, "_run_one", lambda *a: None)
+    args = argparse.Namespace(keyword="test_breaks", devices="tpu")
+    s = main._run_file(args, None, lambda n: n, tmp_path, out, "t.py")
+    assert s["cpu"]["passed"] == 3 and s["cpu_passed_tpu_passed"] == 1
+
+
+def test_tests_for_other_device_types_leave_the_rate(tmp_path):
+    # An onlyCPU test is skipped on tpu by design: it used to count as a tpu failure.
+    cpu = _junit([("test_a", None, ""), ("test_cpu_only", None, "")])
+    tpu = _junit([("test_a", None, ""), ("test_cpu_only", "skipped", "Only runs on cpu")])
+    (tmp_path / "c.xml").write_text(cpu)
+    (tmp_path / "t.xml").write_text(tpu)
+    s = _report.compare(
+        "t.py", _report.read_junit(tmp_path / "c.xml"), _report.read_junit(tmp_path / "t.xml")
+    )
+    assert s["other_device_only"] == 1 and s["cpu"]["passed"] == 1
+    assert s["tpu_rate_of_cpu_passed"] == 1.0 and not s["cpu_passed_tpu_failed"]

@@ -3,6 +3,7 @@
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ def _parse(argv):
     p.add_argument("--folder", type=Path, help="test files laid out as in the suite's repository")
     p.add_argument("--stub-missing", action="store_true", help="empty mixins for absent modules")
     p.add_argument("--cache", type=Path, default=REPO / ".suites-cache")
-    p.add_argument("--devices", default="cpu,tpu", help="which runs (a rerun reuses the XML)")
+    p.add_argument("--devices", default="cpu,tpu", help="which runs; \"\" re-reads the last runs' XML")
     p.add_argument("-k", dest="keyword", help="pytest -k expression")
     p.add_argument("--test-timeout", type=float, default=300, help="seconds per test")
     p.add_argument("--file-timeout", type=float, default=3600, help="seconds per file and device")
@@ -38,7 +39,10 @@ def _pythonpath(cache: Path, device: str) -> str:
         link_dir.mkdir(parents=True, exist_ok=True)
         link = link_dir / "torchjax"
         if not link.exists():
-            link.symlink_to(REPO / "torchjax")
+            try:
+                link.symlink_to(REPO / "torchjax")
+            except FileExistsError:  # another run made it meanwhile
+                pass
         paths.append(str(link_dir))
     return os.pathsep.join(paths)
 
@@ -91,25 +95,45 @@ def main(argv=None):
     out = args.cache / f"results-{args.suite}"
     out.mkdir(exist_ok=True)
     summaries = []
-    for file in args.files:
-        stem = file.replace("/", "_").removesuffix(".py")
-        if args.keyword:  # a -k run keeps its own results, beside the whole file's
-            stem += "-k-" + re.sub(r"[^A-Za-z0-9_]+", "_", args.keyword)[:60]
-        xmls = {d: out / f"{stem}.{d}.xml" for d in ("cpu", "tpu")}
-        for device in args.devices.split(","):
-            _run_one(args, suite, tree, file, device, xmls[device])
-        results = {
-            d: _report.read_junit(x, normalize) if x.exists() else {} for d, x in xmls.items()
-        }
-        summary = _report.compare(file, results["cpu"], results["tpu"])
-        _report.print_summary(summary)
-        summaries.append(summary)
+    try:
+        for file in args.files:
+            summaries.append(_run_file(args, suite, normalize, tree, out, file))
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
     for note in notes:
         print(f"note: {note}")
     meta = {"suite": args.suite, "notes": notes, "keyword": args.keyword}
-    path = args.json or args.cache / f"summary-{args.suite}.json"
+    path = args.json or out / f"summary-{_stem(args.files[0], args.keyword)}.json"
     _report.write_json(path, summaries, meta)
     print(f"summary: {path}")
+
+
+def _stem(file, keyword):
+    stem = file.replace("/", "_").removesuffix(".py")
+    if keyword:  # a -k run keeps its own results, beside the whole file's
+        stem += "-k-" + re.sub(r"[^A-Za-z0-9_]+", "_", keyword)[:60]
+    return stem
+
+
+def _read(xml, normalize, only=None):
+    results = _report.read_junit(xml, normalize) if xml.exists() else {}
+    return results if only is None else {n: r for n, r in results.items() if n in only}
+
+
+def _run_file(args, suite, normalize, tree, out, file):
+    stem = _stem(file, args.keyword)
+    xmls = {d: out / f"{stem}.{d}.xml" for d in ("cpu", "tpu")}
+    for device in filter(None, args.devices.split(",")):  # "" re-reads the last XML
+        _run_one(args, suite, tree, file, device, xmls[device])
+    tpu = _read(xmls["tpu"], normalize)
+    cpu = _read(xmls["cpu"], normalize)
+    if not cpu and args.keyword:
+        # Note [A -k run against the whole file's CPU run]: a tpu-only `-k` run compares
+        # with the same tests' results in the whole file's CPU run when that exists.
+        cpu = _read(out / f"{_stem(file, None)}.cpu.xml", normalize, only=set(tpu))
+    summary = _report.compare(file, cpu, tpu)
+    _report.print_summary(summary)
+    return summary
 
 
 if __name__ == "__main__":

@@ -12,6 +12,15 @@ _HUB = re.compile(
 )
 
 
+# The skip reasons of PyTorch's device-type decorators (common_device_type.py).
+_OTHER_DEVICE = re.compile(r"^Only runs on ")
+
+
+def _skip_reason(results, name):
+    outcome, cause = results.get(name, ("", ""))
+    return cause if outcome == "skipped" else ""
+
+
 def read_junit(path, normalize=lambda name: name):
     """Map each test id to (outcome, cause); outcome is passed / failed / skipped."""
     results = {}
@@ -44,7 +53,11 @@ def compare(file, cpu, tpu):
     """The per-file figures: counts on each device and the CPU-passing tests failing on tpu."""
     names = sorted(set(cpu) | set(tpu))
     hub = [n for n in names if any(_HUB.search(r.get(n, ("", ""))[1]) for r in (cpu, tpu))]
-    ran = [n for n in names if n not in hub]
+    # Note [Tests for another device type]: a test that the tpu instantiation skips for
+    # being written for other device types (PyTorch's onlyCPU, onlyOn("cuda")) is not a
+    # tpu failure: it leaves the counts, and the summary lists it apart.
+    other_device = [n for n in names if n not in hub and _OTHER_DEVICE.search(_skip_reason(tpu, n))]
+    ran = [n for n in names if n not in hub and n not in other_device]
     groups = defaultdict(list)
     for n in ran:
         if cpu.get(n, ("",))[0] == "passed" and tpu.get(n, ("missing",))[0] != "passed":
@@ -69,6 +82,7 @@ def compare(file, cpu, tpu):
         "file": file,
         "collected": len(names),
         "hub_excluded": len(hub),
+        "other_device_only": len(other_device),
         "cpu": {o: count(cpu, o) for o in ("passed", "failed", "skipped")},
         "tpu": {o: count(tpu, o) for o in ("passed", "failed", "skipped")},
         "cpu_passed_tpu_passed": both,
@@ -86,7 +100,8 @@ def print_summary(summary):
     s = summary
     print(f"\n== {s['file']}")
     print(
-        f"collected {s['collected']} (hub-dependent, excluded: {s['hub_excluded']}); "
+        f"collected {s['collected']} (hub-dependent, excluded: {s['hub_excluded']}; "
+        f"for other device types only, excluded: {s.get('other_device_only', 0)}); "
         f"CPU passed {s['cpu']['passed']} failed {s['cpu']['failed']} "
         f"skipped {s['cpu']['skipped']}; tpu passed {s['tpu']['passed']} "
         f"failed {s['tpu']['failed']} skipped {s['tpu']['skipped']}"

@@ -12,6 +12,7 @@ that mixin's tests were not run.
 """
 
 import importlib.metadata
+import os
 import shutil
 import subprocess
 import sys
@@ -69,7 +70,7 @@ def fetch_sdist(cache: Path, version: str) -> Path:
 def build_tree(cache: Path, version: str, folder: Path | None, stub_missing: bool):
     """Assemble the test tree; return (tree, notes about stubs and sources)."""
     sdist = fetch_sdist(cache, version)
-    tree = cache / f"tree-transformers-{version}"
+    tree = cache / f"tree-transformers-{version}-{os.getpid()}"  # this run's own
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(sdist / "tests", tree / "tests")
     notes = [f"common test files from transformers=={version}'s sdist"]

@@ -513,6 +513,18 @@ for _packet in _SPARSE_OPS:
     handler(_packet)(_sparse_unsupported(_packet))
 
 
+@handler(aten.sparse_dim.default)
+def sparse_dim(args, kwargs):
+    """aten::sparse_dim - 0 for a dense (strided) tensor, the only layout on tpu."""
+    return 0
+
+
+@handler(aten.dense_dim.default)
+def dense_dim(args, kwargs):
+    """aten::dense_dim - every dim of a dense (strided) tensor."""
+    return args[0].dim()
+
+
 @handler(aten._nested_view_from_jagged)
 def _nested_view_from_jagged(args, kwargs):
     # The jagged layout's constructor (Note [Unsupported layouts]).

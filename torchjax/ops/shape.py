@@ -144,11 +144,13 @@ def select(self, dim, index):
     return lax.index_in_dim(self, index % n, axis=dim, keepdims=False)
 
 
-@lowering(aten.split.Tensor, aten.split_with_sizes.default)
+@lowering(aten.split.Tensor, aten.split_with_sizes.default, aten.split_copy.Tensor)
 def split(self, split_size, dim=0):
     """aten::split.Tensor / split_with_sizes - consecutive pieces along ``dim``.
 
     An int gives pieces of that size (the last may be smaller); a list gives the sizes.
+    ``split_copy`` (and through it ``split_copy.Tensor_out``) gives the same pieces as new
+    tensors: it has no decomposition in torch's table.
     """
     dim = _dim(dim, self.ndim, "split")
     n = self.shape[dim]

@@ -156,8 +156,10 @@ def check_out_on_meta(func, args, kwargs, out_names, meta_like) -> bool:
     call would surface after it returns, out of reach of ``warnings`` filters)."""
 
     def empty_meta(out):
-        if isinstance(out, (list, tuple)):  # a ``Tensor(a!)[] out`` argument
-            return [empty_meta(o) for o in out]
+        if isinstance(out, (list, tuple)):
+            # A ``Tensor(a!)[] out`` argument (split_copy, unbind_copy...): torch copies
+            # into each out as it is, never resizing it, so the meta call gets their shapes.
+            return [_to_meta(o, meta_like) for o in out]
         return torch.empty(0, dtype=out.dtype, device="meta")
 
     margs = [_to_meta(a, meta_like) for a in args]
@@ -202,8 +204,36 @@ def dtype_name(dt) -> str:
 
 
 def exact_dtype_error(func, expected, got) -> RuntimeError:
+    if func._opname == "nonzero":
+        # nonzero's own check, word for word (torch's text has no space after "type").
+        return RuntimeError(
+            f"nonzero: Expected out tensor to have scalar type {_scalar_type(expected)} but "
+            f"got scalar type{_scalar_type(got)} (in aten::nonzero.out; pass an out tensor "
+            f"of dtype {expected})"
+        )
     return RuntimeError(
         f"Expected out tensor to have dtype {dtype_name(expected)}, but got "
         f"{dtype_name(got)} instead (in aten::{func._opname}.{func._overloadname}; pass an "
         f"out tensor of dtype {expected})"
     )
+
+
+def _scalar_type(dtype) -> str:
+    """torch's ScalarType name: torch.int64 -> Long, torch.float32 -> Float."""
+    return _SCALAR_TYPE_NAMES.get(dtype, str(dtype))
+
+
+_SCALAR_TYPE_NAMES = {
+    torch.bool: "Bool",
+    torch.uint8: "Byte",
+    torch.int8: "Char",
+    torch.int16: "Short",
+    torch.int32: "Int",
+    torch.int64: "Long",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
+}
