@@ -201,3 +201,19 @@ def test_experts_forward_as_transformers_experts_implementation(
         logits = torchjax.jit(lambda x: model(input_ids=x).logits)(ids.to("tpu"))
     assert kernel.CALLS["experts"] - before == 1  # traced once, both layers share shapes
     torch.testing.assert_close(logits.cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_find_spec_before_the_import_keeps_the_hook():
+    # diffusers asks importlib.util.find_spec("kernels") before importing it; the hook
+    # used to remove itself then, and torch.backends.tpu was never set.
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib.util, torch, torchjax\n"
+        "assert importlib.util.find_spec('kernels') is not None\n"
+        "import kernels\n"
+        "assert torch.backends.tpu.is_built()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -26,16 +26,20 @@ class InstallAfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname != self.target:
             return None
-        sys.meta_path.remove(self)
+        # Stays on sys.meta_path until the module executes: a library asking whether
+        # the target is installed (``importlib.util.find_spec``, as diffusers and
+        # transformers do before importing it) must not use the hook up.
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
-        install = self.install
+        finder = self
 
         def exec_then_install(module):
             exec_module(module)
-            install()
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
+                finder.install()
 
         spec.loader.exec_module = exec_then_install
         return spec

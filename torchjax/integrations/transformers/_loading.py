@@ -293,15 +293,18 @@ class _InstallAfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname != _TARGET_MODULE:
             return None
-        sys.meta_path.remove(self)
+        # Stays until the module executes (see integrations/_after_import.py).
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
+        finder = self
 
         def exec_then_install(module):
             exec_module(module)
-            install()
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
+                install()
 
         spec.loader.exec_module = exec_then_install
         return spec
