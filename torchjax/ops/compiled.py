@@ -455,15 +455,17 @@ class CompiledCompute:
         pidx, pnames, entry = self.pidx, self.pnames, self._entry
         rv = read_views
         try:
-            if self.shape_only_self and isinstance(args[0], JaxTensor) and 0 not in pidx:
-                tmpl = (
-                    (_SHAPE, args[0]._size, dtypes.to_jax_dtype(args[0].dtype)),
-                    *[entry(a, dyn, psig, scalars, i in pidx, rv) for i, a in enumerate(args) if i],
-                )
-            else:
-                tmpl = tuple(
-                    [entry(a, dyn, psig, scalars, i in pidx, rv) for i, a in enumerate(args)]
-                )
+            shape_only = (
+                self.shape_only_self and args and isinstance(args[0], JaxTensor) and 0 not in pidx
+            )
+            tmpl = tuple(
+                [
+                    (_SHAPE, a._size, dtypes.to_jax_dtype(a.dtype))
+                    if shape_only and i == 0
+                    else entry(a, dyn, psig, scalars, i in pidx, rv)
+                    for i, a in enumerate(args)
+                ]
+            )
             kwtmpl = (
                 tuple(
                     [(k, entry(v, dyn, psig, scalars, k in pnames, rv)) for k, v in kwargs.items()]

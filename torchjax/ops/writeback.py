@@ -29,6 +29,7 @@ import math
 
 import torch
 
+from torchjax.tensor import dtypes
 from torchjax.tensor._reinterpret import Interpretation
 from torchjax.tensor._tensor import JaxTensor
 
@@ -206,34 +207,13 @@ def dtype_name(dt) -> str:
 def exact_dtype_error(func, expected, got) -> RuntimeError:
     if func._opname == "nonzero":
         # nonzero's own check, word for word (torch's text has no space after "type").
+        want, have = dtypes.aten_type_name(expected), dtypes.aten_type_name(got)
         return RuntimeError(
-            f"nonzero: Expected out tensor to have scalar type {_scalar_type(expected)} but "
-            f"got scalar type{_scalar_type(got)} (in aten::nonzero.out; pass an out tensor "
-            f"of dtype {expected})"
+            f"nonzero: Expected out tensor to have scalar type {want} but got scalar type"
+            f"{have} (in aten::nonzero.out; pass an out tensor of dtype {expected})"
         )
     return RuntimeError(
         f"Expected out tensor to have dtype {dtype_name(expected)}, but got "
         f"{dtype_name(got)} instead (in aten::{func._opname}.{func._overloadname}; pass an "
         f"out tensor of dtype {expected})"
     )
-
-
-def _scalar_type(dtype) -> str:
-    """torch's ScalarType name: torch.int64 -> Long, torch.float32 -> Float."""
-    return _SCALAR_TYPE_NAMES.get(dtype, str(dtype))
-
-
-_SCALAR_TYPE_NAMES = {
-    torch.bool: "Bool",
-    torch.uint8: "Byte",
-    torch.int8: "Char",
-    torch.int16: "Short",
-    torch.int32: "Int",
-    torch.int64: "Long",
-    torch.float16: "Half",
-    torch.bfloat16: "BFloat16",
-    torch.float32: "Float",
-    torch.float64: "Double",
-    torch.complex64: "ComplexFloat",
-    torch.complex128: "ComplexDouble",
-}

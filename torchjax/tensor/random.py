@@ -102,10 +102,7 @@ def reserve(index: int = 0):
     """(base key data, counter) for one draw on device ``index``, the counter bumped:
     ``fold_in(key(base), counter)`` is the key ``next_key`` would have returned."""
     st = _state(index)
-    with _lock:
-        n = st.counter
-        st.counter += 1
-    return st.words(), n
+    return st.words(), _take(st)
 
 
 def next_key(index: int = 0):
@@ -114,10 +111,15 @@ def next_key(index: int = 0):
     if traced is not None:
         return traced.next()
     st = _state(index)
+    return jax.random.fold_in(st.base_key(), _take(st))
+
+
+def _take(st: _State) -> int:
+    """The state's next counter value, bumped (threads share the state)."""
     with _lock:
         n = st.counter
         st.counter += 1
-    return jax.random.fold_in(st.base_key(), n)
+    return n
 
 
 def manual_seed(seed: int, index: int = 0) -> None:

@@ -29,7 +29,6 @@ from torchjax.integrations import _after_import
 
 PATCHED_FOR = "0.17"
 _TARGET_MODULE = "kernels"
-_NAME = "torch.backends.tpu"
 _MODULE_NAME = "torch.backends.tpu"
 
 
@@ -68,7 +67,7 @@ def install() -> None:
     torch.backends.tpu = module
     sys.modules[_MODULE_NAME] = module
     _patches.record(
-        _NAME,
+        _MODULE_NAME,
         why="kernels selects the tpu build variant when torch.backends.tpu exists",
         package="kernels",
         written_for=PATCHED_FOR,

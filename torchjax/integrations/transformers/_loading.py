@@ -51,13 +51,13 @@ never imports transformers.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import inspect
 import sys
 
 import jax
 import torch
+
+from torchjax.integrations import _after_import
 
 # The transformers release the patches were written against (checked by a test).
 PATCHED_FOR = "5.24"
@@ -286,33 +286,9 @@ def uninstall() -> None:
         cls.from_pretrained = original
 
 
-class _InstallAfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when ``transformers.modeling_utils`` is found by the normal
-    finders, its loader is wrapped so ``install()`` runs right after the module executes."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _TARGET_MODULE:
-            return None
-        # Stays until the module executes (see integrations/_after_import.py).
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-        finder = self
-
-        def exec_then_install(module):
-            exec_module(module)
-            if finder in sys.meta_path:
-                sys.meta_path.remove(finder)
-                install()
-
-        spec.loader.exec_module = exec_then_install
-        return spec
-
-
 def install_when_imported() -> None:
     """``install()`` now if transformers' modeling_utils is loaded, else right after it is."""
     if _TARGET_MODULE in sys.modules:
         install()
-    elif not any(isinstance(f, _InstallAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _InstallAfterImport())
+    elif not _after_import.hooks_for(_TARGET_MODULE):
+        sys.meta_path.insert(0, _after_import.InstallAfterImport(_TARGET_MODULE, install))

@@ -6,14 +6,11 @@ in Note [Process-wide changes], with their undo, and checks the transformers rel
 
 from __future__ import annotations
 
-import sys
+import functools
 
 from torchjax import _patches
+from torchjax.integrations import _after_import
 from torchjax.integrations.transformers import _loading
-
-
-def _remove_import_hook() -> None:
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _loading._InstallAfterImport)]
 
 
 def install_loading_when_imported() -> None:
@@ -21,13 +18,13 @@ def install_loading_when_imported() -> None:
     ``sys.meta_path`` finder (until transformers is imported) and the wrapped loading
     functions (applied once ``transformers.modeling_utils`` runs)."""
     _loading.install_when_imported()
-    if any(isinstance(f, _loading._InstallAfterImport) for f in sys.meta_path):
+    if _after_import.hooks_for(_loading._TARGET_MODULE):
         _patches.record(
             "sys.meta_path import hook",
             why="patch transformers' loading right after it is imported, never importing it",
             package=None,
             written_for=None,
-            undo=_remove_import_hook,
+            undo=functools.partial(_after_import.remove_hooks, _loading._TARGET_MODULE),
         )
     _patches.record(
         "transformers loading functions",
