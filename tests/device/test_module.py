@@ -73,6 +73,21 @@ def test_memory_stats():
     torch.tpu.empty_cache()
 
 
+def test_memory_allocated_counts_tensors_not_read_yet():
+    # A large torch.ones holds no array until read (Note [Storages filled on first
+    # read]); memory_allocated counts it from its creation, as CUDA does, and stops
+    # counting it when it dies.
+    n = 1 << 21
+    before = torch.tpu.memory_allocated()
+    x = torch.ones(n, device="tpu")
+    assert torch.tpu.memory_stats()["bytes_unfilled"] >= n * 4
+    assert torch.tpu.memory_allocated() - before == n * 4
+    x.add_(1)  # now an array: counted once, not twice
+    assert torch.tpu.memory_allocated() - before == n * 4
+    del x
+    assert torch.tpu.memory_allocated() == before
+
+
 def test_autocast_tpu():
     a = torch.randn(4, 4, device="tpu")
     with torch.autocast("tpu", dtype=torch.bfloat16):

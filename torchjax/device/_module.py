@@ -12,6 +12,7 @@ import jax
 import torch
 
 from torchjax.device import _checks
+from torchjax.tensor import _storage
 from torchjax.tensor import random as _random
 
 
@@ -169,28 +170,35 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 def memory_stats(device=None) -> dict:
-    """JAX's ``Device.memory_stats()`` (TPU/GPU). On CPU JAX reports none and this
-    returns ``{"bytes_in_use": ...}`` summed over live jax arrays on that device."""
+    """JAX's ``Device.memory_stats()`` (TPU/GPU). On CPU JAX reports none and
+    ``bytes_in_use`` is summed over live jax arrays on that device. ``bytes_unfilled``
+    adds the new tensors whose array is made on first read (Note [Storages filled on
+    first read] in torchjax/tensor/_storage.py)."""
     dev = jax_device(_index(device))
-    stats = dev.memory_stats()
-    if stats:
-        return dict(stats)
-    in_use = 0
-    for a in jax.live_arrays():
-        if dev in a.devices():
-            in_use += a.nbytes // max(len(a.devices()), 1)
-    return {"bytes_in_use": in_use}
+    stats = dict(dev.memory_stats() or {})
+    if "bytes_in_use" not in stats:
+        in_use = 0
+        for a in jax.live_arrays():
+            if dev in a.devices():
+                in_use += a.nbytes // max(len(a.devices()), 1)
+        stats["bytes_in_use"] = in_use
+    stats["bytes_unfilled"] = _storage.unfilled_bytes(dev)
+    return stats
 
 
 def memory_allocated(device=None) -> int:
-    """Bytes currently held by arrays on ``device``."""
-    return int(memory_stats(device).get("bytes_in_use", 0))
+    """Bytes held by tensors on ``device``: its arrays, and the new tensors whose array
+    is made on first read (counted from their creation, as CUDA counts them)."""
+    stats = memory_stats(device)
+    return int(stats.get("bytes_in_use", 0)) + int(stats["bytes_unfilled"])
 
 
 def max_memory_allocated(device=None) -> int:
     """Peak bytes in use, where JAX reports it (TPU/GPU); else the current figure."""
     stats = memory_stats(device)
-    return int(stats.get("peak_bytes_in_use", stats.get("bytes_in_use", 0)))
+    if "peak_bytes_in_use" in stats:
+        return int(stats["peak_bytes_in_use"])
+    return int(stats["bytes_in_use"]) + int(stats["bytes_unfilled"])
 
 
 def memory_reserved(device=None) -> int:

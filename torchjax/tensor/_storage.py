@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -70,6 +71,7 @@ class Storage:
         self.numel = math.prod(self.shape)
         self.interpretations = None
         self.lazy = [fill, dtype, device]
+        _UNFILLED.add(self)
         return self
 
     def __getattr__(self, name):
@@ -185,9 +187,21 @@ class Storage:
 # Most small factories are written whole at once (``torch.randn`` is ``empty`` then
 # ``normal_``, ``x.to("tpu")`` is ``empty_strided`` then ``copy_``, ``torch.full`` a
 # fill), so they make no array of zeros and transfer nothing. Seen from outside:
-# ``torch.tpu.memory_allocated()`` counts the arrays that exist, so a ``torch.empty``/
-# ``ones`` not read yet adds nothing to it (on CUDA it would count at once).
+# ``torch.tpu.memory_allocated()`` counts a tensor from its creation, as CUDA's does: the
+# arrays that exist plus the bytes of storages whose array is not made yet
+# (``unfilled_bytes``, from a weak set of the storages ``filled`` made).
 _FILLS: dict = {}
+_UNFILLED: weakref.WeakSet = weakref.WeakSet()
+
+
+def unfilled_bytes(device) -> int:
+    """Bytes of live storages on jax ``device`` whose array is not made yet."""
+    total = 0
+    for s in list(_UNFILLED):
+        lazy = s.lazy
+        if lazy.__class__ is list and lazy[2] == device:
+            total += s.numel * lazy[1].itemsize
+    return total
 
 
 HOST_FILL_BYTES = 1 << 20
