@@ -8,7 +8,8 @@ Each measurement runs in a child process of its own. Resident memory (VmRSS, aft
 the table gives the growth since the first shape and the time to reach the mark.
 Workloads: ``(x @ x.t()).relu().sum()`` over x of shape (n, 8) for n = 3, 4, ...; a tiny
 Llama forward (hidden 64, 2 layers) at sequence lengths 3, 4, ... Backends: torch CPU,
-unjitted jax.numpy (the chain only) and torchjax eager with a cache budget of
+unjitted jax.numpy (for the Llama, the same weights through bench/jax_llama.py) and
+torchjax eager with a cache budget of
 ``--budget`` executables (Note [Executable cache budget] in torchjax/_budget.py).
 Peaks (ru_maxrss above the start) of ``torch.ones``, ``.to("tpu")``, ``model.to("tpu")``
 and ``load_state_dict`` of a model of the same size, as a multiple of the tensor bytes.
@@ -67,15 +68,21 @@ cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size
 torch.manual_seed(0)
 model = transformers.LlamaForCausalLM(cfg).eval()
 DEVICE = "cpu"
+if BACKEND == "jnp":
+    import jax.numpy as jnp
+    from bench import jax_llama
+    CFG, PARAMS = jax_llama.Config.of(cfg), jax_llama.params_of(model)
 if BACKEND == "torchjax":
     import torchjax
     torchjax.set_cache_budget(entries=BUDGET)
     DEVICE = "tpu"
     model.to(DEVICE)
 def step(n):
-    ids = torch.randint(0, 128, (1, n)).to(DEVICE)
+    ids = torch.randint(0, 128, (1, n))
+    if BACKEND == "jnp":  # the same model op by op in jax.numpy (bench/jax_llama.py)
+        return float(jax_llama.forward(PARAMS, CFG, jnp.asarray(ids.numpy()))[0, -1, 0])
     with torch.no_grad():
-        return float(model(input_ids=ids).logits[0, -1, 0])
+        return float(model(input_ids=ids.to(DEVICE)).logits[0, -1, 0])
 """
 
 _LOOP = """
@@ -151,7 +158,7 @@ def main() -> None:
     print(f"torchjax cache budget: {args.budget} executables\n")
     rows = []
     runs = [("chain", b, chain_marks) for b in ("torch CPU", "jnp", "torchjax")]
-    runs += [("tiny Llama", b, llama_marks) for b in ("torch CPU", "torchjax")]
+    runs += [("tiny Llama", b, llama_marks) for b in ("torch CPU", "jnp", "torchjax")]
     for workload, backend, marks in runs:
         if workload == "chain" and backend == "jnp" and not args.full:
             marks = (10, 50)  # each new shape compiles every primitive: slow

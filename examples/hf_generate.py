@@ -6,10 +6,12 @@ a left-padded batch of two prompts with a static KV cache:
 
 - eager: every op runs as its own cached jax executable;
 - compiled: ``torchjax.integrations.transformers.compile_generate(model)`` makes the
-  prefill and the decode step two ``torchjax.jit`` programs, whatever the number of new
-  tokens.
+  prefill one ``torchjax.jit`` program and every new token one call of a decode-step
+  program (the forward over the cache, the token choice and the stopping flags), whatever
+  the number of new tokens.
 
-Both must give CPU's tokens; the compiled run must trace exactly twice.
+Both must give CPU's tokens; the compiled run must trace exactly three times (the
+prefill, the first token's choice, the decode step).
 
 Run:  python examples/hf_generate.py
 """
@@ -47,7 +49,7 @@ def generate(model, new_tokens: int, **kwargs) -> torch.Tensor:
 
 def run(new_tokens: int = NEW_TOKENS) -> dict:
     """Token ids (prompt + ``new_tokens``) from CPU, tpu eager and tpu compiled, and the
-    compiled forward's ``trace_count``."""
+    compiled programs' traces."""
     with tempfile.TemporaryDirectory() as path:
         tl.save_tiny_llama(path)
         cpu = AutoModelForCausalLM.from_pretrained(path).eval()
@@ -58,7 +60,9 @@ def run(new_tokens: int = NEW_TOKENS) -> dict:
     out["eager"] = generate(tpu, new_tokens, disable_compile=True)
     jitted = compile_generate(tpu)
     out["compiled"] = generate(tpu, new_tokens)
-    out["traces"] = jitted.trace_count
+    # the prefill (the compiled forward), then the decode-step program: the first
+    # token's choice and the step (Note [Decode steps as one program])
+    out["traces"] = jitted.trace_count + tpu.forward.decode_step.trace_count
     return out
 
 
@@ -70,8 +74,8 @@ def main() -> int:
     if not (torch.equal(out["eager"], out["cpu"]) and torch.equal(out["compiled"], out["cpu"])):
         print("FAIL: tpu tokens differ from CPU", file=sys.stderr)
         return 1
-    if out["traces"] != 2:
-        print("FAIL: expected 2 traces (prefill, decode step)", file=sys.stderr)
+    if out["traces"] != 3:
+        print("FAIL: expected 3 traces (prefill, first token, decode step)", file=sys.stderr)
         return 1
     print(f"OK: eager and compiled tpu generation give CPU's {NEW_TOKENS} tokens")
     return 0

@@ -79,39 +79,42 @@ def test_dynamic_and_static_cache_eager_match_cpu(cpu, tpu):
     assert torch.equal(_generate(tpu, **GREEDY, max_new_tokens=4, **STATIC_EAGER), expected)
 
 
-def test_compile_generate_traces_twice_for_16_tokens(llama_dir, cpu):
+def test_compile_generate_traces_the_prefill_and_one_decode_step(llama_dir, cpu):
     model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, device_map="tpu").eval()
     jitted = compile_generate(model)
     assert model.forward.jitted is jitted
+    step = model.forward.decode_step
     with pytest.raises(RuntimeError, match="compile_generate called twice"):
         compile_generate(model)
-    # One unpadded prompt: the generate loop's own int64 ops (outside the compiled step)
-    # compile per sequence length, about half as many without an attention mask. Padded
-    # batches under compile_generate: examples/hf_generate.py, test_architectures.py.
     batch = {"input_ids": tl.prompts()["input_ids"][1:]}
     kwargs = dict(GREEDY, max_new_tokens=16, cache_implementation="static")
     expected = _generate(cpu, batch, **kwargs)
     assert torch.equal(_generate(model, batch, **kwargs), expected)
-    assert jitted.trace_count == 2  # prefill, decode step
-    assert jitted.cache_hits == 14
+    # The prefill is the compiled forward; the first token's choice and each later token
+    # are the decode-step program (Note [Decode steps as one program]): two traces, 16
+    # calls.
+    assert jitted.trace_count == 1
+    assert (step.trace_count, step.cache_hits) == (2, 14)
     # A second call reuses the cache (sized for the longest call so far, so a shorter
     # call has the same layout): only the prefill traces again (it no longer allocates
-    # the cache), the decode step is a cache hit.
+    # the cache); the token buffer spans the cache, so the decode step is a cache hit.
     short = dict(kwargs, max_new_tokens=8)
     assert torch.equal(_generate(model, batch, **short), expected[:, :15])
-    assert jitted.trace_count == 3
+    assert jitted.trace_count == 2
+    assert (step.trace_count, step.cache_hits) == (2, 22)
     # Without a static cache the forward runs eagerly.
     assert torch.equal(_generate(model, batch, **GREEDY, max_new_tokens=1), expected[:, :8])
-    assert jitted.trace_count == 3
-    # Beam search reorders the cache after every step (new key/value tensors); still one
-    # prefill and one decode trace for the new layout (3 beams). 3 tokens: the second
-    # decode step is the first to see a reordered cache it saw before.
+    assert jitted.trace_count == 2 and step.trace_count == 2
+    # Beam search runs transformers' loop around the compiled forward; it reorders the
+    # cache after every step (new key/value tensors); still one prefill and one decode
+    # trace for the new layout (3 beams). 3 tokens: the second decode step is the first
+    # to see a reordered cache it saw before.
     beams = dict(GREEDY, num_beams=3, max_new_tokens=3)
     assert torch.equal(
         _generate(model, batch, cache_implementation="static", **beams),
         _generate(cpu, batch, **beams),
     )
-    assert jitted.trace_count == 5
+    assert jitted.trace_count == 4 and step.trace_count == 2
 
 
 def test_torch_compile_backend_tpu_through_compile_config(cpu, tpu):

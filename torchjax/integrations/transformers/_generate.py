@@ -87,8 +87,15 @@ import weakref
 import torch
 
 from torchjax.compile._jit import Jitted, jit
-
-_CACHE_KWARGS = ("cache", "past_key_values")
+from torchjax.integrations.transformers import _decode
+from torchjax.integrations.transformers._cache_state import (
+    _CACHE_KWARGS,
+    _frozen,
+    _python_state,
+    _replay,
+    _static_cache,
+    cache_room,
+)
 
 
 def compile_generate(model: torch.nn.Module, *, warn_after: int = 8) -> Jitted:
@@ -97,8 +104,8 @@ def compile_generate(model: torch.nn.Module, *, warn_after: int = 8) -> Jitted:
     Args:
         model: a transformers ``PreTrainedModel`` with a generation head (causal LM or
             encoder-decoder), on device "tpu". Modified in place: its ``forward``,
-            ``get_compiled_call`` and ``_prepare_static_cache`` are replaced by instance
-            attributes (deleting the three attributes undoes it).
+            ``generate``, ``get_compiled_call`` and ``_prepare_static_cache`` are
+            replaced by instance attributes (deleting the four attributes undoes it).
         warn_after: passed to ``torchjax.jit`` (a ``RetraceWarning`` past this many
             traces).
 
@@ -113,7 +120,11 @@ def compile_generate(model: torch.nn.Module, *, warn_after: int = 8) -> Jitted:
             second ``compile_generate``).
 
     Calls without a static cache (``DynamicCache``, ``use_cache=False``, a plain forward)
-    run eagerly, unchanged. Sampling under the compiled step draws from torchjax's RNG
+    run eagerly, unchanged. Greedy and sampled decoding of a decoder-only model with a
+    static cache run each new token as one program, with the logits processors, the
+    token choice and the stopping flags inside it (Note [Decode steps as one program]
+    in torchjax/integrations/transformers/_decode.py, which lists what falls back to
+    transformers' own loop). Sampling under the compiled step draws from torchjax's RNG
     (seeded by ``torch.manual_seed``), so sampled tokens are reproducible but differ
     from CPU's.
     """
@@ -126,7 +137,7 @@ def compile_generate(model: torch.nn.Module, *, warn_after: int = 8) -> Jitted:
         raise RuntimeError(
             f"compile_generate: {type(model).__name__}.forward is already replaced on this "
             "instance (compile_generate called twice? an accelerate dispatch hook?); expected "
-            "the class's forward. To compile again, delete model.forward, "
+            "the class's forward. To compile again, delete model.forward, model.generate, "
             "model.get_compiled_call and model._prepare_static_cache first"
         )
     eager_forward = model.forward  # the class's forward, bound to model
@@ -153,10 +164,42 @@ def compile_generate(model: torch.nn.Module, *, warn_after: int = 8) -> Jitted:
     forward.jitted = jitted
     forward.eager = eager_forward
     forward.after = {}  # guard -> the cache's Python state the traced call left
+    # Greedy and sampled decoding: one program per token (Note [Decode steps as one
+    # program] in torchjax/integrations/transformers/_decode.py).
+    forward.decode_step = jit(types.MethodType(_decode.decode_step, model), warn_after=warn_after)
     model.forward = forward
+    model.generate = _device_generate(model.generate)
     model.get_compiled_call = _get_compiled_call.__get__(model)
     model._prepare_static_cache = _reuse_static_cache(model, model._prepare_static_cache)
     return jitted
+
+
+# generate's arguments that a callable ``custom_generate`` would not pass on (transformers
+# hands them only to its own decoding methods): with any of them, generate runs as written.
+_MODE_ARGUMENTS = frozenset(
+    {
+        "custom_generate",
+        "streamer",
+        "synced_gpus",
+        "assistant_model",
+        "tokenizer",
+        "assistant_tokenizer",
+    }
+)
+
+
+def _device_generate(generate):
+    """``model.generate`` (bound) with ``custom_generate=_decode.device_sample`` added,
+    unless the call names its own or passes an argument that only transformers' own
+    decoding methods receive."""
+
+    @functools.wraps(generate)
+    def device_generate(*args, **kwargs):
+        if len(args) <= 1 and not (_MODE_ARGUMENTS & kwargs.keys()):
+            kwargs["custom_generate"] = _decode.device_sample
+        return generate(*args, **kwargs)
+
+    return device_generate
 
 
 def _traced_forward(self, *args, _torchjax_guard, **kwargs):
@@ -227,18 +270,6 @@ def _layout(cache) -> tuple:
     )
 
 
-def _static_cache(kwargs):
-    """The call's cache if its tensors keep their shapes across steps (see the module
-    Note), else None."""
-    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-
-    cache = next((kwargs[k] for k in _CACHE_KWARGS if kwargs.get(k) is not None), None)
-    if cache is None or not getattr(cache, "is_compileable", False):
-        return None
-    decoder = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-    return None if type(decoder) is DynamicCache else cache
-
-
 def _pin_cache(cache, pinned) -> None:
     """Give each cache layer back the key/value tensors it held when first seen, with
     the current values copied in (see the module Note: beam search)."""
@@ -266,69 +297,6 @@ def _pin_cache(cache, pinned) -> None:
                     held[name] = t
 
 
-# ---------------------------------------------------------------------------------------
-# the cache's Python state: guard and replay (Note [Nothing frozen in the decode step])
-
-_PLAIN = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, type)
-
-
-def _cache_objects(cache) -> list:
-    """The cache, its sub-caches and their layers, in a fixed order."""
-    from transformers.cache_utils import EncoderDecoderCache
-
-    objects = [cache]
-    if isinstance(cache, EncoderDecoderCache):
-        objects += _cache_objects(cache.self_attention_cache)
-        objects += _cache_objects(cache.cross_attention_cache)
-    else:
-        objects += list(getattr(cache, "layers", ()))
-    return objects
-
-
-def _frozen(value):
-    """A hashable stand-in for a non-tensor attribute value (tensors: only their presence,
-    their contents are state of the program)."""
-    if isinstance(value, _PLAIN):
-        return value
-    if isinstance(value, torch.Tensor):
-        return torch.Tensor
-    if isinstance(value, dict):
-        return tuple((k, _frozen(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
-    return type(value)  # another object (a layer list entry, a helper): its type
-
-
-def _python_state(cache, values: bool = False) -> tuple:
-    """Every non-tensor attribute of the cache and its layers: hashable (the guard) or, with
-    ``values``, what ``_replay`` writes back (plain values, and the plain entries of dicts
-    such as a linear-attention layer's ``has_previous_state``)."""
-    state = []
-    for i, obj in enumerate(_cache_objects(cache)):
-        for name, value in vars(obj).items():
-            if name == "layers" or isinstance(value, torch.Tensor):
-                continue
-            if not values:
-                state.append((i, name, _frozen(value)))
-            elif isinstance(value, _PLAIN):
-                state.append((i, name, value))
-            elif isinstance(value, dict):
-                plain = {k: v for k, v in value.items() if isinstance(v, _PLAIN)}
-                state.append((i, name, plain))
-    return tuple(state)
-
-
-def _replay(cache, after) -> None:
-    """Set the cache's Python state to what the traced call left: on a cache hit the
-    model's Python code does not run, so its ``+=`` and flag updates would be lost."""
-    objects = _cache_objects(cache)
-    for i, name, value in after:
-        if isinstance(value, dict):
-            getattr(objects[i], name).update(value)
-        else:
-            setattr(objects[i], name, value)
-
-
 def _signature(args, kwargs) -> tuple:
     """Shapes, dtypes and plain values of the call's arguments besides the cache: with the
     Python state, what decides the state a traced call leaves (e.g. ``+= seq_len``)."""
@@ -349,18 +317,12 @@ def _check_room(cache, args, kwargs, lengths) -> None:
 
     new = _new_tokens(args, kwargs)
     decoder = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-    sizes = [
-        layer.max_cache_len
-        for layer in getattr(decoder, "layers", ())
-        if isinstance(getattr(layer, "max_cache_len", None), int)
-        and not getattr(layer, "is_sliding", False)  # a sliding layer rolls: never full
-    ]
-    if new is None or not sizes:
+    limit = cache_room(decoder)
+    if new is None or limit is None:
         return
     known = lengths.get(decoder)
     if known is None or new > 1:
         known = int(decoder.get_seq_length())
-    limit = min(sizes)
     if known + new > limit:
         raise IndexError(
             f"compile_generate: this step writes cache positions {known}..{known + new - 1} "

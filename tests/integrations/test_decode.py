@@ -1,0 +1,132 @@
+"""compile_generate's decode programs (torchjax/integrations/transformers/_decode.py):
+greedy and sampled tokens vs CPU, the processors run inside the program, one program
+per token, and the calls that fall back to transformers' own loop.
+
+The tiny Llama of examples/tiny_llama_generate.py and its left-padded batch of two
+prompts, compared with the same checkpoint on CPU.
+"""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import transformers  # noqa: E402
+
+import torchjax  # noqa: E402
+from examples import tiny_llama_generate as tl  # noqa: E402
+from torchjax.integrations.transformers import compile_generate  # noqa: E402
+
+STATIC = dict(cache_implementation="static", pad_token_id=0)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_llama_decode")
+    tl.save_tiny_llama(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def cpu(llama_dir):
+    return transformers.AutoModelForCausalLM.from_pretrained(llama_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def compiled(llama_dir):
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, device_map="tpu")
+    compile_generate(model.eval(), warn_after=32)  # one program pair per setting tried
+    return model
+
+
+def _generate(model, batch=None, **kwargs):
+    batch = tl.prompts() if batch is None else batch
+    if model.device.type == "tpu":
+        batch = {k: v.to("tpu") for k, v in batch.items()}
+    with torch.no_grad():
+        return model.generate(**batch, **kwargs).cpu()
+
+
+def _new(tokens):
+    return tokens[:, tl.prompts()["input_ids"].shape[1] :]
+
+
+def test_greedy_with_eos_and_processors_matches_cpu(cpu, compiled):
+    step = compiled.forward.decode_step
+    plain = _generate(cpu, **STATIC, do_sample=False, eos_token_id=None, max_new_tokens=24)
+    # An EOS that the first row emits at its third new token: that row then pads while
+    # the other runs on, as on CPU.
+    eos = int(_new(plain)[0, 2])
+    runs = [
+        dict(eos_token_id=eos, max_new_tokens=24),
+        # Both rows finish early, before the first host check of the finish length (every
+        # 16 tokens): the steps run past it are cut off.
+        dict(eos_token_id=[eos, int(_new(plain)[1, 1])], max_new_tokens=24),
+        dict(eos_token_id=eos, max_new_tokens=24, repetition_penalty=1.5),
+        dict(eos_token_id=eos, max_new_tokens=12, min_new_tokens=6),
+        dict(eos_token_id=eos, max_new_tokens=12, min_length=12),
+    ]
+    for kwargs in runs:
+        kwargs = dict(STATIC, do_sample=False, **kwargs)
+        before = step.trace_count + step.cache_hits
+        expected = _generate(cpu, **kwargs)
+        assert torch.equal(_generate(compiled, **kwargs), expected), kwargs
+        assert step.trace_count + step.cache_hits > before  # the decode program ran
+    assert _generate(cpu, **STATIC, eos_token_id=eos, max_new_tokens=24).shape[1] < plain.shape[1]
+
+
+def test_one_program_per_token(cpu, compiled):
+    step = compiled.forward.decode_step
+    kwargs = dict(STATIC, do_sample=False, eos_token_id=None, max_new_tokens=40)
+    for _ in range(2):  # a new cache layout; the prefill traces again on its reuse
+        _generate(compiled, **kwargs)
+    counts = {}
+    for n in (8, 40):
+        torchjax.reset_stats()
+        hits = step.cache_hits
+        out = _generate(compiled, **dict(kwargs, max_new_tokens=n))
+        assert torch.equal(out, _generate(cpu, **dict(kwargs, max_new_tokens=n)))
+        stats = torchjax.stats()
+        assert step.cache_hits - hits == n  # each token is one call of one program
+        counts[n] = (stats["executions"], stats["compiles"], stats["host_reads"])
+    # The eager ops around the programs (setting up the buffers, cutting the result to
+    # its length: a new length compiles that slice) do not grow with the number of
+    # tokens; the host reads the finish length every 16 tokens.
+    assert counts[8][0] == counts[40][0] and counts[40][1] == 0
+    assert counts[40][2] - counts[8][2] == 2
+
+
+def test_sampling_is_seeded_and_draws_from_the_filtered_distribution(cpu, compiled):
+    step = compiled.forward.decode_step
+    kwargs = dict(STATIC, do_sample=True, top_k=4, top_p=0.9, temperature=0.8, max_new_tokens=12)
+    before = step.trace_count + step.cache_hits
+    torch.manual_seed(0)
+    first = _generate(compiled, **kwargs)
+    torch.manual_seed(0)
+    assert torch.equal(_generate(compiled, **kwargs), first)
+    torch.manual_seed(1)
+    assert not torch.equal(_generate(compiled, **kwargs), first)  # 24 draws
+    assert step.trace_count + step.cache_hits - before == 36
+    # Every drawn token is among CPU's top 4 for the prefix it was drawn after.
+    mask = torch.cat([tl.prompts()["attention_mask"], torch.ones_like(_new(first))], dim=1)
+    with torch.no_grad():
+        logits = cpu(input_ids=first, attention_mask=mask).logits
+    start = tl.prompts()["input_ids"].shape[1]
+    top = logits[:, start - 1 : -1].topk(4, dim=-1).indices
+    assert bool((top == _new(first)[..., None]).any(-1).all())
+
+
+def test_other_calls_run_transformers_loop(cpu, compiled):
+    step = compiled.forward.decode_step
+    base = dict(STATIC, do_sample=False, eos_token_id=None, max_new_tokens=4)
+    calls = step.trace_count + step.cache_hits
+    streamer = transformers.generation.streamers.BaseStreamer()
+    streamer.put = streamer.end = lambda *a: None
+    for kwargs in (dict(no_repeat_ngram_size=2), dict(streamer=streamer)):
+        assert torch.equal(_generate(compiled, **base, **kwargs), _generate(cpu, **base, **kwargs))
+    batch = {k: v.to("tpu") for k, v in tl.prompts().items()}
+    with torch.no_grad():
+        out = compiled.generate(**batch, **base, return_dict_in_generate=True)
+    assert torch.equal(out.sequences.cpu(), _generate(cpu, **base))
+    assert step.trace_count + step.cache_hits == calls  # none reached the decode program

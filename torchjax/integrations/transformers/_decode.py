@@ -1,0 +1,305 @@
+"""Greedy and sampled decoding as device work: one compiled program per new token.
+
+Note [Decode steps as one program]
+transformers' ``_sample`` loop runs, around each compiled forward, a dozen small ops of
+bookkeeping: slicing the last token, growing ``input_ids`` and the attention mask by
+``cat`` (a new shape every token), the logits processors, the token choice, the
+stopping criteria and a host read of "is any sequence unfinished". On "tpu" each is an
+eager op, and the ``cat``s compile a new program per length. ``compile_generate`` sends
+greedy and sampled generation of a decoder-only model with a static cache here instead
+(through generate's ``custom_generate`` hook), where every token is one ``torchjax.jit``
+program:
+
+- the tokens live in a buffer of the final length, preallocated on the device; the
+  attention mask is built once at that length (prompt mask, then ones: positions not
+  written yet are after the query, so causal masking hides them as the growing mask
+  did); the write position, the next position ids, the unfinished flags and the length
+  at which every sequence had finished are 0-d or small tpu tensors. The step program
+  reads the last token, runs the model's forward over the static cache, applies the
+  logits processors, picks the token (argmax, or ``multinomial`` from torchjax's RNG),
+  writes it and updates the flags, all in place (written back, buffers donated);
+- the prompt runs through transformers' own ``_prefill`` (the compiled prefill of
+  Note [Compiled generation with a static cache]), and its first token through the same
+  selection code as a second program;
+- the host reads the finish length every ``check_every`` tokens (default 16), not each
+  token: a batch that finishes early runs up to ``check_every - 1`` steps more, whose
+  tokens are cut off, so the result equals transformers' (which stops right after the
+  step where the last sequence finished). Those steps write cache positions past the
+  result: the cache is never returned here (``return_dict_in_generate`` falls back).
+
+What runs here, and what falls back to transformers' loop unchanged: the processors in
+``_PROCESSORS`` (temperature, top-k, top-p, min-p, repetition penalty, min length, min
+new tokens), the stopping criteria max length and EOS, model inputs among
+``_MODEL_KWARGS``; anything else (another processor or criterion, a streamer,
+``return_dict_in_generate``, ``inputs_embeds``, token type ids, an encoder-decoder model,
+beams, assisted decoding) runs transformers' own loop, where the forward is still
+compiled. The processors run inside the trace as transformers wrote them, with the
+buffer as ``input_ids``: positions not written yet hold the vocabulary size, which the
+only processor that reads ``input_ids`` (repetition penalty) clamps and drops; the two
+length processors read a length from ``input_ids.shape``, so their rule runs here with
+the traced position instead. Processors and criteria are part of the program's key by
+their settings, so a new ``generate`` call with the same settings reuses the programs.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from torchjax.integrations.transformers._cache_state import (
+    _python_state,
+    _replay,
+    _static_cache,
+    cache_room,
+)
+
+# Model inputs the decode step builds itself; others pass through when they are plain
+# values (``logits_to_keep``), constants of the program and part of its key.
+_MODEL_KWARGS = frozenset({"attention_mask", "position_ids", "cache", "use_cache"})
+_PLAIN = (type(None), bool, int, float, str)
+CHECK_EVERY = 16
+_LOCAL = threading.local()  # the processor objects of the call being traced
+
+
+def _processor_types():
+    from transformers.generation import logits_process as lp
+
+    return {
+        lp.TemperatureLogitsWarper,
+        lp.TopKLogitsWarper,
+        lp.TopPLogitsWarper,
+        lp.MinPLogitsWarper,
+        lp.RepetitionPenaltyLogitsProcessor,
+        lp.MinLengthLogitsProcessor,
+        lp.MinNewTokensLengthLogitsProcessor,
+    }
+
+
+def _setting(value):
+    """A hashable form of one processor attribute (tensors by their values, once per call)."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.reshape(-1).tolist()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_setting(v) for v in value)
+    return value
+
+
+def _spec(processors) -> tuple:
+    return tuple(
+        (type(p), tuple(sorted((k, _setting(v)) for k, v in vars(p).items()))) for p in processors
+    )
+
+
+def _length_rules(processors) -> tuple:
+    """Per processor: None (it runs as written) or, for the two length processors,
+    (start, least, eos ids): EOS is barred while ``pos - start < least``."""
+    from transformers.generation import logits_process as lp
+
+    rules = []
+    for p in processors:
+        if isinstance(p, lp.MinLengthLogitsProcessor):
+            rules.append((0, p.min_length, tuple(p.eos_token_id.reshape(-1).tolist())))
+        elif isinstance(p, lp.MinNewTokensLengthLogitsProcessor):
+            ids = tuple(p.eos_token_id.reshape(-1).tolist())
+            rules.append((p.prompt_length_to_skip, p.min_new_tokens, ids))
+        else:
+            rules.append(None)
+    return tuple(rules)
+
+
+def fallback_reason(model, input_ids, processors, criteria, config, model_kwargs) -> str | None:
+    """Why this call must run transformers' own loop, or None when it runs here."""
+    from transformers.generation import stopping_criteria as sc
+    from transformers.generation.configuration_utils import GenerationMode
+
+    mode = config.get_generation_mode()
+    if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
+        return f"generation mode {mode.value}"
+    if model.config.is_encoder_decoder:
+        return "an encoder-decoder model"
+    if config.return_dict_in_generate:
+        return "return_dict_in_generate"
+    extra = {
+        k for k, v in model_kwargs.items() if not isinstance(v, _PLAIN) and k not in _MODEL_KWARGS
+    }
+    if extra:
+        return f"model inputs {sorted(extra)}"
+    if not model_kwargs.get("use_cache", True) or _static_cache(model_kwargs) is None:
+        return "no static cache"
+    cache = model_kwargs["cache"]
+    if any(getattr(cache, "is_linear", ()) or ()):
+        return "a cache with linear-attention layers"
+    allowed = _processor_types()
+    for p in processors:
+        if type(p) not in allowed:
+            return f"logits processor {type(p).__name__}"
+    for c in criteria:
+        if type(c) not in (sc.MaxLengthCriteria, sc.EosTokenCriteria):
+            return f"stopping criterion {type(c).__name__}"
+    lengths = [c.max_length for c in criteria if type(c) is sc.MaxLengthCriteria]
+    if not lengths or input_ids.shape[-1] >= min(lengths):
+        return "no max length, or a prompt that reaches it"
+    room = cache_room(cache)
+    # generate sizes the cache max_length - 1: the last token is never fed back.
+    if room is None or room < min(lengths) - 1 or any(getattr(cache, "is_sliding", ()) or ()):
+        # (too short: the compiled forward's own check raises IndexError at the step)
+        return "a static cache shorter than max_length, or with sliding layers"
+    return None
+
+
+def device_sample(
+    self,
+    input_ids,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus=False,
+    streamer=None,
+    **model_kwargs,
+):
+    """generate's decoding method for models under ``compile_generate`` (see the Note):
+    greedy / sampled decoding with each token one program, else transformers' own."""
+    from transformers.generation import stopping_criteria as sc
+    from transformers.generation.utils import GENERATION_MODES_MAPPING
+
+    why = None if streamer is None and not synced_gpus else "a streamer or synced_gpus"
+    why = why or fallback_reason(
+        self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs
+    )
+    if why is not None:
+        mode = generation_config.get_generation_mode()
+        method = getattr(type(self), GENERATION_MODES_MAPPING[mode])
+        extra = {"streamer": streamer} if streamer is not None else {}
+        return method(
+            self,
+            input_ids,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            generation_config=generation_config,
+            synced_gpus=synced_gpus,
+            **extra,
+            **model_kwargs,
+        )
+
+    wrapper = vars(self)["forward"]
+    batch, prompt = input_ids.shape
+    max_length = min(c.max_length for c in stopping_criteria if type(c) is sc.MaxLengthCriteria)
+    eos = [c for c in stopping_criteria if type(c) is sc.EosTokenCriteria]
+    eos_ids = tuple(sorted({i for c in eos for i in c.eos_token_id.reshape(-1).tolist()}))
+    pad = generation_config._pad_token_tensor
+    settings = (
+        _spec(logits_processor),
+        _length_rules(logits_processor),
+        eos_ids,
+        None if pad is None or not eos_ids else int(pad),
+        bool(generation_config.do_sample),
+        tuple(sorted((k, v) for k, v in model_kwargs.items() if k not in _MODEL_KWARGS)),
+    )
+
+    outputs = self._prefill(input_ids, generation_config, model_kwargs)
+    model_kwargs = self._update_model_kwargs_for_generation(outputs, model_kwargs)
+    cache = model_kwargs["cache"]
+    logits = outputs.logits[:, -1].to(torch.float32)
+    vocab = logits.shape[-1]
+    del outputs
+
+    # The buffer spans the whole cache and one token more (the last one is never fed
+    # back), the mask the cache: calls of another max_length that reuse the cache (Note
+    # [Compiled generation with a static cache]) reuse the programs.
+    device, room = input_ids.device, cache_room(cache)
+    size = room + 1
+    tokens = torch.full((batch, size), vocab, dtype=input_ids.dtype, device=device)
+    tokens[:, :prompt] = input_ids
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None:
+        ones = mask.new_ones((batch, room - mask.shape[1]))
+        mask = torch.cat([mask, ones], dim=-1)
+    positions = model_kwargs.get("position_ids")
+    positions = None if positions is None else positions[..., -1:].clone()
+    pos = torch.tensor(prompt, dtype=torch.long, device=device)
+    unfinished = torch.ones(batch, dtype=torch.long, device=device)
+    done_at = torch.tensor(size, dtype=torch.long, device=device)  # size: not yet
+
+    step = wrapper.decode_step
+    _LOCAL.processors = logits_processor
+    try:
+        state = (tokens, mask, pos, positions, unfinished, done_at)
+        step(*state, cache, logits, settings=settings, _torchjax_guard=None)
+        length = prompt + 1
+        while length < max_length:
+            guard = _python_state(cache)
+            step(*state, cache, None, settings=settings, _torchjax_guard=guard)
+            _replay(cache, wrapper.after[("decode", guard)])
+            length += 1
+            if (length - prompt) % CHECK_EVERY == 0 and int(done_at) < size:
+                break
+    finally:
+        _LOCAL.processors = None
+    return tokens[:, : min(int(done_at), length)].clone()
+
+
+def decode_step(
+    self,
+    tokens,
+    mask,
+    pos,
+    positions,
+    unfinished,
+    done_at,
+    cache,
+    logits,
+    *,
+    settings,
+    _torchjax_guard,
+):
+    """What ``torchjax.jit`` traces: (with ``logits`` None) the forward of the token before
+    ``pos`` over the cache, then the choice of the token at ``pos``; in place."""
+    wrapper = vars(self)["forward"]
+    if logits is None:
+        last = tokens.gather(1, (pos - 1).reshape(1, 1).expand(tokens.shape[0], 1))
+        inputs = self.prepare_inputs_for_generation(
+            last,
+            cache=cache,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **dict(settings[-1]),
+        )
+        out = wrapper.eager(**inputs, return_dict=True)
+        logits = out.logits[:, -1].to(torch.float32)
+        if positions is not None:
+            positions.add_(1)
+        wrapper.after[("decode", _torchjax_guard)] = _python_state(cache, values=True)
+    _choose(settings, tokens, pos, logits, unfinished, done_at)
+
+
+def _choose(settings, tokens, pos, logits, unfinished, done_at) -> None:
+    """Processors, token choice, write at ``pos``, flags: transformers' ``_sample`` body."""
+    _, rules, eos_ids, pad, do_sample, _ = settings
+    scores = logits
+    vocab = scores.shape[-1]
+    for p, rule in zip(_LOCAL.processors, rules):
+        if rule is None:
+            scores = p(tokens, scores)
+            continue
+        start, least, ids = rule  # a length rule: no EOS while pos - start < least
+        is_eos = torch.isin(
+            torch.arange(vocab, device=scores.device), torch.tensor(ids, device=scores.device)
+        )
+        scores = torch.where(((pos - start) < least) & is_eos, -float("inf"), scores)
+    if do_sample:
+        probs = torch.nn.functional.softmax(scores, dim=-1)
+        chosen = torch.multinomial(probs, num_samples=1).squeeze(1)
+    else:
+        chosen = torch.argmax(scores, dim=-1)
+    chosen = chosen.to(tokens.dtype)
+    if pad is not None:
+        chosen = chosen * unfinished + pad * (1 - unfinished)
+    tokens.index_copy_(1, pos.reshape(1), chosen[:, None])
+    if eos_ids:
+        hit = torch.isin(chosen, torch.tensor(eos_ids, device=chosen.device))
+        unfinished.mul_((~hit).to(unfinished.dtype))
+    first = (unfinished.max() == 0) & (done_at == tokens.shape[1])
+    done_at.copy_(torch.where(first, pos + 1, done_at))
+    pos.add_(1)
