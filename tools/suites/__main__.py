@@ -21,7 +21,9 @@ def _parse(argv):
     p.add_argument("--folder", type=Path, help="test files laid out as in the suite's repository")
     p.add_argument("--stub-missing", action="store_true", help="empty mixins for absent modules")
     p.add_argument("--cache", type=Path, default=REPO / ".suites-cache")
-    p.add_argument("--devices", default="cpu,tpu", help="which runs; \"\" re-reads the last runs' XML")
+    p.add_argument(
+        "--devices", default="cpu,tpu", help="which runs; \"\" re-reads the last runs' XML"
+    )
     p.add_argument("-k", dest="keyword", help="pytest -k expression")
     p.add_argument("--test-timeout", type=float, default=300, help="seconds per test")
     p.add_argument("--file-timeout", type=float, default=3600, help="seconds per file and device")
