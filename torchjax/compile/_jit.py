@@ -39,7 +39,7 @@ from torch.utils import _pytree as pytree
 
 from torchjax import _budget, _patches
 from torchjax._compat.jax import x64, x64_enter, x64_exit
-from torchjax.compile import _donate, _hyper, _state
+from torchjax.compile import _donate, _hyper, _repeat, _state
 from torchjax.compile._keys import value_key
 from torchjax.compile._swap import bound, trace_lock
 from torchjax.interop._jax_function import _VJP
@@ -138,6 +138,21 @@ class Jitted:
         if entry.vjp is not None and call.grad_mode:
             return entry.run_differentiable(call)
         return entry.run(call)
+
+    def repeat(self, times: int, *args, until=None, **kwargs) -> None:
+        """Run the function up to ``times`` times with these arguments as one program (a
+        ``lax.while_loop`` over its trace), stopping early once the 0-d tensor argument
+        ``until`` is nonzero. For steps that work in place: their writes to arguments and
+        state carry from one iteration to the next and are written back at the end;
+        outputs are dropped (Note [Repeating a traced step in one program] in
+        torchjax/compile/_repeat.py)."""
+        static_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in self.static_argnames}
+        flat, spec = _flatten(args, kwargs)
+        call = _Call(self, flat, spec, static_kwargs)
+        entry = self._entries.get(call.key)
+        if entry is None or not entry.alive():
+            entry = self._trace(call)
+        _repeat.run(entry, call, times, until)
 
     def _trace(self, call: _Call) -> _Entry:
         with trace_lock:

@@ -1,4 +1,4 @@
-"""Greedy and sampled decoding as device work: one compiled program per new token.
+"""Greedy and sampled decoding as device work: a compiled program per token, or one loop.
 
 Note [Decode steps as one program]
 transformers' ``_sample`` loop runs, around each compiled forward, a dozen small ops of
@@ -8,27 +8,36 @@ stopping criteria and a host read of "is any sequence unfinished". On "tpu" each
 eager op, and the ``cat``s compile a new program per length. ``compile_generate`` sends
 greedy and sampled generation of a decoder-only model with a static cache here instead
 (through generate's ``custom_generate`` hook), where every token is one ``torchjax.jit``
-program:
+program, or all of them one loop:
 
-- the tokens live in a buffer of the final length, preallocated on the device; the
-  attention mask is built once at that length (prompt mask, then ones: positions not
+- the tokens live in a buffer preallocated on the device, as long as the static cache
+  and one more (the last token is never fed back); the attention mask is built once at
+  the cache's length (prompt mask, then ones: positions not
   written yet are after the query, so causal masking hides them as the growing mask
   did); the write position, the next position ids, the unfinished flags and the length
   at which every sequence had finished are 0-d or small tpu tensors. The step program
   reads the last token, runs the model's forward over the static cache, applies the
   logits processors, picks the token (argmax, or ``multinomial`` from torchjax's RNG),
-  writes it and updates the flags, all in place (written back, buffers donated);
+  writes it and updates the flags, all in place (written back);
 - the prompt runs through transformers' own ``_prefill`` (the compiled prefill of
   Note [Compiled generation with a static cache]), and its first token through the same
   selection code as a second program;
-- the host reads the finish length every ``check_every`` tokens (default 16), not each
-  token: a batch that finishes early runs up to ``check_every - 1`` steps more, whose
-  tokens are cut off, so the result equals transformers' (which stops right after the
-  step where the last sequence finished). Those steps write cache positions past the
-  result: the cache is never returned here (``return_dict_in_generate`` falls back).
+- the first decode step is one call of the step program; when it leaves the cache's
+  Python state as it found it (static layers: their positions are tensors), the other
+  steps run as one program, ``decode_step.repeat`` (Note [Repeating a traced step in one
+  program] in torchjax/compile/_repeat.py): a ``lax.while_loop`` that stops at the
+  maximum length or once every sequence has finished, then one host read of the length.
+  So a whole ``generate`` is four program calls whatever its length;
+- with ``compile_generate(model, loop=False)``, or a cache whose Python state moves per
+  token (guarded, so that would retrace per token), each token is one call of the step
+  program, and the host reads the finish length every ``CHECK_EVERY`` (16) tokens, not
+  each token: a batch that finishes early runs up to 15 steps more, whose tokens are cut
+  off, so the result equals transformers' (which stops right after the step where the
+  last sequence finished). Those steps write cache positions past the result: the
+  cache is never returned here (``return_dict_in_generate`` falls back).
 
-What runs here, and what falls back to transformers' loop unchanged: the processors in
-``_PROCESSORS`` (temperature, top-k, top-p, min-p, repetition penalty, min length, min
+What runs here, and what falls back to transformers' loop unchanged: the processors of
+``_processor_types`` (temperature, top-k, top-p, min-p, repetition penalty, min length, min
 new tokens), the stopping criteria max length and EOS, model inputs among
 ``_MODEL_KWARGS``; anything else (another processor or criterion, a streamer,
 ``return_dict_in_generate``, ``inputs_embeds``, token type ids, an encoder-decoder model,
@@ -222,16 +231,34 @@ def device_sample(
     done_at = torch.tensor(size, dtype=torch.long, device=device)  # size: not yet
 
     step = wrapper.decode_step
+    stopped = torch.zeros((), dtype=torch.long, device=device)
     _LOCAL.processors = logits_processor
     try:
-        state = (tokens, mask, pos, positions, unfinished, done_at)
+        state = (tokens, mask, pos, positions, unfinished, done_at, stopped)
         step(*state, cache, logits, settings=settings, _torchjax_guard=None)
         length = prompt + 1
+        loop = wrapper.loop
         while length < max_length:
             guard = _python_state(cache)
+            before = _python_state(cache, values=True) if loop else None
             step(*state, cache, None, settings=settings, _torchjax_guard=guard)
-            _replay(cache, wrapper.after[("decode", guard)])
+            after = wrapper.after[("decode", guard)]
+            _replay(cache, after)
             length += 1
+            if loop and after == before and length < max_length:
+                # Nothing in the cache's Python state moves per token: the other steps
+                # run as one program, up to the end or until every sequence finished.
+                step.repeat(
+                    max_length - length,
+                    *state,
+                    cache,
+                    None,
+                    settings=settings,
+                    _torchjax_guard=guard,
+                    until=stopped,
+                )
+                length = int(pos)
+                break
             if (length - prompt) % CHECK_EVERY == 0 and int(done_at) < size:
                 break
     finally:
@@ -247,6 +274,7 @@ def decode_step(
     positions,
     unfinished,
     done_at,
+    stopped,
     cache,
     logits,
     *,
@@ -271,10 +299,10 @@ def decode_step(
         if positions is not None:
             positions.add_(1)
         wrapper.after[("decode", _torchjax_guard)] = _python_state(cache, values=True)
-    _choose(settings, tokens, pos, logits, unfinished, done_at)
+    _choose(settings, tokens, pos, logits, unfinished, done_at, stopped)
 
 
-def _choose(settings, tokens, pos, logits, unfinished, done_at) -> None:
+def _choose(settings, tokens, pos, logits, unfinished, done_at, stopped) -> None:
     """Processors, token choice, write at ``pos``, flags: transformers' ``_sample`` body."""
     _, rules, eos_ids, pad, do_sample, _ = settings
     scores = logits
@@ -302,4 +330,5 @@ def _choose(settings, tokens, pos, logits, unfinished, done_at) -> None:
         unfinished.mul_((~hit).to(unfinished.dtype))
     first = (unfinished.max() == 0) & (done_at == tokens.shape[1])
     done_at.copy_(torch.where(first, pos + 1, done_at))
+    stopped.copy_((done_at != tokens.shape[1]).to(stopped.dtype))
     pos.add_(1)

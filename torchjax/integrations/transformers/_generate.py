@@ -98,7 +98,7 @@ from torchjax.integrations.transformers._cache_state import (
 )
 
 
-def compile_generate(model: torch.nn.Module, *, warn_after: int = 8) -> Jitted:
+def compile_generate(model: torch.nn.Module, *, warn_after: int = 8, loop: bool = True) -> Jitted:
     """Make ``model.generate(..., cache_implementation="static")`` run compiled.
 
     Args:
@@ -108,6 +108,9 @@ def compile_generate(model: torch.nn.Module, *, warn_after: int = 8) -> Jitted:
             replaced by instance attributes (deleting the four attributes undoes it).
         warn_after: passed to ``torchjax.jit`` (a ``RetraceWarning`` past this many
             traces).
+        loop: run the decode steps after the first as one program (a
+            ``lax.while_loop`` that stops when every sequence has finished); False runs
+            one program call per token (Note [Decode steps as one program]).
 
     Returns:
         The ``torchjax.Jitted`` running the forward: its ``trace_count`` and
@@ -167,6 +170,7 @@ def compile_generate(model: torch.nn.Module, *, warn_after: int = 8) -> Jitted:
     # Greedy and sampled decoding: one program per token (Note [Decode steps as one
     # program] in torchjax/integrations/transformers/_decode.py).
     forward.decode_step = jit(types.MethodType(_decode.decode_step, model), warn_after=warn_after)
+    forward.loop = loop
     model.forward = forward
     model.generate = _device_generate(model.generate)
     model.get_compiled_call = _get_compiled_call.__get__(model)

@@ -1,0 +1,61 @@
+"""torchjax.jit(...).repeat: a step that works in place, run many times as one program
+(torchjax/compile/_repeat.py)."""
+
+import pytest
+import torch
+
+import torchjax
+
+
+def test_repeat_carries_argument_and_state_writes():
+    acc = torch.zeros(3, device="tpu")  # state found in the closure
+
+    @torchjax.jit
+    def step(x, n):
+        x.mul_(2)
+        acc.add_(x)
+        n.add_(1)
+
+    x, n = torch.ones(3, device="tpu"), torch.zeros((), dtype=torch.long, device="tpu")
+    step.repeat(5, x, n)
+    assert torch.equal(x.cpu(), torch.full((3,), 32.0))
+    assert int(n) == 5
+    assert torch.equal(acc.cpu(), torch.full((3,), 2.0 + 4 + 8 + 16 + 32))
+    assert step.trace_count == 1
+    step.repeat(2, x, n)  # the same signature: no new trace
+    assert int(n) == 7 and step.trace_count == 1
+
+
+def test_repeat_stops_when_until_is_set():
+    @torchjax.jit
+    def step(x, stop):
+        x.add_(1)
+        stop.copy_(x.sum() >= 3)
+
+    x = torch.zeros(1, device="tpu")
+    stop = torch.zeros((), dtype=torch.bool, device="tpu")
+    step.repeat(10, x, stop, until=stop)
+    assert float(x) == 3.0 and bool(stop)
+    step.repeat(10, x, stop, until=stop)  # already set: no iteration
+    assert float(x) == 3.0
+    with pytest.raises(ValueError, match="until= must be a 0-d tensor passed as an argument"):
+        step.repeat(10, x, stop, until=torch.zeros((), device="tpu"))
+
+
+def test_repeat_draws_new_random_values_each_iteration_and_replays_under_seed():
+    @torchjax.jit
+    def step(buf, i):
+        buf.index_copy_(0, i.reshape(1), torch.rand(1, device="tpu"))
+        i.add_(1)
+
+    def draw():
+        buf = torch.zeros(6, device="tpu")
+        step.repeat(6, buf, torch.zeros((), dtype=torch.long, device="tpu"))
+        return buf.cpu()
+
+    torch.manual_seed(0)
+    first = draw()
+    assert len(set(first.tolist())) == 6 and bool(((first > 0) & (first < 1)).all())
+    torch.manual_seed(0)
+    assert torch.equal(draw(), first)
+    assert not torch.equal(draw(), first)

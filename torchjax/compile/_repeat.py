@@ -1,0 +1,102 @@
+"""``Jitted.repeat``: a traced function run many times as one program.
+
+Note [Repeating a traced step in one program]
+A step function that works by writing its tensor arguments and state in place (a decode
+step writing a token buffer, a position and a KV cache) is traced once by torchjax.jit as
+a pure function (state, key, arguments) -> (outputs, written state, written arguments).
+``repeat`` runs that function inside one ``lax.while_loop``: the carry is the loop count,
+the written state and the written arguments; everything the step only reads (parameters,
+a mask) is a loop invariant; iteration ``i`` draws its random ops from
+``fold_in(call key, i)``, so draws differ from step to step and ``torch.manual_seed``
+replays them. The loop stops after ``times`` iterations, or earlier once the 0-d tensor
+argument ``until`` (written by the step) is nonzero, checked before each iteration.
+Afterwards the written state and arguments are written back as after ``times`` calls.
+
+What it needs from the step, else it raises: no state created by the trace (lazily made
+optimizer state: run the step once first), no autograd through it (grad mode off), and
+``until`` one of the tensor arguments. Outputs of the step are dropped. Each (signature,
+``until``) is one more program, kept with the step's cache entry (and evicted with it).
+The Python code of the step runs only at trace time: anything it would do between
+iterations (a Python counter, a host read) happens once, as in any torchjax.jit call.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import jaxpr_as_fun
+
+from torchjax._compat.jax import x64_enter, x64_exit
+
+
+def run(entry, call, times: int, until) -> None:
+    """Run ``entry`` (a traced step of ``call``'s signature) up to ``times`` times in one
+    program, stopping early when the tensor argument ``until`` is nonzero."""
+    if entry.vjp is not None and call.grad_mode:
+        raise RuntimeError(
+            "torchjax.jit(...).repeat runs without autograd: call it under torch.no_grad()"
+        )
+    if entry.created:
+        raise RuntimeError(
+            "torchjax.jit(...).repeat: the step creates state when traced (e.g. an "
+            "optimizer's lazily made buffers); call it once normally before repeating it"
+        )
+    if until is None:
+        stop = None
+    else:
+        stop = next((k for k, t in enumerate(call.tensors) if t is until), None)
+        if stop is None or until.dim() != 0:
+            raise ValueError(
+                "torchjax.jit(...).repeat: until= must be a 0-d tensor passed as an "
+                f"argument of the step, got {type(until).__name__} of shape "
+                f"{tuple(getattr(until, 'shape', ()))}"
+            )
+    loops = entry.__dict__.setdefault("loops", {})
+    program = loops.get(stop)
+    if program is None:
+        program = loops[stop] = _program(entry, stop)
+    token = x64_enter()
+    try:
+        written, args_written = program(
+            call.state_arrays, entry.key(), call.arrays, call.hypers.values, times
+        )
+    finally:
+        x64_exit(token)
+    entry.write_back(call, [*written, *args_written])
+
+
+def _program(entry, stop):
+    fun = jaxpr_as_fun(entry.closed)
+    state_w, args_w, n_out = entry.written, entry.args_written, entry.n_out
+    n_written = len(state_w)
+
+    def loop(state, key, arrays, hypers, times):
+        def step(carry):
+            i, ws, wa = carry
+            st, ar = list(state), list(arrays)
+            for j, v in zip(state_w, ws):
+                st[j] = v
+            for j, v in zip(args_w, wa):
+                ar[j] = v
+            rest = fun(*st, jax.random.fold_in(key, i), *ar, *hypers)[n_out:]
+            return i + 1, tuple(rest[:n_written]), tuple(rest[n_written:])
+
+        def more(carry):
+            i, _, wa = carry
+            go = i < times
+            if stop is not None:
+                flag = wa[args_w.index(stop)] if stop in args_w else arrays[stop]
+                go = go & (flag == 0)
+            return go
+
+        start = (
+            jnp.int32(0),
+            tuple(state[j] for j in state_w),
+            tuple(arrays[j] for j in args_w),
+        )
+        _, ws, wa = jax.lax.while_loop(more, step, start)
+        return list(ws), list(wa)
+
+    # Nothing is donated: inside the loop XLA updates the carry in place, so the written
+    # state costs one copy per repeat() call, not per iteration.
+    return jax.jit(loop)
