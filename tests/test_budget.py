@@ -15,9 +15,9 @@ TPU = "tpu"
 
 @pytest.fixture
 def budget():
-    before = _budget.BUDGET.max_entries, _budget.BUDGET.max_bytes
+    before = _budget.BUDGET.max_entries, _budget.BUDGET.max_bytes, _budget.BUDGET.clear_jax
     yield
-    torchjax.set_cache_budget(entries=before[0], bytes=before[1])
+    torchjax.set_cache_budget(entries=before[0], bytes=before[1], clear_jax_caches=before[2])
 
 
 def _chain(x):
@@ -126,16 +126,41 @@ print(json.dumps({"marks": marks, "executables": torchjax.stats()["executables"]
 
 def test_resident_memory_after_60_shapes_stays_near_10():
     # Before the budget: +16 MB per shape, never freed (+0.8 GB over these 50 shapes).
-    # Bound: jax's own staging caches keep ~0.1 MB per shape (Note [Executable cache
-    # budget]), so 50 more shapes may add at most 64 MB.
+    # Bound: jax's own staging caches, cleared at each turnover of the budget (Note
+    # [Executable cache budget]); measured +6 MB.
     import json
 
     out = run_python(_RSS_CHILD)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     marks, ex = res["marks"], res["executables"]
-    assert ex["entries"] <= 16 and ex["evictions"] > 100
-    assert marks["60"] - marks["10"] <= 64, marks
+    assert ex["entries"] <= 16 and ex["evictions"] > 100 and ex["jax_cache_clears"] >= 1
+    assert marks["60"] - marks["10"] <= 32, marks
+
+
+def test_each_turnover_clears_jax_staging_caches_unless_turned_off(budget):
+    # jax's trace_to_jaxpr cache has no bound: without the clears it holds a traced
+    # jaxpr per library function and shape for good (Note [Executable cache budget]).
+    from jax._src.interpreters import partial_eval as pe
+
+    def new_shapes(first, count):
+        for n in range(first, first + count):
+            x = torch.randn(n, 5)
+            got = ((x.to(TPU) * 2 + 1).tanh() - x.to(TPU)).sum()
+            torch.testing.assert_close(got.cpu(), ((x * 2 + 1).tanh() - x).sum())
+
+    torchjax.set_cache_budget(entries=64, clear_jax_caches=True)
+    torchjax.reset_stats()
+    new_shapes(3, 40)
+    ex = torchjax.stats()["executables"]
+    assert ex["evictions"] >= 64 and ex["jax_cache_clears"] == ex["evictions"] // 64
+    assert pe.trace_to_jaxpr.cache_info().currsize < 64 * 4
+    with pytest.raises(ValueError, match="clear_jax_caches must be a bool"):
+        torchjax.set_cache_budget(clear_jax_caches=1)
+    torchjax.set_cache_budget(clear_jax_caches=False)
+    clears = torchjax.stats()["executables"]["jax_cache_clears"]
+    new_shapes(50, 40)
+    assert torchjax.stats()["executables"]["jax_cache_clears"] == clears
 
 
 def test_a_byte_budget_measures_each_new_executable(budget):

@@ -30,14 +30,26 @@ torchjax keeps registers its entries here, and one budget bounds them all:
   budget is set (a lower-and-compile cache hit, about 2 ms per new entry).
   ``torchjax.set_cache_budget(entries=..., bytes=...)`` changes both at run time and
   evicts at once down to them.
-- what stays outside the budget: jax's own bounded caches (2048-4096 entries each, of
-  small staging records keyed on jax's library functions: about 0.15 MB per shape of a
-  small program, capped by jax's sizes) and jax's op-by-op primitive executables (ops
-  torchjax runs op by op, such as random draws: one per primitive and shape, up to
-  jax's limit). ``jax.clear_caches()`` clears those.
+- what stays outside the budget: jax's own staging caches, keyed on jax's library
+  functions (the ``jnp``/``lax`` functions every lowering calls) and on abstract shapes:
+  traced jaxprs, lowerings, sharding records. Most are bounded (2048-4096 entries each),
+  one (``trace_to_jaxpr``) is not, and for a tiny Llama forward they grew 3.3 MB per new
+  sequence length, without end (+729 MB after 200 lengths under a budget of 64 entries;
+  unjitted ``jnp`` +4.3 GB). So each turnover of the budget (as many evictions as it holds
+  entries, 64 at least) also clears those caches (``clear_staging_caches`` in
+  torchjax/_compat/jax.py: ``jax._src.util.clear_all_caches``). It leaves every jitted
+  function's C++ executable cache alone, so a repeated call still finds its executable;
+  the next trace of a new shape re-traces jax's library functions (microseconds each).
+  A workload whose shapes repeat never evicts and never clears. It is a process-wide
+  action on jax, also felt by the user's own JAX code (a new trace there re-traces the
+  library functions too): ``TORCHJAX_CLEAR_JAX_CACHES=0`` or
+  ``set_cache_budget(clear_jax_caches=False)`` turns it off. Counted in
+  ``jax_cache_clears``. jax's op-by-op primitive executables (ops torchjax runs op by op)
+  are cleared by ``jax.clear_caches()`` only.
 
 Counters (``torchjax.stats()["executables"]``): ``entries`` held, ``bytes`` measured,
-``evictions`` since the last reset, ``budget_entries``, ``budget_bytes``.
+``evictions`` and ``jax_cache_clears`` since the last reset, ``budget_entries``,
+``budget_bytes``.
 
 Thread safety: the order is changed under one lock; owners' callbacks run after it is
 released (an owner may hold its own lock while it admits, never while it is evicted).
@@ -50,7 +62,12 @@ import os
 import threading
 from collections import OrderedDict
 
+from torchjax._compat import jax as _compat_jax
+
 _DEFAULT_ENTRIES = 1024
+# jax's staging caches are cleared after this many evictions at least (a budget smaller
+# than this would otherwise clear them every few calls).
+_TURNOVER = 64
 
 
 def _env_int(name: str, default):
@@ -74,8 +91,11 @@ class _Budget:
         self.order: OrderedDict = OrderedDict()  # token -> (evict callback, bytes)
         self.max_entries = _env_int("TORCHJAX_CACHE_ENTRIES", _DEFAULT_ENTRIES)
         self.max_bytes = _env_int("TORCHJAX_CACHE_BYTES", None)
+        self.clear_jax = os.environ.get("TORCHJAX_CLEAR_JAX_CACHES", "1") != "0"
         self.bytes = 0
         self.evictions = 0
+        self.since_clear = 0  # evictions since jax's staging caches were last cleared
+        self.jax_clears = 0
         self.lock = threading.Lock()
 
     def admit(self, token, evict, nbytes: int = 0) -> None:
@@ -119,6 +139,11 @@ class _Budget:
             self.bytes -= nbytes
             self.evictions += 1
             victims.append(evict)
+        self.since_clear += len(victims)
+        if self.clear_jax and victims and self.since_clear >= max(self.max_entries, _TURNOVER):
+            self.since_clear = 0
+            self.jax_clears += 1
+            victims.append(_compat_jax.clear_staging_caches)
         return victims
 
     def set(self, entries, nbytes) -> None:
@@ -176,7 +201,11 @@ def code_bytes(jitted, args) -> int:
 _UNCHANGED = object()
 
 
-def set_cache_budget(entries=_UNCHANGED, bytes=_UNCHANGED) -> None:  # noqa: A002
+def set_cache_budget(
+    entries=_UNCHANGED,
+    bytes=_UNCHANGED,  # noqa: A002
+    clear_jax_caches=_UNCHANGED,
+) -> None:
     """Set the process-wide budget of cached executables (Note [Executable cache
     budget] in torchjax/_budget.py) and evict down to it now.
 
@@ -188,6 +217,10 @@ def set_cache_budget(entries=_UNCHANGED, bytes=_UNCHANGED) -> None:  # noqa: A00
         bytes: a bound on the bytes of generated code of those programs, as the
             backend reports them (XLA:CPU reports none); None removes the bound.
             Omitted: unchanged.
+        clear_jax_caches: whether each turnover of the budget (as many evictions as it
+            holds entries, 64 at least) also clears jax's own staging caches, which
+            otherwise hold the traced programs of every shape seen (default True;
+            ``TORCHJAX_CLEAR_JAX_CACHES=0`` turns it off). Omitted: unchanged.
     """
     if entries is _UNCHANGED:
         entries = BUDGET.max_entries
@@ -200,12 +233,19 @@ def set_cache_budget(entries=_UNCHANGED, bytes=_UNCHANGED) -> None:  # noqa: A00
             raise ValueError(
                 f"torchjax.set_cache_budget: {name} must be a non-negative int or None, got {v!r}"
             )
+    if clear_jax_caches is not _UNCHANGED:
+        if not isinstance(clear_jax_caches, bool):
+            raise ValueError(
+                "torchjax.set_cache_budget: clear_jax_caches must be a bool, got "
+                f"{clear_jax_caches!r}"
+            )
+        BUDGET.clear_jax = clear_jax_caches
     BUDGET.set(entries, bytes)
 
 
 def cache_budget() -> dict:
     """The budget and what it holds: ``{"entries", "bytes", "evictions",
-    "budget_entries", "budget_bytes"}``."""
+    "budget_entries", "budget_bytes", "jax_cache_clears"}``."""
     b = BUDGET
     return {
         "entries": len(b.order),
@@ -213,8 +253,10 @@ def cache_budget() -> dict:
         "evictions": b.evictions,
         "budget_entries": b.max_entries,
         "budget_bytes": b.max_bytes,
+        "jax_cache_clears": b.jax_clears,
     }
 
 
 def reset_counters() -> None:
     BUDGET.evictions = 0
+    BUDGET.jax_clears = 0

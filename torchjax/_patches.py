@@ -145,6 +145,12 @@ and the tpu loader in ``torch.serialization``'s package registry (device/_serial
 Note [Loading checkpoints onto tpu]), kept because without it ``torch.load`` onto "tpu"
 reaches torch's PrivateUse1 path, which crashes the process on a backend with no
 allocator; it answers tpu locations only.
+Not a patch, but felt outside torchjax: when torchjax's executable cache budget turns
+over (as many evictions as it holds entries), jax's Python-side staging caches are
+cleared (_budget.py through _compat/jax.py; jax 0.10), since one of them has no bound
+(Note [Executable cache budget]); the user's jitted functions keep their executables.
+``TORCHJAX_CLEAR_JAX_CACHES=0`` or ``set_cache_budget(clear_jax_caches=False)`` turns it
+off.
 They change nothing for tensors on other devices; tpu tensors keep working after
 ``uninstall()``, with torch's own behaviour for the entries above (e.g. ``to_dlpack`` of a
 tpu tensor is torch's, invalid, capsule again).

@@ -165,6 +165,21 @@ def test_dataloader_worker_iter_is_the_class_that_starts_workers():
         it._shutdown_workers()
 
 
+def test_clear_staging_caches_empties_trace_to_jaxpr_and_keeps_jit_executables():
+    import jax
+    import jax.numpy as jnp
+    from jax._src.interpreters import partial_eval as pe
+
+    from torchjax._compat import jax as cj
+
+    f = jax.jit(lambda x: jnp.sin(x) * 2)
+    f(jnp.ones(3))
+    assert pe.trace_to_jaxpr.cache_info().currsize > 0
+    cj.clear_staging_caches()
+    assert pe.trace_to_jaxpr.cache_info().currsize == 0
+    assert f._cache_size() == 1  # the C++ executable cache is left alone
+
+
 def test_reset_persistent_cache_makes_a_new_directory_take_effect(tmp_path):
     import jax
     import jax.numpy as jnp

@@ -48,3 +48,15 @@ def reset_persistent_cache() -> None:
     from jax.experimental.compilation_cache import compilation_cache
 
     compilation_cache.reset_cache()
+
+
+def clear_staging_caches() -> None:
+    """Clear jax's Python-side staging caches (``jax._src.util.clear_all_caches``:
+    every ``lu.cache``, ``util.cache`` and ``weakref_lru_cache``: traced jaxprs,
+    lowerings, the Python path's compiled executables), and nothing else:
+    ``jax.clear_caches()`` also empties every jitted function's C++ executable cache,
+    which would make each of them compile again. Private API (jax._src.util), used by
+    the cache budget (Note [Executable cache budget] in torchjax/_budget.py)."""
+    from jax._src import util
+
+    util.clear_all_caches()
