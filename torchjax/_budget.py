@@ -44,8 +44,8 @@ torchjax keeps registers its entries here, and one budget bounds them all:
   action on jax, also felt by the user's own JAX code (a new trace there re-traces the
   library functions too): ``TORCHJAX_CLEAR_JAX_CACHES=0`` or
   ``set_cache_budget(clear_jax_caches=False)`` turns it off. Counted in
-  ``jax_cache_clears``. jax's op-by-op primitive executables (ops torchjax runs op by op)
-  are cleared by ``jax.clear_caches()`` only.
+  ``jax_cache_clears``. jax's op-by-op primitive executables (ops torchjax runs op by op:
+  one per primitive and shape, bounded at 4096) are among those caches and go too.
 
 Counters (``torchjax.stats()["executables"]``): ``entries`` held, ``bytes`` measured,
 ``evictions`` and ``jax_cache_clears`` since the last reset, ``budget_entries``,

@@ -235,9 +235,26 @@ def _check_tp_load(kind: str, new_tokens: int):
 
 @case
 def tp_llama_load_logits_generate():
+    from torchjax.integrations.transformers import compile_generate
+
     model = _check_tp_load("llama", new_tokens=3)
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied stays tied
     assert ts.sharding_of(model.model.embed_tokens.weight).spec == P("tp", None)
+    # compile_generate on the TP=4 model: the prefill, then the decode program and its
+    # loop (Note [Decode steps as one program]) over sharded weights, = CPU.
+    _, ref, prompt = _tiny("llama")
+    want = ref.generate(prompt, max_new_tokens=6, do_sample=False)
+    with torchjax.mesh((2, 4), ("dp", "tp")):
+        compile_generate(model)
+        with torch.no_grad():
+            got = model.generate(
+                ts.shard(prompt, P()),
+                max_new_tokens=6,
+                do_sample=False,
+                cache_implementation="static",
+            )
+    assert got.cpu().tolist() == want.tolist(), (got.cpu(), want)
+    assert model.forward.decode_step.trace_count == 2
 
 
 @case
