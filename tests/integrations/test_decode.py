@@ -16,21 +16,10 @@ import transformers  # noqa: E402
 
 import torchjax  # noqa: E402
 from examples import tiny_llama_generate as tl  # noqa: E402
+from tests.integrations.tiny_models import generate  # noqa: E402
 from torchjax.integrations.transformers import compile_generate  # noqa: E402
 
 STATIC = dict(cache_implementation="static", pad_token_id=0)
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_llama_decode")
-    tl.save_tiny_llama(str(path))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def cpu(llama_dir):
-    return transformers.AutoModelForCausalLM.from_pretrained(llama_dir).eval()
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +30,7 @@ def compiled(llama_dir):
 
 
 def _generate(model, batch=None, **kwargs):
-    batch = tl.prompts() if batch is None else batch
-    if model.device.type == "tpu":
-        batch = {k: v.to("tpu") for k, v in batch.items()}
-    with torch.no_grad():
-        return model.generate(**batch, **kwargs).cpu()
+    return generate(model, tl.prompts() if batch is None else batch, **kwargs)
 
 
 def _new(tokens):

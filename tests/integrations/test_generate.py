@@ -14,6 +14,7 @@ import transformers  # noqa: E402
 
 import torchjax  # noqa: E402
 from examples import tiny_llama_generate as tl  # noqa: E402
+from tests.integrations.tiny_models import generate  # noqa: E402
 from torchjax.integrations.transformers import compile_generate  # noqa: E402
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
@@ -25,28 +26,12 @@ STATIC_EAGER = dict(cache_implementation="static", disable_compile=True)
 
 
 @pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_llama_generate")
-    tl.save_tiny_llama(str(path))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def cpu(llama_dir):
-    return transformers.AutoModelForCausalLM.from_pretrained(llama_dir).eval()
-
-
-@pytest.fixture(scope="module")
 def tpu(llama_dir):
     return transformers.AutoModelForCausalLM.from_pretrained(llama_dir, device_map="tpu").eval()
 
 
 def _generate(model, batch=None, **kwargs):
-    batch = tl.prompts() if batch is None else batch
-    if model.device.type == "tpu":
-        batch = {k: v.to("tpu") for k, v in batch.items()}
-    with torch.no_grad():
-        return model.generate(**batch, **kwargs).cpu()
+    return generate(model, tl.prompts() if batch is None else batch, **kwargs)
 
 
 def test_sampling_seeded_is_reproducible(tpu):
@@ -160,3 +145,9 @@ def test_bfloat16_load_logits_and_greedy_tokens(llama_dir):
     # One new token (the prefill's argmax): bfloat16 runs op by op, each new shape costs.
     kwargs = dict(GREEDY, max_new_tokens=1)
     assert torch.equal(_generate(tpu16, **kwargs, **STATIC_EAGER), _generate(cpu16, **kwargs))
+    # Compiled: the decode program and its loop in bfloat16, 12 tokens as on CPU (the
+    # tiny model's argmaxes are decisive enough for bfloat16's rounding here).
+    compile_generate(tpu16)
+    kwargs = dict(GREEDY, max_new_tokens=12, cache_implementation="static")
+    assert torch.equal(_generate(tpu16, **kwargs), _generate(cpu16, **kwargs))
+    assert tpu16.forward.decode_step.trace_count == 2

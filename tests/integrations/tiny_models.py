@@ -68,6 +68,15 @@ ARCHITECTURES = {
 }
 
 
+def generate(model, batch: dict, **kwargs) -> torch.Tensor:
+    """``model.generate(**batch, **kwargs)`` without grad, the batch moved to a tpu model's
+    device first; the tokens on CPU."""
+    if model.device.type == "tpu":
+        batch = {k: v.to("tpu") for k, v in batch.items()}
+    with torch.no_grad():
+        return model.generate(**batch, **kwargs).cpu()
+
+
 def save_tiny(name: str, path: str, seed: int = 0) -> None:
     """Build architecture ``name`` with seeded weights and ``save_pretrained`` it."""
     auto, config, _ = ARCHITECTURES[name]
