@@ -1,10 +1,12 @@
-"""Greedy decode tokens/s of the tiny Llama in eager: torchjax vs torch CPU vs torchax.
+"""Greedy decode tokens/s of the tiny Llama in eager: torchjax vs torch CPU vs torchax;
+then compiled generation against the same model written in JAX (bench/generate.py).
 
 ``model.generate(max_new_tokens=NEW_TOKENS, do_sample=False)`` from an 8-token prompt,
 batch 1, KV cache on; tokens/s = NEW_TOKENS / median wall time of ``RUNS`` generations
 (after one warm-up generation, which compiles torchjax's per-op executables).
 
-Run:  python bench/decode.py
+Run:  python bench/decode.py            (eager row, then bench/generate.py's table)
+      python bench/decode.py --quick    (eager row, then generate's float32 batch-1 row)
 """
 
 from __future__ import annotations
@@ -104,8 +106,13 @@ def report(r) -> str:
 
 
 def main() -> None:
+    from bench import generate
+
+    quick = "--quick" in sys.argv[1:]
     print(header("eager decode"))
     print(report(run()))
+    cases = [("float32", 1)] if quick else generate.CASES
+    print("\n" + generate.report([(c, generate.run_one(*c, eager=not quick)) for c in cases]))
 
 
 if __name__ == "__main__":

@@ -124,6 +124,7 @@ else:
 print(json.dumps(out))
 """
 
+CASES = [(d, b) for d in ("float32", "bfloat16") for b in (1, 8)]
 COLUMNS = (
     "pure JAX, one jit",
     "JAX step + Python loop",

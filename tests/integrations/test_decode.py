@@ -118,10 +118,17 @@ def test_other_calls_run_transformers_loop(cpu, compiled):
     calls = step.trace_count + step.cache_hits
     streamer = transformers.generation.streamers.BaseStreamer()
     streamer.put = streamer.end = lambda *a: None
-    for kwargs in (dict(no_repeat_ngram_size=2), dict(streamer=streamer)):
+    for kwargs, why in (
+        (dict(no_repeat_ngram_size=2), "logits processor NoRepeatNGramLogitsProcessor"),
+        (dict(streamer=streamer), None),  # generate runs as written: no custom_generate
+        (dict(num_beams=2), "generation mode beam_search"),
+    ):
+        compiled.forward.last_fallback = "not reached"
         assert torch.equal(_generate(compiled, **base, **kwargs), _generate(cpu, **base, **kwargs))
+        assert compiled.forward.last_fallback == (why or "not reached"), kwargs
     batch = {k: v.to("tpu") for k, v in tl.prompts().items()}
     with torch.no_grad():
         out = compiled.generate(**batch, **base, return_dict_in_generate=True)
     assert torch.equal(out.sequences.cpu(), _generate(cpu, **base))
+    assert compiled.forward.last_fallback == "return_dict_in_generate"
     assert step.trace_count + step.cache_hits == calls  # none reached the decode program

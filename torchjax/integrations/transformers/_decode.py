@@ -176,6 +176,7 @@ def device_sample(
     why = why or fallback_reason(
         self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs
     )
+    vars(self)["forward"].last_fallback = why
     if why is not None:
         mode = generation_config.get_generation_mode()
         method = getattr(type(self), GENERATION_MODES_MAPPING[mode])

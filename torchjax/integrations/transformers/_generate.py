@@ -171,6 +171,7 @@ def compile_generate(model: torch.nn.Module, *, warn_after: int = 8, loop: bool 
     # program] in torchjax/integrations/transformers/_decode.py).
     forward.decode_step = jit(types.MethodType(_decode.decode_step, model), warn_after=warn_after)
     forward.loop = loop
+    forward.last_fallback = None  # why the last generate ran transformers' loop, if it did
     model.forward = forward
     model.generate = _device_generate(model.generate)
     model.get_compiled_call = _get_compiled_call.__get__(model)
