@@ -170,7 +170,7 @@ def main() -> None:
     print("|---|---|" + "---:|" * len(all_marks))
     for workload, backend, got in rows:
         cells = " | ".join(
-            f"+{got[m][0]:.0f} ({got[m][1]:.1f})" if m in got else "-" for m in all_marks
+            f"{got[m][0]:+.0f} ({got[m][1]:.1f})" if m in got else "-" for m in all_marks
         )
         print(f"| {workload} | {backend} | {cells} |")
     print(f"\nPeak host memory above the start, as a multiple of {size} MiB (target <= 1.1x):")
