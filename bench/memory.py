@@ -1,7 +1,7 @@
 """Host memory: growth over many input shapes, and the peak of new and copied tensors.
 
-Run:  python bench/memory.py            (quick, the default: 3-6 minutes on 2 busy cores)
-      python bench/memory.py --full     (1 GiB transfers, 200 Llama lengths: long)
+Run:  python bench/memory.py            (quick, the default: about 5-10 minutes on 2 cores)
+      python bench/memory.py --full     (1 GiB transfers, 200 Llama lengths: about 18 min)
 
 Each measurement runs in a child process of its own. Resident memory (VmRSS, after
 ``gc.collect()`` and ``malloc_trim``) is taken after the first shape and at each mark;

@@ -105,8 +105,11 @@ def test_moving_off_tpu_keeps_tied_weights_and_optimizer_references(move):
     ref(ids).square().sum().backward()
     ref.to(m.embed.weight.dtype)  # gradients too: the step runs in the moved dtype
     ref_opt.step()
-    # float32 gradients from two backends: float32's tolerance, whatever the moved dtype.
-    torch.testing.assert_close(m(ids), ref(ids), rtol=1.3e-6, atol=1e-5)
+    # float32 gradients from two backends differ in the last bit (measured 1.1e-7
+    # relative), and the step (lr 0.5, gradients up to 85) moves the weights by ~40x
+    # their size, so the outputs (up to ~400) carry a few float32 ulps: 1.5e-6 relative
+    # was seen on one machine against float32's default 1.3e-6. Whatever the moved dtype.
+    torch.testing.assert_close(m(ids), ref(ids), rtol=1e-5, atol=1e-5)
     assert len(list(m.parameters())) == len(list(ref.parameters())) == 3
 
 
