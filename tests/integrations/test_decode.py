@@ -126,6 +126,13 @@ def test_other_calls_run_transformers_loop(cpu, compiled):
         compiled.forward.last_fallback = "not reached"
         assert torch.equal(_generate(compiled, **base, **kwargs), _generate(cpu, **base, **kwargs))
         assert compiled.forward.last_fallback == (why or "not reached"), kwargs
+    # Assisted decoding needs generate's candidate generator: generate runs as written
+    # (one unpadded prompt: it takes batch size 1).
+    one = {"input_ids": tl.prompts()["input_ids"][1:]}
+    compiled.forward.last_fallback = "not reached"
+    lookup = dict(base, prompt_lookup_num_tokens=2)
+    assert torch.equal(_generate(compiled, one, **lookup), _generate(cpu, one, **lookup))
+    assert compiled.forward.last_fallback == "not reached"
     batch = {k: v.to("tpu") for k, v in tl.prompts().items()}
     with torch.no_grad():
         out = compiled.generate(**batch, **base, return_dict_in_generate=True)

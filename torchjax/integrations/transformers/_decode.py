@@ -179,7 +179,14 @@ def device_sample(
     vars(self)["forward"].last_fallback = why
     if why is not None:
         mode = generation_config.get_generation_mode()
-        method = getattr(type(self), GENERATION_MODES_MAPPING[mode])
+        name = GENERATION_MODES_MAPPING[mode]
+        if "/" in name:  # a mode transformers moved to a Hub repository
+            raise ValueError(
+                f"compile_generate: {mode.value} lives in the Hub repository {name!r}, which "
+                f"generate loads only when called as written: pass custom_generate={name!r} "
+                "(and trust_remote_code=True) to generate"
+            )
+        method = getattr(type(self), name)
         extra = {"streamer": streamer} if streamer is not None else {}
         return method(
             self,

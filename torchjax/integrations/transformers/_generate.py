@@ -193,14 +193,36 @@ _MODE_ARGUMENTS = frozenset(
 )
 
 
+# Settings that select a decoding mode whose method needs more than a custom_generate
+# callable receives (assisted decoding's candidate generator) or that lives in a Hub
+# repository (contrastive search, DoLa, group and constrained beam search); with any of
+# them set, generate runs as written. Defaults: None, num_beam_groups 1.
+_MODE_SETTINGS = (
+    "prompt_lookup_num_tokens",
+    "assistant_early_exit",
+    "penalty_alpha",
+    "dola_layers",
+    "constraints",
+    "force_words_ids",
+    "num_beam_groups",
+)
+
+
 def _device_generate(generate):
     """``model.generate`` (bound) with ``custom_generate=_decode.device_sample`` added,
-    unless the call names its own or passes an argument that only transformers' own
-    decoding methods receive."""
+    unless the call names its own, passes an argument that only transformers' own
+    decoding methods receive, or selects a mode from ``_MODE_SETTINGS``."""
+    model = generate.__self__
+
+    def plain(kwargs) -> bool:
+        if _MODE_ARGUMENTS & kwargs.keys():
+            return True
+        configs = (kwargs, vars(kwargs.get("generation_config") or model.generation_config))
+        return any(c.get(k) not in (None, 1) for c in configs for k in _MODE_SETTINGS)
 
     @functools.wraps(generate)
     def device_generate(*args, **kwargs):
-        if len(args) <= 1 and not (_MODE_ARGUMENTS & kwargs.keys()):
+        if len(args) <= 1 and not plain(kwargs):
             kwargs["custom_generate"] = _decode.device_sample
         return generate(*args, **kwargs)
 
