@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from torchjax.ops.matmul import accumulating_dot
 from torchjax.ops.norm import _layer_norm, _opmath
 from torchjax.ops.registry import lowering
 
@@ -41,13 +42,7 @@ HIGHEST = lax.Precision.HIGHEST
 def _linear(x, weight, bias=None):
     """``x @ weight.T + bias`` at HIGHEST precision, accumulated in opmath, rounded to
     x's dtype (ATen rounds each GEMM output of a half-precision layer)."""
-    y = lax.dot_general(
-        x,
-        weight,
-        (((x.ndim - 1,), (1,)), ((), ())),
-        precision=HIGHEST,
-        preferred_element_type=_opmath(x.dtype),
-    )
+    y = accumulating_dot(x, weight, (((x.ndim - 1,), (1,)), ((), ())), HIGHEST)
     if bias is not None:
         y = y + bias.astype(y.dtype)
     return y.astype(x.dtype)
@@ -55,13 +50,7 @@ def _linear(x, weight, bias=None):
 
 def _bmm(a, b, contract_a, contract_b):
     """Batched product over the two leading (B, H) dims."""
-    y = lax.dot_general(
-        a,
-        b,
-        (((contract_a,), (contract_b,)), ((0, 1), (0, 1))),
-        precision=HIGHEST,
-        preferred_element_type=_opmath(a.dtype),
-    )
+    y = accumulating_dot(a, b, (((contract_a,), (contract_b,)), ((0, 1), (0, 1))), HIGHEST)
     return y.astype(a.dtype)
 
 
