@@ -12,13 +12,6 @@ import torchjax  # noqa: E402,F401
 from examples import tiny_llama_generate as tl  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_llama")
-    tl.save_tiny_llama(str(path))
-    return str(path)
-
-
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_tiny_llama_logits_and_greedy_tokens(llama_dir, attn):
     cpu = transformers.AutoModelForCausalLM.from_pretrained(
