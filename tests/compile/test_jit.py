@@ -205,6 +205,24 @@ def test_random_ops_differ_per_call_and_replay_after_manual_seed():
     assert f.trace_count == 1
 
 
+def test_a_trace_draws_nothing_from_the_rng():
+    # A program with no random op takes no key: a call that traces it and a call that
+    # hits its cache leave the RNG alike, so seeded draws after it are the same.
+    f = torchjax.jit(lambda x: x * 2)
+    g = torchjax.jit(lambda x: x + torch.rand(3, device="tpu"))
+
+    def draws(n):
+        torch.manual_seed(0)
+        f(torch.ones(n, device="tpu"))
+        return g(torch.zeros(3, device="tpu")).cpu(), torch.rand(3, device="tpu").cpu()
+
+    first = draws(3)  # f and g trace
+    for n in (3, 4):  # a cache hit of both; f traces a new shape
+        again = draws(n)
+        assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+    assert f.trace_count == 2 and g.trace_count == 1
+
+
 def test_tiny_llama_forward_matches_eager():
     import transformers
 

@@ -426,7 +426,10 @@ class _Entry:
                     [wrapped[k]._value() for k in args_written],
                 )
 
-        key = _rng.call_key(0)
+        # The key is abstract while tracing: a call draws its real key from the device's
+        # RNG only when the program turned out to use one (``key()``), so tracing never
+        # moves the RNG: a seeded call gives the same values whether it traced or not.
+        key = _unused_key()
         with x64(True):
             closed = jax.make_jaxpr(pure)(call.state_arrays, key, call.arrays, call.hypers.values)
         self.closed = closed
@@ -440,7 +443,6 @@ class _Entry:
         self.single_use = bool(self.created)
         self.refs = [weakref.ref(s) for s in storages]
         self.n_out = len(self.out_pos)
-        self.first_key = key
         in_use = {id(a) for a in call.arrays}
         donate = (
             tuple(i for i in self.written if id(call.state_arrays[i]) not in in_use)
@@ -458,10 +460,7 @@ class _Entry:
         return all(r() is not None for r in self.refs)
 
     def key(self):
-        key, self.first_key = self.first_key, None
-        if key is None:
-            key = _rng.call_key(0) if self.uses_rng else _unused_key()
-        return key
+        return _rng.call_key(0) if self.uses_rng else _unused_key()
 
     def run(self, call: _Call):
         state = call.state_arrays
