@@ -126,11 +126,8 @@ class Jitted:
         return f"torchjax.jit({self.fn!r}, traces={self.trace_count})"
 
     def __call__(self, *args, **kwargs):
-        static_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in self.static_argnames}
-        flat, spec = _flatten(args, kwargs)
-        call = _Call(self, flat, spec, static_kwargs)
-        entry = self._entries.get(call.key)
-        if entry is not None and entry.alive():
+        call, entry = self._lookup(args, kwargs)
+        if entry is not None:
             self.cache_hits += 1
             _budget.hit(entry)
         else:
@@ -146,13 +143,16 @@ class Jitted:
         state carry from one iteration to the next and are written back at the end;
         outputs are dropped (Note [Repeating a traced step in one program] in
         torchjax/compile/_repeat.py)."""
+        call, entry = self._lookup(args, kwargs)
+        _repeat.run(entry or self._trace(call), call, times, until)
+
+    def _lookup(self, args, kwargs):
+        """This call's arguments and state, and its live cache entry (None: none yet)."""
         static_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in self.static_argnames}
         flat, spec = _flatten(args, kwargs)
         call = _Call(self, flat, spec, static_kwargs)
         entry = self._entries.get(call.key)
-        if entry is None or not entry.alive():
-            entry = self._trace(call)
-        _repeat.run(entry, call, times, until)
+        return call, (entry if entry is not None and entry.alive() else None)
 
     def _trace(self, call: _Call) -> _Entry:
         with trace_lock:

@@ -189,8 +189,11 @@ def memory_stats(device=None) -> dict:
 def memory_allocated(device=None) -> int:
     """Bytes held by tensors on ``device``: its arrays, and the new tensors whose array
     is made on first read (counted from their creation, as CUDA counts them)."""
-    stats = memory_stats(device)
-    return int(stats.get("bytes_in_use", 0)) + int(stats["bytes_unfilled"])
+    return _allocated(memory_stats(device))
+
+
+def _allocated(stats: dict) -> int:
+    return int(stats["bytes_in_use"]) + int(stats["bytes_unfilled"])
 
 
 def max_memory_allocated(device=None) -> int:
@@ -198,7 +201,7 @@ def max_memory_allocated(device=None) -> int:
     stats = memory_stats(device)
     if "peak_bytes_in_use" in stats:
         return int(stats["peak_bytes_in_use"])
-    return int(stats["bytes_in_use"]) + int(stats["bytes_unfilled"])
+    return _allocated(stats)
 
 
 def memory_reserved(device=None) -> int:

@@ -176,7 +176,8 @@ def device_sample(
     why = why or fallback_reason(
         self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs
     )
-    vars(self)["forward"].last_fallback = why
+    wrapper = vars(self)["forward"]
+    wrapper.last_fallback = why
     if why is not None:
         mode = generation_config.get_generation_mode()
         name = GENERATION_MODES_MAPPING[mode]
@@ -199,7 +200,6 @@ def device_sample(
             **model_kwargs,
         )
 
-    wrapper = vars(self)["forward"]
     batch, prompt = input_ids.shape
     max_length = min(c.max_length for c in stopping_criteria if type(c) is sc.MaxLengthCriteria)
     eos = [c for c in stopping_criteria if type(c) is sc.EosTokenCriteria]
