@@ -9,8 +9,9 @@
    batch 1, prompt ``bench.decode.PROMPT``, ``NEW_TOKENS`` new tokens, median of ``RUNS``
    generations after one warm-up generation: torch CPU and torchjax eager with the
    default DynamicCache; torchjax compiled with a static cache through
-   ``compile_generate`` (torchjax.jit) and through transformers' own auto-compile with
-   ``CompileConfig(backend="tpu")`` (torch.compile); torchax eager in a child process
+   ``compile_generate`` (torchjax.jit) and through transformers' own loop around
+   ``CompileConfig(backend="tpu")`` (torch.compile; ``TORCHJAX_AUTO_COMPILE_GENERATE=0``,
+   else that call runs compile_generate's programs too); torchax eager in a child process
    (bench/_torchax.py, via bench/decode.py), where it runs.
 3. Diffusers: one UNet denoising step (the tiny pipeline of examples/diffusers_tpu.py,
    classifier-free-guidance batch 2), median of ``RUNS`` calls: eager vs
@@ -128,9 +129,15 @@ def decode_figures(new_tokens: int) -> dict:
     )
     out["compile_generate traces"] = jitted.trace_count
     config = CompileConfig(backend="tpu", fullgraph=True, dynamic=False)
-    out['torch.compile(backend="tpu") via CompileConfig (static cache)'] = _tokens_per_s(
-        tiny_llama().to("tpu"), new_tokens, cache_implementation="static", compile_config=config
-    )
+    # transformers' own loop around torch.compile(backend="tpu"): with the rule of Note
+    # [transformers' auto-compile on tpu] on, the call would run compile_generate's programs.
+    os.environ["TORCHJAX_AUTO_COMPILE_GENERATE"] = "0"
+    try:
+        out['torch.compile(backend="tpu") via CompileConfig (static cache)'] = _tokens_per_s(
+            tiny_llama().to("tpu"), new_tokens, cache_implementation="static", compile_config=config
+        )
+    finally:
+        del os.environ["TORCHJAX_AUTO_COMPILE_GENERATE"]
     if new_tokens == decode.NEW_TOKENS:  # torchax's child measures decode.NEW_TOKENS
         tax = _torchax.measure("decode")
         out["torchax eager"] = tax.get("decode", tax.get("*", "n/a"))

@@ -55,8 +55,8 @@ def run(new_tokens: int = NEW_TOKENS) -> dict:
         cpu = AutoModelForCausalLM.from_pretrained(path).eval()
         tpu = AutoModelForCausalLM.from_pretrained(path, device_map="tpu").eval()
     out = {"cpu": generate(cpu, new_tokens)}
-    # disable_compile: transformers would torch.compile a static-cache decode step on a
-    # non-CPU device with its default (inductor) config; this run is the eager one.
+    # disable_compile: transformers would compile a static-cache decode step on "tpu"
+    # (torchjax runs it as compile_generate's programs); this run is the eager one.
     out["eager"] = generate(tpu, new_tokens, disable_compile=True)
     jitted = compile_generate(tpu)
     out["compiled"] = generate(tpu, new_tokens)

@@ -30,6 +30,7 @@ def test_uninstall_restores_every_original():
         from transformers import modeling_utils
         from transformers.integrations.moe import ExpertsInterface
         from transformers import Trainer
+        from transformers.generation.utils import GenerationMixin
         from accelerate.state import PartialState
         import accelerate.accelerator as acc_accelerator
         import accelerate.checkpointing as acc_checkpointing
@@ -56,6 +57,7 @@ def test_uninstall_restores_every_original():
             "tied": modeling_utils.remove_tied_weights_from_state_dict,
             "default_device": PartialState.__dict__["default_device"],
             "save_rng": Trainer.__dict__["_save_rng_state"],
+            "generate": GenerationMixin.__dict__["generate"],
             "load_rng": Trainer.__dict__["_load_rng_state"],
             "swap": torch.utils.swap_tensors,
             "torch_load": torch.load,
@@ -105,6 +107,9 @@ def test_uninstall_restores_every_original():
         assert acc_offload.OffloadedWeightsLoader.__getitem__ is not accelerate_before["getitem"]
         assert inspect.signature(Trainer._save_rng_state) == inspect.signature(
             before["save_rng"])
+        assert GenerationMixin.generate is not before["generate"]
+        assert inspect.signature(GenerationMixin.generate) == inspect.signature(
+            before["generate"])
         assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::_pin_memory", "CPU")
         assert trace_rules.SKIP_DIRS != skip_dirs
         assert inspect.signature(torch.nn.Module._apply) == inspect.signature(before["apply"])
@@ -122,6 +127,7 @@ def test_uninstall_restores_every_original():
 
         torchjax.uninstall()
         assert torchjax.patches() == []
+        assert GenerationMixin.__dict__["generate"] is before["generate"]
         assert dlpack.to_dlpack is before["dlpack"]
         assert torch.to_dlpack is before["torch_dlpack"]
         assert torch.utils.swap_tensors is before["swap"]
@@ -204,6 +210,7 @@ def test_uninstall_restores_every_original():
         "accelerate OffloadedWeightsLoader.__getitem__",
         "accelerate save/load_accelerator_state",
         "transformers Trainer RNG state",
+        "transformers GenerationMixin.generate",
         "torch.backends.tpu",
     }
     # transformers, accelerate and kernels were imported first: no import hook was needed.
@@ -300,7 +307,8 @@ def test_note_lists_every_recorded_patch():
         assert f"``{p.name}``" in note, p.name
     hooks = [
         f"sys.meta_path import hook for {m}"
-        for m in ("accelerate.state", "transformers.trainer", "kernels")
+        for m in ("accelerate.state", "transformers.trainer", "transformers.generation.utils",
+                  "kernels")
     ]
     for name in (
         "optimizer capturable=True under jit",

@@ -17,6 +17,7 @@ from torchjax.integrations.accelerate import _device as _accelerate_device
 from torchjax.integrations.accelerate import _offload as _accelerate_offload
 from torchjax.integrations.accelerate import _saving as _accelerate_saving
 from torchjax.integrations.kernels import _backend as _kernels_backend
+from torchjax.integrations.transformers import _auto_compile as _hf_auto_compile
 from torchjax.integrations.transformers import _patch_records as _hf_patches
 from torchjax.integrations.transformers import _trainer as _hf_trainer
 from torchjax.interop import (
@@ -46,6 +47,9 @@ _accelerate_device.install_when_imported()
 _accelerate_saving.install_when_imported()
 _accelerate_offload.install_when_imported()
 _hf_trainer.install_when_imported()
+# generate that transformers would auto-compile on tpu runs as device programs (Note
+# [transformers' auto-compile on tpu]).
+_hf_auto_compile.install_when_imported()
 # The kernels library loads a repository's tpu build variant (Note [The Kernels Hub
 # backend on tpu]).
 _kernels_backend.install_when_imported()

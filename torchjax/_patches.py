@@ -94,7 +94,8 @@ how it is undone.
   ``sys.meta_path import hook for accelerate.accelerator``,
   ``sys.meta_path import hook for accelerate.utils.offload``, ``sys.meta_path import hook
   for transformers.integrations.accelerate``, ``sys.meta_path import hook for
-  transformers.trainer`` and ``sys.meta_path import hook for kernels``
+  transformers.trainer``, ``sys.meta_path import hook for transformers.generation.utils``
+  and ``sys.meta_path import hook for kernels``
   (integrations/_after_import.py; no release): finders like the one above, one per
   module the patches below are applied to, so ``import torchjax`` imports none of these
   libraries; each removes itself when it fires. Undo: the finder is removed.
@@ -128,6 +129,14 @@ how it is undone.
   first, then the tpu RNG states are added to / restored from ``rng_state.pth`` (Note
   [Trainer checkpoints and the tpu RNG]); signatures unchanged. Undo: the originals put
   back.
+- ``transformers GenerationMixin.generate`` (integrations/transformers/_auto_compile.py;
+  transformers 5.24). A ``generate`` call on a tpu model that transformers would
+  auto-compile (static cache, compilation not disabled, the "tpu" or default backend)
+  applies ``compile_generate`` to the model first, so its decode runs as device programs
+  rather than transformers' per-token eager bookkeeping around a compiled forward (Note
+  [transformers' auto-compile on tpu]); every other call, and every model off tpu, runs
+  the original; same signature. ``TORCHJAX_AUTO_COMPILE_GENERATE=0`` turns the rule off.
+  Undo: the original put back (models compiled by it keep their ``compile_generate``).
 - ``torch.backends.tpu`` (integrations/kernels/_backend.py, right after ``kernels`` is
   imported, unless something already set it; kernels 0.17). ``kernels`` selects its TPU
   backend, and so a kernel repository's ``torch-tpu`` build variant, only when

@@ -20,8 +20,8 @@ from torchjax.integrations.transformers import compile_generate  # noqa: E402
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
 # Eager generation with a static cache: after the prefill every step has the same shapes,
 # so each op compiles once (a DynamicCache grows: new shapes, new per-op executables, on
-# every step). disable_compile: on device "tpu" transformers would otherwise
-# torch.compile the decode step with its default (inductor) config.
+# every step). disable_compile: on device "tpu" transformers would otherwise compile the
+# decode step (which torchjax runs as compile_generate's programs).
 STATIC_EAGER = dict(cache_implementation="static", disable_compile=True)
 
 
@@ -102,8 +102,10 @@ def test_compile_generate_traces_the_prefill_and_one_decode_step(llama_dir, cpu)
     assert jitted.trace_count == 4 and step.trace_count == 2
 
 
-def test_torch_compile_backend_tpu_through_compile_config(cpu, tpu):
-    # transformers' own auto-compile of the decode step, with the "tpu" Dynamo backend.
+def test_torch_compile_backend_tpu_through_compile_config(cpu, tpu, monkeypatch):
+    # transformers' own auto-compile of the decode step, with the "tpu" Dynamo backend
+    # (with the off switch: otherwise the call runs compile_generate's programs).
+    monkeypatch.setenv("TORCHJAX_AUTO_COMPILE_GENERATE", "0")
     config = transformers.CompileConfig(backend="tpu", fullgraph=True, dynamic=False)
     kwargs = dict(GREEDY, max_new_tokens=4, cache_implementation="static")
     before = torchjax.compile.dynamo_stats()
@@ -118,10 +120,12 @@ def test_torch_compile_backend_tpu_through_compile_config(cpu, tpu):
     assert stats["cache_hits"] - before["cache_hits"] == 5
 
 
-def test_auto_compile_on_tpu_defaults_to_the_tpu_backend(cpu, tpu):
+def test_auto_compile_on_tpu_defaults_to_the_tpu_backend(cpu, tpu, monkeypatch):
     # With no compile_config, transformers compiles a static-cache decode step on a
     # "tpu" model with the "tpu" Dynamo backend (its _default_compile_config), not
-    # inductor: torchjax's backend builds the graph.
+    # inductor: torchjax's backend builds the graph (with the off switch: otherwise the
+    # call runs compile_generate's programs).
+    monkeypatch.setenv("TORCHJAX_AUTO_COMPILE_GENERATE", "0")
     kwargs = dict(GREEDY, max_new_tokens=3, cache_implementation="static")
     before = torchjax.compile.dynamo_stats()
     assert torch.equal(_generate(tpu, **kwargs), _generate(cpu, **kwargs))

@@ -80,6 +80,7 @@ and streamers run in Python between compiled steps, each token, as in eager gene
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import types
 import weakref
@@ -131,12 +132,24 @@ def compile_generate(model: torch.nn.Module, *, warn_after: int = 8, loop: bool 
     (seeded by ``torch.manual_seed``), so sampled tokens are reproducible but differ
     from CPU's.
     """
+    return compile_generate_as(model, warn_after=warn_after, loop=loop)
+
+
+def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=None) -> Jitted:
+    """``compile_generate``; with ``rule`` (a predicate of the model and a generate call's
+    keyword arguments), a call for which it is False runs transformers' generate as
+    written (Note [transformers' auto-compile on tpu] in _auto_compile.py). A model that
+    was compiled under a rule is compiled for good by a plain ``compile_generate``."""
     if not hasattr(model, "generate"):
         raise TypeError(
             f"compile_generate: expected a transformers model with .generate, got "
             f"{type(model).__name__}"
         )
-    if "forward" in vars(model):
+    current = vars(model).get("forward")
+    if current is not None and getattr(current, "rule", None) is not None and rule is None:
+        current.rule, current.loop = None, loop
+        return current.jitted
+    if current is not None:
         raise RuntimeError(
             f"compile_generate: {type(model).__name__}.forward is already replaced on this "
             "instance (compile_generate called twice? an accelerate dispatch hook?); expected "
@@ -155,7 +168,7 @@ def compile_generate(model: torch.nn.Module, *, warn_after: int = 8, loop: bool 
     @functools.wraps(eager_forward)
     def forward(*args, **kwargs):
         cache = _static_cache(kwargs)
-        if cache is None:
+        if cache is None or _AS_WRITTEN.get():
             return eager_forward(*args, **kwargs)
         _check_room(cache, args, kwargs, lengths)
         _pin_cache(cache, pinned)
@@ -171,6 +184,7 @@ def compile_generate(model: torch.nn.Module, *, warn_after: int = 8, loop: bool 
     # program] in torchjax/integrations/transformers/_decode.py).
     forward.decode_step = jit(types.MethodType(_decode.decode_step, model), warn_after=warn_after)
     forward.loop = loop
+    forward.rule = rule
     forward.last_fallback = None  # why the last generate ran transformers' loop, if it did
     model.forward = forward
     model.generate = _device_generate(model.generate)
@@ -208,10 +222,16 @@ _MODE_SETTINGS = (
 )
 
 
+# Set while a generate call of a model compiled under a rule runs as transformers wrote it
+# (the rule said no): the forward, get_compiled_call and the static cache are transformers'.
+_AS_WRITTEN = contextvars.ContextVar("torchjax_generate_as_written", default=False)
+
+
 def _device_generate(generate):
     """``model.generate`` (bound) with ``custom_generate=_decode.device_sample`` added,
     unless the call names its own, passes an argument that only transformers' own
-    decoding methods receive, or selects a mode from ``_MODE_SETTINGS``."""
+    decoding methods receive, or selects a mode from ``_MODE_SETTINGS``; a call that the
+    model's rule refuses, or on a model moved off "tpu", runs as written."""
     model = generate.__self__
 
     def plain(kwargs) -> bool:
@@ -222,6 +242,15 @@ def _device_generate(generate):
 
     @functools.wraps(generate)
     def device_generate(*args, **kwargs):
+        wrapper = model.forward
+        off_tpu = model.device.type != "tpu"
+        if off_tpu or (wrapper.rule is not None and not wrapper.rule(model, kwargs)):
+            wrapper.last_fallback = "the model is off tpu" if off_tpu else "not auto-compiled"
+            token = _AS_WRITTEN.set(True)
+            try:
+                return generate(*args, **kwargs)
+            finally:
+                _AS_WRITTEN.reset(token)
         if len(args) <= 1 and not plain(kwargs):
             kwargs["custom_generate"] = _decode.device_sample
         return generate(*args, **kwargs)
@@ -240,6 +269,8 @@ def _traced_forward(self, *args, _torchjax_guard, **kwargs):
 
 def _get_compiled_call(self, compile_config=None):
     """Replaces ``PreTrainedModel.get_compiled_call``: the forward is compiled already."""
+    if _AS_WRITTEN.get():
+        return type(self).get_compiled_call(self, compile_config)
     return self.__call__
 
 
@@ -254,6 +285,8 @@ def _reuse_static_cache(model, prepare):
     @functools.wraps(prepare)
     def prepare_static_cache(cache_implementation, batch_size, *args, **kwargs):
         cache = prepare(cache_implementation, batch_size, *args, **kwargs)
+        if _AS_WRITTEN.get():
+            return cache
         _unslide(cache, model._previous_max_cache_length)
         layout = (cache_implementation, batch_size, _layout(cache))
         old = caches.get(layout)

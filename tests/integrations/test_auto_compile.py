@@ -1,0 +1,139 @@
+"""transformers' auto-compiled generate on "tpu" runs torchjax's decode programs
+(torchjax/integrations/transformers/_auto_compile.py): a static-cache ``generate`` with no
+``compile_generate`` call, against CPU; the calls transformers would not compile run as
+written.
+
+The tiny Llama of examples/tiny_llama_generate.py and its left-padded batch of two
+prompts, compared with the same checkpoint on CPU.
+"""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import transformers  # noqa: E402
+
+import torchjax  # noqa: E402
+from examples import tiny_llama_generate as tl  # noqa: E402
+from tests.integrations.tiny_models import generate  # noqa: E402
+from torchjax.integrations.transformers import compile_generate  # noqa: E402
+
+GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+STATIC = dict(GREEDY, cache_implementation="static")
+
+
+def _load(llama_dir):
+    return transformers.AutoModelForCausalLM.from_pretrained(llama_dir, device_map="tpu").eval()
+
+
+@pytest.fixture(scope="module")
+def auto(llama_dir):
+    """A tpu model that only ever had transformers' generate called on it."""
+    return _load(llama_dir)
+
+
+def _generate(model, **kwargs):
+    return generate(model, tl.prompts(), **kwargs)
+
+
+def _decode_calls(model) -> int:
+    step = vars(model)["forward"].decode_step
+    return step.trace_count + step.cache_hits
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{}, {"compile_config": transformers.CompileConfig(backend="tpu", dynamic=False)}],
+    ids=["default", "compile_config"],
+)
+def test_static_generate_runs_the_decode_programs(cpu, llama_dir, setting):
+    model = _load(llama_dir)
+    kwargs = dict(STATIC, max_new_tokens=8, **setting)
+    assert torch.equal(_generate(model, **kwargs), _generate(cpu, **kwargs))
+    assert "forward" in vars(model) and model.forward.last_fallback is None
+    assert _decode_calls(model) > 0
+    # The same per-call work whatever the number of tokens: the decode loop is one
+    # program, the rest is setup, compiled by the calls before (a longer cache is a new
+    # layout, whose prefill traces again on its first reuse).
+    for _ in range(2):
+        _generate(model, **dict(kwargs, max_new_tokens=40))
+    counts = {}
+    for n in (8, 40):
+        torchjax.reset_stats()
+        out = _generate(model, **dict(kwargs, max_new_tokens=n))
+        assert torch.equal(out, _generate(cpu, **dict(kwargs, max_new_tokens=n)))
+        stats = torchjax.stats()
+        counts[n] = (stats["executions"], stats["compiles"])
+    assert counts[8][0] == counts[40][0] and counts[40][1] == 0
+
+
+def test_calls_transformers_would_not_compile_run_as_written(cpu, auto):
+    kwargs = dict(GREEDY, max_new_tokens=4)
+    eager = transformers.CompileConfig(backend="eager")
+    for setting in (
+        {},  # a DynamicCache
+        {"cache_implementation": "static", "disable_compile": True},
+        {"cache_implementation": "static", "compile_config": eager},
+    ):
+        assert torch.equal(_generate(auto, **kwargs, **setting), _generate(cpu, **kwargs))
+        assert "forward" not in vars(auto), setting  # nothing was applied
+    # Once compiled, the same calls still run transformers' generate as written: no
+    # decode program, the forward eager.
+    _generate(auto, **STATIC, max_new_tokens=4)
+    calls, jitted = _decode_calls(auto), auto.forward.jitted
+    runs = jitted.trace_count + jitted.cache_hits
+    for setting in (
+        {},
+        {"cache_implementation": "static", "disable_compile": True},
+        {"cache_implementation": "static", "compile_config": eager},
+    ):
+        assert torch.equal(_generate(auto, **kwargs, **setting), _generate(cpu, **kwargs))
+        assert auto.forward.last_fallback == "not auto-compiled"
+    assert _decode_calls(auto) == calls
+    assert jitted.trace_count + jitted.cache_hits == runs
+
+
+def test_off_switch_keeps_transformers_loop(cpu, llama_dir, monkeypatch):
+    monkeypatch.setenv("TORCHJAX_AUTO_COMPILE_GENERATE", "0")
+    model = _load(llama_dir)
+    before = torchjax.compile.dynamo_stats()
+    kwargs = dict(STATIC, max_new_tokens=3)
+    assert torch.equal(_generate(model, **kwargs), _generate(cpu, **kwargs))
+    assert "forward" not in vars(model)
+    # transformers compiled its decode step with the "tpu" Dynamo backend instead.
+    assert torchjax.compile.dynamo_stats()["graphs"] - before["graphs"] >= 1
+
+
+def test_a_compiled_model_moved_off_tpu_generates_as_cpu(cpu, llama_dir):
+    model = _load(llama_dir)
+    kwargs = dict(STATIC, max_new_tokens=5)
+    expected = _generate(cpu, **kwargs)
+    assert torch.equal(_generate(model, **kwargs), expected)
+    model.to("cpu")
+    calls = _decode_calls(model)
+    assert torch.equal(_generate(model, **kwargs), expected)
+    assert _decode_calls(model) == calls
+    assert model.forward.last_fallback == "the model is off tpu"
+
+
+def test_compile_generate_after_auto_compile_keeps_its_programs(cpu, llama_dir):
+    model = _load(llama_dir)
+    kwargs = dict(STATIC, max_new_tokens=4)
+    _generate(model, **kwargs)
+    jitted = model.forward.jitted
+    assert compile_generate(model, loop=False) is jitted
+    assert model.forward.rule is None and model.forward.loop is False
+    # Compiled for good: a disable_compile call now runs the decode programs too.
+    calls = _decode_calls(model)
+    out = _generate(model, **kwargs, disable_compile=True)
+    assert torch.equal(out, _generate(cpu, **kwargs)) and _decode_calls(model) > calls
+    with pytest.raises(RuntimeError, match="already replaced"):
+        compile_generate(model)
+
+
+def test_the_patch_is_recorded():
+    names = [p.name for p in torchjax.patches()]
+    assert "transformers GenerationMixin.generate" in names
+    assert transformers.GenerationMixin.generate.__wrapped__ is not None
