@@ -307,8 +307,12 @@ def test_note_lists_every_recorded_patch():
         assert f"``{p.name}``" in note, p.name
     hooks = [
         f"sys.meta_path import hook for {m}"
-        for m in ("accelerate.state", "transformers.trainer", "transformers.generation.utils",
-                  "kernels")
+        for m in (
+            "accelerate.state",
+            "transformers.trainer",
+            "transformers.generation.utils",
+            "kernels",
+        )
     ]
     for name in (
         "optimizer capturable=True under jit",
