@@ -8,8 +8,9 @@
 2. Greedy decode tokens/s of the tiny Llama (bench/models.py, the examples' config),
    batch 1, prompt ``bench.decode.PROMPT``, ``NEW_TOKENS`` new tokens, median of ``RUNS``
    generations after one warm-up generation: torch CPU and torchjax eager with the
-   default DynamicCache; torchjax compiled with a static cache through
-   ``compile_generate`` (torchjax.jit) and through transformers' own loop around
+   default DynamicCache (``disable_compile=True`` on tpu); torchjax's default (the call
+   as written: a static cache and the decode programs); torchjax compiled with a static
+   cache through ``compile_generate`` (torchjax.jit) and through transformers' own loop around
    ``CompileConfig(backend="tpu")`` (torch.compile; ``TORCHJAX_AUTO_COMPILE_GENERATE=0``,
    else that call runs compile_generate's programs too); torchax eager in a child process
    (bench/_torchax.py, via bench/decode.py), where it runs.
@@ -121,7 +122,10 @@ def decode_figures(new_tokens: int) -> dict:
     from torchjax.integrations.transformers import compile_generate
 
     out = {"torch CPU": _tokens_per_s(tiny_llama(), new_tokens)}
-    out["torchjax eager"] = _tokens_per_s(tiny_llama().to("tpu"), new_tokens)
+    out["torchjax eager"] = _tokens_per_s(tiny_llama().to("tpu"), new_tokens, disable_compile=True)
+    out["torchjax generate (default: static cache, decode programs)"] = _tokens_per_s(
+        tiny_llama().to("tpu"), new_tokens
+    )
     model = tiny_llama().to("tpu")
     jitted = compile_generate(model)
     out["torchjax compile_generate (static cache)"] = _tokens_per_s(

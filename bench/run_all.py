@@ -37,7 +37,7 @@ def _targets(ops, mdl, cold=None) -> str:
     mini = m["MiniLM (8, 32)"]
     rows.append(("MiniLM forward <= 0.5x torchax", r(mini["torchjax"], mini["torchax"]), 0.5))
     lines = ["| target | ratio | met |", "|---|---:|---|"]
-    for dtype, runs in (cold or {}).items():  # absolute targets: the value / its bound
+    for (dtype, mode), runs in (cold or {}).items():  # absolute targets: value / bound
         for which, key, bound, unit in (
             ("cold", "wall_s", 5.0, "s"),
             ("cold", "compiles", 100, "compiles"),
@@ -45,7 +45,7 @@ def _targets(ops, mdl, cold=None) -> str:
         ):
             rows.append(
                 (
-                    f"{dtype} first generate, {which}: <= {bound} {unit}",
+                    f"{dtype} first generate ({mode}), {which}: <= {bound} {unit}",
                     runs[which][key] / bound,
                     1.0,
                 )
@@ -117,7 +117,7 @@ def main() -> None:
     dec = decode.run()
     dec_table = decode.report(dec)
     print("\n" + dec_table)
-    # float32 only (two fresh processes); bench/startup.py adds bfloat16.
+    # float32 only (four fresh processes); bench/startup.py adds bfloat16.
     cold = startup.run(dtypes=("float32",))
     cold_table = startup.report(cold)
     print("\n" + cold_table)

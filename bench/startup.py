@@ -1,10 +1,13 @@
 """Cold start: the tiny Llama's first greedy ``generate`` in a fresh process.
 
 The tiny Llama of bench/compiled.py (hidden 256, 4 layers, vocab 1024), an 8-token
-prompt, ``generate(max_new_tokens=64, do_sample=False)``, in float32 and bfloat16. Each
-figure comes from its own child process: the first with an empty persistent compilation
-cache (cold), the second with the cache the first one filled (warm). Reported per run:
-the wall time of the first ``generate`` call, the XLA compiles it made
+prompt, ``generate(max_new_tokens=64, do_sample=False)``, in float32 and bfloat16, two
+ways: as written (on tpu: a static cache and compile_generate's decode programs, Note [A
+static cache by default on tpu]) and eager with transformers' ``DynamicCache``
+(``disable_compile=True``: every op on every new length is a new program). Each figure
+comes from its own child process: the first with an empty persistent compilation cache
+(cold), the second with the cache the first one filled (warm). Reported per run: the
+wall time of the first ``generate`` call, the XLA compiles it made
 (``torchjax.stats()["compiles"]``) and the cache files after it.
 
 Run:  python bench/startup.py  [--by-op]  (--by-op: the traces of each overload, most first)
@@ -27,6 +30,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 NEW_TOKENS = 64
 PROMPT = [[1, 17, 42, 99, 5, 6, 7, 8]]
 DTYPES = ("float32", "bfloat16")
+MODES = ("default", "eager")
 
 _CHILD = """
 import json, os, sys, time
@@ -38,6 +42,7 @@ t_import = time.perf_counter() - t_start
 from bench.compiled import llama
 
 dtype = getattr(torch, sys.argv[1])
+extra = {"disable_compile": True} if sys.argv[2] == "eager" else {}
 model = llama().to(dtype).to("tpu")
 ids = torch.tensor(PROMPT, device="tpu")
 torch.tpu.synchronize()
@@ -45,7 +50,7 @@ torchjax.reset_stats()
 t0 = time.perf_counter()
 with torch.no_grad():
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW,
-                         min_new_tokens=NEW, do_sample=False, pad_token_id=0)
+                         min_new_tokens=NEW, do_sample=False, pad_token_id=0, **extra)
 out.cpu()
 wall = time.perf_counter() - t0
 s = torchjax.stats()
@@ -61,9 +66,10 @@ print("RESULT " + json.dumps({
 """
 
 
-def child(dtype: str, cache_dir: str) -> dict:
-    """One fresh process: the first ``generate`` of the tiny Llama in ``dtype``, with the
-    persistent compilation cache in ``cache_dir`` ("0": cache off)."""
+def child(dtype: str, mode: str, cache_dir: str) -> dict:
+    """One fresh process: the first ``generate`` of the tiny Llama in ``dtype``, as
+    written ("default") or eager, with the persistent compilation cache in ``cache_dir``
+    ("0": cache off)."""
     code = _CHILD.replace("PROMPT", repr(PROMPT)).replace("NEW", str(NEW_TOKENS))
     env = {
         **os.environ,
@@ -73,7 +79,7 @@ def child(dtype: str, cache_dir: str) -> dict:
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     }
     out = subprocess.run(
-        [sys.executable, "-c", code, dtype],
+        [sys.executable, "-c", code, dtype, mode],
         capture_output=True,
         text=True,
         env=env,
@@ -86,14 +92,15 @@ def child(dtype: str, cache_dir: str) -> dict:
     raise RuntimeError(f"bench/startup.py: the child process failed:\n{out.stderr[-3000:]}")
 
 
-def run(dtypes=DTYPES) -> dict:
-    """{dtype: {"cold": child result, "warm": child result}}, a fresh cache per dtype."""
+def run(dtypes=DTYPES, modes=MODES) -> dict:
+    """{(dtype, mode): {"cold": child result, "warm": child result}}, a fresh cache each."""
     results = {}
     for dtype in dtypes:
-        with tempfile.TemporaryDirectory(prefix="torchjax-startup-") as cache:
-            cold = child(dtype, cache)
-            warm = child(dtype, cache)
-        results[dtype] = {"cold": cold, "warm": warm}
+        for mode in modes:
+            with tempfile.TemporaryDirectory(prefix="torchjax-startup-") as cache:
+                cold = child(dtype, mode, cache)
+                warm = child(dtype, mode, cache)
+            results[dtype, mode] = {"cold": cold, "warm": warm}
     return results
 
 
@@ -103,21 +110,22 @@ def report(r) -> str:
         "XLA compiles | cache files | target |",
         "|---|---:|---:|---:|---|",
     ]
-    for dtype, runs in r.items():
+    names = {"default": "generate", "eager": "eager, DynamicCache"}
+    for (dtype, mode), runs in r.items():
         for which, target in (("cold", "<= 5 s, <= 100 compiles"), ("warm", "<= 1 s")):
             x = runs[which]
             lines.append(
-                f"| {dtype}, {which} cache | {x['wall_s']:.2f} s | {x['compiles']} | "
-                f"{x['cache_files']} | {target} |"
+                f"| {dtype}, {names[mode]}, {which} cache | {x['wall_s']:.2f} s | "
+                f"{x['compiles']} | {x['cache_files']} | {target} |"
             )
     return "\n".join(lines)
 
 
 def by_op(r, top: int = 25) -> str:
     lines = []
-    for dtype, runs in r.items():
+    for (dtype, mode), runs in r.items():
         cold = runs["cold"]
-        lines.append(f"\n{dtype} cold: {cold['traces']} traces")
+        lines.append(f"\n{dtype} {mode} cold: {cold['traces']} traces")
         lines += [f"  {t:5d}  {name}" for t, name in cold["ops"][:top]]
     return "\n".join(lines)
 

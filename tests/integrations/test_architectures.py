@@ -4,9 +4,11 @@ Llama (sdpa and eager attention, float32 and bfloat16) is in test_transformers.p
 test_generate.py; BERT is the real MiniLM in test_transformers.py. Here: Qwen3, Qwen3-MoE
 (sparse experts), GPT-2, Gemma 3 (sliding-window + global layers) and T5
 (encoder-decoder), one model each, loaded once per module; compiled static-cache
-generation (compile_generate) for the two whose cache or layers differ most from Llama's.
+generation (the default on tpu) for each, and compile_generate's trace counts for the two
+whose cache or layers differ most from Llama's.
 """
 
+import copy
 import os
 
 import pytest
@@ -52,17 +54,25 @@ def test_logits_and_greedy_tokens_match_cpu(models):
     batch.pop("decoder_input_ids", None)
     with torch.no_grad():
         cpu_ids = cpu.generate(**batch, **gen)
+        # Eager with transformers' DynamicCache; then the default on tpu, a static cache
+        # and compile_generate's programs (Note [A static cache by default on tpu]).
+        eager = tpu.generate(**{k: v.to("tpu") for k, v in batch.items()}, **gen,
+                             disable_compile=True)  # fmt: skip
+        assert "forward" not in vars(tpu)
         tpu_ids = tpu.generate(**{k: v.to("tpu") for k, v in batch.items()}, **gen)
     assert tpu_ids.device.type == "tpu"
+    assert torch.equal(eager.cpu(), cpu_ids), name
     assert torch.equal(tpu_ids.cpu(), cpu_ids), name
+    assert vars(tpu)["forward"].jitted.trace_count > 0, name
 
 
 @pytest.mark.parametrize("models", ["t5", "qwen3_moe"], indirect=True)
 def test_compile_generate_static_cache_matches_cpu(models):
     # Encoder-decoder (an EncoderDecoderCache around the static self-attention cache) and
-    # sparse MoE experts under torchjax.jit. Modifies the shared tpu model in place; calls
-    # without a static cache (the test above) still run eagerly.
-    name, cpu, tpu = models
+    # sparse MoE experts under torchjax.jit, on a model of their own (the shared one ran
+    # compiled generation in the test above).
+    name, cpu, _ = models
+    tpu = copy.deepcopy(cpu).to("tpu")
     jitted = compile_generate(tpu)
     batch = {"input_ids": IDS, "attention_mask": (IDS != 0).long()}
     gen = dict(

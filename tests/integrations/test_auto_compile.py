@@ -1,7 +1,7 @@
 """transformers' auto-compiled generate on "tpu" runs torchjax's decode programs
 (torchjax/integrations/transformers/_auto_compile.py): a static-cache ``generate`` with no
-``compile_generate`` call, against CPU; the calls transformers would not compile run as
-written.
+``compile_generate`` call, and one that asks for no cache, against CPU; the calls
+transformers would not compile run as written.
 
 The tiny Llama of examples/tiny_llama_generate.py and its left-padded batch of two
 prompts, compared with the same checkpoint on CPU.
@@ -72,11 +72,14 @@ def test_static_generate_runs_the_decode_programs(cpu, llama_dir, setting):
 def test_calls_transformers_would_not_compile_run_as_written(cpu, auto):
     kwargs = dict(GREEDY, max_new_tokens=4)
     eager = transformers.CompileConfig(backend="eager")
-    for setting in (
-        {},  # a DynamicCache
+    settings = (
+        {"disable_compile": True},  # transformers' DynamicCache, eager
+        {"use_cache": False},
+        {"cache_implementation": "dynamic"},
         {"cache_implementation": "static", "disable_compile": True},
         {"cache_implementation": "static", "compile_config": eager},
-    ):
+    )
+    for setting in settings:
         assert torch.equal(_generate(auto, **kwargs, **setting), _generate(cpu, **kwargs))
         assert "forward" not in vars(auto), setting  # nothing was applied
     # Once compiled, the same calls still run transformers' generate as written: no
@@ -84,15 +87,31 @@ def test_calls_transformers_would_not_compile_run_as_written(cpu, auto):
     _generate(auto, **STATIC, max_new_tokens=4)
     calls, jitted = _decode_calls(auto), auto.forward.jitted
     runs = jitted.trace_count + jitted.cache_hits
-    for setting in (
-        {},
-        {"cache_implementation": "static", "disable_compile": True},
-        {"cache_implementation": "static", "compile_config": eager},
-    ):
+    for setting in settings:
         assert torch.equal(_generate(auto, **kwargs, **setting), _generate(cpu, **kwargs))
         assert auto.forward.last_fallback == "not auto-compiled"
     assert _decode_calls(auto) == calls
     assert jitted.trace_count + jitted.cache_hits == runs
+
+
+def test_no_cache_asked_for_gets_a_static_cache(cpu, llama_dir):
+    model = _load(llama_dir)
+    kwargs = dict(GREEDY, max_new_tokens=64)
+    torchjax.reset_stats()
+    assert torch.equal(_generate(model, **kwargs), _generate(cpu, **kwargs))
+    # The decode programs ran: a first generate of 64 tokens compiles a few dozen
+    # programs (the eager engine with a DynamicCache compiled several hundred).
+    assert model.forward.last_fallback is None and _decode_calls(model) > 0
+    assert torchjax.stats()["compiles"] <= 100
+    # Where the cache would reach the caller, transformers' DynamicCache is kept.
+    batch = {k: v.to("tpu") for k, v in tl.prompts().items()}
+    with torch.no_grad():
+        out = model.generate(
+            **batch, **dict(kwargs, max_new_tokens=3), return_dict_in_generate=True
+        )
+    assert type(out.past_key_values) is transformers.DynamicCache
+    assert model.forward.last_fallback == "not auto-compiled"
+    assert torch.equal(out.sequences.cpu(), _generate(cpu, **dict(kwargs, max_new_tokens=3)))
 
 
 def test_off_switch_keeps_transformers_loop(cpu, llama_dir, monkeypatch):
@@ -104,6 +123,10 @@ def test_off_switch_keeps_transformers_loop(cpu, llama_dir, monkeypatch):
     assert "forward" not in vars(model)
     # transformers compiled its decode step with the "tpu" Dynamo backend instead.
     assert torchjax.compile.dynamo_stats()["graphs"] - before["graphs"] >= 1
+    # No cache asked for: transformers' DynamicCache, eager.
+    kwargs = dict(GREEDY, max_new_tokens=3)
+    assert torch.equal(_generate(model, **kwargs), _generate(cpu, **kwargs))
+    assert "forward" not in vars(model)
 
 
 def test_a_compiled_model_moved_off_tpu_generates_as_cpu(cpu, llama_dir):

@@ -8,21 +8,39 @@ per-token bookkeeping (slicing, ``cat`` of the growing ids and mask, processors,
 choice, stopping criteria, a host read) still runs op by op around it, dozens of eager
 ops and XLA calls per token. ``compile_generate`` replaces all of it by device programs
 (Note [Decode steps as one program] in _decode.py). So ``GenerationMixin.generate`` is
-wrapped: a call on a tpu model that transformers would auto-compile (``would_compile``:
-a static cache requested or passed, compilation not disabled, ``compile_config`` absent
-or naming the "tpu" or "inductor" backend, which both reach torchjax's backend on tpu
-tensors; no quantizer that refuses compilation, no cpu/disk offload) first applies
-``compile_generate`` to the model (once; the model keeps it), then runs. Later calls of
-that model that transformers would not compile (``disable_compile=True``, another
-backend, a ``DynamicCache``, the model moved off tpu) run transformers' generate as
-written: the forward eager, ``get_compiled_call`` transformers' own.
+wrapped: a call on a tpu model that transformers would auto-compile (``plan``: a static
+cache requested or passed, or none asked for (next Note); compilation not disabled,
+``compile_config`` absent or naming the "tpu" or "inductor" backend, which both reach
+torchjax's backend on tpu tensors; no quantizer that refuses compilation, no cpu/disk
+offload) first applies ``compile_generate`` to the model (once; the model keeps it), then
+runs. Later calls of that model that transformers would not compile
+(``disable_compile=True``, another backend, a ``DynamicCache`` passed, the model moved
+off tpu) run transformers' generate as written: the forward eager,
+``get_compiled_call`` transformers' own.
+
+Note [A static cache by default on tpu]
+A ``generate`` call that asks for no cache gets transformers' ``DynamicCache``, which
+grows by a token each step: on "tpu" every op of every step then has a new shape, a new
+XLA program (a first 64-token greedy generate of a tiny Llama compiled 448 programs in
+float32 and 1,120 in bfloat16, and took minutes). On tpu such a call gets
+``cache_implementation="static"`` added, and so the decode programs, where the cache never
+reaches the caller and the model is built for it: no ``return_dict_in_generate`` (its
+output carries the cache), ``use_cache`` not False, a model class marked
+``_can_compile_fullgraph`` (transformers' mark for models that run a static cache under
+``torch.compile(fullgraph=True)``) that uses Cache objects, and no decoding mode that runs
+generate as written (a streamer, assisted decoding, the Hub modes). The tokens are the
+dynamic cache's: positions not written yet are masked. What changes: the cache is
+allocated at ``max_length`` up front and kept for the next call of the same layout (Note
+[Compiled generation with a static cache] in _generate.py). ``disable_compile=True``
+keeps transformers' dynamic cache and eager ops.
 
 Not taken: models whose class overrides ``generate`` (they call it with their own
 preprocessing done; running it twice is not safe), calls with positional arguments past
 ``inputs``, models whose ``forward`` is already replaced on the instance (accelerate's
-hooks), and offloaded static caches. ``TORCHJAX_AUTO_COMPILE_GENERATE=0`` turns the whole
-rule off (read per call): transformers then compiles the forward with
-``torch.compile(backend="tpu")`` and runs its own loop, as before.
+hooks), and offloaded static caches. ``TORCHJAX_AUTO_COMPILE_GENERATE=0`` turns both
+rules off (read per call): transformers then compiles a static-cache forward with
+``torch.compile(backend="tpu")`` and runs its own loop, and a call that asks for no cache
+decodes eagerly with a ``DynamicCache``.
 """
 
 from __future__ import annotations
@@ -42,38 +60,50 @@ _ENV = "TORCHJAX_AUTO_COMPILE_GENERATE"
 _BACKENDS = ("tpu", "inductor")
 
 
-def would_compile(model, kwargs) -> bool:
-    """Whether transformers would auto-compile this ``generate(**kwargs)`` call's decode
-    step on "tpu" and torchjax takes it (see the Note)."""
+def plan(model, kwargs) -> dict | None:
+    """The keyword arguments to add to this ``generate(**kwargs)`` call so that it runs
+    compile_generate's programs (``{}``: none), or None where transformers would not
+    compile it on "tpu" and it runs as written (see the Note)."""
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
     from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 
     if os.environ.get(_ENV, "1") == "0" or model.device.type != "tpu":
-        return False
+        return None
     config = kwargs.get("generation_config") or model.generation_config
 
     def setting(name):
         return kwargs[name] if name in kwargs else getattr(config, name, None)
 
-    if setting("disable_compile"):
-        return False
+    if setting("disable_compile") or setting("use_cache") is False:
+        return None
     compile_config = setting("compile_config")
     if compile_config is not None and compile_config.backend not in _BACKENDS:
-        return False
+        return None
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and not quantizer.is_compileable:
+        return None
+    devices = set(getattr(model, "hf_device_map", {}).values())
+    if "disk" in devices or ("cpu" in devices and len(devices) > 1):
+        return None
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
     if cache is not None:
         decoder = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-        if not getattr(cache, "is_compileable", False) or type(decoder) is DynamicCache:
-            return False
-    else:
-        implementation = setting("cache_implementation")
-        if implementation not in ALL_STATIC_CACHE_IMPLEMENTATIONS or "offloaded" in implementation:
-            return False
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None and not quantizer.is_compileable:
-        return False
-    devices = set(getattr(model, "hf_device_map", {}).values())
-    return "disk" not in devices and not ("cpu" in devices and len(devices) > 1)
+        static = getattr(cache, "is_compileable", False) and type(decoder) is not DynamicCache
+        return {} if static else None
+    implementation = setting("cache_implementation")
+    if implementation is not None:
+        static = implementation in ALL_STATIC_CACHE_IMPLEMENTATIONS
+        return {} if static and "offloaded" not in implementation else None
+    # No cache asked for: transformers would make a DynamicCache. A static one instead,
+    # where it never reaches the caller (Note [A static cache by default on tpu]).
+    if (
+        setting("return_dict_in_generate")
+        or not type(model)._can_compile_fullgraph
+        or not model._supports_default_dynamic_cache()
+        or _generate.runs_as_written(model, kwargs)
+    ):
+        return None
+    return {"cache_implementation": "static"}
 
 
 def _wrap_generate(original):
@@ -83,9 +113,9 @@ def _wrap_generate(original):
             len(args) <= 1
             and type(self).generate is generate
             and "forward" not in vars(self)
-            and would_compile(self, kwargs)
+            and plan(self, kwargs) is not None
         ):
-            _generate.compile_generate_as(self, rule=would_compile)
+            _generate.compile_generate_as(self, rule=plan)
             return self.generate(*args, **kwargs)
         return original(self, *args, **kwargs)
 

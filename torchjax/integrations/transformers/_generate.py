@@ -30,7 +30,9 @@ identity stable, which torchjax.jit needs and torch.compile does not:
   torch.compile guards on shapes, but torchjax.jit binds state by storage identity, so
   a new cache object would mean new traces on every call. As a consequence, a cache
   returned by one ``generate`` call (``return_dict_in_generate=True``) is overwritten by
-  the next compiled call with the same layout.
+  the next compiled call with the same layout. The caches of the last ``KEEP_LAYOUTS``
+  (4) layouts are kept; an older one is dropped, and a call with its layout again traces
+  anew.
 - Beam search reorders the cache between steps (``layer.keys =
   layer.keys.index_select(0, beam_idx)``): new tensors, new storages, which would be
   new state and a new trace per step. Before each compiled call the wrapper copies such
@@ -80,6 +82,7 @@ and streamers run in Python between compiled steps, each token, as in eager gene
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import functools
 import types
@@ -136,10 +139,11 @@ def compile_generate(model: torch.nn.Module, *, warn_after: int = 8, loop: bool 
 
 
 def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=None) -> Jitted:
-    """``compile_generate``; with ``rule`` (a predicate of the model and a generate call's
-    keyword arguments), a call for which it is False runs transformers' generate as
-    written (Note [transformers' auto-compile on tpu] in _auto_compile.py). A model that
-    was compiled under a rule is compiled for good by a plain ``compile_generate``."""
+    """``compile_generate``; with ``rule`` (a function of the model and a generate call's
+    keyword arguments returning the keyword arguments to add, or None), a call for which
+    it returns None runs transformers' generate as written (Note [transformers'
+    auto-compile on tpu] in _auto_compile.py). A model that was compiled under a rule is
+    compiled for good by a plain ``compile_generate``."""
     if not hasattr(model, "generate"):
         raise TypeError(
             f"compile_generate: expected a transformers model with .generate, got "
@@ -193,6 +197,8 @@ def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=N
     return jitted
 
 
+KEEP_LAYOUTS = 4  # static caches kept for reuse per model
+
 # generate's arguments that a callable ``custom_generate`` would not pass on (transformers
 # hands them only to its own decoding methods): with any of them, generate runs as written.
 _MODE_ARGUMENTS = frozenset(
@@ -227,31 +233,37 @@ _MODE_SETTINGS = (
 _AS_WRITTEN = contextvars.ContextVar("torchjax_generate_as_written", default=False)
 
 
+def runs_as_written(model, kwargs) -> bool:
+    """Whether a generate call names its own ``custom_generate``, passes an argument that
+    only transformers' own decoding methods receive, or selects a mode from
+    ``_MODE_SETTINGS``: then generate runs as written (with the forward compiled)."""
+    if _MODE_ARGUMENTS & kwargs.keys():
+        return True
+    configs = (kwargs, vars(kwargs.get("generation_config") or model.generation_config))
+    return any(c.get(k) not in (None, 1) for c in configs for k in _MODE_SETTINGS)
+
+
 def _device_generate(generate):
     """``model.generate`` (bound) with ``custom_generate=_decode.device_sample`` added,
-    unless the call names its own, passes an argument that only transformers' own
-    decoding methods receive, or selects a mode from ``_MODE_SETTINGS``; a call that the
-    model's rule refuses, or on a model moved off "tpu", runs as written."""
+    unless ``runs_as_written``. Under a rule (``compile_generate_as``), the keyword
+    arguments it returns are added, and a call it refuses (None), or any call on a model
+    moved off "tpu", runs transformers' generate as written."""
     model = generate.__self__
-
-    def plain(kwargs) -> bool:
-        if _MODE_ARGUMENTS & kwargs.keys():
-            return True
-        configs = (kwargs, vars(kwargs.get("generation_config") or model.generation_config))
-        return any(c.get(k) not in (None, 1) for c in configs for k in _MODE_SETTINGS)
 
     @functools.wraps(generate)
     def device_generate(*args, **kwargs):
         wrapper = model.forward
         off_tpu = model.device.type != "tpu"
-        if off_tpu or (wrapper.rule is not None and not wrapper.rule(model, kwargs)):
+        extra = {} if wrapper.rule is None or off_tpu else wrapper.rule(model, kwargs)
+        if off_tpu or extra is None:
             wrapper.last_fallback = "the model is off tpu" if off_tpu else "not auto-compiled"
             token = _AS_WRITTEN.set(True)
             try:
                 return generate(*args, **kwargs)
             finally:
                 _AS_WRITTEN.reset(token)
-        if len(args) <= 1 and not plain(kwargs):
+        kwargs.update(extra)
+        if len(args) <= 1 and not runs_as_written(model, kwargs):
             kwargs["custom_generate"] = _decode.device_sample
         return generate(*args, **kwargs)
 
@@ -278,9 +290,11 @@ def _reuse_static_cache(model, prepare):
     """Wraps ``GenerativePreTrainedModel._prepare_static_cache`` (bound): same layout,
     same cache; sliding-window and chunked layers made full-length (Note [Nothing frozen
     in the decode step])."""
-    # One cache per layout: the executables traced for a layout hold its cache anyway
-    # (torchjax.jit keys cache objects by identity), so alternating sizes never retrace.
-    caches = {}
+    # One cache per layout, for the KEEP_LAYOUTS layouts used last: torchjax.jit keys
+    # cache objects by identity, so alternating between them never retraces; an older
+    # layout's cache is dropped (its executables hold it weakly), so a caller that varies
+    # batch sizes and lengths does not keep a cache per pair.
+    caches = collections.OrderedDict()
 
     @functools.wraps(prepare)
     def prepare_static_cache(cache_implementation, batch_size, *args, **kwargs):
@@ -289,11 +303,13 @@ def _reuse_static_cache(model, prepare):
             return cache
         _unslide(cache, model._previous_max_cache_length)
         layout = (cache_implementation, batch_size, _layout(cache))
-        old = caches.get(layout)
+        old = caches.pop(layout, None)
         if old is not None:
             old.reset()
             cache = old
         caches[layout] = cache
+        while len(caches) > KEEP_LAYOUTS:
+            caches.popitem(last=False)
         return cache
 
     return prepare_static_cache
