@@ -53,6 +53,26 @@ def test_same_signature_is_a_cache_hit_new_shape_traces_again():
     assert _info(aten.atan2.default)[:2] == (k1, t1 + 1)  # same key, jit retraces the shape
 
 
+def test_new_tensors_take_the_fast_path_from_their_second_op(monkeypatch):
+    # A new tensor's array is made lazily and read by its first op inside the compiled
+    # path, which keeps it: the next op on it is a lookup by (dtype, size) alone.
+    slow = []
+    original = compiled.CompiledCompute._call
+    monkeypatch.setattr(
+        compiled.CompiledCompute,
+        "_call",
+        lambda self, *a, **k: slow.append(self.func) or original(self, *a, **k),
+    )
+    x, y = torch.randn(2, 3).to(TPU), torch.ones(2, 3, device=TPU)
+    torch.atan2(x, y)
+    n = len(slow)
+    out = torch.atan2(x, y)
+    assert len(slow) == n  # no slow-path call
+    torch.testing.assert_close(out.cpu(), torch.atan2(x.cpu(), y.cpu()))
+    y.add_(1)  # a write: the kept value is stale, the next op reads the storage again
+    torch.testing.assert_close(torch.atan2(x, y).cpu(), torch.atan2(x.cpu(), y.cpu()))
+
+
 def test_static_arguments_key_by_type_and_bits():
     x, y = torch.randn(4), torch.randn(4)
     tx, ty = x.to(TPU), y.to(TPU)
@@ -251,7 +271,9 @@ def test_layout_views_are_read_inside_the_consumer(make, monkeypatch):
     view = make(w.to(TPU))
     assert view._cache is None  # no value computed
     got = torch.mm(view, b.to(TPU))
-    assert view._cache is None  # read inside mm's executable
+    # Read inside mm's executable: nothing kept but, for a view that is its whole storage
+    # in order, the storage's own array.
+    assert view._cache is None or view._cache is view._storage.arr
     torch.testing.assert_close(got.cpu(), torch.mm(make(w), b))
     torch.testing.assert_close(view.cpu(), make(w))
 

@@ -376,7 +376,13 @@ class CompiledCompute:
                 return _ARRAY
             size, stride, offset = x._size, x._stride, x._offset
             if storage.covers(size, stride, offset) and stride == contiguous_strides(size):
-                dyn.append(_array(storage))
+                arr = _array(storage)
+                if arr.__class__ is not _fused.Pending:
+                    # The value _value() would read: kept, so the next call of this
+                    # tensor takes __call__'s fast path (a new tensor's array is made
+                    # lazily and never read through _value()).
+                    x._cache, x._cache_version = arr, storage.version
+                dyn.append(arr)
                 return _ARRAY
             if read_views or self.view_keys >= MAX_VIEW_KEYS:
                 dyn.append(x._value())
