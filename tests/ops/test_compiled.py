@@ -73,6 +73,32 @@ def test_new_tensors_take_the_fast_path_from_their_second_op(monkeypatch):
     torch.testing.assert_close(torch.atan2(x, y).cpu(), torch.atan2(x.cpu(), y.cpu()))
 
 
+def test_python_numbers_take_the_fast_path_keyed_by_type(monkeypatch):
+    # x * 0.5, b + 1: after the first call, a lookup by the tensors' (dtype, size) and the
+    # numbers' types; a number of another type is another executable (True, 1 and 1.0
+    # promote differently), its value an argument.
+    slow = []
+    original = compiled.CompiledCompute._call
+    monkeypatch.setattr(
+        compiled.CompiledCompute,
+        "_call",
+        lambda self, *a, **k: slow.append(self.func) or original(self, *a, **k),
+    )
+    b = torch.tensor([True, False])
+    i = torch.tensor([3, -4])
+    cases = [(b, True), (b, 1), (b, 1.0), (i, 2), (i, 0.5), (i, True), (i, 2**40), (b, 1j)]
+    for t, n in cases:
+        tpu = t.to(TPU)
+        tpu.add(n)  # the first call of each type builds the executable
+        before = len(slow)
+        for value in (n, n * 3 if not isinstance(n, bool) else False):
+            got = tpu.add(value)
+            want = t.add(value)
+            assert got.dtype == want.dtype, (t.dtype, type(n))
+            torch.testing.assert_close(got.cpu(), want)
+        assert len(slow) == before, (t.dtype, type(n))
+
+
 def test_static_arguments_key_by_type_and_bits():
     x, y = torch.randn(4), torch.randn(4)
     tx, ty = x.to(TPU), y.to(TPU)

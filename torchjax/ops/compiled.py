@@ -131,6 +131,7 @@ _INTEGER_DTYPES = frozenset(
     }
 )
 _SCALARS = (bool, int, float, complex)
+_FAST_SCALARS = frozenset(_SCALARS)  # exact types: a subclass takes the full template
 
 # Template entries (what an argument was; the key is built of these).
 _ARRAY = 0  # ("arg": the next executable argument)
@@ -420,16 +421,33 @@ class CompiledCompute:
         if not kwargs and not self.seeded:
             sig = []
             vals = []
-            for a in args:
-                # Plain tpu tensors whose value is at hand (not a view still to read).
-                if a.__class__ is not JaxTensor or a._cache_version != a._storage.version:
+            scalars = None
+            pidx = self.pidx
+            for i, a in enumerate(args):
+                cls = a.__class__
+                if cls is JaxTensor:
+                    # Plain tpu tensors whose value is at hand (not a view still to read).
+                    if a._cache_version != a._storage.version:
+                        break
+                    sig.append(a.dtype)
+                    sig.append(a._size)
+                    vals.append(a._cache)
+                elif cls in _FAST_SCALARS and i in pidx:
+                    # A Python number in a promoted position: keyed by its type, passed
+                    # cast to the computation dtype (as _call does).
+                    sig.append(cls)
+                    sig.append(None)
+                    scalars = (scalars or []) + [len(vals)]
+                    vals.append(a)
+                else:
                     break
-                sig.append(a.dtype)
-                sig.append(a._size)
-                vals.append(a._cache)
             else:
                 run = self.tensor_cache.get(tuple(sig))
                 if run is not None:
+                    if scalars:
+                        cast, compute_dt = self.cast, run.dts[0]
+                        for j in scalars:
+                            vals[j] = cast(vals[j], compute_dt)
                     try:
                         _budget.touch(run)
                     except KeyError:  # evicted by another thread just now
@@ -574,14 +592,22 @@ class CompiledCompute:
         fast = None
         if (
             not kwargs
-            and not scalars
-            and all(a.__class__ is JaxTensor for a in args)
+            and all(
+                a.__class__ is JaxTensor or (a.__class__ in _FAST_SCALARS and i in self.pidx)
+                for i, a in enumerate(args)
+            )
             and all(e is _ARRAY for e in tmpl)
         ):
+            # The key __call__'s fast path looks up: (dtype, size) per tensor, (type,
+            # None) per Python number.
             sig = []
             for a in args:
-                sig.append(a.dtype)
-                sig.append(a._size)
+                if a.__class__ is JaxTensor:
+                    sig.append(a.dtype)
+                    sig.append(a._size)
+                else:
+                    sig.append(a.__class__)
+                    sig.append(None)
             fast = tuple(sig)
         with self.lock:
             old = self.runs.get(run_key)
