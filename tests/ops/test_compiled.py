@@ -99,6 +99,38 @@ def test_python_numbers_take_the_fast_path_keyed_by_type(monkeypatch):
         assert len(slow) == before, (t.dtype, type(n))
 
 
+def test_static_arguments_take_the_fast_path_keyed_by_value(monkeypatch):
+    # softmax(x, dim), layer_norm(x, shape, w, b, eps): the dim, the shape list and eps are
+    # part of the fast key; another value is another executable, never the first one's.
+    slow = []
+    original = compiled.CompiledCompute._call
+    monkeypatch.setattr(
+        compiled.CompiledCompute,
+        "_call",
+        lambda self, *a, **k: slow.append(self.func) or original(self, *a, **k),
+    )
+    x = torch.randn(3, 4)
+    w, b = torch.randn(4), torch.randn(4)
+    calls = [
+        lambda t, w, b: torch.softmax(t, -1),
+        lambda t, w, b: torch.softmax(t, 0),
+        lambda t, w, b: F.layer_norm(t, (4,), w, b, 1e-5),
+        lambda t, w, b: F.layer_norm(t, (4,), w, b, 0.5),
+        lambda t, w, b: F.layer_norm(t, (3, 4), None, None, 1e-5),
+        lambda t, w, b: torch.sum(t, [0], keepdim=True),
+        lambda t, w, b: torch.mean(t, [1]),
+    ]
+    tpu = [v.to(TPU) for v in (x, w, b)]
+    for f in calls:
+        f(*tpu)
+    before = len(slow)
+    for f in calls:
+        got, want = f(*tpu), f(x, w, b)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got.cpu(), want)
+    assert len(slow) == before
+
+
 def test_static_arguments_key_by_type_and_bits():
     x, y = torch.randn(4), torch.randn(4)
     tx, ty = x.to(TPU), y.to(TPU)

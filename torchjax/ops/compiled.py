@@ -30,6 +30,13 @@ runs every eligible lowering, together with the promotion casts around it, as on
   ``MAX_FLOAT_VARIANTS`` keys that differ only in float values, such calls run op by op.
 - Tracers pass through: under ``torchjax.jit`` (tpu tensors holding tracers) calling
   the cached ``jax.jit`` function inlines it into the outer trace.
+- The fast path: a call without keyword arguments whose arguments are tpu tensors with
+  their value at hand, Python numbers in promoted positions and plain static values
+  (numbers elsewhere, None, dtypes, lists of ints) finds its executable in one dict
+  lookup keyed by each tensor's (dtype, size), each number's exact type and each static
+  value's template entry (``_fast_key``), skipping the template; it determines the full
+  key, so it never finds another call's executable. Anything else (views still to read,
+  lists of tensors, keyword arguments, random ops) builds the template.
 
 Note [Views in keys whose shapes vary]
 A key that reads a view inside is built for the view's layout, and the executable for
@@ -132,6 +139,9 @@ _INTEGER_DTYPES = frozenset(
 )
 _SCALARS = (bool, int, float, complex)
 _FAST_SCALARS = frozenset(_SCALARS)  # exact types: a subclass takes the full template
+_FAST_STATICS = frozenset(
+    {*_SCALARS, type(None), str, torch.dtype, torch.device, torch.layout, torch.memory_format}
+)
 
 # Template entries (what an argument was; the key is built of these).
 _ARRAY = 0  # ("arg": the next executable argument)
@@ -237,6 +247,23 @@ def _static(x):
     if t is float:
         return (_STATIC, t, x.hex(), x)
     return (_STATIC, t, x, x)
+
+
+def _static_entry(x):
+    """``_entry``'s template entry for a plain static argument (a number outside the
+    promoted positions, None, a string, a dtype, a list or tuple of them); None for
+    anything else."""
+    cls = x.__class__
+    if cls in _FAST_STATICS:
+        return _static(x)
+    if cls is list or cls is tuple:
+        parts = []
+        for y in x:
+            if y.__class__ not in _FAST_STATICS:
+                return None
+            parts.append(_static(y))
+        return (_SEQ, cls, tuple(parts))
+    return None
 
 
 def _float_masked(entry):
@@ -440,7 +467,12 @@ class CompiledCompute:
                     scalars = (scalars or []) + [len(vals)]
                     vals.append(a)
                 else:
-                    break
+                    # A static argument (eps, a dim list): keyed by its template entry.
+                    part = _static_entry(a)
+                    if part is None:
+                        break
+                    sig.append(part)
+                    sig.append(_STATIC)
             else:
                 run = self.tensor_cache.get(tuple(sig))
                 if run is not None:
@@ -589,26 +621,7 @@ class CompiledCompute:
         run = self._build(tmpl, kwtmpl, dts)
         run.dts = dts
         run.nbytes = None if _budget.measure_bytes() else 0
-        fast = None
-        if (
-            not kwargs
-            and all(
-                a.__class__ is JaxTensor or (a.__class__ in _FAST_SCALARS and i in self.pidx)
-                for i, a in enumerate(args)
-            )
-            and all(e is _ARRAY for e in tmpl)
-        ):
-            # The key __call__'s fast path looks up: (dtype, size) per tensor, (type,
-            # None) per Python number.
-            sig = []
-            for a in args:
-                if a.__class__ is JaxTensor:
-                    sig.append(a.dtype)
-                    sig.append(a._size)
-                else:
-                    sig.append(a.__class__)
-                    sig.append(None)
-            fast = tuple(sig)
+        fast = None if kwargs else self._fast_key(args, tmpl)
         with self.lock:
             old = self.runs.get(run_key)
             if old is not None:  # another thread built it first
@@ -618,6 +631,26 @@ class CompiledCompute:
                 self.tensor_cache[fast] = run
         _budget.admit(run, lambda: self._evict(run_key, run, fast))
         return run
+
+    def _fast_key(self, args, tmpl):
+        """The key ``__call__``'s fast path looks ``tmpl``'s executable up by: (dtype, size)
+        per tensor, (type, None) per Python number cast as an argument, (template entry,
+        _STATIC) per static argument; None when an argument is none of these."""
+        sig = []
+        for i, (a, e) in enumerate(zip(args, tmpl)):
+            cls = a.__class__
+            if cls is JaxTensor and e is _ARRAY:
+                sig.append(a.dtype)
+                sig.append(a._size)
+            elif cls in _FAST_SCALARS and i in self.pidx and e is _ARRAY:
+                sig.append(cls)
+                sig.append(None)
+            elif e is not _ARRAY and _static_entry(a) == e:
+                sig.append(e)
+                sig.append(_STATIC)
+            else:
+                return None
+        return tuple(sig)
 
     def _evict(self, run_key, run, fast):
         """Drop every reference to ``run``: jax frees its executable and staging caches
