@@ -8,6 +8,7 @@ prompts, compared with the same checkpoint on CPU.
 """
 
 import os
+import threading
 
 import pytest
 import torch
@@ -160,3 +161,89 @@ def test_the_patch_is_recorded():
     names = [p.name for p in torchjax.patches()]
     assert "transformers GenerationMixin.generate" in names
     assert transformers.GenerationMixin.generate.__wrapped__ is not None
+
+
+def test_many_calls_with_a_one_token_prompt_and_beams(cpu, llama_dir):
+    # The cache is reused (reset) between calls; its length is re-read after anything
+    # but the compiled step wrote it, so a call never counts the previous call's tokens.
+    model = _load(llama_dir)
+    ids = torch.tensor([[5]])
+    for kwargs in (dict(GREEDY, max_new_tokens=6), dict(GREEDY, max_new_tokens=4, num_beams=2)):
+        want = generate(cpu, {"input_ids": ids}, **kwargs)
+        for _ in range(8):
+            assert torch.equal(generate(model, {"input_ids": ids}, **kwargs), want), kwargs
+
+
+def test_threads_generating_with_one_model_get_their_own_tokens(cpu, llama_dir):
+    model = _load(llama_dir)
+    want = {n: _generate(cpu, **GREEDY, max_new_tokens=n) for n in (3, 7)}
+    _generate(model, **GREEDY, max_new_tokens=7)  # compiled before the threads start
+    results = []
+
+    def run(start):
+        for i in range(start, start + 6):
+            n = (3, 7)[i % 2]
+            results.append(torch.equal(_generate(model, **GREEDY, max_new_tokens=n), want[n]))
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Without the model's lock, the threads' steps interleave on the one static cache:
+    # wrong tokens, or an IndexError, in most runs.
+    assert results == [True] * 18
+
+
+def test_a_new_dtype_gets_a_new_cache(llama_dir):
+    model = _load(llama_dir)
+    kwargs = dict(GREEDY, max_new_tokens=4)
+    _generate(model, **kwargs)
+    model.to(torch.bfloat16)
+    got = _generate(model, **kwargs)
+    want = _generate(model, **kwargs, cache_implementation="static", disable_compile=True)
+    assert torch.equal(got, want)
+
+
+def test_a_generation_config_passed_second_is_honoured(cpu, llama_dir):
+    model = _load(llama_dir)
+    batch = {k: v.to("tpu") for k, v in tl.prompts().items()}
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    config = transformers.GenerationConfig(**GREEDY, max_new_tokens=4)
+    with torch.no_grad():
+        out = model.generate(ids, config, attention_mask=mask)  # compiles the model
+        assert model.forward.last_fallback is None
+        assert torch.equal(out.cpu(), _generate(cpu, **GREEDY, max_new_tokens=4))
+        returned = transformers.GenerationConfig(
+            **GREEDY, max_new_tokens=3, return_dict_in_generate=True
+        )
+        out = model.generate(ids, returned, attention_mask=mask)
+        assert type(out.past_key_values) is transformers.DynamicCache
+        eager = transformers.GenerationConfig(**GREEDY, max_new_tokens=3, disable_compile=True)
+        model.generate(ids, eager, attention_mask=mask)
+        assert model.forward.last_fallback == "not auto-compiled"
+    assert config.cache_implementation is None  # the caller's config is not changed
+
+
+def test_input_ids_on_cpu_and_ids_out_of_range(cpu, llama_dir):
+    model = _load(llama_dir)
+    kwargs = dict(GREEDY, max_new_tokens=4)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        out = model.generate(ids, **kwargs)  # on CPU: moved before each forward
+        assert torch.equal(out.cpu(), cpu.generate(ids, **kwargs))
+        assert model.forward.last_fallback.startswith("input ids on cpu")
+        rows = cpu.get_input_embeddings().num_embeddings
+        for bad in (rows, -3):
+            with pytest.raises(IndexError, match=f"token id {bad} is out of range"):
+                model.generate(torch.tensor([[5, bad, 7]], device="tpu"), **kwargs)
+        # The model still generates afterwards.
+        assert torch.equal(model.generate(ids.to("tpu"), **kwargs).cpu(), out.cpu())
+
+
+def test_compile_generate_gives_calls_without_a_cache_a_static_one(cpu, llama_dir):
+    model = _load(llama_dir)
+    compile_generate(model)
+    kwargs = dict(GREEDY, max_new_tokens=5)
+    assert torch.equal(_generate(model, **kwargs), _generate(cpu, **kwargs))
+    assert model.forward.last_fallback is None and _decode_calls(model) > 0

@@ -36,7 +36,7 @@ keeps transformers' dynamic cache and eager ops.
 
 Not taken: models whose class overrides ``generate`` (they call it with their own
 preprocessing done; running it twice is not safe), calls with positional arguments past
-``inputs``, models whose ``forward`` is already replaced on the instance (accelerate's
+``inputs`` and ``generation_config``, models whose ``forward`` is already replaced on the instance (accelerate's
 hooks), and offloaded static caches. ``TORCHJAX_AUTO_COMPILE_GENERATE=0`` turns both
 rules off (read per call): transformers then compiles a static-cache forward with
 ``torch.compile(backend="tpu")`` and runs its own loop, and a call that asks for no cache
@@ -96,26 +96,23 @@ def plan(model, kwargs) -> dict | None:
         return {} if static and "offloaded" not in implementation else None
     # No cache asked for: transformers would make a DynamicCache. A static one instead,
     # where it never reaches the caller (Note [A static cache by default on tpu]).
-    if (
-        setting("return_dict_in_generate")
-        or not type(model)._can_compile_fullgraph
-        or not model._supports_default_dynamic_cache()
-        or _generate.runs_as_written(model, kwargs)
-    ):
-        return None
-    return {"cache_implementation": "static"}
+    return _generate.static_default(model, kwargs) or None
 
 
 def _wrap_generate(original):
     @functools.wraps(original)
     def generate(self, *args, **kwargs):
+        # A GenerationConfig may come second, positionally.
+        seen = dict(kwargs, generation_config=args[1]) if len(args) > 1 else kwargs
         if (
-            len(args) <= 1
+            len(args) <= 2
             and type(self).generate is generate
             and "forward" not in vars(self)
-            and plan(self, kwargs) is not None
+            and plan(self, seen) is not None
         ):
-            _generate.compile_generate_as(self, rule=plan)
+            # Each new set of generation settings traces the decode step twice; a user who
+            # never asked for compilation gets the RetraceWarning later than one who did.
+            _generate.compile_generate_as(self, rule=plan, warn_after=32)
             return self.generate(*args, **kwargs)
         return original(self, *args, **kwargs)
 

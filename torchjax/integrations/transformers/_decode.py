@@ -41,8 +41,8 @@ What runs here, and what falls back to transformers' loop unchanged: the process
 new tokens), the stopping criteria max length and EOS, model inputs among
 ``_MODEL_KWARGS``; anything else (another processor or criterion, a streamer,
 ``return_dict_in_generate``, ``inputs_embeds``, token type ids, an encoder-decoder model,
-beams, assisted decoding) runs transformers' own loop, where the forward is still
-compiled. The processors run inside the trace as transformers wrote them, with the
+input ids on another device, beams, assisted decoding) runs transformers' own loop,
+where the forward is still compiled. The processors run inside the trace as transformers wrote them, with the
 buffer as ``input_ids``: positions not written yet hold the vocabulary size, which the
 only processor that reads ``input_ids`` (repetition penalty) clamps and drops; the two
 length processors read a length from ``input_ids.shape``, so their rule runs here with
@@ -127,6 +127,9 @@ def fallback_reason(model, input_ids, processors, criteria, config, model_kwargs
         return f"generation mode {mode.value}"
     if model.config.is_encoder_decoder:
         return "an encoder-decoder model"
+    if input_ids.device != model.device:
+        # transformers moves such inputs to the model's device before each forward.
+        return f"input ids on {input_ids.device}, the model on {model.device}"
     if config.return_dict_in_generate:
         return "return_dict_in_generate"
     extra = {

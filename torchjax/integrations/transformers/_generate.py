@@ -84,7 +84,9 @@ from __future__ import annotations
 
 import collections
 import contextvars
+import copy
 import functools
+import threading
 import types
 import weakref
 
@@ -167,18 +169,20 @@ def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=N
     jitted = jit(types.MethodType(_traced_forward, model), warn_after=warn_after)
 
     pinned = weakref.WeakKeyDictionary()  # cache layer -> {attribute: tensor}
-    lengths = weakref.WeakKeyDictionary()  # cache -> tokens it holds, counted on the host
+    # cache -> (tokens it holds, counted on the host; its _write_mark then)
+    lengths = weakref.WeakKeyDictionary()
 
     @functools.wraps(eager_forward)
     def forward(*args, **kwargs):
         cache = _static_cache(kwargs)
         if cache is None or _AS_WRITTEN.get():
             return eager_forward(*args, **kwargs)
-        _check_room(cache, args, kwargs, lengths)
+        room = _check_room(model, cache, args, kwargs, lengths)
         _pin_cache(cache, pinned)
         guard = (_python_state(cache), _signature(args, kwargs))
         out = jitted(*args, _torchjax_guard=guard, **kwargs)
         _replay(cache, forward.after[guard])
+        _record_room(lengths, room)
         return out
 
     forward.jitted = jitted
@@ -189,6 +193,7 @@ def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=N
     forward.decode_step = jit(types.MethodType(_decode.decode_step, model), warn_after=warn_after)
     forward.loop = loop
     forward.rule = rule
+    forward.lock = threading.RLock()  # held by a compiled generate call (shared caches)
     forward.last_fallback = None  # why the last generate ran transformers' loop, if it did
     model.forward = forward
     model.generate = _device_generate(model.generate)
@@ -243,29 +248,79 @@ def runs_as_written(model, kwargs) -> bool:
     return any(c.get(k) not in (None, 1) for c in configs for k in _MODE_SETTINGS)
 
 
+def static_default(model, kwargs) -> dict:
+    """``{"cache_implementation": "static"}`` for a generate call (its keyword arguments,
+    ``generation_config`` included) that asks for no cache and whose cache would not
+    reach the caller, on a model built for a static cache; else ``{}`` (Note [A static
+    cache by default on tpu] in _auto_compile.py)."""
+    config = kwargs.get("generation_config") or model.generation_config
+
+    def setting(name):
+        return kwargs[name] if name in kwargs else getattr(config, name, None)
+
+    if (
+        kwargs.get("cache", kwargs.get("past_key_values")) is not None
+        or setting("cache_implementation") is not None
+        or setting("use_cache") is False
+        or setting("return_dict_in_generate")
+        or not getattr(type(model), "_can_compile_fullgraph", False)
+        or not model._supports_default_dynamic_cache()
+        or runs_as_written(model, kwargs)
+    ):
+        return {}
+    return {"cache_implementation": "static"}
+
+
+def _with_settings(args, kwargs, extra) -> tuple:
+    """The call's arguments with ``extra`` generation settings added: into a copy of the
+    call's ``generation_config`` when it passes one (transformers warns about settings
+    passed beside a config), else as keyword arguments."""
+    if not extra:
+        return args, kwargs
+    if len(args) > 1 and args[1] is not None:
+        config = copy.deepcopy(args[1])
+        config.update(**extra)
+        return (args[0], config, *args[2:]), kwargs
+    if kwargs.get("generation_config") is not None:
+        config = copy.deepcopy(kwargs["generation_config"])
+        config.update(**extra)
+        return args, {**kwargs, "generation_config": config}
+    return args, {**kwargs, **extra}
+
+
 def _device_generate(generate):
     """``model.generate`` (bound) with ``custom_generate=_decode.device_sample`` added,
-    unless ``runs_as_written``. Under a rule (``compile_generate_as``), the keyword
-    arguments it returns are added, and a call it refuses (None), or any call on a model
-    moved off "tpu", runs transformers' generate as written."""
+    unless ``runs_as_written``, and a static cache where ``static_default`` says. Under a
+    rule (``compile_generate_as``), the settings it returns are added instead, and a call
+    it refuses (None), or any call on a model moved off "tpu", runs transformers' generate
+    as written. Compiled calls of one model take turns: they share its static caches."""
     model = generate.__self__
 
     @functools.wraps(generate)
     def device_generate(*args, **kwargs):
         wrapper = model.forward
         off_tpu = model.device.type != "tpu"
-        extra = {} if wrapper.rule is None or off_tpu else wrapper.rule(model, kwargs)
-        if off_tpu or extra is None:
+        # A GenerationConfig may come second, positionally.
+        seen = dict(kwargs, generation_config=args[1]) if len(args) > 1 else kwargs
+        if off_tpu or len(args) > 2:
+            extra = None
+        elif wrapper.rule is None:
+            extra = static_default(model, seen)
+        else:
+            extra = wrapper.rule(model, seen)
+        if extra is None:
             wrapper.last_fallback = "the model is off tpu" if off_tpu else "not auto-compiled"
             token = _AS_WRITTEN.set(True)
             try:
                 return generate(*args, **kwargs)
             finally:
                 _AS_WRITTEN.reset(token)
-        kwargs.update(extra)
-        if len(args) <= 1 and not runs_as_written(model, kwargs):
+        args, kwargs = _with_settings(args, kwargs, extra)
+        seen = dict(kwargs, generation_config=args[1]) if len(args) > 1 else kwargs
+        if not runs_as_written(model, seen):
             kwargs["custom_generate"] = _decode.device_sample
-        return generate(*args, **kwargs)
+        with wrapper.lock:
+            return generate(*args, **kwargs)
 
     return device_generate
 
@@ -302,7 +357,7 @@ def _reuse_static_cache(model, prepare):
         if _AS_WRITTEN.get():
             return cache
         _unslide(cache, model._previous_max_cache_length)
-        layout = (cache_implementation, batch_size, _layout(cache))
+        layout = (cache_implementation, batch_size, model.dtype, model.device, _layout(cache))
         old = caches.pop(layout, None)
         if old is not None:
             old.reset()
@@ -385,20 +440,29 @@ def _signature(args, kwargs) -> tuple:
     )
 
 
-def _check_room(cache, args, kwargs, lengths) -> None:
+def _check_room(model, cache, args, kwargs, lengths):
     """Raise IndexError, as CPU's ``index_copy_`` does, before a step that would write past
     a static layer's ``max_cache_len`` (XLA would drop the write: wrong tokens, no error).
-    The length is counted on the host, read from the device once per prefill."""
+    The length is counted on the host and read from the device when a call writes more
+    than one token (a prefill) or when something else wrote the cache since this wrapper's
+    last step (a reset for reuse, the decode programs, the caller): ``_write_mark``.
+    The call's token ids are checked against the vocabulary then too (a prefill is
+    always such a call): inside the program an out-of-range id would be clamped, not
+    raised (Note [Device-side checks]).
+    Returns ``(decoder, length after the step)`` for ``_record_room``, or None."""
     from transformers.cache_utils import EncoderDecoderCache
 
     new = _new_tokens(args, kwargs)
     decoder = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
     limit = cache_room(decoder)
     if new is None or limit is None:
-        return
+        return None
     known = lengths.get(decoder)
-    if known is None or new > 1:
+    if known is None or new > 1 or known[1] != _write_mark(decoder):
         known = int(decoder.get_seq_length())
+        _check_ids(model, args, kwargs)
+    else:
+        known = known[0]
     if known + new > limit:
         raise IndexError(
             f"compile_generate: this step writes cache positions {known}..{known + new - 1} "
@@ -406,7 +470,46 @@ def _check_room(cache, args, kwargs, lengths) -> None:
             "is out of bounds. Pass a cache with max_cache_len >= prompt length + "
             'max_new_tokens, or let generate build it (cache_implementation="static")'
         )
-    lengths[decoder] = known + new
+    return decoder, known + new
+
+
+def _record_room(lengths, room) -> None:
+    """After a compiled step: the length ``_check_room`` counted, and the cache's mark."""
+    if room is not None:
+        decoder, length = room
+        lengths[decoder] = (length, _write_mark(decoder))
+
+
+def _write_mark(decoder):
+    """Identity and write count of the first allocated key tensor of the cache: every
+    write of the cache (a step's write-back, ``reset()``, the decode programs) moves it."""
+    for layer in getattr(decoder, "layers", ()):
+        keys = getattr(layer, "keys", None)
+        storage = getattr(keys, "_storage", None)
+        if storage is not None:
+            return id(storage), storage.version
+    return None
+
+
+def _check_ids(model, args, kwargs) -> None:
+    """IndexError, as the eager embedding raises, for a token id outside the vocabulary."""
+    ids = kwargs.get("input_ids", kwargs.get("decoder_input_ids"))
+    if ids is None and args and isinstance(args[0], torch.Tensor):
+        ids = args[0]
+    if not isinstance(ids, torch.Tensor):
+        return
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    if rows is None or ids.numel() == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= rows:
+        bad = low if low < 0 else high
+        raise IndexError(
+            f"generate on tpu: token id {bad} is out of range for the input embedding "
+            f"with {rows} rows (aten::embedding: index out of range in self); pass ids in "
+            f"[0, {rows})"
+        )
 
 
 def _new_tokens(args, kwargs) -> int | None:
