@@ -36,11 +36,11 @@ keeps transformers' dynamic cache and eager ops.
 
 Not taken: models whose class overrides ``generate`` (they call it with their own
 preprocessing done; running it twice is not safe), calls with positional arguments past
-``inputs`` and ``generation_config``, models whose ``forward`` is already replaced on the instance (accelerate's
-hooks), and offloaded static caches. ``TORCHJAX_AUTO_COMPILE_GENERATE=0`` turns both
-rules off (read per call): transformers then compiles a static-cache forward with
-``torch.compile(backend="tpu")`` and runs its own loop, and a call that asks for no cache
-decodes eagerly with a ``DynamicCache``.
+``inputs`` and ``generation_config``, models whose ``forward`` is already replaced on the
+instance (accelerate's hooks), and offloaded static caches.
+``TORCHJAX_AUTO_COMPILE_GENERATE=0`` turns both rules off (read per call): transformers
+then compiles a static-cache forward with ``torch.compile(backend="tpu")`` and runs its
+own loop, and a call that asks for no cache decodes eagerly with a ``DynamicCache``.
 """
 
 from __future__ import annotations

@@ -37,17 +37,18 @@ program, or all of them one loop:
   cache is never returned here (``return_dict_in_generate`` falls back).
 
 What runs here, and what falls back to transformers' loop unchanged: the processors of
-``_processor_types`` (temperature, top-k, top-p, min-p, repetition penalty, min length, min
-new tokens), the stopping criteria max length and EOS, model inputs among
+``_processor_types`` (temperature, top-k, top-p, min-p, repetition penalty, min length,
+min new tokens), the stopping criteria max length and EOS, model inputs among
 ``_MODEL_KWARGS``; anything else (another processor or criterion, a streamer,
 ``return_dict_in_generate``, ``inputs_embeds``, token type ids, an encoder-decoder model,
-input ids on another device, beams, assisted decoding) runs transformers' own loop,
-where the forward is still compiled. The processors run inside the trace as transformers wrote them, with the
-buffer as ``input_ids``: positions not written yet hold the vocabulary size, which the
-only processor that reads ``input_ids`` (repetition penalty) clamps and drops; the two
-length processors read a length from ``input_ids.shape``, so their rule runs here with
-the traced position instead. Processors and criteria are part of the program's key by
-their settings, so a new ``generate`` call with the same settings reuses the programs.
+input ids on another device, beams, assisted decoding) runs transformers' own loop, where
+the forward is still compiled. The processors run inside the trace as transformers wrote
+them, with the buffer as ``input_ids``: positions not written yet hold the vocabulary
+size, which the only processor that reads ``input_ids`` (repetition penalty) clamps and
+drops; the two length processors read a length from ``input_ids.shape``, so their rule
+runs here with the traced position instead. Processors and criteria are part of the
+program's key by their settings, so a new ``generate`` call with the same settings reuses
+the programs.
 """
 
 from __future__ import annotations
