@@ -53,16 +53,23 @@ def test_same_signature_is_a_cache_hit_new_shape_traces_again():
     assert _info(aten.atan2.default)[:2] == (k1, t1 + 1)  # same key, jit retraces the shape
 
 
-def test_new_tensors_take_the_fast_path_from_their_second_op(monkeypatch):
-    # A new tensor's array is made lazily and read by its first op inside the compiled
-    # path, which keeps it: the next op on it is a lookup by (dtype, size) alone.
-    slow = []
+@pytest.fixture
+def slow(monkeypatch):
+    """The overloads of the calls that missed the fast path of CompiledCompute.__call__
+    (each call of ``_call``, the full argument template), in order."""
+    calls = []
     original = compiled.CompiledCompute._call
     monkeypatch.setattr(
         compiled.CompiledCompute,
         "_call",
-        lambda self, *a, **k: slow.append(self.func) or original(self, *a, **k),
+        lambda self, *a, **k: calls.append(self.func) or original(self, *a, **k),
     )
+    return calls
+
+
+def test_new_tensors_take_the_fast_path_from_their_second_op(slow):
+    # A new tensor's array is made lazily and read by its first op inside the compiled
+    # path, which keeps it: the next op on it is a lookup by (dtype, size) alone.
     x, y = torch.randn(2, 3).to(TPU), torch.ones(2, 3, device=TPU)
     torch.atan2(x, y)
     n = len(slow)
@@ -73,17 +80,10 @@ def test_new_tensors_take_the_fast_path_from_their_second_op(monkeypatch):
     torch.testing.assert_close(torch.atan2(x, y).cpu(), torch.atan2(x.cpu(), y.cpu()))
 
 
-def test_python_numbers_take_the_fast_path_keyed_by_type(monkeypatch):
+def test_python_numbers_take_the_fast_path_keyed_by_type(slow):
     # x * 0.5, b + 1: after the first call, a lookup by the tensors' (dtype, size) and the
     # numbers' types; a number of another type is another executable (True, 1 and 1.0
     # promote differently), its value an argument.
-    slow = []
-    original = compiled.CompiledCompute._call
-    monkeypatch.setattr(
-        compiled.CompiledCompute,
-        "_call",
-        lambda self, *a, **k: slow.append(self.func) or original(self, *a, **k),
-    )
     b = torch.tensor([True, False])
     i = torch.tensor([3, -4])
     cases = [(b, True), (b, 1), (b, 1.0), (i, 2), (i, 0.5), (i, True), (i, 2**40), (b, 1j)]
@@ -99,16 +99,9 @@ def test_python_numbers_take_the_fast_path_keyed_by_type(monkeypatch):
         assert len(slow) == before, (t.dtype, type(n))
 
 
-def test_static_arguments_take_the_fast_path_keyed_by_value(monkeypatch):
+def test_static_arguments_take_the_fast_path_keyed_by_value(slow):
     # softmax(x, dim), layer_norm(x, shape, w, b, eps): the dim, the shape list and eps are
     # part of the fast key; another value is another executable, never the first one's.
-    slow = []
-    original = compiled.CompiledCompute._call
-    monkeypatch.setattr(
-        compiled.CompiledCompute,
-        "_call",
-        lambda self, *a, **k: slow.append(self.func) or original(self, *a, **k),
-    )
     x = torch.randn(3, 4)
     w, b = torch.randn(4), torch.randn(4)
     calls = [
