@@ -481,13 +481,14 @@ def _record_room(lengths, room) -> None:
 
 
 def _write_mark(decoder):
-    """Identity and write count of the first allocated key tensor of the cache: every
-    write of the cache (a step's write-back, ``reset()``, the decode programs) moves it."""
+    """Identity and write count of the first layer's length tensor (``cumulative_length``;
+    its keys when it has none): every change of the cache's length (a step's write-back,
+    ``reset()``, the decode programs) moves it, and beam search's reordering does not."""
     for layer in getattr(decoder, "layers", ()):
-        keys = getattr(layer, "keys", None)
-        storage = getattr(keys, "_storage", None)
-        if storage is not None:
-            return id(storage), storage.version
+        for name in ("cumulative_length", "keys"):
+            storage = getattr(getattr(layer, name, None), "_storage", None)
+            if storage is not None:
+                return id(storage), storage.version
     return None
 
 
@@ -502,7 +503,7 @@ def _check_ids(model, args, kwargs) -> None:
     rows = getattr(embeddings, "num_embeddings", None)
     if rows is None or ids.numel() == 0:
         return
-    low, high = int(ids.min()), int(ids.max())
+    low, high = torch.stack(torch.aminmax(ids)).tolist()  # one host read
     if low < 0 or high >= rows:
         bad = low if low < 0 else high
         raise IndexError(
