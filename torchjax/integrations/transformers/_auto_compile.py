@@ -102,13 +102,11 @@ def plan(model, kwargs) -> dict | None:
 def _wrap_generate(original):
     @functools.wraps(original)
     def generate(self, *args, **kwargs):
-        # A GenerationConfig may come second, positionally.
-        seen = dict(kwargs, generation_config=args[1]) if len(args) > 1 else kwargs
         if (
             len(args) <= 2
             and type(self).generate is generate
             and "forward" not in vars(self)
-            and plan(self, seen) is not None
+            and plan(self, _generate.call_settings(args, kwargs)) is not None
         ):
             # Each new set of generation settings traces the decode step twice; a user who
             # never asked for compilation gets the RetraceWarning later than one who did.

@@ -248,6 +248,12 @@ def runs_as_written(model, kwargs) -> bool:
     return any(c.get(k) not in (None, 1) for c in configs for k in _MODE_SETTINGS)
 
 
+def call_settings(args, kwargs) -> dict:
+    """A generate call's keyword arguments with its ``generation_config``, which may come
+    second, positionally."""
+    return dict(kwargs, generation_config=args[1]) if len(args) > 1 else kwargs
+
+
 def static_default(model, kwargs) -> dict:
     """``{"cache_implementation": "static"}`` for a generate call (its keyword arguments,
     ``generation_config`` included) that asks for no cache and whose cache would not
@@ -300,8 +306,7 @@ def _device_generate(generate):
     def device_generate(*args, **kwargs):
         wrapper = model.forward
         off_tpu = model.device.type != "tpu"
-        # A GenerationConfig may come second, positionally.
-        seen = dict(kwargs, generation_config=args[1]) if len(args) > 1 else kwargs
+        seen = call_settings(args, kwargs)
         if off_tpu or len(args) > 2:
             extra = None
         elif wrapper.rule is None:
@@ -316,8 +321,7 @@ def _device_generate(generate):
             finally:
                 _AS_WRITTEN.reset(token)
         args, kwargs = _with_settings(args, kwargs, extra)
-        seen = dict(kwargs, generation_config=args[1]) if len(args) > 1 else kwargs
-        if not runs_as_written(model, seen):
+        if not runs_as_written(model, call_settings(args, kwargs)):
             kwargs["custom_generate"] = _decode.device_sample
         with wrapper.lock:
             return generate(*args, **kwargs)
