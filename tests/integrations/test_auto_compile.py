@@ -55,6 +55,9 @@ def test_static_generate_runs_the_decode_programs(cpu, llama_dir, setting):
     assert torch.equal(_generate(model, **kwargs), _generate(cpu, **kwargs))
     assert "forward" in vars(model) and model.forward.last_fallback is None
     assert _decode_calls(model) > 0
+    # Where transformers keeps its compiled call (its own tests check that generate
+    # compiled by looking for it): the compiled forward.
+    assert model._compiled_call == model.__call__
     # The same per-call work whatever the number of tokens: the decode loop is one
     # program, the rest is setup, compiled by the calls before (a longer cache is a new
     # layout, whose prefill traces again on its first reuse).
@@ -93,6 +96,8 @@ def test_calls_transformers_would_not_compile_run_as_written(cpu, auto):
         assert auto.forward.last_fallback == "not auto-compiled"
     assert _decode_calls(auto) == calls
     assert jitted.trace_count + jitted.cache_hits == runs
+    # The "eager" backend's call compiled with transformers' own get_compiled_call.
+    assert type(auto._compiled_call).__name__ != "method"
 
 
 def test_no_cache_asked_for_gets_a_static_cache(cpu, llama_dir):

@@ -199,6 +199,7 @@ def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=N
     model.generate = _device_generate(model.generate)
     model.get_compiled_call = _get_compiled_call.__get__(model)
     model._prepare_static_cache = _reuse_static_cache(model, model._prepare_static_cache)
+    model.get_compiled_call()  # kept where transformers keeps its compiled call
     return jitted
 
 
@@ -339,9 +340,18 @@ def _traced_forward(self, *args, _torchjax_guard, **kwargs):
 
 
 def _get_compiled_call(self, compile_config=None):
-    """Replaces ``PreTrainedModel.get_compiled_call``: the forward is compiled already."""
+    """Replaces ``PreTrainedModel.get_compiled_call``: the forward is compiled already. It
+    is kept where transformers keeps its compiled call (``_compiled_call``, which callers
+    check to see that generate compiled), and dropped again before transformers' own
+    method runs for a call made as written, so that it compiles its own."""
     if _AS_WRITTEN.get():
+        if vars(self).pop("_torchjax_compiled_call", False):
+            vars(self).pop("_compiled_call", None)
+            vars(self).pop("_last_compile_config", None)
         return type(self).get_compiled_call(self, compile_config)
+    self._compiled_call = self.__call__
+    self._last_compile_config = compile_config
+    self._torchjax_compiled_call = True
     return self.__call__
 
 
