@@ -136,3 +136,32 @@ def test_tied_parameters_share_data_ptr_untied_ones_do_not():
     ln.to("tpu")
     assert m[1].weight.data_ptr() == m[0].weight.data_ptr()
     assert len({ln.weight.data_ptr(), ln.bias.data_ptr(), m[0].weight.data_ptr()}) == 3
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda t: t.t(),
+        lambda t: t[0],
+        lambda t: t.view(3, 2),
+        lambda t: t.unsqueeze(0),
+        lambda t: t.transpose(0, 1),
+        lambda t: t.detach(),
+    ],
+    ids=["t", "select", "view", "unsqueeze", "transpose", "detach"],
+)
+def test_views_under_inference_mode_are_like_cpu(view):
+    # A view of a normal tensor made under inference_mode is a normal tensor sharing
+    # its base's version counter (it used to raise "Cannot set version_counter for
+    # inference tensor"); a view of an inference tensor is an inference tensor.
+    got = {}
+    for device in ("cpu", "tpu"):
+        base = torch.zeros(2, 3, device=device) + torch.arange(6.0).reshape(2, 3).to(device)
+        with torch.inference_mode():
+            v = view(base)
+            inner = view(torch.arange(6.0, device=device).reshape(2, 3))
+            got[device] = (v.is_inference(), inner.is_inference(), v.shape, v.tolist())
+        v.add_(1)  # outside inference mode: the write reaches the base, as on CPU
+        assert base._version == v._version
+        got[device] += (base.tolist(),)
+    assert got["tpu"] == got["cpu"]

@@ -343,7 +343,15 @@ def view_of(
     want = (bits[0] if conj is None else conj, bits[1] if neg is None else neg)
     if dtype != base.dtype or want != bits:
         storage = interpret(storage, dtypes.to_jax_dtype(dtype), *want)
-    t = make(storage, size, stride, offset, dtype, base._device_index)
+    if torch.is_inference_mode_enabled() and not base.is_inference():
+        # Note [Views of normal tensors in inference mode]: as on CPU, a view of a
+        # normal tensor made under inference_mode is a normal tensor. Made there, the
+        # wrapper would be an inference tensor, and torch's C++ then fails giving it the
+        # base's version counter ("Cannot set version_counter for inference tensor").
+        with torch.inference_mode(False):
+            t = make(storage, size, stride, offset, dtype, base._device_index)
+    else:
+        t = make(storage, size, stride, offset, dtype, base._device_index)
     if want != (False, False):
         set_math_bits(t, *want)
     if value is not None:
