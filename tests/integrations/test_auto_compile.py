@@ -252,3 +252,39 @@ def test_compile_generate_gives_calls_without_a_cache_a_static_one(cpu, llama_di
     kwargs = dict(GREEDY, max_new_tokens=5)
     assert torch.equal(_generate(model, **kwargs), _generate(cpu, **kwargs))
     assert model.forward.last_fallback is None and _decode_calls(model) > 0
+
+
+def test_positions_past_a_learned_position_table_raise_as_on_cpu(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=128, n_embd=32, n_layer=1, n_head=2, n_positions=12, eos_token_id=None
+    )
+    cpu = transformers.GPT2LMHeadModel(config).eval()
+    cpu.save_pretrained(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, device_map="tpu")
+    ids = torch.randint(3, 100, (1, 7))
+    for prompt, n in ((ids, 10), (torch.randint(3, 100, (1, 14)), 2)):
+        with pytest.raises(IndexError, match="index out of range"):
+            generate(cpu, {"input_ids": prompt}, **GREEDY, max_new_tokens=n)
+        with pytest.raises(IndexError, match="out of range for the learned position"):
+            generate(model, {"input_ids": prompt}, **GREEDY, max_new_tokens=n)
+    # Within the table: the decode programs, tokens as CPU.
+    want = generate(cpu, {"input_ids": ids}, **GREEDY, max_new_tokens=5)
+    assert torch.equal(generate(model, {"input_ids": ids}, **GREEDY, max_new_tokens=5), want)
+    assert model.forward.last_fallback is None
+
+
+def test_generate_in_and_out_of_inference_mode(cpu, llama_dir):
+    # The kept static cache and programs serve calls made in either grad mode.
+    kwargs = dict(GREEDY, max_new_tokens=4)
+    want = _generate(cpu, **kwargs)
+    batch = {k: v.to("tpu") for k, v in tl.prompts().items()}
+    for modes in (
+        ("no_grad", "inference", "inference", "no_grad", "inference"),
+        ("inference", "no_grad", "no_grad", "inference"),  # a cache made in inference mode
+    ):
+        model = _load(llama_dir)
+        for mode in modes:
+            context = torch.inference_mode() if mode == "inference" else torch.no_grad()
+            with context:
+                assert torch.equal(model.generate(**batch, **kwargs).cpu(), want), modes

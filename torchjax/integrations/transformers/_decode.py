@@ -153,6 +153,10 @@ def fallback_reason(model, input_ids, processors, criteria, config, model_kwargs
     lengths = [c.max_length for c in criteria if type(c) is sc.MaxLengthCriteria]
     if not lengths or input_ids.shape[-1] >= min(lengths):
         return "no max length, or a prompt that reaches it"
+    rows = vars(model)["forward"].positions
+    if rows is not None and min(lengths) > rows:
+        # Each step's positions are checked in transformers' loop (the compiled forward).
+        return f"a max length past the learned position table ({rows} positions)"
     room = cache_room(cache)
     # generate sizes the cache max_length - 1: the last token is never fed back.
     if room is None or room < min(lengths) - 1 or any(getattr(cache, "is_sliding", ()) or ()):

@@ -96,6 +96,7 @@ from torchjax.compile._jit import Jitted, jit
 from torchjax.integrations.transformers import _decode
 from torchjax.integrations.transformers._cache_state import (
     _CACHE_KWARGS,
+    _cache_objects,
     _frozen,
     _python_state,
     _replay,
@@ -194,6 +195,7 @@ def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=N
     forward.loop = loop
     forward.rule = rule
     forward.lock = threading.RLock()  # held by a compiled generate call (shared caches)
+    forward.positions = position_rows(model)  # a learned position table's rows, or None
     forward.last_fallback = None  # why the last generate ran transformers' loop, if it did
     model.forward = forward
     model.generate = _device_generate(model.generate)
@@ -370,10 +372,13 @@ def _reuse_static_cache(model, prepare):
         cache = prepare(cache_implementation, batch_size, *args, **kwargs)
         if _AS_WRITTEN.get():
             return cache
+        # A cache made under inference_mode holds inference tensors, which a call outside
+        # it may not write: such a call takes the new cache instead (and traces anew).
+        inference = torch.is_inference_mode_enabled()
         _unslide(cache, model._previous_max_cache_length)
         layout = (cache_implementation, batch_size, model.dtype, model.device, _layout(cache))
         old = caches.pop(layout, None)
-        if old is not None:
+        if old is not None and not (_made_in_inference_mode(old) and not inference):
             old.reset()
             cache = old
         caches[layout] = cache
@@ -382,6 +387,15 @@ def _reuse_static_cache(model, prepare):
         return cache
 
     return prepare_static_cache
+
+
+def _made_in_inference_mode(cache) -> bool:
+    """Whether the cache's allocated tensors are inference tensors."""
+    for obj in _cache_objects(cache):
+        keys = getattr(obj, "keys", None)
+        if isinstance(keys, torch.Tensor):
+            return keys.is_inference()
+    return False
 
 
 def _unslide(cache, max_cache_len: int) -> None:
@@ -477,6 +491,7 @@ def _check_room(model, cache, args, kwargs, lengths):
         _check_ids(model, args, kwargs)
     else:
         known = known[0]
+    _check_positions(model, kwargs, known + new)
     if known + new > limit:
         raise IndexError(
             f"compile_generate: this step writes cache positions {known}..{known + new - 1} "
@@ -485,6 +500,42 @@ def _check_room(model, cache, args, kwargs, lengths):
             'max_new_tokens, or let generate build it (cache_implementation="static")'
         )
     return decoder, known + new
+
+
+def position_rows(model) -> int | None:
+    """The positions a learned absolute position table holds (GPT-2's ``wpe``, OPT's
+    ``embed_positions``: an embedding of ``max_position_embeddings`` rows, or 2 more),
+    or None for models without one (rotary ones run past ``max_position_embeddings``)."""
+    config = model.config.get_text_config(decoder=True)
+    limit = getattr(config, "max_position_embeddings", None)
+    if not isinstance(limit, int):
+        return None
+    inputs = model.get_input_embeddings()
+    for module in model.modules():
+        if (
+            isinstance(module, torch.nn.Embedding)
+            and module is not inputs
+            and limit <= module.num_embeddings <= limit + 2
+        ):
+            return limit
+    return None
+
+
+def _check_positions(model, kwargs, end) -> None:
+    """IndexError, as the eager embedding raises, for a step whose position ids reach past
+    a learned position table (inside a program the lookup would clamp: wrong tokens). Read
+    from the device only for a step whose cache positions reach past it (``end``)."""
+    rows = vars(model)["forward"].positions
+    if rows is None or end <= rows:
+        return
+    ids = kwargs.get("position_ids")
+    top = end - 1 if not isinstance(ids, torch.Tensor) else int(ids.max())
+    if top >= rows:
+        raise IndexError(
+            f"generate on tpu: position {top} is out of range for the learned position "
+            f"embedding with {rows} rows (aten::embedding: index out of range in self); "
+            f"the model takes at most {rows} tokens: lower max_new_tokens or the prompt"
+        )
 
 
 def _record_room(lengths, room) -> None:
