@@ -138,6 +138,7 @@ _INTEGER_DTYPES = frozenset(
     }
 )
 _SCALARS = (bool, int, float, complex)
+_default_dtype = torch.get_default_dtype
 _FAST_SCALARS = frozenset(_SCALARS)  # exact types: a subclass takes the full template
 _FAST_STATICS = frozenset(
     {*_SCALARS, type(None), str, torch.dtype, torch.device, torch.layout, torch.memory_format}
@@ -446,7 +447,8 @@ class CompiledCompute:
 
     def __call__(self, args, kwargs):
         if not kwargs and not self.seeded:
-            sig = []
+            # The default dtype decides some promotions (int * 0.5, int / int).
+            sig = [_default_dtype()]
             vals = []
             scalars = None
             pidx = self.pidx
@@ -533,7 +535,7 @@ class CompiledCompute:
                 if not _seeded.usable(args, kwargs):
                     return self._op_by_op(args, kwargs)
                 dyn.extend(_seeded.key_args(args))
-            key = (tuple(psig), tmpl, kwtmpl)
+            key = (tuple(psig), tmpl, kwtmpl, _default_dtype())
             run_key = (key, _signature(dyn))
             run = self.runs.get(run_key)
         except (NotCompilable, TypeError):
@@ -636,7 +638,7 @@ class CompiledCompute:
         """The key ``__call__``'s fast path looks ``tmpl``'s executable up by: (dtype, size)
         per tensor, (type, None) per Python number cast as an argument, (template entry,
         _STATIC) per static argument; None when an argument is none of these."""
-        sig = []
+        sig = [_default_dtype()]
         for i, (a, e) in enumerate(zip(args, tmpl)):
             cls = a.__class__
             if cls is JaxTensor and e is _ARRAY:

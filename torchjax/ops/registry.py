@@ -337,7 +337,8 @@ _PROMOTION_CACHE: dict = {}
 
 def _promoted_by_key(kind, keys):
     """(computation, result) jax dtypes for promotion keys (``_promotion_key`` values)."""
-    key = (kind,) + tuple(keys)
+    # The default dtype decides int -> float and Python-float results (int * 0.5).
+    key = (kind, torch.get_default_dtype()) + tuple(keys)
     hit = _PROMOTION_CACHE.get(key)
     if hit is None:
         vals = [_promotion_example(k) for k in keys]
@@ -355,7 +356,7 @@ def _promotion_example(key):
 
 
 def _promoted_dtypes(kind, vals):
-    key = (kind,) + tuple(_promotion_key(v) for v in vals)
+    key = (kind, torch.get_default_dtype()) + tuple(_promotion_key(v) for v in vals)
     hit = _PROMOTION_CACHE.get(key)
     if hit is None:
         compute, result = elementwise_dtypes(*vals, type_promotion_kind=kind)
