@@ -205,3 +205,55 @@ def test_empty_and_zero_dim():
     _same(tpu(s) * tpu(s), s * s)
     _same(tpu(e) + tpu(s), e + s)
     _same(torch.where(tpu(s) > 1, tpu(e), 1.0), torch.where(s > 1, e, 1.0))
+
+
+@pytest.mark.parametrize(
+    "fn", [torch.maximum, torch.minimum, torch.max, torch.min, torch.fmax, torch.fmin]
+)
+def test_complex_min_max_are_refused_as_on_cpu(fn):
+    c = torch.ones(2, dtype=torch.cfloat)
+    with pytest.raises(RuntimeError) as cpu_error:
+        fn(c, c)
+    with pytest.raises(RuntimeError) as tpu_error:
+        fn(c.to("tpu"), c.to("tpu"))
+    assert str(tpu_error.value).startswith(str(cpu_error.value))
+
+
+def test_heaviside_values_and_mixed_dtypes():
+    x = torch.tensor([-1.0, 0.0, 2.0, float("nan")])
+    v = torch.tensor([0.5, 0.5, 0.5, 0.5])
+    assert torch.equal(torch.heaviside(x.to("tpu"), v.to("tpu")).cpu(), torch.heaviside(x, v))
+    i = torch.tensor([0, 2, -1])
+    assert torch.equal(torch.heaviside(i.to("tpu"), i.to("tpu")).cpu(), torch.heaviside(i, i))
+    with pytest.raises(RuntimeError, match="heaviside is not yet implemented for tensors with"):
+        torch.heaviside(x, v.double())
+    with pytest.raises(RuntimeError, match="heaviside is not yet implemented for tensors with"):
+        torch.heaviside(x.to("tpu"), v.double().to("tpu"))
+
+
+def test_complex_logaddexp_at_infinities_and_nan():
+    inf, nan = float("inf"), float("nan")
+    a = torch.tensor([inf, -inf, complex(inf, 1.0), 1 + 2j, complex(nan, 0), 3 - 1j])
+    b = torch.tensor([1.0, 2.0, -inf, inf, 1.0, 3 + 2j], dtype=torch.cfloat)
+    a = a.to(torch.cfloat)
+    for x, y in ((a, a), (a, b), (b, a)):
+        want = torch.logaddexp(x, y)
+        got = torch.logaddexp(x.to("tpu"), y.to("tpu")).cpu()
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_promotion_follows_the_default_dtype():
+    # The default dtype decides int / int and int * 0.5: a cached key must not keep the
+    # dtype of the first call.
+    a = torch.tensor([7, 3], dtype=torch.int16)
+    b = a + 1
+    before = torch.get_default_dtype()
+    try:
+        for dtype in (torch.float64, torch.float32, torch.float64):
+            torch.set_default_dtype(dtype)
+            for f in (lambda x, y: torch.div(x, y), lambda x, y: x * 0.5):
+                want, got = f(a, b), f(a.to("tpu"), b.to("tpu"))
+                assert got.dtype == want.dtype == dtype
+                torch.testing.assert_close(got.cpu(), want)
+    finally:
+        torch.set_default_dtype(before)

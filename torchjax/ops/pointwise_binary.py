@@ -364,9 +364,16 @@ def logaddexp(self, other):
     a, b = _bcast(self, other)
     if _kind(a) != "complex":
         return jnp.logaddexp(a, b)
-    first = a.real >= b.real
-    big, small = jnp.where(first, a, b), jnp.where(first, b, a)
-    return big + jnp.log1p(jnp.exp(small - big))
+    # torch's helper: ordered by real part (a tie keeps the order), NaN infectious, equal
+    # infinite real parts special-cased (the general form would give inf - inf).
+    swap = b.real < a.real
+    small, big = jnp.where(swap, b, a), jnp.where(swap, a, b)
+    nan = jnp.isnan(small.real) | jnp.isnan(small.imag)
+    infinite = jnp.isinf(small.real) & (small.real == big.real)
+    general = big + jnp.log1p(jnp.exp(small - big))
+    both_inf = jnp.log(jnp.exp(small) + jnp.exp(big))
+    out = jnp.where(infinite, jnp.where(small.real < 0, small, both_inf), general)
+    return jnp.where(nan, jnp.asarray(complex(np.nan, np.nan), a.dtype), out)
 
 
 @lowering(aten.logaddexp2, promote=Kind.DEFAULT)
@@ -390,28 +397,48 @@ for _op, _fn in [
     registry.register_pointwise(_op, _lax2(_fn), promote=Kind.ALWAYS_BOOL)
 
 
+def _no_complex(name, *xs):
+    # torch has no order on complex numbers (jax's max would compare lexicographically).
+    if any(_kind(x) == "complex" for x in xs):
+        raise RuntimeError(f"{name} not implemented for complex tensors.")
+
+
 @lowering(aten.maximum, promote=Kind.DEFAULT)
 def maximum(self, other):
     """aten::maximum - elementwise max; NaN propagates (as torch, unlike fmax)."""
+    _no_complex("maximum", self, other)
     return _lax2(lax.max)(self, other)
 
 
 @lowering(aten.minimum, promote=Kind.DEFAULT)
 def minimum(self, other):
     """aten::minimum - elementwise min; NaN propagates (as torch, unlike fmin)."""
+    _no_complex("minimum", self, other)
     return _lax2(lax.min)(self, other)
 
 
 @lowering(aten.fmax, promote=Kind.DEFAULT)
 def fmax(self, other):
     """aten::fmax - elementwise max ignoring NaN (NaN only if both are NaN)."""
+    _no_complex("fmax", self, other)
     return jnp.fmax(*_bcast(self, other))
 
 
 @lowering(aten.fmin, promote=Kind.DEFAULT)
 def fmin(self, other):
     """aten::fmin - elementwise min ignoring NaN (NaN only if both are NaN)."""
+    _no_complex("fmin", self, other)
     return jnp.fmin(*_bcast(self, other))
+
+
+@lowering(aten.heaviside)
+def heaviside(self, values):
+    """aten::heaviside - ``values`` where self == 0, else ``self > 0`` (0 for NaN); both
+    of one dtype, as torch requires (no promotion)."""
+    if jnp.asarray(self).dtype != jnp.asarray(values).dtype:
+        raise RuntimeError("heaviside is not yet implemented for tensors with different dtypes.")
+    a, b = _bcast(self, values)
+    return jnp.where(a == 0, b, (a > 0).astype(a.dtype))
 
 
 @lowering(aten.clamp, promote=Kind.DEFAULT)
