@@ -69,10 +69,9 @@ def plan(model, kwargs) -> dict | None:
 
     if os.environ.get(_ENV, "1") == "0" or model.device.type != "tpu":
         return None
-    config = kwargs.get("generation_config") or model.generation_config
 
     def setting(name):
-        return kwargs[name] if name in kwargs else getattr(config, name, None)
+        return _generate.generation_setting(model, kwargs, name)
 
     if setting("disable_compile") or setting("use_cache") is False:
         return None

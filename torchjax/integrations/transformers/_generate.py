@@ -257,15 +257,23 @@ def call_settings(args, kwargs) -> dict:
     return dict(kwargs, generation_config=args[1]) if len(args) > 1 else kwargs
 
 
+def generation_setting(model, kwargs, name):
+    """A generation setting as a generate call sees it: its keyword argument, else its
+    ``generation_config``'s (``call_settings``), else the model's."""
+    if name in kwargs:
+        return kwargs[name]
+    config = kwargs.get("generation_config") or model.generation_config
+    return getattr(config, name, None)
+
+
 def static_default(model, kwargs) -> dict:
     """``{"cache_implementation": "static"}`` for a generate call (its keyword arguments,
     ``generation_config`` included) that asks for no cache and whose cache would not
     reach the caller, on a model built for a static cache; else ``{}`` (Note [A static
     cache by default on tpu] in _auto_compile.py)."""
-    config = kwargs.get("generation_config") or model.generation_config
 
     def setting(name):
-        return kwargs[name] if name in kwargs else getattr(config, name, None)
+        return generation_setting(model, kwargs, name)
 
     if (
         kwargs.get("cache", kwargs.get("past_key_values")) is not None
