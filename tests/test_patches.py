@@ -67,6 +67,9 @@ def test_uninstall_restores_every_original():
             "dl_init": torch.utils.data.dataloader._MultiProcessingDataLoaderIter.__init__,
             "apply": torch.nn.Module.__dict__["_apply"],
             "swap_flag": torch.__future__.get_swap_module_params_on_conversion,
+            "acc_empty_cache": torch.accelerator.empty_cache,
+            "acc_memory_stats": torch.accelerator.memory.memory_stats,
+            "acc_synchronize": torch.accelerator.synchronize,
         }
         meta_path = list(sys.meta_path)
         skip_dirs = list(trace_rules.SKIP_DIRS)
@@ -100,6 +103,10 @@ def test_uninstall_restores_every_original():
         assert _backend() == TPU() and sys.modules["torch.backends.tpu"] is torch.backends.tpu
         import inspect
         assert torch.load is not before["torch_load"]
+        assert torch.accelerator.empty_cache is not before["acc_empty_cache"]
+        assert torch.accelerator.memory.memory_stats is not before["acc_memory_stats"]
+        assert inspect.signature(torch.accelerator.memory.memory_stats) == inspect.signature(
+            before["acc_memory_stats"])
         assert inspect.signature(torch.load) == inspect.signature(before["torch_load"])
         assert cls.__dict__["_load_pretrained_model"] is not before["load"]
         assert PartialState().default_device == torch.device("tpu", 0)
@@ -134,6 +141,9 @@ def test_uninstall_restores_every_original():
         assert torch.nn.Module.__dict__["_apply"] is before["apply"]
         assert torch.__future__.get_swap_module_params_on_conversion is before["swap_flag"]
         assert torch.load is torch.serialization.load is before["torch_load"]
+        assert torch.accelerator.empty_cache is before["acc_empty_cache"]
+        assert torch.accelerator.memory.memory_stats is before["acc_memory_stats"]
+        assert torch.accelerator.synchronize is before["acc_synchronize"]
         assert torch._TorchCompileInductorWrapper.__call__ is before["inductor_call"]
         # _loading.uninstall() re-wraps the original function in a new staticmethod.
         assert cls.__dict__["_load_pretrained_model"].__func__ is before["load"].__func__
@@ -143,7 +153,9 @@ def test_uninstall_restores_every_original():
         assert Trainer.__dict__["_save_rng_state"] is before["save_rng"]
         assert Trainer.__dict__["_load_rng_state"] is before["load_rng"]
         PartialState._reset_state()
-        assert PartialState().default_device == torch.device("cpu")
+        # accelerate's own answer again: cpu before 1.16, unindexed tpu from 1.16 (which
+        # asks torch.accelerator)
+        assert PartialState().default_device in (torch.device("cpu"), torch.device("tpu"))
         assert accelerate_before == {
             "save_state": acc_accelerator.save_accelerator_state,
             "load_state": acc_accelerator.load_accelerator_state,
@@ -198,6 +210,7 @@ def test_uninstall_restores_every_original():
         "torch.nested.nested_tensor",
         "torch.nested.as_nested_tensor",
         "DataLoader worker start",
+        "torch.accelerator memory functions and synchronize",
         "Dynamo skip rules for torchjax",
         "torch._TorchCompileInductorWrapper.__call__",
         "optimizer capturable=True under jit",

@@ -55,6 +55,13 @@ how it is undone.
   failing at every later op (Note [Unsupported layouts]); the constructors keep their
   signatures and results for every other device. Undo: the fallback's library is
   destroyed, the originals put back.
+- ``torch.accelerator memory functions and synchronize`` (device/_accelerator.py; torch
+  2.13). ``torch.accelerator.empty_cache``, ``memory_allocated``, ``memory_stats``,
+  ``get_memory_info`` and the rest stop at torch's allocator assert for a Python backend,
+  and ``synchronize`` raises; accelerate 1.16 calls ``empty_cache`` on every weight move.
+  Asked about tpu, each answers with ``torch.tpu``'s function of the same meaning (Note
+  [torch.accelerator on tpu]); same signatures. Undo: the originals put back in
+  ``torch.accelerator`` and ``torch.accelerator.memory``.
 - ``DataLoader worker start`` (device/_dataloader.py through _compat/torch.py; torch
   2.13). ``_MultiProcessingDataLoaderIter.__init__`` wrapped: JAX's "os.fork() was
   called" warning is ignored while it starts the workers, which run CPU code only (Note
@@ -100,28 +107,29 @@ how it is undone.
   module the patches below are applied to, so ``import torchjax`` imports none of these
   libraries; each removes itself when it fires. Undo: the finder is removed.
 - ``accelerate PartialState.default_device`` (integrations/accelerate/_device.py;
-  accelerate 1.15). accelerate picks its device from a list of backends it knows and
-  never asks ``torch.accelerator``, so ``Accelerator()`` and the Trainer's batches stayed
-  on cpu while transformers put the model on tpu. The property answers accelerate's
-  answer except that its cpu fallback is tpu when torch's accelerator is tpu (Note
-  [accelerate's device on tpu]). Undo: the original property put back.
+  accelerate 1.16). accelerate before 1.16 picks its device from a list of backends it
+  knows and never asks ``torch.accelerator``, so ``Accelerator()`` and the Trainer's
+  batches stayed on cpu while transformers put the model on tpu; 1.16 answers ``tpu``
+  without an index. The property answers accelerate's answer except that its cpu
+  fallback, and an unindexed tpu, are ``tpu:<current index>`` when torch's accelerator is
+  tpu (Note [accelerate's device on tpu]). Undo: the original property put back.
 - ``transformers accelerate_max_memory`` (integrations/accelerate/_device.py;
   transformers 5.24). accelerate's ``get_max_memory`` as transformers' ``device_map="auto"``
   calls it, wrapped: with no ``max_memory`` given it offers the tpu devices too, so
   "auto" places layers on tpu instead of cpu (same Note). Undo: the original put back.
 - ``accelerate clean_state_dict_for_safetensors`` and
   ``accelerate.checkpointing.load_model`` (integrations/accelerate/_saving.py; accelerate
-  1.15). ``Accelerator.save_state`` / ``load_state`` dedup tied tensors by host storage
+  1.16). ``Accelerator.save_state`` / ``load_state`` dedup tied tensors by host storage
   pointer, which a tpu tensor does not have; the wrappers work from CPU copies that keep
   the sharing (Note [accelerate's safetensors save of tpu tensors]); other models go to
   accelerate's / safetensors' functions. Undo: the originals put back.
 - ``accelerate save/load_accelerator_state`` (integrations/accelerate/_saving.py;
-  accelerate 1.15). The names ``Accelerator.save_state`` / ``load_state`` call in
+  accelerate 1.16). The names ``Accelerator.save_state`` / ``load_state`` call in
   ``accelerate.accelerator``, wrapped: accelerate's own run first, then the tpu RNG states
   are added to / restored from its ``random_states_<process>.pkl`` (Note [accelerate
   checkpoints and the tpu RNG]). Undo: the originals put back.
 - ``accelerate OffloadedWeightsLoader.__getitem__`` (integrations/accelerate/_offload.py;
-  accelerate 1.15). A disk-offloaded weight for a tpu execution device is read on CPU
+  accelerate 1.16). A disk-offloaded weight for a tpu execution device is read on CPU
   and moved to tpu (safetensors' reader refuses device "tpu"; Note [Offloaded weights
   onto tpu]). Undo: the original method put back.
 - ``transformers Trainer RNG state`` (integrations/transformers/_trainer.py; transformers

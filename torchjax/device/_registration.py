@@ -19,6 +19,7 @@ from torchjax._compat.torch import (
     setup_privateuse1_python_backend,
 )
 from torchjax.device import (
+    _accelerator,
     _autocast,
     _dataloader,
     _factory,
@@ -53,6 +54,7 @@ def _register() -> None:
     _layouts.register()
     _dataloader.register()
     _serialization.register()
+    _accelerator.register()
     install_swap_tensors(_involves_tpu)
     install_module_moves(_holds_tpu_params)
 

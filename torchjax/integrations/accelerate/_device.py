@@ -10,8 +10,11 @@ first op failed ("Expected all tensors to be on the same device ... tpu:0 and cp
 aten::embedding)"). The wrapped property answers what accelerate's list answers, except
 that its "cpu" fallback becomes ``tpu:<current index>`` when ``torch.accelerator`` reports
 tpu. ``Accelerator(cpu=True)``, ``use_cpu=True`` and ``ACCELERATE_TORCH_DEVICE`` are
-unchanged: accelerate reads those before it asks ``default_device``. Multi-process
-launches (``LOCAL_RANK``) take accelerate's distributed path, which this does not reach.
+unchanged: accelerate reads those before it asks ``default_device``. accelerate 1.16 asks
+``torch.accelerator`` itself and answers ``tpu`` without an index; the property adds the
+current index, so accelerate's device is ``tpu:0`` on every release, as transformers' is.
+Multi-process launches (``LOCAL_RANK``) take accelerate's distributed path, which this does
+not reach.
 
 ``device_map="auto"`` sizes devices with accelerate's ``get_max_memory()``, which lists
 the same known backends and so offers only cpu (and disk): a tiny model loaded
@@ -33,7 +36,7 @@ import torch
 from torchjax import _patches
 from torchjax.integrations import _after_import
 
-PATCHED_FOR = "1.15"
+PATCHED_FOR = "1.16"
 _TARGET_MODULE = "accelerate.state"
 _NAME = "accelerate PartialState.default_device"
 _MEMORY_TARGET = "transformers.integrations.accelerate"
@@ -49,7 +52,9 @@ def tpu_is_the_accelerator() -> bool:
 def _wrap_default_device(original: property) -> property:
     def default_device(self) -> torch.device:
         device = original.fget(self)
-        if device.type == "cpu" and tpu_is_the_accelerator():
+        if (device.type == "cpu" and tpu_is_the_accelerator()) or (
+            device.type == "tpu" and device.index is None
+        ):
             return torch.device("tpu", torch.accelerator.current_device_index())
         return device
 

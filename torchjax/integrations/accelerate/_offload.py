@@ -21,7 +21,7 @@ import torch
 from torchjax import _patches
 from torchjax.integrations import _after_import
 
-PATCHED_FOR = "1.15"
+PATCHED_FOR = "1.16"
 _TARGET_MODULE = "accelerate.utils.offload"
 _NAME = "accelerate OffloadedWeightsLoader.__getitem__"
 

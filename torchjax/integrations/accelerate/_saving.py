@@ -41,7 +41,7 @@ from torchjax import _patches
 from torchjax.integrations import _after_import
 from torchjax.integrations.accelerate._device import tpu_is_the_accelerator
 
-PATCHED_FOR = "1.15"
+PATCHED_FOR = "1.16"
 _TARGET_MODULE = "accelerate.utils.other"
 _NAME = "accelerate clean_state_dict_for_safetensors"
 _LOAD_TARGET = "accelerate.checkpointing"
