@@ -171,3 +171,11 @@ def test_logit_eps_and_grad():
     torch.logit(x, eps=0.1).sum().backward()
     torch.testing.assert_close(t.grad.cpu(), x.grad)
     assert math.isinf(torch.logit(tpu(torch.tensor([1.0]))).item())
+
+
+@pytest.mark.parametrize("decimals", [1, 2, 3, -1, -2])
+def test_round_decimals_bit_for_bit(decimals):
+    # The scale division is correctly rounded on CPU (Note [Division by a broadcast
+    # divisor]); XLA's reciprocal multiply differed in the last bit.
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 100
+    assert torch.equal(x.to("tpu").round(decimals=decimals).cpu(), x.round(decimals=decimals))

@@ -96,3 +96,102 @@ def test_aten_type_name_matches_torch_messages():
     assert dtypes.aten_type_name(torch.int64) == "Long"
     assert dtypes.aten_type_name(dtypes.to_jax_dtype(torch.bfloat16)) == "BFloat16"
     assert dtypes.aten_type_name(np.dtype(np.uint8)) == "Byte"
+
+
+_FIT_DTYPES = ALL + [
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
+_FIT_VALUES = [
+    1e300, -1e300, float("nan"), float("inf"), -float("inf"), 2**63 - 1, 2**63, -(2**63),
+    -1, -255, -256, 127, 128, -129, 255, 256, 2.7, -0.5, 70000, 65504.0, 65504.5,
+    3.4028234663852886e38, 3.5e38, 448.0, 448.5, 57344.0, 57345.0, 1 + 2j, 1e39j, True,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", _FIT_DTYPES, ids=str)
+def test_check_scalar_fits_agrees_with_torch(dtype):
+    # c10's checked_convert, as torch.full on CPU applies it.
+    checked = 0
+    for v in _FIT_VALUES:
+        try:
+            torch.full((2,), v, dtype=dtype)
+            want = None
+        except RuntimeError as e:
+            want = str(e)
+        except (OverflowError, TypeError):
+            continue  # refused by the Python binding before c10's check
+        try:
+            dtypes.check_scalar_fits(v, dtype, "full")
+            got = None
+        except RuntimeError as e:
+            got = str(e).removesuffix(" (in aten::full)")
+        assert got == want, v
+        checked += 1
+    assert checked >= 20
+
+
+_OVERFLOWING_CALLS = {
+    "fill_": lambda d: torch.tensor([1, 2], dtype=torch.int8, device=d).fill_(300),
+    "full": lambda d: torch.full((2,), 300, dtype=torch.int8, device=d),
+    "full_like": lambda d: torch.full_like(torch.tensor([1, 2], dtype=torch.int8, device=d), 300),
+    "new_full": lambda d: torch.tensor([1], dtype=torch.int8, device=d).new_full((2,), -300),
+    "setitem": lambda d: torch.tensor([1, 2], dtype=torch.int8, device=d).__setitem__(0, 300),
+    "fill_ bf16": lambda d: torch.zeros(2, dtype=torch.bfloat16, device=d).fill_(1e39),
+    "fill_ f32": lambda d: torch.zeros(2, device=d).fill_(1e300),
+    "masked_fill": lambda d: torch.tensor([1, 2], dtype=torch.int8, device=d).masked_fill(
+        torch.tensor([True, False], device=d), 300
+    ),
+    "masked_fill f16": lambda d: torch.zeros(2, dtype=torch.float16, device=d).masked_fill(
+        torch.tensor([True, False], device=d), 1e6
+    ),
+    "where other": lambda d: torch.where(
+        torch.tensor([True, False], device=d), torch.tensor([1, 2], dtype=torch.int8, device=d), 300
+    ),
+    "where self": lambda d: torch.where(
+        torch.tensor([True, False], device=d),
+        -300,
+        torch.tensor([1, 2], dtype=torch.int8, device=d),
+    ),
+    "index_fill": lambda d: torch.tensor([1, 2], dtype=torch.int8, device=d).index_fill(
+        0, torch.tensor([0], device=d), 300
+    ),
+    "clamp": lambda d: torch.tensor([1, 2], dtype=torch.int8, device=d).clamp(max=300),
+    "clamp_min": lambda d: torch.tensor([1, 2], dtype=torch.int8, device=d).clamp_min(-300),
+    "clamp_ f16": lambda d: torch.zeros(2, dtype=torch.float16, device=d).clamp_(min=-1e6),
+    "scatter": lambda d: torch.zeros(3, dtype=torch.int8, device=d).scatter(
+        0, torch.tensor([1], device=d), 300
+    ),
+    "pow": lambda d: torch.tensor([1, 2], dtype=torch.int8, device=d) ** 300,
+    "hardtanh": lambda d: torch.nn.functional.hardtanh(
+        torch.zeros(2, dtype=torch.float16, device=d), -1e6, 1e6
+    ),
+    "pad": lambda d: torch.nn.functional.pad(
+        torch.tensor([1, 2], dtype=torch.int8, device=d), (1, 1), value=300
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_OVERFLOWING_CALLS))
+def test_numbers_that_do_not_fit_raise_as_on_cpu(name):
+    # These kernels read the number as the tensor's type, with c10's overflow check:
+    # writing 300 into int8 as 44 would be a silent wrong result.
+    call = _OVERFLOWING_CALLS[name]
+    for device in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError, match="without overflow"):
+            call(device)
+
+
+def test_numbers_that_fit_or_wrap_as_torch_allows():
+    u8 = torch.tensor([1, 2], dtype=torch.uint8)
+    for call in (
+        lambda t: t.fill_(-1),  # negative ints wrap into unsigned types
+        lambda t: t + 300,  # arithmetic wraps the number, unchecked
+        lambda t: torch.where(t > 1, t, 255),
+        lambda t: t.clamp(max=2.7),  # a float bound promotes to float
+    ):
+        want = call(u8.clone())
+        assert torch.equal(call(u8.clone().to("tpu")).cpu(), want)

@@ -154,7 +154,12 @@ def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
     return jnp.where(x > _zero(x), g, g * _c(negative_slope, g))
 
 
-@lowering(aten.hardtanh, promote=Kind.DEFAULT, promote_args=_SELF)
+@lowering(
+    aten.hardtanh,
+    promote=Kind.DEFAULT,
+    promote_args=_SELF,
+    checked_scalars=("min_val", "max_val"),
+)
 def hardtanh(self, min_val=-1, max_val=1):
     """aten::hardtanh - clamp to [min_val, max_val] (relu6 composes from it)."""
     if self.dtype == jnp.bool_:

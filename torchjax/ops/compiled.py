@@ -344,8 +344,9 @@ class CompiledCompute:
 
     ``helpers``: ``unwrap_cpu(x)`` turns an accepted CPU tensor into a jax array;
     ``device_error(x)`` builds the error for a CPU tensor that is not accepted;
-    ``promoted(kind, signature)`` returns (computation dtype, result dtype) for a
-    promotion signature; ``cast``/``cast_out`` apply them (the registry's functions).
+    ``promoted(kind, signature)`` returns (computation, result, inputs) dtypes for a
+    promotion signature; ``cast``/``cast_in``/``cast_out`` apply them (the registry's
+    functions; Note [Half-precision inputs are rounded first] in registry.py).
     """
 
     def __init__(self, func, entry, outs, pidx, pnames, eager, helpers):
@@ -357,7 +358,26 @@ class CompiledCompute:
         self.pidx = pidx
         self.pnames = pnames
         self.eager = eager
-        self.unwrap_cpu, self.device_error, self.promoted, self.cast, self.cast_out = helpers
+        (
+            self.unwrap_cpu,
+            self.device_error,
+            self.promoted,
+            self.cast,
+            self.cast_in,
+            self.cast_out,
+            self.round_scalars,
+            self.check_scalars,
+        ) = helpers
+        names = [a.name for a in func._schema.arguments]
+        self.names = names
+        self.rounded = frozenset(entry.round_scalars)
+        # Python numbers in promoted positions are checked on the host, every call;
+        # static ones once, in the trace (a failed trace caches nothing).
+        self.checked = any(names[i] in entry.checked_scalars for i in pidx)
+        self.checked_static = tuple(entry.checked_scalars)
+        self.opname = func._opname
+        self.exact = frozenset(i for i in pidx if names[i] in entry.exact_scalars)
+        self.exact_names = frozenset(entry.exact_scalars)
         # key -> its (computation, result) dtypes; (key, input signature) -> executable.
         self.cache: dict = {}
         self.runs: dict = {}
@@ -481,6 +501,8 @@ class CompiledCompute:
                     if scalars:
                         cast, compute_dt = self.cast, run.dts[0]
                         for j in scalars:
+                            if self.checked:
+                                dtypes.check_scalar_fits(vals[j], run.dts[1], self.opname)
                             vals[j] = cast(vals[j], compute_dt)
                     try:
                         _budget.touch(run)
@@ -558,6 +580,8 @@ class CompiledCompute:
             # (numpy's astype wraps out-of-range ints as torch does), passed as arguments.
             cast, compute_dt = self.cast, dts[0]
             for j in scalars:
+                if self.checked:
+                    dtypes.check_scalar_fits(dyn[j], dts[1], self.opname)
                 dyn[j] = cast(dyn[j], compute_dt)
         try:
             if _fused.ACTIVE[0] and _fused.recording():
@@ -689,7 +713,10 @@ class CompiledCompute:
         # inside torchjax.jit or jax.grad over torchjax.functional); _nested gives the
         # same function without them, made on first use (the try costs nothing).
         fn, info = self.fn, self.info
-        pidx, pnames, cast, cast_out = self.pidx, self.pnames, self.cast, self.cast_out
+        pidx, pnames, cast_in, cast_out = self.pidx, self.pnames, self.cast_in, self.cast_out
+        exact, exact_names = self.exact, self.exact_names
+        names, rounded, round_scalars = self.names, self.rounded, self.round_scalars
+        checked_static, check_scalars, func = self.checked_static, self.check_scalars, self.func
 
         def compute(dyn):
             it = iter(dyn)
@@ -699,12 +726,16 @@ class CompiledCompute:
                 out = fn(*jargs, **jkwargs)
                 _check_outputs(out)
                 return out
-            compute_dt, result_dt = dts
+            compute_dt, result_dt, inputs = dts
             for i in pidx:
                 if i < len(jargs):
-                    jargs[i] = cast(jargs[i], compute_dt)
+                    jargs[i] = cast_in(jargs[i], compute_dt, inputs, i in exact)
             for k in pnames & jkwargs.keys():
-                jkwargs[k] = cast(jkwargs[k], compute_dt)
+                jkwargs[k] = cast_in(jkwargs[k], compute_dt, inputs, k in exact_names)
+            if rounded and inputs is not None:
+                round_scalars(names, jargs, jkwargs, rounded, inputs)
+            if checked_static:
+                check_scalars(func, names, jargs, jkwargs, checked_static, result_dt)
             out = fn(*jargs, **jkwargs)
             _check_outputs(out)
             return cast_out(out, result_dt)

@@ -199,6 +199,8 @@ def fill_(args, kwargs):
     self = args[0]
     if not isinstance(self, JaxTensor):
         raise TypeError(f"torchjax: fill_ of a {type(self).__name__}")
+    if len(args) > 1:
+        dtypes.check_scalar_fits(args[1], self.dtype, "fill_")
     storage = self._storage
     # (A view of another dtype has an Interpretation here, never a fill to record.)
     lazy = getattr(storage, "lazy", None)

@@ -35,7 +35,8 @@ import torch
 from torchjax import _budget
 from torchjax._compat.torch import all_op_schemas
 from torchjax.ops import compiled
-from torchjax.ops.registry import Kind, _promoted_by_key, handler, write_into
+from torchjax.ops.promotion import promoted_by_key
+from torchjax.ops.registry import Kind, handler, write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import JaxTensor, wrap
 
@@ -380,7 +381,7 @@ def _addc_dynamic(base, inplace, self, tensor1, tensor2, value):
     """``self + value * (tensor1 op tensor2)`` with a traced ``value`` (see Note
     [Compiled foreach]): what aten::addcmul/addcdiv's lowerings compute for float
     tensors, in the computation dtype, cast to the result dtype."""
-    compute, result = _promoted_by_key(
+    compute, result, _ = promoted_by_key(
         Kind.DEFAULT, [(t.dtype, not t._size) for t in (self, tensor1, tensor2)]
     )
     v = value._value() if isinstance(value, JaxTensor) else value

@@ -32,6 +32,7 @@ import torch
 from torchjax.device import _checks
 from torchjax.ops.registry import lowering
 from torchjax.ops.shape import _dim
+from torchjax.tensor import dtypes
 
 aten = torch.ops.aten
 _ALL = slice(None)
@@ -225,7 +226,8 @@ def _scatter(self, dim, index, src, how, op):
 def scatter(self, dim, index, src=None, value=None, reduce=None):
     """aten::scatter - ``self[index[i][j]][j] = src[i][j]`` (dim=0); ``reduce`` 'add' /
     'multiply' combines instead. Overloads: src tensor or scalar value."""
-    src = value if src is None else src
+    src = value if src is None else src  # .value overloads pass the number positionally
+    dtypes.check_scalar_fits(src, self.dtype, "scatter")
     return _scatter(self, dim, index, src, reduce or "set", "scatter")
 
 
@@ -331,6 +333,7 @@ def index_copy(self, dim, index, source):
 @lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, cpu_tensors=True)
 def index_fill(self, dim, index, value):
     """aten::index_fill - ``self[..., index, ...] = value`` (scalar or 0-d tensor)."""
+    dtypes.check_scalar_fits(value, self.dtype, "index_fill")
     return _index_update(
         self, dim, index, jnp.asarray(value).astype(self.dtype), "set", "index_fill"
     )
@@ -365,6 +368,7 @@ def masked_fill(self, mask, value):
             f"dtype {mask.dtype} (in aten::masked_fill)"
         )
     _check_fill_value(self, value)
+    dtypes.check_scalar_fits(value, self.dtype, "masked_fill")
     return jnp.where(mask, jnp.asarray(value).astype(self.dtype), self)
 
 

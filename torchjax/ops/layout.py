@@ -189,6 +189,7 @@ def constant_pad_nd(self, pad, value=0):
             f"Length of pad must be even but instead it equals {len(pad)}, or "
             f"pad too long for a {self.ndim}-d input (in aten::constant_pad_nd)"
         )
+    dtypes.check_scalar_fits(value, self.dtype, "constant_pad_nd")
     config = [(0, 0, 0)] * self.ndim
     for i in range(len(pad) // 2):
         config[self.ndim - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]), 0)

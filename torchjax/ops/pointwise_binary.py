@@ -19,6 +19,7 @@ from jax import lax
 from torchjax.device import _checks
 from torchjax.ops import registry
 from torchjax.ops.registry import Kind, functional_handler, handler, lowering
+from torchjax.tensor import dtypes
 from torchjax.tensor.dtypes import aten_type_name
 
 aten = torch.ops.aten
@@ -117,7 +118,13 @@ def _check_sub_bool(op: str, x) -> None:
         )
 
 
-@lowering(aten.add.Tensor, aten.add.Scalar, promote=Kind.DEFAULT, promote_args=("self", "other"))
+@lowering(
+    aten.add.Tensor,
+    aten.add.Scalar,
+    promote=Kind.DEFAULT,
+    promote_args=("self", "other"),
+    round_scalars=("alpha",),
+)
 def add(self, other, alpha=1):
     """aten::add - ``self + alpha * other``. Shapes: broadcast. Dtypes: torch's DEFAULT
     promotion (f16/bf16 in f32); bool + bool is logical or. alpha checked as torch does
@@ -132,7 +139,9 @@ def sub(self, other, alpha=1):
 
 
 _sub = {
-    ov: functional_handler(ov, sub, promote=Kind.DEFAULT, promote_args=("self", "other"))
+    ov: functional_handler(
+        ov, sub, promote=Kind.DEFAULT, promote_args=("self", "other"), round_scalars=("alpha",)
+    )
     for ov in (aten.sub.Tensor, aten.sub.Scalar)
 }
 
@@ -152,23 +161,49 @@ def sub_handler(args, kwargs, _ops=(aten.sub.Tensor, aten.sub.Scalar)):
     return _sub[op](args, kwargs)
 
 
-@lowering(aten.rsub.Tensor, aten.rsub.Scalar, promote=Kind.DEFAULT, promote_args=("self", "other"))
+@lowering(
+    aten.rsub.Tensor,
+    aten.rsub.Scalar,
+    promote=Kind.DEFAULT,
+    promote_args=("self", "other"),
+    round_scalars=("alpha",),
+)
 def rsub(self, other, alpha=1):
     """aten::rsub - ``other - alpha * self``; bool raises. Reference: torch.rsub."""
     _check_sub_bool("rsub", self)
     return _lax2(lax.sub)(other, _scaled("rsub", self, alpha))
 
 
-@lowering(aten.mul.Tensor, aten.mul.Scalar, promote=Kind.DEFAULT)
+@lowering(aten.mul.Tensor, aten.mul.Scalar, promote=Kind.DEFAULT, exact_scalars=("other",))
 def mul(self, other):
     """aten::mul - ``self * other``; bool * bool is logical and. Shapes: broadcast."""
     return _mul(self, other)
 
 
-@lowering(aten.div.Tensor, aten.div.Scalar, promote=Kind.INT_TO_FLOAT)
+@lowering(aten.div.Tensor, aten.div.Scalar, promote=Kind.INT_TO_FLOAT, exact_scalars=("other",))
 def div(self, other):
     """aten::div (rounding_mode=None) - true division; ints/bool -> default float."""
-    return _lax2(lax.div)(self, other)
+    return exact_div(self, other)
+
+
+def exact_div(self, other):
+    """``self / other`` correctly rounded on CPU also where ``other`` is broadcast (Note
+    [Division by a broadcast divisor])."""
+    a, b = _bcast(self, other)
+    if np.shape(other) == a.shape or _kind(a) != "float":
+        return lax.div(a, b)
+    return lax.platform_dependent(a, b, cpu=_div_by_broadcast, default=lax.div)
+
+
+# Note [Division by a broadcast divisor]
+# XLA rewrites ``a / broadcast(b)`` as ``a * broadcast(1 / b)``: one division instead of
+# many, but not correctly rounded (``x / 0.3`` differed from torch in the last bit of
+# about a quarter of float32 elements, and a float16/bfloat16 quotient at a rounding tie
+# by one step). torch's CPU kernels divide every element; torch on CUDA multiplies by the
+# reciprocal too. So on CPU the divisor is made a full array behind an optimization
+# barrier, which the rewrite cannot see through; TPU and GPU keep the multiplication.
+def _div_by_broadcast(a, b):
+    return lax.div(a, lax.optimization_barrier(b))
 
 
 def _floor_div_float(a, b):
@@ -187,7 +222,7 @@ def _floor_div_float(a, b):
     return jnp.where(b == zero, true, fq)
 
 
-@lowering(aten.floor_divide, promote=Kind.DEFAULT)
+@lowering(aten.floor_divide, promote=Kind.DEFAULT, exact_scalars=("other",))
 def floor_divide(self, other):
     """aten::floor_divide (and div rounding_mode='floor') - quotient rounded toward -inf.
 
@@ -288,28 +323,43 @@ def _int_pow(base, exp):
     return jnp.where(neg, neg_val, pos)
 
 
-@lowering(aten.pow, promote=Kind.DEFAULT)
+@lowering(aten.pow.Tensor_Tensor, aten.pow.Scalar, promote=Kind.DEFAULT)
 def pow(self, exponent):
     """aten::pow (Tensor_Tensor, Tensor_Scalar, Scalar) - ``self ** exponent``.
 
     Dtypes: DEFAULT promotion. Ints: exact integer power with torch's rule for negative
     exponents (1 ** -n = 1, (-1) ** -n = +-1, else 0); a negative Python-scalar exponent
-    with an integer base raises, as in torch. bool: ``self or not exponent``."""
+    with an integer base raises, as in torch (``pow_tensor_scalar``, before promotion).
+    bool: ``self or not exponent``."""
     kind = _kind(self) if hasattr(self, "dtype") else _kind(exponent)
     if kind == "bool":
         return _lax2(lax.bitwise_or)(self, lax.bitwise_not(jnp.asarray(exponent)))
     if kind == "int":
-        if getattr(exponent, "ndim", None) == 0:
-            # Traced, a Python-scalar exponent and a 0-d tensor look alike: only the
-            # scalar may raise, so such a call runs op by op (NeedsValues).
-            _checks.concrete(exponent)
-        if isinstance(exponent, np.ndarray) and exponent.ndim == 0 and exponent < 0:
-            raise RuntimeError(
-                "aten::pow: Integers to negative integer powers are not "
-                f"allowed (got exponent {exponent.item()})."
-            )
         return _int_pow(self, exponent)
     return _lax2(lax.pow)(self, exponent)
+
+
+_pow_scalar = functional_handler(aten.pow.Tensor_Scalar, pow, promote=Kind.DEFAULT)
+
+
+@handler(aten.pow.Tensor_Scalar)
+def pow_tensor_scalar(args, kwargs):
+    """aten::pow.Tensor_Scalar at the torch level: a negative integer exponent of an
+    integer tensor raises before promotion, which would wrap it (uint8 ** -2 is 254)."""
+    self, exponent = args[0], args[1] if len(args) > 1 else kwargs["exponent"]
+    if (
+        isinstance(exponent, int)
+        and not isinstance(exponent, bool)
+        and exponent < 0
+        and not (self.dtype.is_floating_point or self.dtype.is_complex)
+    ):
+        raise RuntimeError(
+            "aten::pow: Integers to negative integer powers are not "
+            f"allowed (got exponent {exponent})."
+        )
+    if isinstance(exponent, int) and not (self.dtype.is_floating_point or self.dtype.is_complex):
+        dtypes.check_scalar_fits(exponent, self.dtype, "pow")
+    return _pow_scalar(args, kwargs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -441,7 +491,7 @@ def heaviside(self, values):
     return jnp.where(a == 0, b, (a > 0).astype(a.dtype))
 
 
-@lowering(aten.clamp, promote=Kind.DEFAULT)
+@lowering(aten.clamp, promote=Kind.DEFAULT, checked_scalars=("min", "max"))
 def clamp(self, min=None, max=None):
     """aten::clamp (Scalar and Tensor bounds) - ``min(max(self, min), max)``.
 
@@ -459,13 +509,13 @@ def clamp(self, min=None, max=None):
     return out
 
 
-@lowering(aten.clamp_min, promote=Kind.DEFAULT)
+@lowering(aten.clamp_min, promote=Kind.DEFAULT, checked_scalars=("min", "max"))
 def clamp_min(self, min):
     """aten::clamp_min - ``max(self, min)``, NaN propagating."""
     return _lax2(lax.max)(self, min)
 
 
-@lowering(aten.clamp_max, promote=Kind.DEFAULT)
+@lowering(aten.clamp_max, promote=Kind.DEFAULT, checked_scalars=("min", "max"))
 def clamp_max(self, max):
     """aten::clamp_max - ``min(self, max)``, NaN propagating."""
     return _lax2(lax.min)(self, max)
@@ -478,6 +528,7 @@ def clamp_max(self, max):
     aten.where.Scalar,
     promote=Kind.NO_OPMATH,
     promote_args=("self", "other"),
+    checked_scalars=("self", "other"),
 )
 def where(condition, self, other):
     """aten::where(condition, self, other) - pick self where condition, else other.

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from torchjax.ops.pointwise_binary import exact_div
 from torchjax.ops.registry import Kind, handler, lowering, register_pointwise
 from torchjax.tensor._tensor import view_of
 from torchjax.tensor.dtypes import aten_type_name
@@ -120,9 +121,9 @@ def round(self, *, decimals=0):
         return lax.round(self, lax.RoundingMethod.TO_NEAREST_EVEN)
     if decimals > 0:
         scale = np.asarray(10.0**decimals, dtype=self.dtype)
-        return lax.round(self * scale, lax.RoundingMethod.TO_NEAREST_EVEN) / scale
+        return exact_div(lax.round(self * scale, lax.RoundingMethod.TO_NEAREST_EVEN), scale)
     scale = np.asarray(10.0**-decimals, dtype=self.dtype)
-    return lax.round(self / scale, lax.RoundingMethod.TO_NEAREST_EVEN) * scale
+    return lax.round(exact_div(self, scale), lax.RoundingMethod.TO_NEAREST_EVEN) * scale
 
 
 @lowering(aten.frac, promote=Kind.DEFAULT)

@@ -6,7 +6,8 @@ does everything around them, reading each overload's schema once:
 - unwrapping tpu tensors to jax arrays; 0-d CPU tensors and Python numbers are scalars;
   any other CPU tensor is an error naming both devices (CUDA's rule);
 - type promotion declared with torch's own ``ELEMENTWISE_TYPE_PROMOTION_KIND`` and
-  resolved by ``torch._prims_common.elementwise_dtypes`` (cached per dtype signature);
+  resolved by ``torch._prims_common.elementwise_dtypes`` (cached per dtype signature;
+  ops/promotion.py);
 - view ops (the schema's return aliases ``self``): the result shares ``self``'s storage,
   its sizes/strides/offset computed by running the same op on a meta tensor;
 - in-place (``op_``) and ``out=`` overloads: derived from the functional sibling, checked
@@ -43,10 +44,9 @@ import torch
 from torchjax._compat.torch import (
     ELEMENTWISE_TYPE_PROMOTION_KIND,
     decomposition_table,
-    elementwise_dtypes,
     set_math_bits,
 )
-from torchjax.ops import compiled, fused, writeback
+from torchjax.ops import compiled, fused, promotion, writeback
 from torchjax.tensor import _tensor, dtypes
 from torchjax.tensor._errors import describe_args
 from torchjax.tensor._reinterpret import Interpretation
@@ -55,8 +55,6 @@ from torchjax.tensor._tensor import JaxTensor, view_of, wrap
 
 aten = torch.ops.aten
 Kind = ELEMENTWISE_TYPE_PROMOTION_KIND
-
-_SCALAR_TYPES = (bool, int, float, complex)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +73,15 @@ class Lowering:
     # False: fn reads only the shape and dtype of its first argument, never its values
     # (a sampler overwriting ``self``): a tensor whose array is not made yet stays so
     self_values: bool = True
+    # promoted arguments whose one-element value enters the computation dtype unrounded
+    # (Note [Half-precision inputs are rounded first])
+    exact_scalars: tuple[str, ...] = ()
+    # Python floats outside the promotion (add's alpha) rounded to the half input type,
+    # as CPU's kernels read them (Note [Half-precision inputs are rounded first])
+    round_scalars: tuple[str, ...] = ()
+    # arguments whose Python numbers must fit the result dtype, as c10's checked_convert
+    # requires where a kernel reads a Scalar as its type (where, clamp, hardtanh)
+    checked_scalars: tuple[str, ...] = ()
 
 
 _LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
@@ -104,6 +111,9 @@ def lowering(
     cpu_tensors=False,
     jit=True,
     self_values=True,
+    exact_scalars=(),
+    round_scalars=(),
+    checked_scalars=(),
 ):
     """Register ``fn`` as the jax lowering of ``ops`` (overloads or whole packets).
 
@@ -121,6 +131,13 @@ def lowering(
     ``self_values=False``: ``fn`` uses only the shape and dtype of its first argument
     (an in-place sampler that overwrites it); the compiled path then passes none of its
     data (Note [Samplers read no values]).
+
+    ``exact_scalars``: promoted arguments whose value, when it has one element, enters
+    the computation dtype unrounded; ``round_scalars``: Python floats outside the
+    promotion rounded to a half input type (Note [Half-precision inputs are rounded
+    first]). ``checked_scalars``: arguments whose Python number raises when it does not
+    fit the result dtype, as torch does for where and clamp (``dtypes.
+    check_scalar_fits``).
     """
 
     def deco(fn):
@@ -133,6 +150,9 @@ def lowering(
                 cpu_tensors,
                 jit=jit,
                 self_values=self_values,
+                exact_scalars=tuple(exact_scalars),
+                round_scalars=tuple(round_scalars),
+                checked_scalars=tuple(checked_scalars),
             ),
         )
         return fn
@@ -153,14 +173,24 @@ def handler(*ops):
 
 
 def functional_handler(
-    func, fn, *, promote: Kind | None = None, promote_args=None, deterministic=False
+    func,
+    fn,
+    *,
+    promote: Kind | None = None,
+    promote_args=None,
+    deterministic=False,
+    round_scalars=(),
 ):
     """The registry's functional handler for ``fn`` as a lowering of ``func``, for a
     ``@handler`` that checks something at the torch level and then lowers as usual.
     ``deterministic``: ``fn`` draws no random key though ``func`` is a random op (its
     dropout-free path), so it may be compiled (Note [Compiled lowerings])."""
     entry = Lowering(
-        fn, promote, tuple(promote_args) if promote_args else None, deterministic=deterministic
+        fn,
+        promote,
+        tuple(promote_args) if promote_args else None,
+        deterministic=deterministic,
+        round_scalars=tuple(round_scalars),
     )
     return _functional_handler(func, entry)
 
@@ -326,75 +356,6 @@ def _unwrap(func, entry, x):
     return x
 
 
-def _promotion_key(x):
-    if isinstance(x, torch.Tensor):
-        return (x.dtype, x.dim() == 0)
-    return type(x)
-
-
-_PROMOTION_CACHE: dict = {}
-
-
-def _promoted_by_key(kind, keys):
-    """(computation, result) jax dtypes for promotion keys (``_promotion_key`` values)."""
-    # The default dtype decides int -> float and Python-float results (int * 0.5).
-    key = (kind, torch.get_default_dtype()) + tuple(keys)
-    hit = _PROMOTION_CACHE.get(key)
-    if hit is None:
-        vals = [_promotion_example(k) for k in keys]
-        compute, result = elementwise_dtypes(*vals, type_promotion_kind=kind)
-        hit = _PROMOTION_CACHE[key] = (dtypes.to_jax_dtype(compute), dtypes.to_jax_dtype(result))
-    return hit
-
-
-def _promotion_example(key):
-    # A value with that promotion key: torch's promotion reads only dtype and 0-d-ness.
-    if isinstance(key, tuple):
-        dt, zero_dim = key
-        return torch.empty(() if zero_dim else (1,), dtype=dt, device="meta")
-    return key(0)
-
-
-def _promoted_dtypes(kind, vals):
-    key = (kind, torch.get_default_dtype()) + tuple(_promotion_key(v) for v in vals)
-    hit = _PROMOTION_CACHE.get(key)
-    if hit is None:
-        compute, result = elementwise_dtypes(*vals, type_promotion_kind=kind)
-        hit = _PROMOTION_CACHE[key] = (dtypes.to_jax_dtype(compute), dtypes.to_jax_dtype(result))
-    return hit
-
-
-# str() of the schema types Tensor, Scalar, Tensor?, Scalar?
-_PROMOTABLE_TYPES = ("Tensor", "number", "Optional[Tensor]", "Optional[number]")
-
-
-def _promote_indices(schema, entry):
-    names = entry.promote_args
-    args = schema.arguments
-    if names is None:
-        return tuple(
-            i for i, a in enumerate(args) if not a.kwarg_only and str(a.type) in _PROMOTABLE_TYPES
-        )
-    return tuple(i for i, a in enumerate(args) if a.name in names)
-
-
-def _cast(x, dtype):
-    if isinstance(x, (jax.Array, np.ndarray)):
-        return x if x.dtype == dtype else x.astype(dtype)
-    if isinstance(x, _SCALAR_TYPES):
-        # astype wraps out-of-range ints (uint8 + -1) as torch does; asarray(dtype=) raises.
-        return np.asarray(x).astype(dtype)
-    return x
-
-
-def _cast_out(x, dtype):
-    if isinstance(x, jax.Array):
-        return x if x.dtype == dtype else x.astype(dtype)
-    if isinstance(x, (tuple, list)):
-        return type(x)(_cast_out(y, dtype) for y in x)
-    return x
-
-
 def _device_index(args):
     for a in args:
         if isinstance(a, JaxTensor):
@@ -430,12 +391,21 @@ def _compute(func, entry, strip_out):
     schema = func._schema
     kind = entry.promote
     outs = frozenset(_out_names(schema)) if strip_out else frozenset()
-    pidx = _promote_indices(schema, entry) if kind is not None else ()
+    pidx = promotion.promote_indices(schema, entry) if kind is not None else ()
     names = [a.name for a in schema.arguments]
     pnames = frozenset(names[i] for i in pidx)
     pidx_set = frozenset(pidx)
 
-    helpers = (_cpu_to_jax, lambda t: _device_error(func, t), _promoted_by_key, _cast, _cast_out)
+    helpers = (
+        _cpu_to_jax,
+        lambda t: _device_error(func, t),
+        promotion.promoted_by_key,
+        promotion.cast,
+        promotion.cast_in,
+        promotion.cast_out,
+        promotion.round_scalars,
+        promotion.check_scalars,
+    )
     return compiled.CompiledCompute(func, entry, outs, pidx_set, pnames, eager, helpers)
 
 
@@ -445,9 +415,11 @@ def _eager_compute(func, entry, strip_out):
     fn = entry.fn
     kind = entry.promote
     outs = set(_out_names(schema)) if strip_out else set()
-    pidx = _promote_indices(schema, entry) if kind is not None else ()
+    pidx = promotion.promote_indices(schema, entry) if kind is not None else ()
     names = [a.name for a in schema.arguments]
     pnames = {names[i] for i in pidx}
+    exact = frozenset(entry.exact_scalars)
+    rounded = frozenset(entry.round_scalars)
 
     def compute(args, kwargs):
         if outs:
@@ -458,13 +430,17 @@ def _eager_compute(func, entry, strip_out):
             return fn(*jargs, **jkwargs)
         vals = [args[i] for i in pidx if i < len(args) and args[i] is not None]
         vals += [v for k, v in kwargs.items() if k in pnames and v is not None]
-        compute_dt, result_dt = _promoted_dtypes(kind, vals)
+        compute_dt, result_dt, inputs = promotion.promoted_dtypes(kind, vals)
+        if entry.checked_scalars:
+            promotion.check_scalars(func, names, args, kwargs, entry.checked_scalars, result_dt)
         for i in pidx:
             if i < len(jargs):
-                jargs[i] = _cast(jargs[i], compute_dt)
+                jargs[i] = promotion.cast_in(jargs[i], compute_dt, inputs, names[i] in exact)
         for k in pnames & jkwargs.keys():
-            jkwargs[k] = _cast(jkwargs[k], compute_dt)
-        return _cast_out(fn(*jargs, **jkwargs), result_dt)
+            jkwargs[k] = promotion.cast_in(jkwargs[k], compute_dt, inputs, k in exact)
+        if rounded and inputs is not None:
+            promotion.round_scalars(names, jargs, jkwargs, rounded, inputs)
+        return promotion.cast_out(fn(*jargs, **jkwargs), result_dt)
 
     return compute
 

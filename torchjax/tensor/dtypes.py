@@ -98,3 +98,75 @@ def aten_type_name(dtype) -> str:
     if not isinstance(dtype, torch.dtype):
         dtype = to_torch_dtype(dtype)
     return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
+
+
+# c10's names for the C++ type a Scalar is converted to, as its overflow message says.
+_CPP_NAMES = {
+    "int8": "int8_t",
+    "uint8": "uint8_t",
+    "int16": "int16_t",
+    "uint16": "uint16_t",
+    "int32": "int",
+    "uint32": "uint32_t",
+    "int64": "int64_t",
+    "uint64": "uint64_t",
+    "float16": "c10::Half",
+    "bfloat16": "c10::BFloat16",
+    "float32": "float",
+    "float64": "double",
+    "complex64": "c10::complex<float>",
+    "complex128": "c10::complex<double>",
+    "float8_e4m3fn": "c10::Float8_e4m3fn",
+    "float8_e5m2": "c10::Float8_e5m2",
+    "float8_e4m3fnuz": "c10::Float8_e4m3fnuz",
+    "float8_e5m2fnuz": "c10::Float8_e5m2fnuz",
+}
+
+
+def check_scalar_fits(value, dtype, op: str) -> None:
+    """Raise torch's RuntimeError when the Python number ``value`` does not fit ``dtype``
+    (a torch or JAX dtype), as c10's ``checked_convert`` does where a kernel reads a
+    Scalar as its tensor's type (fill, masked_fill, where, clamp, full, pad): a finite
+    value past the type's range, NaN or infinity into an integer, a complex value into a
+    real type. Negative ints into unsigned types wrap (c10 allows it); bool targets and
+    bool values are never checked."""
+    if isinstance(dtype, torch.dtype):
+        dtype = to_jax_dtype(dtype)
+    dt = np.dtype(dtype)
+    if isinstance(value, bool) or dt == np.bool_ or not isinstance(value, (int, float, complex)):
+        return
+    kind = dt.kind
+    if isinstance(value, complex):
+        if kind != "c":
+            _overflow(dt, op)
+        parts = (value.real, value.imag)
+        dt = np.dtype(np.float32 if dt == np.complex64 else np.float64)
+    else:
+        parts = (value.real,) if kind == "c" else (value,)
+        if kind == "c":
+            dt = np.dtype(np.float32 if dt == np.complex64 else np.float64)
+    for v in parts:
+        if kind in "iu":
+            info = np.iinfo(dt)
+            if isinstance(v, int):
+                if kind == "u" and v < 0 and -v <= info.max:
+                    continue  # wraps, as c10 allows for unsigned types
+                bad = v < info.min or v > info.max
+            else:
+                bad = v != v or v < info.min or v > info.max
+        else:
+            info = ml_dtypes.finfo(dt)
+            has_inf = bool(np.isinf(np.array(np.inf).astype(dt)))
+            if v != v:
+                continue
+            if isinstance(v, float) and v in (float("inf"), float("-inf")):
+                bad = not has_inf
+            else:
+                bad = v < float(info.min) or v > float(info.max)
+        if bad:
+            _overflow(np.dtype(dtype), op)
+
+
+def _overflow(dt, op):
+    name = _CPP_NAMES.get(dt.name, dt.name)
+    raise RuntimeError(f"value cannot be converted to type {name} without overflow (in aten::{op})")

@@ -1,0 +1,149 @@
+"""Type promotion around a lowering: the computation, result and input dtypes of a call,
+and the casts into and out of the computation dtype (torch's elementwise promotion, with
+the rounding CPU kernels do on the way in).
+
+The registry applies these to every lowering registered with ``promote=``; the compiled
+path (ops/compiled.py) receives them as helpers.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import torch
+
+from torchjax._compat.torch import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+from torchjax.tensor import dtypes
+
+Kind = ELEMENTWISE_TYPE_PROMOTION_KIND
+
+_SCALAR_TYPES = (bool, int, float, complex)
+
+
+def _promotion_key(x):
+    if isinstance(x, torch.Tensor):
+        return (x.dtype, x.dim() == 0)
+    return type(x)
+
+
+_PROMOTION_CACHE: dict = {}
+
+
+def promoted_by_key(kind, keys):
+    """(computation, result, inputs) jax dtypes for promotion keys (``_promotion_key``
+    values); ``inputs`` is the half type promoted arguments are rounded to before the
+    computation, or None (Note [Half-precision inputs are rounded first])."""
+    # The default dtype decides int -> float and Python-float results (int * 0.5).
+    key = (kind, torch.get_default_dtype()) + tuple(keys)
+    hit = _PROMOTION_CACHE.get(key)
+    if hit is None:
+        hit = _PROMOTION_CACHE[key] = _promotion(kind, [_promotion_example(k) for k in keys])
+    return hit
+
+
+def _promotion_example(key):
+    # A value with that promotion key: torch's promotion reads only dtype and 0-d-ness.
+    if isinstance(key, tuple):
+        dt, zero_dim = key
+        return torch.empty(() if zero_dim else (1,), dtype=dt, device="meta")
+    return key(0)
+
+
+def promoted_dtypes(kind, vals):
+    key = (kind, torch.get_default_dtype()) + tuple(_promotion_key(v) for v in vals)
+    hit = _PROMOTION_CACHE.get(key)
+    if hit is None:
+        hit = _PROMOTION_CACHE[key] = _promotion(kind, vals)
+    return hit
+
+
+# Note [Half-precision inputs are rounded first]
+# torch's elementwise kernels read every input as the common dtype and compute in its
+# opmath type: for float16/bfloat16 the common dtype is the half type, so a Python number,
+# a 0-d tensor or an integer tensor is rounded to it first (TensorIterator casts CPU
+# scalars to the common dtype; c10 converts a double through float), then computed in
+# float32. ``x_bf16 + 0.3`` adds 0.30078125, and ``x_bf16 == 0.3`` is True where x holds
+# bfloat16(0.3). torch's reference promotion (``elementwise_dtypes``) gives only the
+# computation dtype, and casting straight to it kept 0.3 in float32: different sums in
+# about one element in three, and comparisons that differ. Two kernels differ: CPU's
+# ``mul`` and true ``div`` read a one-element second operand's original value in float32
+# (``original_scalar_value``), so ``bf16 * 0.3`` multiplies by 0.3f: their lowerings
+# list it in ``exact_scalars``. ``add``'s alpha is rounded to the half type too
+# (``round_scalars``), and ``a + alpha * b`` is then rounded once, as CPU's vectorised
+# loop does; CPU's scalar loop, which takes a tensor's last ``numel % 32`` elements,
+# rounds the product first, so those elements can differ by one step.
+_HALF_TYPES = (torch.float16, torch.bfloat16)
+
+
+def _promotion(kind, vals):
+    compute, result = elementwise_dtypes(*vals, type_promotion_kind=kind)
+    inputs = None
+    if compute == torch.float32:
+        common, _ = elementwise_dtypes(*vals, type_promotion_kind=Kind.NO_OPMATH)
+        if common in _HALF_TYPES:
+            inputs = dtypes.to_jax_dtype(common)
+    return (dtypes.to_jax_dtype(compute), dtypes.to_jax_dtype(result), inputs)
+
+
+# str() of the schema types Tensor, Scalar, Tensor?, Scalar?
+_PROMOTABLE_TYPES = ("Tensor", "number", "Optional[Tensor]", "Optional[number]")
+
+
+def promote_indices(schema, entry):
+    names = entry.promote_args
+    args = schema.arguments
+    if names is None:
+        return tuple(
+            i for i, a in enumerate(args) if not a.kwarg_only and str(a.type) in _PROMOTABLE_TYPES
+        )
+    return tuple(i for i, a in enumerate(args) if a.name in names)
+
+
+def cast(x, dtype):
+    if isinstance(x, (jax.Array, np.ndarray)):
+        return x if x.dtype == dtype else x.astype(dtype)
+    if isinstance(x, _SCALAR_TYPES):
+        # astype wraps out-of-range ints (uint8 + -1) as torch does; asarray(dtype=) raises.
+        return np.asarray(x).astype(dtype)
+    return x
+
+
+def cast_in(x, compute, inputs, exact=False):
+    """A promoted argument in the computation dtype, rounded to ``inputs`` (a half type)
+    first unless ``exact`` and it has one element (Note [Half-precision inputs are rounded
+    first]); Python numbers go through the computation dtype, as c10 converts a double."""
+    if inputs is None or getattr(x, "dtype", None) == inputs:
+        return cast(x, compute)
+    x = cast(x, compute)
+    if isinstance(x, (jax.Array, np.ndarray)) and not (exact and x.size == 1):
+        x = cast(x.astype(inputs), compute)
+    return x
+
+
+def round_scalars(names, jargs, jkwargs, rounded, inputs):
+    """Python floats named in ``rounded`` (positional by ``names``) rounded to the half
+    type ``inputs``, through float32 as c10 converts a double."""
+    for i, name in enumerate(names[: len(jargs)]):
+        if name in rounded and isinstance(jargs[i], float):
+            jargs[i] = float(np.float32(jargs[i]).astype(inputs))
+    for k in rounded & jkwargs.keys():
+        if isinstance(jkwargs[k], float):
+            jkwargs[k] = float(np.float32(jkwargs[k]).astype(inputs))
+
+
+def check_scalars(func, names, args, kwargs, checked, result_dt):
+    """Python numbers of the arguments named in ``checked`` fit ``result_dt`` (torch raises
+    its overflow error otherwise)."""
+    for name, v in zip(names, args):
+        if name in checked:
+            dtypes.check_scalar_fits(v, result_dt, func._opname)
+    for k in kwargs.keys() & set(checked):
+        dtypes.check_scalar_fits(kwargs[k], result_dt, func._opname)
+
+
+def cast_out(x, dtype):
+    if isinstance(x, jax.Array):
+        return x if x.dtype == dtype else x.astype(dtype)
+    if isinstance(x, (tuple, list)):
+        return type(x)(cast_out(y, dtype) for y in x)
+    return x
