@@ -108,3 +108,32 @@ def test_fill_and_zero_through_overlapping_views_match_cpu():
         return seen
 
     assert run("tpu") == run("cpu")
+
+
+_OVERLAPPING_COPIES = {
+    "shifted": lambda x: x[1:].copy_(x[:-1]),
+    "setitem shifted": lambda x: x.__setitem__(slice(1, None), x[:-1]),
+    "transposed": lambda x: x.view(2, 2).t().copy_(x.view(2, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_OVERLAPPING_COPIES))
+def test_copy_refuses_a_partly_overlapping_source_as_cpu(name):
+    # The result would depend on the order elements are written: torch refuses it.
+    call = _OVERLAPPING_COPIES[name]
+    for device in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            call(torch.arange(4.0, device=device))
+
+
+def test_copy_from_disjoint_or_identical_memory_of_the_same_storage():
+    for call in (
+        lambda x: x[:2].copy_(x[2:]),
+        lambda x: x.copy_(x),
+        lambda x: x[::2].copy_(x[1::2]),
+    ):
+        want = torch.arange(4.0)
+        call(want)
+        got = torch.arange(4.0, device="tpu")
+        call(got)
+        assert torch.equal(got.cpu(), want)

@@ -14,7 +14,7 @@ import torch
 from torchjax.device import _checks, _stats
 from torchjax.device._module import jax_device
 from torchjax.device._serialization import storage_for
-from torchjax.ops import fused
+from torchjax.ops import fused, writeback
 from torchjax.ops.registry import _cpu_to_jax, handler, lowering, write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
@@ -50,6 +50,10 @@ def copy_(args, kwargs):
         dst.copy_(to_cpu(src))
         return dst
     if isinstance(src, JaxTensor):
+        # ATen's copy_ refuses a source that partly shares the destination's memory
+        # (``x[1:].copy_(x[:-1])``, ``x.t().copy_(x)``): its result would depend on the
+        # order elements are written.
+        writeback.check_no_partial_overlap(aten.copy_.default, [dst], [src], {})
         value = wrap(src._value(), src._device_index) if src._storage is dst._storage else src
     else:
         value = wrap(_cpu_to_jax(src))
