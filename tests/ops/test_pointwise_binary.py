@@ -355,3 +355,22 @@ def test_half_alpha_rounds_as_cpus_vector_loop(op, dtype):
         assert torch.equal(op(a.to("tpu"), b.to("tpu"), alpha=alpha).cpu(), want), alpha
         checked += 1
     assert checked == 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", [torch.addcmul, torch.addcdiv])
+def test_addcmul_addcdiv_bit_for_bit(op, dtype):
+    # CPU's order, (value * t1) * t2 and (value * t1) / t2, and addcmul's FMA: an
+    # optimizer's moments (exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)) then match
+    # CPU's bit for bit. (float64 has no wider type to form the FMA in when the op runs
+    # primitive by primitive: it can differ from CPU in the last bit.)
+    g = torch.Generator().manual_seed(0)
+    s, a, b = ((torch.randn(4096, generator=g)).to(dtype) for _ in range(3))
+    b = b.abs() + 0.5
+    checked = 0
+    for value in [0.001, 1, -2.5]:
+        want = op(s, a, b, value=value)
+        got = op(s.to("tpu"), a.to("tpu"), b.to("tpu"), value=value).cpu()
+        assert torch.equal(got, want), value
+        checked += 1
+    assert checked == 3

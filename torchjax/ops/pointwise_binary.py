@@ -612,8 +612,27 @@ def lerp(self, end, weight):
 
 @lowering(aten.addcmul, promote=Kind.DEFAULT, promote_args=("self", "tensor1", "tensor2"))
 def addcmul(self, tensor1, tensor2, *, value=1):
-    """aten::addcmul - ``self + value * tensor1 * tensor2``. Shapes: broadcast."""
-    return _add(self, _scaled("addcmul", _mul(tensor1, tensor2), value, bool_alpha_check=False))
+    """aten::addcmul - ``self + value * tensor1 * tensor2``. Shapes: broadcast. The
+    products are taken in CPU's order, ``(value * tensor1) * tensor2``, and float32 adds
+    that last product to ``self`` in one FMA as CPU's vectorised loop does (``_fma``), so
+    an optimizer's moments match CPU's bit for bit."""
+    scaled = _scaled("addcmul", tensor1, value, bool_alpha_check=False)
+    if _kind(self) == "float" and jnp.result_type(self, scaled, tensor2) == jnp.float32:
+        return _fma(*_bcast(scaled, tensor2, self))
+    return _add(self, _mul(scaled, tensor2))
+
+
+def _fma(x, y, z):
+    """``x * y + z`` rounded once, as CPU's vectorised loops compute it with an FMA: on
+    CPU through float64 (the float32 product is exact there), elsewhere as XLA fuses it.
+    XLA:CPU contracts the multiply-add itself inside one program, but not when the op
+    runs primitive by primitive."""
+
+    def exact(x, y, z):
+        wide = jnp.float64
+        return (x.astype(wide) * y.astype(wide) + z.astype(wide)).astype(x.dtype)
+
+    return lax.platform_dependent(x, y, z, cpu=exact, default=lambda x, y, z: x * y + z)
 
 
 @lowering(aten.addcdiv, promote=Kind.DEFAULT, promote_args=("self", "tensor1", "tensor2"))
@@ -626,8 +645,9 @@ def addcdiv(self, tensor1, tensor2, *, value=1):
             "future release addcdiv will perform a true division of tensor1 and tensor2. "
             "Use (input + value * tensor1 / tensor2) instead."
         )
-    quotient = _lax2(lax.div)(tensor1, tensor2)
-    return _add(self, _scaled("addcdiv", quotient, value, bool_alpha_check=False))
+    # CPU's order: (value * tensor1) / tensor2, then the sum.
+    scaled = _scaled("addcdiv", tensor1, value, bool_alpha_check=False)
+    return _add(self, exact_div(scaled, tensor2))
 
 
 @lowering(aten.gcd, promote=Kind.DEFAULT)
