@@ -239,6 +239,11 @@ def _resolve(func):
     decomp = decomposition_table.get(func)
     if decomp is not None:
         return lambda args, kwargs: decomp(*args, **kwargs)
+    impl_aten = getattr(func, "impl_aten", None) if func.namespace == "prims" else None
+    if impl_aten is not None:
+        # torch._prims' ops (torch._refs is written in them) carry their ATen
+        # implementation: it runs on our lowerings.
+        return lambda args, kwargs: impl_aten(*args, **kwargs)
     if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
         return lambda args, kwargs: func.decompose(*args, **kwargs)
     return _missing_handler(func)
@@ -262,7 +267,8 @@ def _resolvable(func) -> bool:
 def _missing_handler(func):
     def missing(args, kwargs):
         raise NotImplementedError(
-            f"torchjax has no lowering for aten::{func._opname}.{func._overloadname}, called "
+            f"torchjax has no lowering for {func.namespace}::{func._opname}."
+            f"{func._overloadname}, called "
             f"with {describe_args(args, kwargs)}. Add one in torchjax/ops/ (see "
             "torchjax/ops/registry.py), or run this op on CPU with .cpu()."
         )

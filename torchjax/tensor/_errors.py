@@ -110,7 +110,7 @@ def op_name(func) -> str:
     name = getattr(func, "_opname", None)
     if name is None:
         return str(func)
-    return f"aten::{name}.{func._overloadname}"
+    return f"{getattr(func, 'namespace', 'aten')}::{name}.{func._overloadname}"
 
 
 def translate(func, args, kwargs, error: BaseException) -> BaseException | None:
