@@ -121,3 +121,37 @@ def test_tests_for_other_device_types_leave_the_rate(tmp_path):
     )
     assert s["other_device_only"] == 1 and s["cpu"]["passed"] == 1
     assert s["tpu_rate_of_cpu_passed"] == 1.0 and not s["cpu_passed_tpu_failed"]
+
+
+def test_tpu_tests_are_offered_when_a_conftest_imports_torchs_test_internals(tmp_path):
+    # A folder's conftest importing common_methods_invocations fixes the device types
+    # before pytest_configure: the plugin imports torchjax before any conftest.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "conftest.py").write_text(
+        "import torch.testing._internal.common_methods_invocations  # noqa: F401\n"
+    )
+    (tmp_path / "test_dev.py").write_text(
+        "from torch.testing._internal.common_device_type import instantiate_device_type_tests\n"
+        "from torch.testing._internal.common_utils import TestCase\n"
+        "class TestDev(TestCase):\n"
+        "    def test_here(self, device):\n"
+        "        pass\n"
+        "instantiate_device_type_tests(TestDev, globals())\n"
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    plugin_dir = Path(main.__file__).parent
+    env = dict(os.environ, PYTORCH_TESTING_DEVICE_ONLY_FOR="tpu", SUITES_IMPORT_TORCHJAX="1")
+    env["PYTHONPATH"] = str(plugin_dir)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "test_dev.py", "--co", "-q", "-p", "no:cacheprovider"]
+        + ["-p", "no:xdist", "-p", "suites_pytest_plugin", "-c", str(tmp_path / "pytest.ini")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "TestDevPRIVATEUSE1::test_here_tpu" in out.stdout, out.stdout + out.stderr

@@ -15,7 +15,19 @@ class SuiteTestTimeout(Exception):
     """A test ran past the runner's per-test limit."""
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    # Before any conftest: one that imports torch's testing internals
+    # (common_methods_invocations imports common_device_type) fixes the device types
+    # instantiate_device_type_tests offers at that moment, so "tpu" must exist by then.
+    _import_torchjax()
+
+
 def pytest_configure(config):
+    _import_torchjax()
+
+
+def _import_torchjax():
     if os.environ.get("SUITES_IMPORT_TORCHJAX") == "1":
         import torchjax  # noqa: F401
 
