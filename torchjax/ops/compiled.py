@@ -101,7 +101,7 @@ import torch
 
 from torchjax import _budget
 from torchjax.device import _checks, _stats
-from torchjax.ops import _seeded
+from torchjax.ops import _seeded, promotion
 from torchjax.ops import fused as _fused
 from torchjax.tensor import _errors, dtypes
 from torchjax.tensor._storage import _plan, contiguous_strides, layout_plan
@@ -342,42 +342,25 @@ class CompiledCompute:
     """``compute(args, kwargs)`` for one overload through cached executables, falling
     back to ``eager(args, kwargs)`` (the op-by-op compute) when a call is not compiled.
 
-    ``helpers``: ``unwrap_cpu(x)`` turns an accepted CPU tensor into a jax array;
-    ``device_error(x)`` builds the error for a CPU tensor that is not accepted;
-    ``promoted(kind, signature)`` returns (computation, result, inputs) dtypes for a
-    promotion signature; ``cast``/``cast_in``/``cast_out`` apply them (the registry's
-    functions; Note [Half-precision inputs are rounded first] in registry.py).
+    ``policy`` is the overload's promotion (``promotion.Policy``); ``unwrap_cpu(x)`` turns
+    an accepted CPU tensor into a jax array; ``device_error(x)`` builds the error for a
+    CPU tensor that is not accepted (the registry's functions).
     """
 
-    def __init__(self, func, entry, outs, pidx, pnames, eager, helpers):
+    def __init__(self, func, entry, outs, policy, eager, unwrap_cpu, device_error):
         self.func = func
         self.fn = entry.fn
         self.kind = entry.promote
         self.cpu_ok = entry.cpu_tensors
         self.outs = outs
-        self.pidx = pidx
-        self.pnames = pnames
+        self.policy = policy
+        self.pidx = frozenset(policy.pidx)
+        self.pnames = policy.pnames
         self.eager = eager
-        (
-            self.unwrap_cpu,
-            self.device_error,
-            self.promoted,
-            self.cast,
-            self.cast_in,
-            self.cast_out,
-            self.round_scalars,
-            self.check_scalars,
-        ) = helpers
-        names = [a.name for a in func._schema.arguments]
-        self.names = names
-        self.rounded = frozenset(entry.round_scalars)
+        self.unwrap_cpu, self.device_error = unwrap_cpu, device_error
         # Python numbers in promoted positions are checked on the host, every call;
         # static ones once, in the trace (a failed trace caches nothing).
-        self.checked = any(names[i] in entry.checked_scalars for i in pidx)
-        self.checked_static = tuple(entry.checked_scalars)
-        self.opname = func._opname
-        self.exact = frozenset(i for i in pidx if names[i] in entry.exact_scalars)
-        self.exact_names = frozenset(entry.exact_scalars)
+        self.checked = policy.checks_promoted_numbers()
         # key -> its (computation, result) dtypes; (key, input signature) -> executable.
         self.cache: dict = {}
         self.runs: dict = {}
@@ -499,11 +482,11 @@ class CompiledCompute:
                 run = self.tensor_cache.get(tuple(sig))
                 if run is not None:
                     if scalars:
-                        cast, compute_dt = self.cast, run.dts[0]
+                        compute_dt = run.dts[0]
                         for j in scalars:
                             if self.checked:
-                                dtypes.check_scalar_fits(vals[j], run.dts[1], self.opname)
-                            vals[j] = cast(vals[j], compute_dt)
+                                dtypes.check_scalar_fits(vals[j], run.dts[1], self.policy.opname)
+                            vals[j] = promotion.cast(vals[j], compute_dt)
                     try:
                         _budget.touch(run)
                     except KeyError:  # evicted by another thread just now
@@ -578,11 +561,11 @@ class CompiledCompute:
         if scalars:
             # Python scalars in promoted positions: 0-d arrays of the computation dtype
             # (numpy's astype wraps out-of-range ints as torch does), passed as arguments.
-            cast, compute_dt = self.cast, dts[0]
+            compute_dt = dts[0]
             for j in scalars:
                 if self.checked:
-                    dtypes.check_scalar_fits(dyn[j], dts[1], self.opname)
-                dyn[j] = cast(dyn[j], compute_dt)
+                    dtypes.check_scalar_fits(dyn[j], dts[1], self.policy.opname)
+                dyn[j] = promotion.cast(dyn[j], compute_dt)
         try:
             if _fused.ACTIVE[0] and _fused.recording():
                 # Fused eager: recorded, run later with its segment (Note [Fused eager]).
@@ -635,7 +618,7 @@ class CompiledCompute:
                 return _NO_KEY
             self.float_variants[masked] = seen + 1
             dts = self.cache[key] = (
-                self.promoted(self.kind, psig) if self.kind is not None else None
+                promotion.promoted_by_key(self.kind, psig) if self.kind is not None else None
             )
             self.info.keys += 1
             if any(_has_view(e) for e in tmpl) or any(_has_view(e) for _, e in kwtmpl):
@@ -713,10 +696,7 @@ class CompiledCompute:
         # inside torchjax.jit or jax.grad over torchjax.functional); _nested gives the
         # same function without them, made on first use (the try costs nothing).
         fn, info = self.fn, self.info
-        pidx, pnames, cast_in, cast_out = self.pidx, self.pnames, self.cast_in, self.cast_out
-        exact, exact_names = self.exact, self.exact_names
-        names, rounded, round_scalars = self.names, self.rounded, self.round_scalars
-        checked_static, check_scalars, func = self.checked_static, self.check_scalars, self.func
+        policy = self.policy
 
         def compute(dyn):
             it = iter(dyn)
@@ -726,19 +706,10 @@ class CompiledCompute:
                 out = fn(*jargs, **jkwargs)
                 _check_outputs(out)
                 return out
-            compute_dt, result_dt, inputs = dts
-            for i in pidx:
-                if i < len(jargs):
-                    jargs[i] = cast_in(jargs[i], compute_dt, inputs, i in exact)
-            for k in pnames & jkwargs.keys():
-                jkwargs[k] = cast_in(jkwargs[k], compute_dt, inputs, k in exact_names)
-            if rounded and inputs is not None:
-                round_scalars(names, jargs, jkwargs, rounded, inputs)
-            if checked_static:
-                check_scalars(func, names, jargs, jkwargs, checked_static, result_dt)
+            policy.cast_args(jargs, jkwargs, dts)
             out = fn(*jargs, **jkwargs)
             _check_outputs(out)
-            return cast_out(out, result_dt)
+            return promotion.cast_out(out, dts[1])
 
         seeded = self.seeded
 

@@ -118,13 +118,11 @@ def _check_sub_bool(op: str, x) -> None:
         )
 
 
-@lowering(
-    aten.add.Tensor,
-    aten.add.Scalar,
-    promote=Kind.DEFAULT,
-    promote_args=("self", "other"),
-    round_scalars=("alpha",),
-)
+# add / sub / rsub: promotion over self and other; alpha read as CPU's kernels read it.
+_ALPHA_POLICY = dict(promote=Kind.DEFAULT, promote_args=("self", "other"), round_scalars=("alpha",))
+
+
+@lowering(aten.add.Tensor, aten.add.Scalar, **_ALPHA_POLICY)
 def add(self, other, alpha=1):
     """aten::add - ``self + alpha * other``. Shapes: broadcast. Dtypes: torch's DEFAULT
     promotion (f16/bf16 in f32); bool + bool is logical or. alpha checked as torch does
@@ -139,10 +137,7 @@ def sub(self, other, alpha=1):
 
 
 _sub = {
-    ov: functional_handler(
-        ov, sub, promote=Kind.DEFAULT, promote_args=("self", "other"), round_scalars=("alpha",)
-    )
-    for ov in (aten.sub.Tensor, aten.sub.Scalar)
+    ov: functional_handler(ov, sub, **_ALPHA_POLICY) for ov in (aten.sub.Tensor, aten.sub.Scalar)
 }
 
 
@@ -161,13 +156,7 @@ def sub_handler(args, kwargs, _ops=(aten.sub.Tensor, aten.sub.Scalar)):
     return _sub[op](args, kwargs)
 
 
-@lowering(
-    aten.rsub.Tensor,
-    aten.rsub.Scalar,
-    promote=Kind.DEFAULT,
-    promote_args=("self", "other"),
-    round_scalars=("alpha",),
-)
+@lowering(aten.rsub.Tensor, aten.rsub.Scalar, **_ALPHA_POLICY)
 def rsub(self, other, alpha=1):
     """aten::rsub - ``other - alpha * self``; bool raises. Reference: torch.rsub."""
     _check_sub_bool("rsub", self)

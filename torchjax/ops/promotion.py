@@ -120,25 +120,54 @@ def cast_in(x, compute, inputs, exact=False):
     return x
 
 
-def round_scalars(names, jargs, jkwargs, rounded, inputs):
-    """Python floats named in ``rounded`` (positional by ``names``) rounded to the half
-    type ``inputs``, through float32 as c10 converts a double."""
-    for i, name in enumerate(names[: len(jargs)]):
-        if name in rounded and isinstance(jargs[i], float):
-            jargs[i] = float(np.float32(jargs[i]).astype(inputs))
-    for k in rounded & jkwargs.keys():
-        if isinstance(jkwargs[k], float):
-            jkwargs[k] = float(np.float32(jkwargs[k]).astype(inputs))
+class Policy:
+    """What promotion does around one overload's lowering, read once from its schema and
+    registration: the promoted arguments (by position and by name) and the rules for
+    numbers (Note [Half-precision inputs are rounded first]; ``Lowering.exact_scalars``,
+    ``round_scalars``, ``checked_scalars`` in registry.py)."""
 
+    __slots__ = ("kind", "names", "pidx", "pnames", "exact", "rounded", "checked", "opname")
 
-def check_scalars(func, names, args, kwargs, checked, result_dt):
-    """Python numbers of the arguments named in ``checked`` fit ``result_dt`` (torch raises
-    its overflow error otherwise)."""
-    for name, v in zip(names, args):
-        if name in checked:
-            dtypes.check_scalar_fits(v, result_dt, func._opname)
-    for k in kwargs.keys() & set(checked):
-        dtypes.check_scalar_fits(kwargs[k], result_dt, func._opname)
+    def __init__(self, func, entry):
+        self.kind = entry.promote
+        self.names = [a.name for a in func._schema.arguments]
+        self.pidx = promote_indices(func._schema, entry) if self.kind is not None else ()
+        self.pnames = frozenset(self.names[i] for i in self.pidx)
+        self.exact = frozenset(entry.exact_scalars)
+        self.rounded = frozenset(entry.round_scalars)
+        self.checked = frozenset(entry.checked_scalars)
+        self.opname = func._opname
+
+    def checks_promoted_numbers(self) -> bool:
+        """Whether a Python number in a promoted position must fit the result dtype."""
+        return any(self.names[i] in self.checked for i in self.pidx)
+
+    def cast_args(self, jargs, jkwargs, dts) -> None:
+        """In place: numbers named in ``checked_scalars`` checked against the result dtype
+        (Python numbers only: a promoted one the compiled path already cast was checked on
+        the host), the promoted arguments in the computation dtype (rounded to a half
+        input type first where CPU rounds), floats named in ``round_scalars`` rounded."""
+        compute, result, inputs = dts
+        names = self.names
+        if self.checked:
+            for name, v in zip(names, jargs):
+                if name in self.checked:
+                    dtypes.check_scalar_fits(v, result, self.opname)
+            for k in self.checked & jkwargs.keys():
+                dtypes.check_scalar_fits(jkwargs[k], result, self.opname)
+        for i in self.pidx:
+            if i < len(jargs):
+                jargs[i] = cast_in(jargs[i], compute, inputs, names[i] in self.exact)
+        for k in self.pnames & jkwargs.keys():
+            jkwargs[k] = cast_in(jkwargs[k], compute, inputs, k in self.exact)
+        if self.rounded and inputs is not None:
+            # c10 converts a double through float.
+            for i, name in enumerate(names[: len(jargs)]):
+                if name in self.rounded and isinstance(jargs[i], float):
+                    jargs[i] = float(np.float32(jargs[i]).astype(inputs))
+            for k in self.rounded & jkwargs.keys():
+                if isinstance(jkwargs[k], float):
+                    jkwargs[k] = float(np.float32(jkwargs[k]).astype(inputs))
 
 
 def cast_out(x, dtype):

@@ -394,38 +394,19 @@ def _compute(func, entry, strip_out):
             return eager(args, kwargs)
 
         return op_by_op
-    schema = func._schema
-    kind = entry.promote
-    outs = frozenset(_out_names(schema)) if strip_out else frozenset()
-    pidx = promotion.promote_indices(schema, entry) if kind is not None else ()
-    names = [a.name for a in schema.arguments]
-    pnames = frozenset(names[i] for i in pidx)
-    pidx_set = frozenset(pidx)
-
-    helpers = (
-        _cpu_to_jax,
-        lambda t: _device_error(func, t),
-        promotion.promoted_by_key,
-        promotion.cast,
-        promotion.cast_in,
-        promotion.cast_out,
-        promotion.round_scalars,
-        promotion.check_scalars,
+    outs = frozenset(_out_names(func._schema)) if strip_out else frozenset()
+    policy = promotion.Policy(func, entry)
+    return compiled.CompiledCompute(
+        func, entry, outs, policy, eager, _cpu_to_jax, lambda t: _device_error(func, t)
     )
-    return compiled.CompiledCompute(func, entry, outs, pidx_set, pnames, eager, helpers)
 
 
 def _eager_compute(func, entry, strip_out):
     """fn(args, kwargs) -> jax arrays of the functional op, the lowering run op by op."""
-    schema = func._schema
     fn = entry.fn
-    kind = entry.promote
-    outs = set(_out_names(schema)) if strip_out else set()
-    pidx = promotion.promote_indices(schema, entry) if kind is not None else ()
-    names = [a.name for a in schema.arguments]
-    pnames = {names[i] for i in pidx}
-    exact = frozenset(entry.exact_scalars)
-    rounded = frozenset(entry.round_scalars)
+    outs = set(_out_names(func._schema)) if strip_out else set()
+    policy = promotion.Policy(func, entry)
+    kind, pidx, pnames = policy.kind, policy.pidx, policy.pnames
 
     def compute(args, kwargs):
         if outs:
@@ -436,17 +417,9 @@ def _eager_compute(func, entry, strip_out):
             return fn(*jargs, **jkwargs)
         vals = [args[i] for i in pidx if i < len(args) and args[i] is not None]
         vals += [v for k, v in kwargs.items() if k in pnames and v is not None]
-        compute_dt, result_dt, inputs = promotion.promoted_dtypes(kind, vals)
-        if entry.checked_scalars:
-            promotion.check_scalars(func, names, args, kwargs, entry.checked_scalars, result_dt)
-        for i in pidx:
-            if i < len(jargs):
-                jargs[i] = promotion.cast_in(jargs[i], compute_dt, inputs, names[i] in exact)
-        for k in pnames & jkwargs.keys():
-            jkwargs[k] = promotion.cast_in(jkwargs[k], compute_dt, inputs, k in exact)
-        if rounded and inputs is not None:
-            promotion.round_scalars(names, jargs, jkwargs, rounded, inputs)
-        return promotion.cast_out(fn(*jargs, **jkwargs), result_dt)
+        dts = promotion.promoted_dtypes(kind, vals)
+        policy.cast_args(jargs, jkwargs, dts)
+        return promotion.cast_out(fn(*jargs, **jkwargs), dts[1])
 
     return compute
 
