@@ -2,8 +2,8 @@
 and the casts into and out of the computation dtype (torch's elementwise promotion, with
 the rounding CPU kernels do on the way in).
 
-The registry applies these to every lowering registered with ``promote=``; the compiled
-path (ops/compiled.py) receives them as helpers.
+Each overload's ``Policy`` is built once by the registry and applied on both of its paths:
+op by op (registry.py) and inside its compiled executable (ops/compiled.py).
 """
 
 from __future__ import annotations
@@ -65,10 +65,10 @@ def promoted_dtypes(kind, vals):
 # float32. ``x_bf16 + 0.3`` adds 0.30078125, and ``x_bf16 == 0.3`` is True where x holds
 # bfloat16(0.3). torch's reference promotion (``elementwise_dtypes``) gives only the
 # computation dtype, and casting straight to it kept 0.3 in float32: different sums in
-# about one element in three, and comparisons that differ. Two kernels differ: CPU's
-# ``mul`` and true ``div`` read a one-element second operand's original value in float32
-# (``original_scalar_value``), so ``bf16 * 0.3`` multiplies by 0.3f: their lowerings
-# list it in ``exact_scalars``. ``add``'s alpha is rounded to the half type too
+# about one element in three, and comparisons that differ. Three kernels differ: CPU's
+# ``mul``, true ``div`` and ``floor_divide`` read a one-element second operand's original
+# value in float32 (``original_scalar_value``), so ``bf16 * 0.3`` multiplies by 0.3f:
+# their lowerings list it in ``exact_scalars``. ``add``'s alpha is rounded to the half type too
 # (``round_scalars``), and ``a + alpha * b`` is then rounded once, as CPU's vectorised
 # loop does; CPU's scalar loop, which takes a tensor's last ``numel % 32`` elements,
 # rounds the product first, so those elements can differ by one step.
