@@ -195,3 +195,17 @@ def test_numbers_that_fit_or_wrap_as_torch_allows():
     ):
         want = call(u8.clone())
         assert torch.equal(call(u8.clone().to("tpu")).cpu(), want)
+
+
+def test_one_element_half_fills_are_unchecked_as_on_cpu():
+    # CPU fills a one-element tensor through a path that checks every type but the half
+    # types: where(cond, x_f16, 1e5) gives inf, while int8 still raises.
+    for device in ("cpu", "tpu"):
+        cond = torch.tensor([True, False], device=device)
+        x = torch.ones(2, dtype=torch.float16, device=device)
+        assert torch.where(cond, x, 1e5)[1].item() == float("inf")
+        assert torch.ones(1, dtype=torch.bfloat16, device=device).fill_(1e39).item() == float("inf")
+        with pytest.raises(RuntimeError, match="without overflow"):
+            torch.ones(2, dtype=torch.float16, device=device).fill_(1e5)
+        with pytest.raises(RuntimeError, match="without overflow"):
+            torch.where(cond, torch.ones(2, dtype=torch.int8, device=device), 300)

@@ -485,7 +485,7 @@ class CompiledCompute:
                         compute_dt = run.dts[0]
                         for j in scalars:
                             if self.checked:
-                                dtypes.check_scalar_fits(vals[j], run.dts[1], self.policy.opname)
+                                self.policy.check_number(vals[j], run.dts[1])
                             vals[j] = promotion.cast(vals[j], compute_dt)
                     try:
                         _budget.touch(run)
@@ -564,7 +564,7 @@ class CompiledCompute:
             compute_dt = dts[0]
             for j in scalars:
                 if self.checked:
-                    dtypes.check_scalar_fits(dyn[j], dts[1], self.policy.opname)
+                    self.policy.check_number(dyn[j], dts[1])
                 dyn[j] = promotion.cast(dyn[j], compute_dt)
         try:
             if _fused.ACTIVE[0] and _fused.recording():

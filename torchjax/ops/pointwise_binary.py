@@ -518,6 +518,7 @@ def clamp_max(self, max):
     promote=Kind.NO_OPMATH,
     promote_args=("self", "other"),
     checked_scalars=("self", "other"),
+    checked_half=False,
 )
 def where(condition, self, other):
     """aten::where(condition, self, other) - pick self where condition, else other.

@@ -75,6 +75,12 @@ def promoted_dtypes(kind, vals):
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 
 
+def _is_half(dtype) -> bool:
+    """float16, bfloat16 or a float8 type (a JAX dtype)."""
+    torch_dtype = dtypes.to_torch_dtype(dtype)
+    return torch_dtype.is_floating_point and torch_dtype.itemsize <= 2
+
+
 def _promotion(kind, vals):
     compute, result = elementwise_dtypes(*vals, type_promotion_kind=kind)
     inputs = None
@@ -126,7 +132,17 @@ class Policy:
     numbers (Note [Half-precision inputs are rounded first]; ``Lowering.exact_scalars``,
     ``round_scalars``, ``checked_scalars`` in registry.py)."""
 
-    __slots__ = ("kind", "names", "pidx", "pnames", "exact", "rounded", "checked", "opname")
+    __slots__ = (
+        "kind",
+        "names",
+        "pidx",
+        "pnames",
+        "exact",
+        "rounded",
+        "checked",
+        "checked_half",
+        "opname",
+    )
 
     def __init__(self, func, entry):
         self.kind = entry.promote
@@ -136,11 +152,18 @@ class Policy:
         self.exact = frozenset(entry.exact_scalars)
         self.rounded = frozenset(entry.round_scalars)
         self.checked = frozenset(entry.checked_scalars)
+        self.checked_half = entry.checked_half
         self.opname = func._opname
 
     def checks_promoted_numbers(self) -> bool:
         """Whether a Python number in a promoted position must fit the result dtype."""
         return any(self.names[i] in self.checked for i in self.pidx)
+
+    def check_number(self, value, result) -> None:
+        """torch's overflow error when the Python number ``value`` does not fit the result
+        dtype ``result`` (a JAX dtype), for the types this op checks."""
+        if self.checked_half or not _is_half(result):
+            dtypes.check_scalar_fits(value, result, self.opname)
 
     def cast_args(self, jargs, jkwargs, dts) -> None:
         """In place: numbers named in ``checked_scalars`` checked against the result dtype
@@ -152,9 +175,9 @@ class Policy:
         if self.checked:
             for name, v in zip(names, jargs):
                 if name in self.checked:
-                    dtypes.check_scalar_fits(v, result, self.opname)
+                    self.check_number(v, result)
             for k in self.checked & jkwargs.keys():
-                dtypes.check_scalar_fits(jkwargs[k], result, self.opname)
+                self.check_number(jkwargs[k], result)
         for i in self.pidx:
             if i < len(jargs):
                 jargs[i] = cast_in(jargs[i], compute, inputs, names[i] in self.exact)

@@ -82,6 +82,9 @@ class Lowering:
     # arguments whose Python numbers must fit the result dtype, as c10's checked_convert
     # requires where a kernel reads a Scalar as its type (where, clamp, hardtanh)
     checked_scalars: tuple[str, ...] = ()
+    # False: numbers into float16/bfloat16/float8 results are not checked (where's number
+    # goes through a one-element fill, which checks only the other types)
+    checked_half: bool = True
 
 
 _LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
@@ -114,6 +117,7 @@ def lowering(
     exact_scalars=(),
     round_scalars=(),
     checked_scalars=(),
+    checked_half=True,
 ):
     """Register ``fn`` as the jax lowering of ``ops`` (overloads or whole packets).
 
@@ -153,6 +157,7 @@ def lowering(
                 exact_scalars=tuple(exact_scalars),
                 round_scalars=tuple(round_scalars),
                 checked_scalars=tuple(checked_scalars),
+                checked_half=checked_half,
             ),
         )
         return fn
