@@ -141,7 +141,8 @@ def lowering(
     promotion rounded to a half input type (Note [Half-precision inputs are rounded
     first]). ``checked_scalars``: arguments whose Python number raises when it does not
     fit the result dtype, as torch does for where and clamp (``dtypes.
-    check_scalar_fits``).
+    check_scalar_fits``); ``checked_half=False`` leaves float16/bfloat16/float8 results
+    unchecked, as CPU's one-element fill that ``where``'s number goes through does.
     """
 
     def deco(fn):
