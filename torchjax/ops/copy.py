@@ -197,17 +197,13 @@ def fill(self, value):
 # value included, refuses such a tensor. The value is
 # written through the view with its broadcast (stride-0) dimensions collapsed to one
 # element, which writes each memory location once.
-def _half(dtype) -> bool:
-    return dtype.is_floating_point and dtype.itemsize <= 2
-
-
 @handler(aten.fill_.Scalar, aten.zero_.default)
 def fill_(args, kwargs):
     """aten::fill_.Scalar / aten::zero_ - ``self`` with every element set to the value."""
     self = args[0]
     if not isinstance(self, JaxTensor):
         raise TypeError(f"torchjax: fill_ of a {type(self).__name__}")
-    if len(args) > 1 and not (self.numel() == 1 and _half(self.dtype)):
+    if len(args) > 1 and not (self.numel() == 1 and dtypes.is_half(self.dtype)):
         # CPU fills a one-element tensor through a path that checks the number against
         # every type but float16/bfloat16/float8 (where(cond, x_f16, 1e5) gives inf).
         dtypes.check_scalar_fits(args[1], self.dtype, "fill_")

@@ -75,12 +75,6 @@ def promoted_dtypes(kind, vals):
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 
 
-def _is_half(dtype) -> bool:
-    """float16, bfloat16 or a float8 type (a JAX dtype)."""
-    torch_dtype = dtypes.to_torch_dtype(dtype)
-    return torch_dtype.is_floating_point and torch_dtype.itemsize <= 2
-
-
 def _promotion(kind, vals):
     compute, result = elementwise_dtypes(*vals, type_promotion_kind=kind)
     inputs = None
@@ -162,7 +156,7 @@ class Policy:
     def check_number(self, value, result) -> None:
         """torch's overflow error when the Python number ``value`` does not fit the result
         dtype ``result`` (a JAX dtype), for the types this op checks."""
-        if self.checked_half or not _is_half(result):
+        if self.checked_half or not dtypes.is_half(result):
             dtypes.check_scalar_fits(value, result, self.opname)
 
     def cast_args(self, jargs, jkwargs, dts) -> None:

@@ -136,15 +136,11 @@ def check_scalar_fits(value, dtype, op: str) -> None:
     if isinstance(value, bool) or dt == np.bool_ or not isinstance(value, (int, float, complex)):
         return
     kind = dt.kind
-    if isinstance(value, complex):
-        if kind != "c":
-            _overflow(dt, op)
-        parts = (value.real, value.imag)
+    if isinstance(value, complex) and kind != "c":
+        _overflow(dt, op)
+    parts = (value.real, value.imag) if isinstance(value, complex) else (value,)
+    if kind == "c":  # each part against the component type
         dt = np.dtype(np.float32 if dt == np.complex64 else np.float64)
-    else:
-        parts = (value.real,) if kind == "c" else (value,)
-        if kind == "c":
-            dt = np.dtype(np.float32 if dt == np.complex64 else np.float64)
     for v in parts:
         if kind in "iu":
             info = np.iinfo(dt)
@@ -165,6 +161,13 @@ def check_scalar_fits(value, dtype, op: str) -> None:
                 bad = v < float(info.min) or v > float(info.max)
         if bad:
             _overflow(np.dtype(dtype), op)
+
+
+def is_half(dtype) -> bool:
+    """float16, bfloat16 or a float8 type (a torch or JAX dtype)."""
+    if not isinstance(dtype, torch.dtype):
+        dtype = to_torch_dtype(dtype)
+    return dtype.is_floating_point and dtype.itemsize <= 2
 
 
 def _overflow(dt, op):
