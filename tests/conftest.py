@@ -4,9 +4,12 @@ import os
 # Most of the suite's time is XLA compiling many tiny programs, and on CPU most of a compile
 # is LLVM optimising the generated code. The suite checks what programs compute, not how fast
 # the code runs: XLA emits its IR without fast-math flags, so LLVM's optimisation level
-# changes speed, not values. The suite compiles at level 0 (a quarter less compile time);
-# benchmarks and user code keep XLA's default. Set the flag yourself in XLA_FLAGS to test
-# at another level.
+# changes speed, and values in one way only: when optimising, LLVM contracts a multiply
+# and the add it feeds into one FMA (one rounding fewer, the last bit of some results).
+# Lowerings whose bits must match CPU's state their FMAs, or hide a product from the
+# contraction (Note [Fused Adam as CPU computes it]), so they agree at every level. The
+# suite compiles at level 0 (a quarter less compile time); benchmarks and user code keep
+# XLA's default. Set the flag yourself in XLA_FLAGS to test at another level.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"

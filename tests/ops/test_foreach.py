@@ -1,5 +1,5 @@
-"""torchjax/ops/foreach.py: the ``_foreach_*`` family, fused Adam(W), and the optimizers
-and utilities that call them, each compared with CPU torch.
+"""torchjax/ops/foreach.py: the ``_foreach_*`` family, and the optimizers and utilities
+that call it (foreach and fused), each compared with CPU torch.
 
 ``_foreach_*`` OpInfos live in their own databases (``foreach_*_op_db``), not in
 ``op_db``, so the sweep here runs their samples directly: functional and in-place, on
@@ -200,36 +200,6 @@ def test_optimizer_steps_inside_torchjax_jit(opt_cls, kwargs):
     assert step.trace_count <= 2  # the first step may create optimizer state
 
 
-def test_fused_adam_grad_scale_found_inf():
-    cpu_model = _mlp()
-    tpu_model = copy.deepcopy(cpu_model).to(TPU)
-    x = torch.randn(5, 4)
-    for model, inp in ((cpu_model, x), (tpu_model, x.to(TPU))):
-        params = list(model.parameters())
-        model(inp).sum().backward()
-        dev = params[0].device
-        moments = [[torch.zeros_like(p) for p in params] for _ in range(2)]
-        states = [*moments, [], [torch.ones((), device=dev) for _ in params]]
-        for found in (0.0, 1.0):
-            torch._fused_adam_(
-                params,
-                [p.grad for p in params],
-                *states,
-                lr=0.1,
-                beta1=0.9,
-                beta2=0.99,
-                weight_decay=0.0,
-                eps=1e-8,
-                amsgrad=False,
-                maximize=False,
-                grad_scale=torch.tensor(4.0, device=dev),
-                found_inf=torch.tensor(found, device=dev),
-            )
-    for t, c in zip(tpu_model.parameters(), cpu_model.parameters()):
-        oi.compare(t.detach(), c.detach(), "param", tol=(1e-5, 1e-5))
-        oi.compare(t.grad, c.grad, "unscaled grad", tol=(1e-6, 1e-6))
-
-
 def test_clip_grad_norm_foreach():
     cpu_model = _mlp()
     tpu_model = copy.deepcopy(cpu_model).to(TPU)
@@ -241,18 +211,3 @@ def test_clip_grad_norm_foreach():
     oi.compare(norms[1], norms[0], "total norm")
     for t, c in zip(tpu_model.parameters(), cpu_model.parameters()):
         oi.compare(t.grad, c.grad, "clipped grad")
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
-def test_fused_adamw_dtype_tensor_lr(dtype):
-    cpu_model = _mlp().to(dtype)
-    tpu_model = copy.deepcopy(cpu_model).to(TPU)
-    x = torch.randn(5, 4, dtype=dtype)
-    for model, inp in ((cpu_model, x), (tpu_model, x.to(TPU))):
-        opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(0.01), fused=True)
-        for _ in range(3):
-            opt.zero_grad()
-            model(inp).pow(2).sum().backward()
-            opt.step()
-    for t, c in zip(tpu_model.parameters(), cpu_model.parameters()):
-        oi.compare(t.detach(), c.detach(), "param")

@@ -14,7 +14,7 @@ silently. So each one is either an input of the program or part of the cache key
   (torchjax.jit switches optimizers to it, see ``_make_capturable``), and SGD, whose
   single-tensor and foreach paths call ``.item()`` on a tensor lr, so while the trace runs
   its groups take the fused path (``_fused_sgd_`` has a tensor-lr overload; the same
-  update as the other paths, see ops/foreach.py's ``_sgd_step``);
+  update as the other paths, see ops/fused_optim.py's ``_sgd_step``);
 - every other group entry (momentum, betas, eps, weight_decay, flags, and lr of any
   other optimizer) and every non-tensor or CPU-tensor value in ``optimizer.state`` (a
   step count kept on the host) is a guard: its value is part of the cache key, so a

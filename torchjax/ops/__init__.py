@@ -13,6 +13,7 @@ from torchjax.ops import embedding as _embedding  # noqa: F401
 from torchjax.ops import factory as _factory  # noqa: F401
 from torchjax.ops import fft as _fft  # noqa: F401
 from torchjax.ops import foreach as _foreach  # noqa: F401
+from torchjax.ops import fused_optim as _fused_optim  # noqa: F401
 from torchjax.ops import histogram as _histogram  # noqa: F401
 from torchjax.ops import indexing as _indexing  # noqa: F401
 from torchjax.ops import layout as _layout  # noqa: F401

@@ -608,15 +608,15 @@ def addcmul(self, tensor1, tensor2, *, value=1):
     an optimizer's moments match CPU's bit for bit."""
     scaled = _scaled("addcmul", tensor1, value, bool_alpha_check=False)
     if _kind(self) == "float" and jnp.result_type(self, scaled, tensor2) == jnp.float32:
-        return _fma(*_bcast(scaled, tensor2, self))
+        return fma(*_bcast(scaled, tensor2, self))
     return _add(self, _mul(scaled, tensor2))
 
 
-def _fma(x, y, z):
+def fma(x, y, z):
     """``x * y + z`` rounded once, as CPU's vectorised loops compute it with an FMA: on
     CPU through float64 (the float32 product is exact there), elsewhere as XLA fuses it.
-    XLA:CPU contracts the multiply-add itself inside one program, but not when the op
-    runs primitive by primitive."""
+    float64 has no wider type: XLA:CPU contracts its multiply-add inside one program
+    when LLVM optimises, not at optimisation level 0 nor primitive by primitive."""
 
     def exact(x, y, z):
         wide = jnp.float64
