@@ -105,3 +105,53 @@ def test_fused_adam_parameters_equal_cpus_bit_for_bit(opt_cls, kwargs, dtype):
             ulp = torch.finfo(dtype).eps * cpus.abs()
             assert ((ours - cpus).abs() <= ulp).all(), key
             assert (ours != cpus).sum() <= 2, key
+
+
+def _steps_on_both(opt_cls, kwargs, start, grads):
+    runs = []
+    for dev in ("cpu", TPU):
+        params = [p.clone().to(dev).requires_grad_() for p in start]
+        opt = opt_cls(params, **kwargs)
+        for step_grads in grads:
+            for p, g in zip(params, step_grads):
+                p.grad = g.clone().to(dev)  # SGD's foreach path writes into the grads
+            opt.step()
+        runs.append([p.detach().cpu() for p in params])
+    return runs
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(lr=0.1, momentum=0.9, weight_decay=0.01),
+        dict(lr=0.1, momentum=0.9, nesterov=True),
+        dict(lr=0.1, momentum=0.5, dampening=0.3, maximize=True),
+        dict(lr=0.1),
+    ],
+    ids=["momentum-l2", "nesterov", "dampening-maximize", "plain"],
+)
+def test_fused_sgd_float32_parameters_equal_cpus_bit_for_bit(kwargs):
+    # Sizes are whole multiples of every vector width, so CPU's kernel runs its
+    # vectorised body only (its scalar remainder loop contracts differently).
+    torch.manual_seed(0)
+    start = [torch.randn(1024), torch.randn(32, 48)]
+    grads = [[torch.randn_like(p) for p in start] for _ in range(6)]
+    cpu, tpu = _steps_on_both(torch.optim.SGD, dict(fused=True, **kwargs), start, grads)
+    for t, c in zip(tpu, cpu):
+        n = (t != c).sum().item()
+        assert n == 0, f"{n} parameters differ from CPU's"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_sgd_half_updates_every_element(dtype):
+    # torch 2.13's CPU kernel leaves every whole vector block of a float16/bfloat16
+    # parameter unchanged (pytorch/pytorch#191763, fixed after 2.13), so the reference
+    # is CPU's single-tensor SGD, which computes in the half type between ops.
+    torch.manual_seed(0)
+    start = [torch.randn(1024, dtype=dtype)]
+    grads = [[torch.randn_like(p) for p in start] for _ in range(3)]
+    kwargs = dict(lr=0.1, momentum=0.9, weight_decay=0.01)
+    (cpu,), _ = _steps_on_both(torch.optim.SGD, dict(foreach=False, **kwargs), start, grads)
+    _, (tpu,) = _steps_on_both(torch.optim.SGD, dict(fused=True, **kwargs), start, grads)
+    assert (tpu != start[0]).float().mean() > 0.99, "fused SGD left parameters unchanged"
+    torch.testing.assert_close(tpu, cpu, atol=0.02, rtol=0.02)

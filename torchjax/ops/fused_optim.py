@@ -217,14 +217,25 @@ def _sgd_step(
     first,
     grad_scale,
 ):
-    """One parameter's fused SGD update (ATen/native/cpu/FusedSGDKernel.cpp), in opmath."""
+    """One parameter's fused SGD update as CPU's vectorised kernel computes it
+    (ATen/native/cpu/FusedSGDKernel.cpp), in opmath, with its FMAs (Note [Fused Adam as
+    CPU computes it] says why the products are hidden)."""
     opmath, p, g, new_grad = _fused_prologue(param, grad, grad_scale, maximize)
+
+    def const(x):  # a double hyperparameter, rounded once to opmath as the kernel does
+        return jnp.asarray(x, jnp.float64).astype(opmath)
+
+    zero = jnp.isnan(lr).astype(jnp.uint8)  # a runtime 0 (see _opaque)
     if weight_decay != 0:
-        g = g + weight_decay * p
+        g = fma(p, const(weight_decay), g)
     if momentum != 0:
-        buf = g if first else momentum * buf.astype(opmath) + (1 - dampening) * g
-        g = g + momentum * buf if nesterov else buf
-    return p - lr * g, new_grad, buf
+        if not first:
+            kept = _opaque(buf.astype(opmath) * const(momentum), zero)
+            buf = fma(const(1 - dampening), g, kept)
+        else:
+            buf = g
+        g = fma(buf, const(momentum), g) if nesterov else buf
+    return fma(g, const(-lr), p), new_grad, buf
 
 
 @functools.partial(
