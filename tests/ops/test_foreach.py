@@ -211,3 +211,22 @@ def test_clip_grad_norm_foreach():
     oi.compare(norms[1], norms[0], "total norm")
     for t, c in zip(tpu_model.parameters(), cpu_model.parameters()):
         oi.compare(t.grad, c.grad, "clipped grad")
+
+
+@pytest.mark.parametrize("op", ["addcmul", "addcdiv"])
+def test_foreach_addc_with_scalar_lists_bit_for_bit(op):
+    # The compiled foreach path takes the per-tensor values as traced inputs; it must
+    # compute in the per-tensor lowering's order, (value * t1) op t2 and addcmul's FMA,
+    # as Adam's foreach step calls it (exp_avg_sq, param updates).
+    g = torch.Generator().manual_seed(0)
+    lists = [[torch.randn(1024, generator=g) for _ in range(2)] for _ in range(3)]
+    lists[2] = [t.abs() + 0.5 for t in lists[2]]
+    values = [-0.001, 2.5]
+    results = []
+    for dev in ("cpu", TPU):
+        selves, t1, t2 = ([t.clone().to(dev) for t in ts] for ts in lists)
+        getattr(torch, f"_foreach_{op}_")(selves, t1, t2, values)
+        results.append([t.cpu() for t in selves])
+    assert len(results[0]) == 2
+    for got, want in zip(results[1], results[0]):
+        assert torch.equal(got, want)

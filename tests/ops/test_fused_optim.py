@@ -91,7 +91,7 @@ def test_fused_adam_parameters_equal_cpus_bit_for_bit(opt_cls, kwargs, dtype):
         opt = opt_cls(params, fused=True, **kwargs)
         for step_grads in grads:
             for p, g in zip(params, step_grads):
-                p.grad = g.to(dev)
+                p.grad = g.clone().to(dev)
             opt.step()
         runs.append((params, opt))
     (cpu_params, cpu_opt), (tpu_params, tpu_opt) = runs

@@ -374,3 +374,20 @@ def test_addcmul_addcdiv_bit_for_bit(op, dtype):
         assert torch.equal(got, want), value
         checked += 1
     assert checked == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_lerp_bit_for_bit(dtype):
+    # CPU's vectorised lerp is one FMA from the nearer end (an optimizer's
+    # exp_avg.lerp_(grad, 1 - beta1)); 4096 elements keep it in the vectorised loop.
+    g = torch.Generator().manual_seed(0)
+    start, end = (torch.randn(4096, generator=g).to(dtype) for _ in range(2))
+    tensor_weight = torch.rand(4096, generator=g).to(dtype) * 1.4 - 0.2
+    checked = 0
+    for weight in [0.1, 0.3, 0.7, 0.95, tensor_weight]:
+        want = torch.lerp(start, end, weight)
+        tpu_weight = weight.to("tpu") if isinstance(weight, torch.Tensor) else weight
+        got = torch.lerp(start.to("tpu"), end.to("tpu"), tpu_weight).cpu()
+        assert torch.equal(got, want), weight
+        checked += 1
+    assert checked == 5

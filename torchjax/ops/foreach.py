@@ -26,6 +26,7 @@ import torch
 from torchjax import _budget
 from torchjax._compat.torch import all_op_schemas
 from torchjax.ops import compiled
+from torchjax.ops.pointwise_binary import exact_div, fma
 from torchjax.ops.promotion import promoted_by_key
 from torchjax.ops.registry import Kind, handler, write_into
 from torchjax.tensor._tensor import JaxTensor, wrap
@@ -370,14 +371,21 @@ def _aliased(lead, lists) -> bool:
 def _addc_dynamic(base, inplace, self, tensor1, tensor2, value):
     """``self + value * (tensor1 op tensor2)`` with a traced ``value`` (see Note
     [Compiled foreach]): what aten::addcmul/addcdiv's lowerings compute for float
-    tensors, in the computation dtype, cast to the result dtype."""
+    tensors, in CPU's order (``(value * tensor1) op tensor2``, addcmul's last product
+    and sum in one FMA in float32), in the computation dtype, cast to the result dtype."""
     compute, result, _ = promoted_by_key(
         Kind.DEFAULT, [(t.dtype, not t._size) for t in (self, tensor1, tensor2)]
     )
     v = value._value() if isinstance(value, JaxTensor) else value
     s, a, b = (t._value().astype(compute) for t in (self, tensor1, tensor2))
-    q = a * b if base == "addcmul" else a / b
-    res = wrap((s + q * v.astype(compute)).astype(result))
+    scaled = v.astype(compute) * a
+    if base == "addcdiv":
+        out = s + exact_div(scaled, b)
+    elif compute == jnp.float32:
+        out = fma(scaled, b, s)
+    else:
+        out = s + scaled * b
+    res = wrap(out.astype(result))
     if inplace:
         return write_into(getattr(aten, base + "_").default, self, res)
     return res

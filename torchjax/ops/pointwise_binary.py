@@ -590,21 +590,26 @@ for _op, _fn in [
 @lowering(aten.lerp, promote=Kind.DEFAULT, promote_args=("self", "end"))
 def lerp(self, end, weight):
     """aten::lerp - ``self + weight * (end - self)``, evaluated from the nearer end as
-    torch does (``end - (end - self) * (1 - weight)`` when |weight| >= 0.5). Floating and
-    complex only: a Python weight does not promote integer inputs (torch raises)."""
+    torch does (``end - (end - self) * (1 - weight)`` when |weight| >= 0.5), each form
+    one FMA for real floats as CPU's vectorised kernel computes it (an optimizer's
+    ``exp_avg.lerp_`` then matches CPU's bit for bit). Floating and complex only: a
+    Python weight does not promote integer inputs (torch raises)."""
     _require("lerp", self, ("float", "complex"))
     weight = jnp.asarray(weight).astype(self.dtype)
     a, b, w = _bcast(self, end, weight)
     diff = b - a
     one = jnp.ones((), w.dtype)
-    return jnp.where(jnp.abs(w) < np.asarray(0.5, a.real.dtype), a + w * diff, b - diff * (one - w))
+    small = jnp.abs(w) < np.asarray(0.5, a.real.dtype)
+    if _kind(a) == "float":
+        return jnp.where(small, fma(w, diff, a), fma(w - one, diff, b))
+    return jnp.where(small, a + w * diff, b - diff * (one - w))
 
 
 @lowering(aten.addcmul, promote=Kind.DEFAULT, promote_args=("self", "tensor1", "tensor2"))
 def addcmul(self, tensor1, tensor2, *, value=1):
     """aten::addcmul - ``self + value * tensor1 * tensor2``. Shapes: broadcast. The
     products are taken in CPU's order, ``(value * tensor1) * tensor2``, and float32 adds
-    that last product to ``self`` in one FMA as CPU's vectorised loop does (``_fma``), so
+    that last product to ``self`` in one FMA as CPU's vectorised loop does (``fma``), so
     an optimizer's moments match CPU's bit for bit."""
     scaled = _scaled("addcmul", tensor1, value, bool_alpha_check=False)
     if _kind(self) == "float" and jnp.result_type(self, scaled, tensor2) == jnp.float32:
