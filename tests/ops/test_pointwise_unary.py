@@ -179,3 +179,14 @@ def test_round_decimals_bit_for_bit(decimals):
     # divisor]); XLA's reciprocal multiply differed in the last bit.
     x = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 100
     assert torch.equal(x.to("tpu").round(decimals=decimals).cpu(), x.round(decimals=decimals))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op", [torch.sign, torch.sgn])
+def test_sign_of_nan_and_negative_zero_is_cpus(op, dtype):
+    # ATen computes (0 < x) - (x < 0): 0 for NaN, +0.0 for -0.0.
+    x = torch.tensor([float("nan"), -0.0, 0.0, -2.5, 3.0, float("-inf")], dtype=dtype)
+    want = op(x)
+    got = op(x.to("tpu")).cpu()
+    assert torch.equal(got, want)
+    assert torch.equal(got.signbit(), want.signbit())

@@ -141,3 +141,24 @@ def test_pool_errors_name_the_op():
         torch.ops.aten.avg_pool2d(x, [3, 3], [1, 1], [0, 0], False, True, 0)
     with pytest.raises(RuntimeError, match="aten::fractional_max_pool2d"):
         torch.ops.aten.fractional_max_pool2d(x, [2, 2], [7, 7], torch.rand(2, 3, 2).to("tpu"))
+
+
+@pytest.mark.parametrize("special", [float("nan"), float("inf")])
+def test_adaptive_avg_pool_keeps_nan_and_inf_in_their_window(special):
+    # A window mean must not read outside its window: a 0/1 averaging matrix made
+    # 0 * nan = nan in every output along the row.
+    cases = [
+        (lambda x: F.adaptive_avg_pool1d(x, 3), (1, 1, 6), (0, 0, 1)),
+        (lambda x: F.interpolate(x, size=3, mode="area"), (1, 1, 6), (0, 0, 5)),
+        (lambda x: F.adaptive_avg_pool2d(x, (2, 3)), (1, 2, 4, 7), (0, 1, 3, 0)),
+        (lambda x: F.adaptive_avg_pool3d(x, (1, 2, 2)), (1, 1, 2, 4, 4), (0, 0, 1, 0, 3)),
+    ]
+    checked = 0
+    for fn, shape, where in cases:
+        x = torch.arange(float(torch.Size(shape).numel())).reshape(shape)
+        x[where] = special
+        want = fn(x)
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), want, equal_nan=True)
+        assert want.isfinite().any()
+        checked += 1
+    assert checked == 4

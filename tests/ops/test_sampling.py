@@ -145,3 +145,14 @@ def test_errors_name_the_op():
         torch.ops.aten.grid_sampler_3d(x[None], torch.zeros(2, 1, 1, 1, 3).to("tpu"), 2, 0, False)
     with pytest.raises(RuntimeError, match="aten::upsample_bilinear2d"):
         torch.ops.aten.upsample_bilinear2d(x[0], [4, 4], False)
+
+
+@pytest.mark.parametrize("mode,size", [("bilinear", 3), ("bilinear", 4), ("bicubic", 3)])
+def test_antialiased_interpolate_keeps_nan_in_its_window(mode, size):
+    # Short tap rows are padded; the padding must add nothing (it read x[0] * 0).
+    x = torch.arange(1.0, 8.0).reshape(1, 1, 1, 7)
+    x[..., 0] = float("nan")
+    want = F.interpolate(x, size=(1, size), mode=mode, antialias=True)
+    got = F.interpolate(x.to("tpu"), size=(1, size), mode=mode, antialias=True).cpu()
+    assert want[..., -1].isfinite().all()
+    torch.testing.assert_close(got, want, equal_nan=True)

@@ -163,7 +163,8 @@ def abs_(self):
 
 @lowering(aten.sign, promote=Kind.DEFAULT)
 def sign(self):
-    """aten::sign - -1/0/1 (NaN for NaN); bool returned unchanged, complex raises."""
+    """aten::sign - ``(0 < x) - (x < 0)`` as ATen computes it: 0 for NaN and +0 for
+    -0.0 (``jnp.sign`` gives NaN and -0.0); bool returned unchanged, complex raises."""
     if jnp.issubdtype(self.dtype, jnp.complexfloating):
         raise RuntimeError(
             "aten::sign: Unlike NumPy, torch.sign is not intended to support "
@@ -171,7 +172,7 @@ def sign(self):
         )
     if _is_bool(self):
         return self
-    return jnp.sign(self)
+    return (self > 0).astype(self.dtype) - (self < 0).astype(self.dtype)
 
 
 @lowering(aten.sgn, promote=Kind.DEFAULT)

@@ -371,21 +371,32 @@ def _check_adaptive(op, self, output_size, nd):
 
 
 def _adaptive_avg(op, self, output_size):
+    """Each output is the sum of its window divided by the window's size per dim, as
+    ATen's kernel computes it. The windows are gathered (padding masked out), so a NaN
+    or inf reaches only the windows that hold it."""
     nd = len(output_size)
     _check_adaptive(op, self, output_size, nd)
     x = _opmath(self)
+    lead = self.ndim - nd
+    masks, counts = [], []
     for d, out in enumerate(output_size):
-        axis = self.ndim - nd + d
-        n = self.shape[axis]
-        start, end = _adaptive_bounds(n, out)
-        pos = np.arange(n)[:, None]
-        m = ((pos >= start) & (pos < end)).astype(np.float64) / (end - start)
-        x = jnp.moveaxis(
-            jnp.tensordot(x, jnp.asarray(m, dtype=x.dtype), axes=([axis], [0]), precision=_HIGHEST),
-            -1,
-            axis,
-        )
-    return x.astype(self.dtype)
+        axis = lead + 2 * d  # each earlier dim became (out, window)
+        start, end = _adaptive_bounds(self.shape[lead + d], out)
+        taps = start[:, None] + np.arange(int((end - start).max()))
+        inside = taps < end[:, None]
+        x = jnp.take(x, jnp.asarray(np.where(inside, taps, start[:, None]).reshape(-1)), axis)
+        x = x.reshape(*x.shape[:axis], *taps.shape, *x.shape[axis + 1 :])
+        masks.append(inside)
+        counts.append(end - start)
+    mask = masks[0]
+    for m in masks[1:]:
+        mask = mask.reshape(*mask.shape, 1, 1) & m
+    total = jnp.where(jnp.asarray(mask), x, 0).sum(axis=tuple(lead + 2 * d + 1 for d in range(nd)))
+    for d, count in enumerate(counts):
+        shape = [1] * total.ndim
+        shape[lead + d] = len(count)
+        total = total / jnp.asarray(count.reshape(shape), dtype=total.dtype)
+    return total.astype(self.dtype)
 
 
 @lowering(aten._adaptive_avg_pool2d, aten._adaptive_avg_pool3d)

@@ -124,7 +124,7 @@ def _aa_taps(filter_fn, interp_size):
             total = w.sum(dtype=ft)
             rows.append((xmin + j, w / total if total != 0 else w))
         k = max(len(r[0]) for r in rows)
-        idx = np.zeros((n_out, k), dtype=np.int64)
+        idx = np.full((n_out, k), -1, dtype=np.int64)  # -1: no tap (see _apply_taps)
         wts = np.zeros((n_out, k), dtype=ft)
         for i, (r, w) in enumerate(rows):
             idx[i, : len(r)], wts[i, : len(w)] = r, w
@@ -134,18 +134,23 @@ def _aa_taps(filter_fn, interp_size):
 
 
 def _apply_taps(x, tables):
-    """out[..., o, ...] = sum_k x[..., idx[o, k], ...] * w[o, k], per trailing dim."""
+    """out[..., o, ...] = sum_k x[..., idx[o, k], ...] * w[o, k], per trailing dim. A
+    negative index pads a short row: it adds nothing (not ``x[0] * 0``, which is NaN for
+    a NaN or inf ``x[0]`` that CPU's loop never reads)."""
     nd = len(tables)
     for d, (idx, w) in enumerate(tables):
         axis = x.ndim - nd + d
         if idx.shape[1] == 1:
             x = jnp.take(x, jnp.asarray(idx[:, 0]), axis=axis)
             continue
-        g = jnp.take(x, jnp.asarray(idx.reshape(-1)), axis=axis)
+        g = jnp.take(x, jnp.asarray(np.maximum(idx, 0).reshape(-1)), axis=axis)
         g = g.reshape(*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :])
         wshape = [1] * g.ndim
         wshape[axis], wshape[axis + 1] = idx.shape
-        x = (g * jnp.asarray(w, dtype=x.dtype).reshape(wshape)).sum(axis=axis + 1)
+        terms = g * jnp.asarray(w, dtype=x.dtype).reshape(wshape)
+        if (idx < 0).any():
+            terms = jnp.where(jnp.asarray(idx >= 0).reshape(wshape), terms, 0)
+        x = terms.sum(axis=axis + 1)
     return x
 
 
