@@ -137,3 +137,29 @@ def test_copy_from_disjoint_or_identical_memory_of_the_same_storage():
         got = torch.arange(4.0, device="tpu")
         call(got)
         assert torch.equal(got.cpu(), want)
+
+
+def test_resize_of_a_view_reads_storage_order_and_stays_aliased():
+    # CPU's resize_ keeps the storage and offset and takes contiguous strides.
+    results = []
+    for dev in ("cpu", "tpu"):
+        x = torch.arange(24.0).reshape(4, 6).to(dev)
+        transposed = x.t().resize_(24)  # storage order, not the transpose's
+        base = torch.arange(12.0).reshape(2, 6).to(dev)
+        row = base[1:].resize_(2, 3)
+        row.fill_(-1)  # writes through to base's second row
+        grown_base = torch.arange(6.0).to(dev)
+        grown = grown_base[2:].resize_(3, 3)  # past the end: the storage grows
+        grown[0].fill_(7)
+        results.append(
+            [
+                transposed.cpu(),
+                base.cpu(),
+                grown_base.cpu(),
+                torch.tensor([grown.storage_offset(), *grown.stride()]),
+                grown[0].cpu(),
+            ]
+        )
+    assert len(results[1]) == 5
+    for got, want in zip(*reversed(results)):
+        assert torch.equal(got, want)

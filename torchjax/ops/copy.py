@@ -165,17 +165,18 @@ def set_source_storage(args, kwargs):
 
 @handler(aten.resize_.default)
 def resize_(args, kwargs):
-    """aten::resize_ - keep the leading elements (in storage order), zeros after them."""
+    """aten::resize_ - as CPU: the tensor keeps its storage and offset and takes
+    contiguous strides, so it reads the storage in storage order and stays aliased with
+    every other view of it; a storage too small is grown in place, with zeros where CPU
+    leaves memory uninitialised."""
     self, size = args[0], tuple(args[1])
     if size == self._size:
         return self
-    n = int(np.prod(size))
-    flat = self._value().reshape(-1)
-    if flat.shape[0] >= n:
-        flat = flat[:n]
-    else:
-        flat = jnp.concatenate([flat, jnp.zeros((n - flat.shape[0],), flat.dtype)])
-    self._rebind(Storage(flat.reshape(size)), size, contiguous_strides(size), 0)
+    storage, offset = self._storage, self._offset
+    need = offset + int(np.prod(size))
+    if need > storage.numel:
+        storage.grow(need)
+    self._rebind(storage, size, contiguous_strides(size), offset)
     return self
 
 

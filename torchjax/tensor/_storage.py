@@ -101,6 +101,15 @@ class Storage:
         self.version += 1
         return True
 
+    def grow(self, numel: int) -> None:
+        """Extend the storage in place to ``numel`` elements, zeros after the old ones
+        (``resize_`` past its end: every tensor sharing the storage sees the new one)."""
+        flat = self.arr.reshape(-1)
+        self.arr = jnp.concatenate([flat, jnp.zeros((numel - self.numel,), flat.dtype)])
+        self.shape, self.numel = (numel,), numel
+        self.interpretations = None
+        self.version += 1
+
     def covers(self, size, stride, offset) -> bool:
         """True when (size, stride, offset) is the whole storage in its own shape."""
         return offset == 0 and size == self.shape
