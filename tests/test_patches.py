@@ -212,6 +212,7 @@ def test_uninstall_restores_every_original():
         "DataLoader worker start",
         "torch.accelerator memory functions and synchronize",
         "Dynamo skip rules for torchjax",
+        "FakeTensorMode.may_turn_const",
         "torch._TorchCompileInductorWrapper.__call__",
         "optimizer capturable=True under jit",
         "transformers loading functions",

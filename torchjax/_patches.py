@@ -71,6 +71,11 @@ how it is undone.
   torchjax function's code gets the SKIP strategy: dispatch, the device guard and the
   kernels called from C++ must run as plain Python. Undo: the directory leaves SKIP_DIRS,
   the codes get Dynamo's DEFAULT strategy.
+- ``FakeTensorMode.may_turn_const`` (compile/_dynamo.py, at the same time; torch 2.13).
+  A real tpu tensor computed from constants while Dynamo traces (``torch.tensor(4)
+  .to("tpu")``) is not folded into a constant FakeTensor, which the fake mode cannot make
+  of a wrapper subclass (Note [No tpu constants in fake tracing]); every other tensor
+  gets torch's answer. Same signature. Undo: torch's method put back.
 - ``torch._TorchCompileInductorWrapper.__call__`` (compile/_default_backend.py through
   _compat/torch.py; torch 2.13). ``torch.compile(m)`` without ``backend=`` hands each
   graph to this wrapper; a graph on tpu tensors is compiled by the "tpu" backend instead

@@ -164,3 +164,36 @@ def test_float_attribute_that_changes_is_passed_as_its_value():
     # The float reached the graph as a tensor input at least once (else this test
     # checks nothing beyond Dynamo's own specialisation).
     assert torchjax.compile.dynamo_stats()["graphs"] >= 2
+
+
+def test_a_tensor_made_from_a_number_and_moved_to_tpu_in_the_graph():
+    # All-constant inputs make FakeTensorMode run the op for real; a tpu result could
+    # not become a constant FakeTensor (transformers' sliding-window caches do this).
+    def f(x):
+        window = torch.tensor(4, dtype=torch.long).to(x.device)
+        return x + window, torch.full((2,), 3.0).to(x.device) * 2
+
+    x = torch.arange(3.0)
+    compiled = torch.compile(f, backend="tpu")
+    got = compiled(x.to("tpu"))
+    want = f(x)
+    assert len(got) == 2
+    for g, w in zip(got, want):
+        assert g.device.type == "tpu"
+        assert torch.equal(g.cpu(), w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_mm_of_any_float_dtype(dtype):
+    # torch's meta kernel keeps CUDA's bfloat16-only rule; MoE experts run float32 too.
+    def f(a, b, offs):
+        return torch._grouped_mm(a, b, offs=offs)
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(8, 16, generator=g).to(dtype)
+    b = torch.randn(4, 16, 32, generator=g).to(dtype)
+    offs = torch.tensor([2, 4, 6, 8], dtype=torch.int32)
+    want = f(a.to("tpu"), b.to("tpu"), offs.to("tpu"))
+    got = torch.compile(f, backend="tpu")(a.to("tpu"), b.to("tpu"), offs.to("tpu"))
+    assert got.dtype == dtype
+    assert torch.equal(got.cpu(), want.cpu())

@@ -88,3 +88,18 @@ def test_compile_generate_static_cache_matches_cpu(models):
     # decode-step program (the first token's choice, the step).
     traces = (jitted.trace_count, tpu.forward.decode_step.trace_count)
     assert traces == ((2, 0) if name == "t5" else (1, 2)), name
+
+
+@pytest.mark.parametrize("models", ["gemma3", "qwen3_moe"], indirect=True)
+def test_torch_compile_forward_with_its_own_cache_matches_cpu(models):
+    # torch.compile(backend="tpu") of a forward that builds its DynamicCache: Gemma 3's
+    # sliding layers move a Python-made tensor to tpu in the graph, Qwen3-MoE's experts
+    # call float32 _grouped_mm (torch's meta kernel allows bfloat16 only).
+    name, cpu, _ = models
+    tpu = copy.deepcopy(cpu).to("tpu")
+    compiled = torch.compile(tpu, backend="tpu")
+    batch = {"input_ids": IDS, "attention_mask": (IDS != 0).long()}
+    with torch.no_grad():
+        want = cpu(**batch, use_cache=True).logits
+        got = compiled(**{k: v.to("tpu") for k, v in batch.items()}, use_cache=True).logits
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)

@@ -73,6 +73,39 @@ def _install_skip_rules() -> None:
 
 _install_skip_rules()
 
+
+# Note [No tpu constants in fake tracing]
+# When every input of an op is a constant (``torch.tensor(4)`` made in the traced code),
+# FakeTensorMode runs the op for real and turns its output into a constant FakeTensor.
+# ``torch.tensor(4).to("tpu")`` then gives a real tpu tensor, which the fake mode can only
+# convert through ``__tensor_unflatten__``, into a fake JaxTensor that is not a
+# FakeTensor: its constant assertion failed, and with it torch.compile of every model
+# whose cache moves a Python-made tensor to tpu in forward (transformers' sliding-window
+# and chunked caches). A tpu result is never made a constant; the op is traced as any
+# other, which is what the graph needs anyway (the backend runs it).
+def _install_constant_rule() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torchjax.tensor._tensor import JaxTensor
+
+    original = FakeTensorMode.may_turn_const
+
+    def may_turn_const(self, t):
+        return not isinstance(t, JaxTensor) and original(self, t)
+
+    _patches.replace_attr(
+        FakeTensorMode,
+        "may_turn_const",
+        may_turn_const,
+        name="FakeTensorMode.may_turn_const",
+        why="a real tpu tensor made from constants is traced, not folded into a constant",
+        package="torch",
+        written_for="2.13",
+    )
+
+
+_install_constant_rule()
+
 _GRAPHS: list = []  # weak references to the Jitted of every graph Dynamo handed us
 
 

@@ -116,7 +116,9 @@ def dispatch(func, args, kwargs):
         # as torch.tensor([...], device="tpu") for real): its fake twin.
         return _inner_view(make(mode.from_tensor(stand_in(x)), x.shape, x.stride(), 0))
 
-    out = func(*pytree.tree_map(unwrap, args), **pytree.tree_map(unwrap, kwargs))
+    args, kwargs = pytree.tree_map(unwrap, args), pytree.tree_map(unwrap, kwargs)
+    own = _OWN_SHAPE_RULES.get(func)
+    out = own(func, *args, **kwargs) if own is not None else func(*args, **kwargs)
     schema = func._schema
     if schema.returns and schema.returns[0].alias_info is not None:
         if schema.returns[0].alias_info.is_write:
@@ -127,3 +129,19 @@ def dispatch(func, args, kwargs):
         lambda x: make(x) if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor) else x,
         out,
     )
+
+
+def _grouped_mm_any_dtype(func, mat_a, mat_b, *args, **kwargs):
+    # torch's meta for _grouped_mm keeps CUDA's rule that the inputs be bfloat16; the tpu
+    # lowering takes every float dtype, so the shapes come from bfloat16 stand-ins and
+    # the result takes the dtype torch's rule gives (out_dtype, else the inputs').
+    dtype = mat_a.dtype
+    if dtype == torch.bfloat16:
+        return func(mat_a, mat_b, *args, **kwargs)
+    out = func(mat_a.to(torch.bfloat16), mat_b.to(torch.bfloat16), *args, **kwargs)
+    out_dtype = kwargs.get("out_dtype", args[2] if len(args) > 2 else None)
+    return out if out_dtype is not None else out.to(dtype)
+
+
+# Ops whose torch meta kernel refuses what their tpu lowering computes.
+_OWN_SHAPE_RULES = {torch.ops.aten._grouped_mm.default: _grouped_mm_any_dtype}
