@@ -161,3 +161,16 @@ def test_index_put_dtype_mismatch_raises():
     x = torch.zeros(3, device="tpu")
     with pytest.raises(RuntimeError, match="Index put requires"):
         x.index_put_((torch.tensor([0]),), torch.tensor([1], dtype=torch.int64).to("tpu"))
+
+
+def test_bool_scatter_reduce_mean_is_refused_as_on_cpu():
+    # It returned an int32 tensor (floor division promoted the bool).
+    def run(dev):
+        t = torch.tensor([True, False], device=dev)
+        index = torch.tensor([0, 0], device=dev)
+        return t.scatter_reduce(0, index, torch.tensor([True, True], device=dev), "mean")
+
+    with pytest.raises(NotImplementedError):
+        run("cpu")
+    with pytest.raises(NotImplementedError, match="scatter_reduce"):
+        run("tpu")

@@ -259,6 +259,11 @@ def scatter_reduce(self, dim, index, src, reduce, include_self=True):
         base = self
     if reduce != "mean":
         return _scatter(base, dim, index, src, reduce, "scatter_reduce")
+    if self.dtype == jnp.bool_:
+        raise NotImplementedError(
+            'aten::scatter_reduce: "scatter_gather_tensor_cpu_reduce_mean" not '
+            "implemented for 'Bool'"
+        )
     total = _scatter(base, dim, index, src, "sum", "scatter_reduce")
     ones = np.ones((), dtype=self.dtype)
     count = _scatter(

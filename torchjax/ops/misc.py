@@ -166,6 +166,22 @@ def _reduce_identity(reduce, dtype):
     return np.asarray(info.min if reduce in ("amax", "max") else info.max, dtype)
 
 
+def _check_bool_index_reduce(self, reduce, include_self):
+    # CPU's kernels: no bool path without self, nor for one dimension; 2-D and up run
+    # prod/amax/amin and stop at mean's floor division.
+    missing = (
+        "index_reduce_func_exclude_input_init"
+        if not include_self
+        else "index_func_"
+        if self.ndim == 1
+        else "div_floor_cpu"
+        if reduce == "mean"
+        else None
+    )
+    if missing is not None:
+        raise NotImplementedError(f"aten::index_reduce: \"{missing}\" not implemented for 'Bool'")
+
+
 @lowering(aten.index_reduce, cpu_tensors=True)
 def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     """aten::index_reduce - ``self`` with ``source``'s slices reduced into the positions
@@ -185,6 +201,8 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
         out = index_reduce(self, 0, index.reshape(-1), source, reduce, include_self=include_self)
         return out.reshape(())
     dim = dim % self.ndim
+    if self.dtype == jnp.bool_:
+        _check_bool_index_reduce(self, reduce, include_self)
     index = index.reshape(-1)
     n = self.shape[dim]
     _check_index(index, n, "index_reduce")
@@ -195,7 +213,7 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     init = x if include_self else jnp.where(hit, ident, x)
     at = init.at[index]
     if reduce == "prod":
-        out = at.multiply(src)
+        out = at.min(src) if x.dtype == jnp.bool_ else at.multiply(src)  # bool: logical and
     elif reduce == "amax":
         out = at.max(src)
     elif reduce == "amin":
