@@ -391,3 +391,29 @@ def test_lerp_bit_for_bit(dtype):
         assert torch.equal(got, want), weight
         checked += 1
     assert checked == 5
+
+
+def test_lerp_refuses_mixed_dtypes_as_cpu():
+    # torch does not promote lerp's inputs: end, and a weight of more than one element,
+    # must have self's dtype (a 0-d weight tensor is read as a number).
+    def lerps(dev):
+        z, one = torch.zeros(2, device=dev), torch.ones(2, device=dev)
+        return [
+            lambda: torch.lerp(z, one.double(), 0.5),
+            lambda: torch.lerp(z, torch.ones((), dtype=torch.float64, device=dev), 0.5),
+            lambda: torch.lerp(z, one, torch.full((2,), 0.5, dtype=torch.float64, device=dev)),
+        ]
+
+    checked = 0
+    for cpu_call, tpu_call in zip(lerps("cpu"), lerps("tpu")):
+        with pytest.raises(RuntimeError) as cpu_error:
+            cpu_call()
+        with pytest.raises(RuntimeError) as tpu_error:
+            tpu_call()
+        assert str(cpu_error.value) in str(tpu_error.value)
+        checked += 1
+    assert checked == 3
+    weight = torch.tensor(0.25, dtype=torch.float64)
+    want = torch.lerp(torch.zeros(2), torch.ones(2), weight)
+    got = torch.lerp(torch.zeros(2, device="tpu"), torch.ones(2, device="tpu"), weight.to("tpu"))
+    assert torch.equal(got.cpu(), want)

@@ -587,7 +587,7 @@ for _op, _fn in [
 # ternary
 
 
-@lowering(aten.lerp, promote=Kind.DEFAULT, promote_args=("self", "end"))
+@lowering(aten.lerp)
 def lerp(self, end, weight):
     """aten::lerp - ``self + weight * (end - self)``, evaluated from the nearer end as
     torch does (``end - (end - self) * (1 - weight)`` when |weight| >= 0.5), each form
@@ -595,14 +595,27 @@ def lerp(self, end, weight):
     ``exp_avg.lerp_`` then matches CPU's bit for bit). Floating and complex only: a
     Python weight does not promote integer inputs (torch raises)."""
     _require("lerp", self, ("float", "complex"))
-    weight = jnp.asarray(weight).astype(self.dtype)
-    a, b, w = _bcast(self, end, weight)
+    # torch does not promote: ``end`` and a weight tensor of more than one element must
+    # have self's dtype. Half types compute in float32, as ATen's opmath.
+    for name, other in (("end", end), ("weight", weight)):
+        if (
+            isinstance(other, jax.Array)
+            and (name == "end" or other.ndim)
+            and other.dtype != self.dtype
+        ):
+            raise RuntimeError(
+                f"aten::lerp: expected dtype {dtypes.cpp_type_name(self.dtype)} for `{name}` "
+                f"but got dtype {dtypes.cpp_type_name(other.dtype)}"
+            )
+    result = self.dtype
+    compute = jnp.promote_types(result, jnp.float32)
+    a, b, w = _bcast(self.astype(compute), end.astype(compute), jnp.asarray(weight).astype(compute))
     diff = b - a
     one = jnp.ones((), w.dtype)
     small = jnp.abs(w) < np.asarray(0.5, a.real.dtype)
     if _kind(a) == "float":
-        return jnp.where(small, fma(w, diff, a), fma(w - one, diff, b))
-    return jnp.where(small, a + w * diff, b - diff * (one - w))
+        return jnp.where(small, fma(w, diff, a), fma(w - one, diff, b)).astype(result)
+    return jnp.where(small, a + w * diff, b - diff * (one - w)).astype(result)
 
 
 @lowering(aten.addcmul, promote=Kind.DEFAULT, promote_args=("self", "tensor1", "tensor2"))
