@@ -309,3 +309,25 @@ def test_set_default_device():
     finally:
         torch.set_default_device(None)
     assert torch.zeros(1).device.type == "cpu"
+
+
+def test_linspace_reads_its_bounds_as_the_output_type():
+    # CPU converts start and end to the output type first, with c10's overflow check:
+    # out-of-range bounds raise, a negative bound of an unsigned type wraps.
+    checked = 0
+    for kwargs in (
+        dict(start=0, end=1e6, steps=3, dtype=torch.float16),
+        dict(start=0, end=300, steps=3, dtype=torch.int8),
+        dict(start=0, end=1e39, steps=3, dtype=torch.float32),
+    ):
+        with pytest.raises(RuntimeError, match="without overflow"):
+            torch.linspace(**kwargs)
+        with pytest.raises(RuntimeError, match="without overflow"):
+            torch.linspace(**kwargs, device="tpu")
+        checked += 1
+    for start, end, steps in [(-5, 5, 3), (-200, 250, 7), (3, -7, 5)]:
+        want = torch.linspace(start, end, steps, dtype=torch.uint8)
+        got = torch.linspace(start, end, steps, dtype=torch.uint8, device="tpu")
+        assert torch.equal(got.cpu(), want), (start, end, steps)
+        checked += 1
+    assert checked == 6

@@ -129,10 +129,11 @@ def _halfway(start, end, steps, step_dt):
     symmetric form: both endpoints are exact)."""
     if steps == 1:  # torch fills ``start`` (the symmetric form would give ``end``)
         return np.asarray([start], step_dt)
-    step = (np.asarray(end, step_dt) - np.asarray(start, step_dt)) / step_dt(max(steps - 1, 1))
-    idx = np.arange(steps)
-    lo = np.asarray(start, step_dt) + step * idx.astype(step_dt)
-    hi = np.asarray(end, step_dt) - step * (steps - 1 - idx).astype(step_dt)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf bounds give NaN, as torch
+        step = (np.asarray(end, step_dt) - np.asarray(start, step_dt)) / step_dt(max(steps - 1, 1))
+        idx = np.arange(steps)
+        lo = np.asarray(start, step_dt) + step * idx.astype(step_dt)
+        hi = np.asarray(end, step_dt) - step * (steps - 1 - idx).astype(step_dt)
     return np.where(idx < steps // 2, lo, hi).astype(step_dt)
 
 
@@ -157,8 +158,11 @@ def linspace_out(args, kwargs):
     start, end, steps = _value(args[0]), _value(args[1]), args[2]
     _check_steps("linspace.out", steps)
     dtype = out.dtype
-    if _is_integral(dtype):
-        start, end = int(start), int(end)
+    for bound in (start, end):  # the kernel reads both as its scalar type, checked
+        dtypes.check_scalar_fits(bound, dtype, "linspace")
+    if _is_integral(dtype):  # read as the output type: a negative bound wraps if unsigned
+        kind = np.dtype(dtypes.to_jax_dtype(dtype))
+        start, end = (int(np.asarray(int(b)).astype(kind)) for b in (start, end))
     vals = _halfway(start, end, steps, _step_dtype(dtype))
     arr = jnp.asarray(vals).astype(dtypes.to_jax_dtype(dtype))
     return _write_out(aten.linspace.out, out, arr)
