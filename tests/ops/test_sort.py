@@ -245,3 +245,20 @@ def test_unique_under_a_jax_trace_raises(fn):
 
     with pytest.raises(DataDependentError, match="output shape that depends on tensor values"):
         jax.jit(traced)(jnp.ones(3))
+
+
+@pytest.mark.parametrize("op", [torch.unique, torch.unique_consecutive])
+def test_unique_along_a_dim_of_empty_tensors_as_cpu(op):
+    # Empty only along another dimension: torch refuses (the slices have no length);
+    # empty along the selected one: an empty result. It returned a (0, 1) result.
+    with pytest.raises(RuntimeError, match="0 sized dimensions"):
+        op(torch.zeros(0, 4), dim=1)
+    with pytest.raises(RuntimeError, match="0 sized dimensions"):
+        op(torch.zeros(0, 4, device="tpu"), dim=1)
+    checked = 0
+    for shape, dim in [((0, 4), 0), ((3, 0), 1), ((2, 0, 3), 1)]:
+        want = op(torch.zeros(shape), dim=dim, return_inverse=True, return_counts=True)
+        got = op(torch.zeros(shape, device="tpu"), dim=dim, return_inverse=True, return_counts=True)
+        assert [t.shape for t in got] == [t.shape for t in want], (shape, dim)
+        checked += 1
+    assert checked == 3

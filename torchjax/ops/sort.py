@@ -265,6 +265,9 @@ def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False
     (one index per slice) and counts. Eager only."""
     _check_real("unique_dim", self)
     axis = wrap_dim(dim, self.ndim)
+    if _empty_along(self, axis, "unique_dim"):
+        inverse = _empty_long() if not return_inverse else jnp.zeros((0,), _LONG)
+        return self, inverse, _empty_long()
 
     def run():
         return jnp.unique(self, axis=axis, return_inverse=True, return_counts=True, equal_nan=False)
@@ -275,7 +278,20 @@ def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False
     return values, inverse, counts
 
 
+def _empty_along(self, axis, op) -> bool:
+    """True when ``self`` is empty along ``axis``; torch's error when it is empty only
+    along another dimension (the slices would have no length to compare)."""
+    if any(n == 0 for i, n in enumerate(self.shape) if i != axis):
+        raise RuntimeError(
+            f"aten::{op}: There are 0 sized dimensions, and they aren't selected, so unique "
+            "cannot be applied"
+        )
+    return self.shape[axis] == 0
+
+
 def _consecutive(op, self, axis, return_inverse, return_counts):
+    if axis is not None:
+        _empty_along(self, axis, op)
     x = self.reshape(-1) if axis is None else self
     ax = 0 if axis is None else axis
     n = x.shape[ax]
