@@ -77,3 +77,12 @@ def test_scatter_ops_are_view_backward():
         return g
 
     both(fn)
+
+
+def test_cat_out_of_a_type_the_inputs_cannot_cast_to_is_a_type_error():
+    for dev in ("cpu", "tpu"):
+        with pytest.raises(TypeError, match="can't be cast to the desired output type Long"):
+            torch.cat([torch.ones(2, device=dev)], out=torch.zeros(2, dtype=torch.long, device=dev))
+    out = torch.zeros(0, dtype=torch.float64, device="tpu")
+    torch.cat([torch.ones(2, dtype=torch.long, device="tpu")], out=out)
+    assert out.dtype == torch.float64 and out.cpu().tolist() == [1.0, 1.0]

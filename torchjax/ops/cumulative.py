@@ -16,7 +16,7 @@ from jax import lax
 
 from torchjax._compat.torch import REDUCTION_OUTPUT_TYPE_KIND
 from torchjax.ops.reduction import _reduction_dtypes, wrap_dim
-from torchjax.ops.registry import lowering
+from torchjax.ops.registry import handler, lowering, write_into
 from torchjax.tensor import dtypes
 
 aten = torch.ops.aten
@@ -52,6 +52,49 @@ def cumprod(self, dim, *, dtype=None):
         self, REDUCTION_OUTPUT_TYPE_KIND.SAME, dtype, ints_to_long=True
     )
     return _scan(lambda x, a: lax.cumprod(x, axis=a), self.astype(compute), dim).astype(result)
+
+
+# The names torch's in-place check prints (C++ type names as typeid gives them).
+_TYPEID_NAMES = {
+    torch.int8: "signed char",
+    torch.uint8: "unsigned char",
+    torch.int16: "short int",
+    torch.int32: "int",
+    torch.int64: "long int",
+    torch.bool: "bool",
+    torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16",
+    torch.float32: "float",
+    torch.float64: "double",
+}
+
+
+def _inplace_scan(func, functional, kernel: str):
+    """``cumsum_``/``cumprod_`` as CPU: ``dtype=`` must be self's, and bool has no
+    kernel (NotImplementedError) unless there is nothing to scan (0-d or empty); the
+    functional op would give int64, which cannot be written back into bool."""
+    name = func._schema.name
+
+    def run(args, kwargs):
+        self, dim = args[0], args[1]
+        dtype = kwargs.get("dtype", args[2] if len(args) > 2 else None)
+        if dtype is not None and dtype != self.dtype:
+            raise RuntimeError(
+                f"{name}: Bad in-place call: input tensor dtype "
+                f"{_TYPEID_NAMES.get(self.dtype, self.dtype)} and output tensor dtype "
+                f"{_TYPEID_NAMES.get(dtype, dtype)} should match"
+            )
+        if self.dtype == torch.bool:
+            if self.dim() > 0 and self.numel() > 0:
+                raise NotImplementedError(f"{name}: \"{kernel}\" not implemented for 'Bool'")
+            return self
+        return write_into(func, self, functional(self, dim))
+
+    handler(func)(run)
+
+
+_inplace_scan(aten.cumsum_.default, aten.cumsum.default, "cumsum_out_cpu")
+_inplace_scan(aten.cumprod_.default, aten.cumprod.default, "cumprod_out_cpu")
 
 
 def _cum_extreme(x, axis, later_wins):

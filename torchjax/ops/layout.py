@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from torchjax.ops.registry import lowering
+from torchjax.ops import writeback
+from torchjax.ops.registry import handler, lowering, write_into
 from torchjax.ops.shape import _dim, _slice_bounds
 from torchjax.tensor import dtypes
 from torchjax.tensor._storage import _plan
@@ -26,6 +27,22 @@ def _result_dtype(arrays):
     for a in arrays[1:]:
         dt = torch.promote_types(dt, dtypes.to_torch_dtype(a.dtype))
     return dtypes.to_jax_dtype(dt)
+
+
+@handler(aten.cat.out)
+def cat_out(args, kwargs):
+    """aten::cat.out - ``cat`` written into ``out`` (resized); an output type the inputs
+    cannot be cast to raises TypeError, as torch.cat's own check does."""
+    tensors, out = args[0], kwargs["out"]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    writeback.check_no_partial_overlap(aten.cat.out, [out], args, {})
+    result = aten.cat.default(tensors, dim)
+    if not torch.can_cast(result.dtype, out.dtype):
+        raise TypeError(
+            "torch.cat(): input types can't be cast to the desired output type "
+            f"{dtypes.aten_type_name(out.dtype)} (in aten::cat.out)"
+        )
+    return write_into(aten.cat.out, out, result, resize=True)
 
 
 @lowering(aten.cat.default)
