@@ -2,8 +2,9 @@
 
 Llama (sdpa and eager attention, float32 and bfloat16) is in test_transformers.py and
 test_generate.py; BERT is the real MiniLM in test_transformers.py. Here: Qwen3, Qwen3-MoE
-(sparse experts), GPT-2, Gemma 3 (sliding-window + global layers) and T5
-(encoder-decoder), one model each, loaded once per module; compiled static-cache
+(sparse experts), GPT-2, Gemma 3 (sliding-window + global layers), T5 (encoder-decoder),
+Qwen3.5 (linear-attention hybrid), Gemma 4 MoE, DeepSeek-V3 (latent attention) and
+GPT-OSS (attention sinks), one model each, loaded once per module; compiled static-cache
 generation (the default on tpu) for each, and compile_generate's trace counts for the two
 whose cache or layers differ most from Llama's.
 """

@@ -58,6 +58,50 @@ def _t5():
     )  # fmt: skip
 
 
+def _qwen3_5():
+    # Hybrid: one gated-delta-net linear-attention layer and one full-attention layer,
+    # interleaved multimodal rope.
+    return tf.Qwen3_5TextConfig(
+        **{**_DECODER, "head_dim": 16},
+        linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=["linear_attention", "full_attention"],
+        rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "mrope_section": [2, 1, 1], "mrope_interleaved": True,
+        },
+    )  # fmt: skip
+
+
+def _gemma4_moe():
+    # Sliding and global layers, per-layer inputs, a MoE block beside the MLP, K = V.
+    return tf.Gemma4TextConfig(
+        **_DECODER, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+        global_head_dim=16, vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=8,
+        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+        attention_k_eq_v=True, num_global_key_value_heads=1,
+    )  # fmt: skip
+
+
+def _deepseek_v3():
+    # Multi-head latent attention and grouped top-k routing (one dense layer first).
+    config = {k: v for k, v in _DECODER.items() if k != "head_dim"}
+    return tf.DeepseekV3Config(
+        **{**config, "num_key_value_heads": 4},
+        moe_intermediate_size=16, n_shared_experts=1, n_routed_experts=8, kv_lora_rank=16,
+        q_lora_rank=24, qk_rope_head_dim=8, v_head_dim=8, qk_nope_head_dim=8, n_group=2,
+        topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1,
+    )  # fmt: skip
+
+
+def _gpt_oss():
+    # Attention sinks, a sliding layer, MoE with clamped SwiGLU experts.
+    return tf.GptOssConfig(
+        **{**_DECODER, "intermediate_size": 32}, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+
+
 # name -> (Auto class, config factory, attn_implementation)
 ARCHITECTURES = {
     "qwen3": (tf.AutoModelForCausalLM, _qwen3, "sdpa"),
@@ -65,6 +109,10 @@ ARCHITECTURES = {
     "gpt2": (tf.AutoModelForCausalLM, _gpt2, "eager"),
     "gemma3": (tf.AutoModelForCausalLM, _gemma3, "eager"),
     "t5": (tf.AutoModelForSeq2SeqLM, _t5, "sdpa"),
+    "qwen3_5": (tf.AutoModelForCausalLM, _qwen3_5, "sdpa"),
+    "gemma4_moe": (tf.AutoModelForCausalLM, _gemma4_moe, "sdpa"),
+    "deepseek_v3": (tf.AutoModelForCausalLM, _deepseek_v3, "sdpa"),
+    "gpt_oss": (tf.AutoModelForCausalLM, _gpt_oss, "eager"),
 }
 
 
