@@ -9,8 +9,7 @@ exactly that: diffusers' documentation seeds every pipeline call with
 
 ``torch.Generator`` becomes a subclass of torch's generator type with the same signature.
 For a tpu device it makes a CPU generator that reports ``device`` ``tpu:<index>``;
-every other device gets torch's own generator, of exactly torch's type (Dynamo compiles
-code that takes one as before). A tpu random op given such a
+every other device is torch's constructor unchanged. A tpu random op given such a
 generator draws on CPU from it and moves the values (Note [CPU generators on tpu] in
 ops/random.py), so a seeded tpu generator gives the values a CPU generator with that
 seed gives: a pipeline seeded on tpu reproduces its CPU image. ``manual_seed``,
@@ -49,9 +48,7 @@ class Generator(_BASE, metaclass=_GeneratorType):
     def __new__(cls, device="cpu"):
         dev = torch.device(device)
         if dev.type != "tpu":
-            # torch's own generator, exactly its type: Dynamo wraps a generator whose
-            # type is torch's as a plain object and any other as an opaque one.
-            return _BASE(device)
+            return super().__new__(cls, device)
         gen = super().__new__(cls, "cpu")
         gen._tpu_device = torch.device(
             "tpu", _module.current_device() if dev.index is None else dev.index
@@ -60,13 +57,24 @@ class Generator(_BASE, metaclass=_GeneratorType):
 
     @property
     def device(self) -> torch.device:
-        return self.__dict__["_tpu_device"]
+        tpu = self.__dict__.get("_tpu_device")
+        return tpu if tpu is not None else _BASE.device.__get__(self)
 
     def __reduce__(self):
-        return (_rebuild_tpu, (str(self.device), self.get_state()))
+        tpu = self.__dict__.get("_tpu_device")
+        if tpu is None:
+            return super().__reduce__()
+        return (_rebuild_tpu, (str(tpu), self.get_state()))
 
     def __deepcopy__(self, memo):
-        return _rebuild_tpu(str(self.device), self.get_state())
+        tpu = self.__dict__.get("_tpu_device")
+        if tpu is None:  # torch's generator type copies through __reduce__
+            rebuild, args, *state = super().__reduce__()
+            gen = rebuild(*args)
+            if state and state[0] is not None:
+                gen.__setstate__(state[0])
+            return gen
+        return _rebuild_tpu(str(tpu), self.get_state())
 
 
 Generator.__module__ = "torch"
