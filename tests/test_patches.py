@@ -211,7 +211,6 @@ def test_uninstall_restores_every_original():
         "torch.nested.as_nested_tensor",
         "DataLoader worker start",
         "torch.accelerator memory functions and synchronize",
-        "torch.Generator",
         "Dynamo skip rules for torchjax",
         "FakeTensorMode.may_turn_const",
         "torch._TorchCompileInductorWrapper.__call__",

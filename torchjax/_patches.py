@@ -62,12 +62,6 @@ how it is undone.
   Asked about tpu, each answers with ``torch.tpu``'s function of the same meaning (Note
   [torch.accelerator on tpu]); same signatures. Undo: the originals put back in
   ``torch.accelerator`` and ``torch.accelerator.memory``.
-- ``torch.Generator`` (device/_generator.py; torch 2.13). ``torch.Generator(device="tpu")``
-  raised NotImplementedError from C++ (a Python backend cannot make device generators);
-  the class is a subclass of torch's generator type with the same signature that makes
-  a CPU generator reporting tpu for a tpu device, and torch's generator otherwise; its
-  ``isinstance`` answers for every torch generator (Note [tpu generators]). Undo: torch's
-  class put back.
 - ``DataLoader worker start`` (device/_dataloader.py through _compat/torch.py; torch
   2.13). ``_MultiProcessingDataLoaderIter.__init__`` wrapped: JAX's "os.fork() was
   called" warning is ignored while it starts the workers, which run CPU code only (Note

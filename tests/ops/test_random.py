@@ -331,6 +331,13 @@ def test_cpu_generator_under_jit_raises():
         noisy(torch.ones(3, device="tpu"))
 
 
+def test_tpu_generator_cannot_be_created():
+    # torch raises from C++ (no getNewGenerator for a Python backend) before torchjax
+    # runs; the README names the alternative, a CPU generator.
+    with pytest.raises(NotImplementedError, match="getNewGenerator"):
+        torch.Generator(device="tpu")
+
+
 # ---------------------------------------------------------------------------------------
 # dropout
 

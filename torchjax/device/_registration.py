@@ -23,7 +23,6 @@ from torchjax.device import (
     _autocast,
     _dataloader,
     _factory,
-    _generator,
     _layouts,
     _module,
     _pinned,
@@ -56,7 +55,6 @@ def _register() -> None:
     _dataloader.register()
     _serialization.register()
     _accelerator.register()
-    _generator.register()
     install_swap_tensors(_involves_tpu)
     install_module_moves(_holds_tpu_params)
 

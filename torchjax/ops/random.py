@@ -11,12 +11,12 @@ time and is a constant of the traced graph: torchjax.jit must thread keys in its
 ``_key``), as design.md requires.
 
 Note [CPU generators on tpu]
-A ``generator=`` reaching a tpu op is a CPU generator: torch makes device generators in
-C++ (``PrivateUse1HooksInterface::getNewGenerator``), which a pure-Python backend cannot
-register, so ``torch.Generator(device="tpu")`` makes a CPU generator that reports tpu
-(Note [tpu generators] in torchjax/device/_generator.py). torch refuses a CPU generator
-for a CUDA tensor, but there a CUDA generator exists; here the CPU generator is the
-only way to seed one draw, which diffusers (``randn_tensor``, its
+``torch.Generator(device="tpu")`` cannot be created: torch asks the backend's C++
+``PrivateUse1HooksInterface::getNewGenerator``, which a pure-Python backend cannot
+register, and raises its own NotImplementedError from C++, before torchjax runs (see
+README, "Randomness"). A ``generator=`` reaching a tpu op is therefore a CPU generator.
+torch refuses one for a CUDA tensor, but there a CUDA generator exists; here the CPU
+generator is the only way to seed one draw, which diffusers (``randn_tensor``, its
 schedulers) and transformers' init functions rely on. So in eager mode a tpu random op
 with a CPU generator draws on CPU from that generator (the same values, and the same
 generator advance, as the op on a CPU tensor) and moves the result to the tensor's tpu
