@@ -14,7 +14,10 @@ Note [CPU generators on tpu]
 ``torch.Generator(device="tpu")`` cannot be created: torch asks the backend's C++
 ``PrivateUse1HooksInterface::getNewGenerator``, which a pure-Python backend cannot
 register, and raises its own NotImplementedError from C++, before torchjax runs (see
-README, "Randomness"). A ``generator=`` reaching a tpu op is therefore a CPU generator.
+README, "Randomness"). Replacing ``torch.Generator`` with a subclass that makes one was
+tried and dropped: it changes CPU code (``type(g) is torch.Generator``, user subclasses
+of torch.Generator, TorchScript of code that makes a generator or annotates with an
+alias taken earlier). A ``generator=`` reaching a tpu op is therefore a CPU generator.
 torch refuses one for a CUDA tensor, but there a CUDA generator exists; here the CPU
 generator is the only way to seed one draw, which diffusers (``randn_tensor``, its
 schedulers) and transformers' init functions rely on. So in eager mode a tpu random op
