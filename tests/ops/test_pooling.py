@@ -162,3 +162,17 @@ def test_adaptive_avg_pool_keeps_nan_and_inf_in_their_window(special):
         assert want.isfinite().any()
         checked += 1
     assert checked == 4
+
+
+def test_adaptive_avg_pool_to_an_empty_output():
+    checked = 0
+    for fn, shape, out in [
+        (F.adaptive_avg_pool1d, (1, 2), 0),
+        (F.adaptive_avg_pool2d, (2, 3, 4), (0, 2)),
+        (F.adaptive_avg_pool3d, (1, 2, 3, 4, 5), (1, 0, 2)),
+    ]:
+        want = fn(torch.ones(shape), out)
+        got = fn(torch.ones(shape, device="tpu"), out)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        checked += 1
+    assert checked == 3

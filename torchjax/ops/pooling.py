@@ -376,8 +376,10 @@ def _adaptive_avg(op, self, output_size):
     or inf reaches only the windows that hold it."""
     nd = len(output_size)
     _check_adaptive(op, self, output_size, nd)
-    x = _opmath(self)
     lead = self.ndim - nd
+    if 0 in output_size:  # no windows: an empty result, as CPU
+        return jnp.zeros((*self.shape[:lead], *output_size), self.dtype)
+    x = _opmath(self)
     masks, counts = [], []
     for d, out in enumerate(output_size):
         axis = lead + 2 * d  # each earlier dim became (out, window)
