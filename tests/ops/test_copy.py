@@ -163,3 +163,27 @@ def test_resize_of_a_view_reads_storage_order_and_stays_aliased():
     assert len(results[1]) == 5
     for got, want in zip(*reversed(results)):
         assert torch.equal(got, want)
+
+
+def test_resize_of_a_dtype_view_grows_the_storage_under_it():
+    results = []
+    for dev in ("cpu", "tpu"):
+        base = torch.arange(6.0, device=dev)
+        grown = base.view(torch.int32).resize_(8)
+        grown[6:] = 5
+        shifted = torch.arange(6.0, device=dev)[1:].view(torch.int32).resize_(7)
+        results.append([grown[:7].cpu(), base.cpu(), shifted[:5].cpu()])
+    for got, want in zip(*reversed(results)):
+        assert torch.equal(got, want)
+
+
+def test_resize_to_a_memory_format_takes_its_strides():
+    results = []
+    for dev in ("cpu", "tpu"):
+        empty = torch.empty(0, device=dev).resize_(2, 3, 4, 5, memory_format=torch.channels_last)
+        data = torch.arange(6.0, device=dev).resize_(1, 2, 1, 3, memory_format=torch.channels_last)
+        results.append((empty.stride(), data.stride(), data.cpu()))
+    (cpu_empty, cpu_data, cpu_values), (empty, data, values) = results
+    assert empty == cpu_empty == (60, 1, 15, 3)
+    assert data == cpu_data
+    assert torch.equal(values, cpu_values)

@@ -46,3 +46,18 @@ def test_missing_lowering_names_the_ops_namespace():
     x = torch.ones(2, device="tpu")
     with pytest.raises(NotImplementedError, match=r"torchjax_registry_test::frob\.default"):
         torch.ops.torchjax_registry_test.frob(x)
+
+
+def test_an_out_view_of_another_size_is_resized_in_its_storage():
+    # CPU resizes out= in place: a view of a bigger tensor keeps writing into it.
+    results = []
+    for dev in ("cpu", "tpu"):
+        flat = torch.zeros(6, device=dev)
+        torch.add(torch.ones(4, device=dev), 1, out=flat[1:4])
+        rows = torch.zeros(3, 3, device=dev)
+        torch.mul(torch.ones(2, 2, device=dev), 3, out=rows[:2])
+        joined = torch.zeros(6, device=dev)
+        torch.cat([torch.ones(2, device=dev), torch.full((3,), 2.0, device=dev)], out=joined[1:])
+        results.append([flat.cpu(), rows.cpu(), joined.cpu()])
+    for got, want in zip(*reversed(results)):
+        assert torch.equal(got, want)

@@ -170,13 +170,12 @@ def resize_(args, kwargs):
     every other view of it; a storage too small is grown in place, with zeros where CPU
     leaves memory uninitialised."""
     self, size = args[0], tuple(args[1])
-    if size == self._size:
-        return self
-    storage, offset = self._storage, self._offset
-    need = offset + int(np.prod(size))
-    if need > storage.numel:
-        storage.grow(need)
-    self._rebind(storage, size, contiguous_strides(size), offset)
+    memory_format = kwargs.get("memory_format", args[2] if len(args) > 2 else None)
+    stride = None
+    if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
+        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
+    if size != self._size or (stride is not None and stride != self._stride):
+        self._resize(size, stride)
     return self
 
 

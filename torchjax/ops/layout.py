@@ -15,7 +15,7 @@ from jax import lax
 from torchjax.ops import writeback
 from torchjax.ops.registry import handler, lowering, write_into
 from torchjax.ops.shape import _dim, _slice_bounds
-from torchjax.tensor import dtypes
+from torchjax.tensor import _errors, dtypes
 from torchjax.tensor._storage import _plan
 
 aten = torch.ops.aten
@@ -38,9 +38,11 @@ def cat_out(args, kwargs):
     writeback.check_no_partial_overlap(aten.cat.out, [out], args, {})
     result = aten.cat.default(tensors, dim)
     if not torch.can_cast(result.dtype, out.dtype):
-        raise TypeError(
-            "torch.cat(): input types can't be cast to the desired output type "
-            f"{dtypes.aten_type_name(out.dtype)} (in aten::cat.out)"
+        raise _errors.deliberate(
+            TypeError(
+                "torch.cat(): input types can't be cast to the desired output type "
+                f"{dtypes.aten_type_name(out.dtype)} (in aten::cat.out)"
+            )
         )
     return write_into(aten.cat.out, out, result, resize=True)
 

@@ -50,7 +50,6 @@ from torchjax.ops import compiled, fused, promotion, writeback
 from torchjax.tensor import _tensor, dtypes
 from torchjax.tensor._errors import describe_args
 from torchjax.tensor._reinterpret import Interpretation
-from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor, view_of, wrap
 
 aten = torch.ops.aten
@@ -600,8 +599,8 @@ def write_into(func, dst: torch.Tensor, src: JaxTensor, *, check_cast=True, resi
                     UserWarning,
                     stacklevel=4,
                 )
-            size = tuple(arr.shape)
-            dst._rebind(Storage(arr), size, contiguous_strides(size), 0)
+            dst._resize(arr.shape)  # in its storage, as CPU: a view's base sees the write
+            dst._write(arr)
             return dst
         try:
             shape = jnp.broadcast_shapes(tuple(arr.shape), dst._size)

@@ -123,7 +123,7 @@ def translate(func, args, kwargs, error: BaseException) -> BaseException | None:
     if isinstance(error, jax.errors.UnexpectedTracerError):
         return LeakedTracerError(_leak_message(func))
     foreign = _from_jax(error)
-    if not foreign and not _python_error_in_a_lowering(func, error):
+    if not foreign and not _python_error_in_a_lowering(error):
         _name_the_op(func, error)
         return None
     if _out_of_memory(error):
@@ -183,15 +183,21 @@ _PYTHON_ERRORS = (
 _TORCHJAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-def _python_error_in_a_lowering(func, error: BaseException) -> bool:
+def _python_error_in_a_lowering(error: BaseException) -> bool:
     # A ValueError/TypeError/... raised by Python itself inside torchjax's code (an
     # unpacking, a conversion) rather than one of its messages: torch's answer for the
     # call, if it refuses it, is the right one.
-    if type(error) not in _PYTHON_ERRORS:
+    if type(error) not in _PYTHON_ERRORS or getattr(error, "_torchjax_deliberate", False):
         return False
-    if f"aten::{getattr(func, '_opname', '?')}" in str(error):
-        return False  # a message naming this op is torchjax's own, deliberate
     return os.path.abspath(_innermost_file(error)).startswith(_TORCHJAX_DIR)
+
+
+def deliberate(error: BaseException) -> BaseException:
+    """Mark a TypeError/ValueError/... that torchjax raises as torch's answer, so that
+    ``translate`` keeps it (unmarked, one raised inside torchjax's code is taken for a
+    Python slip and replaced by torch's own refusal of the call)."""
+    error._torchjax_deliberate = True
+    return error
 
 
 def _from_jax(error: BaseException) -> bool:

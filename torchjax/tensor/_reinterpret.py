@@ -115,6 +115,15 @@ class Interpretation:
             self._flat, self._src = _transform(flat, self.conj, self.neg), src
         return self._flat
 
+    def grow(self, numel: int) -> None:
+        """Grow the root so that this view of it holds ``numel`` elements (``resize_``
+        past its end); zeros after the old bytes, as ``Storage.grow``."""
+        root_size = np.dtype(self.root.arr.dtype).itemsize
+        self.root.grow(-(-numel * self.dtype.itemsize // root_size))
+        self.numel = self.root.numel * root_size // self.dtype.itemsize
+        self.shape = (self.numel,)
+        self._src = self._flat = None
+
     def covers(self, size, stride, offset) -> bool:
         return offset == 0 and size == self.shape
 

@@ -118,6 +118,19 @@ class JaxTensor(torch.Tensor):
         self._cache = arr
         self._cache_version = self._storage.version
 
+    def _resize(self, size, stride=None) -> None:
+        """``resize_`` as CPU: keep the storage and offset, take contiguous strides (or
+        ``stride``, a memory format's), grow the storage in place when it is too small
+        (zeros where CPU leaves memory uninitialised), so every other view of it stays
+        aliased."""
+        size = tuple(size)
+        stride = contiguous_strides(size) if stride is None else tuple(stride)
+        storage, offset = self._storage, self._offset
+        span = 1 + sum((n - 1) * st for n, st in zip(size, stride)) if 0 not in size else 0
+        if offset + span > storage.numel:
+            storage.grow(offset + span)
+        self._rebind(storage, size, stride, offset)
+
     def _rebind(self, storage: Storage, size, stride, offset, dtype=None) -> None:
         """Point this Python object at another view/storage, metadata included."""
         other = make(storage, size, stride, offset, dtype or self.dtype, self._device_index)
