@@ -15,6 +15,7 @@ import torch
 from jax import lax
 
 from torchjax._compat.torch import REDUCTION_OUTPUT_TYPE_KIND
+from torchjax.ops import writeback
 from torchjax.ops.reduction import _reduction_dtypes, wrap_dim
 from torchjax.ops.registry import handler, lowering, write_into
 from torchjax.tensor import dtypes
@@ -54,21 +55,6 @@ def cumprod(self, dim, *, dtype=None):
     return _scan(lambda x, a: lax.cumprod(x, axis=a), self.astype(compute), dim).astype(result)
 
 
-# The names torch's in-place check prints (C++ type names as typeid gives them).
-_TYPEID_NAMES = {
-    torch.int8: "signed char",
-    torch.uint8: "unsigned char",
-    torch.int16: "short int",
-    torch.int32: "int",
-    torch.int64: "long int",
-    torch.bool: "bool",
-    torch.float16: "c10::Half",
-    torch.bfloat16: "c10::BFloat16",
-    torch.float32: "float",
-    torch.float64: "double",
-}
-
-
 def _inplace_scan(func, functional, kernel: str):
     """``cumsum_``/``cumprod_`` as CPU: ``dtype=`` must be self's, and bool has no
     kernel (NotImplementedError) unless there is nothing to scan (0-d or empty); the
@@ -81,8 +67,8 @@ def _inplace_scan(func, functional, kernel: str):
         if dtype is not None and dtype != self.dtype:
             raise RuntimeError(
                 f"{name}: Bad in-place call: input tensor dtype "
-                f"{_TYPEID_NAMES.get(self.dtype, self.dtype)} and output tensor dtype "
-                f"{_TYPEID_NAMES.get(dtype, dtype)} should match"
+                f"{writeback.dtype_name(self.dtype)} and output tensor dtype "
+                f"{writeback.dtype_name(dtype)} should match"
             )
         if self.dtype == torch.bool:
             if self.dim() > 0 and self.numel() > 0:

@@ -17,7 +17,7 @@ import torch
 from jax import lax
 
 from torchjax.device import _checks
-from torchjax.ops import registry
+from torchjax.ops import registry, writeback
 from torchjax.ops.registry import Kind, functional_handler, handler, lowering
 from torchjax.tensor import dtypes
 from torchjax.tensor.dtypes import aten_type_name
@@ -587,6 +587,10 @@ for _op, _fn in [
 # ternary
 
 
+def _type_meta_name(x) -> str:
+    return writeback.dtype_name(dtypes.to_torch_dtype(x.dtype))
+
+
 @lowering(aten.lerp)
 def lerp(self, end, weight):
     """aten::lerp - ``self + weight * (end - self)``, evaluated from the nearer end as
@@ -604,8 +608,8 @@ def lerp(self, end, weight):
             and other.dtype != self.dtype
         ):
             raise RuntimeError(
-                f"aten::lerp: expected dtype {dtypes.cpp_type_name(self.dtype)} for `{name}` "
-                f"but got dtype {dtypes.cpp_type_name(other.dtype)}"
+                f"aten::lerp: expected dtype {_type_meta_name(self)} for `{name}` "
+                f"but got dtype {_type_meta_name(other)}"
             )
     result = self.dtype
     compute = jnp.promote_types(result, jnp.float32)

@@ -123,12 +123,6 @@ _CPP_NAMES = {
 }
 
 
-def cpp_type_name(dtype) -> str:
-    """The C++ type name torch's messages print for a dtype ("float", "c10::Half")."""
-    dt = np.dtype(to_jax_dtype(dtype) if isinstance(dtype, torch.dtype) else dtype)
-    return _CPP_NAMES.get(dt.name, dt.name)
-
-
 def check_scalar_fits(value, dtype, op: str) -> None:
     """Raise torch's RuntimeError when the Python number ``value`` does not fit ``dtype``
     (a torch or JAX dtype), as c10's ``checked_convert`` does where a kernel reads a
