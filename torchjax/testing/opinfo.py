@@ -167,6 +167,18 @@ def same(fn, *args, **kwargs):
     return got
 
 
+def same_or_refused(call, what: str):
+    """``call(device)`` on "cpu" and on "tpu": equal results (``compare``), or, where CPU
+    raises, the same refusal (``assert_refuses_like``). Returns CPU's exception, if any."""
+    try:
+        expected = call("cpu")
+    except Exception as error:  # noqa: BLE001 - tpu must refuse alike
+        assert_refuses_like(error, lambda: call(TPU), what)
+        return error
+    compare(call(TPU), expected, what)
+    return None
+
+
 def grads_match(fn, *inputs, rtol=1e-7, atol=1e-7, equal_nan=False):
     """fn's value and its grads w.r.t. the floating inputs match CPU (others are passed as
     they are). A tuple result is judged by its first element (max_pool's values, not its
