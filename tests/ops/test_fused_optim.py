@@ -64,6 +64,18 @@ def test_fused_adamw_dtype_tensor_lr(dtype):
         oi.compare(t.detach(), c.detach(), "param")
 
 
+def _steps(opt_cls, kwargs, start, grads, dev):
+    """Parameters copied from ``start`` to ``dev`` and stepped once per entry of
+    ``grads`` (the same gradients on every device); (params, optimizer)."""
+    params = [p.clone().to(dev).requires_grad_() for p in start]
+    opt = opt_cls(params, **kwargs)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads):
+            p.grad = g.clone().to(dev)  # SGD's foreach path writes into the grads
+        opt.step()
+    return params, opt
+
+
 # float64 is left out: XLA:CPU forms its FMAs only when LLVM optimises (the suite
 # compiles at level 0, Note [Compile speed in the suite]), so float64's lerp is one
 # rounding apart there; test_fused_adamw_dtype_tensor_lr covers it within tolerance.
@@ -85,16 +97,9 @@ def test_fused_adam_parameters_equal_cpus_bit_for_bit(opt_cls, kwargs, dtype):
     torch.manual_seed(0)
     start = [torch.randn(1003, dtype=dtype), torch.randn(37, 29, dtype=dtype)]
     grads = [[torch.randn_like(p) for p in start] for _ in range(6)]
-    runs = []
-    for dev in ("cpu", TPU):
-        params = [p.clone().to(dev).requires_grad_() for p in start]
-        opt = opt_cls(params, fused=True, **kwargs)
-        for step_grads in grads:
-            for p, g in zip(params, step_grads):
-                p.grad = g.clone().to(dev)
-            opt.step()
-        runs.append((params, opt))
-    (cpu_params, cpu_opt), (tpu_params, tpu_opt) = runs
+    kwargs = dict(fused=True, **kwargs)
+    cpu_params, cpu_opt = _steps(opt_cls, kwargs, start, grads, "cpu")
+    tpu_params, tpu_opt = _steps(opt_cls, kwargs, start, grads, TPU)
     for t, c in zip(tpu_params, cpu_params):
         n = (t.detach().cpu() != c.detach()).sum().item()
         assert n == 0, f"{n} parameters differ from CPU's"
@@ -105,19 +110,6 @@ def test_fused_adam_parameters_equal_cpus_bit_for_bit(opt_cls, kwargs, dtype):
             ulp = torch.finfo(dtype).eps * cpus.abs()
             assert ((ours - cpus).abs() <= ulp).all(), key
             assert (ours != cpus).sum() <= 2, key
-
-
-def _steps_on_both(opt_cls, kwargs, start, grads):
-    runs = []
-    for dev in ("cpu", TPU):
-        params = [p.clone().to(dev).requires_grad_() for p in start]
-        opt = opt_cls(params, **kwargs)
-        for step_grads in grads:
-            for p, g in zip(params, step_grads):
-                p.grad = g.clone().to(dev)  # SGD's foreach path writes into the grads
-            opt.step()
-        runs.append([p.detach().cpu() for p in params])
-    return runs
 
 
 @pytest.mark.parametrize(
@@ -136,9 +128,11 @@ def test_fused_sgd_float32_parameters_equal_cpus_bit_for_bit(kwargs):
     torch.manual_seed(0)
     start = [torch.randn(1024), torch.randn(32, 48)]
     grads = [[torch.randn_like(p) for p in start] for _ in range(6)]
-    cpu, tpu = _steps_on_both(torch.optim.SGD, dict(fused=True, **kwargs), start, grads)
+    kwargs = dict(fused=True, **kwargs)
+    cpu, _ = _steps(torch.optim.SGD, kwargs, start, grads, "cpu")
+    tpu, _ = _steps(torch.optim.SGD, kwargs, start, grads, TPU)
     for t, c in zip(tpu, cpu):
-        n = (t != c).sum().item()
+        n = (t.detach().cpu() != c.detach()).sum().item()
         assert n == 0, f"{n} parameters differ from CPU's"
 
 
@@ -151,7 +145,8 @@ def test_fused_sgd_half_updates_every_element(dtype):
     start = [torch.randn(1024, dtype=dtype)]
     grads = [[torch.randn_like(p) for p in start] for _ in range(3)]
     kwargs = dict(lr=0.1, momentum=0.9, weight_decay=0.01)
-    (cpu,), _ = _steps_on_both(torch.optim.SGD, dict(foreach=False, **kwargs), start, grads)
-    _, (tpu,) = _steps_on_both(torch.optim.SGD, dict(fused=True, **kwargs), start, grads)
+    (cpu,), _ = _steps(torch.optim.SGD, dict(foreach=False, **kwargs), start, grads, "cpu")
+    (tpu,), _ = _steps(torch.optim.SGD, dict(fused=True, **kwargs), start, grads, TPU)
+    cpu, tpu = cpu.detach(), tpu.detach().cpu()
     assert (tpu != start[0]).float().mean() > 0.99, "fused SGD left parameters unchanged"
     torch.testing.assert_close(tpu, cpu, atol=0.02, rtol=0.02)
