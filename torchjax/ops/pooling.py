@@ -25,8 +25,6 @@ from torchjax.ops.registry import lowering
 
 aten = torch.ops.aten
 
-_HIGHEST = lax.Precision.HIGHEST
-
 
 def _tuple(v, nd, default=None):
     if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):

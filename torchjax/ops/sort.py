@@ -265,9 +265,8 @@ def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False
     (one index per slice) and counts. Eager only."""
     _check_real("unique_dim", self)
     axis = wrap_dim(dim, self.ndim)
-    if _empty_along(self, axis, "unique_dim"):
-        inverse = _empty_long() if not return_inverse else jnp.zeros((0,), _LONG)
-        return self, inverse, _empty_long()
+    if _empty_along(self, axis, "unique_dim"):  # no slices: empty inverse and counts
+        return self, _empty_long(), _empty_long()
 
     def run():
         return jnp.unique(self, axis=axis, return_inverse=True, return_counts=True, equal_nan=False)
