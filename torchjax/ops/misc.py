@@ -169,17 +169,15 @@ def _reduce_identity(reduce, dtype):
 def _check_bool_index_reduce(self, reduce, include_self):
     # CPU's kernels: no bool path without self, nor for one dimension; 2-D and up run
     # prod/amax/amin and stop at mean's floor division.
-    missing = (
-        "index_reduce_func_exclude_input_init"
-        if not include_self
-        else "index_func_"
-        if self.ndim == 1
-        else "div_floor_cpu"
-        if reduce == "mean"
-        else None
-    )
-    if missing is not None:
-        raise NotImplementedError(f"aten::index_reduce: \"{missing}\" not implemented for 'Bool'")
+    if not include_self:
+        missing = "index_reduce_func_exclude_input_init"
+    elif self.ndim == 1:
+        missing = "index_func_"
+    elif reduce == "mean":
+        missing = "div_floor_cpu"
+    else:
+        return
+    raise NotImplementedError(f"aten::index_reduce: \"{missing}\" not implemented for 'Bool'")
 
 
 @lowering(aten.index_reduce, cpu_tensors=True)
