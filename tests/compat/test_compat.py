@@ -2,6 +2,8 @@
 
 import json
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 import torch
 
@@ -241,3 +243,53 @@ def test_engine_callback_runs_at_the_end_of_backward():
     x = torch.ones(2, requires_grad=True)
     Probe.apply(x).sum().backward()
     assert seen == [True, "end"]
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        np.arange(6, dtype=np.float32).reshape(2, 3),
+        np.array(2**40, dtype=np.int64),
+        np.array([True, False]),
+        np.zeros((0, 3), np.float64),
+        np.array([1.5, -2.25], dtype=jnp.bfloat16),
+    ],
+    ids=["f32", "int64-0d", "bool", "empty", "bf16"],
+)
+@pytest.mark.parametrize("named", [False, True])
+def test_put_host_is_device_puts_result(host, named):
+    import jax
+
+    from torchjax._compat import jax as cj
+
+    device = jax.devices()[0] if named else None
+    with jax.enable_x64(True):
+        want = jax.device_put(host, device)
+        got = cj.put_host(host, device)
+    assert (got.dtype, got.shape, got.weak_type) == (want.dtype, want.shape, want.weak_type)
+    assert got.committed == want.committed == named
+    assert got.sharding == want.sharding
+    np.testing.assert_array_equal(np.asarray(got), host)
+
+
+def test_put_host_is_an_explicit_transfer_for_transfer_guards():
+    import jax
+
+    from torchjax._compat import jax as cj
+
+    host = np.ones(3, np.float32)
+    with jax.transfer_guard_host_to_device("disallow"):  # implicit ones only
+        assert cj.put_host(host).shape == (3,)
+    with jax.transfer_guard_host_to_device("disallow_explicit"):
+        with pytest.raises(Exception, match="host-to-device"):
+            jax.device_put(host)
+        with pytest.raises(Exception, match="host-to-device"):
+            cj.put_host(host)
+
+
+def test_put_host_leaves_other_inputs_to_device_put():
+
+    from torchjax._compat import jax as cj
+
+    got = cj.put_host([np.ones(2, np.float32)])  # a pytree, as jax.device_put takes
+    assert isinstance(got, list) and got[0].shape == (2,)

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from torchjax._compat.jax import put_host
 from torchjax._compat.torch import (
     ELEMENTWISE_TYPE_PROMOTION_KIND,
     decomposition_table,
@@ -351,8 +352,10 @@ def _device_error(func, t) -> RuntimeError:
 
 
 def _cpu_to_jax(t: torch.Tensor) -> jax.Array:
-    # device_put compiles nothing; jnp.asarray compiles a copy per new shape.
-    return jax.device_put(dtypes.cpu_tensor_to_numpy(t))
+    # A transfer compiles nothing (jnp.asarray compiles a copy per new shape); put_host
+    # is jax.device_put's own transfer without its Python (Note [Host arrays onto a
+    # device] in torchjax/_compat/jax.py).
+    return put_host(dtypes.cpu_tensor_to_numpy(t))
 
 
 def _unwrap(func, entry, x):
