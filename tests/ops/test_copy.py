@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch import func
 
+import torchjax
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
@@ -187,3 +189,25 @@ def test_resize_to_a_memory_format_takes_its_strides():
     assert empty == cpu_empty == (60, 1, 15, 3)
     assert data == cpu_data
     assert torch.equal(values, cpu_values)
+
+
+def test_resize_from_empty_and_of_unmade_zeros_computes_nothing():
+    # A storage grown from nothing, or zeros grown with zeros, stays unmade until read
+    # (torch.arange and every out= resized from empty write it whole next).
+    torchjax.reset_stats()
+    empty = torch.empty(0, device="tpu").resize_(3, 5)
+    big = torch.zeros(300_000, device="tpu").resize_(300_007)
+    got = torch.arange(1237, device="tpu")
+    counts = torchjax.stats()
+    assert counts["compiles"] == 0 and counts["executions"] == 0, counts
+    assert torch.equal(empty.cpu(), torch.zeros(3, 5))
+    assert torch.equal(big.cpu(), torch.zeros(300_007))
+    assert torch.equal(got.cpu(), torch.arange(1237))
+
+
+def test_resize_keeps_a_negative_zero_fill_in_the_old_elements():
+    x = torch.zeros(300_000, device="tpu").fill_(-0.0)  # large: the fill is kept unmade
+    x.resize_(300_004)
+    got = x.cpu()
+    assert torch.signbit(got[:300_000]).all() and not torch.signbit(got[300_000:]).any()
+    assert torch.equal(got, torch.zeros(300_004))

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torchjax._compat.jax import x64
+from torchjax._compat.jax import put_host, x64
 from torchjax.ops.registry import handler, write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import wrap
@@ -104,7 +104,8 @@ def arange_out(args, kwargs):
         start, end = args[0], args[1]
         step = args[2] if len(args) > 2 else kwargs.get("step", 1)
     vals = arange_values(start, end, step, out.dtype)
-    arr = jnp.asarray(vals).astype(dtypes.to_jax_dtype(out.dtype))
+    # Cast on the host and transfer: jnp's cast would be an XLA call of its own.
+    arr = put_host(vals.astype(dtypes.to_jax_dtype(out.dtype)))
     return _write_out(aten.arange.start_out, out, arr)
 
 

@@ -31,7 +31,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 
 from torchjax import _budget
-from torchjax._compat.jax import x64
+from torchjax._compat.jax import put_host, x64
 
 
 def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
@@ -104,8 +104,28 @@ class Storage:
     def grow(self, numel: int) -> None:
         """Extend the storage in place to ``numel`` elements, zeros after the old ones
         (``resize_`` past its end: every tensor sharing the storage sees the new one)."""
+        lazy = self.lazy
+        if lazy.__class__ is list and (self.numel == 0 or _is_plus_zero(lazy[0])):
+            # Zeros grown with zeros stay unmade (Note [Storages filled on first read]):
+            # an ``out=`` resized from empty (``torch.arange``, ``cat(out=)``) is then
+            # written whole, and no zeros are ever computed.
+            lazy[0] = 0
+            self._reshape_unfilled(numel)
+            return
+        if lazy is None and self.numel == 0:
+            arr = self.arr
+            devices = () if isinstance(arr, jax.core.Tracer) else arr.devices()
+            if len(devices) == 1 and not isinstance(arr.sharding, NamedSharding):
+                del self.arr
+                self.lazy = [0, arr.dtype, next(iter(devices))]
+                _UNFILLED.add(self)
+                self._reshape_unfilled(numel)
+                return
         flat = self.arr.reshape(-1)
         self.arr = jnp.concatenate([flat, jnp.zeros((numel - self.numel,), flat.dtype)])
+        self._reshape_unfilled(numel)
+
+    def _reshape_unfilled(self, numel: int) -> None:
         self.shape, self.numel = (numel,), numel
         self.interpretations = None
         self.version += 1
@@ -203,6 +223,10 @@ _FILLS: dict = {}
 _UNFILLED: weakref.WeakSet = weakref.WeakSet()
 
 
+def _is_plus_zero(fill) -> bool:
+    return fill == 0 and math.copysign(1.0, fill) > 0
+
+
 def unfilled_bytes(device) -> int:
     """Bytes of live storages on jax ``device`` whose array is not made yet."""
     total = 0
@@ -228,8 +252,8 @@ def _filled(shape, dtype, fill, device) -> jax.Array:
             # Uncommitted on the default device, as an executable's output from no
             # committed input is: it may then join a computation over a mesh's devices.
             if device == jax.devices()[0] or not _local(device):
-                return jax.device_put(host)
-            return jax.device_put(host, device)
+                return put_host(host)
+            return put_host(host, device)
     key = (shape, dtype, type(fill), fill)
     run = _FILLS.get(key)
     if run is None:
