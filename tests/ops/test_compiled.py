@@ -80,6 +80,30 @@ def test_new_tensors_take_the_fast_path_from_their_second_op(slow):
     torch.testing.assert_close(torch.atan2(x, y).cpu(), torch.atan2(x.cpu(), y.cpu()))
 
 
+def test_views_read_inside_take_the_fast_path_keyed_by_layout(slow):
+    # x.t() @ w, x[:, i] * 2: a view not read yet enters the executable as its storage
+    # (and its offset, where the read takes it as an argument); after the first call of
+    # a layout, a lookup by (dtype, layout). Another offset of a dynamic-offset layout is
+    # the same executable, another layout another one.
+    base = torch.arange(40.0).reshape(5, 8)
+    tpu = base.to(TPU)
+    other = torch.randn(8, 5)
+    other_tpu = other.to(TPU)
+    tpu.t() + other_tpu  # first call of the transpose's layout
+    tpu[:, 0] * 2  # first call of the column layout
+    before = len(slow)
+    got = [tpu.t() + other_tpu] + [tpu[:, i] * 2 for i in range(8)]
+    want = [base.t() + other] + [base[:, i] * 2 for i in range(8)]
+    assert len(slow) == before
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g.cpu(), w)
+    # A write makes no view stale: it is read from the storage's new array.
+    tpu.add_(1)
+    before = len(slow)
+    assert torch.equal((tpu[:, 3] * 2).cpu(), (base[:, 3] + 1) * 2)
+    assert len(slow) == before
+
+
 def test_python_numbers_take_the_fast_path_keyed_by_type(slow):
     # x * 0.5, b + 1: after the first call, a lookup by the tensors' (dtype, size) and the
     # numbers' types; a number of another type is another executable (True, 1 and 1.0

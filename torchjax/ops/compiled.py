@@ -458,12 +458,26 @@ class CompiledCompute:
             for i, a in enumerate(args):
                 cls = a.__class__
                 if cls is JaxTensor:
-                    # Plain tpu tensors whose value is at hand (not a view still to read).
-                    if a._cache_version != a._storage.version:
+                    storage = a._storage
+                    if a._cache_version == storage.version:  # its value at hand
+                        sig.append(a.dtype)
+                        sig.append(a._size)
+                        vals.append(a._cache)
+                        continue
+                    if storage.lazy is not None:
                         break
+                    # A view still to read, read inside the executable (as _entry
+                    # passes it): keyed by its layout, its offset an argument if the
+                    # plan reads at a dynamic offset.
+                    size, stride, offset = a._size, a._stride, a._offset
+                    numel = storage.numel
                     sig.append(a.dtype)
-                    sig.append(a._size)
-                    vals.append(a._cache)
+                    vals.append(storage.arr)
+                    if _plan(numel, size, stride, offset).dynamic:
+                        sig.append((size, stride, None, numel))
+                        vals.append(np.int32(offset))
+                    else:
+                        sig.append((size, stride, offset, numel))
                 elif cls in _FAST_SCALARS and i in pidx:
                     # A Python number in a promoted position: keyed by its type, passed
                     # cast to the computation dtype (as _call does).
@@ -643,14 +657,19 @@ class CompiledCompute:
 
     def _fast_key(self, args, tmpl):
         """The key ``__call__``'s fast path looks ``tmpl``'s executable up by: (dtype, size)
-        per tensor, (type, None) per Python number cast as an argument, (template entry,
-        _STATIC) per static argument; None when an argument is none of these."""
+        per tensor read before the call, (dtype, (size, stride, offset or None when it is
+        an argument, storage numel)) per view read inside it, (type, None) per Python
+        number cast as an argument, (template entry, _STATIC) per static argument; None
+        when an argument is none of these."""
         sig = [_default_dtype()]
         for i, (a, e) in enumerate(zip(args, tmpl)):
             cls = a.__class__
             if cls is JaxTensor and e is _ARRAY:
                 sig.append(a.dtype)
                 sig.append(a._size)
+            elif cls is JaxTensor and e.__class__ is tuple and e[0] is _VIEW:
+                sig.append(a.dtype)
+                sig.append((a._size, a._stride, e[4], e[1]))
             elif cls in _FAST_SCALARS and i in self.pidx and e is _ARRAY:
                 sig.append(cls)
                 sig.append(None)
