@@ -30,13 +30,16 @@ runs every eligible lowering, together with the promotion casts around it, as on
   ``MAX_FLOAT_VARIANTS`` keys that differ only in float values, such calls run op by op.
 - Tracers pass through: under ``torchjax.jit`` (tpu tensors holding tracers) calling
   the cached ``jax.jit`` function inlines it into the outer trace.
-- The fast path: a call without keyword arguments whose arguments are tpu tensors with
-  their value at hand, Python numbers in promoted positions and plain static values
-  (numbers elsewhere, None, dtypes, lists of ints) finds its executable in one dict
-  lookup keyed by each tensor's (dtype, size), each number's exact type and each static
-  value's template entry (``_fast_key``), skipping the template; it determines the full
-  key, so it never finds another call's executable. Anything else (views still to read,
-  lists of tensors, keyword arguments, random ops) builds the template.
+- The fast path: a call without keyword arguments whose arguments are tpu tensors,
+  Python numbers in promoted positions and plain static values (numbers elsewhere, None,
+  dtypes, lists of ints) finds its executable in one dict lookup keyed by each tensor's
+  (dtype, size) when its value is at hand, or (dtype, layout) for a view still to read
+  (passed as its storage's array and, where the read takes it, its offset), each number's
+  exact type and each static value's template entry (``_fast_key``), skipping the
+  template; it determines the full key, so it never finds another call's executable.
+  Anything else (lists of tensors, keyword arguments, random ops, tensors whose array is
+  not made yet) builds the template. Half the ops of a transformer forward take a view
+  (a reshape, a transpose, a slice of the rotary cache).
 
 Note [Views in keys whose shapes vary]
 A key that reads a view inside is built for the view's layout, and the executable for
