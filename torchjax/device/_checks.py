@@ -262,3 +262,29 @@ def clear_pending() -> None:
 # Every tpu op looks at the pending list (one truth test) for the end of backward().
 _tensor._PENDING_CHECKS = _PENDING
 _tensor._at_backward_op = at_backward_op
+
+
+class Outputs:
+    """The device checks of an executable, returned beside its result: codes fixed by
+    its trace (pytree metadata), flags and values as outputs."""
+
+    __slots__ = ("codes", "bads", "values")
+
+    def __init__(self, codes, bads, values):
+        self.codes, self.bads, self.values = codes, list(bads), list(values)
+
+
+jax.tree_util.register_pytree_node(
+    Outputs,
+    lambda c: ((c.bads, c.values), c.codes),
+    lambda codes, children: Outputs(codes, *children),
+)
+
+
+def finish(result):
+    """The result of an executable's ``(result, Outputs)``, its checks queued."""
+    out, checks = result
+    if checks.codes and not isinstance(checks.bads[0], jax.core.Tracer):
+        # Inside a user's trace the checks are dropped (Note [Device-side checks]).
+        add_collected(checks.codes, checks.bads, checks.values)
+    return out

@@ -32,6 +32,8 @@ nothing in jax's behaviour).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 
 from torchjax import _budget
@@ -63,9 +65,33 @@ class _Fused:
 
 
 FUSED = _Fused()
-# Per-overload counters, filled by torchjax/ops/compiled.py: name -> object with
-# ``calls``, ``traces``, ``keys``, ``op_by_op`` attributes (its CacheInfo).
+# Per-overload counters, filled by torchjax/ops/compiled.py and ops/foreach.py.
 OP_COUNTERS: dict = {}
+
+
+@dataclasses.dataclass
+class CacheInfo:
+    """Per overload: ``keys`` executables built, ``traces`` (one per key and input
+    shape/dtype signature), ``eager_keys`` keys that run op by op, ``calls`` through a
+    cached executable, ``op_by_op`` calls (Note [Eager engine counters])."""
+
+    keys: int = 0
+    traces: int = 0
+    eager_keys: int = 0
+    calls: int = 0
+    op_by_op: int = 0
+
+
+def cache_info_entry(func) -> CacheInfo:
+    """The (mutable) ``CacheInfo`` counting ``func``'s executables."""
+    return OP_COUNTERS.setdefault(func, CacheInfo())
+
+
+def cache_info(func=None):
+    """The ``CacheInfo`` of ``func`` (an ATen overload), or a dict of all of them."""
+    if func is None:
+        return dict(OP_COUNTERS)
+    return OP_COUNTERS.get(func, CacheInfo())
 
 
 def _on_duration(event: str, duration: float, **kwargs) -> None:

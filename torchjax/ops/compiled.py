@@ -93,21 +93,35 @@ wrapped from their shapes and dtypes (the avals), without waiting for the comput
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import weakref
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 
 from torchjax import _budget
-from torchjax.device import _checks, _stats
+from torchjax.device import _checks
+from torchjax.device._stats import cache_info, cache_info_entry  # noqa: F401 (public here)
 from torchjax.ops import _seeded, promotion
 from torchjax.ops import fused as _fused
+from torchjax.ops.templates import (
+    ARRAY,
+    FAST_SCALARS,
+    SCALARS,
+    SEQ,
+    SHAPE,
+    STATIC,
+    VIEW,
+    float_masked,
+    has_view,
+    rebuild,
+    signature,
+    static,
+    static_entry,
+)
 from torchjax.tensor import _errors, dtypes
-from torchjax.tensor._storage import _plan, contiguous_strides, layout_plan
+from torchjax.tensor._storage import _plan, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor
 
 # Keys of one overload that read a view inside (their layouts are part of the key): a
@@ -140,29 +154,7 @@ _INTEGER_DTYPES = frozenset(
         torch.int64,
     }
 )
-_SCALARS = (bool, int, float, complex)
 _default_dtype = torch.get_default_dtype
-_FAST_SCALARS = frozenset(_SCALARS)  # exact types: a subclass takes the full template
-_FAST_STATICS = frozenset(
-    {*_SCALARS, type(None), str, torch.dtype, torch.device, torch.layout, torch.memory_format}
-)
-
-# Template entries (what an argument was; the key is built of these).
-_ARRAY = 0  # ("arg": the next executable argument)
-_STATIC = 1  # (_STATIC, type, key value, value)
-_SEQ = 2  # (_SEQ, list or tuple, entries)
-_VIEW = 3  # (_VIEW, storage numel, size, stride, offset): the next argument is a storage
-# (and, when offset is None, the argument after it the offset)
-_SHAPE = 4  # (_SHAPE, size, jax dtype): zeros of that shape, no argument
-# (Note [Samplers read no values])
-
-# Note [Samplers read no values]
-# ``torch.randn(n)`` is ``empty`` then ``normal_``, and ``normal_`` overwrites its input:
-# only its shape and dtype matter. Passing the input's array would make the array of a
-# new tensor (Note [Storages filled on first read]) just to be overwritten, a transfer
-# or a fill per call. A lowering registered with ``self_values=False`` gets zeros of the
-# input's shape built inside its executable instead (XLA drops them, unused), and the
-# input enters the key by its shape and dtype only.
 
 # Errors a trace raises when a lowering needs concrete values: such keys run op by op.
 CONCRETE_ERRORS = _CONCRETE_ERRORS = (
@@ -184,28 +176,6 @@ _TRACE_ERRORS = (NotCompilable, _checks.NeedsValues, *CONCRETE_ERRORS)
 _NO_KEY = object()  # a key not built (dtypes may be None: a key without promotion)
 
 
-@dataclasses.dataclass
-class CacheInfo:
-    """Per overload: ``keys`` executables built, ``traces`` (one per key and input
-    shape/dtype signature), ``eager_keys`` keys that run op by op, ``calls`` through a
-    cached executable, ``op_by_op`` calls (Note [Eager engine counters])."""
-
-    keys: int = 0
-    traces: int = 0
-    eager_keys: int = 0
-    calls: int = 0
-    op_by_op: int = 0
-
-
-# Shared with torchjax.stats() (torchjax/device/_stats.py).
-_INFO: dict = _stats.OP_COUNTERS
-
-
-def cache_info_entry(func) -> CacheInfo:
-    """The (mutable) ``CacheInfo`` counting ``func``'s executables."""
-    return _INFO.setdefault(func, CacheInfo())
-
-
 # Every CompiledCompute, for clear_caches (an overload may have several: one per
 # registered variant).
 _COMPUTES: weakref.WeakSet = weakref.WeakSet()
@@ -217,13 +187,6 @@ def clear_caches(func=None) -> None:
     for compute in list(_COMPUTES):
         if func is None or compute.func == func:
             compute.clear()
-
-
-def cache_info(func=None):
-    """The ``CacheInfo`` of ``func`` (an ATen overload), or a dict of all of them."""
-    if func is None:
-        return dict(_INFO)
-    return _INFO.get(func, CacheInfo())
 
 
 _aten = torch.ops.aten
@@ -246,60 +209,6 @@ def compilable(func, entry) -> bool:
     )
 
 
-def _static(x):
-    t = type(x)
-    if t is float:
-        return (_STATIC, t, x.hex(), x)
-    return (_STATIC, t, x, x)
-
-
-def _static_entry(x):
-    """``_entry``'s template entry for a plain static argument (a number outside the
-    promoted positions, None, a string, a dtype, a list or tuple of them); None for
-    anything else."""
-    cls = x.__class__
-    if cls in _FAST_STATICS:
-        return _static(x)
-    if cls is list or cls is tuple:
-        parts = []
-        for y in x:
-            if y.__class__ not in _FAST_STATICS:
-                return None
-            parts.append(_static(y))
-        return (_SEQ, cls, tuple(parts))
-    return None
-
-
-def _float_masked(entry):
-    """``entry`` with float static values blanked (keys equal up to float values)."""
-    if entry is _ARRAY or entry[0] in (_VIEW, _SHAPE):
-        return entry
-    if entry[0] == _STATIC:
-        return (_STATIC, float) if entry[1] is float else entry
-    return (_SEQ, entry[1], tuple(_float_masked(e) for e in entry[2]))
-
-
-def _has_view(entry) -> bool:
-    if entry is _ARRAY or entry[0] in (_STATIC, _SHAPE):
-        return False
-    return entry[0] == _VIEW or any(_has_view(e) for e in entry[2])
-
-
-def _rebuild(entry, it):
-    if entry is _ARRAY:
-        return next(it)
-    if entry[0] == _STATIC:
-        return entry[3]
-    if entry[0] == _SHAPE:
-        return jnp.zeros(entry[1], entry[2])
-    if entry[0] == _VIEW:
-        flat = next(it).reshape(-1)
-        if entry[4] is None:  # the offset is the next argument
-            return layout_plan(*entry[1:4]).read(flat, next(it))
-        return _plan(*entry[1:]).read(flat)
-    return entry[1](_rebuild(e, it) for e in entry[2])
-
-
 def _nested(run):
     """``run`` (a jitted kernel) without compiler options, for calls inside a trace.
     A ValueError raised by the lowering itself is raised again by this second call.
@@ -308,18 +217,6 @@ def _nested(run):
     if nested is None:
         nested = run.nested = jax.jit(run.__wrapped__)
     return nested
-
-
-def _signature(dyn) -> tuple:
-    """The input signature of an executable's arguments: (shape, dtype) of each array,
-    the type of each Python scalar (cast to a 0-d array of the computation dtype)."""
-    sig = []
-    for d in dyn:
-        try:
-            sig.append((d.shape, d.dtype))
-        except AttributeError:
-            sig.append(type(d))
-    return tuple(sig)
 
 
 def _array(storage):
@@ -372,7 +269,7 @@ class CompiledCompute:
         self.tensor_cache: dict = {}
         self.eager_keys: set = set()
         self.float_variants: dict = {}
-        self.info = _INFO.setdefault(func, CacheInfo())
+        self.info = cache_info_entry(func)
         self.view_keys = 0
         self.view_signatures: dict = {}
         self.masks = func in _MASK_INDEXED
@@ -408,7 +305,7 @@ class CompiledCompute:
             storage = x._storage
             if x._cache_version == storage.version:
                 dyn.append(x._cache)
-                return _ARRAY
+                return ARRAY
             size, stride, offset = x._size, x._stride, x._offset
             if storage.covers(size, stride, offset) and stride == contiguous_strides(size):
                 arr = _array(storage)
@@ -418,17 +315,17 @@ class CompiledCompute:
                     # lazily and never read through _value()).
                     x._cache, x._cache_version = arr, storage.version
                 dyn.append(arr)
-                return _ARRAY
+                return ARRAY
             if read_views or self.view_keys >= MAX_VIEW_KEYS:
                 dyn.append(x._value())
-                return _ARRAY
+                return ARRAY
             # A view not read yet (Note [Lazy views]): the read joins this executable,
             # its offset an argument where it can be (Note [View offsets as arguments]).
             dyn.append(_array(storage))
             if _plan(storage.numel, size, stride, offset).dynamic:
                 dyn.append(np.int32(offset))
-                return (_VIEW, storage.numel, size, stride, None)
-            return (_VIEW, storage.numel, size, stride, offset)
+                return (VIEW, storage.numel, size, stride, None)
+            return (VIEW, storage.numel, size, stride, offset)
         if isinstance(x, torch.Tensor):
             if x.dim() != 0 and not self.cpu_ok:
                 raise self.device_error(x)
@@ -437,19 +334,19 @@ class CompiledCompute:
             dyn.append(self.unwrap_cpu(x))
             if promoted:
                 psig.append((x.dtype, x.dim() == 0))
-            return _ARRAY
-        if promoted and isinstance(x, _SCALARS):
+            return ARRAY
+        if promoted and isinstance(x, SCALARS):
             psig.append(type(x))
             scalars.append(len(dyn))
             dyn.append(x)
-            return _ARRAY
+            return ARRAY
         if isinstance(x, (list, tuple)):
             return (
-                _SEQ,
+                SEQ,
                 type(x),
                 tuple(self._entry(y, dyn, psig, scalars, False, read_views) for y in x),
             )
-        return _static(x)
+        return static(x)
 
     def __call__(self, args, kwargs):
         if not kwargs and not self.seeded:
@@ -481,7 +378,7 @@ class CompiledCompute:
                         vals.append(np.int32(offset))
                     else:
                         sig.append((size, stride, offset, numel))
-                elif cls in _FAST_SCALARS and i in pidx:
+                elif cls in FAST_SCALARS and i in pidx:
                     # A Python number in a promoted position: keyed by its type, passed
                     # cast to the computation dtype (as _call does).
                     sig.append(cls)
@@ -490,11 +387,11 @@ class CompiledCompute:
                     vals.append(a)
                 else:
                     # A static argument (eps, a dim list): keyed by its template entry.
-                    part = _static_entry(a)
+                    part = static_entry(a)
                     if part is None:
                         break
                     sig.append(part)
-                    sig.append(_STATIC)
+                    sig.append(STATIC)
             else:
                 run = self.tensor_cache.get(tuple(sig))
                 if run is not None:
@@ -521,7 +418,7 @@ class CompiledCompute:
                         # A new shape whose trace needs values: _call forgets the key.
                         return self._call(args, kwargs)
                     self.info.calls += 1
-                    return _finish(out)
+                    return _checks.finish(out)
         return self._call(args, kwargs)
 
     def _op_by_op(self, args, kwargs):
@@ -540,7 +437,7 @@ class CompiledCompute:
             )
             tmpl = tuple(
                 [
-                    (_SHAPE, a._size, dtypes.to_jax_dtype(a.dtype))
+                    (SHAPE, a._size, dtypes.to_jax_dtype(a.dtype))
                     if shape_only and i == 0
                     else entry(a, dyn, psig, scalars, i in pidx, rv)
                     for i, a in enumerate(args)
@@ -558,7 +455,7 @@ class CompiledCompute:
                     return self._op_by_op(args, kwargs)
                 dyn.extend(_seeded.key_args(args))
             key = (tuple(psig), tmpl, kwtmpl, _default_dtype())
-            run_key = (key, _signature(dyn))
+            run_key = (key, signature(dyn))
             run = self.runs.get(run_key)
         except (NotCompilable, TypeError):
             # TypeError: an unhashable static argument (no key to cache under).
@@ -602,12 +499,12 @@ class CompiledCompute:
         self.info.calls += 1
         if run.nbytes is None:
             self._measure(run, dyn)
-        return _finish(out)
+        return _checks.finish(out)
 
     def _varying_view_shapes(self, key, tmpl, kwtmpl) -> bool:
         """Whether a new input signature of ``key`` (which may read views inside) should
         read its views first instead (Note [Views in keys whose shapes vary]); counts it."""
-        if not (any(_has_view(e) for e in tmpl) or any(_has_view(e) for _, e in kwtmpl)):
+        if not (any(has_view(e) for e in tmpl) or any(has_view(e) for _, e in kwtmpl)):
             return False
         with self.lock:
             seen = self.view_signatures.get(key, 0)
@@ -627,8 +524,8 @@ class CompiledCompute:
                 return _NO_KEY
             masked = (
                 key[0],
-                tuple(_float_masked(e) for e in tmpl),
-                tuple((k, _float_masked(e)) for k, e in kwtmpl),
+                tuple(float_masked(e) for e in tmpl),
+                tuple((k, float_masked(e)) for k, e in kwtmpl),
             )
             seen = self.float_variants.get(masked, 0)
             if seen >= MAX_FLOAT_VARIANTS:
@@ -638,7 +535,7 @@ class CompiledCompute:
                 promotion.promoted_by_key(self.kind, psig) if self.kind is not None else None
             )
             self.info.keys += 1
-            if any(_has_view(e) for e in tmpl) or any(_has_view(e) for _, e in kwtmpl):
+            if any(has_view(e) for e in tmpl) or any(has_view(e) for _, e in kwtmpl):
                 self.view_keys += 1
             return dts
 
@@ -662,23 +559,23 @@ class CompiledCompute:
         """The key ``__call__``'s fast path looks ``tmpl``'s executable up by: (dtype, size)
         per tensor read before the call, (dtype, (size, stride, offset or None when it is
         an argument, storage numel)) per view read inside it, (type, None) per Python
-        number cast as an argument, (template entry, _STATIC) per static argument; None
+        number cast as an argument, (template entry, STATIC) per static argument; None
         when an argument is none of these."""
         sig = [_default_dtype()]
         for i, (a, e) in enumerate(zip(args, tmpl)):
             cls = a.__class__
-            if cls is JaxTensor and e is _ARRAY:
+            if cls is JaxTensor and e is ARRAY:
                 sig.append(a.dtype)
                 sig.append(a._size)
-            elif cls is JaxTensor and e.__class__ is tuple and e[0] is _VIEW:
+            elif cls is JaxTensor and e.__class__ is tuple and e[0] is VIEW:
                 sig.append(a.dtype)
                 sig.append((a._size, a._stride, e[4], e[1]))
-            elif cls in _FAST_SCALARS and i in self.pidx and e is _ARRAY:
+            elif cls in FAST_SCALARS and i in self.pidx and e is ARRAY:
                 sig.append(cls)
                 sig.append(None)
-            elif e is not _ARRAY and _static_entry(a) == e:
+            elif e is not ARRAY and static_entry(a) == e:
                 sig.append(e)
-                sig.append(_STATIC)
+                sig.append(STATIC)
             else:
                 return None
         return tuple(sig)
@@ -722,8 +619,8 @@ class CompiledCompute:
 
         def compute(dyn):
             it = iter(dyn)
-            jargs = [_rebuild(e, it) for e in tmpl]
-            jkwargs = {k: _rebuild(e, it) for k, e in kwtmpl}
+            jargs = [rebuild(e, it) for e in tmpl]
+            jkwargs = {k: rebuild(e, it) for k, e in kwtmpl}
             if dts is None:
                 out = fn(*jargs, **jkwargs)
                 _check_outputs(out)
@@ -745,32 +642,7 @@ class CompiledCompute:
                         out = compute(dyn)
                 else:
                     out = compute(dyn)
-            return out, _Checks(tuple(collected.codes), collected.bads, collected.values)
+            return out, _checks.Outputs(tuple(collected.codes), collected.bads, collected.values)
 
         run.__name__ = f"{self.func._opname}_{self.func._overloadname}"
         return jax.jit(run, compiler_options=COMPILER_OPTIONS)
-
-
-class _Checks:
-    """The device checks of an executable: codes fixed by its trace (pytree metadata),
-    flags and values as outputs."""
-
-    __slots__ = ("codes", "bads", "values")
-
-    def __init__(self, codes, bads, values):
-        self.codes, self.bads, self.values = codes, list(bads), list(values)
-
-
-jax.tree_util.register_pytree_node(
-    _Checks,
-    lambda c: ((c.bads, c.values), c.codes),
-    lambda codes, children: _Checks(codes, *children),
-)
-
-
-def _finish(result):
-    out, checks = result
-    if checks.codes and not isinstance(checks.bads[0], jax.core.Tracer):
-        # Inside a user's trace the checks are dropped (Note [Device-side checks]).
-        _checks.add_collected(checks.codes, checks.bads, checks.values)
-    return out

@@ -580,14 +580,12 @@ class _Convert:
     """A traceable ``astype`` with the per-op executable's calling convention."""
 
     def __init__(self, jdt):
-        from torchjax.ops.compiled import _Checks
-
         self.jdt = jdt
         self.fused_shapes = {}
         dt = jdt
 
         def convert(a):
-            return a.astype(dt), _Checks(_CHECKLESS, [], [])
+            return a.astype(dt), _checks.Outputs(_CHECKLESS, [], [])
 
         self.__wrapped__ = convert
 
