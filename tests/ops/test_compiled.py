@@ -104,6 +104,26 @@ def test_views_read_inside_take_the_fast_path_keyed_by_layout(slow):
     assert len(slow) == before
 
 
+def test_recorded_values_take_the_fast_path_in_fused_mode(slow):
+    # Inside torchjax.fused() an op's inputs are mostly values recorded, not run: they
+    # are looked up by (dtype, size) as a value at hand is.
+    x = torch.randn(4, 6)
+    tpu = x.to(TPU)
+
+    def chain(t):
+        y = t * 2
+        return (y.t() + 1).sum(0)
+
+    for _ in range(2):
+        with torchjax.fused():
+            chain(tpu).cpu()
+    before = len(slow)
+    with torchjax.fused():
+        got = chain(tpu)
+    assert len(slow) == before
+    assert torch.equal(got.cpu(), chain(tpu).cpu())  # fused is eager, bit for bit
+
+
 def test_python_numbers_take_the_fast_path_keyed_by_type(slow):
     # x * 0.5, b + 1: after the first call, a lookup by the tensors' (dtype, size) and the
     # numbers' types; a number of another type is another executable (True, 1 and 1.0

@@ -37,8 +37,9 @@ runs every eligible lowering, together with the promotion casts around it, as on
   (passed as its storage's array and, where the read takes it, its offset), each number's
   exact type and each static value's template entry (``_fast_key``), skipping the
   template; it determines the full key, so it never finds another call's executable.
-  Anything else (lists of tensors, keyword arguments, random ops, tensors whose array is
-  not made yet) builds the template. Half the ops of a transformer forward take a view
+  A tensor whose storage holds a value recorded in fused eager mode is looked up the
+  same way. Anything else (lists of tensors, keyword arguments, random ops, tensors whose
+  array is not made yet) builds the template. Half the ops of a transformer forward take a view
   (a reshape, a transpose, a slice of the rotary cache).
 
 Note [Views in keys whose shapes vary]
@@ -364,15 +365,26 @@ class CompiledCompute:
                         sig.append(a._size)
                         vals.append(a._cache)
                         continue
-                    if storage.lazy is not None:
+                    lazy = storage.lazy
+                    if lazy is None:
+                        arr = storage.arr
+                    elif lazy.__class__ is _fused.Pending and _fused.recording():
+                        arr = lazy  # a recorded value (Note [Fused eager])
+                    else:
                         break
+                    size, stride, offset = a._size, a._stride, a._offset
+                    sig.append(a.dtype)
+                    vals.append(arr)
+                    if size == storage.shape and offset == 0 and stride == contiguous_strides(size):
+                        # The whole storage: its array, as _entry passes it.
+                        sig.append(size)
+                        if lazy is None:
+                            a._cache, a._cache_version = arr, storage.version
+                        continue
                     # A view still to read, read inside the executable (as _entry
                     # passes it): keyed by its layout, its offset an argument if the
                     # plan reads at a dynamic offset.
-                    size, stride, offset = a._size, a._stride, a._offset
                     numel = storage.numel
-                    sig.append(a.dtype)
-                    vals.append(storage.arr)
                     if _plan(numel, size, stride, offset).dynamic:
                         sig.append((size, stride, None, numel))
                         vals.append(np.int32(offset))
