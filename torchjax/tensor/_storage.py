@@ -35,11 +35,22 @@ from torchjax._compat.jax import put_host, x64
 
 
 def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides of ``size`` (asked several times per op: cached)."""
+    try:
+        return _cached_strides(size)
+    except TypeError:  # a list: unhashable
+        return _strides(size)
+
+
+def _strides(size) -> tuple[int, ...]:
     strides, acc = [], 1
     for n in reversed(size):
         strides.append(acc)
         acc *= max(n, 1)
     return tuple(reversed(strides))
+
+
+_cached_strides = functools.lru_cache(maxsize=8192)(_strides)
 
 
 class Storage:
