@@ -126,6 +126,43 @@ def test_sdpa_no_grad_is_one_fused_op(kw):
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"scale": 0.3, "is_causal": True, "lq": 6, "lk": 6},
+        {"attn_mask": _MASK},
+        {"attn_mask": _MASK.double().log()},
+        {"enable_gqa": True, "hq": 6, "hk": 2},
+        {"is_causal": True, "lq": 64, "lk": 64, "d": 32},
+    ],
+    ids=["plain", "causal-scale", "bool-mask", "float-mask", "gqa", "causal-64"],
+)
+def test_sdpa_no_grad_bfloat16_is_one_op_with_the_math_paths_numbers(kw):
+    # Note [Fused SDPA in eager]: bfloat16 without autograd is the decomposition traced
+    # into one executable: bit for bit what the decomposition computes op by op (taken
+    # here by asking for a gradient), and one executable instead of eight.
+    kw = dict(kw)
+    shape = {n: kw.pop(n) for n in ("hq", "hk", "lq", "lk", "d") if n in kw}
+    q, k, v = (t.to(torch.bfloat16).to("tpu") for t in _qkv(**shape))
+    tkw = {
+        n: (a.to(torch.bfloat16 if a.is_floating_point() else a.dtype).to("tpu"))
+        if isinstance(a, torch.Tensor)
+        else a
+        for n, a in kw.items()
+    }
+    op = torch.ops.aten.scaled_dot_product_attention.default
+    before = compiled.cache_info(op).calls
+    with torch.no_grad():
+        got = F.scaled_dot_product_attention(q, k, v, **tkw)
+    assert compiled.cache_info(op).calls == before + 1
+    q.requires_grad_(True)
+    want = F.scaled_dot_product_attention(q, k, v, **tkw)  # the decomposition, op by op
+    assert compiled.cache_info(op).calls == before + 1
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert torch.equal(got.cpu().view(torch.int16), want.detach().cpu().view(torch.int16))
+
+
 def test_sdpa_float32():
     _sdpa_matches(*_qkv(dtype=torch.float32), rtol=1e-4, atol=1e-5, is_causal=True)
 

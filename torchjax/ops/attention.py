@@ -28,7 +28,7 @@ from torchjax._compat.jax import x64_enter, x64_exit
 from torchjax.ops.norm import _check_dim, _opmath
 from torchjax.ops.registry import functional_handler, lowering
 from torchjax.tensor._fake import is_fake
-from torchjax.tensor._tensor import JaxTensor
+from torchjax.tensor._tensor import JaxTensor, wrap
 from torchjax.tensor.dtypes import to_jax_dtype
 
 aten = torch.ops.aten
@@ -90,17 +90,42 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 _SDPA_MATH = functional_handler(
     aten.scaled_dot_product_attention.default, sdpa_math, deterministic=True
 )
-_FUSED_DTYPES = (torch.float32, torch.float64)
+_FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+
+def sdpa_decomposed(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """aten::scaled_dot_product_attention without dropout for bfloat16: torch's math
+    decomposition run on the arrays, so that one executable computes what the op-by-op
+    decomposition computes, every rounding to bfloat16 where it rounds (Note [Fused SDPA
+    in eager]). Shapes, masks and GQA as ``sdpa_math``."""
+    q, k, v = wrap(query), wrap(key), wrap(value)
+    mask = None if attn_mask is None else wrap(attn_mask)
+    out = aten.scaled_dot_product_attention.default.decompose(
+        q, k, v, mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa
+    )
+    return out._value()
+
+
+_SDPA_DECOMPOSED = functional_handler(
+    aten.scaled_dot_product_attention.default, sdpa_decomposed, deterministic=True
+)
 
 
 # Note [Fused SDPA in eager]
 # Through the decomposition, one SDPA call is a dozen ATen ops (two scalings, bmm twice,
 # the mask conversion, _safe_softmax, views, a clone), each its own XLA dispatch in
 # eager. When nothing needs a gradient (inference, torch.no_grad) and there is no
-# dropout, the same math runs as one compiled lowering (``sdpa_math``). Calls needing
-# autograd, dropout, float16/bfloat16 (the math path's own rounding), fake tensors
-# (torch.compile tracing), or unusual arguments (a mask together with is_causal, mixed
-# dtypes: torch raises there) keep the decomposition, which raises torch's errors.
+# dropout, the same math runs as one compiled lowering: ``sdpa_math`` in float32/64;
+# in bfloat16 ``sdpa_decomposed``, the decomposition itself traced into one executable,
+# so every intermediate is rounded to bfloat16 where the op-by-op math path rounds it
+# (bit for bit equal, tests/ops/test_attention.py). float16 keeps the decomposition op by
+# op: traced into one program it differed from op by op in the last bit of about one
+# element in a thousand (XLA:CPU fusing float16 conversions; not diagnosed further).
+# Calls needing autograd, dropout, fake tensors (torch.compile tracing), or unusual
+# arguments (a mask together with is_causal, mixed dtypes: torch raises there) keep the
+# decomposition, which raises torch's errors.
 def _fused_sdpa_applies(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
     if dropout_p != 0.0 or (is_causal and attn_mask is not None):
@@ -131,8 +156,9 @@ def _scaled_dot_product_attention(
         _sdpa.flash_enabled() and _sdpa.flash_applies(*args, enable_gqa)
     ):
         token = x64_enter()  # as JaxTensor.__torch_dispatch__ does for every op
+        fused = _SDPA_DECOMPOSED if query.dtype == torch.bfloat16 else _SDPA_MATH
         try:
-            return _SDPA_MATH(args, {"scale": scale, "enable_gqa": enable_gqa})
+            return fused(args, {"scale": scale, "enable_gqa": enable_gqa})
         finally:
             x64_exit(token)
     return _sdpa.scaled_dot_product_attention(*args, scale=scale, enable_gqa=enable_gqa)
