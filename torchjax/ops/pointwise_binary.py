@@ -296,12 +296,27 @@ def fmod(self, other):
 # pow
 
 
+def _powi(base, exp):
+    """ATen's ``powi_impl`` for ``exp >= 0``: square-and-multiply over every bit of the
+    exponent, products wrapping in the type. XLA's integer power looks at the low six
+    bits only (``2 ** 64`` was 1, ``3 ** 129`` was 3)."""
+    one = jnp.ones((), base.dtype)
+
+    def bit(_, carry):
+        result, a, b = carry
+        result = jnp.where((b & 1) != 0, result * a, result)
+        return result, a * a, b >> 1
+
+    init = (jnp.broadcast_to(one, base.shape), base, exp)
+    return lax.fori_loop(0, exp.dtype.itemsize * 8, bit, init)[0]
+
+
 def _int_pow(base, exp):
     # torch's powi: negative exponents give 1 for base 1, +-1 for base -1, else 0.
     base, exp = _bcast(base, exp)
     zero = jnp.zeros((), exp.dtype)
     neg = exp < zero
-    pos = jnp.power(base, jnp.where(neg, zero, exp))
+    pos = _powi(base, jnp.where(neg, zero, exp).astype(base.dtype))
     one = jnp.ones((), base.dtype)
     odd = (exp % 2) != 0
     neg_val = jnp.where(
@@ -662,18 +677,46 @@ def addcdiv(self, tensor1, tensor2, *, value=1):
     return _add(self, exact_div(scaled, tensor2))
 
 
+def _c_int(x):
+    # C++ computes int8/int16/uint8 arithmetic in int after promotion: the same here, so
+    # abs(-128) and products wrap only where they wrap in ATen's kernels.
+    return x.astype(jnp.int32) if x.dtype.itemsize < 4 else x
+
+
+def _gcd(a, b):
+    """ATen's ``calc_gcd``: Euclid on |a|, |b| (stored back in the type: the minimum's
+    stays negative) with C's truncating remainder. jnp.gcd loops forever on the type's
+    minimum; C's remainder still shrinks |a| every step, so this ends for every input,
+    and gives what ATen gives there (gcd(5, -128) in int8 is -1)."""
+    a, b = jnp.abs(a), jnp.abs(b)
+
+    def step(ab):
+        a, b = ab
+        live = a != 0
+        return jnp.where(live, lax.rem(b, jnp.where(live, a, 1)), a), jnp.where(live, a, b)
+
+    _, b = lax.while_loop(lambda ab: jnp.any(ab[0] != 0), step, (a, b))
+    return b
+
+
 @lowering(aten.gcd, promote=Kind.DEFAULT)
 def gcd(self, other):
-    """aten::gcd - greatest common divisor (non-negative), integers only."""
+    """aten::gcd - greatest common divisor (non-negative but where |x| overflows: as
+    ATen's kernel), integers only."""
     _require("gcd", self, ("int",))
-    return jnp.gcd(*_bcast(self, other))
+    return _gcd(*_bcast(self, other))
 
 
 @lowering(aten.lcm, promote=Kind.DEFAULT)
 def lcm(self, other):
-    """aten::lcm - least common multiple (non-negative; 0 if either is 0), integers only."""
+    """aten::lcm - least common multiple, ``|a / gcd * b|`` (0 if either is 0) as ATen's
+    kernel computes it: the product wraps, then its abs. Integers only."""
     _require("lcm", self, ("int",))
-    return jnp.lcm(*_bcast(self, other))
+    a, b = _bcast(self, other)
+    g = _c_int(_gcd(a, b))
+    x, y = _c_int(a), _c_int(b)
+    out = jnp.abs(lax.div(x, jnp.where(g == 0, 1, g)) * y)
+    return jnp.where(g == 0, jnp.zeros((), x.dtype), out).astype(a.dtype)
 
 
 @lowering(aten.nextafter, promote=Kind.NO_OPMATH)
