@@ -417,3 +417,65 @@ def test_lerp_refuses_mixed_dtypes_as_cpu():
     want = torch.lerp(torch.zeros(2), torch.ones(2), weight)
     got = torch.lerp(torch.zeros(2, device="tpu"), torch.ones(2, device="tpu"), weight.to("tpu"))
     assert torch.equal(got.cpu(), want)
+
+
+_INT_VALUES = {
+    torch.uint8: [0, 1, 6, 128, 255],
+    torch.int8: [-128, -127, -5, -1, 0, 1, 2, 5, 6, 127],
+    torch.int16: [-32768, -6, -1, 0, 4, 9, 32767],
+    # Not the minimum with -1: CPU's remainder traps there (SIGFPE).
+    torch.int32: [-2147483647, -12, -2, 0, 3, 18, 2**31 - 1],
+    torch.int64: [-(2**62), -10, 0, 7, 2**62, 2**63 - 1],
+}
+
+
+def _all_pairs(dtype, left, right):
+    pairs = [(a, b) for a in left for b in right]
+    return (
+        torch.tensor([a for a, _ in pairs], dtype=dtype),
+        torch.tensor([b for _, b in pairs], dtype=dtype),
+    )
+
+
+@pytest.mark.parametrize("dtype", list(_INT_VALUES), ids=str)
+@pytest.mark.parametrize("op", [torch.gcd, torch.lcm], ids=["gcd", "lcm"])
+def test_gcd_lcm_as_atens_kernel_at_the_extremes(op, dtype):
+    # ATen's calc_gcd: |x| stored back in the type (the minimum stays negative), C's
+    # remainder; lcm = |a / gcd * b| with the product wrapping.
+    a, b = _all_pairs(dtype, _INT_VALUES[dtype], _INT_VALUES[dtype])
+    assert torch.equal(op(a.to("tpu"), b.to("tpu")).cpu(), op(a, b))
+
+
+def test_gcd_of_the_integer_minimum_ends():
+    # jnp.gcd looped forever on it (abs of the minimum stays negative): in a child
+    # process, so a hang fails the test instead of the suite.
+    from tests._child import run_python
+
+    result = run_python(
+        """
+        import torch, torchjax
+        for dt in (torch.int8, torch.int32, torch.int64):
+            low = torch.iinfo(dt).min
+            a = torch.tensor([low, low, 5, low], dtype=dt, device="tpu")
+            b = torch.tensor([3, 0, low, low], dtype=dt, device="tpu")
+            print(torch.gcd(a, b).tolist(), torch.lcm(a, b).tolist())
+        """,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "[1, -128, -1, -128] [-128, 0, -128, -128]"
+    assert lines[1] == f"[1, {-(2**31)}, -1, {-(2**31)}] [{-(2**31)}, 0, {-(2**31)}, {-(2**31)}]"
+
+
+@pytest.mark.parametrize("dtype", list(_INT_VALUES), ids=str)
+def test_integer_pow_uses_every_bit_of_the_exponent(dtype):
+    # XLA's integer power read the low six bits of the exponent (2 ** 64 was 1).
+    info = torch.iinfo(dtype)
+    bases = [v for v in (info.min, -3, -2, -1, 0, 1, 2, 3, 7, info.max) if v >= info.min]
+    exps = [e for e in (0, 1, 2, 5, 31, 63, 64, 65, 127, 129, 255, 300, 2**31 - 1) if e <= info.max]
+    base, exp = _all_pairs(dtype, bases, exps)
+    assert torch.equal((base.to("tpu") ** exp.to("tpu")).cpu(), base**exp)
+    for e in (64, 129):
+        if e <= info.max:
+            assert torch.equal((base.to("tpu") ** e).cpu(), base**e)
