@@ -69,6 +69,25 @@ def test_embedding_bag_modes_padding_and_empty_bags(mode):
     grads_match(lambda w: F.embedding_bag(idx.reshape(3, 3).to(w.device), w, mode=mode), w)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("padding_idx", [None, 7])
+def test_embedding_bag_last_offset_short_of_the_indices(dtype, mode, padding_idx):
+    # Note [The last offset of embedding_bag]: CPU's fast path (float32/half sum or mean,
+    # no padding_idx) leaves the indices past offsets[-1] out of the sum, but not out of
+    # the mean's divisor; its other paths put them in the last bag.
+    w = torch.arange(40.0, dtype=dtype).reshape(10, 4)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 2, 2])
+    offsets = torch.tensor([0, 2, 2, 5, 9])
+    kw = dict(mode=mode, include_last_offset=True, padding_idx=padding_idx)
+    want = F.embedding_bag(idx, w, offsets, **kw)
+    got = F.embedding_bag(idx.to("tpu"), w.to("tpu"), offsets.to("tpu"), **kw)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.cpu(), want)
+    if dtype == torch.float32 and mode == "mean":  # CPU's float32 backward is defined here
+        grads_match(lambda w: F.embedding_bag(idx.to(w.device), w, offsets.to(w.device), **kw), w)
+
+
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 def test_embedding_bag_scale_grad_by_freq(mode):
     # Each row's gradient is divided by its index's count over the whole input, as CUDA

@@ -28,17 +28,31 @@ _SUM, _MEAN, _MAX = 0, 1, 2
 # embedding_bag
 
 
-def _bags(indices, offsets, include_last_offset, padding_idx):
+# Note [The last offset of embedding_bag]
+# With include_last_offset, ``offsets[-1]`` should be ``len(indices)``. When it is smaller,
+# ATen's CPU kernel does one of two things, by path. Its fast path (sum or mean of
+# float32/float16/bfloat16 rows, no padding_idx) sums each bag up to the next offset, so
+# the indices past ``offsets[-1]`` are in no bag (nor in the gradient), while the bag
+# sizes it divides a mean by still run to the end of indices (the last bag of
+# [1, 2, 4, 5, 4, 3, 2, 9, 2, 2] with offsets [0, 2, 2, 5, 9] sums four rows and divides
+# by five). Every other path (max, float64, a padding_idx) puts them in the last bag.
+# Both are followed, since either is what CPU returns for that call. Its backward then
+# leaves them out of a sum's gradient and keeps them in a mean's (float32; its half-type
+# backward read uninitialised memory there), and so does this one: a sum's
+# ``offset2bag`` marks them in no bag.
+def _bags(indices, offsets, include_last_offset, padding_idx, stop_at_last=False):
     n = indices.shape[0]
     n_bags = offsets.shape[0] - (1 if include_last_offset else 0)
     pos = jnp.arange(n, dtype=offsets.dtype)
-    # Under include_last_offset ATen's CPU kernel ignores offsets[-1]: the last bag runs to
-    # the end of indices.
     offset2bag = jnp.searchsorted(offsets[:n_bags], pos, side="right") - 1
     offset2bag = offset2bag.astype(jnp.int64)
     member = offset2bag < n_bags
     valid = member if padding_idx < 0 else member & (indices != padding_idx)
-    return offset2bag, valid, n_bags
+    counted = valid
+    if stop_at_last and include_last_offset:
+        # Out of every sum, still counted in the last bag's size (the Note above).
+        valid = valid & (pos < offsets[n_bags])
+    return offset2bag, valid, counted, n_bags
 
 
 @lowering(aten._embedding_bag, aten._embedding_bag_forward_only)
@@ -80,10 +94,21 @@ def _embedding_bag(
         f"embedding_bag: an index takes value {{value}} which is not in the valid range "
         f"[0, {weight.shape[0]}) (in aten::_embedding_bag)",
     )
-    offset2bag, valid, n_bags = _bags(indices, offsets, include_last_offset, padding_idx)
+    fast_path = (
+        mode != _MAX
+        and padding_idx < 0
+        and weight.dtype in (jnp.float32, jnp.float16, jnp.bfloat16)
+    )
+    offset2bag, valid, counted, n_bags = _bags(
+        indices, offsets, include_last_offset, padding_idx, stop_at_last=fast_path
+    )
     rows = jnp.take(weight, jnp.clip(indices, 0, weight.shape[0] - 1), axis=0)
     seg = jnp.where(valid, offset2bag, n_bags)
-    bag_size = jax.ops.segment_sum(valid.astype(jnp.int64), seg, n_bags + 1)[:n_bags]
+    bag_size = jax.ops.segment_sum(
+        counted.astype(jnp.int64), jnp.where(counted, offset2bag, n_bags), n_bags + 1
+    )[:n_bags]
+    if fast_path and mode == _SUM:
+        offset2bag = jnp.where(valid | ~counted, offset2bag, n_bags)
     d = weight.shape[1]
     if mode == _MAX:
         low = jnp.array(-jnp.inf, dtype=weight.dtype)
