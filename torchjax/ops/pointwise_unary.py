@@ -81,7 +81,47 @@ _INT_TO_FLOAT = {
     else (lambda x: lax.exp(x * x) * lax.erfc(x)),
 }
 
+# Note [Complex functions of a signed zero]
+# Every function of the table is real-analytic, so f(conj z) = conj f(z), and C99/ATen
+# use that on a branch cut: sqrt(-1 - 0j) is -1j, acosh(-1 - 0j) is -pi j, as the zero's
+# sign says which side of the cut z is on. XLA's complex functions ignore that sign
+# (sqrt(-1 - 0j) gave +1j; asin, acos, acosh alike) and set zero parts' signs their own
+# way (exp(-1 - 0j) gave a +0j imaginary part). So a complex argument with a negative
+# imaginary sign is conjugated before the function and the result after it. Complex
+# rsqrt is 1 / sqrt(z): XLA's left rounding noise in exactly zero real parts.
+_CONJ_SYMMETRIC = set(_INT_TO_FLOAT) - {
+    aten.erf,
+    aten.erfc,
+    aten.erfinv,
+    aten.lgamma,
+    aten.i0,
+    aten.special_i0e,
+    aten.special_i1,
+    aten.special_i1e,
+    aten.special_ndtri,
+    aten.special_erfcx,
+}
+
+
+def _complex_rsqrt(x):
+    return _reciprocal(lax.sqrt(x)) if jnp.iscomplexobj(x) else lax.rsqrt(x)
+
+
+def _conj_symmetric(fn):
+    def lowered(x):
+        if not jnp.iscomplexobj(x):
+            return fn(x)
+        below = jnp.signbit(jnp.imag(x))
+        out = fn(jnp.where(below, lax.conj(x), x))
+        return jnp.where(below, lax.conj(out), out)
+
+    return lowered
+
+
+_INT_TO_FLOAT[aten.rsqrt] = _complex_rsqrt
 for _op, _fn in _INT_TO_FLOAT.items():
+    if _op in _CONJ_SYMMETRIC:
+        _fn = _conj_symmetric(_fn)
     register_pointwise(_op, _fn, promote=Kind.INT_TO_FLOAT)
 
 
@@ -150,6 +190,8 @@ def abs(self):
     """aten::abs - ``|self|``; complex -> real magnitude; bool raises as in torch."""
     if _is_bool(self):
         raise _not_implemented("abs", self)
+    if jnp.issubdtype(self.dtype, jnp.unsignedinteger):
+        return self  # unsigned: itself, as ATen's kernel returns it (lax.abs refuses)
     return lax.abs(self)
 
 
