@@ -190,3 +190,24 @@ def test_sign_of_nan_and_negative_zero_is_cpus(op, dtype):
     got = op(x.to("tpu")).cpu()
     assert torch.equal(got, want)
     assert torch.equal(got.signbit(), want.signbit())
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=str)
+@pytest.mark.parametrize(
+    "name", ["sqrt", "rsqrt", "asin", "acos", "acosh", "asinh", "atanh", "atan", "log", "exp"]
+)
+def test_complex_branch_cuts_follow_the_sign_of_a_zero_imaginary_part(name, dtype):
+    # Note [Complex functions of a signed zero]: sqrt(-1 - 0j) is -1j, acosh(-1 - 0j) is
+    # -pi j; XLA's gave the other side of the cut.
+    re = torch.tensor([-2.0, -1.0, -0.5, 0.5, 1.0, 2.0], dtype=torch.float64).repeat(2)
+    im = torch.tensor([-0.0] * 6 + [0.0] * 6, dtype=torch.float64)
+    z = torch.complex(re, im).to(dtype)
+    fn = getattr(torch, name)
+    torch.testing.assert_close(fn(z.to("tpu")).cpu(), fn(z))
+
+
+def test_abs_of_unsigned_integers_is_the_input():
+    x = torch.tensor([0, 5, 128, 255], dtype=torch.uint8)
+    got = torch.abs(x.to("tpu"))
+    assert got.dtype == torch.uint8 and torch.equal(got.cpu(), x)
+    assert torch.equal(x.to("tpu").abs_().cpu(), x)

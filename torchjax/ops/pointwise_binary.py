@@ -363,7 +363,42 @@ def pow_tensor_scalar(args, kwargs):
         )
     if isinstance(exponent, int) and not (self.dtype.is_floating_point or self.dtype.is_complex):
         dtypes.check_scalar_fits(exponent, self.dtype, "pow")
-    return _pow_scalar(args, kwargs)
+    special = _cpu_special_power(self, exponent)
+    return _pow_scalar(args, kwargs) if special is None else special
+
+
+def _cpu_special_power(self, exponent):
+    """``self ** exponent`` as ATen's ``pow_tensor_scalar_kernel`` computes the powers it
+    special-cases for float and complex results: 0.5, -0.5 and -1 as sqrt, rsqrt and
+    reciprocal; 2, 3 and -2 as ``x*x``, ``x*x*x`` and ``1/(x*x)`` (not for float16,
+    which takes ``std::pow``). A general power gave other last bits (a quarter of
+    float32 ``x ** 3``, ``x ** -0.5``), and complex ``z ** 2`` went through the polar
+    form (``(2j) ** 2`` had an imaginary part). None: the general power."""
+    if isinstance(exponent, bool) or not isinstance(exponent, (int, float, complex)):
+        return None
+    if complex(exponent).imag != 0:
+        return None
+    e = complex(exponent).real
+    if e not in (0.5, -0.5, -1.0, 2.0, 3.0, -2.0):
+        return None
+    dtype = torch.result_type(self, exponent)
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return None
+    x = self if self.dtype == dtype else aten._to_copy.default(self, dtype=dtype)
+    if e == 0.5:
+        return aten.sqrt.default(x)
+    if e == -0.5:
+        return aten.rsqrt.default(x)
+    if e == -1.0:
+        return aten.reciprocal.default(x)
+    if dtype == torch.float16:
+        return None
+    square = aten.mul.Tensor(x, x)
+    if e == 2.0:
+        return square
+    if e == 3.0:
+        return aten.mul.Tensor(square, x)
+    return aten.reciprocal.default(square)
 
 
 # ---------------------------------------------------------------------------------------
