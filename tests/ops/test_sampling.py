@@ -156,3 +156,17 @@ def test_antialiased_interpolate_keeps_nan_in_its_window(mode, size):
     got = F.interpolate(x.to("tpu"), size=(1, size), mode=mode, antialias=True).cpu()
     assert want[..., -1].isfinite().all()
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize(
+    "size,scales", [((7, 9), (1.3, 2.1)), ((3, 3), (0.4, 0.5)), ((9, 11), (3.1, 1.7))]
+)
+def test_bilinear_with_scales_past_the_sizes_reads_the_last_row(size, scales, align_corners):
+    # A caller's scale can put a source index past the last row (7 rows from 4 at scale
+    # 1.3): ATen clamps the index and its weight; the gather read NaN there.
+    x = torch.arange(20.0).reshape(1, 1, 4, 5)
+    op = torch.ops.aten.upsample_bilinear2d.default
+    want = op(x, list(size), align_corners, *scales)
+    got = op(x.to("tpu"), list(size), align_corners, *scales)
+    torch.testing.assert_close(got.cpu(), want)

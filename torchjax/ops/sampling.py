@@ -64,8 +64,10 @@ def _linear_taps(n_in, n_out, align_corners, scale, ft):
     s = _area_scale(n_in, n_out, align_corners, scale, ft)
     dst = np.arange(n_out).astype(ft)
     src = s * dst if align_corners else np.maximum(s * (dst + ft(0.5)) - ft(0.5), ft(0))
-    i0 = src.astype(np.int64)
-    lam = (src - i0.astype(ft)).astype(ft)
+    # ATen's guard_index_and_lambda: a source index past the last row (a scale the caller
+    # gave, larger than the sizes imply) reads the last row.
+    i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+    lam = np.clip(src - i0.astype(ft), ft(0), ft(1)).astype(ft)
     i1 = np.minimum(i0 + 1, n_in - 1)
     return np.stack([i0, i1], 1), np.stack([ft(1) - lam, lam], 1)
 
