@@ -233,3 +233,35 @@ def test_fused_cell_shape_errors():
         aten._thnn_fused_lstm_cell(gi, gi, cx)
     with pytest.raises(RuntimeError, match="aten::_thnn_fused_gru_cell.*input_bias"):
         aten._thnn_fused_gru_cell(gi[:, :6], gi[:, :6], cx[:, :2], torch.randn(6, device="tpu"))
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("enforce_sorted", [True, False])
+def test_packed_sequences_through_an_lstm_as_cpu(batch_first, enforce_sorted):
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 2) if batch_first else torch.randn(5, 3, 2)
+    lengths = torch.tensor([5, 3, 2] if enforce_sorted else [2, 5, 3])
+    lstm = torch.nn.LSTM(2, 4, num_layers=2, batch_first=batch_first)
+    results = []
+    for device in ("cpu", "tpu"):
+        inp = x.clone().to(device).requires_grad_()
+        packed = pack_padded_sequence(inp, lengths, batch_first, enforce_sorted)
+        out, _ = copy.deepcopy(lstm).to(device)(packed)
+        padded, sizes = pad_packed_sequence(out, batch_first=batch_first)
+        padded.sum().backward()
+        results.append((packed.data, packed.batch_sizes, padded, sizes, inp.grad))
+    (cpu_data, cpu_bs, cpu_out, cpu_sizes, cpu_grad), (data, bs, out, sizes, grad) = results
+    assert torch.equal(data.cpu(), cpu_data)
+    assert bs.device.type == "cpu" and torch.equal(bs, cpu_bs) and torch.equal(sizes, cpu_sizes)
+    torch.testing.assert_close(out.cpu(), cpu_out)
+    torch.testing.assert_close(grad.cpu(), cpu_grad)
+
+
+def test_pack_padded_sequence_refuses_unsorted_lengths_as_cpu():
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    for x in (torch.randn(3, 5, 2), torch.randn(3, 5, 2).to("tpu")):
+        with pytest.raises(RuntimeError, match="must be sorted in decreasing order"):
+            pack_padded_sequence(x, torch.tensor([2, 5, 3]), batch_first=True)

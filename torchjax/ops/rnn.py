@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from torchjax.ops.registry import Kind, lowering
+from torchjax.ops.registry import Kind, handler, lowering
 
 aten = torch.ops.aten
 
@@ -184,3 +184,60 @@ def _thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
         jnp.sum(grad_input_gates, axis=0),
         jnp.sum(grad_hidden_gates, axis=0),
     )
+
+
+# ---------------------------------------------------------------------------------------
+# packed sequences
+
+
+@handler(aten._pack_padded_sequence.default)
+def _pack_padded_sequence(args, kwargs):
+    """aten::_pack_padded_sequence - the valid time steps of a padded batch, step after
+    step, and how many sequences each step holds (``pack_padded_sequence``).
+
+    Shapes: input (T, B, *) or (B, T, *) with ``batch_first``; lengths (B,), a CPU int64
+    tensor sorted in decreasing order -> (data (sum(lengths), *), batch_sizes
+    (lengths[0],) on CPU). Written as ATen's CompositeExplicit kernel
+    (PackedSequence.cpp): slices of the input concatenated, with its checks and messages.
+    The lengths are host data, so nothing is read from the device."""
+    names = ("input", "lengths", "batch_first")
+    bound = dict(zip(names, args), **kwargs)
+    inp, lengths_t, batch_first = bound["input"], bound["lengths"], bound["batch_first"]
+    if lengths_t.device.type != "cpu" or lengths_t.dim() != 1 or lengths_t.dtype != torch.int64:
+        raise RuntimeError(
+            "'lengths' argument should be a 1D CPU int64 tensor, but got "
+            f"{lengths_t.dim()}D {lengths_t.device} {lengths_t.dtype} tensor"
+        )
+    x = inp.transpose(0, 1) if batch_first else inp
+    batch = x.size(1)
+    lengths = lengths_t.tolist()
+    if x.numel() == 0:
+        raise RuntimeError("Cannot pack empty tensors.")
+    if len(lengths) != batch:
+        raise RuntimeError(
+            f"Expected `len(lengths)` to be equal to batch_size, but got {len(lengths)} "
+            f"(batch_size={batch})"
+        )
+    if lengths[-1] <= 0:
+        raise RuntimeError(
+            "Length of all samples has to be greater than 0, but found an element in "
+            "'lengths' that is <= 0"
+        )
+    if any(a < b for a, b in zip(lengths, lengths[1:])):
+        raise RuntimeError(
+            "`lengths` array must be sorted in decreasing order when `enforce_sorted` is "
+            "True. You can pass `enforce_sorted=False` to pack_padded_sequence and/or "
+            "pack_sequence to sidestep this requirement if you do not need ONNX "
+            "exportability."
+        )
+    steps, batch_sizes, prev = [], [], 0
+    step_shape = [-1, *x.shape[2:]]
+    for i in range(batch):
+        length = lengths[batch - 1 - i]
+        if length > prev:
+            current = batch - i
+            piece = aten.slice.Tensor(aten.slice.Tensor(x, 0, prev, length), 1, 0, current)
+            steps.append(aten.view.default(aten.clone.default(piece), step_shape))
+            batch_sizes.extend([current] * (length - prev))
+            prev = length
+    return aten.cat.default(steps), torch.tensor(batch_sizes, dtype=torch.int64)
