@@ -142,6 +142,20 @@ def _fused_sdpa_applies(query, key, value, attn_mask, dropout_p, is_causal) -> b
     return attn_mask is None or attn_mask.dtype in (torch.bool, dt)
 
 
+def causal_into_mask(query, key, attn_mask, is_causal):
+    """``(attn_mask, is_causal)`` with a causal flag folded into an explicit mask, as CPU's
+    default SDPA kernel applies both (the math path, our decomposition, refuses the pair):
+    a bool mask ANDed with the lower triangle, a float mask -inf above it."""
+    if attn_mask is None or not is_causal:
+        return attn_mask, is_causal
+    causal = torch.ones(
+        query.size(-2), key.size(-2), dtype=torch.bool, device=attn_mask.device
+    ).tril()
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & causal, False
+    return attn_mask.masked_fill(~causal, float("-inf")), False
+
+
 # Flash attention: SDPA's own kernel for tpu tensors, above the CompositeImplicitAutograd
 # decomposition, takes the Pallas kernel where Note [SDPA dispatch rule] allows
 # (torchjax/pallas/_sdpa.py), else the fused math (Note [Fused SDPA in eager]) or the
@@ -151,6 +165,7 @@ def _scaled_dot_product_attention(
 ):
     from torchjax.pallas import _sdpa  # imports Pallas: only once SDPA is first called
 
+    attn_mask, is_causal = causal_into_mask(query, key, attn_mask, is_causal)
     args = (query, key, value, attn_mask, dropout_p, is_causal)
     if _fused_sdpa_applies(*args) and not (
         _sdpa.flash_enabled() and _sdpa.flash_applies(*args, enable_gqa)

@@ -34,6 +34,7 @@ import os
 
 import torch
 
+from torchjax.ops.attention import causal_into_mask
 from torchjax.ops.registry import handler
 from torchjax.pallas._flash import flash_attention as _flash_attention
 from torchjax.pallas._op import interpret_default, op
@@ -143,6 +144,7 @@ def scaled_dot_product_attention(
     enable_gqa=False,
 ):
     """The AutogradPrivateUse1 kernel of ``aten::scaled_dot_product_attention``."""
+    attn_mask, is_causal = causal_into_mask(query, key, attn_mask, is_causal)
     if flash_enabled() and flash_applies(
         query, key, value, attn_mask, dropout_p, is_causal, enable_gqa
     ):
