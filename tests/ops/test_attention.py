@@ -242,3 +242,31 @@ def test_sdpa_mask_and_is_causal_together_apply_both_as_cpu(mask_kind, lq, lk):
             q.to("tpu"), k.to("tpu"), v.to("tpu"), attn_mask=mask.to("tpu"), is_causal=True
         )
     torch.testing.assert_close(fused.cpu(), want.detach(), equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "shapes,kw",
+    [
+        (((2, 4, 8), (2, 4, 8), (2, 4, 8)), {}),  # 3-D: CPU's math path
+        (((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 6)), {}),  # head dims differ
+        (((2, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)), {}),  # batch broadcast
+    ],
+    ids=["3d", "value-head-dim", "batch-broadcast"],
+)
+def test_sdpa_mask_and_is_causal_refused_where_cpu_takes_its_math_path(shapes, kw):
+    q, k, v = (torch.randn(*s) for s in shapes)
+    mask = torch.rand(4, 4, generator=torch.Generator().manual_seed(0)) > 0.3
+    for dev in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError, match="Explicit attn_mask should not be set"):
+            F.scaled_dot_product_attention(
+                q.to(dev), k.to(dev), v.to(dev), attn_mask=mask.to(dev), is_causal=True, **kw
+            )
+
+
+def test_sdpa_bfloat16_empty_keys_give_plus_zero_as_op_by_op():
+    q = torch.randn(1, 1, 2, 4).bfloat16()
+    k, v = torch.randn(1, 1, 0, 4).bfloat16(), torch.randn(1, 1, 0, 3).bfloat16()
+    with torch.no_grad():
+        got = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"))
+    want = F.scaled_dot_product_attention(q, k, v)
+    assert torch.equal(got.cpu().view(torch.int16), want.view(torch.int16))

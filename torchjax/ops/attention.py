@@ -139,14 +139,33 @@ def _fused_sdpa_applies(query, key, value, attn_mask, dropout_p, is_causal) -> b
         return False
     if min(query.dim(), key.dim(), value.dim()) < 2:
         return False
+    if dt == torch.bfloat16 and key.shape[-2] == 0:
+        return False  # traced, an empty sum came out -0.0 where op by op gives +0.0
     return attn_mask is None or attn_mask.dtype in (torch.bool, dt)
 
 
-def causal_into_mask(query, key, attn_mask, is_causal):
-    """``(attn_mask, is_causal)`` with a causal flag folded into an explicit mask, as CPU's
-    default SDPA kernel applies both (the math path, our decomposition, refuses the pair):
-    a bool mask ANDed with the lower triangle, a float mask -inf above it."""
+def _cpu_flash_takes(query, key, value, attn_mask, dropout_p) -> bool:
+    # sdp_utils_cpp.cpp's use_flash_attention_cpp: the CPU kernel torch picks for these.
+    tensors = (query, key, value)
+    return (
+        all(t.dim() == 4 and t.stride(-1) == 1 for t in tensors)
+        and attn_mask.dim() in (2, 4)
+        and dropout_p == 0.0
+        and query.size(0) == key.size(0) == value.size(0)
+        and query.size(-1) == key.size(-1) == value.size(-1)
+        and query.size(-2) > 0
+        and key.size(-2) > 0
+    )
+
+
+def causal_into_mask(query, key, value, attn_mask, dropout_p, is_causal):
+    """``(attn_mask, is_causal)`` with a causal flag folded into an explicit mask where
+    CPU's default SDPA kernel (flash attention for CPU) takes the call and applies both:
+    a bool mask ANDed with the lower triangle, a float mask -inf above it. Elsewhere CPU
+    runs the math path, which refuses the pair, and so does our decomposition."""
     if attn_mask is None or not is_causal:
+        return attn_mask, is_causal
+    if not _cpu_flash_takes(query, key, value, attn_mask, dropout_p):
         return attn_mask, is_causal
     causal = torch.ones(
         query.size(-2), key.size(-2), dtype=torch.bool, device=attn_mask.device
@@ -165,7 +184,7 @@ def _scaled_dot_product_attention(
 ):
     from torchjax.pallas import _sdpa  # imports Pallas: only once SDPA is first called
 
-    attn_mask, is_causal = causal_into_mask(query, key, attn_mask, is_causal)
+    attn_mask, is_causal = causal_into_mask(query, key, value, attn_mask, dropout_p, is_causal)
     args = (query, key, value, attn_mask, dropout_p, is_causal)
     if _fused_sdpa_applies(*args) and not (
         _sdpa.flash_enabled() and _sdpa.flash_applies(*args, enable_gqa)

@@ -144,7 +144,7 @@ def scaled_dot_product_attention(
     enable_gqa=False,
 ):
     """The AutogradPrivateUse1 kernel of ``aten::scaled_dot_product_attention``."""
-    attn_mask, is_causal = causal_into_mask(query, key, attn_mask, is_causal)
+    attn_mask, is_causal = causal_into_mask(query, key, value, attn_mask, dropout_p, is_causal)
     if flash_enabled() and flash_applies(
         query, key, value, attn_mask, dropout_p, is_causal, enable_gqa
     ):
