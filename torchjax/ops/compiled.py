@@ -375,7 +375,7 @@ class CompiledCompute:
                     size, stride, offset = a._size, a._stride, a._offset
                     sig.append(a.dtype)
                     vals.append(arr)
-                    if size == storage.shape and offset == 0 and stride == contiguous_strides(size):
+                    if storage.covers(size, stride, offset) and stride == contiguous_strides(size):
                         # The whole storage: its array, as _entry passes it.
                         sig.append(size)
                         if lazy is None:
