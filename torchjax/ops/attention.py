@@ -124,7 +124,8 @@ _SDPA_DECOMPOSED = functional_handler(
 # op: traced into one program it differed from op by op in the last bit of about one
 # element in a thousand (XLA:CPU fusing float16 conversions; not diagnosed further).
 # Calls needing autograd, dropout, fake tensors (torch.compile tracing), or unusual
-# arguments (a mask together with is_causal, mixed dtypes: torch raises there) keep the
+# arguments (mixed dtypes; a mask together with is_causal where CPU's flash kernel would
+# not take the call, see ``causal_into_mask``: torch raises there) keep the
 # decomposition, which raises torch's errors.
 def _fused_sdpa_applies(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
