@@ -100,21 +100,26 @@ _MASK = torch.rand(2, 1, 5, 6, generator=torch.Generator().manual_seed(1)) > 0.3
 _MASK[:, :, 0] = False
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        {},
-        {"scale": 0.3, "is_causal": True, "lq": 6, "lk": 6},
-        {"attn_mask": _MASK},
-        {"attn_mask": _MASK.double().log()},
-        {"enable_gqa": True, "hq": 6, "hk": 2},
-    ],
-    ids=["plain", "causal-scale", "bool-mask", "float-mask", "gqa"],
-)
+# Calls of the fused SDPA path (Note [Fused SDPA in eager]); "hq", "hk", "lq", "lk", "d"
+# are _qkv's shapes, the rest SDPA's keywords.
+_FUSED_CASES = {
+    "plain": {},
+    "causal-scale": {"scale": 0.3, "is_causal": True, "lq": 6, "lk": 6},
+    "bool-mask": {"attn_mask": _MASK},
+    "float-mask": {"attn_mask": _MASK.double().log()},
+    "gqa": {"enable_gqa": True, "hq": 6, "hk": 2},
+}
+
+
+def _shapes_and_keywords(kw):
+    kw = dict(kw)
+    return {n: kw.pop(n) for n in ("hq", "hk", "lq", "lk", "d") if n in kw}, kw
+
+
+@pytest.mark.parametrize("kw", _FUSED_CASES.values(), ids=_FUSED_CASES.keys())
 def test_sdpa_no_grad_is_one_fused_op(kw):
     # Note [Fused SDPA in eager]: without autograd the call is one compiled lowering.
-    kw = dict(kw)
-    shape = {n: kw.pop(n) for n in ("hq", "hk", "lq", "lk") if n in kw}
+    shape, kw = _shapes_and_keywords(kw)
     q, k, v = _qkv(**shape)
     want = F.scaled_dot_product_attention(q, k, v, **kw)
     tkw = {n: (a.to("tpu") if isinstance(a, torch.Tensor) else a) for n, a in kw.items()}
@@ -126,24 +131,15 @@ def test_sdpa_no_grad_is_one_fused_op(kw):
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        {},
-        {"scale": 0.3, "is_causal": True, "lq": 6, "lk": 6},
-        {"attn_mask": _MASK},
-        {"attn_mask": _MASK.double().log()},
-        {"enable_gqa": True, "hq": 6, "hk": 2},
-        {"is_causal": True, "lq": 64, "lk": 64, "d": 32},
-    ],
-    ids=["plain", "causal-scale", "bool-mask", "float-mask", "gqa", "causal-64"],
-)
+_BF16_CASES = {**_FUSED_CASES, "causal-64": {"is_causal": True, "lq": 64, "lk": 64, "d": 32}}
+
+
+@pytest.mark.parametrize("kw", _BF16_CASES.values(), ids=_BF16_CASES.keys())
 def test_sdpa_no_grad_bfloat16_is_one_op_with_the_math_paths_numbers(kw):
     # Note [Fused SDPA in eager]: bfloat16 without autograd is the decomposition traced
     # into one executable: bit for bit what the decomposition computes op by op (taken
     # here by asking for a gradient), and one executable instead of eight.
-    kw = dict(kw)
-    shape = {n: kw.pop(n) for n in ("hq", "hk", "lq", "lk", "d") if n in kw}
+    shape, kw = _shapes_and_keywords(kw)
     q, k, v = (t.to(torch.bfloat16).to("tpu") for t in _qkv(**shape))
     tkw = {
         n: (a.to(torch.bfloat16 if a.is_floating_point() else a.dtype).to("tpu"))
