@@ -15,6 +15,7 @@ from torchjax.device import _checks, _stats
 from torchjax.device._module import jax_device
 from torchjax.device._serialization import storage_for
 from torchjax.ops import fused, writeback
+from torchjax.ops.promotion import astype
 from torchjax.ops.registry import _cpu_to_jax, handler, lowering, write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
@@ -87,7 +88,7 @@ def _to_copy(args, kwargs):
         # A conversion of a recorded value is recorded too (Note [Fused eager]).
         return fused.wrap(fused.record_convert(pending, jdt), self._device_index)
     arr = self._value()
-    arr = arr.astype(jdt) if arr.dtype != jdt else jnp.array(arr, copy=True)
+    arr = astype(arr, jdt) if arr.dtype != jdt else jnp.array(arr, copy=True)
     index = self._device_index
     if device is not None:
         index = torch.device(device).index or 0

@@ -79,6 +79,7 @@ from torchjax import _budget
 from torchjax._compat.jax import x64
 from torchjax._compat.torch import in_graph_task, queue_engine_callback
 from torchjax.device import _checks, _stats
+from torchjax.ops.promotion import astype
 from torchjax.tensor import dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import make
@@ -585,7 +586,7 @@ class _Convert:
         dt = jdt
 
         def convert(a):
-            return a.astype(dt), _checks.Outputs(_CHECKLESS, [], [])
+            return astype(a, dt), _checks.Outputs(_CHECKLESS, [], [])
 
         self.__wrapped__ = convert
 

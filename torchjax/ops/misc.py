@@ -27,6 +27,7 @@ from jax import lax
 from torchjax.device import _checks
 from torchjax.device._layouts import unsupported_layout
 from torchjax.ops.indexing import require_in_range
+from torchjax.ops.promotion import astype
 from torchjax.ops.registry import describe_args, handler, lowering
 from torchjax.tensor import dtypes
 
@@ -135,7 +136,7 @@ def frexp(self):
 def convert_element_type(a, dtype):
     """prims::convert_element_type - ``a`` cast to ``dtype`` (used by torch/_refs, e.g.
     renorm's float16 path). Reference: torch/_prims convert_element_type."""
-    return a.astype(dtypes.to_jax_dtype(dtype))
+    return astype(a, dtypes.to_jax_dtype(dtype))
 
 
 # ---------------------------------------------------------------------------------------

@@ -9,8 +9,10 @@ op by op (registry.py) and inside its compiled executable (ops/compiled.py).
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
+from jax import lax
 
 from torchjax._compat.torch import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 from torchjax.tensor import dtypes
@@ -99,8 +101,31 @@ def promote_indices(schema, entry):
     return tuple(i for i, a in enumerate(args) if a.name in names)
 
 
+# Note [A converted bool is not a select]
+# XLA's algebraic simplifier rewrites a product with a converted bool,
+# ``convert(mask) * y`` (and a dot with one), into ``select(mask, y, 0)``: ``False *
+# inf`` then gives 0 where IEEE arithmetic and CPU give NaN (``mask * float("inf")``,
+# ``torch.dot(mask.float(), x)``). It does so inside any one program, so an op's own
+# executable, a fused segment and ``torchjax.jit`` alike. An optimization barrier around
+# the converted value keeps it a number; its cost is that the convert is not fused into
+# its consumer.
+
+
+def astype(x, dtype):
+    """The jax array ``x`` as ``dtype``; a bool made float or complex stays a number
+    (Note [A converted bool is not a select])."""
+    if x.dtype == dtype:
+        return x
+    out = x.astype(dtype)
+    if x.dtype == np.bool_ and jnp.issubdtype(dtype, jnp.inexact):
+        out = lax.optimization_barrier(out)
+    return out
+
+
 def cast(x, dtype):
-    if isinstance(x, (jax.Array, np.ndarray)):
+    if isinstance(x, jax.Array):
+        return astype(x, dtype)
+    if isinstance(x, np.ndarray):
         return x if x.dtype == dtype else x.astype(dtype)
     if isinstance(x, _SCALAR_TYPES):
         # astype wraps out-of-range ints (uint8 + -1) as torch does; asarray(dtype=) raises.
