@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-import torchjax  # noqa: F401
+import torchjax
 from tests.ops.opinfo_cases import make_tests
 
 OPS = [
@@ -503,3 +503,97 @@ def test_complex_square_is_a_product_not_the_polar_form():
     z = torch.tensor([2j, -1 + 0j, 3 - 4j, 0.5 - 2j], dtype=torch.complex128)
     assert torch.equal(torch.square(z.to("tpu")).cpu(), torch.square(z))
     assert torch.equal((z.to("tpu") ** 3).cpu(), z**3)
+
+
+_BOOL_TIMES_NAN_CALLS = {
+    "mul": lambda b, x: b * x,
+    "mul_float": lambda b, x: b.float() * x,
+    "mul_to": lambda b, x: x * b.to(x.dtype),
+    "dot": lambda b, x: torch.dot(b.to(x.dtype), x),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "fused", "jit"])
+@pytest.mark.parametrize("name", sorted(_BOOL_TIMES_NAN_CALLS))
+def test_false_times_inf_is_nan(name, mode):
+    # XLA folds a product with a converted bool into a select (0 for False); IEEE and
+    # CPU give NaN for False * inf.
+    fn = _BOOL_TIMES_NAN_CALLS[name]
+    mask = torch.tensor([True, False, False, True])
+    x = torch.tensor([float("inf"), float("inf"), float("nan"), 2.0])
+    want = fn(mask, x)
+    args = (mask.to("tpu"), x.to("tpu"))
+    if mode == "jit":
+        got = torchjax.jit(fn)(*args)
+    elif mode == "fused":
+        with torchjax.fused():
+            got = fn(*args)
+    else:
+        got = fn(*args)
+    torch.testing.assert_close(got.cpu(), want, equal_nan=True)
+    assert want.isnan().any()
+
+
+_SIGNED_ZEROS = [0.0, -0.0, 1.0, -1.0, float("nan"), float("inf")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("size", [6, 48])
+def test_clamp_to_a_number_keeps_self_where_equal(size, dtype):
+    # CPU's kernels for a number bound keep self where it equals the bound, so the sign
+    # of a zero survives clamp(0.0, max=-0.0); XLA's max/min choose by sign.
+    x = torch.tensor((_SIGNED_ZEROS * 8)[:size], dtype=dtype)
+    calls = [
+        lambda t: torch.clamp(t, max=-0.0),
+        lambda t: torch.clamp(t, min=0.0),
+        lambda t: torch.clamp(t, min=-0.0, max=0.0),
+        lambda t: torch.clamp_min(t, 0.0),
+        lambda t: torch.clamp_max(t, -0.0),
+        lambda t: t.clone().clamp_(min=0.0),
+        lambda t: torch.clamp(t, min=float("nan")),
+    ]
+    for call in calls:
+        want, got = call(x), call(x.to("tpu")).cpu()
+        assert torch.equal(want.isnan(), got.isnan())
+        numbers = ~want.isnan()
+        assert torch.equal(want[numbers], got[numbers])
+        assert torch.equal(want[numbers].signbit(), got[numbers].signbit())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_clamp_to_a_tensor_keeps_the_bound_where_equal(dtype):
+    # CPU's vector loop keeps the bound (64 elements: no scalar tail on any vector width).
+    x = torch.tensor((_SIGNED_ZEROS * 11)[:64], dtype=dtype)
+    calls = [
+        lambda t, b: torch.clamp(t, min=b),
+        lambda t, b: torch.clamp(t, max=b),
+        lambda t, b: torch.clamp_min(t, b),
+        lambda t, b: torch.clamp_max(t, b),
+    ]
+    for zero in (0.0, -0.0):
+        bound = torch.full_like(x, zero)
+        for call in calls:
+            want, got = call(x, bound), call(x.to("tpu"), bound.to("tpu")).cpu()
+            numbers = ~want.isnan()
+            assert torch.equal(want.isnan(), got.isnan())
+            assert torch.equal(want[numbers].signbit(), got[numbers].signbit())
+            assert torch.equal(want[numbers], got[numbers])
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: torch.clamp(x, min=0),
+        lambda x: torch.clamp(x, min=x),
+        lambda x: torch.clamp_min(x, 0),
+        lambda x: torch.clamp_max(x, x),
+        lambda x: x.clamp_(max=1),
+    ],
+)
+def test_clamp_of_complex_refuses_as_cpu(call):
+    x = torch.tensor([1 + 1j])
+    with pytest.raises(NotImplementedError) as want:
+        call(x)
+    with pytest.raises(NotImplementedError) as got:
+        call(x.to("tpu"))
+    assert str(want.value).replace("_cpu", "") in str(got.value)

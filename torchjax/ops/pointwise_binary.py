@@ -530,34 +530,99 @@ def heaviside(self, values):
     return jnp.where(a == 0, b, (a > 0).astype(a.dtype))
 
 
-@lowering(aten.clamp, promote=Kind.DEFAULT, checked_scalars=("min", "max"))
-def clamp(self, min=None, max=None):
-    """aten::clamp (Scalar and Tensor bounds) - ``min(max(self, min), max)``.
+def _at_least(x, lo):
+    # A number bound keeps ``x`` where they are equal (CPU's scalar kernel), so
+    # clamp(0.0, min=-0.0) is 0.0; XLA's max would pick +0.0 over -0.0 by sign.
+    x, lo = _bcast(x, lo)
+    return jnp.where((x < lo) | (lo != lo), lo, x)
 
-    NaN in self or in a bound propagates (lax.max/min do); min > max gives max, as in
-    torch. Dtypes: DEFAULT promotion over self and the bounds."""
+
+def _at_most(x, hi):
+    x, hi = _bcast(x, hi)
+    return jnp.where((x > hi) | (hi != hi), hi, x)
+
+
+def _at_least_bound(x, lo):
+    # A tensor bound wins where they are equal, as in CPU's vector loop.
+    x, lo = _bcast(x, lo)
+    return jnp.where((x <= lo) | (lo != lo), lo, x)
+
+
+def _at_most_bound(x, hi):
+    x, hi = _bcast(x, hi)
+    return jnp.where((x >= hi) | (hi != hi), hi, x)
+
+
+def _no_complex_clamp(*xs):
+    if any(x is not None and _kind(x) == "complex" for x in xs):
+        raise NotImplementedError("clamp is not supported for complex types")
+
+
+def _no_complex_bound(name, self, bound):
+    # clamp_min/clamp_max with a tensor bound reach ATen's maximum/minimum kernels.
+    for x in (self, bound):
+        if _kind(x) == "complex":
+            raise NotImplementedError(f"\"{name}\" not implemented for '{_type_name(x)}'")
+
+
+def _clamp(self, min, max, low, high):
+    _no_complex_clamp(self, min, max)
     if min is None and max is None:
         raise RuntimeError(
             "aten::clamp: torch.clamp: At least one of 'min' or 'max' must not be None"
         )
     out = self
     if min is not None:
-        out = _lax2(lax.max)(out, min)
+        out = low(out, min)
     if max is not None:
-        out = _lax2(lax.min)(out, max)
+        out = high(out, max)
     return out
 
 
-@lowering(aten.clamp_min, promote=Kind.DEFAULT, checked_scalars=("min", "max"))
+_CLAMP_POLICY = dict(promote=Kind.DEFAULT, checked_scalars=("min", "max"))
+
+
+@lowering(aten.clamp.default, **_CLAMP_POLICY)
+def clamp(self, min=None, max=None):
+    """aten::clamp (number bounds) - ``min(max(self, min), max)``, ``self`` kept where
+    it equals a bound (the sign of a zero); NaN in self or a bound propagates; min > max
+    gives max, as in torch. Dtypes: DEFAULT promotion over self and the bounds."""
+    return _clamp(self, min, max, _at_least, _at_most)
+
+
+@lowering(aten.clamp.Tensor, **_CLAMP_POLICY)
+def clamp_tensor(self, min=None, max=None):
+    """aten::clamp.Tensor - as clamp, with the bound kept where it equals ``self`` (the
+    sign of a zero), as CPU's vector loop."""
+    return _clamp(self, min, max, _at_least_bound, _at_most_bound)
+
+
+@lowering(aten.clamp_min.default, **_CLAMP_POLICY)
 def clamp_min(self, min):
-    """aten::clamp_min - ``max(self, min)``, NaN propagating."""
-    return _lax2(lax.max)(self, min)
+    """aten::clamp_min - ``max(self, min)``, NaN propagating, ``self`` kept on ties."""
+    _no_complex_clamp(self, min)
+    return _at_least(self, min)
 
 
-@lowering(aten.clamp_max, promote=Kind.DEFAULT, checked_scalars=("min", "max"))
+@lowering(aten.clamp_min.Tensor, **_CLAMP_POLICY)
+def clamp_min_tensor(self, min):
+    """aten::clamp_min.Tensor - ``max(self, min)``, NaN propagating."""
+    _no_complex_bound("maximum", self, min)
+    return _at_least_bound(self, min)
+
+
+@lowering(aten.clamp_max.default, **_CLAMP_POLICY)
 def clamp_max(self, max):
-    """aten::clamp_max - ``min(self, max)``, NaN propagating."""
-    return _lax2(lax.min)(self, max)
+    """aten::clamp_max - ``min(self, max)``, NaN propagating, ``self`` kept on ties."""
+    _no_complex_clamp(self, max)
+    return _at_most(self, max)
+
+
+@lowering(aten.clamp_max.Tensor, **_CLAMP_POLICY)
+def clamp_max_tensor(self, max):
+    """aten::clamp_max.Tensor - ``min(self, max)``, NaN propagating."""
+    _no_complex_bound("minimum", self, max)
+    return _at_most_bound(self, max)
 
 
 @lowering(
