@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from torchjax._compat.jax import x64
 from torchjax.device._module import jax_device
 from torchjax.tensor import dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
@@ -103,27 +102,9 @@ def efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=N
     return new_tensor(size, dtype, device)
 
 
-def _copy_from(self, dst, non_blocking=False):
-    # torch.tensor(data, device="tpu") copies below the Python dispatch key, so the copy
-    # arrives here instead of in __torch_dispatch__.
-    from torchjax.ops.copy import copy_
-
-    with x64(True):
-        return copy_((dst, self), {})
-
-
-def _copy_from_and_resize(self, dst):
-    with x64(True):
-        if tuple(dst.shape) != tuple(self.shape):
-            torch.ops.aten.resize_.default(dst, self.shape)
-        return _copy_from(self, dst)
-
-
 def register_kernels() -> None:
     global _LIB
     _LIB = torch.library.Library("aten", "IMPL", "PrivateUse1")
     _LIB.impl("empty.memory_format", empty_memory_format)
     _LIB.impl("empty_strided", empty_strided)
     _LIB.impl("_efficientzerotensor", efficientzerotensor)
-    _LIB.impl("_copy_from", _copy_from)
-    _LIB.impl("_copy_from_and_resize", _copy_from_and_resize)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from torchjax._compat.jax import x64
 from torchjax.device import _checks, _stats
 from torchjax.device._module import jax_device
 from torchjax.device._serialization import storage_for
@@ -59,6 +60,25 @@ def copy_(args, kwargs):
     else:
         value = wrap(_cpu_to_jax(src))
     return write_into(aten.copy_.default, dst, value, check_cast=False)
+
+
+def _copy_from(self, dst, non_blocking=False):
+    # torch.tensor(data, device="tpu") copies below the Python dispatch key, so the copy
+    # arrives here instead of in __torch_dispatch__.
+    with x64(True):
+        return copy_((dst, self), {})
+
+
+def _copy_from_and_resize(self, dst):
+    with x64(True):
+        if tuple(dst.shape) != tuple(self.shape):
+            torch.ops.aten.resize_.default(dst, self.shape)
+        return _copy_from(self, dst)
+
+
+_LIB = torch.library.Library("aten", "IMPL", "PrivateUse1")
+_LIB.impl("_copy_from", _copy_from)
+_LIB.impl("_copy_from_and_resize", _copy_from_and_resize)
 
 
 def _preserve_strides(t: JaxTensor, cpu: torch.Tensor) -> torch.Tensor:

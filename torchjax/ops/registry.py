@@ -217,6 +217,9 @@ def dispatch(func, args, kwargs):
     return h(args, kwargs)
 
 
+_tensor._dispatch = dispatch
+
+
 def has_lowering(func) -> bool:
     return func in _LOWERINGS
 

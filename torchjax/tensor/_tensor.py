@@ -374,9 +374,8 @@ def view_of(
 
 
 def _dispatch(func, args, kwargs):
-    # Bound late: torchjax.ops imports this module.
-    from torchjax.ops.registry import dispatch
-
-    global _dispatch
-    _dispatch = dispatch
-    return dispatch(func, args, kwargs)
+    # Replaced by torchjax/ops/registry.py's dispatch when the op table loads: ops is the
+    # layer above this one.
+    raise RuntimeError(
+        f"{func}: the tpu op table is not loaded; import torchjax (not only torchjax.tensor)"
+    )
