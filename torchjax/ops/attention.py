@@ -127,7 +127,7 @@ _SDPA_DECOMPOSED = functional_handler(
 # arguments (mixed dtypes; a mask together with is_causal where CPU's flash kernel would
 # not take the call, see ``causal_into_mask``: torch raises there) keep the
 # decomposition, which raises torch's errors.
-def _fused_sdpa_applies(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
+def fused_sdpa_applies(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
     if dropout_p != 0.0 or (is_causal and attn_mask is not None):
         return False
@@ -176,28 +176,14 @@ def causal_into_mask(query, key, value, attn_mask, dropout_p, is_causal):
     return attn_mask.masked_fill(~causal, float("-inf")), False
 
 
-# Flash attention: SDPA's own kernel for tpu tensors, above the CompositeImplicitAutograd
-# decomposition, takes the Pallas kernel where Note [SDPA dispatch rule] allows
-# (torchjax/pallas/_sdpa.py), else the fused math (Note [Fused SDPA in eager]) or the
-# math path described above.
-def _scaled_dot_product_attention(
-    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
-):
-    from torchjax.pallas import _sdpa  # imports Pallas: only once SDPA is first called
-
-    attn_mask, is_causal = causal_into_mask(query, key, value, attn_mask, dropout_p, is_causal)
-    args = (query, key, value, attn_mask, dropout_p, is_causal)
-    if _fused_sdpa_applies(*args) and not (
-        _sdpa.flash_enabled() and _sdpa.flash_applies(*args, enable_gqa)
-    ):
-        token = x64_enter()  # as JaxTensor.__torch_dispatch__ does for every op
-        fused = _SDPA_DECOMPOSED if query.dtype == torch.bfloat16 else _SDPA_MATH
-        try:
-            return fused(args, {"scale": scale, "enable_gqa": enable_gqa})
-        finally:
-            x64_exit(token)
-    return _sdpa.scaled_dot_product_attention(*args, scale=scale, enable_gqa=enable_gqa)
-
-
-_SDPA_LIB = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
-_SDPA_LIB.impl("scaled_dot_product_attention", _scaled_dot_product_attention)
+def fused_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """SDPA as one compiled lowering (Note [Fused SDPA in eager]); the caller checked
+    ``fused_sdpa_applies``. Called from SDPA's Autograd kernel, above the Python dispatch
+    key, so it enters x64 as ``JaxTensor.__torch_dispatch__`` does for every op."""
+    token = x64_enter()
+    fused = _SDPA_DECOMPOSED if query.dtype == torch.bfloat16 else _SDPA_MATH
+    try:
+        args = (query, key, value, attn_mask, dropout_p, is_causal)
+        return fused(args, {"scale": scale, "enable_gqa": enable_gqa})
+    finally:
+        x64_exit(token)

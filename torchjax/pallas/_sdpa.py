@@ -2,11 +2,13 @@
 
 Note [SDPA dispatch rule]
 ``aten::scaled_dot_product_attention`` is CompositeImplicitAutograd; torchjax registers
-a kernel for it at ``AutogradPrivateUse1`` (torchjax/ops/attention.py), which calls
-:func:`scaled_dot_product_attention` here (and, under ``torch.inference_mode``, where
-the Autograd keys are skipped, a registry handler does). The flash kernel (``torch.ops.torchjax.
-flash_attention``, torchjax/pallas/_flash.py) is used when all of these hold, else
-torch's math path (``aten.scaled_dot_product_attention.decompose``) runs as before:
+a kernel for it at ``AutogradPrivateUse1`` here, which takes the flash kernel where
+this rule allows, else the fused math of torchjax/ops/attention.py where Note [Fused
+SDPA in eager] allows, else the math path; under ``torch.inference_mode``, where the
+Autograd keys are skipped, a registry handler calls
+:func:`scaled_dot_product_attention`, which takes the flash kernel or the math path.
+The flash kernel (``torch.ops.torchjax.flash_attention``, torchjax/pallas/_flash.py) is
+used when all of these hold:
 
 1. the switch is on: ``use_flash_attention(True/False)`` (context manager or plain
    call), else the environment variable ``TORCHJAX_FLASH_ATTENTION`` ("1" on, "0" off),
@@ -34,7 +36,7 @@ import os
 
 import torch
 
-from torchjax.ops.attention import causal_into_mask
+from torchjax.ops.attention import causal_into_mask, fused_sdpa, fused_sdpa_applies
 from torchjax.ops.registry import handler
 from torchjax.pallas._flash import flash_attention as _flash_attention
 from torchjax.pallas._op import interpret_default, op
@@ -160,3 +162,18 @@ def _sdpa_handler(args, kwargs):
     # the AutogradPrivateUse1 kernel: SDPA then reaches JaxTensor.__torch_dispatch__
     # whole (it is not decomposed above the Python key), and the same rule applies here.
     return scaled_dot_product_attention(*args, **kwargs)
+
+
+def _autograd_kernel(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    # SDPA's own kernel for tpu tensors, above the CompositeImplicitAutograd decomposition.
+    attn_mask, is_causal = causal_into_mask(query, key, value, attn_mask, dropout_p, is_causal)
+    args = (query, key, value, attn_mask, dropout_p, is_causal)
+    if not (flash_enabled() and flash_applies(*args, enable_gqa)) and fused_sdpa_applies(*args):
+        return fused_sdpa(*args, scale, enable_gqa)
+    return scaled_dot_product_attention(*args, scale=scale, enable_gqa=enable_gqa)
+
+
+_LIB = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
+_LIB.impl("scaled_dot_product_attention", _autograd_kernel)
