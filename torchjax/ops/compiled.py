@@ -121,6 +121,7 @@ from torchjax.ops.templates import (
     static,
     static_entry,
 )
+from torchjax.ops.xla_options import COMPILER_OPTIONS
 from torchjax.tensor import _errors, dtypes
 from torchjax.tensor._storage import _plan, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor
@@ -135,9 +136,6 @@ MAX_VIEW_KEYS = 16
 # cache): past this many, such calls read their views first and share the plain key's
 # executables (Note [Views in keys whose shapes vary]).
 MAX_VIEW_SIGNATURES = 2
-# No excess precision: half-type results are rounded after every op, as torch does
-# (module docstring).
-COMPILER_OPTIONS = {"xla_allow_excess_precision": False}
 # Keys of one overload that differ only in float static arguments (an ``alpha`` or
 # ``value`` that changes every call, as torch.optim's ``addcdiv_(..., value=-step_size)``):
 # after this many, such calls run op by op instead of compiling each new value.

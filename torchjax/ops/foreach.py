@@ -29,6 +29,7 @@ from torchjax.ops import compiled
 from torchjax.ops.pointwise_binary import exact_div, fma
 from torchjax.ops.promotion import promoted_by_key
 from torchjax.ops.registry import Kind, handler, write_into
+from torchjax.ops.xla_options import COMPILER_OPTIONS
 from torchjax.tensor._tensor import JaxTensor, wrap
 
 aten = torch.ops.aten
@@ -347,7 +348,7 @@ class _CompiledForeach:
             return [t._value() for t in out]
 
         traced.__name__ = f"{self.func._opname}_{self.func._overloadname}"
-        return jax.jit(traced, compiler_options=compiled.COMPILER_OPTIONS)
+        return jax.jit(traced, compiler_options=COMPILER_OPTIONS)
 
 
 def _traced(dyn) -> bool:

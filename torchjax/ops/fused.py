@@ -80,6 +80,7 @@ from torchjax._compat.jax import x64
 from torchjax._compat.torch import in_graph_task, queue_engine_callback
 from torchjax.device import _checks, _stats
 from torchjax.ops.promotion import astype
+from torchjax.ops.xla_options import COMPILER_OPTIONS
 from torchjax.tensor import dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import make
@@ -484,8 +485,6 @@ def _program(nodes, live):
             if has_checks:
                 checks.append((chk.bads, chk.values))
         return [outs[n][k] for n, k in live], checks
-
-    from torchjax.ops.compiled import COMPILER_OPTIONS
 
     return jax.jit(segment, compiler_options=COMPILER_OPTIONS)
 
