@@ -1,4 +1,4 @@
-"""torchjax.mesh / get_mesh (torchjax/sharding/_mesh.py); cases in _cases.py."""
+"""torchjax.mesh / get_mesh (torchjax/device/_mesh.py); cases in _cases.py."""
 
 
 def test_mesh_context_nesting_and_decorator(check):

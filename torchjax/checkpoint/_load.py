@@ -25,6 +25,8 @@ import torch
 
 from torchjax._compat.jax import x64
 from torchjax.checkpoint._reader import SafetensorsFile
+from torchjax.device._mesh import get_mesh
+from torchjax.device._module import jax_device
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import wrap
 
@@ -226,16 +228,7 @@ def _device_index(device) -> int:
 
 
 def _jax_device(device) -> jax.Device:
-    from torchjax.device._module import jax_device
-
     return jax_device(_device_index(device))
-
-
-def _active_mesh():
-    # torchjax.sharding builds on this package: import it late, and only for get_mesh.
-    from torchjax.sharding import get_mesh
-
-    return get_mesh()
 
 
 def _sharding_for(name: str, sharding: ShardingArg) -> jax.sharding.Sharding | None:
@@ -260,7 +253,7 @@ def _sharding_for(name: str, sharding: ShardingArg) -> jax.sharding.Sharding | N
             f"torchjax.checkpoint: the sharding for {name!r} must be a jax.sharding.Sharding, "
             f"a PartitionSpec or None, got {type(value).__name__}"
         )
-    mesh = _active_mesh()
+    mesh = get_mesh()
     if mesh is None:
         if value is not None:
             raise ValueError(

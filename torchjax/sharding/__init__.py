@@ -14,11 +14,11 @@ from jax.sharding import Mesh as Mesh
 from jax.sharding import NamedSharding as NamedSharding
 from jax.sharding import PartitionSpec as PartitionSpec
 
+from torchjax.device._mesh import get_mesh as get_mesh
+from torchjax.device._mesh import make_mesh as make_mesh
+from torchjax.device._mesh import mesh as mesh
 from torchjax.sharding._load import TensorParallelConfig as TensorParallelConfig
 from torchjax.sharding._load import load_pretrained as load_pretrained
-from torchjax.sharding._mesh import get_mesh as get_mesh
-from torchjax.sharding._mesh import make_mesh as make_mesh
-from torchjax.sharding._mesh import mesh as mesh
 from torchjax.sharding._placement import constraint as constraint
 from torchjax.sharding._placement import shard as shard
 from torchjax.sharding._placement import shard_ as shard_

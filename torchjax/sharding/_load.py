@@ -25,7 +25,7 @@ import torch
 from jax.sharding import Mesh, NamedSharding
 
 from torchjax import checkpoint
-from torchjax.sharding._mesh import get_mesh, make_mesh
+from torchjax.device._mesh import get_mesh, make_mesh
 from torchjax.sharding._plan import plan_shardings
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import wrap

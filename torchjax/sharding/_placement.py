@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
-from torchjax.sharding._mesh import resolve_mesh
+from torchjax.device._mesh import resolve_mesh
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import JaxTensor, wrap
 

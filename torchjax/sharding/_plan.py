@@ -45,7 +45,7 @@ import warnings
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 
-from torchjax.sharding._mesh import resolve_mesh
+from torchjax.device._mesh import resolve_mesh
 from torchjax.sharding._placement import constraint, shard, shard_
 from torchjax.tensor._tensor import JaxTensor
 
