@@ -1,6 +1,6 @@
 """A torchjax.jit trace never leaks into another thread: the RNG stream and the
 parameter bindings of a trace are per thread (torchjax/tensor/random.py,
-Note [Bindings are per thread] in torchjax/compile/_swap.py)."""
+Note [Bindings are per thread] in torchjax/tensor/_binding.py)."""
 
 import os
 import threading

@@ -7,7 +7,7 @@ How a call runs (see Note [State of a jitted function] for what "state" is):
 2. Walk the state roots for the storages the function may read or write.
 3. Look up the cache by argument structure, static values, shapes/dtypes, the identity and
    shapes of the state storages, module training flags, grad mode and autocast state.
-4. On a miss, trace: bind tracers into the state storages (torchjax/compile/_swap.py),
+4. On a miss, trace: bind tracers into the state storages (torchjax/tensor/_binding.py),
    wrap tracer arguments as tpu tensors, run the PyTorch code (autograd's backward runs
    on this thread, see ``set_multithreading_enabled``), and collect outputs, state the
    code wrote, and state it created (lazily made optimizer state, new ``.grad``s). The
@@ -41,9 +41,9 @@ from torchjax import _budget, _patches
 from torchjax._compat.jax import x64, x64_enter, x64_exit
 from torchjax.compile import _donate, _hyper, _repeat, _state
 from torchjax.compile._keys import value_key
-from torchjax.compile._swap import bound, trace_lock
 from torchjax.interop._jax_function import _VJP
 from torchjax.tensor import random as _rng
+from torchjax.tensor._binding import bound, trace_lock
 from torchjax.tensor._tensor import JaxTensor, wrap
 
 _SCALARS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)

@@ -1,7 +1,7 @@
 """PyTorch modules as pure JAX functions: ``params, apply = torchjax.functional(module)``.
 
 ``apply(params, *args)`` binds the arrays of ``params`` into the module's parameter and
-buffer storages for one call (torchjax/compile/_swap.py), runs the module's forward on
+buffer storages for one call (torchjax/tensor/_binding.py), runs the module's forward on
 tpu tensors wrapping the (possibly traced) jax inputs, and returns jax arrays. Nothing
 else about the module is read from outside, so ``jax.jit``, ``jax.grad``,
 ``jax.value_and_grad`` and ``jax.vmap`` treat it as any JAX function; gradients come
@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from torchjax.compile._swap import bound, trace_lock
 from torchjax.interop._convert import from_jax
 from torchjax.tensor import random as _rng
+from torchjax.tensor._binding import bound, trace_lock
 from torchjax.tensor._tensor import JaxTensor
 
 
