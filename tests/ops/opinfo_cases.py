@@ -47,8 +47,6 @@ _OTHER_DTYPE_FORWARD_LIMIT = 1
 # The caps an expected failure was diagnosed under (see the Note).
 _LISTED_LIMIT = {"forward": 4, "backward": 2, "inplace": 2, "out": 2}
 _LISTED_OTHER_DTYPE_FORWARD_LIMIT = 2
-# Dtypes for the in-place and out= checks (see the module docstring).
-_VARIANT_DTYPES = (torch.float32, torch.int64)
 
 
 def _load_xfails() -> dict[tuple[str, str, str], str]:
@@ -64,28 +62,10 @@ MACHINE_DEPENDENT = "machine-dependent:"
 _DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in oi.DTYPES}
 
 
-def _dtypes(op, check):
-    """The dtypes ``check`` runs ``op`` in (see the module docstring)."""
-    supported = [d for d in oi.DTYPES if d in op.supported_dtypes("cpu")]
-    if check == "forward":
-        return supported
-    if check == "backward":
-        if not op.supports_autograd:
-            return []
-        floats = [d for d in (torch.float32, torch.float64) if d in supported]
-        return floats[:1]
-    if (check == "inplace" and op.get_inplace() is None) or (
-        check == "out" and not op.supports_out
-    ):
-        return []
-    chosen = [d for d in _VARIANT_DTYPES if d in supported]
-    return chosen or supported[:1]
-
-
 def _cases(names, check):
     cases = []
     for op in oi.opinfos(names):
-        for dtype in _dtypes(op, check):
+        for dtype in oi.check_dtypes(op, check):
             key = (oi.full_name(op), _DTYPE_NAMES[dtype], check)
             marks = []
             if key in XFAILS:

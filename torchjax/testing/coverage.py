@@ -301,19 +301,15 @@ def junit_outcomes(paths) -> tuple[dict, collections.Counter]:
 
 
 def suite_cases() -> list[tuple[str, str, str]]:
-    """Every (op, dtype, check) the test suite defines (tests/ops/opinfo_cases.py picks
-    each entry's dtypes per check). Needs the repository checkout."""
-    root = str(XFAIL_FILE.parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from tests.ops import opinfo_cases
+    """Every (op, dtype, check) the test suite defines (``opinfo.check_dtypes`` picks
+    each entry's dtypes per check, for tests/ops/opinfo_cases.py and here alike)."""
     from torchjax.testing import opinfo as oi
 
     return [
         (oi.full_name(op), str(dtype).removeprefix("torch."), check)
         for op in oi.reference_entries()
         for check in CHECKS
-        for dtype in opinfo_cases._dtypes(op, check)
+        for dtype in oi.check_dtypes(op, check)
     ]
 
 

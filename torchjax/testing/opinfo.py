@@ -461,6 +461,30 @@ def opinfos(names):
     ]
 
 
+# Dtypes for the in-place and out= checks: one floating and one integer dtype.
+_VARIANT_DTYPES = (torch.float32, torch.int64)
+
+
+def check_dtypes(opinfo, check) -> list:
+    """The dtypes the suite runs ``check`` of ``opinfo`` in: forward every CPU-supported
+    dtype among ``DTYPES``; backward float32 (float64 where the op has no float32) when
+    the op supports autograd; in-place and ``out=`` one floating and one integer dtype."""
+    supported = [d for d in DTYPES if d in opinfo.supported_dtypes("cpu")]
+    if check == "forward":
+        return supported
+    if check == "backward":
+        if not opinfo.supports_autograd:
+            return []
+        floats = [d for d in (torch.float32, torch.float64) if d in supported]
+        return floats[:1]
+    if (check == "inplace" and opinfo.get_inplace() is None) or (
+        check == "out" and not opinfo.supports_out
+    ):
+        return []
+    chosen = [d for d in _VARIANT_DTYPES if d in supported]
+    return chosen or supported[:1]
+
+
 def full_name(opinfo) -> str:
     return opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
 
