@@ -293,3 +293,159 @@ def test_put_host_leaves_other_inputs_to_device_put():
 
     got = cj.put_host([np.ones(2, np.float32)])  # a pytree, as jax.device_put takes
     assert isinstance(got, list) and got[0].shape == (2,)
+
+
+def test_no_private_torch_or_jax_api_outside_compat():
+    # Private names (a component starting with "_") of torch and jax are reached through
+    # torchjax/_compat only. Allowed: torch._check and torch._assert_async (documented),
+    # Tensor._make_wrapper_subclass (the documented way to make a wrapper subclass),
+    # op names under torch.ops, and torch.testing._internal (the OpInfo database) in
+    # torchjax/testing.
+    import ast
+    import pathlib
+
+    allowed = ("torch._check", "torch._assert_async", "torch.Tensor._make_wrapper_subclass")
+    root = pathlib.Path(torchjax.__file__).parent
+
+    def dotted(node):
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+    found, scanned = [], 0
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] == "_compat":
+            continue
+        scanned += 1
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute):
+                names = [dotted(node)]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in filter(None, names):
+                parts = name.split(".")
+                if parts[0] not in ("torch", "jax") or parts[1:2] == ["ops"]:
+                    continue
+                if name.startswith(allowed):
+                    continue
+                if rel.parts[0] == "testing" and name.startswith("torch.testing._internal"):
+                    continue
+                if any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
+                    found.append(f"{rel}:{node.lineno} {name}")
+    assert scanned > 100
+    assert found == []
+
+
+def test_dispatcher_types_and_kernel_query():
+    assert isinstance(torch.ops.aten.add.Tensor, ct.OpOverload)
+    assert isinstance(torch.ops.aten.add, ct.OpOverloadPacket)
+    assert isinstance(torch.ops.aten.add.Tensor._schema, ct.FunctionSchema)
+    assert ct.has_composite_implicit_kernel(torch.ops.aten.scaled_dot_product_attention.default)
+    assert not ct.has_composite_implicit_kernel(torch.ops.aten.add.Tensor)
+
+
+def test_disabled_torch_function_impl_is_torchs():
+    assert torchjax.JaxTensor.__torch_function__ is ct.disabled_torch_function_impl
+    assert ct.disabled_torch_function_impl is torch._C._disabled_torch_function_impl
+
+
+def test_exclude_dispatch_key_skips_autocast():
+    x = torch.ones(2, 2).to("tpu")
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        assert torch.mm(x, x).dtype == torch.bfloat16
+        with ct.exclude_dispatch_key("AutocastPrivateUse1"):
+            assert torch.mm(x, x).dtype == torch.float32
+
+
+def test_device_guard_is_the_privateuse1_guard():
+    guard = ct.DeviceGuard()
+    assert guard.type_() == torch._C._autograd.DeviceType.PrivateUse1
+    with torch.device("tpu"):
+        assert torch.empty(1).device.type == "tpu"
+
+
+def test_create_empty_tensor_is_a_plain_tpu_tensor_without_memory():
+    t = ct.create_empty_tensor((2, 3), torch.bfloat16)
+    assert type(t) is torch.Tensor
+    assert t.device.type == "tpu" and t.shape == (2, 3) and t.dtype == torch.bfloat16
+
+
+def test_new_untyped_storage_is_torchs_constructor():
+    s = ct.new_untyped_storage(torch.UntypedStorage, 8)
+    assert s.device.type == "cpu" and s.nbytes() == 8
+
+
+def test_fake_tensor_mode_class():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    assert ct.fake_tensor_mode_class() is FakeTensorMode
+
+
+def test_pytree_is_torchs():
+    assert ct.pytree.tree_leaves({"a": [1, (2, 3)]}) == [1, 2, 3]
+
+
+def test_setup_privateuse1_python_backend_made_tpu_a_device():
+    assert torch.device("tpu").type == "tpu"
+    assert torch.ones(1).to("tpu").device == torch.device("tpu", 0)
+    assert torch._C._get_privateuse1_backend_name() == "tpu"
+
+
+def test_rebuild_device_tensor_args_rebuild_on_tpu():
+    fn, args = ct.rebuild_device_tensor_args(torch.arange(3.0), torch.float32, "tpu", True)
+    t = fn(*args)
+    assert t.device.type == "tpu" and t.requires_grad
+    assert torch.equal(t.detach().cpu(), torch.arange(3.0))
+
+
+def test_install_to_dlpack_routes_tpu_tensors_only():
+    import torch.utils.dlpack as dlpack
+
+    from torchjax import _patches
+
+    assert _patches.is_recorded("torch.utils.dlpack.to_dlpack")
+    ct.install_to_dlpack(lambda t: None)  # installed already: a no-op
+    x = torch.arange(3.0)
+    assert torch.equal(torch.from_dlpack(dlpack.to_dlpack(x)), x)
+    t = torch.arange(3.0).to("tpu")
+    capsule = dlpack.to_dlpack(t)
+    assert torch.equal(torch.from_dlpack(capsule), torch.arange(3.0))
+
+
+def test_install_load_location_reset_clears_a_failed_loads_location(tmp_path):
+    import io
+
+    import torch.serialization as serialization
+
+    from torchjax import _patches
+
+    assert _patches.is_recorded("torch.load")
+    buf = io.BytesIO()
+    torch.save(torch.ones(2), buf)
+    buf.seek(0)
+
+    def broken(storage, location):
+        raise ValueError("refused")
+
+    with pytest.raises(ValueError, match="refused"):
+        torch.load(buf, map_location=broken, weights_only=False)
+    assert getattr(serialization._serialization_tls, "map_location", None) is None
+
+
+def test_install_module_moves_keeps_parameters_moved_off_tpu():
+    from torchjax import _patches
+
+    assert _patches.is_recorded("torch.nn.Module._apply")
+    m = torch.nn.Linear(2, 2).to("tpu")
+    weight = m.weight
+    out = m(torch.ones(1, 2).to("tpu"))  # a graph that holds the weight
+    m.cpu()
+    assert m.weight is weight and m.weight.device.type == "cpu"
+    del out

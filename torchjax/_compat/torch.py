@@ -20,6 +20,7 @@ from torch._prims_common import (
 )
 from torch._prims_common import elementwise_dtypes as elementwise_dtypes
 from torch._prims_common import reduction_dtypes as reduction_dtypes
+from torch.utils import _pytree as pytree  # noqa: F401 (torch's pytree, private)
 from torch.utils import backend_registration as _backend_registration
 
 
@@ -451,3 +452,54 @@ def in_graph_task() -> bool:
     """Whether this thread is running ops of a backward pass (the autograd engine's
     current graph task)."""
     return graph_task_id() != -1
+
+
+# Types and kernels of torch's dispatcher (torch._ops, torch._C).
+OpOverload = torch._ops.OpOverload
+OpOverloadPacket = torch._ops.OpOverloadPacket
+FunctionSchema = torch._C.FunctionSchema
+# ``__torch_function__`` of a subclass that only overrides ``__torch_dispatch__``.
+disabled_torch_function_impl = torch._C._disabled_torch_function_impl
+
+
+def has_composite_implicit_kernel(func) -> bool:
+    """Whether ``func`` (an OpOverload) has a CompositeImplicitAutograd kernel, which
+    ``func.decompose`` runs."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+
+
+@functools.lru_cache(maxsize=None)
+def _key_set(key: str):
+    return torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+
+def exclude_dispatch_key(key: str):
+    """A context manager that skips dispatch key ``key`` (e.g. "AutocastPrivateUse1")
+    for the ops called inside it (``torch._C._ExcludeDispatchKeyGuard``)."""
+    return torch._C._ExcludeDispatchKeyGuard(_key_set(key))
+
+
+class DeviceGuard(torch._C._acc.DeviceGuard):
+    """The Python device guard of the PrivateUse1 backend (``torch._C._acc``)."""
+
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def create_empty_tensor(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """A plain PrivateUse1 tensor of ``shape`` and ``dtype`` with no memory behind it
+    (``torch._C._acc.create_empty_tensor``)."""
+    return torch._C._acc.create_empty_tensor(shape, dtype)
+
+
+def new_untyped_storage(cls, *args, **kwargs):
+    """torch's own ``UntypedStorage.__new__`` (``torch._C.StorageBase.__new__``)."""
+    return torch._C.StorageBase.__new__(cls, *args, **kwargs)
+
+
+def fake_tensor_mode_class():
+    """``torch._subclasses.fake_tensor.FakeTensorMode`` (imported on first use: it loads
+    torch's fake-tensor machinery)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode

@@ -41,7 +41,8 @@ import functools
 import inspect
 
 import torch
-from torch.utils import _pytree as pytree
+
+from torchjax._compat.torch import pytree
 
 
 def bucket_for(n: int, buckets) -> int:

@@ -26,7 +26,11 @@ import weakref
 import torch
 
 from torchjax import _patches
-from torchjax._compat.torch import dynamo_never_trace, dynamo_skip_package
+from torchjax._compat.torch import (
+    dynamo_never_trace,
+    dynamo_skip_package,
+    fake_tensor_mode_class,
+)
 from torchjax.compile._jit import Jitted
 
 
@@ -84,7 +88,7 @@ _install_skip_rules()
 # and chunked caches). A tpu result is never made a constant; the op is traced as any
 # other, which is what the graph needs anyway (the backend runs it).
 def _install_constant_rule() -> None:
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    FakeTensorMode = fake_tensor_mode_class()
 
     from torchjax.tensor._tensor import JaxTensor
 

@@ -35,10 +35,10 @@ import jax
 import numpy as np
 import torch
 from jax.extend.core import jaxpr_as_fun
-from torch.utils import _pytree as pytree
 
 from torchjax import _budget, _patches
 from torchjax._compat.jax import x64, x64_enter, x64_exit
+from torchjax._compat.torch import pytree
 from torchjax.compile import _donate, _hyper, _repeat, _state
 from torchjax.compile._keys import value_key
 from torchjax.interop._jax_function import _VJP

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from torchjax._compat.torch import exclude_dispatch_key
+
 _KEY = "AutocastPrivateUse1"
-_EXCLUDE = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
 
 # aten op names (all overloads) run in the autocast dtype (bfloat16 by default).
 LOWER_PRECISION = (
@@ -103,7 +104,7 @@ def _kernel(op, fixed_dtype):
         dtype = fixed_dtype or torch.get_autocast_dtype("tpu")
         args = _cast(args, dtype)
         kwargs = {k: _cast(v, dtype) for k, v in kwargs.items()}
-        with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
+        with exclude_dispatch_key(_KEY):
             return op(*args, **kwargs)
 
     return kernel

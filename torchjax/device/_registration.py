@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from torchjax._compat.torch import (
+    DeviceGuard,
     install_module_moves,
     install_swap_tensors,
     privateuse1_backend_name,
@@ -32,11 +33,6 @@ from torchjax.device import (
 DEVICE_TYPE = "tpu"
 
 
-class _DeviceGuard(torch._C._acc.DeviceGuard):
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
-
-
 def _register() -> None:
     current = privateuse1_backend_name()
     if current == DEVICE_TYPE and hasattr(torch, DEVICE_TYPE):
@@ -47,7 +43,7 @@ def _register() -> None:
             "another library; torchjax needs it for the 'tpu' device. Import only one "
             "PrivateUse1 backend per process."
         )
-    setup_privateuse1_python_backend(DEVICE_TYPE, _module, _DeviceGuard())
+    setup_privateuse1_python_backend(DEVICE_TYPE, _module, DeviceGuard())
     _factory.register_kernels()
     _autocast.register()
     _pinned.register()

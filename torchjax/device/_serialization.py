@@ -31,7 +31,11 @@ import re
 import torch
 
 from torchjax import _patches
-from torchjax._compat.torch import install_load_location_reset, storage_from_pointer
+from torchjax._compat.torch import (
+    install_load_location_reset,
+    new_untyped_storage,
+    storage_from_pointer,
+)
 from torchjax.device._module import device_count, jax_device
 
 DEVICE_TYPE = "tpu"
@@ -108,12 +112,12 @@ def _storage_new(cls, *args, device=None, **kwargs):
     crashes); the storage is made on CPU and given host-backed tpu bytes instead, as
     ``storage.tpu()`` does. Every other device is torch's constructor unchanged."""
     if not _is_tpu(device):
-        return torch._C.StorageBase.__new__(cls, *args, device=device, **kwargs)
+        return new_untyped_storage(cls, *args, device=device, **kwargs)
     if isinstance(device, int):
         device = torch.device(DEVICE_TYPE, device)
     index = torch.device(device).index or 0
     jax_device(index)  # an invalid ordinal raises torch's kind of error, naming the range
-    cpu = torch._C.StorageBase.__new__(cls, *args, **kwargs)
+    cpu = new_untyped_storage(cls, *args, **kwargs)
     return host_backed(cpu, torch.device(DEVICE_TYPE, index))
 
 

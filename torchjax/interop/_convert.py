@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import jax
 import torch
-from torch.utils import _pytree as pytree
 
+from torchjax._compat.torch import pytree
 from torchjax.tensor._tensor import JaxTensor, wrap
 
 

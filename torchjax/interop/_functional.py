@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from torch.utils import _pytree as pytree
 
+from torchjax._compat.torch import pytree
 from torchjax.interop._convert import from_jax
 from torchjax.tensor import random as _rng
 from torchjax.tensor._binding import bound, trace_lock

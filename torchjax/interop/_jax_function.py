@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from torch.utils import _pytree as pytree
 
+from torchjax._compat.torch import pytree
 from torchjax.interop._convert import to_jax
 from torchjax.tensor._tensor import JaxTensor, wrap
 

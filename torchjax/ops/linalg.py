@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
-from torch.utils._pytree import tree_map
 
+from torchjax._compat.torch import OpOverload, pytree
 from torchjax.ops.registry import functional_handler, handler
 from torchjax.tensor._tensor import JaxTensor, wrap
 
@@ -65,13 +65,13 @@ def _checked(op, *, meta=True, use_A_T=None, post=None):
     ``fn`` traced (Note [Compiled lowerings]), so checks that read values live there."""
 
     def deco(fn):
-        func = op if isinstance(op, torch._ops.OpOverload) else op.default
+        func = op if isinstance(op, OpOverload) else op.default
         lowered = functional_handler(func, fn)
 
         @handler(func)
         def checked(args, kwargs):
             if meta:
-                func(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+                func(*pytree.tree_map(_to_meta, args), **pytree.tree_map(_to_meta, kwargs))
             if use_A_T is not None:
                 a = args[0] if args else kwargs[use_A_T]
                 kwargs = {**kwargs, "use_A_T": a.is_contiguous() and not a.is_complex()}

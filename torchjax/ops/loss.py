@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
-from torch._decomp import decomposition_table
 
+from torchjax._compat.torch import decomposition_table
 from torchjax.ops.indexing import require_in_range
 from torchjax.ops.registry import handler, lowering
 from torchjax.tensor._tensor import JaxTensor

@@ -44,7 +44,10 @@ import torch
 from torchjax._compat.jax import put_host
 from torchjax._compat.torch import (
     ELEMENTWISE_TYPE_PROMOTION_KIND,
+    OpOverload,
+    OpOverloadPacket,
     decomposition_table,
+    has_composite_implicit_kernel,
     set_math_bits,
 )
 from torchjax.ops import compiled, fused, promotion, writeback
@@ -87,13 +90,13 @@ class Lowering:
     checked_half: bool = True
 
 
-_LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
+_LOWERINGS: dict[OpOverload, Lowering] = {}
 # Resolved handlers, shared with JaxTensor.__torch_dispatch__ (one dict lookup per op).
-_HANDLERS: dict[torch._ops.OpOverload, Callable] = _tensor._HANDLERS
+_HANDLERS: dict[OpOverload, Callable] = _tensor._HANDLERS
 
 
-def _overloads(op) -> list[torch._ops.OpOverload]:
-    if isinstance(op, torch._ops.OpOverloadPacket):
+def _overloads(op) -> list[OpOverload]:
+    if isinstance(op, OpOverloadPacket):
         return [getattr(op, name) for name in op.overloads()]
     return [op]
 
@@ -253,7 +256,7 @@ def _resolve(func):
         # torch._prims' ops (torch._refs is written in them) carry their ATen
         # implementation: it runs on our lowerings.
         return lambda args, kwargs: impl_aten(*args, **kwargs)
-    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+    if has_composite_implicit_kernel(func):
         return lambda args, kwargs: func.decompose(*args, **kwargs)
     return _missing_handler(func)
 
@@ -266,11 +269,7 @@ def _handler_for(func):
 
 
 def _resolvable(func) -> bool:
-    return (
-        func in _LOWERINGS
-        or func in decomposition_table
-        or torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
-    )
+    return func in _LOWERINGS or func in decomposition_table or has_composite_implicit_kernel(func)
 
 
 def _missing_handler(func):

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from torch._decomp import decomposition_table
 
+from torchjax._compat.torch import decomposition_table
 from torchjax.ops.registry import handler, lowering
 
 aten = torch.ops.aten

@@ -38,8 +38,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import torch
-from torch.utils import _pytree as pytree
 
+from torchjax._compat.torch import FunctionSchema, pytree
 from torchjax.interop._jax_function import jax_function
 from torchjax.ops.registry import handler
 from torchjax.tensor.dtypes import to_jax_dtype, to_torch_dtype
@@ -148,7 +148,7 @@ def _schema_from(fn, outputs: int) -> str:
     return "(" + ", ".join(parts) + ") -> " + ret
 
 
-def _tensor_arg_names(schema: torch._C.FunctionSchema) -> list[str]:
+def _tensor_arg_names(schema: FunctionSchema) -> list[str]:
     return [a.name for a in schema.arguments if str(a.type).startswith("Tensor")]
 
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 import threading
 
 import torch
-from torch.utils._pytree import tree_map
+
+from torchjax._compat.torch import graph_task_id, in_graph_task, pytree, queue_engine_callback
 
 _state = threading.local()
 
 
 def in_backward() -> bool:
-    return torch._C._current_graph_task_id() != -1
+    return in_graph_task()
 
 
 def defer(func, args, kwargs, error: BaseException):
@@ -39,7 +40,7 @@ def defer(func, args, kwargs, error: BaseException):
         return x
 
     try:
-        meta_out = func(*tree_map(to_meta, args), **tree_map(to_meta, kwargs))
+        meta_out = func(*pytree.tree_map(to_meta, args), **pytree.tree_map(to_meta, kwargs))
     except Exception:
         raise error from None
 
@@ -50,7 +51,7 @@ def defer(func, args, kwargs, error: BaseException):
             return wrap(jnp.zeros(tuple(m.shape), to_jax_dtype(m.dtype)))
         return m
 
-    task = torch._C._current_graph_task_id()
+    task = graph_task_id()
     if getattr(_state, "task", None) != task:
         _state.task = task
 
@@ -58,9 +59,9 @@ def defer(func, args, kwargs, error: BaseException):
             _state.task = None
             raise error
 
-        torch.autograd.Variable._execution_engine.queue_callback(reraise)
+        queue_engine_callback(reraise)
     schema = func._schema
     if schema.returns and schema.arguments and schema.arguments[0].alias_info is not None:
         if schema.arguments[0].alias_info.is_write:
             return args[0]  # in-place: torch expects self back
-    return tree_map(placeholder, meta_out)
+    return pytree.tree_map(placeholder, meta_out)

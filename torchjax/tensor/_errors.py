@@ -32,6 +32,8 @@ import traceback
 import jax
 import torch
 
+from torchjax._compat.torch import OpOverload
+
 __all__ = ["DataDependentError", "LeakedTracerError", "TraceError", "describe_args", "translate"]
 
 
@@ -242,7 +244,7 @@ def _to_meta(x):
 def _torch_refusal(func, args, kwargs) -> BaseException | None:
     """What torch raises for this call, found by running it on meta tensors; None when
     meta accepts it or cannot tell (no meta kernel)."""
-    if not isinstance(func, torch._ops.OpOverload):
+    if not isinstance(func, OpOverload):
         return None
     try:  # every tensor is a plain meta tensor: nothing reaches __torch_dispatch__
         func(*_to_meta(list(args)), **{k: _to_meta(v) for k, v in kwargs.items()})

@@ -19,7 +19,8 @@ graph on the real JaxTensors, compiled with torchjax.jit.
 from __future__ import annotations
 
 import torch
-from torch.utils import _pytree as pytree
+
+from torchjax._compat.torch import create_empty_tensor, pytree
 
 _INNER = "_fake_inner"
 
@@ -30,7 +31,7 @@ def stand_in(t) -> torch.Tensor:
     outer's); ``t``'s own strides are restored on the fake side by ``_inner_view``."""
     s = t.__dict__.get("_stand_in_tensor")
     if s is None:
-        s = torch._C._acc.create_empty_tensor(tuple(t.shape), t.dtype)
+        s = create_empty_tensor(tuple(t.shape), t.dtype)
         t.__dict__["_stand_in_tensor"] = s
     return s
 

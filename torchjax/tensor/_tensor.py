@@ -21,7 +21,12 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import x64_enter, x64_exit
-from torchjax._compat.torch import set_math_bits, set_tensor_data, tensor_repr
+from torchjax._compat.torch import (
+    disabled_torch_function_impl,
+    set_math_bits,
+    set_tensor_data,
+    tensor_repr,
+)
 from torchjax.tensor import _backward_errors, _errors, _fake, _protocols, dtypes
 from torchjax.tensor._reinterpret import Interpretation, interpret
 from torchjax.tensor._storage import Storage, contiguous_strides
@@ -76,7 +81,7 @@ class JaxTensor(torch.Tensor):
     ``_cache``/``_cache_version`` the last value read and the storage version it saw.
     """
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = disabled_torch_function_impl
 
     # Class-level defaults, so ``wrap`` (once per op result) sets fewer attributes.
     _offset = 0

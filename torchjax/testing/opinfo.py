@@ -15,7 +15,8 @@ import itertools
 import types
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
+
+from torchjax._compat.torch import pytree
 
 TPU = "tpu"
 
@@ -123,15 +124,15 @@ def _map_tensors(fn, obj):
 
     if isinstance(obj, SampleInput):
         new = _copy.copy(obj)
-        new.input, new.args, new.kwargs = tree_map(fn, (obj.input, obj.args, obj.kwargs))
+        new.input, new.args, new.kwargs = pytree.tree_map(fn, (obj.input, obj.args, obj.kwargs))
         return new
-    return tree_map(fn, obj)
+    return pytree.tree_map(fn, obj)
 
 
 def compare(tpu_out, cpu_out, what: str = "output", tol=None) -> None:
     """Assert ``tpu_out`` equals ``cpu_out``: same structure, dtypes, shapes, values."""
-    t_leaves, _ = tree_flatten(tpu_out)
-    c_leaves, _ = tree_flatten(cpu_out)
+    t_leaves, _ = pytree.tree_flatten(tpu_out)
+    c_leaves, _ = pytree.tree_flatten(cpu_out)
     assert len(t_leaves) == len(c_leaves), (
         f"{what}: {len(t_leaves)} leaves vs {len(c_leaves)} on CPU"
     )
@@ -213,12 +214,12 @@ def _weights_like(out_leaves):
 
 
 def _grad_leaves(sample):
-    leaves, _ = tree_flatten((sample.input, sample.args, sample.kwargs))
+    leaves, _ = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
     return [x for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad]
 
 
 def _differentiable_outputs(out):
-    leaves, _ = tree_flatten(out)
+    leaves, _ = pytree.tree_flatten(out)
     return [
         o
         for o in leaves
@@ -274,7 +275,7 @@ def check_forward(opinfo, sample, tol=None) -> None:
 def _float64_result(fn, sample):
     """``fn`` on ``sample`` with every float16/bfloat16 tensor upcast to float64, or None
     when the sample has no half-precision tensor or the op refuses the upcast inputs."""
-    leaves = tree_flatten((sample.input, sample.args, sample.kwargs))[0]
+    leaves = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))[0]
     if not any(isinstance(x, torch.Tensor) and x.dtype in _HALF for x in leaves):
         return None
 
@@ -293,7 +294,7 @@ def compare_accuracy(got, expected, exact, what="output", tol=None) -> None:
     """Assert ``got`` (tpu) is at least as accurate as ``expected`` (CPU torch) against
     ``exact`` (float64), elementwise within the dtype's tolerance (Note [Half-precision
     accuracy]); structure, dtypes, shapes and non-floating outputs as :func:`compare`."""
-    t_leaves, c_leaves, e_leaves = (tree_flatten(x)[0] for x in (got, expected, exact))
+    t_leaves, c_leaves, e_leaves = (pytree.tree_flatten(x)[0] for x in (got, expected, exact))
     assert len(t_leaves) == len(c_leaves) == len(e_leaves), f"{what}: output structure differs"
     for i, (t, c, e) in enumerate(zip(t_leaves, c_leaves, e_leaves)):
         name = f"{what}[{i}]"
@@ -632,7 +633,7 @@ def _check(cond: bool, what: str) -> None:
 
 
 def _leaves(out):
-    return [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+    return [x for x in pytree.tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
 
 
 def _identical(a, b) -> bool:

@@ -467,7 +467,7 @@ def _pin_cache(cache, pinned) -> None:
 def _signature(args, kwargs) -> tuple:
     """Shapes, dtypes and plain values of the call's arguments besides the cache: with the
     Python state, what decides the state a traced call leaves (e.g. ``+= seq_len``)."""
-    from torch.utils import _pytree as pytree
+    from torchjax._compat.torch import pytree
 
     rest = {k: v for k, v in kwargs.items() if k not in _CACHE_KWARGS}
     return tuple(
