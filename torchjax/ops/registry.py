@@ -46,11 +46,10 @@ from torchjax._compat.torch import (
     ELEMENTWISE_TYPE_PROMOTION_KIND,
     OpOverload,
     OpOverloadPacket,
-    decomposition_table,
     has_composite_implicit_kernel,
     set_math_bits,
 )
-from torchjax.ops import compiled, fused, promotion, writeback
+from torchjax.ops import compiled, decompositions, fused, promotion, writeback
 from torchjax.tensor import _tensor, dtypes
 from torchjax.tensor._errors import describe_args
 from torchjax.tensor._reinterpret import Interpretation
@@ -227,6 +226,13 @@ def has_lowering(func) -> bool:
     return func in _LOWERINGS
 
 
+def runs_sibling(func) -> bool:
+    """Whether ``func``, an in-place or ``out=`` overload without a lowering, runs its
+    functional sibling's handler (before any decomposition of its own)."""
+    sibling = _functional_sibling(func)
+    return sibling is not None and _resolvable(sibling)
+
+
 def _resolve(func):
     entry = _LOWERINGS.get(func)
     schema = func._schema
@@ -240,15 +246,15 @@ def _resolve(func):
         if _is_inplace(schema):
             return _inplace_handler(func, _functional_handler(func, entry))
         return _functional_handler(func, entry)
-    sibling = _functional_sibling(func)
-    if sibling is not None and _resolvable(sibling):
+    if runs_sibling(func):
+        sibling = _functional_sibling(func)
         sib_handler = _handler_for(sibling)
         if _out_names(schema):
             return _out_handler(func, sib_handler)
         if _is_inplace_view(func, sibling):
             return _inplace_view_handler(sib_handler)
         return _inplace_handler(func, sib_handler)
-    decomp = decomposition_table.get(func)
+    decomp = decompositions.get(func)
     if decomp is not None:
         return lambda args, kwargs: decomp(*args, **kwargs)
     impl_aten = getattr(func, "impl_aten", None) if func.namespace == "prims" else None
@@ -269,7 +275,7 @@ def _handler_for(func):
 
 
 def _resolvable(func) -> bool:
-    return func in _LOWERINGS or func in decomposition_table or has_composite_implicit_kernel(func)
+    return func in _LOWERINGS or decompositions.has(func) or has_composite_implicit_kernel(func)
 
 
 def _missing_handler(func):
