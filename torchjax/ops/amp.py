@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from torchjax.ops.registry import handler, write_into
+from torchjax.ops.registry import handler
+from torchjax.ops.writeback import write_into
 from torchjax.tensor._tensor import wrap
 
 aten = torch.ops.aten

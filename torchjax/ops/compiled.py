@@ -17,7 +17,7 @@ runs every eligible lowering, together with the promotion casts around it, as on
   arguments, so jax's own jit cache handles their shapes and dtypes. A Python scalar in
   a promoted position (``x * 0.5``) becomes a 0-d array of the computation dtype and is
   an argument too, so a changing scalar does not recompile. A view whose value has not
-  been read (Note [Lazy views] in torchjax/ops/registry.py) enters as its storage's
+  been read (Note [Lazy views] in torchjax/ops/views.py) enters as its storage's
   array, its layout (storage numel, size, stride, offset) in the key, and is read inside
   the executable, where XLA fuses the read (a transpose into a dot, a slice into an add).
 - One executable per key and input signature (the shapes and dtypes of the arrays),

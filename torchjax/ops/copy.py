@@ -16,8 +16,10 @@ from torchjax.device import _checks, _stats
 from torchjax.device._module import jax_device
 from torchjax.device._serialization import storage_for
 from torchjax.ops import fused, writeback
+from torchjax.ops.functional import cpu_to_jax
 from torchjax.ops.promotion import astype
-from torchjax.ops.registry import _cpu_to_jax, handler, lowering, write_into
+from torchjax.ops.registry import handler, lowering
+from torchjax.ops.writeback import write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor, view_of, wrap
@@ -58,7 +60,7 @@ def copy_(args, kwargs):
         writeback.check_no_partial_overlap(aten.copy_.default, [dst], [src], {})
         value = wrap(src._value(), src._device_index) if src._storage is dst._storage else src
     else:
-        value = wrap(_cpu_to_jax(src))
+        value = wrap(cpu_to_jax(src))
     return write_into(aten.copy_.default, dst, value, check_cast=False)
 
 
@@ -174,7 +176,7 @@ def set_source_storage(args, kwargs):
     index = self._device_index
 
     def make_storage(flat: torch.Tensor) -> Storage:
-        arr = _cpu_to_jax(flat)
+        arr = cpu_to_jax(flat)
         return Storage(jax.device_put(arr, jax_device(index)) if index else arr)
 
     storage = storage_for(source, self.dtype, self.device, make_storage)

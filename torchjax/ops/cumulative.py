@@ -17,7 +17,8 @@ from jax import lax
 from torchjax._compat.torch import REDUCTION_OUTPUT_TYPE_KIND
 from torchjax.ops import writeback
 from torchjax.ops.reduction import _reduction_dtypes, wrap_dim
-from torchjax.ops.registry import handler, lowering, write_into
+from torchjax.ops.registry import handler, lowering
+from torchjax.ops.writeback import write_into
 from torchjax.tensor import dtypes
 
 aten = torch.ops.aten

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import put_host, x64
-from torchjax.ops.registry import handler, write_into
+from torchjax.ops.registry import handler
+from torchjax.ops.writeback import write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import wrap
 

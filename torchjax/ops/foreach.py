@@ -28,7 +28,8 @@ from torchjax._compat.torch import all_op_schemas
 from torchjax.ops import compiled
 from torchjax.ops.pointwise_binary import exact_div, fma
 from torchjax.ops.promotion import promoted_by_key
-from torchjax.ops.registry import Kind, handler, write_into
+from torchjax.ops.registry import Kind, handler
+from torchjax.ops.writeback import write_into
 from torchjax.ops.xla_options import COMPILER_OPTIONS
 from torchjax.tensor._tensor import JaxTensor, wrap
 

@@ -13,8 +13,9 @@ import torch
 from jax import lax
 
 from torchjax.ops import writeback
-from torchjax.ops.registry import handler, lowering, write_into
+from torchjax.ops.registry import handler, lowering
 from torchjax.ops.shape import _dim, _slice_bounds
+from torchjax.ops.writeback import write_into
 from torchjax.tensor import _errors, dtypes
 from torchjax.tensor._storage import _plan
 

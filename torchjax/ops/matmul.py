@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from torchjax.ops.registry import functional_handler, handler, lowering, write_into
+from torchjax.ops.registry import functional_handler, handler, lowering
+from torchjax.ops.writeback import write_into
 from torchjax.tensor._storage import Storage, contiguous_strides
 
 aten = torch.ops.aten

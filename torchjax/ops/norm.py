@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from torchjax.ops.registry import handler, lowering, write_into
+from torchjax.ops.registry import handler, lowering
+from torchjax.ops.writeback import write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import JaxTensor, wrap
 

@@ -17,7 +17,7 @@ import torch
 from jax import lax
 
 from torchjax.device import _checks
-from torchjax.ops import registry, writeback
+from torchjax.ops import functional, registry, writeback
 from torchjax.ops.registry import Kind, functional_handler, handler, lowering
 from torchjax.tensor import dtypes
 from torchjax.tensor.dtypes import aten_type_name
@@ -239,7 +239,7 @@ def _div_trunc(self, other, *, rounding_mode="trunc"):
 # NO_OPMATH: torch rounds the f16/bf16 quotient to its dtype before truncating
 # (2.999 -> 3.0 in bf16 -> 3), so the division runs in the input dtype.
 _DIV_TRUNC = {
-    ov: registry._functional_handler(
+    ov: functional.make_handler(
         ov, registry.Lowering(_div_trunc, Kind.NO_OPMATH, ("self", "other"))
     )
     for ov in (aten.div.Tensor_mode, aten.div.Scalar_mode)

@@ -42,7 +42,8 @@ import torch
 from jax import lax
 
 from torchjax.device import _checks
-from torchjax.ops.registry import Kind, handler, lowering, write_into
+from torchjax.ops.registry import Kind, handler, lowering
+from torchjax.ops.writeback import write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor import random as _rng
 from torchjax.tensor._tensor import wrap

@@ -1,4 +1,5 @@
-"""Checks before a result is written into ``out=`` or ``self`` (in-place): torch's rules.
+"""Writing a result into ``out=`` tensors or ``self`` (in-place), through the storage so
+that views see the write, after the checks torch does first.
 
 Note [out= checks]
 torch checks an ``out=`` call in the kernel, and the rules differ by op family; we take
@@ -26,9 +27,15 @@ them from torch where torch can tell us, and state the rest here:
 from __future__ import annotations
 
 import math
+import warnings
 
+import jax.numpy as jnp
 import torch
 
+from torchjax.ops import fused
+from torchjax.ops.functional import device_error
+from torchjax.ops.schema import out_names
+from torchjax.ops.views import meta_like
 from torchjax.tensor import dtypes
 from torchjax.tensor._reinterpret import Interpretation
 from torchjax.tensor._tensor import JaxTensor
@@ -217,3 +224,118 @@ def exact_dtype_error(func, expected, got) -> RuntimeError:
         f"{dtype_name(got)} instead (in aten::{func._opname}.{func._overloadname}; pass an "
         f"out tensor of dtype {expected})"
     )
+
+
+# ---------------------------------------------------------------------------------------
+# writing
+
+
+def check_castable(func, result_dtype, out_dtype):
+    if not torch.can_cast(result_dtype, out_dtype):
+        raise RuntimeError(
+            f"result type {dtypes.aten_type_name(result_dtype)} can't be cast to the desired "
+            f"output type {dtypes.aten_type_name(out_dtype)} (in aten::{func._opname}."
+            f"{func._overloadname})"
+        )
+
+
+def write_into(func, dst: torch.Tensor, src: JaxTensor, *, check_cast=True, resize=False):
+    """Write ``src`` into ``dst`` with torch's out=/in-place rules (cast, shape)."""
+    if not isinstance(dst, JaxTensor):
+        raise device_error(func, dst)
+    if check_cast:
+        check_castable(func, src.dtype, dst.dtype)
+    pending = fused.pending_of(src) if fused.ACTIVE[0] else None
+    if pending is not None and fused.write(dst, pending):
+        return dst  # recorded: the write happens at the flush (Note [Fused eager])
+    arr = src._value()
+    if arr.dtype != dtypes.to_jax_dtype(dst.dtype):
+        arr = arr.astype(dtypes.to_jax_dtype(dst.dtype))
+    if tuple(arr.shape) != dst._size:
+        if resize:
+            if dst.numel() != 0:
+                warnings.warn(
+                    f"An output with one or more elements was resized since it had shape "
+                    f"{list(dst._size)}, which does not match the required output shape "
+                    f"{list(arr.shape)}. This behavior is deprecated, and in a future PyTorch "
+                    "release outputs will not be resized unless they have zero elements. You "
+                    "can explicitly reuse an out tensor t by resizing it, inplace, to zero "
+                    "elements with t.resize_(0).",
+                    UserWarning,
+                    stacklevel=4,
+                )
+            dst._resize(arr.shape)  # in its storage, as CPU: a view's base sees the write
+            dst._write(arr)
+            return dst
+        try:
+            shape = jnp.broadcast_shapes(tuple(arr.shape), dst._size)
+        except ValueError:
+            shape = None
+        if shape != dst._size:
+            raise RuntimeError(
+                f"output with shape {list(dst._size)} doesn't match the broadcast shape "
+                f"{list(arr.shape) if shape is None else list(shape)} "
+                f"(in aten::{func._opname}.{func._overloadname})"
+            )
+        arr = jnp.broadcast_to(arr, dst._size)
+    dst._write(arr)
+    return dst
+
+
+def inplace_handler(func, functional):
+    overlap = checks_overlap(func)
+
+    def inplace(args, kwargs):
+        if overlap and len(args) > 1:
+            check_no_partial_overlap(func, args[:1], args[1:], kwargs)
+        result = functional(args, kwargs)
+        if isinstance(result, (list, tuple)):
+            result = result[0]
+        return write_into(func, args[0], result)
+
+    return inplace
+
+
+def inplace_view_handler(functional_view):
+    def inplace_view(args, kwargs):
+        self = args[0]
+        v = functional_view(args, kwargs)
+        self._rebind(self._storage, v._size, v._stride, v._offset)
+        return self
+
+    return inplace_view
+
+
+def out_handler(func, functional):
+    """out= overloads: torch's checks (Note [out= checks] in torchjax/ops/py),
+    the functional result, then a write into each out tensor (resized if needed)."""
+    names = out_names(func._schema)
+    overlap = checks_overlap(func)
+
+    # ``Tensor(a!)[] out`` (split_with_sizes_copy, unbind_copy...): one argument holding
+    # a list of tensors, one per result; such overloads return nothing.
+    list_out = len(names) == 1 and not func._schema.returns
+
+    def out(args, kwargs):
+        outs = list(kwargs[names[0]]) if list_out else [kwargs[n] for n in names]
+        for o in outs:
+            if not isinstance(o, JaxTensor):
+                raise device_error(func, o)
+        rest = {k: v for k, v in kwargs.items() if k not in names}
+        if overlap:
+            check_no_internal_overlap(func, outs)
+            check_no_partial_overlap(func, outs, args, rest)
+        meta_ok = check_out_on_meta(func, args, kwargs, names, meta_like)
+        result = functional(args, rest)
+        results = result if isinstance(result, (list, tuple)) else (result,)
+        exact = exact_integer_outputs(func, len(outs))
+        for o, r in zip(outs, results):
+            values = r.dtype.is_floating_point or r.dtype.is_complex
+            if exact and not values and r.dtype != torch.bool and o.dtype != r.dtype:
+                raise exact_dtype_error(func, r.dtype, o.dtype)
+            write_into(func, o, r, check_cast=values and not meta_ok, resize=True)
+        if list_out:
+            return None
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return out
