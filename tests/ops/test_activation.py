@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import make_tests
+from torchjax.testing.opinfo import grads_match
 
 OPS = [
     "nn.functional.relu",
@@ -109,3 +110,19 @@ def test_low_precision():
             got = fn(x.to("tpu"))
             assert got.dtype == dt
             torch.testing.assert_close(got.cpu(), fn(x), rtol=1.6e-2, atol=1e-2)
+
+
+_G = torch.Generator().manual_seed(0)
+
+
+def test_rrelu_eval_and_training_noise():
+    x = torch.randn(1000, generator=_G)
+    grads_match(lambda x: F.rrelu(x, 0.1, 0.3, training=False), x.double())
+    t = x.to("tpu")
+    out = F.rrelu(t, 0.1, 0.3, training=True).cpu()
+    slope = out / x
+    assert out.dtype == torch.float32 and out.shape == x.shape
+    torch.testing.assert_close(out[x > 0], x[x > 0])
+    neg = slope[x < 0]
+    assert neg.min() >= 0.1 and neg.max() <= 0.3 and neg.std() > 0.03
+    torch.testing.assert_close(neg.mean(), torch.tensor(0.2), atol=0.01, rtol=0)

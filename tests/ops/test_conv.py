@@ -10,13 +10,13 @@ import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import make_tests
 from torchjax.testing.opinfo import grads_match
 
-# conv3d / conv_transpose3d are covered by test_conv3d_* below: their OpInfo sweep compiles
-# dozens of 3-d convolutions and would dominate the suite's runtime.
 OPS = [
     "nn.functional.conv1d",
     "nn.functional.conv2d",
+    "nn.functional.conv3d",
     "nn.functional.conv_transpose1d",
     "nn.functional.conv_transpose2d",
+    "nn.functional.conv_transpose3d",
 ]
 globals().update(make_tests(OPS))
 

@@ -1,13 +1,35 @@
 """The explicit decomposition list (torchjax/ops/decompositions.py) against the
-installed torch: an upgrade that adds or drops a decomposition fails here, by name."""
+installed torch: an upgrade that adds or drops a decomposition fails here, by name.
+Then the nn.functional long tail that runs through decompositions (or composite kernels)
+onto ops lowered elsewhere, checked against CPU: an OpInfo sweep, and for the random ops
+(the dropout family), whose values cannot match CPU's generator, shapes and rates."""
 
+import pytest
 import torch
+import torch.nn.functional as F
 
 import torchjax  # noqa: F401
+from tests.ops.opinfo_cases import make_tests
 from torchjax._compat.torch import OpOverload, decomposition_table
 from torchjax.ops import decompositions, registry
 
 # Higher-order operators in the table (out_dtype) never reach the op table.
+OPS = [
+    "nn.functional.unfold",
+    "nn.functional.pixel_shuffle",
+    "nn.functional.pixel_unshuffle",
+    "nn.functional.channel_shuffle",
+    "nn.functional.one_hot",
+    "nn.functional.normalize",
+    "nn.functional.local_response_norm",
+    "nn.functional.prelu",
+    "nn.functional.cosine_similarity",
+    "nn.functional.pairwise_distance",
+    "nn.functional.softmin",
+    "nn.functional.softmin.with_dtype",
+]
+globals().update(make_tests(OPS))
+
 TABLE = {str(op): op for op in decomposition_table if isinstance(op, OpOverload)}
 
 
@@ -50,3 +72,35 @@ def test_an_unlisted_op_gets_no_decomposition():
     op = torch.ops.aten.addcmul.default  # lowered, and in torch's table
     assert op in decomposition_table and str(op) not in decompositions.LISTED
     assert decompositions.get(op) is None and not decompositions.has(op)
+
+
+_G = torch.Generator().manual_seed(0)
+
+
+@pytest.mark.parametrize(
+    "fn,p",
+    [
+        (lambda x: F.dropout(x, 0.3, training=True), 0.3),
+        (lambda x: F.dropout2d(x, 0.4, training=True), 0.4),
+        (lambda x: F.dropout3d(x[..., None], 0.4, training=True)[..., 0], 0.4),
+        (lambda x: F.alpha_dropout(x, 0.3, training=True), 0.3),
+        (lambda x: F.feature_alpha_dropout(x, 0.3, training=True), 0.3),
+    ],
+)
+def test_dropout_family_shapes_and_rates(fn, p):
+    x = torch.randn(64, 32, 8, 8, generator=_G)
+    torch.manual_seed(0)
+    out = fn(x.to("tpu"))
+    assert out.shape == x.shape and out.dtype == x.dtype and out.device.type == "tpu"
+    want = fn(x)
+
+    # Dropped entries all take one value (0, or alpha dropout's a'): its frequency is p.
+    # Kept ones are transformed as on CPU, so mean and spread match CPU's closely.
+    def dropped_fraction(t):
+        return t.unique(return_counts=True)[1].max().item() / t.numel()
+
+    got = out.cpu()
+    assert abs(dropped_fraction(got) - p) < 0.03
+    assert abs(dropped_fraction(want) - p) < 0.03
+    torch.testing.assert_close(got.mean(), want.mean(), atol=0.05, rtol=0)
+    torch.testing.assert_close(got.std(), want.std(), atol=0.05, rtol=0)

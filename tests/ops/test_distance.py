@@ -6,12 +6,14 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import make_tests
 from torchjax.testing import opinfo as oi
+from torchjax.testing.opinfo import grads_match
 
-OPS = ["cdist"]
+OPS = ["cdist", "nn.functional.pdist"]
 globals().update(make_tests(OPS))
 
 TPU = "tpu"
@@ -45,3 +47,13 @@ def test_cdist_empty():
 def test_cdist_errors():
     with pytest.raises(RuntimeError, match="same number of columns"):
         torch.cdist(torch.randn(2, 3, device=TPU), torch.randn(2, 4, device=TPU))
+
+
+_G = torch.Generator().manual_seed(0)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 2.0, 3.0, float("inf")])
+def test_pdist_norms_and_duplicate_rows(p):
+    x = torch.randn(5, 3, generator=_G, dtype=torch.float64)
+    x[3] = x[1]  # a zero distance: ATen's gradient is 0 there, not NaN
+    grads_match(lambda x: F.pdist(x, p), x)

@@ -6,8 +6,9 @@ import torch.nn.functional as F
 
 import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import make_tests
+from torchjax.testing.opinfo import grads_match
 
-OPS = ["nn.functional.embedding"]
+OPS = ["nn.functional.embedding", "nn.functional.embedding_bag"]
 globals().update(make_tests(OPS))
 
 
@@ -57,3 +58,88 @@ def test_sparse_embedding_gradient_is_a_clear_error():
         e(idx)
     with torch.no_grad():  # no gradient needed: the lookup itself works
         torch.testing.assert_close(e(idx).cpu(), e.weight.cpu()[[1, 2]])
+
+
+_G = torch.Generator().manual_seed(0)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_modes_padding_and_empty_bags(mode):
+    w = torch.randn(10, 4, generator=_G, dtype=torch.float64)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0])
+    offsets = torch.tensor([0, 3, 3, 6])  # bag 1 is empty
+    grads_match(
+        lambda w: F.embedding_bag(
+            idx.to(w.device), w, offsets.to(w.device), mode=mode, padding_idx=4
+        ),
+        w,
+    )
+    grads_match(
+        lambda w: F.embedding_bag(
+            idx.to(w.device), w, offsets.to(w.device), mode=mode, include_last_offset=True
+        ),
+        w,
+    )
+    grads_match(lambda w: F.embedding_bag(idx.reshape(3, 3).to(w.device), w, mode=mode), w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("padding_idx", [None, 7])
+def test_embedding_bag_last_offset_short_of_the_indices(dtype, mode, padding_idx):
+    # Note [The last offset of embedding_bag]: CPU's fast path (float32/half sum or mean,
+    # no padding_idx) leaves the indices past offsets[-1] out of the sum, but not out of
+    # the mean's divisor; its other paths put them in the last bag.
+    w = torch.arange(40.0, dtype=dtype).reshape(10, 4)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 2, 2])
+    offsets = torch.tensor([0, 2, 2, 5, 9])
+    kw = dict(mode=mode, include_last_offset=True, padding_idx=padding_idx)
+    want = F.embedding_bag(idx, w, offsets, **kw)
+    got = F.embedding_bag(idx.to("tpu"), w.to("tpu"), offsets.to("tpu"), **kw)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.cpu(), want)
+    if dtype == torch.float32 and mode == "mean":  # CPU's float32 backward is defined here
+        grads_match(lambda w: F.embedding_bag(idx.to(w.device), w, offsets.to(w.device), **kw), w)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_scale_grad_by_freq(mode):
+    # Each row's gradient is divided by its index's count over the whole input, as CUDA
+    # and torch's own embedding backward do. CPU torch 2.13's embedding_bag backward is
+    # not the reference: _embedding_bag_dense_backward_cpu_sum_mean divides by
+    # counts[indices_data[i]], i the unique-group counter (pytorch/pytorch#190063), so a
+    # once-seen index sorted after a repeated one gets the repeated one's count. With
+    # equal bags, embedding + sum/mean over the bag is the same function with that
+    # (correct) backward, on CPU.
+    w = torch.randn(10, 4, generator=_G, dtype=torch.float64)
+    idx = torch.tensor([[1, 2, 4], [5, 4, 3], [2, 9, 0]])
+    reduce = torch.sum if mode == "sum" else torch.mean
+    g = torch.rand(3, 4, generator=_G, dtype=torch.float64)
+    cpu = w.clone().requires_grad_()
+    reduce(F.embedding(idx, cpu, scale_grad_by_freq=True), 1).backward(g)
+    tpu = w.to("tpu").requires_grad_()
+    out = F.embedding_bag(idx.to("tpu"), tpu, mode=mode, scale_grad_by_freq=True)
+    out.backward(g.to("tpu"))
+    torch.testing.assert_close(out.detach().cpu(), reduce(F.embedding(idx, w), 1))
+    torch.testing.assert_close(tpu.grad.cpu(), cpu.grad, rtol=1e-12, atol=1e-12)
+    # Index 3 is seen once and sorts after index 2 (seen twice): its row is unscaled.
+    torch.testing.assert_close(tpu.grad.cpu()[3], g[1] / (3 if mode == "mean" else 1))
+
+
+def test_embedding_bag_per_sample_weights():
+    w = torch.randn(10, 4, generator=_G, dtype=torch.float64)
+    psw = torch.rand(9, generator=_G, dtype=torch.float64)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0])
+    offsets = torch.tensor([0, 3, 3, 6])
+    grads_match(
+        lambda w, p: F.embedding_bag(
+            idx.to(w.device),
+            w,
+            offsets.to(w.device),
+            per_sample_weights=p,
+            mode="sum",
+            padding_idx=2,
+        ),
+        w,
+        psw,
+    )

@@ -21,7 +21,6 @@ from torchjax.ops import linalg as _linalg  # noqa: F401
 from torchjax.ops import loss as _loss  # noqa: F401
 from torchjax.ops import matmul as _matmul  # noqa: F401
 from torchjax.ops import misc as _misc  # noqa: F401
-from torchjax.ops import nn_misc as _nn_misc  # noqa: F401
 from torchjax.ops import norm as _norm  # noqa: F401
 from torchjax.ops import pointwise_binary as _pointwise_binary  # noqa: F401
 from torchjax.ops import pointwise_unary as _pointwise_unary  # noqa: F401

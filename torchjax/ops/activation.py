@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from torchjax.ops.registry import Kind, lowering
+from torchjax.ops.registry import Kind, handler, lowering
 
 aten = torch.ops.aten
 
@@ -304,3 +304,32 @@ def softshrink(self, lambd=0.5):
 def softshrink_backward(grad_output, self, lambd):
     """aten::softshrink_backward - g outside [-lambd, lambd], else 0."""
     return jnp.where(lax.abs(self) <= _c(lambd, self), _zero(grad_output), grad_output)
+
+
+# ---------------------------------------------------------------------------------------
+# rrelu
+
+
+@handler(aten.rrelu_with_noise.default)
+def rrelu_with_noise(args, kwargs):
+    """aten::rrelu_with_noise - randomized leaky relu; writes the slopes into ``noise``.
+
+    Training: each x <= 0 gets a slope drawn uniformly from [lower, upper) (torchjax's RNG,
+    so values differ from CPU torch), stored in ``noise`` (1 where x > 0); eval: a fixed
+    slope (lower + upper) / 2. Reference: ATen Activation.cpp (rrelu_with_noise_out_cpu).
+    """
+    names = ("self", "noise", "lower", "upper", "training", "generator")
+    bound = dict(zip(names, args), **kwargs)
+    self, noise = bound["self"], bound["noise"]
+    lower, upper = float(bound.get("lower", 0.125)), float(bound.get("upper", 1.0 / 3.0))
+    if bound.get("generator") is not None:
+        raise RuntimeError(
+            "aten::rrelu_with_noise: generator= is not supported for tpu tensors; seed with "
+            "torch.manual_seed"
+        )
+    if not bound.get("training", False):
+        return torch.nn.functional.leaky_relu(self, (lower + upper) / 2)
+    slopes = torch.empty_like(self).uniform_(lower, upper)
+    r = torch.where(self <= 0, slopes, torch.ones_like(self))
+    noise.copy_(r)
+    return self * r

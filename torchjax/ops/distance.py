@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
@@ -157,3 +158,72 @@ def _cdist_backward(grad, x1, x2, p, cdist):
         )
         result = jnp.sum(result, axis=axes, keepdims=True).reshape(x1.shape)
     return result
+
+
+# ---------------------------------------------------------------------------------------
+# pdist
+
+
+def _pairs(n):
+    i, j = np.triu_indices(n, k=1)
+    return jnp.asarray(i), jnp.asarray(j)
+
+
+def _check_pdist(op, self, p):
+    if self.ndim != 2:
+        raise RuntimeError(f"{op}: pdist only supports 2D tensors, got: {self.ndim}D")
+    if p < 0:
+        raise RuntimeError(f"{op}: pdist only supports non-negative p values, got {p}")
+
+
+@lowering(aten._pdist_forward)
+def _pdist_forward(self, p=2.0):
+    """aten::_pdist_forward - p-norm distance of every row pair i < j, row-major order.
+
+    Shapes: (N, M) -> (N * (N - 1) / 2,). p = 0 counts differing coordinates, p = inf is
+    the max. Dtypes: self's (floating). Reference: ATen Distance.cpp.
+    """
+    _check_pdist("aten::_pdist_forward", self, p)
+    i, j = _pairs(self.shape[0])
+    diff = jnp.abs(self[i] - self[j])
+    if p == 0:
+        return (diff != 0).sum(axis=1).astype(self.dtype)
+    if p == float("inf"):
+        return diff.max(axis=1, initial=0)
+    if p == 1:
+        return diff.sum(axis=1)
+    if p == 2:
+        return jnp.sqrt((diff * diff).sum(axis=1))
+    return (diff**p).sum(axis=1) ** (1.0 / p)
+
+
+@lowering(aten._pdist_backward)
+def _pdist_backward(grad, self, p, pdist):
+    """aten::_pdist_backward - gradient of _pdist_forward w.r.t. self.
+
+    ATen's formulas, which give 0 where a distance (or, for p < 1, a coordinate
+    difference) is 0 instead of the NaN a plain vjp of sqrt/pow would produce.
+    """
+    _check_pdist("aten::_pdist_backward", self, p)
+    i, j = _pairs(self.shape[0])
+    diff = self[i] - self[j]
+    dist = pdist[:, None]
+    zero = jnp.zeros((), self.dtype)
+    if p == 0:
+        coef = jnp.zeros_like(diff)
+    elif p == 1:
+        coef = jnp.sign(diff)
+    elif p == float("inf"):
+        coef = jnp.sign(diff) * (jnp.abs(diff) == dist)
+    elif p == 2:
+        coef = jnp.where(dist == 0, zero, diff / jnp.where(dist == 0, 1, dist))
+    else:
+        safe = jnp.where(dist == 0, 1, dist)
+        coef = jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1)
+        bad = dist == 0
+        if p < 1:
+            bad = bad | (diff == 0)
+        coef = jnp.where(bad, zero, coef)
+    contrib = grad[:, None] * coef
+    out = jnp.zeros(self.shape, self.dtype)
+    return out.at[i].add(contrib).at[j].add(-contrib)
