@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.ops.opinfo_cases import make_tests
-from tests.ops.test_shape import both
+from tests.ops.test_view_ops import both
 
 OPS = [
     "index_put",

@@ -71,7 +71,7 @@ _JUNIT = """<?xml version="1.0" encoding="utf-8"?>
   <failure message="AssertionError: relu out=: dtype torch.int32, CPU gave torch.int64">tb</failure>
 </testcase>
 <testcase classname="tests.ops.test_opinfo" name="test_opinfo_backward[add-float32]"/>
-<testcase classname="tests.ops.test_shape" name="test_view_dtype_aliases"/>
+<testcase classname="tests.ops.test_view_ops" name="test_view_dtype_aliases"/>
 </testsuite></testsuites>
 """
 

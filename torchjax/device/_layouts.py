@@ -14,10 +14,10 @@ Two registrations refuse it where it is made:
   signature, same result for every other device): asked for a tpu device, or given tpu
   tensors, they raise the same error before building anything (torch builds a strided
   nested tensor in C++ with no op the fallback would see). The jagged layout's
-  constructor (``aten::_nested_view_from_jagged``) refuses in torchjax/ops/misc.py.
+  constructor (``aten::_nested_view_from_jagged``) refuses in torchjax/ops/long_tail.py.
 
 Sparse layouts are refused by their constructors' lowerings (torchjax/ops/embedding.py,
-torchjax/ops/misc.py).
+torchjax/ops/long_tail.py).
 """
 
 from __future__ import annotations

@@ -16,23 +16,23 @@ from torchjax.ops import foreach as _foreach  # noqa: F401
 from torchjax.ops import fused_optim as _fused_optim  # noqa: F401
 from torchjax.ops import histogram as _histogram  # noqa: F401
 from torchjax.ops import indexing as _indexing  # noqa: F401
-from torchjax.ops import layout as _layout  # noqa: F401
 from torchjax.ops import linalg as _linalg  # noqa: F401
+from torchjax.ops import long_tail as _long_tail  # noqa: F401
 from torchjax.ops import loss as _loss  # noqa: F401
 from torchjax.ops import matmul as _matmul  # noqa: F401
-from torchjax.ops import misc as _misc  # noqa: F401
 from torchjax.ops import norm as _norm  # noqa: F401
 from torchjax.ops import pointwise_binary as _pointwise_binary  # noqa: F401
 from torchjax.ops import pointwise_unary as _pointwise_unary  # noqa: F401
 from torchjax.ops import pooling as _pooling  # noqa: F401
 from torchjax.ops import random as _random  # noqa: F401
+from torchjax.ops import rearrange as _rearrange  # noqa: F401
 from torchjax.ops import reduction as _reduction  # noqa: F401
 from torchjax.ops import rnn as _rnn  # noqa: F401
 from torchjax.ops import sampling as _sampling  # noqa: F401
-from torchjax.ops import shape as _shape  # noqa: F401
 from torchjax.ops import sort as _sort  # noqa: F401
 from torchjax.ops import special as _special  # noqa: F401
 from torchjax.ops import transformer as _transformer  # noqa: F401
+from torchjax.ops import view_ops as _view_ops  # noqa: F401
 from torchjax.ops.registry import handler, lowering, register_pointwise
 
 __all__ = ["handler", "lowering", "register_pointwise"]

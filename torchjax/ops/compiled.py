@@ -70,7 +70,7 @@ Half types and XLA's numerics (why an executable gives op-by-op's numbers):
   float32, so a bfloat16 subnormal can be flushed; op by op a compare against a scalar
   is its own program with the scalar as an array operand and flushes, where the same
   compare inside a larger program against a constant does not (frexp of bfloat16 1e-40
-  differed; tests/ops/test_misc.py). One compute path removes that split. float16
+  differed; tests/ops/test_long_tail.py). One compute path removes that split. float16
   subnormals are float32 normals: unaffected. (A torch-vs-jax difference that remains
   for both paths: a bfloat16 subnormal *divisor* is flushed by XLA:CPU, not by torch.)
 
@@ -114,6 +114,9 @@ from torchjax.ops.templates import (
     SHAPE,
     STATIC,
     VIEW,
+    Seq,
+    Shape,
+    View,
     float_masked,
     has_view,
     rebuild,
@@ -323,8 +326,8 @@ class CompiledCompute:
             dyn.append(_array(storage))
             if _plan(storage.numel, size, stride, offset).dynamic:
                 dyn.append(np.int32(offset))
-                return (VIEW, storage.numel, size, stride, None)
-            return (VIEW, storage.numel, size, stride, offset)
+                return View(VIEW, storage.numel, size, stride, None)
+            return View(VIEW, storage.numel, size, stride, offset)
         if isinstance(x, torch.Tensor):
             if x.dim() != 0 and not self.cpu_ok:
                 raise self.device_error(x)
@@ -340,7 +343,7 @@ class CompiledCompute:
             dyn.append(x)
             return ARRAY
         if isinstance(x, (list, tuple)):
-            return (
+            return Seq(
                 SEQ,
                 type(x),
                 tuple(self._entry(y, dyn, psig, scalars, False, read_views) for y in x),
@@ -447,7 +450,7 @@ class CompiledCompute:
             )
             tmpl = tuple(
                 [
-                    (SHAPE, a._size, dtypes.to_jax_dtype(a.dtype))
+                    Shape(SHAPE, a._size, dtypes.to_jax_dtype(a.dtype))
                     if shape_only and i == 0
                     else entry(a, dyn, psig, scalars, i in pidx, rv)
                     for i, a in enumerate(args)
@@ -577,9 +580,9 @@ class CompiledCompute:
             if cls is JaxTensor and e is ARRAY:
                 sig.append(a.dtype)
                 sig.append(a._size)
-            elif cls is JaxTensor and e.__class__ is tuple and e[0] is VIEW:
+            elif cls is JaxTensor and e.__class__ is View:
                 sig.append(a.dtype)
-                sig.append((a._size, a._stride, e[4], e[1]))
+                sig.append((a._size, a._stride, e.offset, e.numel))
             elif cls in FAST_SCALARS and i in self.pidx and e is ARRAY:
                 sig.append(cls)
                 sig.append(None)

@@ -31,7 +31,7 @@ import torch
 
 from torchjax.device import _checks
 from torchjax.ops.registry import lowering
-from torchjax.ops.shape import _dim
+from torchjax.ops.view_ops import _dim
 from torchjax.tensor import dtypes
 
 aten = torch.ops.aten

@@ -61,7 +61,8 @@ class Lowering:
     promote: Kind | None = None
     promote_args: tuple[str, ...] | None = None
     cpu_tensors: bool = False  # accept non-0-d CPU tensors (index arguments)
-    raw: bool = False  # fn takes torch-level (args, kwargs) and does everything itself
+    # fn is a handler: it takes torch-level (args, kwargs) and does everything itself
+    is_handler: bool = False
     jit: bool = True  # may run as a cached jax.jit executable (Note [Compiled lowerings])
     # draws no random key although the overload is tagged nondeterministic_seeded (a
     # dropout-free path of a dropout op): may be compiled
@@ -168,7 +169,7 @@ def handler(*ops):
     device transfers, metadata changes."""
 
     def deco(fn):
-        _register(ops, Lowering(fn, raw=True))
+        _register(ops, Lowering(fn, is_handler=True))
         return fn
 
     return deco
@@ -231,7 +232,7 @@ def _resolve(func):
     entry = _LOWERINGS.get(func)
     sch = func._schema
     if entry is not None:
-        if entry.raw:
+        if entry.is_handler:
             return entry.fn
         if schema.is_view(sch):
             return views.view_handler(func, entry)

@@ -3,14 +3,16 @@ executable holds it (Note [Compiled lowerings] in torchjax/ops/compiled.py).
 
 A call's arguments become a template, a tuple of entries, and a list of executable
 arguments (``dyn``): an array is ``ARRAY`` (the next argument), a Python value that is
-part of the key is ``(STATIC, type, key value, value)``, a list or tuple ``(SEQ, type,
-entries)``, a view read inside the executable ``(VIEW, storage numel, size, stride,
-offset)`` and an input known by its shape alone ``(SHAPE, size, jax dtype)``. Inside the
-executable ``rebuild`` turns the template and the traced arguments back into the
-lowering's arguments.
+part of the key a ``Static``, a list or tuple a ``Seq`` of entries, a view read inside
+the executable a ``View`` and an input known by its shape alone a ``Shape``. Entries are
+named tuples whose first field is their kind, so a key compares and hashes as the plain
+tuples it is made of. Inside the executable ``rebuild`` turns the template and the
+traced arguments back into the lowering's arguments.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import torch
@@ -24,13 +26,49 @@ FAST_STATICS = frozenset(
 )
 
 # Template entries (what an argument was; the key is built of these).
-ARRAY = 0  # ("arg": the next executable argument)
-STATIC = 1  # (STATIC, type, key value, value)
-SEQ = 2  # (SEQ, list or tuple, entries)
-VIEW = 3  # (VIEW, storage numel, size, stride, offset): the next argument is a storage
-# (and, when offset is None, the argument after it the offset)
-SHAPE = 4  # (SHAPE, size, jax dtype): zeros of that shape, no argument
-# (Note [Samplers read no values])
+ARRAY = 0  # the next executable argument
+STATIC = 1
+SEQ = 2
+VIEW = 3
+SHAPE = 4
+
+
+class Static(NamedTuple):
+    """A Python value that is part of the key (a float keyed by its hex form)."""
+
+    kind: int
+    cls: type
+    key: object
+    value: object
+
+
+class Seq(NamedTuple):
+    """A list or tuple of entries."""
+
+    kind: int
+    cls: type
+    entries: tuple
+
+
+class View(NamedTuple):
+    """A view read inside the executable: the next argument is its storage (and, when
+    ``offset`` is None, the argument after it the offset)."""
+
+    kind: int
+    numel: int
+    size: tuple
+    stride: tuple
+    offset: int | None
+
+
+class Shape(NamedTuple):
+    """Zeros of ``size`` and ``dtype`` built inside the executable, no argument (Note
+    [Samplers read no values])."""
+
+    kind: int
+    size: tuple
+    dtype: object
+
 
 # Note [Samplers read no values]
 # ``torch.randn(n)`` is ``empty`` then ``normal_``, and ``normal_`` overwrites its input:
@@ -44,8 +82,8 @@ SHAPE = 4  # (SHAPE, size, jax dtype): zeros of that shape, no argument
 def static(x):
     t = type(x)
     if t is float:
-        return (STATIC, t, x.hex(), x)
-    return (STATIC, t, x, x)
+        return Static(STATIC, t, x.hex(), x)
+    return Static(STATIC, t, x, x)
 
 
 def static_entry(x):
@@ -61,38 +99,39 @@ def static_entry(x):
             if y.__class__ not in FAST_STATICS:
                 return None
             parts.append(static(y))
-        return (SEQ, cls, tuple(parts))
+        return Seq(SEQ, cls, tuple(parts))
     return None
 
 
 def float_masked(entry):
     """``entry`` with float static values blanked (keys equal up to float values)."""
-    if entry is ARRAY or entry[0] in (VIEW, SHAPE):
+    if entry is ARRAY or entry.kind in (VIEW, SHAPE):
         return entry
-    if entry[0] == STATIC:
-        return (STATIC, float) if entry[1] is float else entry
-    return (SEQ, entry[1], tuple(float_masked(e) for e in entry[2]))
+    if entry.kind == STATIC:
+        return (STATIC, float) if entry.cls is float else entry
+    return Seq(SEQ, entry.cls, tuple(float_masked(e) for e in entry.entries))
 
 
 def has_view(entry) -> bool:
-    if entry is ARRAY or entry[0] in (STATIC, SHAPE):
+    if entry is ARRAY or entry.kind in (STATIC, SHAPE):
         return False
-    return entry[0] == VIEW or any(has_view(e) for e in entry[2])
+    return entry.kind == VIEW or any(has_view(e) for e in entry.entries)
 
 
 def rebuild(entry, it):
     if entry is ARRAY:
         return next(it)
-    if entry[0] == STATIC:
-        return entry[3]
-    if entry[0] == SHAPE:
-        return jnp.zeros(entry[1], entry[2])
-    if entry[0] == VIEW:
+    kind = entry.kind
+    if kind == STATIC:
+        return entry.value
+    if kind == SHAPE:
+        return jnp.zeros(entry.size, entry.dtype)
+    if kind == VIEW:
         flat = next(it).reshape(-1)
-        if entry[4] is None:  # the offset is the next argument
-            return layout_plan(*entry[1:4]).read(flat, next(it))
-        return _plan(*entry[1:]).read(flat)
-    return entry[1](rebuild(e, it) for e in entry[2])
+        if entry.offset is None:  # the offset is the next argument
+            return layout_plan(entry.numel, entry.size, entry.stride).read(flat, next(it))
+        return _plan(entry.numel, entry.size, entry.stride, entry.offset).read(flat)
+    return entry.cls(rebuild(e, it) for e in entry.entries)
 
 
 def signature(dyn) -> tuple:

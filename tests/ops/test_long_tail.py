@@ -1,4 +1,4 @@
-"""torchjax/ops/misc.py and the long tail that reaches tpu through decompositions:
+"""torchjax/ops/long_tail.py and the long tail that reaches tpu through decompositions:
 copies, conversions, windows, quantiles, histograms, scatter-style reductions vs CPU torch.
 """
 

@@ -1,5 +1,6 @@
-"""Shape ops that produce new tensors: joining, tiling, flipping, padding, triangles, and
-the ``*_scatter`` ops (the functional inverses of the views, used by their backward).
+"""Ops that rearrange elements into new tensors: joining, tiling, flipping, padding,
+triangles, and the ``*_scatter`` ops (the functional inverses of the views, used by
+their backward). View ops, whose results alias, are in view_ops.py.
 
 ``hstack``/``vstack``/``dstack``/``tile``/``F.pad`` (constant mode) are composite in
 ATen and reach ``cat``/``repeat``/``constant_pad_nd`` here.
@@ -14,7 +15,7 @@ from jax import lax
 
 from torchjax.ops import writeback
 from torchjax.ops.registry import handler, lowering
-from torchjax.ops.shape import _dim, _slice_bounds
+from torchjax.ops.view_ops import _dim, _slice_bounds
 from torchjax.ops.writeback import write_into
 from torchjax.tensor import _errors, dtypes
 from torchjax.tensor._storage import _plan

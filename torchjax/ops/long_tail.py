@@ -74,7 +74,7 @@ def polar(abs, angle):
     """aten::polar - ``abs * (cos(angle) + 1j * sin(angle))``, elementwise.
 
     Dtypes as ``complex``. The decomposition assigns ``result.real``/``.imag``, which
-    cannot write through tpu storage (see torchjax/ops/shape.py), so it is lowered here.
+    cannot write through tpu storage (see torchjax/ops/view_ops.py), so it is lowered here.
     Reference: torch.polar."""
     return complex(abs * jnp.cos(angle), abs * jnp.sin(angle))
 

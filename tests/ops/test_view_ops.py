@@ -1,4 +1,4 @@
-"""View ops (torchjax/ops/shape.py): OpInfo sweep plus aliasing, the heart of views.
+"""View ops (torchjax/ops/view_ops.py): OpInfo sweep plus aliasing, the heart of views.
 
 Every aliasing test runs the same code on CPU and on tpu and compares the base tensor
 afterwards: a write through any view must reach the base and every other live view.

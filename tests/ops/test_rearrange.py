@@ -1,10 +1,11 @@
-"""Joining/layout ops (torchjax/ops/layout.py): OpInfo sweep plus direct cases."""
+"""Ops that rearrange elements into new tensors (torchjax/ops/rearrange.py): OpInfo
+sweep plus direct cases."""
 
 import pytest
 import torch
 
 from tests.ops.opinfo_cases import make_tests
-from tests.ops.test_shape import both
+from tests.ops.test_view_ops import both
 
 OPS = [
     "cat",
