@@ -95,3 +95,31 @@ def test_inplace_scans_refuse_as_cpu(op):
         for make, kwargs in cases
     ]
     assert NotImplementedError in refusals and RuntimeError in refusals
+
+
+@pytest.mark.parametrize("op", ["cumsum", "cumprod"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+def test_float32_scans_accumulate_in_double_as_cpu(op, dtype):
+    # ATen's CPU scan keeps its running value in acc_type<float> = double.
+    cases = [
+        torch.tensor([3e7, 1.0, 1.0, 1.0, 1.0, -3e7]),
+        torch.tensor([1.0, 1e-3, -1.0]),
+        torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 1e3,
+        1 + torch.randn(64, generator=torch.Generator().manual_seed(1)) * 1e-3,
+    ]
+    for x in cases:
+        x = x.to(dtype)
+        want = getattr(torch, op)(x, -1)
+        got = getattr(torch, op)(x.to("tpu"), -1).cpu()
+        assert got.dtype == want.dtype
+        assert torch.equal(got, want), (x, got, want)
+    assert torch.cumsum(cases[0].to("tpu"), 0)[-1].item() == 4.0
+
+
+@pytest.mark.parametrize("op", ["cumsum", "cumprod"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_scan_dtype_rounds_the_input_first(op, dtype):
+    x = torch.tensor([1.5409961, -1.0845223, -0.7192576, 0.4, 1.3])
+    want = getattr(torch, op)(x, 0, dtype=dtype)
+    got = getattr(torch, op)(x.to("tpu"), 0, dtype=dtype).cpu()
+    assert got.dtype == dtype and torch.equal(got, want)

@@ -272,3 +272,56 @@ def test_out_into_a_view_and_reduce_a_view():
     oi.compare(buf, expected)
     same(lambda t: t.t()[1:].amax(0), x)
     same(lambda t: t[:, ::2].var(1), x)
+
+
+@pytest.mark.parametrize("op", ["sum", "nansum"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_reduction_dtype_rounds_the_input_first(op, dtype):
+    # CPU converts the input to dtype= before reducing: a float64 or float32 input is
+    # rounded to the half type element by element, then added in float32. (A float32
+    # sum's order of additions is the machine's: compared to the last bits only.)
+    for src in (torch.float32, torch.float64):
+        x = torch.tensor([1.5409961, -1.0845223, -0.7192576, 0.3, 1.1], dtype=src)
+        want = getattr(torch, op)(x, 0, dtype=dtype)
+        got = getattr(torch, op)(x.to("tpu"), 0, dtype=dtype).cpu()
+        assert got.dtype == dtype
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, want, rtol=4e-7, atol=0)
+        else:
+            assert torch.equal(got, want), (src, got, want)
+    x = torch.tensor([1.5409961, -1.0845223, -0.7192576])
+    if op == "sum" and dtype == torch.bfloat16:
+        assert torch.sum(x.to("tpu"), 0, dtype=dtype).item() == -0.265625
+
+
+_OUT_DTYPE_CASES = [
+    ("sum", lambda x, o: torch.sum(x, 1, out=o), torch.int64),
+    ("prod", lambda x, o: torch.prod(x, 1, out=o), torch.int64),
+    ("sum", lambda x, o: torch.sum(x, 1, out=o), torch.float64),
+    ("nansum", lambda x, o: torch.nansum(x, 1, out=o), torch.float64),
+    ("mean", lambda x, o: torch.mean(x, 1, out=o), torch.float64),
+    ("sum", lambda x, o: torch.sum(x, 1, out=o), torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("name, call, out_dtype", _OUT_DTYPE_CASES)
+def test_out_dtype_is_the_reductions_dtype(name, call, out_dtype):
+    # ATen reads the out tensor's dtype as dtype= (infer_dtype_from_optional): an int64
+    # out truncates each element before adding, a float64 out adds in float64.
+    x = torch.tensor([[0.6, -0.7, -1.2, 1e-8], [1.5, 2.5, 0.9, -1.0], [1.0, 1e-8, -1.0, 0.0]])
+    want = torch.zeros(3, dtype=out_dtype)
+    call(x, want)
+    got = torch.zeros(3, dtype=out_dtype, device="tpu")
+    call(x.to("tpu"), got)
+    assert torch.equal(got.cpu(), want), (got, want)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.int64, torch.float64])
+@pytest.mark.parametrize("op", ["cumsum", "cumprod"])
+def test_scan_out_dtype_is_the_scans_dtype(op, out_dtype):
+    x = torch.tensor([[0.6, -0.7, -1.2], [1.5, 2.5, 0.9], [1.0, 1e-8, -1.0]])
+    want = torch.zeros(3, 3, dtype=out_dtype)
+    getattr(torch, op)(x, 1, out=want)
+    got = torch.zeros(3, 3, dtype=out_dtype, device="tpu")
+    getattr(torch, op)(x.to("tpu"), 1, out=got)
+    assert torch.equal(got.cpu(), want)

@@ -1,7 +1,9 @@
 """Scans along one dim: cumsum, cumprod, cummax/cummin (values and indices), logcumsumexp.
 
 Dtypes follow the reductions (torchjax/ops/reduction.py): ``dtype=`` casts first,
-cumsum/cumprod of int/bool accumulate in int64, f16/bf16 accumulate in float32.
+cumsum/cumprod of int/bool accumulate in int64, f16/bf16 accumulate in float32, and
+float32/complex64 in 64 bits, as ATen's CPU kernels (``acc_type<float>`` is double
+there): a float32 running sum of [3e7, 1, 1, 1, 1, -3e7] ends at 4, not 0.
 A 0-d input is scanned as one element (dims 0 and -1 are valid), as torch.
 Backward ops reach us as ordinary ops: cumsum's backward is a flipped cumsum,
 ``cumprod_backward`` and ``cummaxmin_backward`` are torch composites.
@@ -16,7 +18,7 @@ from jax import lax
 
 from torchjax._compat.torch import REDUCTION_OUTPUT_TYPE_KIND
 from torchjax.ops import writeback
-from torchjax.ops.reduction import _reduction_dtypes, wrap_dim
+from torchjax.ops.reduction import _reduction_dtypes, cast_first, wrap_dim
 from torchjax.ops.registry import handler, lowering
 from torchjax.ops.writeback import write_into
 from torchjax.tensor import dtypes
@@ -34,14 +36,24 @@ def _scan(fn, x, dim):
     return fn(x, axis)
 
 
-@lowering(aten.cumsum.default)
-def cumsum(self, dim, *, dtype=None):
-    """aten::cumsum - running sum along ``dim``; int/bool -> int64, f16/bf16 in float32.
-
-    Reference: torch.cumsum; jax.lax.cumsum."""
+def _scan_dtypes(self, dtype):
+    """(input cast to ``dtype=``, accumulation dtype, result dtype) of cumsum/cumprod."""
+    self = cast_first(self, dtype)
     compute, result = _reduction_dtypes(
         self, REDUCTION_OUTPUT_TYPE_KIND.SAME, dtype, ints_to_long=True
     )
+    if compute in (np.float32, np.complex64):
+        compute = jnp.promote_types(compute, np.float64)
+    return self, compute, result
+
+
+@lowering(aten.cumsum.default)
+def cumsum(self, dim, *, dtype=None):
+    """aten::cumsum - running sum along ``dim``; int/bool -> int64, f16/bf16 in float32,
+    float32/complex64 in 64 bits (module docstring).
+
+    Reference: torch.cumsum; jax.lax.cumsum."""
+    self, compute, result = _scan_dtypes(self, dtype)
     return _scan(lambda x, a: lax.cumsum(x, axis=a), self.astype(compute), dim).astype(result)
 
 
@@ -50,9 +62,7 @@ def cumprod(self, dim, *, dtype=None):
     """aten::cumprod - running product along ``dim``; dtypes as ``cumsum``.
 
     Reference: torch.cumprod; jax.lax.cumprod."""
-    compute, result = _reduction_dtypes(
-        self, REDUCTION_OUTPUT_TYPE_KIND.SAME, dtype, ints_to_long=True
-    )
+    self, compute, result = _scan_dtypes(self, dtype)
     return _scan(lambda x, a: lax.cumprod(x, axis=a), self.astype(compute), dim).astype(result)
 
 

@@ -27,6 +27,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
@@ -142,13 +143,24 @@ def _check_dims(name, arr, ndim, what):
         raise RuntimeError(f"aten::{name}: {what} must be a {ndim}D tensor, got {arr.ndim}D")
 
 
-def _add_scaled(product, self, beta, alpha, out_dtype):
+# The dtypes CPU's addmm/addbmm (gemm) and addmv (gemv) hand to BLAS.
+_GEMM = frozenset(map(np.dtype, (np.float32, np.float64, np.complex64, np.complex128)))
+_GEMV = frozenset(map(np.dtype, (np.float32, np.float64)))
+
+
+def _add_scaled(product, self, beta, alpha, out_dtype, blas=frozenset()):
     """``beta * self + alpha * product`` with torch's rules: beta == 0 ignores self
     (NaN/inf in self do not propagate); for integer dtypes alpha and beta are first
-    converted to the integer type (truncated), as ATen's ``Scalar.to<int64_t>()``."""
+    converted to the integer type (truncated), as ATen's ``Scalar.to<int64_t>()``.
+    ``blas``: the dtypes in which CPU computes the op with a BLAS gemm/gemv (addmm and
+    addbmm in float32, float64 and complex; addmv in float32 and float64), which skips
+    the product when alpha == 0, so NaN/inf in the matrices do not propagate either
+    (baddbmm, addr and the other dtypes multiply and propagate them)."""
     if jnp.issubdtype(out_dtype, jnp.integer) or out_dtype == jnp.bool_:
         alpha, beta = int(alpha), int(beta)
-    if alpha != 1:
+    if alpha == 0 and out_dtype in blas:
+        product = jnp.zeros(product.shape, product.dtype)
+    elif alpha != 1:
         product = product * alpha
     if beta != 0 and self is not None:
         s = self.astype(product.dtype)
@@ -237,7 +249,12 @@ def addmm(self, mat1, mat2, *, beta=1, alpha=1, precision=HIGHEST):
     _check_dtypes("addmm", self, mat1, mat2)
     mm(mat1, mat2)  # shape checks
     out = _add_scaled(
-        _dot(mat1, mat2, ((1,), (0,)), precision=precision), self, beta, alpha, mat1.dtype
+        _dot(mat1, mat2, ((1,), (0,)), precision=precision),
+        self,
+        beta,
+        alpha,
+        mat1.dtype,
+        blas=_GEMM,
     )
     return jnp.broadcast_to(out, (mat1.shape[0], mat2.shape[1]))
 
@@ -248,7 +265,7 @@ def addmv(self, mat, vec, *, beta=1, alpha=1, precision=HIGHEST):
     _check_dtypes("addmv", self, mat, vec)
     mv(mat, vec)  # shape checks
     out = _add_scaled(
-        _dot(mat, vec, ((1,), (0,)), precision=precision), self, beta, alpha, mat.dtype
+        _dot(mat, vec, ((1,), (0,)), precision=precision), self, beta, alpha, mat.dtype, blas=_GEMV
     )
     return jnp.broadcast_to(out, (mat.shape[0],))
 
@@ -280,11 +297,12 @@ def addbmm(self, batch1, batch2, *, beta=1, alpha=1, precision=HIGHEST):
                 beta if b == 0 else 1,
                 alpha,
                 batch1.dtype,
+                blas=_GEMM,
             )
         return out
     # Contracting over the batch and k axes together sums the per-batch products.
     prod = _dot(batch1, batch2, ((0, 2), (0, 1)), precision=precision)
-    out = _add_scaled(prod, self, beta, alpha, batch1.dtype)
+    out = _add_scaled(prod, self, beta, alpha, batch1.dtype, blas=_GEMM)
     return jnp.broadcast_to(out, shape)
 
 

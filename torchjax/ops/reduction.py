@@ -88,6 +88,16 @@ def _reduction_dtypes(x, kind, dtype=None, *, ints_to_long=False):
     return _dtypes_cached(np.dtype(x.dtype), kind, dtype, ints_to_long)
 
 
+def cast_first(x, dtype):
+    """``x`` in ``dtype=`` (a torch dtype or None) before it is reduced: CPU converts the
+    input to the requested type first, so ``sum(x, dtype=torch.bfloat16)`` adds values
+    already rounded to bfloat16 (in float32), not ``x``'s own."""
+    if dtype is None:
+        return x
+    jdt = dtypes.to_jax_dtype(dtype)
+    return x if x.dtype == jdt else x.astype(jdt)
+
+
 def _is_inexact(x) -> bool:
     return jnp.issubdtype(x.dtype, jnp.inexact)
 
@@ -122,9 +132,10 @@ def _dim_given(dim) -> bool:
 def sum(self, dim=None, keepdim=False, *, dtype=None):
     """aten::sum - sum over ``dim`` (all dims if None or []).
 
-    Dtypes: ``dtype=`` casts the input first; int/bool -> int64; f16/bf16 accumulate in
-    float32. Empty dims sum to 0. Reference: torch/_refs ``sum``; jnp.sum.
+    Dtypes: ``dtype=`` casts the input first (``cast_first``); int/bool -> int64; f16/bf16
+    accumulate in float32. Empty dims sum to 0. Reference: torch/_refs ``sum``; jnp.sum.
     """
+    self = cast_first(self, dtype)
     compute, result = _reduction_dtypes(self, _R.SAME, dtype, ints_to_long=True)
     axes = reduce_dims(self.ndim, dim)
     return jnp.sum(self.astype(compute), axis=axes, keepdims=keepdim).astype(result)
@@ -133,6 +144,7 @@ def sum(self, dim=None, keepdim=False, *, dtype=None):
 @lowering(aten.nansum.default)
 def nansum(self, dim=None, keepdim=False, *, dtype=None):
     """aten::nansum - sum over ``dim`` treating NaN as 0. Dtypes as ``sum``."""
+    self = cast_first(self, dtype)
     compute, result = _reduction_dtypes(self, _R.SAME, dtype, ints_to_long=True)
     x = self.astype(compute)
     if _is_inexact(x):
@@ -144,6 +156,7 @@ def nansum(self, dim=None, keepdim=False, *, dtype=None):
 @lowering(aten.prod.default, aten.prod.dim_int)
 def prod(self, dim=None, keepdim=False, *, dtype=None):
     """aten::prod - product over one ``dim`` (or all). Dtypes as ``sum``; empty -> 1."""
+    self = cast_first(self, dtype)
     compute, result = _reduction_dtypes(self, _R.SAME, dtype, ints_to_long=True)
     axes = reduce_dims(self.ndim, dim)
     return jnp.prod(self.astype(compute), axis=axes, keepdims=keepdim).astype(result)

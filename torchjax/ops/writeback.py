@@ -306,6 +306,27 @@ def inplace_view_handler(functional_view):
     return inplace_view
 
 
+# Note [An out= dtype is the reduction's dtype]
+# sum, nansum, prod, mean, cumsum and cumprod read the out tensor's dtype as ``dtype=``
+# when none is given (ATen's ``infer_dtype_from_optional``): ``torch.sum(x, 1, out=o)``
+# with an int64 ``o`` truncates each float element and adds integers, with a float64
+# ``o`` adds a float32 ``x`` in float64. Not for a complex input into a real out, nor for
+# mean and nansum into an integer out (CPU refuses those).
+_OUT_DTYPE_IS_DTYPE = frozenset({"sum", "nansum", "prod", "mean", "cumsum", "cumprod"})
+
+
+def _out_dtype_as_dtype(func, args, rest, outs) -> dict:
+    if func._opname not in _OUT_DTYPE_IS_DTYPE or rest.get("dtype") is not None:
+        return rest
+    out, src = outs[0].dtype, args[0] if args else None
+    values = out.is_floating_point or out.is_complex
+    if not isinstance(src, torch.Tensor) or (src.is_complex() and not out.is_complex):
+        return rest
+    if not values and func._opname in ("mean", "nansum"):
+        return rest
+    return {**rest, "dtype": out}
+
+
 def out_handler(func, functional):
     """out= overloads: torch's checks (Note [out= checks] in torchjax/ops/py),
     the functional result, then a write into each out tensor (resized if needed)."""
@@ -315,6 +336,9 @@ def out_handler(func, functional):
     # ``Tensor(a!)[] out`` (split_with_sizes_copy, unbind_copy...): one argument holding
     # a list of tensors, one per result; such overloads return nothing.
     list_out = len(names) == 1 and not func._schema.returns
+    by_out_dtype = func._opname in _OUT_DTYPE_IS_DTYPE and any(
+        a.name == "dtype" for a in func._schema.arguments
+    )
 
     def out(args, kwargs):
         outs = list(kwargs[names[0]]) if list_out else [kwargs[n] for n in names]
@@ -326,6 +350,8 @@ def out_handler(func, functional):
             check_no_internal_overlap(func, outs)
             check_no_partial_overlap(func, outs, args, rest)
         meta_ok = check_out_on_meta(func, args, kwargs, names, meta_like)
+        if by_out_dtype:
+            rest = _out_dtype_as_dtype(func, args, rest, outs)
         result = functional(args, rest)
         results = result if isinstance(result, (list, tuple)) else (result,)
         exact = exact_integer_outputs(func, len(outs))
