@@ -5,6 +5,7 @@ import torch
 
 import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import make_tests
+from torchjax.testing import opinfo as oi
 
 OPS = [
     "mm",
@@ -160,3 +161,29 @@ def test_add_forms_with_a_zero_scale_as_cpu(name, beta, alpha, dtype):
     assert got.dtype == want.dtype
     assert torch.equal(got.isnan(), want.isnan())
     assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
+
+
+_BOOL = torch.ones(2, 2, dtype=torch.bool)
+_BOOL_PRODUCTS = {
+    "mm": lambda d: torch.mm(_BOOL.to(d), _BOOL.to(d)),
+    "bmm": lambda d: torch.bmm(_BOOL[None].to(d), _BOOL[None].to(d)),
+    "mv": lambda d: torch.mv(_BOOL.to(d), _BOOL[0].to(d)),
+    "dot": lambda d: torch.dot(_BOOL[0].to(d), _BOOL[0].to(d)),
+    "matmul": lambda d: _BOOL.to(d) @ _BOOL.to(d),
+    "addmm": lambda d: torch.addmm(_BOOL.to(d), _BOOL.to(d), _BOOL.to(d)),
+    "baddbmm": lambda d: torch.baddbmm(_BOOL[None].to(d), _BOOL[None].to(d), _BOOL[None].to(d)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BOOL_PRODUCTS))
+def test_bool_matrix_products_refuse_as_cpu(name):
+    error = oi.same_or_refused(_BOOL_PRODUCTS[name], name)
+    assert isinstance(error, NotImplementedError), error
+    # A refusal, not a missing lowering: the message is the kernel's.
+    with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+        _BOOL_PRODUCTS[name]("tpu")
+
+
+def test_bool_outer_product_computes_as_cpu():
+    v = torch.tensor([True, False])
+    oi.same(lambda s, a, b: torch.addr(s, a, b), _BOOL, v, v)

@@ -262,3 +262,19 @@ def test_unique_along_a_dim_of_empty_tensors_as_cpu(op):
         assert [t.shape for t in got] == [t.shape for t in want], (shape, dim)
         checked += 1
     assert checked == 3
+
+
+_SELECTION_REFUSALS = {
+    "topk_bool": lambda d: torch.topk(torch.tensor([True, False], device=d), 1),
+    "kthvalue_bool": lambda d: torch.kthvalue(torch.tensor([True, False], device=d), 1),
+    "median_bool": lambda d: torch.median(torch.tensor([True, False], device=d)),
+    "median_dim_bool": lambda d: torch.median(torch.tensor([True, False], device=d), 0),
+    "nanmedian_dim_bool": lambda d: torch.nanmedian(torch.tensor([True, False], device=d), 0),
+    "kthvalue_empty": lambda d: torch.kthvalue(torch.empty(0, device=d), 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SELECTION_REFUSALS))
+def test_selection_refuses_as_cpu(name):
+    error = oi.same_or_refused(_SELECTION_REFUSALS[name], name)
+    assert error is not None, f"{name}: CPU accepts it; the case checks nothing"

@@ -152,3 +152,44 @@ def test_nonzero_out_dtype_error_has_torchs_text():
         x = torch.randn(3, 3, device=device)
         with pytest.raises(RuntimeError, match=text):
             torch.nonzero(x, out=torch.empty([], device=device))
+
+
+_KERNEL_OUT_DTYPES = {
+    "amax_wider": lambda d: torch.amax(
+        torch.ones(3, device=d), 0, out=torch.empty((), dtype=torch.float64, device=d)
+    ),
+    "amin_narrower": lambda d: torch.amin(
+        torch.ones(3, dtype=torch.int64, device=d),
+        0,
+        out=torch.empty((), dtype=torch.int32, device=d),
+    ),
+    "any_float": lambda d: torch.any(
+        torch.ones(3, device=d), 0, out=torch.empty((), dtype=torch.float32, device=d)
+    ),
+    "all_long": lambda d: torch.all(
+        torch.ones(3, device=d), 0, out=torch.empty((), dtype=torch.int64, device=d)
+    ),
+    "index_copy_double_source": lambda d: torch.zeros(3, device=d).index_copy_(
+        0, torch.tensor([1], device=d), torch.ones(1, dtype=torch.float64, device=d)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_KERNEL_OUT_DTYPES))
+def test_kernel_dtype_checks_refuse_as_cpu(name):
+    # Checks CPU's kernels make (meta functions do not): the same exception and text.
+    call = _KERNEL_OUT_DTYPES[name]
+    with pytest.raises(RuntimeError) as want:
+        call("cpu")
+    with pytest.raises(RuntimeError) as got:
+        call("tpu")
+    assert str(want.value).split(" (in aten")[0] in str(got.value)
+
+
+def test_all_into_uint8_computes_as_cpu():
+    x = torch.tensor([[1.0, 0.0], [2.0, 3.0]])
+    want = torch.empty(2, dtype=torch.uint8)
+    torch.all(x, 1, out=want)
+    got = torch.empty(2, dtype=torch.uint8, device="tpu")
+    torch.all(x.to("tpu"), 1, out=got)
+    assert torch.equal(got.cpu(), want)

@@ -331,7 +331,14 @@ def index_add(self, dim, index, source, alpha=1):
 
 @lowering(aten.index_copy.default, cpu_tensors=True)
 def index_copy(self, dim, index, source):
-    """aten::index_copy - ``self[..., index[i], ...] = source[..., i, ...]``."""
+    """aten::index_copy - ``self[..., index[i], ...] = source[..., i, ...]``; ``source``
+    of ``self``'s dtype, as CPU requires."""
+    if source.dtype != self.dtype:
+        raise RuntimeError(
+            "index_copy_(): self and source expected to have the same dtype, but got (self) "
+            f"{dtypes.aten_type_name(self.dtype)} and (source) "
+            f"{dtypes.aten_type_name(source.dtype)}"
+        )
     return _index_update(self, dim, index, source, "set", "index_copy")
 
 

@@ -45,6 +45,12 @@ def _check_real(op: str, x) -> None:
         )
 
 
+def _no_bool(op: str, x) -> None:
+    # CPU's selection kernels have no bool instantiation.
+    if x.dtype == np.bool_:
+        raise NotImplementedError(f'"{op}" not implemented for \'Bool\'')
+
+
 def _sorted(x, axis: int, descending: bool = False):
     """(values, int64 indices) of ``x`` sorted stably along ``axis`` in torch's order."""
     keys = _sort_keys(x, descending)
@@ -76,6 +82,8 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
     the largest value. ``k`` outside [0, size] raises like torch. Reference: torch.topk.
     """
     _check_real("topk", self)
+    if self.dtype == np.bool_:
+        raise RuntimeError("topk does not support bool dtypes (in aten::topk)")
     axis = wrap_dim(dim, self.ndim)
     size = self.shape[axis] if self.ndim else 1
     if not 0 <= k <= size:
@@ -119,7 +127,8 @@ def kthvalue(self, k, dim=-1, keepdim=False):
     Reference: torch.kthvalue.
     """
     _check_real("kthvalue", self)
-    axis = wrap_dim(dim, self.ndim)
+    _no_bool("kthvalue", self)
+    axis = _reduced_dim("kthvalue", self, dim)
     size = self.shape[axis] if self.ndim else 1
     if not 1 <= k <= size:
         raise RuntimeError(
@@ -152,6 +161,7 @@ def median(self):
     """aten::median - the lower median of all elements (0-d); NaN if any is NaN or the
     tensor is empty, as torch."""
     _check_real("median", self)
+    _no_bool("median", self)
     if self.size == 0:
         return jnp.full((), jnp.nan, dtype=self.dtype)
     return _median(self.reshape(-1), 0, False, ignore_nan=False)[0]
@@ -162,6 +172,7 @@ def median_dim(self, dim, keepdim=False):
     """aten::median.dim - (lower median, its index) along ``dim``; NaN propagates (the
     first NaN's index); an empty dim raises IndexError, as torch."""
     _check_real("median", self)
+    _no_bool("median", self)
     axis = _reduced_dim("median", self, dim)
     if self.ndim == 0:
         return self, jnp.zeros((), _LONG)
@@ -172,6 +183,7 @@ def median_dim(self, dim, keepdim=False):
 def nanmedian(self):
     """aten::nanmedian - the lower median of the non-NaN elements (NaN if none)."""
     _check_real("nanmedian", self)
+    _no_bool("median", self)
     if self.size == 0:
         return jnp.full((), jnp.nan, dtype=self.dtype)
     return _median(self.reshape(-1), 0, False, ignore_nan=True)[0]
@@ -181,6 +193,7 @@ def nanmedian(self):
 def nanmedian_dim(self, dim, keepdim=False):
     """aten::nanmedian.dim - (lower median ignoring NaN, its index) along ``dim``."""
     _check_real("nanmedian", self)
+    _no_bool("median", self)
     axis = _reduced_dim("nanmedian", self, dim)
     if self.ndim == 0:
         return self, jnp.zeros((), _LONG)

@@ -188,6 +188,23 @@ def check_out_on_meta(func, args, kwargs, out_names, meta_like) -> bool:
     return True
 
 
+def check_kernel_out_dtype(func, args, outs) -> None:
+    """The out dtype checks CPU's kernels make that their meta functions do not: amax and
+    amin write only their input's dtype; any and all a bool (or uint8) result."""
+    name = func._opname
+    if name in ("amax", "amin") and args and outs[0].dtype != args[0].dtype:
+        have, want = dtypes.aten_type_name(args[0].dtype), dtypes.aten_type_name(outs[0].dtype)
+        raise RuntimeError(
+            f"Expected the dtype for input and out to match, but got {have} for input's "
+            f"dtype and {want} for out's dtype. (in aten::{name}.{func._overloadname})"
+        )
+    if name in ("any", "all") and outs[0].dtype not in (torch.bool, torch.uint8):
+        raise RuntimeError(
+            f"{name} only supports bool tensor for result, got: "
+            f"{dtypes.aten_type_name(outs[0].dtype)} (in aten::{name}.{func._overloadname})"
+        )
+
+
 def exact_integer_outputs(func, n_outputs: int) -> bool:
     """Whether integer outputs of ``func`` must have exactly the result's dtype."""
     return n_outputs > 1 or func._opname in _INDEX_VALUED
@@ -354,6 +371,7 @@ def out_handler(func, functional):
             rest = _out_dtype_as_dtype(func, args, rest, outs)
         result = functional(args, rest)
         results = result if isinstance(result, (list, tuple)) else (result,)
+        check_kernel_out_dtype(func, args, outs)
         exact = exact_integer_outputs(func, len(outs))
         for o, r in zip(outs, results):
             values = r.dtype.is_floating_point or r.dtype.is_complex
