@@ -1,4 +1,5 @@
-"""equal / isclose / allclose (torchjax/ops/comparison.py) and the ``<<``/``>>`` dunders
+"""Comparisons (torchjax/ops/comparison.py): elementwise comparisons, min/max, clamp and
+where, equal / isclose / allclose; and the ``<<``/``>>`` dunders
 (torchjax/ops/pointwise_binary.py), compared with CPU torch."""
 
 import pytest
@@ -7,7 +8,25 @@ import torch
 import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import make_tests
 
-OPS = ["equal", "allclose", "isclose"]
+OPS = [
+    "equal",
+    "allclose",
+    "isclose",
+    "maximum",
+    "minimum",
+    "fmax",
+    "fmin",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "clamp",
+    "clamp_min",
+    "clamp_max",
+    "where",
+]
 globals().update(make_tests(OPS))
 
 NAN, INF = float("nan"), float("inf")
@@ -165,3 +184,92 @@ def test_shift_float_raises():
         _tpu(torch.ones(3)) << 1
     with pytest.raises(NotImplementedError, match="aten::__rshift__.*Float"):
         _tpu(torch.ones(3)) >> 1
+
+
+@pytest.mark.parametrize(
+    "fn", [torch.maximum, torch.minimum, torch.max, torch.min, torch.fmax, torch.fmin]
+)
+def test_complex_min_max_are_refused_as_on_cpu(fn):
+    c = torch.ones(2, dtype=torch.cfloat)
+    with pytest.raises(RuntimeError) as cpu_error:
+        fn(c, c)
+    with pytest.raises(RuntimeError) as tpu_error:
+        fn(c.to("tpu"), c.to("tpu"))
+    assert str(tpu_error.value).startswith(str(cpu_error.value))
+
+
+def test_heaviside_values_and_mixed_dtypes():
+    x = torch.tensor([-1.0, 0.0, 2.0, float("nan")])
+    v = torch.tensor([0.5, 0.5, 0.5, 0.5])
+    assert torch.equal(torch.heaviside(x.to("tpu"), v.to("tpu")).cpu(), torch.heaviside(x, v))
+    i = torch.tensor([0, 2, -1])
+    assert torch.equal(torch.heaviside(i.to("tpu"), i.to("tpu")).cpu(), torch.heaviside(i, i))
+    with pytest.raises(RuntimeError, match="heaviside is not yet implemented for tensors with"):
+        torch.heaviside(x, v.double())
+    with pytest.raises(RuntimeError, match="heaviside is not yet implemented for tensors with"):
+        torch.heaviside(x.to("tpu"), v.double().to("tpu"))
+
+
+_SIGNED_ZEROS = [0.0, -0.0, 1.0, -1.0, float("nan"), float("inf")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("size", [6, 48])
+def test_clamp_to_a_number_keeps_self_where_equal(size, dtype):
+    # CPU's kernels for a number bound keep self where it equals the bound, so the sign
+    # of a zero survives clamp(0.0, max=-0.0); XLA's max/min choose by sign.
+    x = torch.tensor((_SIGNED_ZEROS * 8)[:size], dtype=dtype)
+    calls = [
+        lambda t: torch.clamp(t, max=-0.0),
+        lambda t: torch.clamp(t, min=0.0),
+        lambda t: torch.clamp(t, min=-0.0, max=0.0),
+        lambda t: torch.clamp_min(t, 0.0),
+        lambda t: torch.clamp_max(t, -0.0),
+        lambda t: t.clone().clamp_(min=0.0),
+        lambda t: torch.clamp(t, min=float("nan")),
+    ]
+    for call in calls:
+        want, got = call(x), call(x.to("tpu")).cpu()
+        assert torch.equal(want.isnan(), got.isnan())
+        numbers = ~want.isnan()
+        assert torch.equal(want[numbers], got[numbers])
+        assert torch.equal(want[numbers].signbit(), got[numbers].signbit())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_clamp_to_a_tensor_keeps_the_bound_where_equal(dtype):
+    # CPU's vector loop keeps the bound (64 elements: no scalar tail on any vector width).
+    x = torch.tensor((_SIGNED_ZEROS * 11)[:64], dtype=dtype)
+    calls = [
+        lambda t, b: torch.clamp(t, min=b),
+        lambda t, b: torch.clamp(t, max=b),
+        lambda t, b: torch.clamp_min(t, b),
+        lambda t, b: torch.clamp_max(t, b),
+    ]
+    for zero in (0.0, -0.0):
+        bound = torch.full_like(x, zero)
+        for call in calls:
+            want, got = call(x, bound), call(x.to("tpu"), bound.to("tpu")).cpu()
+            numbers = ~want.isnan()
+            assert torch.equal(want.isnan(), got.isnan())
+            assert torch.equal(want[numbers].signbit(), got[numbers].signbit())
+            assert torch.equal(want[numbers], got[numbers])
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: torch.clamp(x, min=0),
+        lambda x: torch.clamp(x, min=x),
+        lambda x: torch.clamp_min(x, 0),
+        lambda x: torch.clamp_max(x, x),
+        lambda x: x.clamp_(max=1),
+    ],
+)
+def test_clamp_of_complex_refuses_as_cpu(call):
+    x = torch.tensor([1 + 1j])
+    with pytest.raises(NotImplementedError) as want:
+        call(x)
+    with pytest.raises(NotImplementedError) as got:
+        call(x.to("tpu"))
+    assert str(want.value).replace("_cpu", "") in str(got.value)

@@ -1,4 +1,5 @@
-"""OpInfo sweep and direct tests for torchjax/ops/pointwise_binary.py."""
+"""OpInfo sweep and direct tests for torchjax/ops/pointwise_binary.py (pow: test_power.py;
+comparisons, min/max, clamp, where: test_comparison.py)."""
 
 import pytest
 import torch
@@ -18,12 +19,7 @@ OPS = [
     "floor_divide",
     "remainder",
     "fmod",
-    "pow",
     "atan2",
-    "maximum",
-    "minimum",
-    "fmax",
-    "fmin",
     "hypot",
     "copysign",
     "xlogy",
@@ -31,16 +27,6 @@ OPS = [
     "lerp",
     "addcmul",
     "addcdiv",
-    "eq",
-    "ne",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "clamp",
-    "clamp_min",
-    "clamp_max",
-    "where",
     "bitwise_and",
     "bitwise_or",
     "bitwise_xor",
@@ -55,7 +41,6 @@ OPS = [
     "__rsub__",
     "__rmul__",
     "__rdiv__",
-    "__rpow__",
     "__rmod__",
     "__rand__",
     "__ror__",
@@ -117,16 +102,6 @@ def test_int_division_by_zero_raises(fn):
     out = fn(tpu(a), tpu(b))  # checked on the device: raised at the sync
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         out.cpu()
-
-
-def test_int_pow():
-    a = torch.tensor([2, -1, 1, 3, -1, 0, 7])
-    e = torch.tensor([-1, -3, -2, 2, -2, 3, 21])
-    _same(torch.pow(tpu(a), tpu(e)), torch.pow(a, e))
-    _same(tpu(a) ** 3, a**3)
-    _same(2 ** tpu(e.abs()), 2 ** e.abs())
-    with pytest.raises(RuntimeError, match="Integers to negative integer powers"):
-        tpu(a) ** -1
 
 
 def test_nan_propagation():
@@ -205,30 +180,6 @@ def test_empty_and_zero_dim():
     _same(tpu(s) * tpu(s), s * s)
     _same(tpu(e) + tpu(s), e + s)
     _same(torch.where(tpu(s) > 1, tpu(e), 1.0), torch.where(s > 1, e, 1.0))
-
-
-@pytest.mark.parametrize(
-    "fn", [torch.maximum, torch.minimum, torch.max, torch.min, torch.fmax, torch.fmin]
-)
-def test_complex_min_max_are_refused_as_on_cpu(fn):
-    c = torch.ones(2, dtype=torch.cfloat)
-    with pytest.raises(RuntimeError) as cpu_error:
-        fn(c, c)
-    with pytest.raises(RuntimeError) as tpu_error:
-        fn(c.to("tpu"), c.to("tpu"))
-    assert str(tpu_error.value).startswith(str(cpu_error.value))
-
-
-def test_heaviside_values_and_mixed_dtypes():
-    x = torch.tensor([-1.0, 0.0, 2.0, float("nan")])
-    v = torch.tensor([0.5, 0.5, 0.5, 0.5])
-    assert torch.equal(torch.heaviside(x.to("tpu"), v.to("tpu")).cpu(), torch.heaviside(x, v))
-    i = torch.tensor([0, 2, -1])
-    assert torch.equal(torch.heaviside(i.to("tpu"), i.to("tpu")).cpu(), torch.heaviside(i, i))
-    with pytest.raises(RuntimeError, match="heaviside is not yet implemented for tensors with"):
-        torch.heaviside(x, v.double())
-    with pytest.raises(RuntimeError, match="heaviside is not yet implemented for tensors with"):
-        torch.heaviside(x.to("tpu"), v.double().to("tpu"))
 
 
 def test_complex_logaddexp_at_infinities_and_nan():
@@ -317,29 +268,6 @@ def test_division_by_a_broadcast_divisor_is_correctly_rounded(divisor):
     want = x / d
     got = (x.to("tpu") / (d.to("tpu") if isinstance(d, torch.Tensor) else d)).cpu()
     assert torch.equal(got, want)
-
-
-_NEGATIVE_POWER_CALLS = {
-    "pow": lambda x: x.pow(-2),
-    "pow_": lambda x: x.pow_(-1),
-    "out": lambda x: torch.pow(x, -2, out=x.clone()),
-}
-
-
-@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int64])
-@pytest.mark.parametrize("name", sorted(_NEGATIVE_POWER_CALLS))
-def test_negative_integer_exponent_of_integers_raises_as_on_cpu(dtype, name):
-    call = _NEGATIVE_POWER_CALLS[name]
-    # uint8 and bool would wrap -2 to a positive exponent once promoted. A bool out=
-    # meets torch's meta kernel first, which refuses the int64 -> bool cast before the
-    # exponent (CPU's kernel checks the exponent first): both are RuntimeErrors.
-    match = None if (dtype, name) == (torch.bool, "out") else "negative integer powers"
-    for dev in ("cpu", "tpu"):
-        x = torch.tensor([2, 3], device=dev).to(dtype)
-        with pytest.raises(RuntimeError, match=match):
-            call(x)
-    x = torch.tensor([2, 3], dtype=dtype)
-    assert torch.equal(x.to("tpu").pow(torch.tensor(-2)).cpu(), x.pow(torch.tensor(-2)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -468,43 +396,6 @@ def test_gcd_of_the_integer_minimum_ends():
     assert lines[1] == f"[1, {-(2**31)}, -1, {-(2**31)}] [{-(2**31)}, 0, {-(2**31)}, {-(2**31)}]"
 
 
-@pytest.mark.parametrize("dtype", list(_INT_VALUES), ids=str)
-def test_integer_pow_uses_every_bit_of_the_exponent(dtype):
-    # XLA's integer power read the low six bits of the exponent (2 ** 64 was 1).
-    info = torch.iinfo(dtype)
-    bases = [v for v in (info.min, -3, -2, -1, 0, 1, 2, 3, 7, info.max) if v >= info.min]
-    exps = [e for e in (0, 1, 2, 5, 31, 63, 64, 65, 127, 129, 255, 300, 2**31 - 1) if e <= info.max]
-    base, exp = _all_pairs(dtype, bases, exps)
-    assert torch.equal((base.to("tpu") ** exp.to("tpu")).cpu(), base**exp)
-    for e in (64, 129):
-        if e <= info.max:
-            assert torch.equal((base.to("tpu") ** e).cpu(), base**e)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("exponent", [2, 3, -2, -1, 2.0, 3.0])
-def test_powers_cpu_special_cases_bit_for_bit(exponent, dtype):
-    # ATen's pow_tensor_scalar_kernel computes x*x, x*x*x, 1/(x*x), 1/x for these; the
-    # general power differed in the last bit of a quarter of the float32 results.
-    x = torch.rand(2000, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 6
-    x = (x + 0.1).to(dtype)
-    want = x**exponent
-    got = x.to("tpu") ** exponent
-    assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
-    inplace = x.to("tpu")
-    inplace.pow_(exponent)
-    assert torch.equal(inplace.cpu(), want)
-    out = torch.empty(0, dtype=dtype, device="tpu")
-    torch.pow(x.to("tpu"), exponent, out=out)
-    assert torch.equal(out.cpu(), want)
-
-
-def test_complex_square_is_a_product_not_the_polar_form():
-    z = torch.tensor([2j, -1 + 0j, 3 - 4j, 0.5 - 2j], dtype=torch.complex128)
-    assert torch.equal(torch.square(z.to("tpu")).cpu(), torch.square(z))
-    assert torch.equal((z.to("tpu") ** 3).cpu(), z**3)
-
-
 _BOOL_TIMES_NAN_CALLS = {
     "mul": lambda b, x: b * x,
     "mul_float": lambda b, x: b.float() * x,
@@ -532,68 +423,3 @@ def test_false_times_inf_is_nan(name, mode):
         got = fn(*args)
     torch.testing.assert_close(got.cpu(), want, equal_nan=True)
     assert want.isnan().any()
-
-
-_SIGNED_ZEROS = [0.0, -0.0, 1.0, -1.0, float("nan"), float("inf")]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("size", [6, 48])
-def test_clamp_to_a_number_keeps_self_where_equal(size, dtype):
-    # CPU's kernels for a number bound keep self where it equals the bound, so the sign
-    # of a zero survives clamp(0.0, max=-0.0); XLA's max/min choose by sign.
-    x = torch.tensor((_SIGNED_ZEROS * 8)[:size], dtype=dtype)
-    calls = [
-        lambda t: torch.clamp(t, max=-0.0),
-        lambda t: torch.clamp(t, min=0.0),
-        lambda t: torch.clamp(t, min=-0.0, max=0.0),
-        lambda t: torch.clamp_min(t, 0.0),
-        lambda t: torch.clamp_max(t, -0.0),
-        lambda t: t.clone().clamp_(min=0.0),
-        lambda t: torch.clamp(t, min=float("nan")),
-    ]
-    for call in calls:
-        want, got = call(x), call(x.to("tpu")).cpu()
-        assert torch.equal(want.isnan(), got.isnan())
-        numbers = ~want.isnan()
-        assert torch.equal(want[numbers], got[numbers])
-        assert torch.equal(want[numbers].signbit(), got[numbers].signbit())
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_clamp_to_a_tensor_keeps_the_bound_where_equal(dtype):
-    # CPU's vector loop keeps the bound (64 elements: no scalar tail on any vector width).
-    x = torch.tensor((_SIGNED_ZEROS * 11)[:64], dtype=dtype)
-    calls = [
-        lambda t, b: torch.clamp(t, min=b),
-        lambda t, b: torch.clamp(t, max=b),
-        lambda t, b: torch.clamp_min(t, b),
-        lambda t, b: torch.clamp_max(t, b),
-    ]
-    for zero in (0.0, -0.0):
-        bound = torch.full_like(x, zero)
-        for call in calls:
-            want, got = call(x, bound), call(x.to("tpu"), bound.to("tpu")).cpu()
-            numbers = ~want.isnan()
-            assert torch.equal(want.isnan(), got.isnan())
-            assert torch.equal(want[numbers].signbit(), got[numbers].signbit())
-            assert torch.equal(want[numbers], got[numbers])
-
-
-@pytest.mark.parametrize(
-    "call",
-    [
-        lambda x: torch.clamp(x, min=0),
-        lambda x: torch.clamp(x, min=x),
-        lambda x: torch.clamp_min(x, 0),
-        lambda x: torch.clamp_max(x, x),
-        lambda x: x.clamp_(max=1),
-    ],
-)
-def test_clamp_of_complex_refuses_as_cpu(call):
-    x = torch.tensor([1 + 1j])
-    with pytest.raises(NotImplementedError) as want:
-        call(x)
-    with pytest.raises(NotImplementedError) as got:
-        call(x.to("tpu"))
-    assert str(want.value).replace("_cpu", "") in str(got.value)

@@ -1,4 +1,6 @@
-"""Whole-tensor comparisons: ``equal``, ``isclose``, ``allclose``.
+"""Comparisons: elementwise (``eq``/``lt``/..., ``maximum``/``minimum``, ``fmax``/``fmin``,
+``heaviside``, ``clamp``, ``where``) and whole-tensor (``equal``, ``isclose``,
+``allclose``).
 
 ``equal`` and ``allclose`` return a Python ``bool``, not a tensor: the registry passes a
 non-array result through unwrapped, so they are ordinary lowerings that end in one
@@ -10,7 +12,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax import lax
 
+from torchjax.ops import registry
+from torchjax.ops.pointwise_binary import bcast, kind_of, lax2, type_name
 from torchjax.ops.registry import Kind, lowering
 from torchjax.tensor import dtypes
 
@@ -96,3 +101,181 @@ def allclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     Shapes: broadcast (non-broadcastable shapes raise). Dtypes: as isclose. Returns a
     Python bool. Reference: torch.allclose; torch/_refs ``allclose``."""
     return bool(jnp.all(_isclose("allclose", self, other, rtol, atol, equal_nan)))
+
+
+# ---------------------------------------------------------------------------------------
+# elementwise: comparisons, min/max, clamp, where
+
+
+for _op, _fn in [
+    (aten.eq, lax.eq),
+    (aten.ne, lax.ne),
+    (aten.lt, lax.lt),
+    (aten.le, lax.le),
+    (aten.gt, lax.gt),
+    (aten.ge, lax.ge),
+]:
+    registry.register_pointwise(_op, lax2(_fn), promote=Kind.ALWAYS_BOOL)
+
+
+def _no_complex(name, *xs):
+    # torch has no order on complex numbers (jax's max would compare lexicographically).
+    if any(kind_of(x) == "complex" for x in xs):
+        raise RuntimeError(f"{name} not implemented for complex tensors.")
+
+
+@lowering(aten.maximum, promote=Kind.DEFAULT)
+def maximum(self, other):
+    """aten::maximum - elementwise max; NaN propagates (as torch, unlike fmax)."""
+    _no_complex("maximum", self, other)
+    return lax2(lax.max)(self, other)
+
+
+@lowering(aten.minimum, promote=Kind.DEFAULT)
+def minimum(self, other):
+    """aten::minimum - elementwise min; NaN propagates (as torch, unlike fmin)."""
+    _no_complex("minimum", self, other)
+    return lax2(lax.min)(self, other)
+
+
+@lowering(aten.fmax, promote=Kind.DEFAULT)
+def fmax(self, other):
+    """aten::fmax - elementwise max ignoring NaN (NaN only if both are NaN)."""
+    _no_complex("fmax", self, other)
+    return jnp.fmax(*bcast(self, other))
+
+
+@lowering(aten.fmin, promote=Kind.DEFAULT)
+def fmin(self, other):
+    """aten::fmin - elementwise min ignoring NaN (NaN only if both are NaN)."""
+    _no_complex("fmin", self, other)
+    return jnp.fmin(*bcast(self, other))
+
+
+@lowering(aten.heaviside)
+def heaviside(self, values):
+    """aten::heaviside - ``values`` where self == 0, else ``self > 0`` (0 for NaN); both
+    of one dtype, as torch requires (no promotion)."""
+    if jnp.asarray(self).dtype != jnp.asarray(values).dtype:
+        raise RuntimeError("heaviside is not yet implemented for tensors with different dtypes.")
+    a, b = bcast(self, values)
+    return jnp.where(a == 0, b, (a > 0).astype(a.dtype))
+
+
+def _at_least(x, lo):
+    # A number bound keeps ``x`` where they are equal (CPU's scalar kernel), so
+    # clamp(0.0, min=-0.0) is 0.0; XLA's max would pick +0.0 over -0.0 by sign.
+    x, lo = bcast(x, lo)
+    return jnp.where((x < lo) | (lo != lo), lo, x)
+
+
+def _at_most(x, hi):
+    x, hi = bcast(x, hi)
+    return jnp.where((x > hi) | (hi != hi), hi, x)
+
+
+def _at_least_bound(x, lo):
+    # A tensor bound wins where they are equal, as in CPU's vector loop.
+    x, lo = bcast(x, lo)
+    return jnp.where((x <= lo) | (lo != lo), lo, x)
+
+
+def _at_most_bound(x, hi):
+    x, hi = bcast(x, hi)
+    return jnp.where((x >= hi) | (hi != hi), hi, x)
+
+
+def _no_complex_clamp(*xs):
+    if any(x is not None and kind_of(x) == "complex" for x in xs):
+        raise NotImplementedError("clamp is not supported for complex types")
+
+
+def _no_complex_bound(name, self, bound):
+    # clamp_min/clamp_max with a tensor bound reach ATen's maximum/minimum kernels.
+    for x in (self, bound):
+        if kind_of(x) == "complex":
+            raise NotImplementedError(f"\"{name}\" not implemented for '{type_name(x)}'")
+
+
+def _clamp(self, min, max, low, high):
+    _no_complex_clamp(self, min, max)
+    if min is None and max is None:
+        raise RuntimeError(
+            "aten::clamp: torch.clamp: At least one of 'min' or 'max' must not be None"
+        )
+    out = self
+    if min is not None:
+        out = low(out, min)
+    if max is not None:
+        out = high(out, max)
+    return out
+
+
+_CLAMP_POLICY = dict(promote=Kind.DEFAULT, checked_scalars=("min", "max"))
+
+
+@lowering(aten.clamp.default, **_CLAMP_POLICY)
+def clamp(self, min=None, max=None):
+    """aten::clamp (number bounds) - ``min(max(self, min), max)``, ``self`` kept where
+    it equals a bound (the sign of a zero); NaN in self or a bound propagates; min > max
+    gives max, as in torch. Dtypes: DEFAULT promotion over self and the bounds."""
+    return _clamp(self, min, max, _at_least, _at_most)
+
+
+@lowering(aten.clamp.Tensor, **_CLAMP_POLICY)
+def clamp_tensor(self, min=None, max=None):
+    """aten::clamp.Tensor - as clamp, with the bound kept where it equals ``self`` (the
+    sign of a zero), as CPU's vector loop."""
+    return _clamp(self, min, max, _at_least_bound, _at_most_bound)
+
+
+@lowering(aten.clamp_min.default, **_CLAMP_POLICY)
+def clamp_min(self, min):
+    """aten::clamp_min - ``max(self, min)``, NaN propagating, ``self`` kept on ties."""
+    _no_complex_clamp(self, min)
+    return _at_least(self, min)
+
+
+@lowering(aten.clamp_min.Tensor, **_CLAMP_POLICY)
+def clamp_min_tensor(self, min):
+    """aten::clamp_min.Tensor - ``max(self, min)``, NaN propagating."""
+    _no_complex_bound("maximum", self, min)
+    return _at_least_bound(self, min)
+
+
+@lowering(aten.clamp_max.default, **_CLAMP_POLICY)
+def clamp_max(self, max):
+    """aten::clamp_max - ``min(self, max)``, NaN propagating, ``self`` kept on ties."""
+    _no_complex_clamp(self, max)
+    return _at_most(self, max)
+
+
+@lowering(aten.clamp_max.Tensor, **_CLAMP_POLICY)
+def clamp_max_tensor(self, max):
+    """aten::clamp_max.Tensor - ``min(self, max)``, NaN propagating."""
+    _no_complex_bound("minimum", self, max)
+    return _at_most_bound(self, max)
+
+
+@lowering(
+    aten.where.self,
+    aten.where.ScalarOther,
+    aten.where.ScalarSelf,
+    aten.where.Scalar,
+    promote=Kind.NO_OPMATH,
+    promote_args=("self", "other"),
+    checked_scalars=("self", "other"),
+    checked_half=False,
+)
+def where(condition, self, other):
+    """aten::where(condition, self, other) - pick self where condition, else other.
+
+    Shapes: all three broadcast. Dtypes: result_type(self, other); condition must be
+    bool (uint8 accepted, as torch does with a deprecation warning)."""
+    if condition.dtype not in (jnp.bool_, jnp.uint8):
+        raise RuntimeError(
+            f"aten::where: where expected condition to be a boolean tensor, "
+            f"but got a tensor with dtype {type_name(condition)}"
+        )
+    c, a, b = bcast(condition, self, other)
+    return lax.select(c.astype(jnp.bool_), a, b)

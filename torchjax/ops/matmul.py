@@ -132,7 +132,7 @@ def _check_dtypes(name, *arrs):
     dts = {a.dtype for a in arrs if a is not None}
     if np.dtype(np.bool_) in dts:
         # CPU has no bool kernel for the matrix products (CUDA neither).
-        raise NotImplementedError(f'"{name}" not implemented for \'Bool\'')
+        raise NotImplementedError(f"\"{name}\" not implemented for 'Bool'")
     if len(dts) > 1:
         got = ", ".join(str(a.dtype) for a in arrs if a is not None)
         raise RuntimeError(

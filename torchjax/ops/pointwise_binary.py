@@ -1,8 +1,9 @@
-"""Elementwise binary/ternary math: arithmetic, division modes, pow, comparisons,
-bitwise/logical ops, min/max, clamp, where, lerp, addcmul/addcdiv.
+"""Elementwise binary/ternary math: arithmetic, division modes, float binary math,
+bitwise/logical ops, lerp, addcmul/addcdiv. ``pow`` is in power.py; comparisons,
+min/max, clamp and where in comparison.py.
 
 Inputs arrive promoted to torch's computation dtype (``promote=``); lax wants equal
-shapes, so binary lowerings broadcast first (``_bcast``, as ``torch/_refs``'
+shapes, so binary lowerings broadcast first (``bcast``, as ``torch/_refs``'
 ``_maybe_broadcast``). Integer division by zero raises ``RuntimeError: ZeroDivisionError``
 as torch's CPU kernels do; that check reads the divisor, so it runs in eager only (under
 ``jax.jit`` the divisor is a tracer and integer division by zero gives XLA's result).
@@ -25,16 +26,16 @@ from torchjax.tensor.dtypes import aten_type_name
 aten = torch.ops.aten
 
 
-def _bcast(*xs):
+def bcast(*xs):
     shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in xs))
     return [jnp.broadcast_to(x, shape) for x in xs]
 
 
-def _lax2(fn):
-    return lambda a, b: fn(*_bcast(a, b))
+def lax2(fn):
+    return lambda a, b: fn(*bcast(a, b))
 
 
-def _kind(x) -> str:
+def kind_of(x) -> str:
     dt = np.dtype(x.dtype)
     if dt == np.bool_:
         return "bool"
@@ -45,7 +46,7 @@ def _kind(x) -> str:
     return "float"
 
 
-def _type_name(x) -> str:
+def type_name(x) -> str:
     return aten_type_name(x.dtype)
 
 
@@ -70,8 +71,8 @@ def _check_divisor(op: str, other) -> None:
 
 
 def _require(op: str, x, kinds) -> None:
-    if _kind(x) not in kinds:
-        raise NotImplementedError(f"aten::{op}: \"{op}\" not implemented for '{_type_name(x)}'")
+    if kind_of(x) not in kinds:
+        raise NotImplementedError(f"aten::{op}: \"{op}\" not implemented for '{type_name(x)}'")
 
 
 # ---------------------------------------------------------------------------------------
@@ -81,7 +82,7 @@ def _require(op: str, x, kinds) -> None:
 def _scaled(op: str, x, alpha, *, bool_alpha_check=True):
     """``alpha * x`` with torch's checks on alpha's type against the tensor dtype
     (addcmul/addcdiv accept ``value=True`` for any dtype: ``bool_alpha_check=False``)."""
-    kind = _kind(x)
+    kind = kind_of(x)
     if isinstance(alpha, bool):
         if kind != "bool" and bool_alpha_check:
             raise RuntimeError(f"aten::{op}: Boolean alpha only supported for Boolean results.")
@@ -101,12 +102,12 @@ def _scaled(op: str, x, alpha, *, bool_alpha_check=True):
 
 
 def _add(a, b):
-    a, b = _bcast(a, b)
+    a, b = bcast(a, b)
     return lax.bitwise_or(a, b) if a.dtype == jnp.bool_ else lax.add(a, b)
 
 
 def _mul(a, b):
-    a, b = _bcast(a, b)
+    a, b = bcast(a, b)
     return lax.bitwise_and(a, b) if a.dtype == jnp.bool_ else lax.mul(a, b)
 
 
@@ -133,7 +134,7 @@ def add(self, other, alpha=1):
 def sub(self, other, alpha=1):
     """aten::sub - ``self - alpha * other``; bool raises as in torch. Reference: torch.sub."""
     _check_sub_bool("sub", self)
-    return _lax2(lax.sub)(self, _scaled("sub", other, alpha))
+    return lax2(lax.sub)(self, _scaled("sub", other, alpha))
 
 
 _sub = {
@@ -160,7 +161,7 @@ def sub_handler(args, kwargs, _ops=(aten.sub.Tensor, aten.sub.Scalar)):
 def rsub(self, other, alpha=1):
     """aten::rsub - ``other - alpha * self``; bool raises. Reference: torch.rsub."""
     _check_sub_bool("rsub", self)
-    return _lax2(lax.sub)(other, _scaled("rsub", self, alpha))
+    return lax2(lax.sub)(other, _scaled("rsub", self, alpha))
 
 
 @lowering(aten.mul.Tensor, aten.mul.Scalar, promote=Kind.DEFAULT, exact_scalars=("other",))
@@ -178,8 +179,8 @@ def div(self, other):
 def exact_div(self, other):
     """``self / other`` correctly rounded on CPU also where ``other`` is broadcast (Note
     [Division by a broadcast divisor])."""
-    a, b = _bcast(self, other)
-    if np.shape(other) == a.shape or _kind(a) != "float":
+    a, b = bcast(self, other)
+    if np.shape(other) == a.shape or kind_of(a) != "float":
         return lax.div(a, b)
     return lax.platform_dependent(a, b, cpu=_div_by_broadcast, default=lax.div)
 
@@ -198,7 +199,7 @@ def _div_by_broadcast(a, b):
 def _floor_div_float(a, b):
     # torch's div_floor_floating (ATen/native/BinaryOps.h): floor of the exact quotient,
     # computed from fmod so that it agrees with remainder; a / b when b == 0.
-    a, b = _bcast(a, b)
+    a, b = bcast(a, b)
     zero = jnp.zeros((), a.dtype)
     one = jnp.ones((), a.dtype)
     mod = lax.rem(a, b)
@@ -219,21 +220,21 @@ def floor_divide(self, other):
     torch (jax would return a value). Floats: torch's fmod-based algorithm (inf/NaN for a
     zero divisor). Reference: torch.floor_divide; ATen div_floor_floating."""
     _require("floor_divide", self, ("int", "float", "bool"))
-    if _kind(self) in ("int", "bool"):
+    if kind_of(self) in ("int", "bool"):
         _check_divisor("floor_divide", other)
-        if _kind(self) == "bool":
+        if kind_of(self) == "bool":
             return self
-        return _lax2(jnp.floor_divide)(self, other)
+        return lax2(jnp.floor_divide)(self, other)
     return _floor_div_float(self, other)
 
 
 def _div_trunc(self, other, *, rounding_mode="trunc"):
-    if _kind(self) in ("int", "bool"):
+    if kind_of(self) in ("int", "bool"):
         _check_divisor("div", other)
-        if _kind(self) == "bool":
+        if kind_of(self) == "bool":
             return self
-        return _lax2(lax.div)(self, other)  # C integer division truncates
-    return jnp.trunc(_lax2(lax.div)(self, other))
+        return lax2(lax.div)(self, other)  # C integer division truncates
+    return jnp.trunc(lax2(lax.div)(self, other))
 
 
 # NO_OPMATH: torch rounds the f16/bf16 quotient to its dtype before truncating
@@ -274,10 +275,10 @@ def remainder(self, other):
     Ints: zero divisor raises ZeroDivisionError. Floats: ``fmod`` then shifted by the
     divisor when signs differ (torch's algorithm), NaN for a zero divisor."""
     _require("remainder", self, ("int", "float"))
-    if _kind(self) == "int":
+    if kind_of(self) == "int":
         _check_divisor("remainder", other)
-        return _lax2(jnp.remainder)(self, other)
-    a, b = _bcast(self, other)
+        return lax2(jnp.remainder)(self, other)
+    a, b = bcast(self, other)
     zero = jnp.zeros((), a.dtype)
     mod = lax.rem(a, b)
     return jnp.where((mod != zero) & ((b < zero) != (mod < zero)), mod + b, mod)
@@ -287,118 +288,9 @@ def remainder(self, other):
 def fmod(self, other):
     """aten::fmod - C ``fmod``: the sign follows the dividend; int zero divisor raises."""
     _require("fmod", self, ("int", "float"))
-    if _kind(self) == "int":
+    if kind_of(self) == "int":
         _check_divisor("fmod", other)
-    return _lax2(lax.rem)(self, other)
-
-
-# ---------------------------------------------------------------------------------------
-# pow
-
-
-def _powi(base, exp):
-    """ATen's ``powi_impl`` for ``exp >= 0``: square-and-multiply over every bit of the
-    exponent, products wrapping in the type. XLA's integer power looks at the low six
-    bits only (``2 ** 64`` was 1, ``3 ** 129`` was 3)."""
-    one = jnp.ones((), base.dtype)
-
-    def bit(_, carry):
-        result, a, b = carry
-        result = jnp.where((b & 1) != 0, result * a, result)
-        return result, a * a, b >> 1
-
-    init = (jnp.broadcast_to(one, base.shape), base, exp)
-    return lax.fori_loop(0, exp.dtype.itemsize * 8, bit, init)[0]
-
-
-def _int_pow(base, exp):
-    # torch's powi: negative exponents give 1 for base 1, +-1 for base -1, else 0.
-    base, exp = _bcast(base, exp)
-    zero = jnp.zeros((), exp.dtype)
-    neg = exp < zero
-    pos = _powi(base, jnp.where(neg, zero, exp).astype(base.dtype))
-    one = jnp.ones((), base.dtype)
-    odd = (exp % 2) != 0
-    neg_val = jnp.where(
-        base == one,
-        one,
-        jnp.where(base == -one, jnp.where(odd, -one, one), jnp.zeros((), base.dtype)),
-    )
-    return jnp.where(neg, neg_val, pos)
-
-
-@lowering(aten.pow.Tensor_Tensor, aten.pow.Scalar, promote=Kind.DEFAULT)
-def pow(self, exponent):
-    """aten::pow (Tensor_Tensor, Tensor_Scalar, Scalar) - ``self ** exponent``.
-
-    Dtypes: DEFAULT promotion. Ints: exact integer power with torch's rule for negative
-    exponents (1 ** -n = 1, (-1) ** -n = +-1, else 0); a negative Python-scalar exponent
-    with an integer base raises, as in torch (``pow_tensor_scalar``, before promotion).
-    bool: ``self or not exponent``."""
-    kind = _kind(self) if hasattr(self, "dtype") else _kind(exponent)
-    if kind == "bool":
-        return _lax2(lax.bitwise_or)(self, lax.bitwise_not(jnp.asarray(exponent)))
-    if kind == "int":
-        return _int_pow(self, exponent)
-    return _lax2(lax.pow)(self, exponent)
-
-
-_pow_scalar = functional_handler(aten.pow.Tensor_Scalar, pow, promote=Kind.DEFAULT)
-
-
-@handler(aten.pow.Tensor_Scalar)
-def pow_tensor_scalar(args, kwargs):
-    """aten::pow.Tensor_Scalar at the torch level: a negative integer exponent of an
-    integer tensor raises before promotion, which would wrap it (uint8 ** -2 is 254)."""
-    self, exponent = args[0], args[1] if len(args) > 1 else kwargs["exponent"]
-    if (
-        isinstance(exponent, int)
-        and not isinstance(exponent, bool)
-        and exponent < 0
-        and not (self.dtype.is_floating_point or self.dtype.is_complex)
-    ):
-        raise RuntimeError(
-            "aten::pow: Integers to negative integer powers are not "
-            f"allowed (got exponent {exponent})."
-        )
-    if isinstance(exponent, int) and not (self.dtype.is_floating_point or self.dtype.is_complex):
-        dtypes.check_scalar_fits(exponent, self.dtype, "pow")
-    special = _cpu_special_power(self, exponent)
-    return _pow_scalar(args, kwargs) if special is None else special
-
-
-def _cpu_special_power(self, exponent):
-    """``self ** exponent`` as ATen's ``pow_tensor_scalar_kernel`` computes the powers it
-    special-cases for float and complex results: 0.5, -0.5 and -1 as sqrt, rsqrt and
-    reciprocal; 2, 3 and -2 as ``x*x``, ``x*x*x`` and ``1/(x*x)`` (not for float16,
-    which takes ``std::pow``). A general power gave other last bits (a quarter of
-    float32 ``x ** 3``, ``x ** -0.5``), and complex ``z ** 2`` went through the polar
-    form (``(2j) ** 2`` had an imaginary part). None: the general power."""
-    if isinstance(exponent, bool) or not isinstance(exponent, (int, float, complex)):
-        return None
-    if complex(exponent).imag != 0:
-        return None
-    e = complex(exponent).real
-    if e not in (0.5, -0.5, -1.0, 2.0, 3.0, -2.0):
-        return None
-    dtype = torch.result_type(self, exponent)
-    if not (dtype.is_floating_point or dtype.is_complex):
-        return None
-    x = self if self.dtype == dtype else aten._to_copy.default(self, dtype=dtype)
-    if e == 0.5:
-        return aten.sqrt.default(x)
-    if e == -0.5:
-        return aten.rsqrt.default(x)
-    if e == -1.0:
-        return aten.reciprocal.default(x)
-    if dtype == torch.float16:
-        return None
-    square = aten.mul.Tensor(x, x)
-    if e == 2.0:
-        return square
-    if e == 3.0:
-        return aten.mul.Tensor(square, x)
-    return aten.reciprocal.default(square)
+    return lax2(lax.rem)(self, other)
 
 
 # ---------------------------------------------------------------------------------------
@@ -408,24 +300,24 @@ def _cpu_special_power(self, exponent):
 @lowering(aten.atan2, promote=Kind.INT_TO_FLOAT)
 def atan2(self, other):
     """aten::atan2 - quadrant-aware arctangent of self / other. Reference: jax.lax.atan2."""
-    return _lax2(lax.atan2)(self, other)
+    return lax2(lax.atan2)(self, other)
 
 
 @lowering(aten.hypot, promote=Kind.DEFAULT)
 def hypot(self, other):
     """aten::hypot - ``sqrt(self**2 + other**2)`` without overflow (floats only)."""
-    return jnp.hypot(*_bcast(self, other))
+    return jnp.hypot(*bcast(self, other))
 
 
 @lowering(aten.copysign, promote=Kind.INT_TO_FLOAT)
 def copysign(self, other):
     """aten::copysign - ``|self|`` with the sign bit of ``other`` (-0.0 counts)."""
-    return jnp.copysign(*_bcast(self, other))
+    return jnp.copysign(*bcast(self, other))
 
 
 def _xlog(fn):
     def lower(self, other):
-        x, y = _bcast(self, other)
+        x, y = bcast(self, other)
         zero = jnp.zeros((), x.dtype)
         out = jnp.where(x == zero, zero, x * fn(y))
         return jnp.where(jnp.isnan(y), y, out)
@@ -450,8 +342,8 @@ def logaddexp(self, other):
     """aten::logaddexp - ``log(exp(self) + exp(other))`` computed stably. Complex: as
     torch, ``big + log1p(exp(small - big))`` ordered by real part (jnp picks another
     branch of the imaginary part)."""
-    a, b = _bcast(self, other)
-    if _kind(a) != "complex":
+    a, b = bcast(self, other)
+    if kind_of(a) != "complex":
         return jnp.logaddexp(a, b)
     # torch's helper: ordered by real part (a tie keeps the order), NaN infectious, equal
     # infinite real parts special-cased (the general form would give inf - inf).
@@ -468,185 +360,7 @@ def logaddexp(self, other):
 @lowering(aten.logaddexp2, promote=Kind.DEFAULT)
 def logaddexp2(self, other):
     """aten::logaddexp2 - ``log2(2**self + 2**other)`` computed stably."""
-    return jnp.logaddexp2(*_bcast(self, other))
-
-
-# ---------------------------------------------------------------------------------------
-# comparisons, min/max, clamp
-
-
-for _op, _fn in [
-    (aten.eq, lax.eq),
-    (aten.ne, lax.ne),
-    (aten.lt, lax.lt),
-    (aten.le, lax.le),
-    (aten.gt, lax.gt),
-    (aten.ge, lax.ge),
-]:
-    registry.register_pointwise(_op, _lax2(_fn), promote=Kind.ALWAYS_BOOL)
-
-
-def _no_complex(name, *xs):
-    # torch has no order on complex numbers (jax's max would compare lexicographically).
-    if any(_kind(x) == "complex" for x in xs):
-        raise RuntimeError(f"{name} not implemented for complex tensors.")
-
-
-@lowering(aten.maximum, promote=Kind.DEFAULT)
-def maximum(self, other):
-    """aten::maximum - elementwise max; NaN propagates (as torch, unlike fmax)."""
-    _no_complex("maximum", self, other)
-    return _lax2(lax.max)(self, other)
-
-
-@lowering(aten.minimum, promote=Kind.DEFAULT)
-def minimum(self, other):
-    """aten::minimum - elementwise min; NaN propagates (as torch, unlike fmin)."""
-    _no_complex("minimum", self, other)
-    return _lax2(lax.min)(self, other)
-
-
-@lowering(aten.fmax, promote=Kind.DEFAULT)
-def fmax(self, other):
-    """aten::fmax - elementwise max ignoring NaN (NaN only if both are NaN)."""
-    _no_complex("fmax", self, other)
-    return jnp.fmax(*_bcast(self, other))
-
-
-@lowering(aten.fmin, promote=Kind.DEFAULT)
-def fmin(self, other):
-    """aten::fmin - elementwise min ignoring NaN (NaN only if both are NaN)."""
-    _no_complex("fmin", self, other)
-    return jnp.fmin(*_bcast(self, other))
-
-
-@lowering(aten.heaviside)
-def heaviside(self, values):
-    """aten::heaviside - ``values`` where self == 0, else ``self > 0`` (0 for NaN); both
-    of one dtype, as torch requires (no promotion)."""
-    if jnp.asarray(self).dtype != jnp.asarray(values).dtype:
-        raise RuntimeError("heaviside is not yet implemented for tensors with different dtypes.")
-    a, b = _bcast(self, values)
-    return jnp.where(a == 0, b, (a > 0).astype(a.dtype))
-
-
-def _at_least(x, lo):
-    # A number bound keeps ``x`` where they are equal (CPU's scalar kernel), so
-    # clamp(0.0, min=-0.0) is 0.0; XLA's max would pick +0.0 over -0.0 by sign.
-    x, lo = _bcast(x, lo)
-    return jnp.where((x < lo) | (lo != lo), lo, x)
-
-
-def _at_most(x, hi):
-    x, hi = _bcast(x, hi)
-    return jnp.where((x > hi) | (hi != hi), hi, x)
-
-
-def _at_least_bound(x, lo):
-    # A tensor bound wins where they are equal, as in CPU's vector loop.
-    x, lo = _bcast(x, lo)
-    return jnp.where((x <= lo) | (lo != lo), lo, x)
-
-
-def _at_most_bound(x, hi):
-    x, hi = _bcast(x, hi)
-    return jnp.where((x >= hi) | (hi != hi), hi, x)
-
-
-def _no_complex_clamp(*xs):
-    if any(x is not None and _kind(x) == "complex" for x in xs):
-        raise NotImplementedError("clamp is not supported for complex types")
-
-
-def _no_complex_bound(name, self, bound):
-    # clamp_min/clamp_max with a tensor bound reach ATen's maximum/minimum kernels.
-    for x in (self, bound):
-        if _kind(x) == "complex":
-            raise NotImplementedError(f"\"{name}\" not implemented for '{_type_name(x)}'")
-
-
-def _clamp(self, min, max, low, high):
-    _no_complex_clamp(self, min, max)
-    if min is None and max is None:
-        raise RuntimeError(
-            "aten::clamp: torch.clamp: At least one of 'min' or 'max' must not be None"
-        )
-    out = self
-    if min is not None:
-        out = low(out, min)
-    if max is not None:
-        out = high(out, max)
-    return out
-
-
-_CLAMP_POLICY = dict(promote=Kind.DEFAULT, checked_scalars=("min", "max"))
-
-
-@lowering(aten.clamp.default, **_CLAMP_POLICY)
-def clamp(self, min=None, max=None):
-    """aten::clamp (number bounds) - ``min(max(self, min), max)``, ``self`` kept where
-    it equals a bound (the sign of a zero); NaN in self or a bound propagates; min > max
-    gives max, as in torch. Dtypes: DEFAULT promotion over self and the bounds."""
-    return _clamp(self, min, max, _at_least, _at_most)
-
-
-@lowering(aten.clamp.Tensor, **_CLAMP_POLICY)
-def clamp_tensor(self, min=None, max=None):
-    """aten::clamp.Tensor - as clamp, with the bound kept where it equals ``self`` (the
-    sign of a zero), as CPU's vector loop."""
-    return _clamp(self, min, max, _at_least_bound, _at_most_bound)
-
-
-@lowering(aten.clamp_min.default, **_CLAMP_POLICY)
-def clamp_min(self, min):
-    """aten::clamp_min - ``max(self, min)``, NaN propagating, ``self`` kept on ties."""
-    _no_complex_clamp(self, min)
-    return _at_least(self, min)
-
-
-@lowering(aten.clamp_min.Tensor, **_CLAMP_POLICY)
-def clamp_min_tensor(self, min):
-    """aten::clamp_min.Tensor - ``max(self, min)``, NaN propagating."""
-    _no_complex_bound("maximum", self, min)
-    return _at_least_bound(self, min)
-
-
-@lowering(aten.clamp_max.default, **_CLAMP_POLICY)
-def clamp_max(self, max):
-    """aten::clamp_max - ``min(self, max)``, NaN propagating, ``self`` kept on ties."""
-    _no_complex_clamp(self, max)
-    return _at_most(self, max)
-
-
-@lowering(aten.clamp_max.Tensor, **_CLAMP_POLICY)
-def clamp_max_tensor(self, max):
-    """aten::clamp_max.Tensor - ``min(self, max)``, NaN propagating."""
-    _no_complex_bound("minimum", self, max)
-    return _at_most_bound(self, max)
-
-
-@lowering(
-    aten.where.self,
-    aten.where.ScalarOther,
-    aten.where.ScalarSelf,
-    aten.where.Scalar,
-    promote=Kind.NO_OPMATH,
-    promote_args=("self", "other"),
-    checked_scalars=("self", "other"),
-    checked_half=False,
-)
-def where(condition, self, other):
-    """aten::where(condition, self, other) - pick self where condition, else other.
-
-    Shapes: all three broadcast. Dtypes: result_type(self, other); condition must be
-    bool (uint8 accepted, as torch does with a deprecation warning)."""
-    if condition.dtype not in (jnp.bool_, jnp.uint8):
-        raise RuntimeError(
-            f"aten::where: where expected condition to be a boolean tensor, "
-            f"but got a tensor with dtype {_type_name(condition)}"
-        )
-    c, a, b = _bcast(condition, self, other)
-    return lax.select(c.astype(jnp.bool_), a, b)
+    return jnp.logaddexp2(*bcast(self, other))
 
 
 # ---------------------------------------------------------------------------------------
@@ -656,7 +370,7 @@ def where(condition, self, other):
 def _bitwise(name, fn):
     def lower(self, other):
         _require(name, self, ("int", "bool"))
-        return _lax2(fn)(self, other)
+        return lax2(fn)(self, other)
 
     lower.__name__ = name
     lower.__doc__ = f"aten::{name} - elementwise on ints and bool; floats raise as in torch."
@@ -692,7 +406,7 @@ for _op, _fn in [
 ]:
 
     def _logical(self, other, _fn=_fn):
-        a, b = _bcast(self, other)
+        a, b = bcast(self, other)
         return _fn(a != jnp.zeros((), a.dtype), b != jnp.zeros((), b.dtype))
 
     lowering(_op, promote=Kind.ALWAYS_BOOL)(_logical)
@@ -728,11 +442,11 @@ def lerp(self, end, weight):
             )
     result = self.dtype
     compute = jnp.promote_types(result, jnp.float32)
-    a, b, w = _bcast(self.astype(compute), end.astype(compute), jnp.asarray(weight).astype(compute))
+    a, b, w = bcast(self.astype(compute), end.astype(compute), jnp.asarray(weight).astype(compute))
     diff = b - a
     one = jnp.ones((), w.dtype)
     small = jnp.abs(w) < np.asarray(0.5, a.real.dtype)
-    if _kind(a) == "float":
+    if kind_of(a) == "float":
         return jnp.where(small, fma(w, diff, a), fma(w - one, diff, b)).astype(result)
     return jnp.where(small, a + w * diff, b - diff * (one - w)).astype(result)
 
@@ -744,8 +458,8 @@ def addcmul(self, tensor1, tensor2, *, value=1):
     that last product to ``self`` in one FMA as CPU's vectorised loop does (``fma``), so
     an optimizer's moments match CPU's bit for bit."""
     scaled = _scaled("addcmul", tensor1, value, bool_alpha_check=False)
-    if _kind(self) == "float" and jnp.result_type(self, scaled, tensor2) == jnp.float32:
-        return fma(*_bcast(scaled, tensor2, self))
+    if kind_of(self) == "float" and jnp.result_type(self, scaled, tensor2) == jnp.float32:
+        return fma(*bcast(scaled, tensor2, self))
     return _add(self, _mul(scaled, tensor2))
 
 
@@ -766,7 +480,7 @@ def fma(x, y, z):
 def addcdiv(self, tensor1, tensor2, *, value=1):
     """aten::addcdiv - ``self + value * tensor1 / tensor2``; integer inputs raise as in
     torch (its historic integer division was removed)."""
-    if _kind(tensor1) in ("int", "bool") and _kind(tensor2) in ("int", "bool"):
+    if kind_of(tensor1) in ("int", "bool") and kind_of(tensor2) in ("int", "bool"):
         raise RuntimeError(
             "aten::addcdiv: Integer division with addcdiv is no longer supported, and in a "
             "future release addcdiv will perform a true division of tensor1 and tensor2. "
@@ -804,7 +518,7 @@ def gcd(self, other):
     """aten::gcd - greatest common divisor (non-negative but where |x| overflows: as
     ATen's kernel), integers only."""
     _require("gcd", self, ("int",))
-    return _gcd(*_bcast(self, other))
+    return _gcd(*bcast(self, other))
 
 
 @lowering(aten.lcm, promote=Kind.DEFAULT)
@@ -812,7 +526,7 @@ def lcm(self, other):
     """aten::lcm - least common multiple, ``|a / gcd * b|`` (0 if either is 0) as ATen's
     kernel computes it: the product wraps, then its abs. Integers only."""
     _require("lcm", self, ("int",))
-    a, b = _bcast(self, other)
+    a, b = bcast(self, other)
     g = _c_int(_gcd(a, b))
     x, y = _c_int(a), _c_int(b)
     out = jnp.abs(lax.div(x, jnp.where(g == 0, 1, g)) * y)
@@ -823,4 +537,4 @@ def lcm(self, other):
 def nextafter(self, other):
     """aten::nextafter - the next representable value after self toward other, in the
     input dtype itself (NO_OPMATH: a bf16 step is not an f32 step)."""
-    return jnp.nextafter(*_bcast(self, other))
+    return jnp.nextafter(*bcast(self, other))

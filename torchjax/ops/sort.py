@@ -48,7 +48,7 @@ def _check_real(op: str, x) -> None:
 def _no_bool(op: str, x) -> None:
     # CPU's selection kernels have no bool instantiation.
     if x.dtype == np.bool_:
-        raise NotImplementedError(f'"{op}" not implemented for \'Bool\'')
+        raise NotImplementedError(f"\"{op}\" not implemented for 'Bool'")
 
 
 def _sorted(x, axis: int, descending: bool = False):
