@@ -7,7 +7,7 @@ in-place and ``out=`` on one floating and one integer dtype. The last three exer
 machinery that does not depend on the dtype (autograd above the registry, the registry's
 derived in-place/out= handlers), while every dtype's values are checked by forward:
 this keeps the whole suite inside CI's time budget on 2 cores. Random
-ops are checked by ``torchjax.testing.opinfo.check_random`` (Note [Random OpInfo samples]).
+ops are checked by ``torchjax.testing.checks.check_random`` (Note [Random OpInfo samples]).
 Cases listed in tests/ops/expected_failures.csv are strict xfails: a listed case that
 starts passing fails the suite until its line is removed. The one exception is a row
 whose reason starts with "machine-dependent:", a diagnosed rounding difference that
@@ -23,6 +23,7 @@ import pathlib
 import pytest
 import torch
 
+from torchjax.testing import checks
 from torchjax.testing import opinfo as oi
 
 _XFAIL_FILE = pathlib.Path(__file__).with_name("expected_failures.csv")
@@ -89,7 +90,7 @@ def _make_test(check, cases):
             limit = _LISTED_OTHER_DTYPE_FORWARD_LIMIT if listed else _OTHER_DTYPE_FORWARD_LIMIT
         samples = oi.samples(op, dtype, requires_grad=grad, limit=limit)
         assert samples, f"{oi.full_name(op)} has no {dtype} sample: nothing would be compared"
-        ran = [oi.run_check(check, op, s) for s in samples]
+        ran = [checks.run_check(check, op, s) for s in samples]
         # A case that compared nothing must not pass (Note [Sample caps]).
         if grad:
             assert any(ran), "no sample had a differentiable output"

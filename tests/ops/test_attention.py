@@ -8,6 +8,7 @@ import torch.nn.functional as F
 import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import make_tests
 from torchjax.ops import compiled
+from torchjax.testing import checks
 from torchjax.testing import opinfo as oi
 
 OPS = ["torch.ops.aten._safe_softmax.default"]
@@ -31,7 +32,7 @@ def _deterministic(samples):
 @pytest.mark.parametrize("dtype", _DTYPES, ids=str)
 def test_opinfo_attention_forward(op, dtype):
     for s in _deterministic(oi.samples(op, dtype)):
-        oi.check_forward(op, s)
+        checks.check_forward(op, s)
 
 
 # multi_head_attention_forward's grad samples all use training=True (dropout).
@@ -39,7 +40,8 @@ def test_opinfo_attention_forward(op, dtype):
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=str)
 def test_opinfo_attention_backward(op, dtype):
     ran = [
-        oi.check_backward(op, s) for s in _deterministic(oi.samples(op, dtype, requires_grad=True))
+        checks.check_backward(op, s)
+        for s in _deterministic(oi.samples(op, dtype, requires_grad=True))
     ]
     assert any(ran)
 

@@ -6,7 +6,7 @@ through the same machinery (tests/ops/opinfo_cases.py), so each entry is tested 
 once and a new family file takes its entries out of here by naming them. The lists are read
 statically with ``ast`` (no import of the family files), so collection order and
 pytest-xdist workers agree. Failing cases are strict xfails listed in
-tests/ops/expected_failures.csv; random ops go through ``check_random``.
+tests/ops/expected_failures.csv; random ops go through ``torchjax.testing.checks.check_random``.
 """
 
 from __future__ import annotations

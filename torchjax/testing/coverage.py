@@ -3,7 +3,7 @@
     python -m torchjax.testing.coverage [--ops SUBSTR ...] [--dtypes float32,int64]
                                         [--limit 2] [--jobs 2] [--checks forward,backward]
 
-Runs the same checks as tests/ops (``torchjax.testing.opinfo.run_check``: forward values,
+Runs the same checks as tests/ops (``torchjax.testing.checks.run_check``: forward values,
 dtypes and shapes vs CPU torch, gradients, in-place, ``out=``; random ops through
 ``check_random``) without pytest, on the first ``--limit`` samples of each op and dtype,
 in ``--jobs`` worker processes. Prints ops passed / tested for each check (an op passes a
@@ -94,6 +94,7 @@ def run_op(name: str, dtypes, limit: int, checks, timeout: int) -> list[Result]:
 
     import torchjax  # noqa: F401  (registers the device)
     from torchjax.testing import opinfo as oi
+    from torchjax.testing.checks import run_check
 
     (op,) = [o for o in oi.opinfos([name]) if oi.full_name(o) == name]
     supported = op.supported_dtypes("cpu")
@@ -115,7 +116,7 @@ def run_op(name: str, dtypes, limit: int, checks, timeout: int) -> list[Result]:
             signal.alarm(timeout)
             try:
                 samples = oi.samples(op, dtype, requires_grad=check == "backward", limit=limit)
-                ran = [oi.run_check(check, op, s) for s in samples]
+                ran = [run_check(check, op, s) for s in samples]
                 if check == "backward":
                     assert any(ran), "no sample had a differentiable output"
                 results.append(Result(name, dname, check, None))
