@@ -1,4 +1,5 @@
-"""Special functions: Airy, Bessel, Hurwitz zeta, incomplete gamma, orthogonal polynomials.
+"""Special functions: Airy, Bessel, Hurwitz zeta, incomplete gamma, and the lowerings of
+the orthogonal polynomials (evaluated in special_polynomials.py).
 
 Values follow ATen's own algorithms (aten/src/ATen/native/Math.h): the Cephes rational
 approximations and Chebyshev series, with their coefficient tables (at the end of this
@@ -36,6 +37,14 @@ from jax import lax
 
 from torchjax.ops import _special_tables as _tab
 from torchjax.ops.registry import Kind, lowering
+from torchjax.ops.special_polynomials import (
+    chebyshev,
+    const_like,
+    hermite,
+    laguerre,
+    legendre,
+    select_first,
+)
 
 aten = torch.ops.aten
 
@@ -45,16 +54,11 @@ _PI_4 = 0.785398163397448309615660845819875721
 _3PI_4 = 2.356194490192344928846982537459627163
 
 
-def _c(v, like):
-    """``v`` as a 0-d array of ``like``'s dtype (keeps float32 math in float32)."""
-    return np.asarray(v, dtype=like.dtype)
-
-
 def _polevl(x, coefs):
     """sum(coefs[i] * x**(N - i)) by Horner's rule, as ATen's inline loops do."""
     acc = jnp.zeros_like(x)
     for c in coefs:
-        acc = acc * x + _c(c, x)
+        acc = acc * x + const_like(c, x)
     return acc
 
 
@@ -64,16 +68,8 @@ def _chbevl(y, coefs):
     a = jnp.full_like(y, coefs[0])
     for c in coefs[1:]:
         p, q = q, a
-        a = y * q - p + _c(c, y)
-    return _c(0.5, y) * (a - p)
-
-
-def _where(*pairs_and_default):
-    """``_where(c1, v1, c2, v2, ..., default)``: the first true condition wins."""
-    *pairs, out = pairs_and_default
-    for cond, val in reversed(list(zip(pairs[::2], pairs[1::2]))):
-        out = jnp.where(cond, val, out)
-    return out
+        a = y * q - p + const_like(c, y)
+    return const_like(0.5, y) * (a - p)
 
 
 # ---------------------------------------------------------------------------------------
@@ -82,35 +78,35 @@ def _where(*pairs_and_default):
 
 @jax.jit
 def _airy_ai(x):
-    one = _c(1.0, x)
+    one = const_like(1.0, x)
     neg = x < -2.09
     pos = x >= 2.09
     # x < -2.09: the oscillating asymptotic expansion.
-    xn = jnp.where(neg, x, _c(-3.0, x))
-    zeta_n = _c(-2.0, x) * xn * jnp.sqrt(-xn) / _c(3.0, x)
+    xn = jnp.where(neg, x, const_like(-3.0, x))
+    zeta_n = const_like(-2.0, x) * xn * jnp.sqrt(-xn) / const_like(3.0, x)
     z = one / zeta_n
     zz = z * z
     afn, afd = _polevl(zz, _tab.AIRY_AI_AFN), _polevl(zz, _tab.AIRY_AI_AFD)
     agn, agd = _polevl(zz, _tab.AIRY_AI_AGN), _polevl(zz, _tab.AIRY_AI_AGD)
-    t = zeta_n + _c(0.25 * np.pi, x)
+    t = zeta_n + const_like(0.25 * np.pi, x)
     ai_neg = (
-        _c(5.64189583547756286948e-01, x)
+        const_like(5.64189583547756286948e-01, x)
         / jnp.sqrt(jnp.sqrt(-xn))
         * (jnp.sin(t) * (one + zz * afn / afd) - jnp.cos(t) * (z * agn / agd))
     )
     # x >= 2.09: the decaying asymptotic expansion.
-    xp = jnp.where(pos, x, _c(3.0, x))
-    zeta_p = _c(2.0, x) * xp * jnp.sqrt(xp) / _c(3.0, x)
+    xp = jnp.where(pos, x, const_like(3.0, x))
+    zeta_p = const_like(2.0, x) * xp * jnp.sqrt(xp) / const_like(3.0, x)
     an, ad = _polevl(one / zeta_p, _tab.AIRY_AI_AN), _polevl(one / zeta_p, _tab.AIRY_AI_AD)
     ai_pos = (
-        _c(5.64189583547756286948e-01, x)
+        const_like(5.64189583547756286948e-01, x)
         * (an / ad)
-        / (_c(2.0, x) * jnp.sqrt(jnp.sqrt(xp)) * jnp.exp(zeta_p))
+        / (const_like(2.0, x) * jnp.sqrt(jnp.sqrt(xp)) * jnp.exp(zeta_p))
     )
     # In between: the Maclaurin series f(x) c1 - g(x) c2, summed until it converges.
     xs = jnp.where(neg | pos, jnp.zeros_like(x), x)
     cube = xs * xs * xs
-    eps = _c(np.finfo(x.dtype).eps, x)
+    eps = const_like(np.finfo(x.dtype).eps, x)
 
     def body(s):
         f, g, k, m, n, active = s
@@ -132,9 +128,9 @@ def _airy_ai(x):
     ones = jnp.ones_like(x)
     init = (ones, xs, ones, ones, xs, jnp.ones(x.shape, dtype=bool))
     f, g, *_ = lax.while_loop(lambda s: jnp.any(s[-1]), body, init)
-    ai_mid = _c(0.355028053887817239260, x) * f - _c(0.258819403792806798405, x) * g
-    nan = _c(np.nan, x)
-    return _where(
+    ai_mid = const_like(0.355028053887817239260, x) * f - const_like(0.258819403792806798405, x) * g
+    nan = const_like(np.nan, x)
+    return select_first(
         jnp.isinf(x), nan, x > 103.892, jnp.zeros_like(x), neg, ai_neg, pos, ai_pos, ai_mid
     )
 
@@ -146,39 +142,41 @@ def _bessel_j0(x):
     xs = jnp.where(small, x, jnp.ones_like(x))
     x2 = xs * xs
     rp, rq = _polevl(x2, _tab.BESSEL_J0_RP), _polevl(x2, _tab.BESSEL_J0_RQ)
-    j_small = (x2 - _c(5.78318596294678452118e00, x)) * (x2 - _c(3.04712623436620863991e01, x))
+    j_small = (x2 - const_like(5.78318596294678452118e00, x)) * (
+        x2 - const_like(3.04712623436620863991e01, x)
+    )
     j_small = j_small * rp / rq
-    tiny = _c(1.0, x) - x * x / _c(4.0, x)
-    return _where(x < 0.00001, tiny, small, j_small, _bessel_large(x, _J0_ASYMPTOTIC, False))
+    tiny = const_like(1.0, x) - x * x / const_like(4.0, x)
+    return select_first(x < 0.00001, tiny, small, j_small, _bessel_large(x, _J0_ASYMPTOTIC, False))
 
 
 @jax.jit
 def _bessel_j1(x):
-    sign = jnp.where(x < 0, _c(-1.0, x), _c(1.0, x))
+    sign = jnp.where(x < 0, const_like(-1.0, x), const_like(1.0, x))
     x = jnp.abs(x)
     small = x <= 5.0
     xs = jnp.where(small, x, jnp.ones_like(x))
     x2 = xs * xs
     rp, rq = _polevl(x2, _tab.BESSEL_J1_RP), _polevl(x2, _tab.BESSEL_J1_RQ)
-    j_small = rp / rq * xs * (x2 - _c(1.46819706421238932572e01, x))
-    j_small = j_small * (x2 - _c(4.92184563216946036703e01, x))
+    j_small = rp / rq * xs * (x2 - const_like(1.46819706421238932572e01, x))
+    j_small = j_small * (x2 - const_like(4.92184563216946036703e01, x))
     return sign * jnp.where(small, j_small, _bessel_large(x, _J1_ASYMPTOTIC, False))
 
 
 def _bessel_large(x, tables, second_kind):
     """The x > 5 Hankel asymptotic form shared by j0/y0 (phase pi/4) and j1/y1 (3 pi/4)."""
     pp_c, pq_c, qp_c, qq_c, phase, order1 = tables
-    xl = jnp.where(x <= 5.0, _c(6.0, x), x)
-    five = _c(5.0, x)
-    w = five / xl * (five / xl) if order1 else _c(25.0, x) / (xl * xl)
+    xl = jnp.where(x <= 5.0, const_like(6.0, x), x)
+    five = const_like(5.0, x)
+    w = five / xl * (five / xl) if order1 else const_like(25.0, x) / (xl * xl)
     p = _polevl(w, pp_c) / _polevl(w, pq_c)
     q = five / xl * (_polevl(w, qp_c) / _polevl(w, qq_c))
-    arg = xl - _c(phase, x)
+    arg = xl - const_like(phase, x)
     if second_kind:
         val = p * jnp.sin(arg) + q * jnp.cos(arg)
     else:
         val = p * jnp.cos(arg) - q * jnp.sin(arg)
-    return val * _c(_SQRT_2_OVER_PI, x) / jnp.sqrt(xl)
+    return val * const_like(_SQRT_2_OVER_PI, x) / jnp.sqrt(xl)
 
 
 @jax.jit
@@ -187,12 +185,12 @@ def _bessel_y0(x):
     xs = jnp.where(small & (x > 0), x, jnp.ones_like(x))
     x2 = xs * xs
     y_small = _polevl(x2, _tab.BESSEL_Y0_YP) / _polevl(x2, _tab.BESSEL_Y0_YQ)
-    y_small = y_small + _c(_TWO_OVER_PI, x) * jnp.log(xs) * _bessel_j0(xs)
-    return _where(
+    y_small = y_small + const_like(_TWO_OVER_PI, x) * jnp.log(xs) * _bessel_j0(xs)
+    return select_first(
         x == 0,
-        _c(-np.inf, x),
+        const_like(-np.inf, x),
         x < 0,
-        _c(np.nan, x),
+        const_like(np.nan, x),
         small,
         y_small,
         _bessel_large(x, _J0_ASYMPTOTIC, True),
@@ -205,12 +203,14 @@ def _bessel_y1(x):
     xs = jnp.where(small & (x > 0), x, jnp.ones_like(x))
     x2 = xs * xs
     y_small = xs * (_polevl(x2, _tab.BESSEL_Y1_YP) / _polevl(x2, _tab.BESSEL_Y1_YQ))
-    y_small = y_small + _c(_TWO_OVER_PI, x) * (_bessel_j1(xs) * jnp.log(xs) - _c(1.0, x) / xs)
-    return _where(
+    y_small = y_small + const_like(_TWO_OVER_PI, x) * (
+        _bessel_j1(xs) * jnp.log(xs) - const_like(1.0, x) / xs
+    )
+    return select_first(
         x == 0,
-        _c(-np.inf, x),
+        const_like(-np.inf, x),
         x < 0,
-        _c(np.nan, x),
+        const_like(np.nan, x),
         small,
         y_small,
         _bessel_large(x, _J1_ASYMPTOTIC, True),
@@ -220,11 +220,13 @@ def _bessel_y1(x):
 @jax.jit
 def _spherical_bessel_j0(x):
     x2 = x * x
-    series = _c(1.0 / 6227020800.0, x)
+    series = const_like(1.0 / 6227020800.0, x)
     for c in (-1.0 / 39916800.0, 1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0, 1.0):
-        series = _c(c, x) + x2 * series
+        series = const_like(c, x) + x2 * series
     safe = jnp.where(jnp.abs(x) < 0.5, jnp.ones_like(x), x)
-    return _where(jnp.isinf(x), jnp.zeros_like(x), jnp.abs(x) < 0.5, series, jnp.sin(safe) / safe)
+    return select_first(
+        jnp.isinf(x), jnp.zeros_like(x), jnp.abs(x) < 0.5, series, jnp.sin(safe) / safe
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -244,9 +246,9 @@ def _bessel_i(x, order):
         )
     )
     xs = jnp.where(small, ax, jnp.zeros_like(ax))
-    xl = jnp.where(small, _c(32.0, x), ax)
-    a = _chbevl(xs / _c(2.0, x) - _c(2.0, x), a_tab)
-    b = _chbevl(_c(32.0, x) / xl - _c(2.0, x), b_tab)
+    xl = jnp.where(small, const_like(32.0, x), ax)
+    a = _chbevl(xs / const_like(2.0, x) - const_like(2.0, x), a_tab)
+    b = _chbevl(const_like(32.0, x) / xl - const_like(2.0, x), b_tab)
     if order == 0:
         return jnp.where(small, jnp.exp(ax) * a, jnp.exp(ax) * b / jnp.sqrt(xl))
     val = jnp.where(small, a * ax * jnp.exp(ax), jnp.exp(ax) * b / jnp.sqrt(xl))
@@ -265,176 +267,21 @@ def _bessel_k(x, order, scaled):
         )
     )
     xs = jnp.where(small & (x > 0), x, jnp.ones_like(x))
-    xl = jnp.where(small, _c(4.0, x), x)
-    a = _chbevl(xs * xs - _c(2.0, x), a_tab)
-    log_half = jnp.log(_c(0.5, x) * xs)
+    xl = jnp.where(small, const_like(4.0, x), x)
+    a = _chbevl(xs * xs - const_like(2.0, x), a_tab)
+    log_half = jnp.log(const_like(0.5, x) * xs)
     if order == 0:
         k_small = a - log_half * _bessel_i(xs, 0)
     else:
         k_small = log_half * _bessel_i(xs, 1) + a / xs
-    k_large = _chbevl(_c(8.0, x) / xl - _c(2.0, x), b_tab) / jnp.sqrt(xl)
+    k_large = _chbevl(const_like(8.0, x) / xl - const_like(2.0, x), b_tab) / jnp.sqrt(xl)
     if scaled:
         k_small = k_small * jnp.exp(xs)
     else:
         k_large = jnp.exp(-xl) * k_large
-    return _where(x == 0, _c(np.inf, x), x < 0, _c(np.nan, x), small, k_small, k_large)
-
-
-# ---------------------------------------------------------------------------------------
-# Orthogonal polynomials of a tensor degree n
-
-
-def _degree(n):
-    """ATen's ``static_cast<int64_t>(n)``: truncation; NaN, +-inf and out-of-range values
-    give INT64_MIN on x86 (a negative degree, so the polynomial is 0)."""
-    if not jnp.issubdtype(n.dtype, jnp.floating):
-        return n.astype(jnp.int64)
-    ok = jnp.isfinite(n) & (jnp.abs(n) < 2.0**63)
-    return jnp.where(ok, jnp.where(ok, n, 0).astype(jnp.int64), np.int64(-(2**63)))
-
-
-def _recurrence(x, n, p, q, step, stop_at_nan=True):
-    """P_n(x) from P_0 = p, P_1 = q and P_k = step(k, x, P_{k-2}, P_{k-1}), k = 2..n.
-
-    Each element stops at its own n (and, as in ATen, once P_{k-1} is NaN)."""
-
-    def alive(k, q):
-        live = k <= n
-        return live & ~jnp.isnan(q) if stop_at_nan else live
-
-    def body(s):
-        k, p, q = s
-        go = alive(k, q)
-        r = step(k.astype(x.dtype), x, p, q)
-        return k + 1, jnp.where(go, q, p), jnp.where(go, r, q)
-
-    k0 = jnp.asarray(2, dtype=jnp.int64)
-    _, _, q = lax.while_loop(lambda s: jnp.any(alive(s[0], s[2])), body, (k0, p, q))
-    return q
-
-
-def _cheb_step(k, y, p, q):
-    return (y + y) * q - p
-
-
-@functools.partial(jax.jit, static_argnames=("kind", "shifted"))
-def _chebyshev(x, n, kind, shifted):
-    """Chebyshev T/U/V/W_n(x) (``shifted``: of 2x - 1), ATen's branch order."""
-    x, n = jnp.broadcast_arrays(x, n)
-    n = _degree(n)
-    one = _c(1.0, x)
-    y = x + x - one if shifted else x
-    if shifted:
-        at_pos, at_neg = x == 1, x == 0
-    else:
-        at_pos, at_neg = (jnp.abs(x) == 1) & (x > 0), (jnp.abs(x) == 1) & (x < 0)
-    even = n % 2 == 0
-    nf = n.astype(x.dtype)
-    two_n1 = (n + n + 1).astype(x.dtype)
-    sign = jnp.where(even, one, -one)
-    # degree above which ATen switches to the trigonometric form inside (-1, 1)
-    trig_from = {"t": 6, "u": 6 if shifted else 8, "v": 6 if shifted else 8}.get(
-        kind, 4 if shifted else 8
+    return select_first(
+        x == 0, const_like(np.inf, x), x < 0, const_like(np.nan, x), small, k_small, k_large
     )
-    inside = (n > trig_from) & (jnp.abs(y) < 1)
-    theta = jnp.arccos(jnp.where(inside, y, jnp.zeros_like(y)))
-    if kind == "t":
-        edge_pos, edge_neg = one, sign
-        trig = jnp.cos(nf * theta)
-        first = y
-    elif kind == "u":
-        edge_pos, edge_neg = nf + one, sign * (nf + one)
-        s = jnp.sin(theta)
-        safe_s = jnp.where(s != 0, s, one)
-        trig = jnp.where(
-            s != 0,
-            jnp.sin((nf + one) * theta) / safe_s,
-            (nf + one) * jnp.cos((nf + one) * theta) / y,
-        )
-        first = y + y
-    elif kind == "v":
-        edge_pos, edge_neg = one, sign * two_n1
-        half = jnp.sin(theta / _c(2.0, x))
-        trig = jnp.where(
-            half != 1,
-            jnp.cos((nf + _c(0.5, x)) * theta) / jnp.cos(theta / _c(2.0, x)),
-            sign * two_n1,
-        )
-        first = y + y - one
-    else:  # "w"
-        edge_pos, edge_neg = two_n1, sign
-        half = jnp.cos(theta / _c(2.0, x))
-        trig = jnp.where(
-            half != 1,
-            jnp.sin((nf + _c(0.5, x)) * theta) / jnp.sin(theta / _c(2.0, x)),
-            sign if shifted else jnp.where(y > 0, two_n1, sign),
-        )
-        first = y + y + one
-    rec = _recurrence(
-        y, jnp.where(at_pos | at_neg | inside, 0, n), jnp.ones_like(x), first, _cheb_step
-    )
-    return _where(
-        n < 0,
-        jnp.zeros_like(x),
-        at_pos,
-        edge_pos * jnp.ones_like(x),
-        at_neg,
-        edge_neg * jnp.ones_like(x),
-        inside,
-        trig,
-        n == 0,
-        jnp.ones_like(x),
-        rec,
-    )
-
-
-# ATen returns NaN above these degrees (getHermitianLimit in Math.h).
-_HERMITE_LIMIT = {np.dtype(np.float32): 128, np.dtype(np.float64): 512}
-
-
-@functools.partial(jax.jit, static_argnames="physicists")
-def _hermite(x, n, physicists):
-    x, n = jnp.broadcast_arrays(x, n)
-    n = _degree(n)
-    limit = _HERMITE_LIMIT.get(np.dtype(x.dtype), 1024)
-    if physicists:  # H_k = 2x H_{k-1} - 2(k-1) H_{k-2}
-        first = x + x
-        step = lambda k, x, p, q: (x + x) * q - (k + k - 2) * p  # noqa: E731
-    else:  # He_k = x He_{k-1} - (k-1) He_{k-2}
-        first = x
-        step = lambda k, x, p, q: x * q - (k - 1) * p  # noqa: E731
-    rec = _recurrence(x, jnp.where(n > limit, 0, n), jnp.ones_like(x), first, step, False)
-    return _where(n < 0, jnp.zeros_like(x), n == 0, jnp.ones_like(x), n > limit, _c(np.nan, x), rec)
-
-
-@jax.jit
-def _laguerre(x, n):
-    x, n = jnp.broadcast_arrays(x, n)
-    n = _degree(n)
-    one = _c(1.0, x)
-
-    def step(k, x, p, q):  # (k-1) in ATen's loop variable: L_k from L_{k-1}, L_{k-2}
-        j = k - one
-        return (((j + j) + (one - x)) * q - j * p) / (j + one)
-
-    rec = _recurrence(x, jnp.where(x == 0, 0, n), jnp.ones_like(x), one - x, step)
-    return _where(n < 0, jnp.zeros_like(x), x == 0, jnp.ones_like(x), n == 0, jnp.ones_like(x), rec)
-
-
-@jax.jit
-def _legendre(x, n):
-    x, n = jnp.broadcast_arrays(x, n)
-    n = _degree(n)
-    one = _c(1.0, x)
-
-    def step(k, x, p, q):
-        j = k - one
-        return ((j + j + one) * x * q - j * p) / (j + one)
-
-    edge = jnp.abs(x) == 1
-    rec = _recurrence(x, jnp.where(edge, 0, n), jnp.ones_like(x), x, step)
-    parity = jnp.where((x > 0) | (n % 2 == 0), one, -one)
-    return _where(n < 0, jnp.zeros_like(x), edge, parity, n == 0, jnp.ones_like(x), rec)
 
 
 # ---------------------------------------------------------------------------------------
@@ -444,7 +291,7 @@ def _legendre(x, n):
 @jax.jit
 def _zeta(x, q):
     x, q = jnp.broadcast_arrays(x, q)
-    inf, nan = _c(np.inf, x), _c(np.nan, x)
+    inf, nan = const_like(np.inf, x), const_like(np.nan, x)
     q_pole = (q <= 0) & (q == jnp.floor(q))
     x_int = x == jnp.floor(x)
     # jax's zeta is for q > 0. For q < 0 (not an integer) and integer x, ATen's direct sum
@@ -458,10 +305,10 @@ def _zeta(x, q):
         return jnp.where(move, qq + 1, qq), acc
 
     qs, acc = lax.while_loop(lambda s: jnp.any(shift & (s[0] <= 0)), body, (q, jnp.zeros_like(x)))
-    safe_x = jnp.where(x > 1, x, _c(2.0, x))
-    safe_q = jnp.where(qs > 0, qs, _c(1.0, x))
+    safe_x = jnp.where(x > 1, x, const_like(2.0, x))
+    safe_q = jnp.where(qs > 0, qs, const_like(1.0, x))
     val = jax.scipy.special.zeta(safe_x, safe_q) + acc
-    return _where(
+    return select_first(
         x == 1, inf, x < 1, nan, q_pole, inf, (q <= 0) & ~x_int, nan, jnp.isnan(q), nan, val
     )
 
@@ -471,9 +318,9 @@ def _igamma(a, x, lower):
     """P(a, x) (``lower``) or Q(a, x) with ATen's boundary values (calc_igamma /
     calc_igammac, following SciPy)."""
     value = lax.igamma(a, x) if lower else lax.igammac(a, x)
-    zero, one, nan = jnp.zeros_like(value), jnp.ones_like(value), _c(np.nan, value)
+    zero, one, nan = jnp.zeros_like(value), jnp.ones_like(value), const_like(np.nan, value)
     at_a0, at_x0, at_a_inf, at_x_inf = (one, zero, zero, one) if lower else (zero, one, one, zero)
-    return _where(
+    return select_first(
         (x < 0) | (a < 0),
         nan,
         a == 0,
@@ -588,17 +435,17 @@ for _kind in "tuvw":
         _name = f"special_{'shifted_' if _shifted else ''}chebyshev_polynomial_{_kind}"
         _register(
             getattr(aten, _name),
-            functools.partial(_chebyshev, kind=_kind, shifted=_shifted),
+            functools.partial(chebyshev, kind=_kind, shifted=_shifted),
             _POLY_DOC.format(
                 name=_name,
                 what=f"{'shifted ' if _shifted else ''}Chebyshev polynomial {_kind.upper()}",
             ),
         )
 for _name, _fn, _what in [
-    ("special_hermite_polynomial_h", functools.partial(_hermite, physicists=True), "Hermite H"),
-    ("special_hermite_polynomial_he", functools.partial(_hermite, physicists=False), "Hermite He"),
-    ("special_laguerre_polynomial_l", _laguerre, "Laguerre L"),
-    ("special_legendre_polynomial_p", _legendre, "Legendre P"),
+    ("special_hermite_polynomial_h", functools.partial(hermite, physicists=True), "Hermite H"),
+    ("special_hermite_polynomial_he", functools.partial(hermite, physicists=False), "Hermite He"),
+    ("special_laguerre_polynomial_l", laguerre, "Laguerre L"),
+    ("special_legendre_polynomial_p", legendre, "Legendre P"),
 ]:
     _register(getattr(aten, _name), _fn, _POLY_DOC.format(name=_name, what=f"{_what} polynomial"))
 
