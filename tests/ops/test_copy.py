@@ -211,3 +211,29 @@ def test_resize_keeps_a_negative_zero_fill_in_the_old_elements():
     got = x.cpu()
     assert torch.signbit(got[:300_000]).all() and not torch.signbit(got[300_000:]).any()
     assert torch.equal(got, torch.zeros(300_004))
+
+
+@pytest.mark.parametrize(
+    "src", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.uint8]
+)
+@pytest.mark.parametrize(
+    "dst",
+    [torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz],
+    ids=str,
+)
+def test_float8_conversion_saturates_as_cpu(dst, src):
+    # float8_e4m3fn has no infinity: CPU saturates to +-448 (NaN stays NaN); XLA's
+    # conversion gives NaN. The other float8 types convert alike.
+    values = [500.0, -1000.0, 449.0, 241.0, 0.3, -0.0, 1e6, 255.0]
+    if src.is_floating_point:
+        values += [float("inf"), -float("inf"), float("nan")]
+    x = torch.tensor(values).to(src)
+    want = x.to(dst).float()
+    for got in (
+        x.to("tpu").to(dst),
+        torch.empty(len(x), dtype=dst, device="tpu").copy_(x.to("tpu")),
+    ):
+        got = got.cpu().float()
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
+        assert torch.equal(got.signbit() & ~got.isnan(), want.signbit() & ~want.isnan())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import torch
 from jax import lax
@@ -111,11 +112,24 @@ def promote_indices(schema, entry):
 # its consumer.
 
 
+# float8_e4m3fn has no infinity: CPU's conversion saturates what is out of its range
+# (inf included) to +-448 and keeps NaN; XLA's gives NaN. The other float8 types convert
+# alike on both (e5m2 overflows to inf, the fnuz types to NaN).
+_E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
+_E4M3FN_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
+
+
 def astype(x, dtype):
     """The jax array ``x`` as ``dtype``; a bool made float or complex stays a number
-    (Note [A converted bool is not a select])."""
+    (Note [A converted bool is not a select]); float8_e4m3fn saturates as on CPU."""
     if x.dtype == dtype:
         return x
+    if dtype == _E4M3FN and (
+        jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.signedinteger)
+    ):
+        x = jnp.clip(x, -_E4M3FN_MAX, _E4M3FN_MAX)
+    elif dtype == _E4M3FN and jnp.issubdtype(x.dtype, jnp.unsignedinteger):
+        x = jnp.minimum(x, _E4M3FN_MAX)
     out = x.astype(dtype)
     if x.dtype == np.bool_ and jnp.issubdtype(dtype, jnp.inexact):
         out = lax.optimization_barrier(out)

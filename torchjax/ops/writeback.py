@@ -34,6 +34,7 @@ import torch
 
 from torchjax.ops import fused
 from torchjax.ops.functional import device_error
+from torchjax.ops.promotion import astype
 from torchjax.ops.schema import out_names
 from torchjax.ops.views import meta_like
 from torchjax.tensor import dtypes
@@ -265,9 +266,7 @@ def write_into(func, dst: torch.Tensor, src: JaxTensor, *, check_cast=True, resi
     pending = fused.pending_of(src) if fused.ACTIVE[0] else None
     if pending is not None and fused.write(dst, pending):
         return dst  # recorded: the write happens at the flush (Note [Fused eager])
-    arr = src._value()
-    if arr.dtype != dtypes.to_jax_dtype(dst.dtype):
-        arr = arr.astype(dtypes.to_jax_dtype(dst.dtype))
+    arr = astype(src._value(), dtypes.to_jax_dtype(dst.dtype))
     if tuple(arr.shape) != dst._size:
         if resize:
             if dst.numel() != 0:
