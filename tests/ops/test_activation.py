@@ -126,3 +126,30 @@ def test_rrelu_eval_and_training_noise():
     neg = slope[x < 0]
     assert neg.min() >= 0.1 and neg.max() <= 0.3 and neg.std() > 0.03
     torch.testing.assert_close(neg.mean(), torch.tensor(0.2), atol=0.01, rtol=0)
+
+
+_SIGNED = [-0.0, 0.0, -1.0, 7.0, 6.0, float("nan"), -float("inf"), float("inf")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        F.relu,
+        F.relu6,
+        lambda t: F.hardtanh(t, 0.0, 6.0),
+        lambda t: F.hardtanh(t, -0.0, 6.0),
+        F.hardtanh,
+        lambda t: F.relu(t.clone(), inplace=True),
+    ],
+)
+def test_relu_family_keeps_negative_zero_as_cpu(fn, dtype):
+    # ATen's relu is clamp_min(self, 0), hardtanh a clamp: self is kept where it equals
+    # a bound, so relu(-0.0) is -0.0.
+    x = torch.tensor(_SIGNED * 8, dtype=dtype)
+    want, got = fn(x), fn(x.to("tpu")).cpu()
+    assert torch.equal(got.isnan(), want.isnan())
+    numbers = ~want.isnan()
+    assert torch.equal(got[numbers], want[numbers])
+    assert torch.equal(got[numbers].signbit(), want[numbers].signbit())
+    assert want[0].signbit()

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from torchjax.ops.comparison import at_least, at_most
 from torchjax.ops.registry import Kind, handler, lowering
 
 aten = torch.ops.aten
@@ -36,10 +37,11 @@ def _zero(x):
 
 @lowering(aten.relu, promote=Kind.DEFAULT)
 def relu(self):
-    """aten::relu - ``max(self, 0)``; NaN propagates; bool raises as in torch."""
+    """aten::relu - ``max(self, 0)`` as ATen's ``clamp_min(self, 0)``: NaN propagates,
+    -0.0 stays -0.0; bool raises as in torch."""
     if self.dtype == jnp.bool_:
         raise RuntimeError("aten::relu: Boolean inputs not supported for relu")
-    return lax.max(self, jnp.zeros(self.shape, self.dtype))
+    return at_least(self, _zero(self))
 
 
 @lowering(aten.threshold, promote=Kind.DEFAULT, promote_args=_SELF)
@@ -161,13 +163,11 @@ def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
     checked_scalars=("min_val", "max_val"),
 )
 def hardtanh(self, min_val=-1, max_val=1):
-    """aten::hardtanh - clamp to [min_val, max_val] (relu6 composes from it)."""
+    """aten::hardtanh - clamp to [min_val, max_val] (relu6 composes from it), ``self``
+    kept where it equals a bound, as CPU (the sign of a zero)."""
     if self.dtype == jnp.bool_:
         raise RuntimeError("aten::hardtanh: Bool inputs not supported for hardtanh")
-    return lax.min(
-        lax.max(self, jnp.full(self.shape, min_val, self.dtype)),
-        jnp.full(self.shape, max_val, self.dtype),
-    )
+    return at_most(at_least(self, _c(min_val, self)), _c(max_val, self))
 
 
 @lowering(aten.hardtanh_backward, promote=Kind.DEFAULT, promote_args=_GRAD_SELF)

@@ -162,25 +162,25 @@ def heaviside(self, values):
     return jnp.where(a == 0, b, (a > 0).astype(a.dtype))
 
 
-def _at_least(x, lo):
+def at_least(x, lo):
     # A number bound keeps ``x`` where they are equal (CPU's scalar kernel), so
     # clamp(0.0, min=-0.0) is 0.0; XLA's max would pick +0.0 over -0.0 by sign.
     x, lo = bcast(x, lo)
     return jnp.where((x < lo) | (lo != lo), lo, x)
 
 
-def _at_most(x, hi):
+def at_most(x, hi):
     x, hi = bcast(x, hi)
     return jnp.where((x > hi) | (hi != hi), hi, x)
 
 
-def _at_least_bound(x, lo):
+def at_least_bound(x, lo):
     # A tensor bound wins where they are equal, as in CPU's vector loop.
     x, lo = bcast(x, lo)
     return jnp.where((x <= lo) | (lo != lo), lo, x)
 
 
-def _at_most_bound(x, hi):
+def at_most_bound(x, hi):
     x, hi = bcast(x, hi)
     return jnp.where((x >= hi) | (hi != hi), hi, x)
 
@@ -219,42 +219,42 @@ def clamp(self, min=None, max=None):
     """aten::clamp (number bounds) - ``min(max(self, min), max)``, ``self`` kept where
     it equals a bound (the sign of a zero); NaN in self or a bound propagates; min > max
     gives max, as in torch. Dtypes: DEFAULT promotion over self and the bounds."""
-    return _clamp(self, min, max, _at_least, _at_most)
+    return _clamp(self, min, max, at_least, at_most)
 
 
 @lowering(aten.clamp.Tensor, **_CLAMP_POLICY)
 def clamp_tensor(self, min=None, max=None):
     """aten::clamp.Tensor - as clamp, with the bound kept where it equals ``self`` (the
     sign of a zero), as CPU's vector loop."""
-    return _clamp(self, min, max, _at_least_bound, _at_most_bound)
+    return _clamp(self, min, max, at_least_bound, at_most_bound)
 
 
 @lowering(aten.clamp_min.default, **_CLAMP_POLICY)
 def clamp_min(self, min):
     """aten::clamp_min - ``max(self, min)``, NaN propagating, ``self`` kept on ties."""
     _no_complex_clamp(self, min)
-    return _at_least(self, min)
+    return at_least(self, min)
 
 
 @lowering(aten.clamp_min.Tensor, **_CLAMP_POLICY)
 def clamp_min_tensor(self, min):
     """aten::clamp_min.Tensor - ``max(self, min)``, NaN propagating."""
     _no_complex_bound("maximum", self, min)
-    return _at_least_bound(self, min)
+    return at_least_bound(self, min)
 
 
 @lowering(aten.clamp_max.default, **_CLAMP_POLICY)
 def clamp_max(self, max):
     """aten::clamp_max - ``min(self, max)``, NaN propagating, ``self`` kept on ties."""
     _no_complex_clamp(self, max)
-    return _at_most(self, max)
+    return at_most(self, max)
 
 
 @lowering(aten.clamp_max.Tensor, **_CLAMP_POLICY)
 def clamp_max_tensor(self, max):
     """aten::clamp_max.Tensor - ``min(self, max)``, NaN propagating."""
     _no_complex_bound("minimum", self, max)
-    return _at_most_bound(self, max)
+    return at_most_bound(self, max)
 
 
 @lowering(
