@@ -193,3 +193,41 @@ def test_all_into_uint8_computes_as_cpu():
     got = torch.empty(2, dtype=torch.uint8, device="tpu")
     torch.all(x.to("tpu"), 1, out=got)
     assert torch.equal(got.cpu(), want)
+
+
+_MULTI_OUT = {
+    "sort": lambda d, o: torch.sort(torch.randn(3, 4).to(d), 1, out=o),
+    "topk": lambda d, o: torch.topk(torch.randn(3, 4).to(d), 2, out=o),
+    "max_dim": lambda d, o: torch.max(torch.randn(3, 4).to(d), 1, out=o),
+    "aminmax": lambda d, o: torch.aminmax(torch.randn(3, 4).to(d), dim=1, out=o),
+    "cummax": lambda d, o: torch.cummax(torch.randn(3, 4).to(d), 1, out=o),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MULTI_OUT))
+def test_multi_output_values_of_another_dtype_refuse_as_cpu(name):
+    # Every output of a multi-output op must have its result's dtype, values included.
+    def outs(d):
+        second = torch.float64 if name == "aminmax" else torch.long
+        return (
+            torch.empty(0, dtype=torch.float64, device=d),
+            torch.empty(0, dtype=second, device=d),
+        )
+
+    with pytest.raises(RuntimeError):
+        _MULTI_OUT[name]("cpu", outs("cpu"))
+    with pytest.raises(RuntimeError, match="dtype|type"):
+        _MULTI_OUT[name]("tpu", outs("tpu"))
+
+
+def test_index_add_of_another_dtype_refuses_as_cpu():
+    for d in ("cpu", "tpu"):
+        self = torch.zeros(3, device=d)
+        with pytest.raises(RuntimeError, match="must have the same scalar type"):
+            self.index_add(
+                0, torch.tensor([0], device=d), torch.ones(1, dtype=torch.float64, device=d)
+            )
+        with pytest.raises(RuntimeError, match="must have the same scalar type"):
+            self.index_add_(
+                0, torch.tensor([0], device=d), torch.ones(1, dtype=torch.int64, device=d)
+            )

@@ -315,7 +315,13 @@ def _index_update(self, dim, index, source, how, op):
 
 @lowering(aten.index_add.default, cpu_tensors=True)
 def index_add(self, dim, index, source, alpha=1):
-    """aten::index_add - ``self[..., index[i], ...] += alpha * source[..., i, ...]``."""
+    """aten::index_add - ``self[..., index[i], ...] += alpha * source[..., i, ...]``;
+    ``source`` of ``self``'s dtype, as CPU requires."""
+    if source.dtype != self.dtype:
+        raise RuntimeError(
+            f"index_add_(): self ({dtypes.aten_type_name(self.dtype)}) and source "
+            f"({dtypes.aten_type_name(source.dtype)}) must have the same scalar type"
+        )
     d = dim % max(self.ndim, 1)
     off_dim = lambda shape: [n for i, n in enumerate(shape) if i != d]  # noqa: E731
     if self.ndim and source.ndim and off_dim(self.shape) != off_dim(source.shape):

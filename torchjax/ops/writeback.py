@@ -374,7 +374,11 @@ def out_handler(func, functional):
         exact = exact_integer_outputs(func, len(outs))
         for o, r in zip(outs, results):
             values = r.dtype.is_floating_point or r.dtype.is_complex
-            if exact and not values and r.dtype != torch.bool and o.dtype != r.dtype:
+            # Every output of a multi-output op has exactly its result's dtype, values
+            # included (sort, max.dim, aminmax, slogdet, qr...); a one-output op only its
+            # integer index results.
+            integer = not values and r.dtype != torch.bool
+            if exact and o.dtype != r.dtype and (len(outs) > 1 or integer):
                 raise exact_dtype_error(func, r.dtype, o.dtype)
             write_into(func, o, r, check_cast=values and not meta_ok, resize=True)
         if list_out:
