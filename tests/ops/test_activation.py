@@ -153,3 +153,17 @@ def test_relu_family_keeps_negative_zero_as_cpu(fn, dtype):
     assert torch.equal(got[numbers], want[numbers])
     assert torch.equal(got[numbers].signbit(), want[numbers].signbit())
     assert want[0].signbit()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: F.leaky_relu(torch.tensor([1, -2], device=d)),
+        lambda d: F.rrelu(torch.tensor([1, -2], device=d), training=True),
+        lambda d: F.rrelu(torch.tensor([1, -2], device=d), training=False),
+    ],
+)
+def test_leaky_relu_family_of_integers_refuses_as_cpu(call):
+    for d in ("cpu", "tpu"):
+        with pytest.raises(NotImplementedError, match="not implemented for 'Long'"):
+            call(d)

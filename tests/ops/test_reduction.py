@@ -325,3 +325,13 @@ def test_scan_out_dtype_is_the_scans_dtype(op, out_dtype):
     got = torch.zeros(3, 3, dtype=out_dtype, device="tpu")
     getattr(torch, op)(x.to("tpu"), 1, out=got)
     assert torch.equal(got.cpu(), want)
+
+
+def test_nansum_of_floats_into_an_integer_out_refuses_as_cpu():
+    for d in ("cpu", "tpu"):
+        out = torch.empty((), dtype=torch.long, device=d)
+        with pytest.raises(NotImplementedError, match="not implemented for 'Long'"):
+            torch.nansum(torch.tensor([1.0, 2.0], device=d), 0, out=out)
+    out = torch.empty((), dtype=torch.long, device="tpu")
+    torch.nansum(torch.tensor([1, 2], device="tpu"), 0, out=out)
+    assert out.item() == 3

@@ -19,6 +19,7 @@ from jax import lax
 
 from torchjax.ops.comparison import at_least, at_most
 from torchjax.ops.registry import Kind, handler, lowering
+from torchjax.tensor.dtypes import aten_type_name
 
 aten = torch.ops.aten
 
@@ -145,7 +146,12 @@ def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_resu
 
 @lowering(aten.leaky_relu, promote=Kind.DEFAULT, promote_args=_SELF)
 def leaky_relu(self, negative_slope=0.01):
-    """aten::leaky_relu - ``x`` for x > 0, else ``x * negative_slope``."""
+    """aten::leaky_relu - ``x`` for x > 0, else ``x * negative_slope``; floating types
+    only, as CPU's kernel."""
+    if not jnp.issubdtype(self.dtype, jnp.inexact):
+        raise NotImplementedError(
+            f"\"leaky_relu\" not implemented for '{aten_type_name(self.dtype)}'"
+        )
     return jnp.where(self > _zero(self), self, self * _c(negative_slope, self))
 
 
@@ -321,6 +327,10 @@ def rrelu_with_noise(args, kwargs):
     names = ("self", "noise", "lower", "upper", "training", "generator")
     bound = dict(zip(names, args), **kwargs)
     self, noise = bound["self"], bound["noise"]
+    if not self.is_floating_point():
+        raise NotImplementedError(
+            f"\"rrelu_with_noise\" not implemented for '{aten_type_name(self.dtype)}'"
+        )
     lower, upper = float(bound.get("lower", 0.125)), float(bound.get("upper", 1.0 / 3.0))
     if bound.get("generator") is not None:
         raise RuntimeError(

@@ -338,6 +338,12 @@ def _out_dtype_as_dtype(func, args, rest, outs) -> dict:
     values = out.is_floating_point or out.is_complex
     if not isinstance(src, torch.Tensor) or (src.is_complex() and not out.is_complex):
         return rest
+    if not values and func._opname == "nansum" and src.is_floating_point():
+        # CPU runs its nansum kernel in the out's integer type, which has none.
+        raise NotImplementedError(
+            f"\"nansum\" not implemented for '{dtypes.aten_type_name(out)}' "
+            f"(in aten::nansum.{func._overloadname}; pass a floating out tensor)"
+        )
     if not values and func._opname in ("mean", "nansum"):
         return rest
     return {**rest, "dtype": out}
@@ -365,9 +371,9 @@ def out_handler(func, functional):
         if overlap:
             check_no_internal_overlap(func, outs)
             check_no_partial_overlap(func, outs, args, rest)
-        meta_ok = check_out_on_meta(func, args, kwargs, names, meta_like)
         if by_out_dtype:
             rest = _out_dtype_as_dtype(func, args, rest, outs)
+        meta_ok = check_out_on_meta(func, args, kwargs, names, meta_like)
         result = functional(args, rest)
         results = result if isinstance(result, (list, tuple)) else (result,)
         check_kernel_out_dtype(func, args, outs)
