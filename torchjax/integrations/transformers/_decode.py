@@ -337,9 +337,9 @@ def _choose(settings, tokens, pos, logits, unfinished, done_at, stopped) -> None
         chosen = torch.multinomial(probs, num_samples=1).squeeze(1)
     else:
         chosen = torch.argmax(scores, dim=-1)
-    chosen = chosen.to(tokens.dtype)
     if pad is not None:
         chosen = chosen * unfinished + pad * (1 - unfinished)
+    chosen = chosen.to(tokens.dtype)  # index_copy_ takes only its own dtype, as on CPU
     tokens.index_copy_(1, pos.reshape(1), chosen[:, None])
     if eos_ids:
         hit = torch.isin(chosen, torch.tensor(eos_ids, device=chosen.device))
