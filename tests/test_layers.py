@@ -4,8 +4,8 @@ Every import in torchjax/, at module level or inside a function, is read from th
 A module may import its own package and the packages of lower layers; a package never
 imports one of its own layer or above, so no two packages can import each other. Module
 level imports of the whole package form no cycle either (a function-level import inside
-one package, such as a helper module reaching back to its class, is the one kind of
-back edge allowed, and only within a package).
+one package, such as a module of tensor/ that builds the class defined next to it, is
+the one kind of back edge allowed, and only within a package).
 """
 
 from __future__ import annotations
