@@ -6,7 +6,7 @@ import torch
 import torchjax
 from tests._child import run_python
 from torchjax import _budget
-from torchjax.ops import compiled
+from torchjax.ops import executables
 
 aten = torch.ops.aten
 
@@ -165,11 +165,10 @@ def test_each_turnover_clears_jax_staging_caches_unless_turned_off(budget):
 
 def test_a_byte_budget_measures_each_new_executable(budget):
     def tanh_runs():
-        return [
-            r for c in compiled._COMPUTES if c.func == aten.tanh.default for r in c.runs.values()
-        ]
+        owners = [o for o in executables._OWNERS if o.func == aten.tanh.default]
+        return [r for o in owners for r in o.table.runs.values()]
 
-    compiled.clear_caches(aten.tanh.default)
+    executables.clear_caches(aten.tanh.default)
     torchjax.set_cache_budget(entries=64, bytes=10**9)
     x = torch.randn(13, 7)
     got = torch.tanh(x.to(TPU))  # a new signature: measured after its first call

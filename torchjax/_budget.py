@@ -9,7 +9,7 @@ batches, a server) grew until it was killed. So every cache of compiled programs
 torchjax keeps registers its entries here, and one budget bounds them all:
 
 - what counts as one entry: an eager op's executable for one key and one input
-  signature (torchjax/ops/compiled.py, foreach in torchjax/ops/foreach.py), a view
+  signature (a table of torchjax/ops/executables.py: single and foreach ops), a view
   plan's read or write program and the fill of a large new tensor
   (torchjax/tensor/_storage.py), one traced signature of
   a ``torchjax.jit`` function, and so of a ``torch.compile(backend="tpu")`` graph

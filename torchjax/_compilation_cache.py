@@ -2,7 +2,7 @@
 
 Note [Persistent compilation cache]
 Eager torchjax compiles one small XLA program per op, key and input signature (Note
-[Compiled lowerings] in torchjax/ops/compiled.py); a fresh process compiles them all
+[Compiled lowerings] in torchjax/ops/cached_compute.py); a fresh process compiles them all
 again. JAX can keep compiled executables on disk and load them instead of compiling
 (its persistent compilation cache), but it is off unless a directory is set, and it
 writes only programs that took at least ``jax_persistent_cache_min_compile_time_secs``
@@ -29,7 +29,7 @@ The cache key is JAX's (the program, compile options, XLA flags, jax and jaxlib
 versions, the device): a new release or other XLA_FLAGS compile again rather than load
 a stale program. A hit skips XLA's compile, not tracing and lowering: a warm process
 still traces each program once, so fewer programs (Note [Static and traced ints] in
-torchjax/ops/compiled.py) count in both processes. ``torchjax.stats()["compiles"]``
+torchjax/ops/cached_compute.py) count in both processes. ``torchjax.stats()["compiles"]``
 counts real compiles only; ``persistent_cache_hits`` counts loads.
 """
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import make_tests
-from torchjax.ops import compiled
+from torchjax.ops import cached_compute
 from torchjax.testing import checks
 from torchjax.testing import opinfo as oi
 
@@ -125,10 +125,10 @@ def test_sdpa_no_grad_is_one_fused_op(kw):
     q, k, v = _qkv(**shape)
     want = F.scaled_dot_product_attention(q, k, v, **kw)
     tkw = {n: (a.to("tpu") if isinstance(a, torch.Tensor) else a) for n, a in kw.items()}
-    before = compiled.cache_info(torch.ops.aten.scaled_dot_product_attention.default).traces
+    before = cached_compute.cache_info(torch.ops.aten.scaled_dot_product_attention.default).traces
     with torch.no_grad():
         got = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"), **tkw)
-    after = compiled.cache_info(torch.ops.aten.scaled_dot_product_attention.default).traces
+    after = cached_compute.cache_info(torch.ops.aten.scaled_dot_product_attention.default).traces
     assert after == before + 1
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
 
@@ -150,13 +150,13 @@ def test_sdpa_no_grad_bfloat16_is_one_op_with_the_math_paths_numbers(kw):
         for n, a in kw.items()
     }
     op = torch.ops.aten.scaled_dot_product_attention.default
-    before = compiled.cache_info(op).calls
+    before = cached_compute.cache_info(op).calls
     with torch.no_grad():
         got = F.scaled_dot_product_attention(q, k, v, **tkw)
-    assert compiled.cache_info(op).calls == before + 1
+    assert cached_compute.cache_info(op).calls == before + 1
     q.requires_grad_(True)
     want = F.scaled_dot_product_attention(q, k, v, **tkw)  # the decomposition, op by op
-    assert compiled.cache_info(op).calls == before + 1
+    assert cached_compute.cache_info(op).calls == before + 1
     assert got.dtype == want.dtype == torch.bfloat16
     assert torch.equal(got.cpu().view(torch.int16), want.detach().cpu().view(torch.int16))
 

@@ -10,7 +10,7 @@ import transformers as tf
 import torchjax
 from tests._child import run_python
 from torchjax.device import _checks
-from torchjax.ops import compiled
+from torchjax.ops import executables
 from torchjax.ops import fused as F
 
 TPU = "tpu"
@@ -21,7 +21,7 @@ def _fresh_executables():
     # Eager's own path depends on what the process compiled before (a key past
     # MAX_VIEW_SIGNATURES reads its views first, a different program): both modes of a
     # test start from empty caches, so they take the same per-op programs.
-    compiled.clear_caches()
+    executables.clear_caches()
 
 
 def _fused_counts():
@@ -72,9 +72,10 @@ def test_elementwise_chain_is_one_segment_and_bit_identical(dtype):
 
 def test_fma_contraction_and_reduction_fusion_keep_eager_numbers():
     # a * b then + c fused by LLVM into an FMA, and a producer fused into a sum by
-    # XLA:CPU, both change the last bit (Note [Fusion keeps eager's numbers]). The FMA
-    # only happens at XLA's default optimisation level, which the suite lowers (Note
-    # [Compile speed in the suite]): a child process at the default level.
+    # XLA:CPU, both change the last bit (Note [Fusion keeps eager's numbers] in
+    # torchjax/ops/fusion_cuts.py). The FMA only happens at XLA's default optimisation
+    # level, which the suite lowers (Note [Compile speed in the suite]): a child process
+    # at the default level.
     code = """
         import torch, torchjax
         g = torch.Generator().manual_seed(1)

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 import torchjax
-from torchjax.ops import compiled
+from torchjax.ops import cached_compute, executables
 from torchjax.tensor import random as rng
 
 DRAWS = {
@@ -22,12 +22,12 @@ DRAWS = {
 def test_each_random_op_is_one_cached_executable_with_fresh_values():
     x = torch.ones(64, device="tpu")
     for name, draw in DRAWS.items():
-        compiled.clear_caches()
+        executables.clear_caches()
         torch.manual_seed(1)
         first = [draw(x.clone()).cpu() for _ in range(3)]
         torch.manual_seed(1)
         again = [draw(x.clone()).cpu() for _ in range(3)]
-        info = [i for op, i in compiled.cache_info().items() if i.calls or i.op_by_op]
+        info = [i for op, i in cached_compute.cache_info().items() if i.calls or i.op_by_op]
         random_info = [i for i in info if i.calls >= 6]
         assert random_info and all(i.op_by_op == 0 for i in random_info), (name, info)
         assert all(i.traces == 1 for i in random_info), name

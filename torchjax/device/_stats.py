@@ -65,7 +65,7 @@ class _Fused:
 
 
 FUSED = _Fused()
-# Per-overload counters, filled by torchjax/ops/compiled.py and ops/foreach.py.
+# Per-overload counters, filled by the tables of executables (torchjax/ops/executables.py).
 OP_COUNTERS: dict = {}
 
 

@@ -23,14 +23,13 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torchjax import _budget
 from torchjax._compat.torch import all_op_schemas
-from torchjax.ops import compiled
+from torchjax.ops import executables
 from torchjax.ops.pointwise_binary import exact_div, fma
 from torchjax.ops.promotion import promoted_by_key
 from torchjax.ops.registry import Kind, handler
+from torchjax.ops.templates import ARRAY, SEQ, Seq, float_masked, rebuild, signature, static
 from torchjax.ops.writeback import write_into
-from torchjax.ops.xla_options import COMPILER_OPTIONS
 from torchjax.tensor._tensor import JaxTensor, wrap
 
 aten = torch.ops.aten
@@ -175,12 +174,17 @@ def _foreach_handler(func):
 # compiled foreach
 #
 # Note [Compiled foreach]
-# A ``_foreach_*`` op on float tpu tensors runs as one cached jax.jit over its lists
-# instead of one op per tensor: the jitted function wraps the list elements (tracers) in
-# tpu tensors and runs the same per-element ATen ops as the eager path (so promotion,
-# casting rules and errors are the per-element ops' own), then the in-place results are
-# written back to the real tensors (views see them, as in eager). Per-call values are
-# arguments, not constants, so the executable is reused step after step:
+# A ``_foreach_*`` op on float tpu tensors runs as one executable over its lists instead
+# of one op per tensor, through the overload's table of executables (Note [One executable
+# table] in torchjax/ops/executables.py), as single ops do. Its template is built of the
+# same entries (torchjax/ops/templates.py): a tensor list is a ``Seq`` of ``ARRAY``
+# (``None`` for a missing element), a number list a ``Seq`` of ``ARRAY`` too, and the
+# ``scalars`` tensor of addcmul/addcdiv one ``ARRAY`` split per element inside. The traced
+# function wraps the list elements (tracers) in tpu tensors and runs the same
+# per-element ATen ops as the eager path (so promotion, casting rules and errors are the
+# per-element ops' own), then the in-place results are written back to the real tensors
+# (views see them, as in eager). Per-call values are arguments, not constants, so the
+# executable is reused step after step:
 # - a ``Scalar[]`` list (torch.optim's per-parameter bias corrections, different every
 #   step) becomes 0-d float64/int64 tensors, taking the per-element ops' ``.Tensor``
 #   overloads; a 0-d tensor promotes exactly as the Python number it holds does when
@@ -192,19 +196,10 @@ def _foreach_handler(func):
 # Single ``Scalar`` arguments are part of the key (they are constants in an optimizer;
 # a float that changes every call runs op by op after ``MAX_FLOAT_VARIANTS`` keys, as for
 # single ops). Integer/bool lists, CPU tensors and ``.out`` overloads take the eager path.
-# Each key's executable is one entry of the process-wide budget (Note [Executable cache
-# budget] in torchjax/_budget.py).
 
 _FLOATING = frozenset(
     {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128}
 )
-
-
-def _scalar_tensor(x):
-    """A Python number (or 0-d array) as a 0-d tpu tensor of torch's dtype for it."""
-    if isinstance(x, jax.Array):
-        return wrap(x)
-    return wrap(jnp.asarray(x, dtype=jnp.float64 if isinstance(x, float) else jnp.int64))
 
 
 class _CompiledForeach:
@@ -216,9 +211,16 @@ class _CompiledForeach:
         self.bind, self.eager, self.listed, self.lead = bind, eager, listed, lead
         self.per_element = per_element
         self.addc = base in ("addcmul", "addcdiv")
-        self.cache: dict = {}
-        self.float_variants: dict = {}
-        self.info = compiled.cache_info_entry(func)
+        self.table = executables.Executables(func)
+        self.info = self.table.info
+        self.keys: set = set()
+        self.eager_keys: set = set()
+        executables.register(self)
+
+    def clear(self):
+        with self.table.lock:
+            self.table.clear()
+            self.keys, self.eager_keys = set(), set()
 
     def __call__(self, args, kwargs):
         bound, kw = self.bind(args, kwargs)
@@ -229,59 +231,35 @@ class _CompiledForeach:
         dyn, tmpl = [], []
         for k, v in bound.items():
             if k in self.listed:
-                entry = self._list_entry(k, v, n, dyn)
+                entry = self._list_entry(v, n, dyn)
             elif isinstance(v, torch.Tensor):
                 entry = None
             else:
-                entry = (k, "static", type(v), v.hex() if type(v) is float else v, v)
+                entry = static(v)
             if entry is None:
                 return self.eager(args, kwargs)
             tmpl.append(entry)
-        if self.inplace and _aliased(lead, [bound[e[0]] for e in tmpl if e[1] == "tensors"]):
+        if self.inplace and _aliased(lead, [bound[k] for k in self.listed if k != self.lead]):
             # Sequential semantics: element i may read what element j < i wrote.
             return self.eager(args, kwargs)
-        kwt = tuple((k, type(v), v.hex() if type(v) is float else v) for k, v in kw.items())
-        # (kw values are rebuilt from ``kw`` itself: equal keys have equal values)
-        key = (tuple(tmpl), kwt)
+        kwtmpl = tuple((k, static(v)) for k, v in kw.items())
+        key = (tuple(tmpl), kwtmpl)
         try:
-            fn = self.cache.get(key)
+            run_key = (key, signature(dyn))
+            run = self.table.get(run_key)
         except TypeError:  # an unhashable argument
             return self.eager(args, kwargs)
-        if fn is None:
-            masked = (
-                tuple(e[:3] if e[1] == "static" and e[2] is float else e for e in tmpl),
-                tuple((k, t) if t is float else (k, t, v) for k, t, v in kwt),
-            )
-            seen = self.float_variants.get(masked, 0)
-            if seen >= compiled.MAX_FLOAT_VARIANTS:
+        if run is None:
+            run = self._new_run(key, run_key, tuple(bound), dict(kw))
+            if run is None:
                 return self.eager(args, kwargs)
-            self.float_variants[masked] = seen + 1
-            fn = self.cache[key] = self._build(tuple(bound), tuple(tmpl), dict(kw))
-            self.info.keys += 1
-            # One budget entry per key (a parameter list keeps its shapes step to step).
-            _budget.admit(fn, lambda: self._evict(key, fn))
-        else:
-            _budget.hit(fn)
         try:
-            # Under an outer trace (torchjax.jit, jax.grad over torchjax.functional) the
-            # lists hold tracers and jax refuses compiler_options on a nested jit: the
-            # traced function runs inline, part of the outer program.
-            if _traced(dyn):
-                results = fn.__wrapped__(dyn)
-            else:
-                try:
-                    results = fn(dyn)
-                except ValueError:
-                    # Concrete lists inside an outer trace (tensors made inside it hold
-                    # concrete arrays until written): the same refusal; a ValueError of
-                    # the lowering itself is raised again by the inline run.
-                    results = fn.__wrapped__(dyn)
-        except compiled.CONCRETE_ERRORS:
+            results = executables.call(run, dyn)
+        except executables.CONCRETE_ERRORS:
             # A per-element lowering reads values (raised while tracing): op by op.
-            if self.cache.pop(key, None) is not None:
-                self.info.keys -= 1
-            _budget.forget(fn)
+            self._forget(key, remember=not _traced(dyn))
             return self.eager(args, kwargs)
+        self.info.calls += 1
         if not self.inplace:
             index = lead[0]._device_index
             return [wrap(r, index) for r in results]
@@ -289,17 +267,40 @@ class _CompiledForeach:
             t._write(r)
         return None
 
-    def _evict(self, key, fn):
-        if self.cache.get(key) is fn:
-            del self.cache[key]
+    def _new_run(self, key, run_key, names, kw):
+        """The executable of a new (key, input signature), or None: op by op."""
+        tmpl = key[0]
+        with self.table.lock:
+            if key in self.eager_keys:
+                return None
+            if key not in self.keys:
+                masked = (
+                    tuple(float_masked(e) for e in tmpl),
+                    tuple((k, float_masked(e)) for k, e in key[1]),
+                )
+                if not self.table.new_float_variant(masked):
+                    return None
+                self.keys.add(key)
+                self.info.keys += 1
+        return self.table.add(run_key, self._build(names, tmpl, kw))
 
-    def _list_entry(self, k, v, n, dyn):
-        """The template entry of list argument ``k`` (None: take the eager path)."""
+    def _forget(self, key, remember):
+        with self.table.lock:
+            self.table.drop_key(key)
+            if key in self.keys:
+                self.keys.discard(key)
+                self.info.keys -= 1
+            if remember and key not in self.eager_keys:
+                self.eager_keys.add(key)
+                self.info.eager_keys += 1
+
+    def _list_entry(self, v, n, dyn):
+        """The template entry of a list argument (None: take the eager path)."""
         if isinstance(v, torch.Tensor):  # addcmul/addcdiv ``scalars``: one value per element
             if not isinstance(v, JaxTensor) or v.dtype not in _FLOATING or v.numel() != n:
                 return None
             dyn.append(v._value())
-            return (k, "scalars")
+            return ARRAY
         if len(v) != n:
             return None  # the eager path raises torch's length error
         first = v[0] if v else None
@@ -308,52 +309,47 @@ class _CompiledForeach:
                 t.__class__ is JaxTensor and t.dtype in _FLOATING for t in v if t is not None
             ):
                 return None
-            dyn.append([None if t is None else t._value() for t in v])
-            return (k, "tensors", tuple(t is None for t in v))
+            dyn.extend(t._value() for t in v if t is not None)
+            return Seq(SEQ, list, tuple(_NONE if t is None else ARRAY for t in v))
         if all(type(x) in (float, int) for x in v):
-            dyn.append([np.asarray(x, np.float64 if type(x) is float else np.int64) for x in v])
-            return (k, "numbers")
+            dyn.extend(np.asarray(x, np.float64 if type(x) is float else np.int64) for x in v)
+            return Seq(SEQ, list, (ARRAY,) * n)
         return None
 
     def _build(self, names, tmpl, kw):
         per_element, addc, inplace, lead = self.per_element, self.addc, self.inplace, self.lead
-        base, info = self.base, self.info
+        base, info, listed = self.base, self.info, self.listed
 
-        def traced(dyn):
+        def traced(*dyn):
             info.traces += 1
             it = iter(dyn)
             lists = {}
-            for entry in tmpl:
-                k, kind = entry[0], entry[1]
-                if kind == "static":
-                    lists[k] = entry[4]
-                elif kind == "tensors":
-                    lists[k] = [None if a is None else wrap(a) for a in next(it)]
-                elif kind == "numbers":
-                    lists[k] = [_scalar_tensor(a) for a in next(it)]
-                else:  # "scalars": a tensor holding one value per element
-                    arr = next(it)
-                    lists[k] = [arr[i] for i in range(arr.shape[0])]
-            n = len(lists[lead])
+            for k, entry in zip(names, tmpl):
+                value = rebuild(entry, it)
+                if k not in listed:
+                    lists[k] = value
+                elif entry is ARRAY:  # a tensor holding one value per element
+                    lists[k] = [wrap(value[i]) for i in range(value.shape[0])]
+                else:
+                    lists[k] = [None if a is None else wrap(a) for a in value]
             results = []
-            for i in range(n):
-                pos = [
-                    lists[k][i] if entry[1] != "static" else lists[k]
-                    for k, entry in zip(names, tmpl)
-                ]
-                if addc and tmpl[-1][1] in ("numbers", "scalars"):
+            for i in range(len(lists[lead])):
+                pos = [lists[k][i] if k in listed else lists[k] for k in names]
+                if addc and isinstance(pos[3], torch.Tensor):
                     results.append(_addc_dynamic(base, inplace, *pos[:3], pos[3]))
                 else:
                     results.append(per_element(*pos, **kw))
             out = lists[lead] if inplace else results
             return [t._value() for t in out]
 
-        traced.__name__ = f"{self.func._opname}_{self.func._overloadname}"
-        return jax.jit(traced, compiler_options=COMPILER_OPTIONS)
+        return executables.build(traced, f"{self.func._opname}_{self.func._overloadname}")
+
+
+_NONE = static(None)
 
 
 def _traced(dyn) -> bool:
-    return any(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves(dyn))
+    return any(isinstance(a, jax.core.Tracer) for a in dyn)
 
 
 def _aliased(lead, lists) -> bool:
@@ -364,8 +360,10 @@ def _aliased(lead, lists) -> bool:
         if owner.setdefault(id(t._storage), i) != i:
             return True
     for ts in lists:
+        if not isinstance(ts, (list, tuple)):
+            continue
         for i, t in enumerate(ts):
-            if t is not None and owner.get(id(t._storage), i) != i:
+            if isinstance(t, torch.Tensor) and owner.get(id(t._storage), i) != i:
                 return True
     return False
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import put_host
-from torchjax.ops import compiled, fused, promotion
+from torchjax.ops import cached_compute, fused, promotion
 from torchjax.ops.schema import out_names
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import JaxTensor, wrap
@@ -73,8 +73,8 @@ def make_compute(func, entry, strip_out):
     jax.jit executable per call signature where the op allows it (Note [Compiled
     lowerings]), else the lowering run op by op."""
     eager = make_eager_compute(func, entry, strip_out)
-    if not compiled.compilable(func, entry):
-        info = compiled.cache_info_entry(func)
+    if not cached_compute.compilable(func, entry):
+        info = cached_compute.cache_info_entry(func)
 
         def op_by_op(args, kwargs):
             info.op_by_op += 1
@@ -83,7 +83,7 @@ def make_compute(func, entry, strip_out):
         return op_by_op
     outs = frozenset(out_names(func._schema)) if strip_out else frozenset()
     policy = promotion.Policy(func, entry)
-    return compiled.CompiledCompute(
+    return cached_compute.CompiledCompute(
         func, entry, outs, policy, eager, cpu_to_jax, lambda t: device_error(func, t)
     )
 

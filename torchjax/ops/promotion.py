@@ -3,7 +3,7 @@ and the casts into and out of the computation dtype (torch's elementwise promoti
 the rounding CPU kernels do on the way in).
 
 Each overload's ``Policy`` is built once by the registry and applied on both of its paths:
-op by op (registry.py) and inside its compiled executable (ops/compiled.py).
+op by op (registry.py) and inside its compiled executable (ops/cached_compute.py).
 """
 
 from __future__ import annotations

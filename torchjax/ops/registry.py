@@ -6,7 +6,7 @@ builds a handler around each, reading the overload's schema once (ops/schema.py)
 - functional overloads (ops/functional.py): tpu tensors unwrapped to jax arrays (0-d
   CPU tensors and Python numbers are scalars, any other CPU tensor is an error naming
   both devices, CUDA's rule), type promotion as torch's ``ELEMENTWISE_TYPE_PROMOTION_KIND``
-  says (ops/promotion.py), the lowering run as one cached executable (ops/compiled.py);
+  says (ops/promotion.py), the lowering run as one cached executable (ops/cached_compute.py);
 - view ops (the schema's return aliases ``self``, ops/views.py): the result shares
   ``self``'s storage, its sizes/strides/offset computed by running the same op on a meta
   tensor;
@@ -23,7 +23,7 @@ everything that can be decided once is: ``JaxTensor.__torch_dispatch__`` swaps x
 (Note [x64 without touching the user's JAX]) and looks the overload up in ``_HANDLERS``
 (the dict it shares with this module); the handler was built once per overload from its
 schema; a lowering runs as one cached jax.jit executable (Note [Compiled lowerings] in
-torchjax/ops/compiled.py) whose key comes from the argument types (promotion results are
+torchjax/ops/cached_compute.py) whose key comes from the argument types (promotion results are
 cached per dtype signature); the result is wrapped from its shape and dtype (``wrap``
 caches contiguous metadata per shape), never from device data, so dispatch stays async.
 View ops cache the layout the meta-tensor run gives per (base layout, arguments), and
@@ -124,7 +124,7 @@ def lowering(
     registration of their own: the registry derives them (see module docstring).
 
     ``fn`` runs traced, as one cached ``jax.jit`` executable per static signature (see
-    Note [Compiled lowerings] in torchjax/ops/compiled.py), unless ``jit=False``: pass it
+    Note [Compiled lowerings] in torchjax/ops/cached_compute.py), unless ``jit=False``: pass it
     when ``fn`` runs an eager check on float/bool *values* guarded by
     ``isinstance(x, jax.core.Tracer)`` (a trace would skip the check silently). Calls
     with integer tensors are never compiled, so index checks need nothing.

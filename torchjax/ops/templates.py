@@ -1,5 +1,5 @@
 """Argument templates: what each argument of a compiled call was, as the key of its
-executable holds it (Note [Compiled lowerings] in torchjax/ops/compiled.py).
+executable holds it (Note [Compiled lowerings] in torchjax/ops/cached_compute.py).
 
 A call's arguments become a template, a tuple of entries, and a list of executable
 arguments (``dyn``): an array is ``ARRAY`` (the next argument), a Python value that is

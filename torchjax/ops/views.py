@@ -17,7 +17,7 @@ from torchjax.tensor._tensor import JaxTensor, view_of
 # the storage by size/stride/offset) does no jax work when it is called: the result is
 # the new layout over ``self``'s storage, with no cached value. Its value is read when
 # something needs it, and a compiled lowering reading it does the read inside its own
-# executable (Note [Compiled lowerings], torchjax/ops/compiled.py), so ``x.t()`` feeding
+# executable (Note [Compiled lowerings], torchjax/ops/cached_compute.py), so ``x.t()`` feeding
 # ``addmm`` costs no XLA dispatch of its own and XLA folds the transpose into the dot.
 # Eagerly, every XLA dispatch costs tens of microseconds (much more on a busy machine);
 # a transformer's forward is more than half views. Views that reinterpret the element

@@ -4,7 +4,7 @@ A sharded tpu tensor is an ordinary tpu tensor whose ``jax.Array`` carries a
 ``NamedSharding``: every device holds its block, and ops on it are jax computations
 that XLA partitions (GSPMD), so eager ops, ``torchjax.jit`` programs and autograd keep
 working unchanged and give the unsharded numbers. torchjax's per-op executables
-(torchjax/ops/compiled.py) are ``jax.jit`` functions without ``in_shardings``: they take
+(torchjax/ops/cached_compute.py) are ``jax.jit`` functions without ``in_shardings``: they take
 the input's sharding and XLA picks the output's. ``.cpu()`` gathers the blocks.
 
 Under ``torchjax.jit`` the tensors hold tracers: ``shard`` and ``constraint`` then add

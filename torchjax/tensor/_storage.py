@@ -525,7 +525,7 @@ def _plan(storage_numel, size, stride, offset) -> _Plan:
 # (a test comparing positions one by one, a decode step reading its slot) reads through
 # one executable per layout (storage numel, size, stride), where a constant offset
 # compiled one program per position, for the read and for every compiled op taking the
-# view (ops/compiled.py keys views the same way). dynamic_slice clamps a start that would
+# view (ops/cached_compute.py keys views the same way). dynamic_slice clamps a start that would
 # run past the end, so the window must lie inside the array: a slice plan's window can
 # run past the view's last element by ``tail`` elements (a row-major block of a wider
 # storage), so its dynamic read pads the flat storage by that constant first (XLA fuses

@@ -21,13 +21,12 @@ runs every eligible lowering, together with the promotion casts around it, as on
   array, its layout (storage numel, size, stride, offset) in the key, and is read inside
   the executable, where XLA fuses the read (a transpose into a dot, a slice into an add).
 - One executable per key and input signature (the shapes and dtypes of the arrays),
-  each its own ``jax.jit`` object, built on first use; the second call with the same
-  key and signature is a cache hit (``cache_info`` counts keys and traces). Every one
-  of them is an entry of the process-wide budget (Note [Executable cache budget] in
-  torchjax/_budget.py): past it, the least recently used are evicted and compile again
-  when next called. A non-promoted float that changes every call (torch.optim's
-  ``p.addcdiv_(m, d, value=-step_size)``) would compile every call: after
-  ``MAX_FLOAT_VARIANTS`` keys that differ only in float values, such calls run op by op.
+  kept in the overload's table of executables (Note [One executable table] in
+  torchjax/ops/executables.py, which foreach ops share): built on first use, an entry of
+  the process-wide budget, counted by ``cache_info``. A non-promoted float that changes
+  every call (torch.optim's ``p.addcdiv_(m, d, value=-step_size)``) would compile every
+  call: after ``MAX_FLOAT_VARIANTS`` keys that differ only in float values, such calls run
+  op by op.
 - Tracers pass through: under ``torchjax.jit`` (tpu tensors holding tracers) calling
   the cached ``jax.jit`` function inlines it into the outer trace.
 - The fast path: a call without keyword arguments whose arguments are tpu tensors,
@@ -65,7 +64,7 @@ Half types and XLA's numerics (why an executable gives op-by-op's numbers):
   precision"), skipping the rounding torch does after every op (``div(..., "trunc")``
   rounds the quotient before truncating). Executables are built with it off
   (``COMPILER_OPTIONS``). Checked bit for bit on every finite float16 and bfloat16 value
-  (tests/ops/test_compiled.py), compiled against op by op.
+  (tests/ops/test_cached_compute.py), compiled against op by op.
 - XLA:CPU flushes float32 subnormals (FTZ/DAZ), and computes bfloat16 arithmetic in
   float32, so a bfloat16 subnormal can be flushed; op by op a compare against a scalar
   is its own program with the scalar as an array operand and flushes, where the same
@@ -85,7 +84,7 @@ Not compiled (run op by op), decided per overload once, or per call:
   not written as a device check asked for values with ``_checks.concrete``): remembered,
   then op by op.
 
-Caches are changed under a per-overload lock (two threads dispatching one overload);
+Caches are changed under the table's lock (two threads dispatching one overload);
 lookups take none. Counters: ``torchjax.stats()`` (Note [Eager engine counters]).
 
 Async dispatch is kept: nothing here reads device data; the executable's outputs are
@@ -94,9 +93,6 @@ wrapped from their shapes and dtypes (the avals), without waiting for the comput
 
 from __future__ import annotations
 
-import threading
-import weakref
-
 import jax
 import numpy as np
 import torch
@@ -104,8 +100,9 @@ import torch
 from torchjax import _budget
 from torchjax.device import _checks
 from torchjax.device._stats import cache_info, cache_info_entry  # noqa: F401 (public here)
-from torchjax.ops import _seeded, promotion
+from torchjax.ops import _seeded, executables, promotion
 from torchjax.ops import fused as _fused
+from torchjax.ops.executables import CONCRETE_ERRORS
 from torchjax.ops.templates import (
     ARRAY,
     FAST_SCALARS,
@@ -124,8 +121,7 @@ from torchjax.ops.templates import (
     static,
     static_entry,
 )
-from torchjax.ops.xla_options import COMPILER_OPTIONS
-from torchjax.tensor import _errors, dtypes
+from torchjax.tensor import dtypes
 from torchjax.tensor._storage import _plan, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor
 
@@ -139,10 +135,6 @@ MAX_VIEW_KEYS = 16
 # cache): past this many, such calls read their views first and share the plain key's
 # executables (Note [Views in keys whose shapes vary]).
 MAX_VIEW_SIGNATURES = 2
-# Keys of one overload that differ only in float static arguments (an ``alpha`` or
-# ``value`` that changes every call, as torch.optim's ``addcdiv_(..., value=-step_size)``):
-# after this many, such calls run op by op instead of compiling each new value.
-MAX_FLOAT_VARIANTS = 4
 
 _INTEGER_DTYPES = frozenset(
     {
@@ -158,16 +150,6 @@ _INTEGER_DTYPES = frozenset(
 )
 _default_dtype = torch.get_default_dtype
 
-# Errors a trace raises when a lowering needs concrete values: such keys run op by op.
-CONCRETE_ERRORS = _CONCRETE_ERRORS = (
-    # Raised by a nested op's dispatch (Note [One error layer]).
-    _errors.DataDependentError,
-    jax.errors.ConcretizationTypeError,
-    jax.errors.TracerArrayConversionError,
-    jax.errors.TracerIntegerConversionError,
-    jax.errors.TracerBoolConversionError,
-)
-
 
 class NotCompilable(Exception):
     """This call runs op by op (an unhashable static argument, a lowering returning a
@@ -176,19 +158,6 @@ class NotCompilable(Exception):
 
 _TRACE_ERRORS = (NotCompilable, _checks.NeedsValues, *CONCRETE_ERRORS)
 _NO_KEY = object()  # a key not built (dtypes may be None: a key without promotion)
-
-
-# Every CompiledCompute, for clear_caches (an overload may have several: one per
-# registered variant).
-_COMPUTES: weakref.WeakSet = weakref.WeakSet()
-
-
-def clear_caches(func=None) -> None:
-    """Drop the executables (and the op-by-op decisions) of ``func``'s compiled path, or
-    of every overload: the next calls build them again. Counters restart at zero."""
-    for compute in list(_COMPUTES):
-        if func is None or compute.func == func:
-            compute.clear()
 
 
 _aten = torch.ops.aten
@@ -209,16 +178,6 @@ def compilable(func, entry) -> bool:
         and (torch.Tag.dynamic_output_shape not in tags or func in _MASK_INDEXED)
         and torch.Tag.data_dependent_output not in tags
     )
-
-
-def _nested(run):
-    """``run`` (a jitted kernel) without compiler options, for calls inside a trace.
-    A ValueError raised by the lowering itself is raised again by this second call.
-    Kept on ``run``, so it goes when ``run`` is evicted."""
-    nested = getattr(run, "nested", None)
-    if nested is None:
-        nested = run.nested = jax.jit(run.__wrapped__)
-    return nested
 
 
 def _array(storage):
@@ -263,37 +222,32 @@ class CompiledCompute:
         # Python numbers in promoted positions are checked on the host, every call;
         # static ones once, in the trace (a failed trace caches nothing).
         self.checked = policy.checks_promoted_numbers()
-        # key -> its (computation, result) dtypes; (key, input signature) -> executable.
+        # key -> its (computation, result) dtypes; (key, input signature) -> executable
+        # in the table.
         self.cache: dict = {}
-        self.runs: dict = {}
+        self.table = executables.Executables(func)
+        self.info = self.table.info
+        # Held while the caches are changed (a new key, a forgotten one).
+        self.lock = self.table.lock
         # Calls whose arguments are all plain tpu tensors (no kwargs): keyed by their
         # (dtype, size) pairs alone, the common case, checked first.
         self.tensor_cache: dict = {}
         self.eager_keys: set = set()
-        self.float_variants: dict = {}
-        self.info = cache_info_entry(func)
         self.view_keys = 0
         self.view_signatures: dict = {}
         self.masks = func in _MASK_INDEXED
         # Random ops take their key as an argument (Note [Compiled random ops]).
         self.seeded = not entry.deterministic and _seeded.seeded(func)
         self.shape_only_self = not entry.self_values
-        # Held while the caches are changed (a new key, a forgotten one): two threads
-        # dispatching the same overload must not both build, or both delete, a key.
-        # Lookups take no lock (dict reads are atomic under the GIL).
-        self.lock = threading.Lock()
-        _COMPUTES.add(self)
+        executables.register(self)
 
     def clear(self):
         with self.lock:
-            for run in self.runs.values():
-                _budget.forget(run)
-            self.cache, self.runs, self.tensor_cache = {}, {}, {}
-            self.eager_keys, self.float_variants = set(), {}
+            self.table.clear()
+            self.cache, self.tensor_cache = {}, {}
+            self.eager_keys = set()
             self.view_keys = 0
             self.view_signatures = {}
-            info = self.info
-            info.keys = info.traces = info.eager_keys = info.calls = info.op_by_op = 0
 
     def _entry(self, x, dyn, psig, scalars, promoted, read_views=False):
         """The template entry of argument ``x``; appends its arrays to ``dyn``, its
@@ -423,10 +377,7 @@ class CompiledCompute:
                             out = _fused.record(run, vals)
                             if out is not _fused.NOT_RECORDED:
                                 return out
-                        try:
-                            out = run(*vals)
-                        except ValueError:
-                            out = _nested(run)(*vals)
+                        out = executables.call(run, vals)
                     except _TRACE_ERRORS:
                         # A new shape whose trace needs values: _call forgets the key.
                         return self._call(args, kwargs)
@@ -469,7 +420,7 @@ class CompiledCompute:
                 dyn.extend(_seeded.key_args(args))
             key = (tuple(psig), tmpl, kwtmpl, _default_dtype())
             run_key = (key, signature(dyn))
-            run = self.runs.get(run_key)
+            run = self.table.get(run_key)
         except (NotCompilable, TypeError):
             # TypeError: an unhashable static argument (no key to cache under).
             return self._op_by_op(args, kwargs)
@@ -482,8 +433,6 @@ class CompiledCompute:
                 if dts is _NO_KEY:
                     return self._op_by_op(args, kwargs)
             run = self._new_run(run_key, tmpl, kwtmpl, dts, args, kwargs, scalars)
-        else:
-            _budget.hit(run)
         dts = run.dts
         if scalars:
             # Python scalars in promoted positions: 0-d arrays of the computation dtype
@@ -499,10 +448,7 @@ class CompiledCompute:
                 out = _fused.record(run, dyn)
                 if out is not _fused.NOT_RECORDED:
                     return out
-            try:
-                out = run(*dyn)
-            except ValueError:
-                out = _nested(run)(*dyn)
+            out = executables.call(run, dyn)
         except _TRACE_ERRORS:
             # Raised while tracing (never by a built executable): this key runs op by op.
             # Under an outer trace the op-by-op run raises the same error, as it should,
@@ -540,10 +486,8 @@ class CompiledCompute:
                 tuple(float_masked(e) for e in tmpl),
                 tuple((k, float_masked(e)) for k, e in kwtmpl),
             )
-            seen = self.float_variants.get(masked, 0)
-            if seen >= MAX_FLOAT_VARIANTS:
+            if not self.table.new_float_variant(masked):
                 return _NO_KEY
-            self.float_variants[masked] = seen + 1
             dts = self.cache[key] = (
                 promotion.promoted_by_key(self.kind, psig) if self.kind is not None else None
             )
@@ -558,15 +502,18 @@ class CompiledCompute:
         run.dts = dts
         run.nbytes = None if _budget.measure_bytes() else 0
         fast = None if kwargs else self._fast_key(args, tmpl)
-        with self.lock:
-            old = self.runs.get(run_key)
-            if old is not None:  # another thread built it first
-                return old
-            self.runs[run_key] = run
-            if fast is not None:
-                self.tensor_cache[fast] = run
-        _budget.admit(run, lambda: self._evict(run_key, run, fast))
-        return run
+        if fast is None:
+            return self.table.add(run_key, run)
+
+        def on_add():
+            self.tensor_cache[fast] = run
+
+        def on_evict():
+            # The key's dtypes stay (a few tuples; a new signature reuses them).
+            if self.tensor_cache.get(fast) is run:
+                del self.tensor_cache[fast]
+
+        return self.table.add(run_key, run, on_add, on_evict)
 
     def _fast_key(self, args, tmpl):
         """The key ``__call__``'s fast path looks ``tmpl``'s executable up by: (dtype, size)
@@ -593,15 +540,6 @@ class CompiledCompute:
                 return None
         return tuple(sig)
 
-    def _evict(self, run_key, run, fast):
-        """Drop every reference to ``run``: jax frees its executable and staging caches
-        with it. The key's dtypes stay (a few tuples; a new signature reuses them)."""
-        with self.lock:
-            if self.runs.get(run_key) is run:
-                del self.runs[run_key]
-            if fast is not None and self.tensor_cache.get(fast) is run:
-                del self.tensor_cache[fast]
-
     def _measure(self, run, dyn):
         """Bytes of ``run``'s executable, once, when a byte budget is set."""
         if any(isinstance(d, jax.core.Tracer) for d in dyn):
@@ -613,10 +551,7 @@ class CompiledCompute:
         with self.lock:
             if self.cache.pop(key, _NO_KEY) is not _NO_KEY:
                 self.info.keys -= 1
-            gone = [rk for rk in self.runs if rk[0] == key]
-            for rk in gone:
-                run = self.runs.pop(rk)
-                _budget.forget(run)
+            for run in self.table.drop_key(key):
                 # A new dict, not a mutation: the lock-free fast path may be reading it.
                 self.tensor_cache = {k: v for k, v in self.tensor_cache.items() if v is not run}
             if remember and key not in self.eager_keys:
@@ -624,9 +559,6 @@ class CompiledCompute:
                 self.info.eager_keys += 1
 
     def _build(self, tmpl, kwtmpl, dts):
-        # Note: compiler_options are refused on a jit nested in another trace (an op
-        # inside torchjax.jit or jax.grad over torchjax.functional); _nested gives the
-        # same function without them, made on first use (the try costs nothing).
         fn, info = self.fn, self.info
         policy = self.policy
 
@@ -657,5 +589,4 @@ class CompiledCompute:
                     out = compute(dyn)
             return out, _checks.Outputs(tuple(collected.codes), collected.bads, collected.values)
 
-        run.__name__ = f"{self.func._opname}_{self.func._overloadname}"
-        return jax.jit(run, compiler_options=COMPILER_OPTIONS)
+        return executables.build(run, f"{self.func._opname}_{self.func._overloadname}")

@@ -1,4 +1,4 @@
-"""Compiled lowerings (torchjax/ops/compiled.py), compiled foreach and the fused
+"""Compiled lowerings (torchjax/ops/cached_compute.py), compiled foreach and the fused
 optimizer step: cache keying and hits, what is not compiled, tracers, and that eager ops
 do not wait for device results. No timing here: bench/ measures speed."""
 
@@ -12,14 +12,14 @@ import torch
 import torch.nn.functional as F
 
 import torchjax
-from torchjax.ops import compiled, fused_optim
+from torchjax.ops import cached_compute, executables, fused_optim
 
 aten = torch.ops.aten
 TPU = "tpu"
 
 
 def _info(func):
-    i = compiled.cache_info(func)
+    i = cached_compute.cache_info(func)
     return (i.keys, i.traces, i.eager_keys)
 
 
@@ -27,14 +27,14 @@ def _info(func):
 def _fresh_caches():
     # Key counts depend on what ran earlier in the process (float variants, view keys
     # counted per overload): each test starts from empty caches.
-    compiled.clear_caches()
+    executables.clear_caches()
 
 
 def test_clear_caches_drops_executables_and_counts():
     t = torch.randn(3, 5).to(TPU)
     torch.atan2(t, t)
     assert _info(aten.atan2.default)[0] == 1
-    compiled.clear_caches(aten.atan2.default)
+    executables.clear_caches(aten.atan2.default)
     assert _info(aten.atan2.default) == (0, 0, 0)
     torch.atan2(t, t)
     assert _info(aten.atan2.default)[:2] == (1, 1)  # built again
@@ -58,9 +58,9 @@ def slow(monkeypatch):
     """The overloads of the calls that missed the fast path of CompiledCompute.__call__
     (each call of ``_call``, the full argument template), in order."""
     calls = []
-    original = compiled.CompiledCompute._call
+    original = cached_compute.CompiledCompute._call
     monkeypatch.setattr(
-        compiled.CompiledCompute,
+        cached_compute.CompiledCompute,
         "_call",
         lambda self, *a, **k: calls.append(self.func) or original(self, *a, **k),
     )
@@ -194,12 +194,12 @@ def test_changing_float_static_argument_stops_compiling():
     x, y = torch.randn(5), torch.randn(5)
     tx, ty = x.to(TPU), y.to(TPU)
     before = _info(aten.sub.Tensor)[0]
-    for i in range(3 * compiled.MAX_FLOAT_VARIANTS):
+    for i in range(3 * executables.MAX_FLOAT_VARIANTS):
         alpha = 0.1 + i / 7
         torch.testing.assert_close(
             torch.sub(tx, ty, alpha=alpha).cpu(), torch.sub(x, y, alpha=alpha)
         )
-    assert _info(aten.sub.Tensor)[0] - before <= compiled.MAX_FLOAT_VARIANTS
+    assert _info(aten.sub.Tensor)[0] - before <= executables.MAX_FLOAT_VARIANTS
 
 
 def _calls(func):
@@ -230,7 +230,7 @@ def test_half_trunc_division_compiled_equals_op_by_op_bit_for_bit(dtype, monkeyp
     ta, tb = a.to(TPU), b.to(TPU)
     got = torch.div(ta, tb, rounding_mode="trunc").cpu()
     assert _calls(aten.div.Tensor_mode)["calls"] >= 1
-    monkeypatch.setattr(compiled, "MAX_FLOAT_VARIANTS", 0)  # new keys run op by op
+    monkeypatch.setattr(executables, "MAX_FLOAT_VARIANTS", 0)  # new keys run op by op
     ta2, tb2 = a.to(TPU)[1:], b.to(TPU)[1:]  # views: a new key
     eager = torch.div(ta2, tb2, rounding_mode="trunc").cpu()
     assert torch.equal(got[1:].view(torch.int16), eager.view(torch.int16))
@@ -255,8 +255,10 @@ def test_random_ops_are_compiled_with_a_new_key_per_call():
     x = torch.ones(1000, device=TPU)
     a, b = F.dropout(x, 0.5), F.dropout(x, 0.5)
     assert not torch.equal(a.cpu(), b.cpu())
-    assert compiled.compilable(aten.native_dropout.default, _entry(aten.native_dropout.default))
-    info = compiled.cache_info(aten.native_dropout.default)
+    assert cached_compute.compilable(
+        aten.native_dropout.default, _entry(aten.native_dropout.default)
+    )
+    info = cached_compute.cache_info(aten.native_dropout.default)
     assert info.calls >= 2 and info.op_by_op == 0
 
 
@@ -361,7 +363,7 @@ def test_layout_views_are_read_inside_the_consumer(make, monkeypatch):
     # Note [Lazy views]: t/transpose/slice/expand... compute nothing; the compiled op that
     # consumes the view reads it in its own executable. Values as CPU torch. (Earlier tests
     # may have used up mm's view keys; the cap is tested below.)
-    monkeypatch.setattr(compiled, "MAX_VIEW_KEYS", 10**6)
+    monkeypatch.setattr(cached_compute, "MAX_VIEW_KEYS", 10**6)
     w, b = torch.randn(6, 6), torch.randn(6, 6)
     view = make(w.to(TPU))
     assert view._cache is None  # no value computed
@@ -414,7 +416,7 @@ def test_foreach_adam_compiles_each_foreach_op_once():
     tpu.load_state_dict(cpu.state_dict())
     tpu.to(TPU)
     x = torch.randn(4, 6)
-    before = compiled.cache_info(aten._foreach_div_.ScalarList).keys
+    before = cached_compute.cache_info(aten._foreach_div_.ScalarList).keys
     for model, inp in ((cpu, x), (tpu, x.to(TPU))):
         opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=True)
         for _ in range(6):
@@ -424,8 +426,8 @@ def test_foreach_adam_compiles_each_foreach_op_once():
     for t, c in zip(tpu.parameters(), cpu.parameters()):
         torch.testing.assert_close(t.detach().cpu(), c.detach(), rtol=1e-5, atol=1e-5)
     # the per-step bias corrections are arguments: at most one new key for six steps
-    assert compiled.cache_info(aten._foreach_addcdiv_.ScalarList).keys >= 1
-    assert compiled.cache_info(aten._foreach_div_.ScalarList).keys - before <= 1
+    assert cached_compute.cache_info(aten._foreach_addcdiv_.ScalarList).keys >= 1
+    assert cached_compute.cache_info(aten._foreach_div_.ScalarList).keys - before <= 1
 
 
 def test_views_of_many_layouts_stop_adding_keys():
@@ -434,11 +436,11 @@ def test_views_of_many_layouts_stop_adding_keys():
     cache = torch.randn(1, 40, 8)
     tcache = cache.to(TPU)
     keys0, _, eager0 = _info(aten.tanh.default)
-    for n in range(1, compiled.MAX_VIEW_KEYS + 8):
+    for n in range(1, cached_compute.MAX_VIEW_KEYS + 8):
         got = torch.tanh(tcache[:, :n])
         torch.testing.assert_close(got.cpu(), torch.tanh(cache[:, :n]))
     keys, _, eager = _info(aten.tanh.default)
-    assert keys - keys0 <= compiled.MAX_VIEW_KEYS + 1
+    assert keys - keys0 <= cached_compute.MAX_VIEW_KEYS + 1
     assert eager == eager0
 
 
@@ -454,18 +456,18 @@ def test_a_view_beside_a_growing_argument_shares_the_plain_executables():
     cache = torch.randn(1, 2, 3, 4)
     tcache = cache.to(TPU)
     traces = []
-    for _ in range(compiled.MAX_VIEW_SIGNATURES + 4):
-        before = compiled.cache_info(aten.cat.default).traces
+    for _ in range(cached_compute.MAX_VIEW_SIGNATURES + 4):
+        before = cached_compute.cache_info(aten.cat.default).traces
         cat_v = torch.cat([tcache, tnew.transpose(1, 2)], dim=-2)
         cat_p = torch.cat([tcache, tplain], dim=-2)
-        traces.append(compiled.cache_info(aten.cat.default).traces - before)
+        traces.append(cached_compute.cache_info(aten.cat.default).traces - before)
         assert torch.equal(cat_v.cpu(), torch.cat([cache, new.transpose(1, 2)], dim=-2))
         assert torch.equal(cat_p.cpu(), torch.cat([cache, plain], dim=-2))
         cache, tcache = torch.cat([cache, plain], dim=-2), cat_p
-    n = compiled.MAX_VIEW_SIGNATURES
+    n = cached_compute.MAX_VIEW_SIGNATURES
     assert traces[:n] == [2] * n  # the view read inside: its own executable per length
     assert traces[n:] == [1] * (len(traces) - n)  # one shared executable per length
-    assert compiled.cache_info(aten.cat.default).op_by_op == 0
+    assert cached_compute.cache_info(aten.cat.default).op_by_op == 0
 
 
 def test_ops_on_views_at_many_offsets_trace_once():

@@ -1,0 +1,165 @@
+"""The executables of one ATen overload: the cache every compiled op path shares.
+
+Note [One executable table]
+Single ops (``CompiledCompute``, torchjax/ops/cached_compute.py) and ``_foreach_*`` ops
+(torchjax/ops/foreach.py) turn a call into a template (torchjax/ops/templates.py) and a
+flat list of arrays, and run it through an ``Executables`` table of their overload:
+
+- one ``jax.jit`` function per (key, input signature), built on first use; the key is
+  the template (the static part of the call), the signature the arrays' shapes and
+  dtypes (``templates.signature``);
+- each function is an entry of the process-wide budget (Note [Executable cache budget]
+  in torchjax/_budget.py): past the budget the least recently used are evicted and
+  compile again when next called;
+- keys equal up to their float static values (an ``alpha`` or ``value`` that changes
+  every call) compile at most ``MAX_FLOAT_VARIANTS`` times; later variants run op by op;
+- a key whose trace needs concrete values (``CONCRETE_ERRORS``) is dropped, and its calls
+  run op by op;
+- ``cache_info(func)`` counts keys, traces and calls (Note [Eager engine counters]);
+  ``clear_caches`` empties every table.
+
+Built functions carry XLA's options (``COMPILER_OPTIONS``); jax refuses them on a jit
+nested in another trace (an op inside ``torchjax.jit``, or ``jax.grad`` over
+``torchjax.functional``), so ``call`` retries there with the same function without them,
+made on first use and kept on the function (it goes when the function is evicted).
+
+Tables are changed under their lock (two threads dispatching one overload must not both
+build, or both delete, an entry); lookups take none (dict reads are atomic under the
+GIL).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import jax
+
+from torchjax import _budget
+from torchjax.device._stats import cache_info_entry
+from torchjax.ops.xla_options import COMPILER_OPTIONS
+from torchjax.tensor import _errors
+
+# Keys of one overload that differ only in float static arguments (torch.optim's
+# ``addcdiv_(..., value=-step_size)``): after this many, such calls run op by op
+# instead of compiling each new value.
+MAX_FLOAT_VARIANTS = 4
+
+# Errors a trace raises when a lowering needs concrete values: such keys run op by op.
+CONCRETE_ERRORS = (
+    # Raised by a nested op's dispatch (Note [One error layer]).
+    _errors.DataDependentError,
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerBoolConversionError,
+)
+
+# Every owner of a table (anything with ``func`` and ``clear()``), for clear_caches.
+_OWNERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def register(owner) -> None:
+    """Make ``owner.clear()`` part of ``clear_caches`` (for ``owner.func`` or all)."""
+    _OWNERS.add(owner)
+
+
+def clear_caches(func=None) -> None:
+    """Drop the executables (and the op-by-op decisions) of ``func``'s compiled paths,
+    or of every overload: the next calls build them again. Counters restart at zero."""
+    for owner in list(_OWNERS):
+        if func is None or owner.func == func:
+            owner.clear()
+
+
+def build(fn, name: str):
+    """``fn`` (taking the flat arrays) as a jitted function named ``name``."""
+    fn.__name__ = name
+    return jax.jit(fn, compiler_options=COMPILER_OPTIONS)
+
+
+def nested(run):
+    """``run`` without compiler options, for calls inside a trace. A ValueError raised
+    by the traced function itself is raised again by this second call."""
+    inner = getattr(run, "nested", None)
+    if inner is None:
+        inner = run.nested = jax.jit(run.__wrapped__)
+    return inner
+
+
+def call(run, dyn):
+    """``run(*dyn)``; inside an outer trace, its option-free twin (inlined there)."""
+    try:
+        return run(*dyn)
+    except ValueError:
+        return nested(run)(*dyn)
+
+
+class Executables:
+    """The (key, input signature) -> executable table of one overload (Note [One
+    executable table])."""
+
+    def __init__(self, func):
+        self.func = func
+        self.runs: dict = {}
+        self.float_variants: dict = {}
+        self.info = cache_info_entry(func)
+        self.lock = threading.Lock()
+
+    def get(self, run_key):
+        """The executable of ``run_key``, counted as a budget hit, or None."""
+        run = self.runs.get(run_key)
+        if run is not None:
+            _budget.hit(run)
+        return run
+
+    def new_float_variant(self, masked) -> bool:
+        """Count a new key whose float-blanked form is ``masked``; False once that form
+        has compiled ``MAX_FLOAT_VARIANTS`` times (the call runs op by op). Called under
+        ``self.lock``."""
+        seen = self.float_variants.get(masked, 0)
+        if seen >= MAX_FLOAT_VARIANTS:
+            return False
+        self.float_variants[masked] = seen + 1
+        return True
+
+    def add(self, run_key, run, on_add=None, on_evict=None):
+        """Enter ``run`` under ``run_key`` and in the budget; ``on_add()`` runs under the
+        lock when it is entered, ``on_evict()`` (under the lock too) when the budget
+        evicts it. Returns the entry that won: another thread's, if it built the same
+        key first."""
+        with self.lock:
+            old = self.runs.get(run_key)
+            if old is not None:
+                return old
+            self.runs[run_key] = run
+            if on_add is not None:
+                on_add()
+
+        def evict():
+            with self.lock:
+                if self.runs.get(run_key) is run:
+                    del self.runs[run_key]
+                if on_evict is not None:
+                    on_evict()
+
+        _budget.admit(run, evict)
+        return run
+
+    def drop_key(self, key) -> list:
+        """Remove every executable of ``key`` (any signature); returns them. Called under
+        ``self.lock``."""
+        gone = [rk for rk in self.runs if rk[0] == key]
+        runs = [self.runs.pop(rk) for rk in gone]
+        for run in runs:
+            _budget.forget(run)
+        return runs
+
+    def clear(self) -> None:
+        """Forget every executable and decision; counters restart at zero. Called under
+        ``self.lock``."""
+        for run in self.runs.values():
+            _budget.forget(run)
+        self.runs, self.float_variants = {}, {}
+        info = self.info
+        info.keys = info.traces = info.eager_keys = info.calls = info.op_by_op = 0
