@@ -9,6 +9,7 @@ from torchjax.ops import conv as _conv  # noqa: F401
 from torchjax.ops import copy as _copy  # noqa: F401
 from torchjax.ops import cumulative as _cumulative  # noqa: F401
 from torchjax.ops import distance as _distance  # noqa: F401
+from torchjax.ops import dropout as _dropout  # noqa: F401
 from torchjax.ops import embedding as _embedding  # noqa: F401
 from torchjax.ops import factory as _factory  # noqa: F401
 from torchjax.ops import fft as _fft  # noqa: F401
@@ -17,6 +18,7 @@ from torchjax.ops import fused_optim as _fused_optim  # noqa: F401
 from torchjax.ops import histogram as _histogram  # noqa: F401
 from torchjax.ops import indexing as _indexing  # noqa: F401
 from torchjax.ops import linalg as _linalg  # noqa: F401
+from torchjax.ops import linalg_qr as _linalg_qr  # noqa: F401
 from torchjax.ops import long_tail as _long_tail  # noqa: F401
 from torchjax.ops import loss as _loss  # noqa: F401
 from torchjax.ops import matmul as _matmul  # noqa: F401

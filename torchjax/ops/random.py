@@ -1,5 +1,6 @@
-"""Random ops: in-place samplers (normal_, uniform_, random_, ...), randperm, multinomial,
-the ``*_like`` random factories and dropout.
+"""Random ops: in-place samplers (normal_, uniform_, random_, ...), randperm, multinomial
+and the ``*_like`` random factories (dropout, which draws the same way, is in
+ops/dropout.py).
 
 Every draw takes a fresh key from the per-device RNG state (torchjax/tensor/random.py,
 ``next_key``), so ``torch.manual_seed`` makes tpu randomness reproducible,
@@ -42,7 +43,7 @@ import torch
 from jax import lax
 
 from torchjax.device import _checks
-from torchjax.ops.registry import Kind, handler, lowering
+from torchjax.ops.registry import handler, lowering
 from torchjax.ops.writeback import write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor import random as _rng
@@ -565,44 +566,3 @@ handler(aten.randint.out, aten.randint.generator_out)(
 handler(aten.randint.low_out, aten.randint.low_generator_out)(
     _sized_out("randint", lambda o, low, high, generator: o.random_(low, high, generator=generator))
 )
-
-
-# ---------------------------------------------------------------------------------------
-# dropout
-
-
-@lowering(aten.native_dropout.default)
-def native_dropout(input, p, train=None):
-    """aten::native_dropout - (input * mask / (1 - p), mask) in training, else
-    (input copy, all-True mask).
-
-    Mask is bool, kept with probability 1 - p; p == 1 gives zeros (scale 0, as torch
-    avoids 1/0). f16/bf16 scaled in float32. Reference: ATen Dropout.cpp.
-    """
-    if not 0 <= p <= 1:
-        raise RuntimeError(
-            f"dropout probability has to be between 0 and 1, but got {p} (in aten::native_dropout)"
-        )
-    if train is False or input.size == 0:
-        return jnp.array(input, copy=True), jnp.ones(input.shape, dtype=jnp.bool_)
-    p1m = 1.0 - p
-    scale = 0.0 if p1m == 0 else 1.0 / p1m
-    u = jax.random.uniform(_key(input), input.shape, dtype=jnp.float32)
-    mask = u < p1m
-    ct = _opmath(input.dtype)
-    out = jnp.where(mask, input.astype(ct) * np.asarray(scale, ct), jnp.zeros((), ct))
-    return out.astype(input.dtype), mask
-
-
-@lowering(
-    aten.native_dropout_backward.default,
-    promote=Kind.DEFAULT,
-    promote_args=("grad_output", "mask", "scale"),
-)
-def native_dropout_backward(grad_output, mask, scale):
-    """aten::native_dropout_backward - grad_output * mask * scale.
-
-    Dtypes: torch's promotion of the three (a float mask or an integer grad promote);
-    f16/bf16 computed in float32. Reference: ATen Dropout.cpp.
-    """
-    return grad_output * mask * scale
