@@ -81,7 +81,7 @@ how it is undone.
   graph to this wrapper; a graph on tpu tensors is compiled by the "tpu" backend instead
   of inductor's torch_tpu code generation (Note [The default torch.compile backend on
   tpu]); other graphs reach inductor unchanged. Undo: torch's method put back.
-- ``optimizer capturable=True under jit`` (compile/_jit.py, per optimizer a jitted
+- ``optimizer capturable=True under jit`` (compile/_capturable.py, per optimizer a jitted
   function reaches; torch 2.13). The step counter must be a traced input, not a constant.
   Undo: those param groups back to ``capturable=False``, their step counters on CPU.
 - ``sys.meta_path import hook`` (integrations/transformers/_loading.py, recorded by

@@ -11,7 +11,7 @@ silently. So each one is either an input of the program or part of the cache key
   float64 when the group has float64 parameters or the default dtype is float64): a
   schedule changes it every step without a retrace. Only for optimizers whose step takes
   a tensor lr without reading it back to the host: Adam and AdamW in capturable mode
-  (torchjax.jit switches optimizers to it, see ``_make_capturable``), and SGD, whose
+  (torchjax.jit switches optimizers to it, see ``compile._capturable``), and SGD, whose
   single-tensor and foreach paths call ``.item()`` on a tensor lr, so while the trace runs
   its groups take the fused path (``_fused_sgd_`` has a tensor-lr overload; the same
   update as the other paths, see ops/fused_optim.py's ``_sgd_step``);

@@ -36,10 +36,11 @@ import numpy as np
 import torch
 from jax.extend.core import jaxpr_as_fun
 
-from torchjax import _budget, _patches
+from torchjax import _budget
 from torchjax._compat.jax import x64, x64_enter, x64_exit
 from torchjax._compat.torch import pytree
 from torchjax.compile import _donate, _hyper, _repeat, _state
+from torchjax.compile._capturable import make_capturable
 from torchjax.compile._keys import value_key
 from torchjax.interop._jax_function import _VJP
 from torchjax.tensor import random as _rng
@@ -259,7 +260,7 @@ class _Call:
         self.static, self.pos, self.tensors = static, pos, tensors
         grads = not jitted._is_module
         walk = _state.walk(roots, grads)
-        if any(_make_capturable(o) for o in walk.optimizers):
+        if any(make_capturable(o) for o in walk.optimizers):
             walk = _state.walk(roots, grads)
         self.walk = walk
         self.hypers = _hyper.Hypers(walk.optimizers)
@@ -324,47 +325,6 @@ class _Ref:
 
     def __repr__(self):
         return f"<{type(self.obj).__name__} object>"
-
-
-# Optimizers switched by _make_capturable -> the param groups it switched (weakly held),
-# put back by torchjax.uninstall() (Note [Process-wide changes]).
-_CAPTURABLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _make_capturable(opt) -> bool:
-    """Switch ``opt`` to capturable mode (step counters on the device). True if changed."""
-    changed = []
-    for group in opt.param_groups:
-        if "capturable" in group and not group["capturable"]:
-            group["capturable"] = True
-            changed.append(group)
-    if changed:
-        for p, st in opt.state.items():
-            step = st.get("step")
-            if isinstance(step, torch.Tensor) and not isinstance(step, JaxTensor):
-                st["step"] = step.to(p.device)
-        _CAPTURABLE.setdefault(opt, []).extend(changed)
-        _patches.record(
-            "optimizer capturable=True under jit",
-            why="the step counter must be a traced input, not a constant of the trace",
-            package="torch",
-            written_for="2.13",
-            undo=_undo_capturable,
-        )
-    return bool(changed)
-
-
-def _undo_capturable() -> None:
-    """Groups switched by _make_capturable back to capturable=False, with their step
-    counters on CPU, where a non-capturable torch optimizer keeps them."""
-    for opt, groups in list(_CAPTURABLE.items()):
-        for group in groups:
-            group["capturable"] = False
-            for p in group["params"]:
-                step = opt.state.get(p, {}).get("step")
-                if isinstance(step, torch.Tensor):
-                    opt.state[p]["step"] = step.to("cpu")
-    _CAPTURABLE.clear()
 
 
 class _Entry:
