@@ -2,7 +2,7 @@
 
 Note [Fused eager]
 Plain eager runs every op as its own cached executable (Note [Compiled lowerings] in
-torchjax/ops/compiled.py): one XLA dispatch per op, with no fusion between ops. In
+torchjax/ops/cached_compute.py): one XLA dispatch per op, with no fusion between ops. In
 fused eager mode (``with torchjax.fused():``, ``TORCHJAX_EAGER=fused`` in the
 environment, or ``torchjax.set_eager_mode("fused")``) an op that would call its cached
 executable records the call instead, and a *segment* of such calls runs later as one
@@ -79,6 +79,7 @@ from torchjax import _budget
 from torchjax._compat.jax import x64
 from torchjax._compat.torch import in_graph_task, queue_engine_callback
 from torchjax.device import _checks, _stats
+from torchjax.ops.fusion_cuts import cut_outputs, elementwise
 from torchjax.ops.promotion import astype
 from torchjax.ops.xla_options import COMPILER_OPTIONS
 from torchjax.tensor import dtypes
@@ -107,7 +108,7 @@ _local = threading.local()
 # The process-wide mode (TORCHJAX_EAGER / set_eager_mode).
 _GLOBAL = [_env_mode()]
 # ACTIVE[0]: some thread may be recording (the global mode, or a fused() context open
-# somewhere): the one check compiled.py makes on its hot path.
+# somewhere): the one check cached_compute.py makes on its hot path.
 ACTIVE = [_GLOBAL[0]]
 _open = [0]
 _open_lock = threading.Lock()
@@ -254,8 +255,8 @@ def _shapes(run, dyn):
         specs = [d.aval if d.__class__ is Pending else d for d in dyn]
         jaxpr, (out, checks) = jax.make_jaxpr(run.__wrapped__, return_shape=True)(*specs)
         leaves, tree = tree_util.tree_flatten(out)
-        isolated = not (FUSE_ELEMENTWISE and _elementwise(jaxpr.jaxpr))
-        cuts = () if isolated else _cut_outputs(jaxpr.jaxpr, len(leaves))
+        isolated = not (FUSE_ELEMENTWISE and elementwise(jaxpr.jaxpr))
+        cuts = () if isolated else cut_outputs(jaxpr.jaxpr, len(leaves))
         hit = cache[weak] = (leaves, tree, checks.codes, isolated, cuts)
     return hit
 
@@ -266,99 +267,6 @@ def _shapes(run, dyn):
 # responsible is not found yet), so every node is isolated and a segment is one
 # dispatch of many programs' worth of work, not one fusion.
 FUSE_ELEMENTWISE = False
-
-# Primitives that only move elements (a fused consumer sees the producer's arithmetic
-# through them), and those whose result a fused consumer's arithmetic could be
-# rewritten with (Note [Fusion keeps eager's numbers]).
-_MOVES = frozenset(
-    "reshape broadcast_in_dim transpose squeeze expand_dims slice dynamic_slice "
-    "concatenate pad select_n copy copy_p".split()
-)
-_REWRITABLE = frozenset("mul div sqrt rsqrt exp exp2 log pow integer_pow neg".split())
-
-
-def _cut_outputs(jaxpr, n) -> tuple:
-    """Indices of the first ``n`` outputs of ``jaxpr`` computed by a _REWRITABLE
-    primitive (looking through _MOVES and nested jaxprs)."""
-    return tuple(k for k, v in enumerate(jaxpr.outvars[:n]) if _rewritable(jaxpr, v))
-
-
-def _rewritable(jaxpr, var) -> bool:
-    for eqn in reversed(jaxpr.eqns):
-        if not any(o is var for o in eqn.outvars):
-            continue
-        name = eqn.primitive.name
-        if name in _REWRITABLE:
-            return True
-        if name in _MOVES:
-            return any(_rewritable(jaxpr, v) for v in eqn.invars if hasattr(v, "count"))
-        for p in eqn.params.values():
-            inner = getattr(p, "jaxpr", None)
-            if inner is not None and hasattr(inner, "eqns"):
-                k = [i for i, o in enumerate(eqn.outvars) if o is var][0]
-                return _rewritable(inner, inner.outvars[k])
-        return False
-    return False
-
-
-# Note [Fusion keeps eager's numbers]
-# A reduction that XLA:CPU fuses with its producer computes differently from the same
-# reduction reading an array: ``jnp.exp(a).sum(1)`` as one program differs in the last
-# bit from ``exp`` then ``sum`` as two (measured on float32 (64, 64)...(512, 64), for
-# exp, tanh, ``t * t`` and ``t * 1.5 + 0.3`` producers). Two causes, both seen in the
-# optimised HLO: the reduce becomes a YNNPACK fusion (``__ynn_fusion``) that evaluates
-# the fused producer with YNNPACK's own kernels (its exp, fused multiply-adds); and with
-# YNNPACK fusions off, XLA's own reduce loop still contracts ``t * t`` into the sum with
-# an FMA. max is order-free and agrees, and elementwise chains agree bit for bit (the
-# same code computes each element; excess precision is off: COMPILER_OPTIONS).
-# ``lax.optimization_barrier`` does not help: XLA:CPU removes it before fusion. So a
-# node whose lowering is not purely elementwise or layout (a reduction, a dot, a
-# gather...) runs in the segment program as the taken branch of a ``lax.cond`` on a
-# predicate passed in as an argument: XLA cannot fuse across a conditional it cannot
-# resolve at compile time, so the node reads and writes arrays exactly as its own
-# executable does (checked bit for bit on those producers followed by sum, mean,
-# softmax, a dot and a layer norm, 72 of 72 cases), and fusion happens between
-# elementwise ops.
-# Elementwise ops fused together still change numbers in two ways XLA:CPU takes at its
-# default optimisation level: LLVM contracts a multiply feeding an add into one FMA
-# (``a * b`` then ``+ c`` as two ops differs from ``a * b + c`` in one program in 951
-# of 4096 float32 elements; at ``xla_backend_optimization_level=0``, the suite's
-# level, they agree), and XLA's algebraic simplifier rewrites across ops (``a / sqrt(b)``
-# into ``a * rsqrt(b)``, products of exps). So an elementwise node's output computed by
-# one of those primitives (``_REWRITABLE``: mul, div, sqrt, rsqrt, exp, log, pow, neg,
-# looked up through element moves such as reshape and broadcast) leaves it through an
-# identity conditional on the same predicate: it is an array when the next op reads it,
-# as in eager. XLA:CPU's tanh gives other bits fused with a neighbour (``(x + 1).tanh()``
-# and ``x.tanh() + 1`` both differ; exp, sin, logistic do not), so ``_ELEMENTWISE``
-# lists only primitives checked or plain arithmetic: tanh, erf, the inverse
-# trigonometric and hyperbolic functions, log1p, expm1 and the like are isolated as
-# reductions are. Chains of adds, compares, selects, casts and the listed functions
-# still fuse (a tiny Llama forward: bit-identical to eager in float32
-# and bfloat16 with these cuts; without them 1.2e-7 apart).
-_ELEMENTWISE = frozenset(
-    (
-        "abs add and bitcast_convert_type broadcast_in_dim ceil clamp clz complex "
-        "concatenate conj convert_element_type copy copy_p cos div eq exp expand_dims floor "
-        "ge gt imag integer_pow is_finite le log logistic lt max min mul ne neg nextafter "
-        "not or pad population_count pow real reduce_precision rem reshape round rsqrt "
-        "select_n shift_left shift_right_arithmetic shift_right_logical sign sin slice sqrt "
-        "square squeeze stop_gradient sub transpose xor iota dynamic_slice pjit jit "
-        "closed_call custom_jvp_call custom_vjp_call"
-    ).split()
-)
-
-
-def _elementwise(jaxpr) -> bool:
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name not in _ELEMENTWISE:
-            return False
-        for v in eqn.params.values():
-            for sub in v if isinstance(v, (tuple, list)) else (v,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns") and not _elementwise(inner):
-                    return False
-    return True
-
 
 NOT_RECORDED = object()
 
@@ -477,7 +385,7 @@ def _program(nodes, live):
             args = [inputs[r[1]] if r[0] == 0 else outs[r[1]][r[2]] for r in refs]
             out, chk = _isolated(fn, pred, args) if iso else fn(*args)
             leaves = tree_util.tree_leaves(out)
-            if cut:  # Note [Fusion keeps eager's numbers]
+            if cut:  # Note [Fusion keeps eager's numbers] (ops/fusion_cuts.py)
                 kept = _isolated(_identity, pred, [leaves[k] for k in cut])
                 for k, v in zip(cut, kept):
                     leaves[k] = v
@@ -498,7 +406,8 @@ def _identity(*args):
 
 def _isolated(fn, pred, args):
     """``fn(*args)`` as the branch of a conditional XLA cannot see through (its
-    predicate is an argument of the program): Note [Fusion keeps eager's numbers]."""
+    predicate is an argument of the program): Note [Fusion keeps eager's numbers] in
+    torchjax/ops/fusion_cuts.py."""
     shapes = jax.eval_shape(fn, *args)
 
     def zeros(*_):
