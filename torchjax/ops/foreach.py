@@ -239,7 +239,7 @@ class _CompiledForeach:
             if entry is None:
                 return self.eager(args, kwargs)
             tmpl.append(entry)
-        if self.inplace and _aliased(lead, [bound[k] for k in self.listed if k != self.lead]):
+        if self.inplace and _aliased(lead, [bound.get(k) for k in self.listed if k != self.lead]):
             # Sequential semantics: element i may read what element j < i wrote.
             return self.eager(args, kwargs)
         kwtmpl = tuple((k, static(v)) for k, v in kw.items())
