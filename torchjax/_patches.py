@@ -31,8 +31,11 @@ how it is undone.
 - ``torch.load`` (device/_serialization.py through _compat/torch.py; torch 2.13). torch
   clears the thread-local ``map_location`` of a load only when the unpickling returns;
   after a load that raises, later ``pickle.loads`` of device tensors in the thread are
-  rebuilt where that load pointed, or refused. The wrapper clears it when a load
-  raises; same signature and result otherwise. Undo: the original put back.
+  rebuilt where that load pointed, or refused; a legacy (non-zipfile) load never sets
+  it, so device tensors ignored ``map_location``. The wrapper sets it for the load and
+  restores it after, and fills tpu tensors of a legacy file once its bytes are read
+  (Note [Legacy checkpoints]); same signature, and for CPU tensors the same result.
+  Undo: the original put back.
 - ``torch.UntypedStorage.__new__`` (device/_serialization.py; torch 2.13).
   ``torch.UntypedStorage(n, device="tpu")`` (and TypedStorage, which builds one) would
   allocate through the backend's allocator, which a Python backend does not have: the

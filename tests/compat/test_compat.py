@@ -419,7 +419,20 @@ def test_install_to_dlpack_routes_tpu_tensors_only():
     assert torch.equal(torch.from_dlpack(capsule), torch.arange(3.0))
 
 
-def test_install_load_location_reset_clears_a_failed_loads_location(tmp_path):
+def test_rebuild_tensor_args_view_a_storage():
+    x = torch.arange(6.0)
+    fn, args = ct.rebuild_tensor_args(x.untyped_storage(), 2, (2,), (2,), False, x.dtype)
+    y = fn(*args)
+    assert y.dtype == x.dtype and y.tolist() == [2.0, 4.0]
+    assert y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    # Dtypes TypedStorage lacks go through _rebuild_tensor_v3 with the dtype (torch's own
+    # reduce does the same; a file load wraps the storage before the call).
+    u = x.to(torch.uint16)
+    fn, args = ct.rebuild_tensor_args(u.untyped_storage(), 0, (6,), (1,), False, u.dtype)
+    assert fn is torch._utils._rebuild_tensor_v3 and args[-1] is torch.uint16
+
+
+def test_install_load_scope_clears_a_failed_loads_location(tmp_path):
     import io
 
     import torch.serialization as serialization

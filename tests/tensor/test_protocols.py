@@ -179,6 +179,57 @@ def test_reduce_ex_names_torch_rebuilds():
     assert fn.__module__ == "torch._utils"
 
 
+@pytest.mark.parametrize("view", sorted(VIEWS) + ["whole", "int32_view"])
+def test_copy_copy_aliases_as_cpu(view):
+    views = {**VIEWS, "whole": lambda t: t, "int32_view": lambda t: t.view(torch.int32)}
+    results = {}
+    for device in ("cpu", "tpu"):
+        base = torch.arange(6.0).to(device)
+        t = views[view](base)
+        c = copy.copy(t)
+        assert type(c) is type(t) and c.dtype == t.dtype and c.stride() == t.stride()
+        assert c.storage_offset() == t.storage_offset()
+        base[1] = -1.0  # a write through the original shows through the copy
+        results[device] = (c.tolist(), base.tolist())
+    assert results["tpu"] == results["cpu"]
+
+
+def test_copy_copy_of_a_parameter_shares_data():
+    for device in ("cpu", "tpu"):
+        p = torch.nn.Parameter(torch.ones(3).to(device))
+        c = copy.copy(p)
+        assert isinstance(c, torch.nn.Parameter) and c.requires_grad and c is not p
+        with torch.no_grad():
+            p[0] = 5.0
+        assert c.tolist() == [5.0, 1.0, 1.0], device
+
+
+def test_multiprocessing_pickler_moves_tpu_tensors():
+    # ForkingPickler shares storages through shared memory, CPU storages only.
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401 (installs torch's reductions)
+
+    t = torch.arange(4.0).to("tpu")
+    p = torch.nn.Parameter(torch.ones(2).to("tpu"))
+    back = pickle.loads(ForkingPickler.dumps([t, t[1:], p]))
+    assert [type(b) for b in back] == [JaxTensor] * 3
+    assert back[0].tolist() == [0.0, 1.0, 2.0, 3.0] and back[1].tolist() == [1.0, 2.0, 3.0]
+    assert isinstance(back[2], torch.nn.Parameter) and back[2].requires_grad
+
+
+def test_pickle_of_views_in_one_dump_as_cpu():
+    # Plain pickle wraps each tensor's storage on its own (torch's TypedStorage reduce):
+    # views in one dump do not alias after loading, on CPU either.
+    results = {}
+    for device in ("cpu", "tpu"):
+        t = torch.arange(4.0).to(device)
+        a, b = pickle.loads(pickle.dumps([t, t[1:]]))
+        a[1] = -1.0
+        results[device] = b.tolist()
+    assert results["tpu"] == results["cpu"]
+
+
 def test_class_called_like_parameter_class():
     # accelerate: param_cls = type(param); param_cls(value, requires_grad=...).to(device)
     p = torch.nn.Linear(2, 2).to("tpu").weight

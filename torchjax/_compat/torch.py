@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections import OrderedDict
 
 import torch
 from torch._decomp import decomposition_table as decomposition_table
@@ -90,6 +91,20 @@ def rebuild_device_tensor_args(cpu: torch.Tensor, dtype, device: str, requires_g
         torch._utils._rebuild_device_tensor_from_cpu_tensor,
         (cpu, dtype, device, requires_grad),
     )
+
+
+def rebuild_tensor_args(storage, offset: int, size, stride, requires_grad: bool, dtype):
+    """A ``__reduce_ex__`` value rebuilding a tensor over ``storage`` (an UntypedStorage)
+    as ``Tensor._reduce_ex_internal`` does for a tensor with a storage: through
+    ``torch._utils._rebuild_tensor_v2`` on a TypedStorage, or ``_rebuild_tensor_v3`` for
+    the dtypes TypedStorage lacks (``torch.storage._new_dtypes``). Both are on torch.load's
+    weights-only allow-list."""
+    if dtype in torch.storage._new_dtypes():
+        args = (storage, offset, size, stride, requires_grad, OrderedDict(), dtype)
+        return (torch._utils._rebuild_tensor_v3, args)
+    typed = torch.storage.TypedStorage(wrap_storage=storage, dtype=dtype, _internal=True)
+    args = (typed, offset, size, stride, requires_grad, OrderedDict())
+    return (torch._utils._rebuild_tensor_v2, args)
 
 
 def rebuild_parameter_args(data: torch.Tensor, requires_grad: bool, hooks, state: dict):
@@ -342,16 +357,23 @@ def install_module_moves(holds_device_params) -> None:
     )
 
 
-def install_load_location_reset() -> None:
-    """Wrap ``torch.load`` (``torch.serialization.load``) so that a load that raises
-    leaves no ``map_location`` behind: torch keeps it in a thread-local for the
-    unpickling and clears it only when unpickling returns (torch 2.13,
-    serialization._load), so after one failed load every ``pickle.loads`` of a device
-    tensor in the thread is rebuilt where that load pointed, or refused ("Callable
-    map_location not supported"). Same signature (``functools.wraps``), same result.
-    Private detail: the thread-local is ``torch.serialization._serialization_tls``."""
-    import functools
+def install_load_scope(scope) -> None:
+    """Wrap ``torch.load`` (``torch.serialization.load``) so that each call runs inside
+    ``scope()`` (a context manager; Note [Legacy checkpoints] in
+    torchjax/device/_serialization.py), and so that torch's thread-local
+    ``map_location`` (read by the rebuild of a storage-less device tensor,
+    ``torch._utils._get_restore_location``) is right for this load and restored after:
 
+    - torch sets it for the unpickling of a zipfile checkpoint only, and clears it only
+      when that returns (torch 2.13, serialization._load): after one failed load every
+      ``pickle.loads`` of a device tensor in the thread would be rebuilt where that load
+      pointed, or refused ("Callable map_location not supported");
+    - a legacy (non-zipfile) load never sets it, so such a tensor would be rebuilt on
+      its saved device whatever the caller asked; it is set here for the locations that
+      rebuild accepts (a string, a device or a dict).
+
+    Same signature (``functools.wraps``), same result. Private detail: the thread-local
+    is ``torch.serialization._serialization_tls``."""
     import torch.serialization as serialization
 
     from torchjax import _patches
@@ -362,11 +384,16 @@ def install_load_location_reset() -> None:
 
     @functools.wraps(original)
     def load(*args, **kwargs):
+        tls = serialization._serialization_tls
+        before = tls.map_location
+        where = kwargs.get("map_location", args[1] if len(args) > 1 else None)
+        if isinstance(where, (str, torch.device, dict)):
+            tls.map_location = where
         try:
-            return original(*args, **kwargs)
-        except BaseException:
-            serialization._serialization_tls.map_location = None
-            raise
+            with scope():
+                return original(*args, **kwargs)
+        finally:
+            tls.map_location = before
 
     def undo():
         if serialization.load is load:
@@ -378,7 +405,8 @@ def install_load_location_reset() -> None:
     _patches.record(
         "torch.load",
         why="a failed load must not leave its map_location for later pickle.loads "
-        "of device tensors",
+        "of device tensors; a legacy load honours map_location for device tensors and "
+        "fills tpu tensors once its bytes are read",
         package="torch",
         written_for="2.13",
         undo=undo,

@@ -8,16 +8,17 @@ stride)``. torch's own restore for a PrivateUse1 location allocates
 ``torch.UntypedStorage(n, device="tpu")``, and a Python backend has no allocator: that
 dereferences a null allocator and kills the process.
 
-So a storage restored to tpu is a *host-backed tpu storage*: the CPU bytes torch just
-read, under a tpu-labelled ``UntypedStorage`` that does not own them (the CPU storage is
-kept alive as its attribute). The rebuild's ``set_`` then reaches
-``aten::set_.source_Storage_storage_offset`` on a JaxTensor (torchjax/ops/copy.py),
-which copies the bytes into one jax array per storage (``storage_for``, cached on the
-storage object, so tensors that shared a storage in the file alias after loading, as on
-CPU) and views it. The deserializer is registered with torch's public
-``torch.serialization.register_package``, ahead of torch's PrivateUse1 entry; it answers
-only tpu locations. ``storage.tpu()`` (the method torch generates per backend, here
-host-backed too) lets a callable ``map_location`` return a tpu storage.
+So a storage restored to tpu is a *host-backed tpu storage* (Note [Host-backed tpu
+storages] in torchjax/tensor/_host_storage.py): the CPU bytes torch just read, under a
+tpu-labelled ``UntypedStorage`` that does not own them. The rebuild's ``set_`` then
+reaches ``aten::set_.source_Storage_storage_offset`` on a JaxTensor
+(torchjax/ops/copy.py), which copies the bytes into one jax array per storage
+(``storage_for``, cached on the storage object, so tensors that shared a storage in the
+file alias after loading, as on CPU, whatever dtype each reads it as) and views it. The
+deserializer is registered with torch's public ``torch.serialization.register_package``,
+ahead of torch's PrivateUse1 entry; it answers only tpu locations. ``storage.tpu()``
+(the method torch generates per backend, here host-backed too) lets a callable
+``map_location`` return a tpu storage.
 
 Storages made any other way (``torch.UntypedStorage(n, device="tpu")``,
 ``storage.to(device="tpu")``) still go to torch's allocation and need a compiled
@@ -26,24 +27,21 @@ allocator; no torchjax path makes them.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 
 import torch
 
 from torchjax import _patches
-from torchjax._compat.torch import (
-    install_load_location_reset,
-    new_untyped_storage,
-    storage_from_pointer,
-)
+from torchjax._compat.torch import install_load_scope, new_untyped_storage
 from torchjax.device._module import device_count, jax_device
+from torchjax.tensor import dtypes
+from torchjax.tensor._host_storage import host_backed, host_of, loaded
+from torchjax.tensor._reinterpret import interpret
 
 DEVICE_TYPE = "tpu"
 _LOCATION = re.compile(rf"{DEVICE_TYPE}(:[0-9]+)?$")
-# Attributes set on a host-backed tpu UntypedStorage: the CPU storage owning its bytes,
-# and the torchjax Storage made from them (once per dtype).
-_HOST = "_torchjax_host"
-_LOADED = "_torchjax_loaded"
 _REGISTERED = False
 
 
@@ -57,17 +55,6 @@ def _tpu_device(location) -> torch.device:
             "map_location to map your storages to an existing device."
         )
     return torch.device(DEVICE_TYPE, index)
-
-
-def host_backed(storage: torch.UntypedStorage, device: torch.device) -> torch.UntypedStorage:
-    """A tpu-labelled UntypedStorage over ``storage``'s (CPU) bytes (see the Note)."""
-    if storage.device.type == DEVICE_TYPE:
-        return storage
-    if storage.device.type != "cpu":
-        storage = storage.cpu()
-    out = storage_from_pointer(storage.data_ptr(), device, storage.nbytes())
-    setattr(out, _HOST, storage)
-    return out
 
 
 def _deserialize(obj, location):
@@ -133,23 +120,62 @@ def storage_for(storage, dtype: torch.dtype, device: torch.device, make_storage)
             f'different device "{storage.device}".  This is no longer allowed; the devices '
             "must match."
         )
-    host = getattr(storage, _HOST, None)
+    host = host_of(storage)
     if host is None:
         raise RuntimeError(
             f"torchjax: aten::set_ got a {storage.device} storage with no data behind it "
             "(tpu tensors keep their data in jax arrays, not in torch storages); use "
             "tensor.set_(other_tensor), or build the tensor on CPU and move it with .to('tpu')"
         )
-    loaded = getattr(storage, _LOADED, None)
-    if loaded is None:
-        loaded = {}
-        setattr(storage, _LOADED, loaded)
-    st = loaded.get(dtype)
-    if st is None:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        flat = torch.empty(0, dtype=dtype).set_(host, 0, (host.nbytes() // itemsize,))
-        st = loaded[dtype] = make_storage(flat)
+    table = loaded(storage)
+    st = table.get(dtype)
+    if st is not None:
+        return st
+    if table:  # the same bytes seen as another dtype alias them (a dtype view)
+        root = next(iter(table.values()))
+        st = table[dtype] = interpret(root, dtypes.to_jax_dtype(dtype))
+        return st
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    flat = torch.empty(0, dtype=dtype).set_(host, 0, (host.nbytes() // itemsize,))
+    st = table[dtype] = make_storage(flat)
+    if getattr(host, "_torch_load_uninitialized", False):
+        # The legacy format's bytes arrive after the objects are rebuilt.
+        defer_until_loaded(lambda: st.replace(make_storage(flat).arr))
     return st
+
+
+# Note [Legacy checkpoints]
+# torch.load of a legacy (non-zipfile) file unpickles every object first and reads the
+# storages' bytes after (torch 2.13, serialization._legacy_load, which marks each
+# storage ``_torch_load_uninitialized``). A tpu tensor reads its bytes when it is
+# rebuilt, so during such a load it is filled again once the load returns. The
+# thread's torch.load keeps a list of those fills; outside a load nothing defers.
+_LOADS = threading.local()
+
+
+def defer_until_loaded(fill) -> bool:
+    """Run ``fill()`` when the torch.load running in this thread returns; False (and
+    nothing recorded) when no load is running."""
+    stack = getattr(_LOADS, "stack", None)
+    if not stack:
+        return False
+    stack[-1].append(fill)
+    return True
+
+
+@contextlib.contextmanager
+def _load_scope():
+    stack = _LOADS.__dict__.setdefault("stack", [])
+    stack.append([])
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        fills = stack.pop()
+        if ok:
+            for fill in fills:
+                fill()
 
 
 def register() -> None:
@@ -163,7 +189,7 @@ def register() -> None:
     # "tpu" reaches torch's PrivateUse1 path, which crashes the process on a backend
     # with no allocator; it acts on tpu locations only.
     torch.serialization.register_package(19, _tag, _deserialize)
-    install_load_location_reset()
+    install_load_scope(_load_scope)
     # What generate_methods_for_privateuse1_backend(for_storage=True) would add, minus
     # its allocation (which has no allocator to use).
     _patches.replace_attr(

@@ -14,13 +14,14 @@ import torch
 from torchjax._compat.jax import x64
 from torchjax.device import _checks, _stats
 from torchjax.device._module import jax_device
-from torchjax.device._serialization import storage_for
+from torchjax.device._serialization import defer_until_loaded, storage_for
 from torchjax.ops import fused, writeback
 from torchjax.ops.functional import cpu_to_jax
 from torchjax.ops.promotion import astype
 from torchjax.ops.registry import handler, lowering
 from torchjax.ops.writeback import write_into
 from torchjax.tensor import dtypes
+from torchjax.tensor._host_storage import host_view
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor, view_of, wrap
 
@@ -60,13 +61,27 @@ def copy_(args, kwargs):
         writeback.check_no_partial_overlap(aten.copy_.default, [dst], [src], {})
         value = wrap(src._value(), src._device_index) if src._storage is dst._storage else src
     else:
-        value = wrap(cpu_to_jax(src))
+        if getattr(src.untyped_storage(), "_torch_load_uninitialized", False):
+            # A device tensor of a legacy file rebuilt from its CPU copy before the
+            # copy's bytes are read (Note [Legacy checkpoints]).
+            defer_until_loaded(lambda: _copy_from_cpu(dst, src))
+        return _copy_from_cpu(dst, src)
     return write_into(aten.copy_.default, dst, value, check_cast=False)
+
+
+def _copy_from_cpu(dst: JaxTensor, src: torch.Tensor) -> JaxTensor:
+    with x64(True):  # also when a legacy load runs it again, outside dispatch
+        return write_into(aten.copy_.default, dst, wrap(cpu_to_jax(src)), check_cast=False)
 
 
 def _copy_from(self, dst, non_blocking=False):
     # torch.tensor(data, device="tpu") copies below the Python dispatch key, so the copy
-    # arrives here instead of in __torch_dispatch__.
+    # arrives here instead of in __torch_dispatch__; so do torch's own copies of a
+    # host-backed tpu storage (``storage.cpu()``, the legacy writer), through plain tpu
+    # tensors over it (Note [Host-backed tpu storages]).
+    self, dst = host_view(self), host_view(dst)
+    if not isinstance(self, JaxTensor) and not isinstance(dst, JaxTensor):
+        return dst.copy_(self)
     with x64(True):
         return copy_((dst, self), {})
 
@@ -176,12 +191,13 @@ def set_source_storage(args, kwargs):
     index = self._device_index
 
     def make_storage(flat: torch.Tensor) -> Storage:
-        arr = cpu_to_jax(flat)
+        with x64(True):  # also when a legacy load fills it again, outside dispatch
+            arr = cpu_to_jax(flat)
         return Storage(jax.device_put(arr, jax_device(index)) if index else arr)
 
     storage = storage_for(source, self.dtype, self.device, make_storage)
     if size is None:  # set_(storage): the whole storage, 1-d
-        size, stride = storage.shape, (1,)
+        size, stride = (storage.numel,), (1,)
     self._rebind(storage, size, stride, offset, self.dtype)
     return self
 

@@ -15,8 +15,12 @@ import jax.numpy as jnp
 import torch
 
 from torchjax._compat.jax import x64
-from torchjax._compat.torch import rebuild_device_tensor_args, rebuild_parameter_args
-from torchjax.tensor import _fake
+from torchjax._compat.torch import (
+    rebuild_device_tensor_args,
+    rebuild_parameter_args,
+    rebuild_tensor_args,
+)
+from torchjax.tensor import _fake, _host_storage, dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
 
 # __dict__ entries that are a JaxTensor's own machinery, not user state: the view into
@@ -129,16 +133,66 @@ def deepcopy(t, memo):
     return new
 
 
+# Note [Saving tpu tensors]
+# torch pickles a tensor with a storage as that storage plus a view of it
+# (``_rebuild_tensor_v2``); ``torch.save`` writes each storage once, so tensors that
+# share memory share it again after loading, and ``copy.copy`` rebuilds over the same
+# storage. torch's default for a storage-less backend, a CPU copy per tensor
+# (``_rebuild_device_tensor_from_cpu_tensor``), loses both, and the legacy
+# (non-zipfile) format even reads that copy before its bytes are in: garbage. So a tpu
+# tensor pickles as its root Storage's bytes in a host-backed tpu storage (Note
+# [Host-backed tpu storages] in torchjax/tensor/_host_storage.py) plus its own size,
+# stride and offset, in the units of its dtype, as on CPU. Files load anywhere torch
+# loads CPU tensors with ``map_location="cpu"``, and with ``weights_only=True``. A
+# conjugate or negative view is saved as its values (a copy): torch records those bits
+# as tensor metadata set after the rebuild, below what a JaxTensor can follow.
+# multiprocessing's pickler shares a storage through shared memory, which only CPU
+# storages support; a tpu tensor crosses processes as its values in a CPU tensor
+# (torch's reductions share that), rebuilt on the device (``forking_reduce``).
 def reduce_ex(t, proto):
-    """``pickle`` / ``torch.save`` of a tpu tensor: its data as a CPU tensor rebuilt on
-    the device (``_rebuild_device_tensor_from_cpu_tensor``, what torch uses for
-    storage-less devices; files load without torchjax with ``map_location="cpu"``, and
-    ``weights_only=True`` accepts them). A parameter goes through torch's parameter
-    rebuild, with its attributes, as ``nn.Parameter.__reduce_ex__`` does."""
+    """``pickle`` / ``torch.save`` / ``copy.copy`` of a tpu tensor (Note [Saving tpu
+    tensors]). A parameter goes through torch's parameter rebuild, with its attributes,
+    as ``nn.Parameter.__reduce_ex__`` does."""
     if t.__dict__.get("_is_param"):
         with torch.no_grad():
             data = t.detach()  # a plain (non-parameter) view of the same data
         return rebuild_parameter_args(
             data, t.requires_grad, OrderedDict(), user_state(t, drop={"_is_param"})
         )
+    if _fake.is_fake(t) or t.is_conj() or t.is_neg():
+        return rebuild_device_tensor_args(t.detach().cpu(), t.dtype, str(t.device), t.requires_grad)
+    root = t._storage
+    root = getattr(root, "root", root)  # an Interpretation's (dtype view's) root
+    index = t._device_index
+    storage = _host_storage.snapshot(root, t.device, lambda r: _root_on_host(r, index))
+    return rebuild_tensor_args(
+        storage, t.storage_offset(), tuple(t.shape), t.stride(), t.requires_grad, t.dtype
+    )
+
+
+def _root_on_host(root, device_index: int) -> torch.Tensor:
+    """A root Storage's whole buffer as a flat CPU tensor (through ``aten::_to_copy``,
+    which gathers a multi-host array)."""
+    from torchjax.tensor._tensor import make
+
+    dtype = dtypes.to_torch_dtype(root.arr.dtype)
+    with torch.no_grad():
+        return make(root, (root.numel,), (1,), 0, dtype, device_index).cpu()
+
+
+def forking_reduce(t):
+    """A tpu tensor through ``multiprocessing.reduction.ForkingPickler`` (Note [Saving
+    tpu tensors])."""
+    if t.__dict__.get("_is_param"):
+        with torch.no_grad():
+            data = t.detach()
+        return rebuild_parameter_args(
+            data, t.requires_grad, OrderedDict(), user_state(t, drop={"_is_param"})
+        )
     return rebuild_device_tensor_args(t.detach().cpu(), t.dtype, str(t.device), t.requires_grad)
+
+
+def register_forking_reduction(cls) -> None:
+    from multiprocessing.reduction import ForkingPickler
+
+    ForkingPickler.register(cls, forking_reduce)

@@ -286,6 +286,8 @@ class JaxTensor(torch.Tensor):
 # assigned when first asked: views of one storage (and its dtype interpretations) share
 # it, at their byte offsets, as on CPU. The address is never dereferenceable: the data
 # is a jax array (``.cpu()``, DLPack or ``.jax()`` reach the bytes).
+_protocols.register_forking_reduction(JaxTensor)
+
 _ADDRESSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _NEXT_ADDRESS = [1 << 44]
 _ADDRESS_LOCK = threading.Lock()

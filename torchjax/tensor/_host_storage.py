@@ -1,0 +1,108 @@
+"""tpu-labelled torch storages whose bytes live on the host, for pickling and loading.
+
+Note [Host-backed tpu storages]
+A tpu tensor keeps its data in a jax array; its TensorImpl storage is an empty
+placeholder. torch's serialization speaks in storages, so where a storage must stand for
+tpu data (``torch.save`` / ``pickle`` / ``copy.copy`` of a tpu tensor, ``torch.load``
+onto "tpu", ``storage.tpu()``) it is a *host-backed tpu storage*: CPU bytes under a
+tpu-labelled ``UntypedStorage`` that does not own them (the CPU storage is kept alive as
+its ``_HOST`` attribute). ``aten::set_`` of a JaxTensor onto one reads those bytes into
+a jax array once per storage (``_LOADED``, per dtype), so tensors that shared a storage
+share one again.
+
+Pickling a tpu tensor (Note [Saving tpu tensors] in torchjax/tensor/_protocols.py) makes
+such a storage from a host snapshot of the tensor's root ``Storage`` and records that
+root in ``_LOADED``: ``copy.copy`` rebuilds over the same storage object and so aliases
+the original, as on CPU; a file keeps only the bytes, so a load gets new arrays.
+
+Its ``cpu()`` copies the host bytes. torch's C++ copies such a storage through a plain
+(non-JaxTensor) tpu tensor over it (the legacy writer's ``_write_file``); ``host_view``
+turns one into the CPU view of the same bytes.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from torchjax._compat.torch import storage_from_pointer
+
+DEVICE_TYPE = "tpu"
+# Attributes set on a host-backed tpu UntypedStorage: the CPU storage owning its bytes,
+# and the torchjax Storage made from them ({torch dtype: Storage}).
+_HOST = "_torchjax_host"
+_LOADED = "_torchjax_loaded"
+# root Storage -> (id of its array, its version, weakref to the host-backed snapshot):
+# the tensors of one torch.save that share a root pickle one storage.
+_SNAPSHOTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def host_backed(storage: torch.UntypedStorage, device: torch.device) -> torch.UntypedStorage:
+    """A tpu-labelled UntypedStorage over ``storage``'s (CPU) bytes (see the Note)."""
+    if storage.device.type == DEVICE_TYPE:
+        return storage
+    if storage.device.type != "cpu":
+        storage = storage.cpu()
+    out = storage_from_pointer(storage.data_ptr(), device, storage.nbytes())
+    setattr(out, _HOST, storage)
+    # torch.save calls storage.cpu() on each storage it writes; torch's own would copy
+    # the bytes through the device and back. A copy, as torch's (a closure over the CPU
+    # storage only, so no reference cycle through ``out``).
+    out.cpu = lambda: torch.UntypedStorage(storage.nbytes()).copy_(storage)
+    return out
+
+
+def host_of(storage) -> torch.UntypedStorage | None:
+    """The CPU storage behind a host-backed tpu storage, else None."""
+    if isinstance(storage, torch.TypedStorage):
+        storage = storage._untyped_storage
+    return getattr(storage, _HOST, None)
+
+
+def loaded(storage) -> dict:
+    """The {torch dtype: torchjax Storage} made from a host-backed ``storage``."""
+    table = getattr(storage, _LOADED, None)
+    if table is None:
+        table = {}
+        setattr(storage, _LOADED, table)
+    return table
+
+
+def host_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, or for a plain (non-JaxTensor) tpu tensor over a host-backed storage
+    the CPU tensor viewing the same bytes at the same size, stride and offset."""
+    from torchjax.tensor._tensor import JaxTensor
+
+    if t.device.type != DEVICE_TYPE or isinstance(t, JaxTensor):
+        return t
+    storage = t.untyped_storage()
+    host = host_of(storage)
+    if host is None and storage.data_ptr() != 0:
+        # torch's C++ copies wrap the storage in a new Python object, without our
+        # attribute; the bytes are the host-backed storage's, kept alive by it.
+        host = storage_from_pointer(storage.data_ptr(), torch.device("cpu"), storage.nbytes())
+    if host is None:
+        raise RuntimeError(
+            f"torchjax: a {t.device} tensor with no data behind its storage reached a "
+            "copy (tpu tensors keep their data in jax arrays, not in torch storages); "
+            "move CPU data with .to('tpu')"
+        )
+    return torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
+
+
+def snapshot(root, device: torch.device, read_host) -> torch.UntypedStorage:
+    """A host-backed tpu storage holding ``root``'s bytes now (``read_host(root)`` gives
+    them as a CPU tensor), with ``root`` recorded as what it loads back to. Reused while
+    ``root`` is unchanged and the last snapshot is still alive (one torch.save)."""
+    arr = root.arr
+    cached = _SNAPSHOTS.get(root)
+    if cached is not None and cached[0] == id(arr) and cached[1] == root.version:
+        storage = cached[2]()
+        if storage is not None:
+            return storage
+    cpu = read_host(root)
+    storage = host_backed(cpu.untyped_storage(), device)
+    loaded(storage)[cpu.dtype] = root
+    _SNAPSHOTS[root] = (id(arr), root.version, weakref.ref(storage))
+    return storage
