@@ -45,7 +45,7 @@ from torchjax._compat.torch import (
     OpOverloadPacket,
     has_composite_implicit_kernel,
 )
-from torchjax.ops import decompositions, functional, schema, views, writeback
+from torchjax.ops import decompositions, dtype_refusals, functional, schema, views, writeback
 from torchjax.tensor import _tensor
 from torchjax.tensor._errors import describe_args
 
@@ -210,7 +210,7 @@ def register_pointwise(op, fn, *, promote: Kind) -> None:
 def dispatch(func, args, kwargs):
     h = _HANDLERS.get(func)
     if h is None:
-        h = _HANDLERS[func] = _resolve(func)
+        h = _HANDLERS[func] = dtype_refusals.guarded(func, _resolve(func))
     return h(args, kwargs)
 
 
@@ -265,7 +265,7 @@ def _resolve(func):
 def _handler_for(func):
     h = _HANDLERS.get(func)
     if h is None:
-        h = _HANDLERS[func] = _resolve(func)
+        h = _HANDLERS[func] = dtype_refusals.guarded(func, _resolve(func))
     return h
 
 
