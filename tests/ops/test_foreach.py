@@ -230,3 +230,98 @@ def test_foreach_addc_with_scalar_lists_bit_for_bit(op):
     assert len(results[0]) == 2
     for got, want in zip(results[1], results[0]):
         assert torch.equal(got, want)
+
+
+_SCALAR_LIST_OPS = ["add", "sub", "mul", "div", "pow", "maximum", "minimum"]
+_ZERO_D_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.complex64]
+
+
+def _zero_d_lists(dtype):
+    # 0-d elements beside a 1-d one: the 0-d ones promoted as peers of the scalars.
+    values = [torch.tensor(1.25), torch.tensor(-0.5), torch.tensor([2.0, 3.0])]
+    return [v.to(dtype) for v in values], [0.1, 1.001, 3]
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("dtype", _ZERO_D_DTYPES, ids=str)
+@pytest.mark.parametrize("op", _SCALAR_LIST_OPS)
+def test_scalar_lists_on_0d_tensors_keep_the_tensor_dtype(op, dtype, jit):
+    fn = getattr(torch, f"_foreach_{op}")
+    tensors, scalars = _zero_d_lists(dtype)
+    tpu = [t.to(TPU) for t in tensors]
+    run = torchjax.jit(lambda ts: fn(ts, scalars)) if jit else (lambda ts: fn(ts, scalars))
+    if dtype.is_complex and op in ("maximum", "minimum"):
+        # torch has no complex ordering: refused on both, with torch's error type.
+        with pytest.raises(RuntimeError) as cpu_error:
+            fn(tensors, scalars)
+        with pytest.raises(type(cpu_error.value)):
+            run(tpu)
+        return
+    want = fn(tensors, scalars)
+    got = run(tpu)
+    assert len(got) == len(want) == 3
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g.cpu(), w, equal_nan=True)
+
+
+_LIST_OPS = {
+    "lerp": lambda a, b: torch._foreach_lerp(a, b, b),
+    "lerp_": lambda a, b: torch._foreach_lerp_(a, b, b),
+    "clamp_min": lambda a, b: torch._foreach_clamp_min(a, b),
+    "clamp_max_": lambda a, b: torch._foreach_clamp_max_(a, b),
+    "pow_": lambda a, b: torch._foreach_pow_(a, b),
+    "maximum": lambda a, b: torch._foreach_maximum(a, b),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LIST_OPS))
+def test_list_ops_trace_and_compile(name):
+    # Per-element ops were called as packets, whose overload resolution formats (reads)
+    # each tensor: a host read per element eagerly, an error under torchjax.jit.
+    import jax
+
+    fn = _LIST_OPS[name]
+    torch.manual_seed(0)
+    a = [torch.rand(3) + 0.5, torch.rand(2, 2) + 0.5]
+    b = [torch.rand(3), torch.rand(2, 2)]
+
+    def run(xs, ys):
+        out = fn(xs, ys)
+        return xs if out is None else out
+
+    want = run([t.clone() for t in a], b)
+    tb = [t.to(TPU) for t in b]
+    got_jit = torchjax.jit(run)([t.to(TPU) for t in a], tb)
+    xs = [t.to(TPU) for t in a]
+    run(xs, tb)  # first call compiles
+    xs = [t.to(TPU) for t in a]
+    with jax.transfer_guard_device_to_host("disallow"):
+        got = run(xs, tb)
+    for g, gj, w in zip(got, got_jit, want):
+        torch.testing.assert_close(g.cpu(), w)
+        torch.testing.assert_close(gj.cpu(), w)
+
+
+_OVERLAPS = {
+    "add_shifted": lambda y: torch._foreach_add_([y[0:3]], [y[1:4]]),
+    "copy_shifted": lambda y: torch._foreach_copy_([y[0:3]], [y[1:4]]),
+    "mul_same_view": lambda y: torch._foreach_mul_([y[0:3]], [y[0:3]]),
+    "add_equal_view": lambda y: torch._foreach_add_([y[0:3]], [y.view(2, 3)[0]]),
+    "add_strided": lambda y: torch._foreach_add_([y[0:3]], [y[::2]]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_OVERLAPS))
+def test_inplace_overlap_with_its_own_element_as_cpu(name):
+    # A source that partly overlaps the tensor written at the same index is refused by
+    # torch; the same memory seen as the same view is allowed.
+    outcomes = {}
+    for device in ("cpu", TPU):
+        y = torch.arange(6.0).to(device)
+        try:
+            _OVERLAPS[name](y)
+            outcomes[device] = y.tolist()
+        except RuntimeError as e:
+            outcomes[device] = (type(e), str(e).split(" (in aten::")[0][:120])
+    assert outcomes[TPU] == outcomes["cpu"]

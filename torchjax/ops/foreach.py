@@ -38,13 +38,81 @@ _PREFIX = "_foreach_"
 _LIST_TYPES = ("List[Tensor]", "List[number]", "List[Optional[Tensor]]")
 
 
+# Note [Per-element overloads]
+# A packet (``aten.lerp``) picks its overload in C++, trying each schema in turn and
+# formatting the arguments of every one it rejects; a tpu tensor's repr reads its
+# data, so the packet read each element back to the host in eager mode and failed
+# under a trace (tracers have no data), sending the whole foreach op off its compiled
+# path. ``_by_kinds`` picks the overload from the arguments' kinds (tensor, number,
+# None) once per combination, without formatting anything.
+_NUMBER_TYPES = ("Scalar", "number", "int", "float", "bool", "complex", "SymInt")
+
+
+def _kind(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return "tensor"
+    if x is None:
+        return "none"
+    if isinstance(x, (bool, int, float, complex)):
+        return "number"
+    return "other"
+
+
+def _accepts(schema_arg, kind: str) -> bool:
+    t = str(schema_arg.type)
+    if kind == "tensor":
+        return t in ("Tensor", "Optional[Tensor]")
+    if kind == "number":
+        return t.removeprefix("Optional[").removesuffix("]") in _NUMBER_TYPES
+    if kind == "none":
+        return t.startswith("Optional[") or schema_arg.has_default_value()
+    return t not in ("Tensor", "Optional[Tensor]")
+
+
+def _matches(op, kinds, kw_kinds) -> bool:
+    params = op._schema.arguments
+    positional = [a for a in params if not a.kwarg_only]
+    if len(kinds) > len(positional):
+        return False
+    if any(not _accepts(a, k) for a, k in zip(positional, kinds)):
+        return False
+    for a in positional[len(kinds) :]:
+        if a.name not in kw_kinds and not a.has_default_value():
+            return False
+    by_name = {a.name: a for a in params}
+    return all(n in by_name and _accepts(by_name[n], k) for n, k in kw_kinds.items())
+
+
+def _by_kinds(packet):
+    """``packet`` called through the overload its arguments' kinds select (Note
+    [Per-element overloads]); the packet itself where no schema matches (its error)."""
+    if not hasattr(packet, "overloads"):  # an overload or a function already
+        return packet
+    chosen = {}
+
+    def call(*args, **kwargs):
+        key = (tuple(_kind(a) for a in args), tuple((k, _kind(v)) for k, v in kwargs.items()))
+        op = chosen.get(key)
+        if op is None:
+            kinds, kw_kinds = key[0], dict(key[1])
+            overloads = (getattr(packet, name) for name in packet.overloads())
+            op = next((o for o in overloads if _matches(o, kinds, kw_kinds)), packet)
+            chosen[key] = op
+        return op(*args, **kwargs)
+
+    return call
+
+
 def _addc(op):
+    op = _by_kinds(op)
     return lambda self, tensor1, tensor2, value=1: op(self, tensor1, tensor2, value=value)
 
 
 def _clamp_or(binary, clamp):
     # _foreach_maximum.Scalar has no per-tensor "maximum.Scalar": torch's slow kernel
     # calls clamp_min (resp. clamp_max), which also propagates NaN from self.
+    binary, clamp = _by_kinds(binary), _by_kinds(clamp)
+
     def fn(self, other):
         return (binary if isinstance(other, torch.Tensor) else clamp)(self, other)
 
@@ -96,7 +164,7 @@ def _per_element_fn(base: str, inplace: bool):
     table, suffix = (_INPLACE, "_") if inplace else (_FUNCTIONAL, "")
     fn = table.get(base)
     if fn is None:
-        fn = getattr(aten, base + suffix)
+        fn = _by_kinds(getattr(aten, base + suffix))
     return fn
 
 
@@ -161,6 +229,7 @@ def _foreach_handler(func):
 
         return out
     compiled_run = _CompiledForeach(func, base, inplace, bind, run, listed, lead, per_element)
+    compiled_run.numbers = frozenset(a.name for a in params if str(a.type) == "List[number]")
     if inplace:
 
         def inplace_fn(args, kwargs):
@@ -188,7 +257,9 @@ def _foreach_handler(func):
 # - a ``Scalar[]`` list (torch.optim's per-parameter bias corrections, different every
 #   step) becomes 0-d float64/int64 tensors, taking the per-element ops' ``.Tensor``
 #   overloads; a 0-d tensor promotes exactly as the Python number it holds does when
-#   the list tensors are floating (same category: the tensor's dtype wins);
+#   the list tensors are floating and have dimensions (same category: the tensor's
+#   dtype wins); a 0-d list element would promote with it as a peer (float32 and a
+#   float64 0-d tensor give float64), so such an element is seen as a 1-element view;
 # - addcmul/addcdiv take their ``value`` as a Scalar that the lowering inspects, so with
 #   a ``Scalar[]`` (or the ``scalars`` tensor) they compute ``self + value * (t1 op t2)``
 #   in the computation dtype here: what their lowering computes for float tensors
@@ -211,6 +282,7 @@ class _CompiledForeach:
         self.bind, self.eager, self.listed, self.lead = bind, eager, listed, lead
         self.per_element = per_element
         self.addc = base in ("addcmul", "addcdiv")
+        self.orders = base in ("maximum", "minimum")
         self.table = executables.Executables(func)
         self.info = self.table.info
         self.keys: set = set()
@@ -225,7 +297,9 @@ class _CompiledForeach:
     def __call__(self, args, kwargs):
         bound, kw = self.bind(args, kwargs)
         lead = bound.get(self.lead)
-        if not lead:
+        if not lead or (self.orders and any(t.is_complex() for t in lead)):
+            # Complex maximum/minimum: torch's error depends on the overload the
+            # per-element op takes (clamp for numbers), which eager keeps.
             return self.eager(args, kwargs)
         n = len(lead)
         dyn, tmpl = [], []
@@ -318,7 +392,9 @@ class _CompiledForeach:
 
     def _build(self, names, tmpl, kw):
         per_element, addc, inplace, lead = self.per_element, self.addc, self.inplace, self.lead
-        base, info, listed = self.base, self.info, self.listed
+        base, info, listed, numbers = self.base, self.info, self.listed, self.numbers
+        tensor_lists = [j for j, k in enumerate(names) if k in listed and k not in numbers]
+        lift = any(k in numbers for k in names)
 
         def traced(*dyn):
             info.traces += 1
@@ -337,6 +413,13 @@ class _CompiledForeach:
                 pos = [lists[k][i] if k in listed else lists[k] for k in names]
                 if addc and isinstance(pos[3], torch.Tensor):
                     results.append(_addc_dynamic(base, inplace, *pos[:3], pos[3]))
+                elif lift and all(pos[j] is None or not pos[j]._size for j in tensor_lists):
+                    # Number-list scalars arrive as 0-d tensors: seen by 0-d elements as
+                    # 1-element views, so they promote as the Python numbers they were.
+                    for j in tensor_lists:
+                        pos[j] = None if pos[j] is None else pos[j].view(1)
+                    out = per_element(*pos, **kw)
+                    results.append(None if out is None else out.view(()))
                 else:
                     results.append(per_element(*pos, **kw))
             out = lists[lead] if inplace else results
@@ -353,8 +436,9 @@ def _traced(dyn) -> bool:
 
 
 def _aliased(lead, lists) -> bool:
-    """True when a written tensor shares its storage with another element of any list
-    (the compiled path reads every input before writing; eager runs element by element)."""
+    """True when a written tensor shares its storage with another element of any list,
+    or with its own element of another list other than as the same view (the compiled
+    path reads every input before writing; eager runs element by element)."""
     owner = {}
     for i, t in enumerate(lead):
         if owner.setdefault(id(t._storage), i) != i:
@@ -363,9 +447,19 @@ def _aliased(lead, lists) -> bool:
         if not isinstance(ts, (list, tuple)):
             continue
         for i, t in enumerate(ts):
-            if isinstance(t, torch.Tensor) and owner.get(id(t._storage), i) != i:
+            if not isinstance(t, torch.Tensor):
+                continue
+            j = owner.get(id(t._storage))
+            if j is not None and (j != i or not _same_view(t, lead[i])):
+                # Another element's memory, or this element's seen another way (a
+                # shifted slice): eager runs element by element, with torch's
+                # partial-overlap check.
                 return True
     return False
+
+
+def _same_view(a, b) -> bool:
+    return a._size == b._size and a._stride == b._stride and a._offset == b._offset
 
 
 def _addc_dynamic(base, inplace, self, tensor1, tensor2, value):
