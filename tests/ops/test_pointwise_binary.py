@@ -423,3 +423,21 @@ def test_false_times_inf_is_nan(name, mode):
         got = fn(*args)
     torch.testing.assert_close(got.cpu(), want, equal_nan=True)
     assert want.isnan().any()
+
+
+_ADDCMUL_VALUES = [0.5, 1.7, -1.5, 2, True]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.int32, torch.bool], ids=str)
+@pytest.mark.parametrize("value", _ADDCMUL_VALUES, ids=repr)
+def test_addcmul_integer_and_bool_as_cpu(dtype, value):
+    # An integer kernel reads a float value as its own type (truncated); bool has none.
+    x = torch.tensor([3, 4, 0]).to(dtype)
+    outcomes = {}
+    for device in ("cpu", "tpu"):
+        t = x.to(device)
+        try:
+            outcomes[device] = torch.addcmul(t, t, t, value=value).tolist()
+        except (RuntimeError, NotImplementedError) as e:
+            outcomes[device] = (type(e), str(e).split(" (in aten::")[0])
+    assert outcomes["tpu"] == outcomes["cpu"]

@@ -456,7 +456,13 @@ def addcmul(self, tensor1, tensor2, *, value=1):
     """aten::addcmul - ``self + value * tensor1 * tensor2``. Shapes: broadcast. The
     products are taken in CPU's order, ``(value * tensor1) * tensor2``, and float32 adds
     that last product to ``self`` in one FMA as CPU's vectorised loop does (``fma``), so
-    an optimizer's moments match CPU's bit for bit."""
+    an optimizer's moments match CPU's bit for bit. An integer computation reads a float
+    ``value`` as its integer type (truncated), as CPU's kernel does."""
+    if kind_of(self) == "bool":
+        raise NotImplementedError("\"addcmul_cpu_out\" not implemented for 'Bool'")
+    if isinstance(value, float) and kind_of(tensor1) == "int":
+        dtypes.check_scalar_fits(value, tensor1.dtype, "addcmul")
+        value = int(value)
     scaled = _scaled("addcmul", tensor1, value, bool_alpha_check=False)
     if kind_of(self) == "float" and jnp.result_type(self, scaled, tensor2) == jnp.float32:
         return fma(*bcast(scaled, tensor2, self))
