@@ -462,3 +462,19 @@ def test_install_module_moves_keeps_parameters_moved_off_tpu():
     m.cpu()
     assert m.weight is weight and m.weight.device.type == "cpu"
     del out
+
+
+def test_untyped_storage_of_and_awaits_legacy_bytes():
+    import warnings
+
+    x = torch.arange(3.0)
+    typed = torch.TypedStorage(wrap_storage=x.untyped_storage(), dtype=x.dtype, _internal=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no TypedStorage deprecation warning
+        assert ct.untyped_storage_of(typed).data_ptr() == x.untyped_storage().data_ptr()
+    assert ct.untyped_storage_of(x.untyped_storage()) is not None
+    assert not ct.awaits_legacy_bytes(x.untyped_storage())
+    # What torch's legacy loader sets on the storages it has not filled yet.
+    s = torch.UntypedStorage(4)
+    s._torch_load_uninitialized = True
+    assert ct.awaits_legacy_bytes(s)

@@ -93,6 +93,22 @@ def rebuild_device_tensor_args(cpu: torch.Tensor, dtype, device: str, requires_g
     )
 
 
+def untyped_storage_of(storage):
+    """The UntypedStorage under ``storage`` (a TypedStorage's ``_untyped_storage``, read
+    without the deprecation warning ``TypedStorage.untyped()`` gives), or ``storage``."""
+    if isinstance(storage, torch.TypedStorage):
+        return storage._untyped_storage
+    return storage
+
+
+def awaits_legacy_bytes(storage) -> bool:
+    """Whether torch's legacy (non-zipfile) loader made ``storage`` and has not read its
+    bytes yet: torch 2.13's ``serialization._legacy_load`` marks each storage it creates
+    ``_torch_load_uninitialized`` and fills them after unpickling (the mark stays; the
+    caller asks only while a load runs)."""
+    return bool(getattr(storage, "_torch_load_uninitialized", False))
+
+
 def rebuild_tensor_args(storage, offset: int, size, stride, requires_grad: bool, dtype):
     """A ``__reduce_ex__`` value rebuilding a tensor over ``storage`` (an UntypedStorage)
     as ``Tensor._reduce_ex_internal`` does for a tensor with a storage: through

@@ -34,7 +34,12 @@ import threading
 import torch
 
 from torchjax import _patches
-from torchjax._compat.torch import install_load_scope, new_untyped_storage
+from torchjax._compat.torch import (
+    awaits_legacy_bytes,
+    install_load_scope,
+    new_untyped_storage,
+    untyped_storage_of,
+)
 from torchjax.device._module import device_count, jax_device
 from torchjax.tensor import dtypes
 from torchjax.tensor._host_storage import host_backed, host_of, loaded
@@ -68,7 +73,7 @@ def _tag(storage):
 
 
 def _untyped(storage):
-    return storage._untyped_storage if isinstance(storage, torch.TypedStorage) else storage
+    return untyped_storage_of(storage)
 
 
 def storage_tpu(self, device=None, non_blocking=False):
@@ -78,7 +83,7 @@ def storage_tpu(self, device=None, non_blocking=False):
     target = _tpu_device(device)
     if isinstance(self, torch.TypedStorage):
         return torch.TypedStorage(
-            wrap_storage=host_backed(self._untyped_storage, target),
+            wrap_storage=host_backed(untyped_storage_of(self), target),
             dtype=self.dtype,
             _internal=True,
         )
@@ -138,7 +143,7 @@ def storage_for(storage, dtype: torch.dtype, device: torch.device, make_storage)
     itemsize = torch.empty((), dtype=dtype).element_size()
     flat = torch.empty(0, dtype=dtype).set_(host, 0, (host.nbytes() // itemsize,))
     st = table[dtype] = make_storage(flat)
-    if getattr(host, "_torch_load_uninitialized", False):
+    if awaits_legacy_bytes(host):
         # The legacy format's bytes arrive after the objects are rebuilt.
         defer_until_loaded(lambda: st.replace(make_storage(flat).arr))
     return st

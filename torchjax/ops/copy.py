@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import x64
+from torchjax._compat.torch import awaits_legacy_bytes
 from torchjax.device import _checks, _stats
 from torchjax.device._module import jax_device
 from torchjax.device._serialization import defer_until_loaded, storage_for
@@ -61,7 +62,7 @@ def copy_(args, kwargs):
         writeback.check_no_partial_overlap(aten.copy_.default, [dst], [src], {})
         value = wrap(src._value(), src._device_index) if src._storage is dst._storage else src
     else:
-        if getattr(src.untyped_storage(), "_torch_load_uninitialized", False):
+        if awaits_legacy_bytes(src.untyped_storage()):
             # A device tensor of a legacy file rebuilt from its CPU copy before the
             # copy's bytes are read (Note [Legacy checkpoints]).
             defer_until_loaded(lambda: _copy_from_cpu(dst, src))

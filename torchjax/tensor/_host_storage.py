@@ -26,7 +26,7 @@ import weakref
 
 import torch
 
-from torchjax._compat.torch import storage_from_pointer
+from torchjax._compat.torch import storage_from_pointer, untyped_storage_of
 
 DEVICE_TYPE = "tpu"
 # Attributes set on a host-backed tpu UntypedStorage: the CPU storage owning its bytes,
@@ -55,9 +55,7 @@ def host_backed(storage: torch.UntypedStorage, device: torch.device) -> torch.Un
 
 def host_of(storage) -> torch.UntypedStorage | None:
     """The CPU storage behind a host-backed tpu storage, else None."""
-    if isinstance(storage, torch.TypedStorage):
-        storage = storage._untyped_storage
-    return getattr(storage, _HOST, None)
+    return getattr(untyped_storage_of(storage), _HOST, None)
 
 
 def loaded(storage) -> dict:
