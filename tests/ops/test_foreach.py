@@ -325,3 +325,29 @@ def test_inplace_overlap_with_its_own_element_as_cpu(name):
         except RuntimeError as e:
             outcomes[device] = (type(e), str(e).split(" (in aten::")[0][:120])
     assert outcomes[TPU] == outcomes["cpu"]
+
+
+_CHECKED_LISTS = {
+    "maximum": lambda ts, s: torch._foreach_maximum(ts, s),
+    "minimum_": lambda ts, s: torch._foreach_minimum_(ts, s),
+    "clamp_min": lambda ts, s: torch._foreach_clamp_min(ts, s),
+    "clamp_max_": lambda ts, s: torch._foreach_clamp_max_(ts, s),
+    "pow": lambda ts, s: torch._foreach_pow(ts, s),
+    "add": lambda ts, s: torch._foreach_add(ts, s),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("name", sorted(_CHECKED_LISTS))
+def test_number_lists_that_do_not_fit_raise_as_cpu(name, dtype):
+    # The compiled path passes number lists as tensors; the per-element ops that read a
+    # number as the tensor's type (clamp, half pow) check it on CPU.
+    def outcome(device):
+        ts = [torch.ones(2, dtype=dtype).to(device), torch.ones(3, dtype=dtype).to(device)]
+        try:
+            out = _CHECKED_LISTS[name](ts, [1.5, 1e39])
+            return [t.cpu().tolist() for t in (ts if out is None else out)]
+        except RuntimeError as e:
+            return type(e), str(e).split(" (in aten::")[0]
+
+    assert outcome(TPU) == outcome("cpu")

@@ -441,3 +441,33 @@ def test_addcmul_integer_and_bool_as_cpu(dtype, value):
         except (RuntimeError, NotImplementedError) as e:
             outcomes[device] = (type(e), str(e).split(" (in aten::")[0])
     assert outcomes["tpu"] == outcomes["cpu"]
+
+
+def _outcome(fn, x):
+    try:
+        fn(x)
+    except RuntimeError as e:
+        return type(e), str(e).split(" (in aten::")[0]
+    return "ok"
+
+
+_ALPHAS = [65519, 70000, 1e39, 2**40, 300, 2.5]
+
+
+@pytest.mark.parametrize("op", [torch.add, torch.sub], ids=["add", "sub"])
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.int8, torch.uint8],
+    ids=str,
+)
+def test_alpha_that_does_not_fit_the_result_type_raises_as_cpu(op, dtype):
+    # CPU's kernels read alpha as the result type through c10's checked conversion.
+    checked = 0
+    for alpha in _ALPHAS:
+        if isinstance(alpha, float) and not dtype.is_floating_point:
+            continue  # a float alpha of an integer tensor: torch's own type error
+        x = torch.ones(2, dtype=dtype)
+        fn = lambda t, a=alpha: op(t, t, alpha=a)  # noqa: E731
+        assert _outcome(fn, x.to("tpu")) == _outcome(fn, x), alpha
+        checked += 1
+    assert checked >= 4

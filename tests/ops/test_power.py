@@ -80,3 +80,20 @@ def test_complex_square_is_a_product_not_the_polar_form():
     z = torch.tensor([2j, -1 + 0j, 3 - 4j, 0.5 - 2j], dtype=torch.complex128)
     assert torch.equal(torch.square(z.to("tpu")).cpu(), torch.square(z))
     assert torch.equal((z.to("tpu") ** 3).cpu(), z**3)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.int32], ids=str
+)
+@pytest.mark.parametrize("exponent", [65519.0, 1e39, 300, 2.5], ids=repr)
+def test_exponent_that_does_not_fit_a_half_tensor_raises_as_cpu(dtype, exponent):
+    # CPU's half kernels read the exponent as the tensor's type (checked); float32 and
+    # float64 ones read a double, integer ones check integers only.
+    def outcome(x):
+        try:
+            return torch.pow(x, exponent).dtype
+        except RuntimeError as e:
+            return type(e), str(e).split(" (in aten::")[0]
+
+    x = torch.ones(2, dtype=dtype)
+    assert outcome(x.to("tpu")) == outcome(x)

@@ -30,6 +30,7 @@ from torchjax.ops.promotion import promoted_by_key
 from torchjax.ops.registry import Kind, handler
 from torchjax.ops.templates import ARRAY, SEQ, Seq, float_masked, rebuild, signature, static
 from torchjax.ops.writeback import write_into
+from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import JaxTensor, wrap
 
 aten = torch.ops.aten
@@ -228,8 +229,10 @@ def _foreach_handler(func):
                 write_into(func, o, r, resize=True)
 
         return out
-    compiled_run = _CompiledForeach(func, base, inplace, bind, run, listed, lead, per_element)
-    compiled_run.numbers = frozenset(a.name for a in params if str(a.type) == "List[number]")
+    numbers = frozenset(a.name for a in params if str(a.type) == "List[number]")
+    compiled_run = _CompiledForeach(
+        func, base, inplace, bind, run, listed, lead, per_element, numbers
+    )
     if inplace:
 
         def inplace_fn(args, kwargs):
@@ -277,12 +280,14 @@ class _CompiledForeach:
     """``run(args, kwargs)`` of one ``_foreach_*`` overload through cached executables
     (Note [Compiled foreach]); ``eager`` is the per-element run."""
 
-    def __init__(self, func, base, inplace, bind, eager, listed, lead, per_element):
+    def __init__(self, func, base, inplace, bind, eager, listed, lead, per_element, numbers):
         self.func, self.base, self.inplace = func, base, inplace
         self.bind, self.eager, self.listed, self.lead = bind, eager, listed, lead
         self.per_element = per_element
         self.addc = base in ("addcmul", "addcdiv")
         self.orders = base in ("maximum", "minimum")
+        self.check_number = _NUMBER_CHECKS.get(base)
+        self.numbers = numbers
         self.table = executables.Executables(func)
         self.info = self.table.info
         self.keys: set = set()
@@ -305,6 +310,9 @@ class _CompiledForeach:
         dyn, tmpl = [], []
         for k, v in bound.items():
             if k in self.listed:
+                if k in self.numbers and self.check_number is not None:
+                    for t, x in zip(lead, v):
+                        self.check_number(x, t.dtype)
                 entry = self._list_entry(v, n, dyn)
             elif isinstance(v, torch.Tensor):
                 entry = None
@@ -429,6 +437,28 @@ class _CompiledForeach:
 
 
 _NONE = static(None)
+
+
+def _check_clamp_number(x, dtype):
+    # clamp_min/clamp_max (what maximum/minimum with numbers run) read them as the
+    # tensor's type, checked.
+    dtypes.check_scalar_fits(x, dtype, "clamp")
+
+
+def _check_pow_number(x, dtype):
+    if dtypes.is_half(dtype):  # as aten::pow.Tensor_Scalar (ops/power.py)
+        dtypes.check_scalar_fits(x, dtype, "pow")
+
+
+# Number lists the per-element op checks on the host (the compiled path passes them as
+# tensors, which nothing checks): the same check, before the executable runs.
+_NUMBER_CHECKS = {
+    "maximum": _check_clamp_number,
+    "minimum": _check_clamp_number,
+    "clamp_min": _check_clamp_number,
+    "clamp_max": _check_clamp_number,
+    "pow": _check_pow_number,
+}
 
 
 def _traced(dyn) -> bool:

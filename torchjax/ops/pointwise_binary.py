@@ -120,7 +120,12 @@ def _check_sub_bool(op: str, x) -> None:
 
 
 # add / sub / rsub: promotion over self and other; alpha read as CPU's kernels read it.
-_ALPHA_POLICY = dict(promote=Kind.DEFAULT, promote_args=("self", "other"), round_scalars=("alpha",))
+_ALPHA_POLICY = dict(
+    promote=Kind.DEFAULT,
+    promote_args=("self", "other"),
+    round_scalars=("alpha",),
+    checked_scalars=("alpha",),  # CPU's kernels read alpha as the result type, checked
+)
 
 
 @lowering(aten.add.Tensor, aten.add.Scalar, **_ALPHA_POLICY)

@@ -82,6 +82,10 @@ def pow_tensor_scalar(args, kwargs):
         )
     if isinstance(exponent, int) and not (self.dtype.is_floating_point or self.dtype.is_complex):
         dtypes.check_scalar_fits(exponent, self.dtype, "pow")
+    elif isinstance(exponent, (int, float)) and dtypes.is_half(self.dtype):
+        # CPU's half kernels read the exponent as the tensor's type (checked); float32
+        # and float64 ones read it as a double.
+        dtypes.check_scalar_fits(exponent, self.dtype, "pow")
     special = _cpu_special_power(self, exponent)
     return _pow_scalar(args, kwargs) if special is None else special
 

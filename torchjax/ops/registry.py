@@ -183,6 +183,7 @@ def functional_handler(
     promote_args=None,
     deterministic=False,
     round_scalars=(),
+    checked_scalars=(),
 ):
     """The registry's functional handler for ``fn`` as a lowering of ``func``, for a
     ``@handler`` that checks something at the torch level and then lowers as usual.
@@ -194,6 +195,7 @@ def functional_handler(
         tuple(promote_args) if promote_args else None,
         deterministic=deterministic,
         round_scalars=tuple(round_scalars),
+        checked_scalars=tuple(checked_scalars),
     )
     return functional.make_handler(func, entry)
 
