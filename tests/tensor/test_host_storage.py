@@ -8,7 +8,8 @@ from torchjax.tensor import _host_storage
 
 def test_host_view_passes_cpu_and_jax_tensors_through():
     cpu, tpu = torch.ones(2), torch.ones(2).to("tpu")
-    assert _host_storage.host_view(cpu) is cpu and _host_storage.host_view(tpu) is tpu
+    for t in (cpu, tpu):
+        assert _host_storage.host_view(t, reading=True) is t
 
 
 def test_torch_copies_a_host_backed_storage_through_a_plain_tpu_tensor():
@@ -32,3 +33,21 @@ def test_snapshot_is_shared_while_the_root_is_unchanged():
     assert after is not first
     assert bytes(after.cpu()) == bytes(torch.arange(1.0, 5.0).untyped_storage())
     assert _host_storage.loaded(after)[torch.float32] is t._storage
+
+
+def test_a_storage_bound_to_a_tensor_reads_the_tensors_data():
+    # deepcopy clones through a tensor bound to the new storage: its data lives in that
+    # tensor's array, and every way torch reads the storage sees it.
+    import copy
+    import io
+
+    s = torch.arange(4, dtype=torch.uint8).untyped_storage().tpu()
+    d = copy.deepcopy(s)
+    assert list(d.cpu()) == [0, 1, 2, 3]
+    typed = torch.TypedStorage(wrap_storage=d, dtype=torch.uint8, _internal=True)
+    for zipfile in (True, False):  # the legacy writer reads through a plain tpu tensor
+        buf = io.BytesIO()
+        torch.save(typed, buf, _use_new_zipfile_serialization=zipfile)
+        buf.seek(0)
+        back = torch.load(buf, map_location="cpu", weights_only=False)
+        assert list(back) == [0, 1, 2, 3], zipfile

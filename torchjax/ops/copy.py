@@ -80,7 +80,7 @@ def _copy_from(self, dst, non_blocking=False):
     # arrives here instead of in __torch_dispatch__; so do torch's own copies of a
     # host-backed tpu storage (``storage.cpu()``, the legacy writer), through plain tpu
     # tensors over it (Note [Host-backed tpu storages]).
-    self, dst = host_view(self), host_view(dst)
+    self, dst = host_view(self, reading=True), host_view(dst, reading=False)
     if not isinstance(self, JaxTensor) and not isinstance(dst, JaxTensor):
         return dst.copy_(self)
     with x64(True):

@@ -15,9 +15,14 @@ such a storage from a host snapshot of the tensor's root ``Storage`` and records
 root in ``_LOADED``: ``copy.copy`` rebuilds over the same storage object and so aliases
 the original, as on CPU; a file keeps only the bytes, so a load gets new arrays.
 
-Its ``cpu()`` copies the host bytes. torch's C++ copies such a storage through a plain
-(non-JaxTensor) tpu tensor over it (the legacy writer's ``_write_file``); ``host_view``
-turns one into the CPU view of the same bytes.
+Once a JaxTensor is bound to a host-backed storage, the data lives in that tensor's jax
+array (torch's storage copies, ``storage.cpu()`` and ``clone()``, reach it through
+``aten::set_`` as every tpu tensor). torch's C++ also reads and writes such a storage
+through a plain (non-JaxTensor) tpu tensor over it (the legacy writer's ``_write_file``,
+the legacy reader's ``_set_from_file``): ``host_view`` turns one into the CPU view of
+the bytes, brought up to date from a bound tensor before a read (a legacy load fills
+its bound tensors again afterwards: Note [Legacy checkpoints]). A snapshot's bytes are
+its data: its ``cpu()`` copies them (torch.save calls it per storage).
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ _LOADED = "_torchjax_loaded"
 # root Storage -> (id of its array, its version, weakref to the host-backed snapshot):
 # the tensors of one torch.save that share a root pickle one storage.
 _SNAPSHOTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# address of a live host-backed storage's bytes -> that storage (see host_view)
+_ADDRESSES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_IS_SNAPSHOT = "_torchjax_snapshot"
 
 
 def host_backed(storage: torch.UntypedStorage, device: torch.device) -> torch.UntypedStorage:
@@ -46,10 +54,8 @@ def host_backed(storage: torch.UntypedStorage, device: torch.device) -> torch.Un
         storage = storage.cpu()
     out = storage_from_pointer(storage.data_ptr(), device, storage.nbytes())
     setattr(out, _HOST, storage)
-    # torch.save calls storage.cpu() on each storage it writes; torch's own would copy
-    # the bytes through the device and back. A copy, as torch's (a closure over the CPU
-    # storage only, so no reference cycle through ``out``).
-    out.cpu = lambda: torch.UntypedStorage(storage.nbytes()).copy_(storage)
+    if storage.nbytes():
+        _ADDRESSES[storage.data_ptr()] = out
     return out
 
 
@@ -67,26 +73,48 @@ def loaded(storage) -> dict:
     return table
 
 
-def host_view(t: torch.Tensor) -> torch.Tensor:
+def host_view(t: torch.Tensor, *, reading: bool) -> torch.Tensor:
     """``t`` itself, or for a plain (non-JaxTensor) tpu tensor over a host-backed storage
-    the CPU tensor viewing the same bytes at the same size, stride and offset."""
+    the CPU tensor viewing its bytes at the same size, stride and offset. ``reading``:
+    the bytes are first brought up to date from a tensor bound to the storage."""
     from torchjax.tensor._tensor import JaxTensor
 
     if t.device.type != DEVICE_TYPE or isinstance(t, JaxTensor):
         return t
-    storage = t.untyped_storage()
-    host = host_of(storage)
-    if host is None and storage.data_ptr() != 0:
-        # torch's C++ copies wrap the storage in a new Python object, without our
-        # attribute; the bytes are the host-backed storage's, kept alive by it.
-        host = storage_from_pointer(storage.data_ptr(), torch.device("cpu"), storage.nbytes())
-    if host is None:
+    address = t.untyped_storage().data_ptr()
+    # torch's C++ wraps the storage in a new Python object (no attributes): the
+    # host-backed storage is known by its address.
+    storage = _ADDRESSES.get(address) if address else None
+    if storage is None:
         raise RuntimeError(
-            f"torchjax: a {t.device} tensor with no data behind its storage reached a "
-            "copy (tpu tensors keep their data in jax arrays, not in torch storages); "
-            "move CPU data with .to('tpu')"
+            f"torchjax: torch copied a {t.device} storage with no data behind it; tpu "
+            "data lives in jax arrays, not in torch storages: copy tensors instead "
+            "(tensor.cpu(), torch.save of tensors)"
         )
+    host = getattr(storage, _HOST)
+    if reading:
+        _sync_to_host(storage, host)
     return torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
+
+
+def _sync_to_host(storage, host) -> None:
+    """Write the data of the tensor bound to ``storage`` (if any, and not a snapshot's
+    root) into its host bytes."""
+    table = getattr(storage, _LOADED, None)
+    if not table or getattr(storage, _IS_SNAPSHOT, False):
+        return
+    from torchjax.tensor import dtypes
+    from torchjax.tensor._tensor import make
+
+    root = next(iter(table.values()))
+    root = getattr(root, "root", root)
+    dtype = dtypes.to_torch_dtype(root.arr.dtype)
+    with torch.no_grad():
+        values = make(root, (root.numel,), (1,), 0, dtype, 0).cpu()
+    nbytes = min(host.nbytes(), values.untyped_storage().nbytes())
+    dst = torch.empty(0, dtype=torch.uint8).set_(host, 0, (nbytes,), (1,))
+    src = torch.empty(0, dtype=torch.uint8).set_(values.untyped_storage(), 0, (nbytes,), (1,))
+    dst.copy_(src)
 
 
 def snapshot(root, device: torch.device, read_host) -> torch.UntypedStorage:
@@ -100,7 +128,13 @@ def snapshot(root, device: torch.device, read_host) -> torch.UntypedStorage:
         if storage is not None:
             return storage
     cpu = read_host(root)
-    storage = host_backed(cpu.untyped_storage(), device)
+    host = cpu.untyped_storage()
+    storage = host_backed(host, device)
     loaded(storage)[cpu.dtype] = root
+    # torch.save calls storage.cpu() on each storage it writes; torch's own would copy
+    # the bytes through the device and back. A copy, as torch's (a closure over the CPU
+    # storage only, so no reference cycle through ``storage``).
+    storage.cpu = lambda: torch.UntypedStorage(host.nbytes()).copy_(host)
+    setattr(storage, _IS_SNAPSHOT, True)
     _SNAPSHOTS[root] = (id(arr), root.version, weakref.ref(storage))
     return storage
