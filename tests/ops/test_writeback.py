@@ -231,3 +231,13 @@ def test_index_add_of_another_dtype_refuses_as_cpu():
             self.index_add_(
                 0, torch.tensor([0], device=d), torch.ones(1, dtype=torch.int64, device=d)
             )
+
+
+@pytest.mark.parametrize("op", [torch.isposinf, torch.isneginf], ids=lambda f: f.__name__)
+def test_isposinf_isneginf_refuse_non_boolean_outputs_as_cpu(op):
+    x = torch.tensor([1.0, float("inf"), -float("inf")])
+    for device in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError, match="does not support non-boolean outputs"):
+            op(x.to(device), out=torch.empty(3).to(device))
+    out = torch.empty(3, dtype=torch.bool).to("tpu")
+    assert op(x.to("tpu"), out=out).tolist() == op(x).tolist()

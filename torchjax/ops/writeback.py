@@ -373,6 +373,12 @@ def out_handler(func, functional):
             check_no_partial_overlap(func, outs, args, rest)
         if by_out_dtype:
             rest = _out_dtype_as_dtype(func, args, rest, outs)
+        if func._opname in ("isposinf", "isneginf") and outs[0].dtype != torch.bool:
+            # The kernel's own check, ahead of the meta function's generic one.
+            raise RuntimeError(
+                f"{func._opname} does not support non-boolean outputs. "
+                f"(in aten::{func._opname}.{func._overloadname})"
+            )
         meta_ok = check_out_on_meta(func, args, kwargs, names, meta_like)
         result = functional(args, rest)
         results = result if isinstance(result, (list, tuple)) else (result,)
