@@ -220,3 +220,14 @@ def test_rsqrt_is_atens_one_over_sqrt_bit_for_bit(dtype):
     x = (x * 100 + 0.01).to(dtype)
     assert torch.equal(torch.rsqrt(x.to("tpu")).cpu(), torch.rsqrt(x))
     assert torch.equal((x.to("tpu") ** -0.5).cpu(), x**-0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=str)
+def test_complex_abs_of_infinite_and_nan_parts_as_cpu(dtype):
+    # An infinite part makes |z| infinite even beside a NaN (C99 hypot); XLA gave NaN.
+    inf, nan = float("inf"), float("nan")
+    parts = (inf, -inf, nan, 0.0, -2.5)
+    z = torch.tensor([complex(a, b) for a in parts for b in parts], dtype=dtype)
+    got = torch.abs(z.to("tpu")).cpu()
+    torch.testing.assert_close(got, torch.abs(z), equal_nan=True, rtol=0, atol=0)
+    assert got.dtype == torch.abs(z).dtype

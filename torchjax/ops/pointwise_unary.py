@@ -205,6 +205,12 @@ def abs(self):
         raise _not_implemented("abs", self)
     if jnp.issubdtype(self.dtype, jnp.unsignedinteger):
         return self  # unsigned: itself, as ATen's kernel returns it (lax.abs refuses)
+    if jnp.issubdtype(self.dtype, jnp.complexfloating):
+        # hypot's rule (C99 Annex G, std::abs): an infinite part makes the magnitude
+        # infinite even beside a NaN; XLA's complex abs gives NaN there.
+        inf_part = jnp.isinf(lax.real(self)) | jnp.isinf(lax.imag(self))
+        magnitude = lax.abs(self)
+        return jnp.where(inf_part, jnp.asarray(np.inf, magnitude.dtype), magnitude)
     return lax.abs(self)
 
 
