@@ -155,3 +155,21 @@ def test_tpu_tests_are_offered_when_a_conftest_imports_torchs_test_internals(tmp
         timeout=300,
     )
     assert "TestDevPRIVATEUSE1::test_here_tpu" in out.stdout, out.stdout + out.stderr
+
+
+def test_variants_collected_on_cpu_only_leave_the_rate(tmp_path):
+    # PyTorch's dtypesIfCPU instantiates some dtypes on CPU only: absent from a finished
+    # tpu run's XML, they used to count as tpu failures ("the run stopped early").
+    cpu = _junit([("test_a", None, ""), ("test_a_bfloat16", None, "")])
+    tpu = _junit([("test_a", None, "")])
+    (tmp_path / "c.xml").write_text(cpu)
+    (tmp_path / "t.xml").write_text(tpu)
+    s = _report.compare(
+        "t.py", _report.read_junit(tmp_path / "c.xml"), _report.read_junit(tmp_path / "t.xml")
+    )
+    assert s["not_collected_on_tpu"] == 1 and s["cpu"]["passed"] == 1
+    assert s["tpu_rate_of_cpu_passed"] == 1.0 and not s["cpu_passed_tpu_failed"]
+    # No tpu results at all (the run was cut before pytest wrote its XML): not run.
+    s = _report.compare("t.py", _report.read_junit(tmp_path / "c.xml"), {})
+    assert s["not_collected_on_tpu"] == 0
+    assert sum(len(v) for v in s["cpu_passed_tpu_failed"].values()) == 2

@@ -22,7 +22,7 @@ def _parse(argv):
     p.add_argument("--stub-missing", action="store_true", help="empty mixins for absent modules")
     p.add_argument("--cache", type=Path, default=REPO / ".suites-cache")
     p.add_argument(
-        "--devices", default="cpu,tpu", help="which runs; \"\" re-reads the last runs' XML"
+        "--devices", default="cpu,tpu", help='which runs; "" re-reads the last runs\' XML'
     )
     p.add_argument("-k", dest="keyword", help="pytest -k expression")
     p.add_argument("--test-timeout", type=float, default=300, help="seconds per test")
