@@ -72,10 +72,6 @@ def _tag(storage):
     return None  # tpu locations are tagged by torch's own PrivateUse1 tagger
 
 
-def _untyped(storage):
-    return untyped_storage_of(storage)
-
-
 def storage_tpu(self, device=None, non_blocking=False):
     """``storage.tpu(device)``: a tpu copy of a storage (host-backed, see the Note)."""
     if device is None or isinstance(device, int):
@@ -117,7 +113,7 @@ def storage_for(storage, dtype: torch.dtype, device: torch.device, make_storage)
     """The torchjax Storage behind a host-backed tpu ``storage`` viewed as ``dtype``:
     ``make_storage(cpu_flat_tensor)`` builds it the first time, later calls (other
     tensors over the same storage in one file) get the same one."""
-    storage = _untyped(storage)
+    storage = untyped_storage_of(storage)
     if storage.device != device:
         # torch's message (aten/src/ATen/native/TensorShape.cpp, set_storage_cpu_).
         raise RuntimeError(
@@ -156,6 +152,11 @@ def storage_for(storage, dtype: torch.dtype, device: torch.device, make_storage)
 # rebuilt, so during such a load it is filled again once the load returns. The
 # thread's torch.load keeps a list of those fills; outside a load nothing defers.
 _LOADS = threading.local()
+
+
+def loading() -> bool:
+    """Whether a torch.load runs in this thread."""
+    return bool(getattr(_LOADS, "stack", None))
 
 
 def defer_until_loaded(fill) -> bool:

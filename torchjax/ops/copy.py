@@ -15,7 +15,7 @@ from torchjax._compat.jax import x64
 from torchjax._compat.torch import awaits_legacy_bytes
 from torchjax.device import _checks, _stats
 from torchjax.device._module import jax_device
-from torchjax.device._serialization import defer_until_loaded, storage_for
+from torchjax.device._serialization import defer_until_loaded, loading, storage_for
 from torchjax.ops import fused, writeback
 from torchjax.ops.functional import cpu_to_jax
 from torchjax.ops.promotion import astype
@@ -62,7 +62,7 @@ def copy_(args, kwargs):
         writeback.check_no_partial_overlap(aten.copy_.default, [dst], [src], {})
         value = wrap(src._value(), src._device_index) if src._storage is dst._storage else src
     else:
-        if awaits_legacy_bytes(src.untyped_storage()):
+        if loading() and awaits_legacy_bytes(src.untyped_storage()):
             # A device tensor of a legacy file rebuilt from its CPU copy before the
             # copy's bytes are read (Note [Legacy checkpoints]).
             defer_until_loaded(lambda: _copy_from_cpu(dst, src))

@@ -103,31 +103,36 @@ def _sync_to_host(storage, host) -> None:
     table = getattr(storage, _LOADED, None)
     if not table or getattr(storage, _IS_SNAPSHOT, False):
         return
-    from torchjax.tensor import dtypes
-    from torchjax.tensor._tensor import make
-
     root = next(iter(table.values()))
-    root = getattr(root, "root", root)
-    dtype = dtypes.to_torch_dtype(root.arr.dtype)
-    with torch.no_grad():
-        values = make(root, (root.numel,), (1,), 0, dtype, 0).cpu()
+    values = root_on_host(getattr(root, "root", root))
     nbytes = min(host.nbytes(), values.untyped_storage().nbytes())
     dst = torch.empty(0, dtype=torch.uint8).set_(host, 0, (nbytes,), (1,))
     src = torch.empty(0, dtype=torch.uint8).set_(values.untyped_storage(), 0, (nbytes,), (1,))
     dst.copy_(src)
 
 
-def snapshot(root, device: torch.device, read_host) -> torch.UntypedStorage:
-    """A host-backed tpu storage holding ``root``'s bytes now (``read_host(root)`` gives
-    them as a CPU tensor), with ``root`` recorded as what it loads back to. Reused while
-    ``root`` is unchanged and the last snapshot is still alive (one torch.save)."""
+def root_on_host(root, device_index: int = 0) -> torch.Tensor:
+    """A root Storage's whole buffer as a flat CPU tensor (through ``aten::_to_copy``,
+    which gathers a multi-host array)."""
+    from torchjax.tensor import dtypes
+    from torchjax.tensor._tensor import make
+
+    dtype = dtypes.to_torch_dtype(root.arr.dtype)
+    with torch.no_grad():
+        return make(root, (root.numel,), (1,), 0, dtype, device_index).cpu()
+
+
+def snapshot(root, device: torch.device, device_index: int) -> torch.UntypedStorage:
+    """A host-backed tpu storage holding ``root``'s bytes now, with ``root`` recorded as
+    what it loads back to. Reused while ``root`` is unchanged and the last snapshot is
+    still alive (one torch.save)."""
     arr = root.arr
     cached = _SNAPSHOTS.get(root)
     if cached is not None and cached[0] == id(arr) and cached[1] == root.version:
         storage = cached[2]()
         if storage is not None:
             return storage
-    cpu = read_host(root)
+    cpu = root_on_host(root, device_index)
     host = cpu.untyped_storage()
     storage = host_backed(host, device)
     loaded(storage)[cpu.dtype] = root

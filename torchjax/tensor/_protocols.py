@@ -20,7 +20,7 @@ from torchjax._compat.torch import (
     rebuild_parameter_args,
     rebuild_tensor_args,
 )
-from torchjax.tensor import _fake, _host_storage, dtypes
+from torchjax.tensor import _fake, _host_storage
 from torchjax.tensor._storage import Storage, contiguous_strides
 
 # __dict__ entries that are a JaxTensor's own machinery, not user state: the view into
@@ -154,41 +154,34 @@ def reduce_ex(t, proto):
     tensors]). A parameter goes through torch's parameter rebuild, with its attributes,
     as ``nn.Parameter.__reduce_ex__`` does."""
     if t.__dict__.get("_is_param"):
-        with torch.no_grad():
-            data = t.detach()  # a plain (non-parameter) view of the same data
-        return rebuild_parameter_args(
-            data, t.requires_grad, OrderedDict(), user_state(t, drop={"_is_param"})
-        )
+        return _reduce_parameter(t)
     if _fake.is_fake(t) or t.is_conj() or t.is_neg():
-        return rebuild_device_tensor_args(t.detach().cpu(), t.dtype, str(t.device), t.requires_grad)
+        return _reduce_as_values(t)
     root = t._storage
     root = getattr(root, "root", root)  # an Interpretation's (dtype view's) root
-    index = t._device_index
-    storage = _host_storage.snapshot(root, t.device, lambda r: _root_on_host(r, index))
+    storage = _host_storage.snapshot(root, t.device, t._device_index)
     return rebuild_tensor_args(
         storage, t.storage_offset(), tuple(t.shape), t.stride(), t.requires_grad, t.dtype
     )
 
 
-def _root_on_host(root, device_index: int) -> torch.Tensor:
-    """A root Storage's whole buffer as a flat CPU tensor (through ``aten::_to_copy``,
-    which gathers a multi-host array)."""
-    from torchjax.tensor._tensor import make
-
-    dtype = dtypes.to_torch_dtype(root.arr.dtype)
-    with torch.no_grad():
-        return make(root, (root.numel,), (1,), 0, dtype, device_index).cpu()
-
-
 def forking_reduce(t):
     """A tpu tensor through ``multiprocessing.reduction.ForkingPickler`` (Note [Saving
     tpu tensors])."""
-    if t.__dict__.get("_is_param"):
-        with torch.no_grad():
-            data = t.detach()
-        return rebuild_parameter_args(
-            data, t.requires_grad, OrderedDict(), user_state(t, drop={"_is_param"})
-        )
+    return _reduce_parameter(t) if t.__dict__.get("_is_param") else _reduce_as_values(t)
+
+
+def _reduce_parameter(t):
+    with torch.no_grad():
+        data = t.detach()  # a plain (non-parameter) view of the same data
+    return rebuild_parameter_args(
+        data, t.requires_grad, OrderedDict(), user_state(t, drop={"_is_param"})
+    )
+
+
+def _reduce_as_values(t):
+    """Its values in a CPU tensor, rebuilt on the device (torch's way for storage-less
+    backends)."""
     return rebuild_device_tensor_args(t.detach().cpu(), t.dtype, str(t.device), t.requires_grad)
 
 
