@@ -231,3 +231,18 @@ def test_complex_abs_of_infinite_and_nan_parts_as_cpu(dtype):
     got = torch.abs(z.to("tpu")).cpu()
     torch.testing.assert_close(got, torch.abs(z), equal_nan=True, rtol=0, atol=0)
     assert got.dtype == torch.abs(z).dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=str)
+def test_complex_exp_at_infinities_and_nans_as_cpu(dtype):
+    # C99 Annex G: exp(-inf + inf j) is 0, exp(inf + nan j) is inf + nan j; XLA gave NaN.
+    inf, nan = float("inf"), float("nan")
+    parts = (inf, -inf, nan, 0.0, -0.0, 1.5, -2.0)
+    z = torch.tensor([complex(a, b) for a in parts for b in parts], dtype=dtype)
+    want, got = torch.exp(z), torch.exp(z.to("tpu")).cpu()
+    for part in (torch.real, torch.imag):
+        w, g = part(want), part(got)
+        assert torch.equal(w.isnan(), g.isnan())
+        finite = ~w.isnan()
+        assert torch.equal(w[finite], g[finite])
+        assert torch.equal(w[finite].signbit(), g[finite].signbit())  # signed zeros too

@@ -41,10 +41,28 @@ def _reciprocal(x):
     return lax.div(jnp.ones((), dtype=x.dtype), x)
 
 
+def _exp(x):
+    """exp with C99's values (Annex G) at an infinite real part beside a non-finite
+    imaginary one, as CPU gives them: exp(-inf + inf j) and exp(-inf + nan j) are 0
+    (XLA: NaN), exp(+inf + inf j) and exp(+inf + nan j) are inf + nan j (XLA: NaN + NaN
+    j). The imaginary part's sign is handled by Note [Complex functions of a signed
+    zero]."""
+    out = lax.exp(x)
+    if not jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return out
+    re, im = lax.real(x), lax.imag(x)
+    odd = ~jnp.isfinite(im)
+    part = re.dtype
+    zero = lax.complex(jnp.zeros_like(re), jnp.zeros_like(im))
+    inf_nan = lax.complex(jnp.full_like(re, np.inf, part), jnp.full_like(im, np.nan, part))
+    out = jnp.where(odd & (re == -np.inf), zero, out)
+    return jnp.where(odd & (re == np.inf), inf_nan, out)
+
+
 # Note [Unary table]: ops whose torch semantics equal the lax primitive after torch's
 # INT_TO_FLOAT promotion (ints/bool -> default float, f16/bf16 computed in f32).
 _INT_TO_FLOAT = {
-    aten.exp: lax.exp,
+    aten.exp: _exp,
     aten.exp2: lax.exp2,
     aten.expm1: lax.expm1,
     aten.log: lax.log,
