@@ -351,3 +351,18 @@ def test_storage_cpu_of_a_host_backed_storage():
     assert s.cpu().device.type == "cpu" and list(s.cpu()) == list(
         torch.arange(4, dtype=torch.int16).untyped_storage()
     )
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_empty_tensors_round_trip(tmp_path, fmt):
+    # A 0-byte storage has no address: torch's legacy writer and reader copied it
+    # through a plain tpu tensor that torchjax could not place (a RuntimeError).
+    for t in (torch.empty(0), torch.zeros(0, 3, dtype=torch.int64)):
+        _save(t.to("tpu"), tmp_path / "t.pt", fmt)
+        back = torch.load(tmp_path / "t.pt")
+        assert back.device.type == "tpu" and back.shape == t.shape and back.dtype == t.dtype
+        assert pickle.loads(pickle.dumps(t.to("tpu"))).shape == t.shape
+        _save(t, tmp_path / "c.pt", fmt)
+        for where in ("tpu", torch.device("tpu", 0), {"cpu": "tpu"}, MAP_LOCATIONS["callable"]):
+            back = torch.load(tmp_path / "c.pt", map_location=where)
+            assert back.device.type == "tpu" and back.shape == t.shape, where

@@ -81,7 +81,10 @@ def host_view(t: torch.Tensor, *, reading: bool) -> torch.Tensor:
 
     if t.device.type != DEVICE_TYPE or isinstance(t, JaxTensor):
         return t
-    address = t.untyped_storage().data_ptr()
+    untyped = t.untyped_storage()
+    if untyped.nbytes() == 0:  # nothing to read or write (an empty tensor's storage)
+        return torch.empty(0, dtype=t.dtype).set_(torch.UntypedStorage(0), 0, t.size(), t.stride())
+    address = untyped.data_ptr()
     # torch's C++ wraps the storage in a new Python object (no attributes): the
     # host-backed storage is known by its address.
     storage = _ADDRESSES.get(address) if address else None
