@@ -110,15 +110,20 @@ def test_keyword_tpu_run_compares_with_whole_file_cpu_run(tmp_path, monkeypatch)
     assert s["cpu"]["passed"] == 3 and s["cpu_passed_tpu_passed"] == 1
 
 
-def test_tests_for_other_device_types_leave_the_rate(tmp_path):
-    # An onlyCPU test is skipped on tpu by design: it used to count as a tpu failure.
-    cpu = _junit([("test_a", None, ""), ("test_cpu_only", None, "")])
-    tpu = _junit([("test_a", None, ""), ("test_cpu_only", "skipped", "Only runs on cpu")])
-    (tmp_path / "c.xml").write_text(cpu)
-    (tmp_path / "t.xml").write_text(tpu)
-    s = _report.compare(
+def _compare_junit(tmp_path, cpu_cases, tpu_cases):
+    """compare() of two runs given as _junit cases, read back from their XML files."""
+    (tmp_path / "c.xml").write_text(_junit(cpu_cases))
+    (tmp_path / "t.xml").write_text(_junit(tpu_cases))
+    return _report.compare(
         "t.py", _report.read_junit(tmp_path / "c.xml"), _report.read_junit(tmp_path / "t.xml")
     )
+
+
+def test_tests_for_other_device_types_leave_the_rate(tmp_path):
+    # An onlyCPU test is skipped on tpu by design: it used to count as a tpu failure.
+    cpu = [("test_a", None, ""), ("test_cpu_only", None, "")]
+    tpu = [("test_a", None, ""), ("test_cpu_only", "skipped", "Only runs on cpu")]
+    s = _compare_junit(tmp_path, cpu, tpu)
     assert s["other_device_only"] == 1 and s["cpu"]["passed"] == 1
     assert s["tpu_rate_of_cpu_passed"] == 1.0 and not s["cpu_passed_tpu_failed"]
 
@@ -160,12 +165,8 @@ def test_tpu_tests_are_offered_when_a_conftest_imports_torchs_test_internals(tmp
 def test_variants_collected_on_cpu_only_leave_the_rate(tmp_path):
     # PyTorch's dtypesIfCPU instantiates some dtypes on CPU only: absent from a finished
     # tpu run's XML, they used to count as tpu failures ("the run stopped early").
-    cpu = _junit([("test_a", None, ""), ("test_a_bfloat16", None, "")])
-    tpu = _junit([("test_a", None, "")])
-    (tmp_path / "c.xml").write_text(cpu)
-    (tmp_path / "t.xml").write_text(tpu)
-    s = _report.compare(
-        "t.py", _report.read_junit(tmp_path / "c.xml"), _report.read_junit(tmp_path / "t.xml")
+    s = _compare_junit(
+        tmp_path, [("test_a", None, ""), ("test_a_bfloat16", None, "")], [("test_a", None, "")]
     )
     assert s["not_collected_on_tpu"] == 1 and s["cpu"]["passed"] == 1
     assert s["tpu_rate_of_cpu_passed"] == 1.0 and not s["cpu_passed_tpu_failed"]
