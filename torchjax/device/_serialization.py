@@ -20,9 +20,8 @@ ahead of torch's PrivateUse1 entry; it answers only tpu locations. ``storage.tpu
 (the method torch generates per backend, here host-backed too) lets a callable
 ``map_location`` return a tpu storage.
 
-Storages made any other way (``torch.UntypedStorage(n, device="tpu")``,
-``storage.to(device="tpu")``) still go to torch's allocation and need a compiled
-allocator; no torchjax path makes them.
+``torch.UntypedStorage(n, device="tpu")`` and ``storage.to(device="tpu")`` give
+host-backed storages too (``_storage_new``): no path reaches torch's allocation.
 """
 
 from __future__ import annotations
