@@ -179,6 +179,57 @@ def test_reduce_ex_names_torch_rebuilds():
     assert fn.__module__ == "torch._utils"
 
 
+def _save_load(t, **load):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    buf.seek(0)
+    return torch.load(buf, **load)
+
+
+ROUND_TRIPS = {
+    "pickle": lambda t: pickle.loads(pickle.dumps(t)),
+    "copy": copy.copy,
+    "save": lambda t: _save_load(t, weights_only=False),
+    "save_weights_only": lambda t: _save_load(t, weights_only=True),
+    "save_to_cpu": lambda t: _save_load(t, map_location="cpu", weights_only=False),
+}
+
+
+@pytest.mark.parametrize("trip", sorted(ROUND_TRIPS))
+@pytest.mark.parametrize("kind", ["leaf", "requires_grad", "conj"])
+def test_attributes_survive_round_trips_as_on_cpu(trip, kind):
+    # torch pickles a plain tensor's attributes with it (Tensor.__reduce_ex__'s state);
+    # a tpu tensor dropped them, and its loaded leaf must stay a leaf.
+    results = {}
+    for device in ("cpu", "tpu"):
+        t = torch.tensor([1.0 + 2.0j, 3.0]) if kind == "conj" else torch.arange(3.0)
+        t = t.to(device)
+        if kind == "conj":
+            t = t.conj()
+        elif kind == "requires_grad":
+            t.requires_grad_()
+        t.tag, t.scale = "kept", [2]
+        back = ROUND_TRIPS[trip](t)
+        results[device] = (
+            back.tag,
+            back.scale,
+            back.is_leaf,
+            back.requires_grad,
+            back.grad_fn is None,
+            back.detach().cpu().resolve_conj().tolist(),
+        )
+        want = "cpu" if trip == "save_to_cpu" else device
+        assert back.device.type == want
+    assert results["tpu"] == results["cpu"]
+
+
+def test_as_subclass_tensor_is_the_tpu_tensor():
+    t = torch.ones(2).to("tpu").requires_grad_()
+    assert t.as_subclass(torch.Tensor) is t
+
+
 @pytest.mark.parametrize("view", sorted(VIEWS) + ["whole", "int32_view"])
 def test_copy_copy_aliases_as_cpu(view):
     views = {**VIEWS, "whole": lambda t: t, "int32_view": lambda t: t.view(torch.int32)}

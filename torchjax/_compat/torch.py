@@ -133,6 +133,17 @@ def rebuild_parameter_args(data: torch.Tensor, requires_grad: bool, hooks, state
     return (torch._utils._rebuild_parameter_with_state, (data, requires_grad, hooks, state))
 
 
+def with_state_args(reduced, state: dict):
+    """``reduced`` (a ``__reduce_ex__`` value) with ``state`` (a tensor's attributes) set
+    on the rebuilt tensor, as ``Tensor.__reduce_ex__`` does for a plain tensor with
+    attributes: through ``torch._tensor._rebuild_from_type_v2`` with ``torch.Tensor`` (on
+    torch.load's weights-only allow-list)."""
+    if not state:
+        return reduced
+    func, args = reduced
+    return (torch._tensor._rebuild_from_type_v2, (func, torch.Tensor, args, state))
+
+
 def storage_from_pointer(data_ptr: int, device: torch.device, nbytes: int):
     """An UntypedStorage on ``device`` over ``nbytes`` at ``data_ptr``, not owning them
     (``torch._C._construct_storage_from_data_pointer``). The caller keeps the memory

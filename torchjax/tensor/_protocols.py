@@ -19,6 +19,7 @@ from torchjax._compat.torch import (
     rebuild_device_tensor_args,
     rebuild_parameter_args,
     rebuild_tensor_args,
+    with_state_args,
 )
 from torchjax.tensor import _fake, _host_storage
 from torchjax.tensor._storage import Storage, contiguous_strides
@@ -142,7 +143,9 @@ def deepcopy(t, memo):
 # (non-zipfile) format even reads that copy before its bytes are in: garbage. So a tpu
 # tensor pickles as its root Storage's bytes in a host-backed tpu storage (Note
 # [Host-backed tpu storages] in torchjax/tensor/_host_storage.py) plus its own size,
-# stride and offset, in the units of its dtype, as on CPU. Files load anywhere torch
+# stride and offset, in the units of its dtype, as on CPU; attributes set on it travel
+# as a CPU tensor's do (``_rebuild_from_type_v2`` with ``torch.Tensor``, whose
+# ``as_subclass`` a JaxTensor answers with itself). Files load anywhere torch
 # loads CPU tensors with ``map_location="cpu"``, and with ``weights_only=True``. A
 # conjugate or negative view is saved as its values (a copy): torch records those bits
 # as tensor metadata set after the rebuild, below what a JaxTensor can follow.
@@ -156,13 +159,14 @@ def reduce_ex(t, proto):
     if t.__dict__.get("_is_param"):
         return _reduce_parameter(t)
     if _fake.is_fake(t) or t.is_conj() or t.is_neg():
-        return _reduce_as_values(t)
+        return with_state_args(_reduce_as_values(t), user_state(t))
     root = t._storage
     root = getattr(root, "root", root)  # an Interpretation's (dtype view's) root
     storage = _host_storage.snapshot(root, t.device, t._device_index)
-    return rebuild_tensor_args(
+    reduced = rebuild_tensor_args(
         storage, t.storage_offset(), tuple(t.shape), t.stride(), t.requires_grad, t.dtype
     )
+    return with_state_args(reduced, user_state(t))
 
 
 def forking_reduce(t):

@@ -192,6 +192,15 @@ class JaxTensor(torch.Tensor):
     def __reduce_ex__(self, proto):
         return _protocols.reduce_ex(self, proto)
 
+    def as_subclass(self, cls):
+        # A tpu tensor already is a plain torch.Tensor to its users (its class is the
+        # device's wrapper): ``as_subclass(torch.Tensor)``, which torch's rebuild of a
+        # pickled tensor with attributes calls, is the tensor itself. torch's version
+        # would make an autograd alias, so a loaded leaf came back a non-leaf.
+        if cls is torch.Tensor:
+            return self
+        return super().as_subclass(cls)
+
     @property
     def data(self):
         return torch.Tensor.data.__get__(self)
