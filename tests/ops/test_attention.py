@@ -136,15 +136,16 @@ def test_sdpa_no_grad_is_one_fused_op(kw):
 _BF16_CASES = {**_FUSED_CASES, "causal-64": {"is_causal": True, "lq": 64, "lk": 64, "d": 32}}
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kw", _BF16_CASES.values(), ids=_BF16_CASES.keys())
-def test_sdpa_no_grad_bfloat16_is_one_op_with_the_math_paths_numbers(kw):
+def test_sdpa_no_grad_half_is_one_op_with_the_math_paths_numbers(kw, dtype):
     # Note [Fused SDPA in eager]: bfloat16 without autograd is the decomposition traced
     # into one executable: bit for bit what the decomposition computes op by op (taken
     # here by asking for a gradient), and one executable instead of eight.
     shape, kw = _shapes_and_keywords(kw)
-    q, k, v = (t.to(torch.bfloat16).to("tpu") for t in _qkv(**shape))
+    q, k, v = (t.to(dtype).to("tpu") for t in _qkv(**shape))
     tkw = {
-        n: (a.to(torch.bfloat16 if a.is_floating_point() else a.dtype).to("tpu"))
+        n: (a.to(dtype if a.is_floating_point() else a.dtype).to("tpu"))
         if isinstance(a, torch.Tensor)
         else a
         for n, a in kw.items()
@@ -157,7 +158,7 @@ def test_sdpa_no_grad_bfloat16_is_one_op_with_the_math_paths_numbers(kw):
     q.requires_grad_(True)
     want = F.scaled_dot_product_attention(q, k, v, **tkw)  # the decomposition, op by op
     assert cached_compute.cache_info(op).calls == before + 1
-    assert got.dtype == want.dtype == torch.bfloat16
+    assert got.dtype == want.dtype == dtype
     assert torch.equal(got.cpu().view(torch.int16), want.detach().cpu().view(torch.int16))
 
 

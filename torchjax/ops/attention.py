@@ -90,16 +90,17 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 _SDPA_MATH = functional_handler(
     aten.scaled_dot_product_attention.default, sdpa_math, deterministic=True
 )
-_FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+_FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_HALF = (torch.bfloat16, torch.float16)
 
 
 def sdpa_decomposed(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
-    """aten::scaled_dot_product_attention without dropout for bfloat16: torch's math
-    decomposition run on the arrays, so that one executable computes what the op-by-op
-    decomposition computes, every rounding to bfloat16 where it rounds (Note [Fused SDPA
-    in eager]). Shapes, masks and GQA as ``sdpa_math``."""
+    """aten::scaled_dot_product_attention without dropout for bfloat16 and float16:
+    torch's math decomposition run on the arrays, so that one executable computes what
+    the op-by-op decomposition computes, rounding to the half type where it rounds (Note
+    [Fused SDPA in eager]). Shapes, masks and GQA as ``sdpa_math``."""
     q, k, v = wrap(query), wrap(key), wrap(value)
     mask = None if attn_mask is None else wrap(attn_mask)
     out = aten.scaled_dot_product_attention.default.decompose(
@@ -118,11 +119,16 @@ _SDPA_DECOMPOSED = functional_handler(
 # the mask conversion, _safe_softmax, views, a clone), each its own XLA dispatch in
 # eager. When nothing needs a gradient (inference, torch.no_grad) and there is no
 # dropout, the same math runs as one compiled lowering: ``sdpa_math`` in float32/64;
-# in bfloat16 ``sdpa_decomposed``, the decomposition itself traced into one executable,
-# so every intermediate is rounded to bfloat16 where the op-by-op math path rounds it
-# (bit for bit equal, tests/ops/test_attention.py). float16 keeps the decomposition op by
-# op: traced into one program it differed from op by op in the last bit of about one
-# element in a thousand (XLA:CPU fusing float16 conversions; not diagnosed further).
+# in bfloat16 and float16 ``sdpa_decomposed``, the decomposition itself traced into one
+# executable (torch's math path computes half inputs in float32 and rounds once at the
+# end), so the rounding to the half type happens where the op-by-op path rounds. The
+# float32 intermediates are XLA's, not always bit for bit the op-by-op ones: in one
+# program XLA:CPU folds the transpose of the keys into the q.k^T product and runs that
+# dot on the untransposed layout, a different summation order (a (2, 7, 128) x
+# (2, 128, 300) float32 product differed in the last bit in 3,537 of 4,200 elements).
+# After the rounding to the half type that leaves about 1 element in 10,000 (float16) or
+# 70,000 (bfloat16) one unit apart from the op-by-op result, on sequences of 37 keys
+# and more; the shorter cases of tests/ops/test_attention.py are bit for bit equal.
 # Calls needing autograd, dropout, fake tensors (torch.compile tracing), or unusual
 # arguments (mixed dtypes; a mask together with is_causal where CPU's flash kernel would
 # not take the call, see ``causal_into_mask``: torch raises there) keep the
@@ -140,7 +146,7 @@ def fused_sdpa_applies(query, key, value, attn_mask, dropout_p, is_causal) -> bo
         return False
     if min(query.dim(), key.dim(), value.dim()) < 2:
         return False
-    if dt == torch.bfloat16 and key.shape[-2] == 0:
+    if dt in _HALF and key.shape[-2] == 0:
         return False  # traced, an empty sum came out -0.0 where op by op gives +0.0
     return attn_mask is None or attn_mask.dtype in (torch.bool, dt)
 
@@ -181,7 +187,7 @@ def fused_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     ``fused_sdpa_applies``. Called from SDPA's Autograd kernel, above the Python dispatch
     key, so it enters x64 as ``JaxTensor.__torch_dispatch__`` does for every op."""
     token = x64_enter()
-    fused = _SDPA_DECOMPOSED if query.dtype == torch.bfloat16 else _SDPA_MATH
+    fused = _SDPA_DECOMPOSED if query.dtype in _HALF else _SDPA_MATH
     try:
         args = (query, key, value, attn_mask, dropout_p, is_causal)
         return fused(args, {"scale": scale, "enable_gqa": enable_gqa})
