@@ -80,6 +80,14 @@ def clear_staging_caches() -> None:
 _SINGLE: dict = {}
 
 
+def plain_eager() -> bool:
+    """True outside every jax trace and mesh context: where a concrete single-device
+    array may be passed to a jitted function as an argument of its own (inside a trace
+    it becomes a constant of the outer program; under a mesh it would carry the mesh's
+    sharding). ``jax._src.core.trace_state_clean`` is private."""
+    return _core.trace_state_clean() and jax.sharding.get_abstract_mesh().empty
+
+
 def put_host(host, device=None) -> jax.Array:
     """``jax.device_put(host, device)`` for a NumPy array and a jax device (or None: the
     default device, uncommitted), through jax's own transfer call."""

@@ -8,6 +8,8 @@ op by op (registry.py) and inside its compiled executable (ops/cached_compute.py
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -15,6 +17,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from torchjax._compat.jax import plain_eager, put_host
 from torchjax._compat.torch import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 from torchjax.tensor import dtypes
 
@@ -145,6 +148,44 @@ def cast(x, dtype):
         # astype wraps out-of-range ints (uint8 + -1) as torch does; asarray(dtype=) raises.
         return np.asarray(x).astype(dtype)
     return x
+
+
+# Note [Python numbers as device scalars]
+# A Python number in a promoted position (``x * 0.5``, ``x + 1``, an eps) is an argument
+# of the op's executable (not a constant: the program is shared by every value). Handed
+# over as a NumPy scalar, each call pays the conversion and a host-to-device transfer
+# (about 3 us of a 1x1 multiply's 20); models repeat a few numbers (scales, eps, 1, -1),
+# so the 0-d device array of each (type, value, dtype) is kept and passed instead. A
+# float's key carries its sign (-0.0 == 0.0 as a key) and NaN is never kept (it misses
+# every lookup); complex numbers are converted per call. Only plain eager calls take
+# them: inside a trace (``torchjax.jit``) a device array would be a constant of the
+# outer program, which jax passes as an extra argument (a NumPy scalar is a literal),
+# and under a mesh it would be placed by the mesh. The arrays are never donated (only
+# state buffers are: torchjax/compile/_donate.py).
+_SCALAR_ARRAYS: dict = {}
+_MAX_SCALAR_ARRAYS = 4096
+
+
+def scalar_argument(x, dtype):
+    """Python number ``x`` as the 0-d argument of computation dtype ``dtype`` (see the
+    Note above): a kept device array, or ``cast(x, dtype)``."""
+    if not plain_eager():
+        return cast(x, dtype)
+    if isinstance(x, float):
+        if x != x:
+            return cast(x, dtype)
+        key = (x.__class__, x, dtype, math.copysign(1.0, x))
+    elif isinstance(x, complex):
+        return cast(x, dtype)
+    else:
+        key = (x.__class__, x, dtype)
+    arr = _SCALAR_ARRAYS.get(key)
+    if arr is None:
+        arr = put_host(cast(x, dtype))
+        if len(_SCALAR_ARRAYS) >= _MAX_SCALAR_ARRAYS:
+            _SCALAR_ARRAYS.clear()
+        _SCALAR_ARRAYS[key] = arr
+    return arr
 
 
 def cast_in(x, compute, inputs, exact=False):
