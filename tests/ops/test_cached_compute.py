@@ -480,3 +480,52 @@ def test_ops_on_views_at_many_offsets_trace_once():
         torch.testing.assert_close((t[:, i] * 2.5).cpu(), x[:, i] * 2.5)
     mul = _calls(aten.mul.Tensor)
     assert mul["calls"] == 14 and mul["traces"] == 1 and mul["op_by_op"] == 0
+
+
+def test_lists_of_tensors_take_the_fast_path(slow):
+    # cat's inputs and index lists: after the first call of a signature, a lookup by each
+    # tensor's (dtype, size), None entries kept; equal to CPU, results and writes.
+    base = torch.arange(24.0).reshape(4, 6)
+    idx, rows, cols = torch.tensor([2, 0, 3]), torch.tensor([1, 1]), torch.tensor([5, 0])
+    vals = torch.tensor([-1.0, -2.0, -3.0])
+
+    def calls(t, i, r, c, v):
+        w = t.clone()
+        w.index_put_((i,), v.unsqueeze(1).expand(3, 6).contiguous())
+        return [
+            torch.cat([t, t * 2], 0),
+            torch.stack((t, t + 1)),
+            t[i],
+            t[:, i],
+            t[r, c],
+            w,
+        ]
+
+    tpu = [a.to(TPU) for a in (base, idx, rows, cols, vals)]
+    for t in tpu:
+        t + 0  # each value at hand
+    calls(*tpu)
+    before = len(slow)
+    got = calls(*tpu)
+    fast = len(slow) - before
+    want = calls(base, idx, rows, cols, vals)
+    assert len(got) == len(want) == 6
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and torch.equal(g.cpu(), w)
+    # No list takes the template (the clone and the expanded view may).
+    assert aten.cat.default not in slow[before:] and aten.stack.default not in slow[before:]
+    assert aten.index.Tensor not in slow[before:], slow[before:]
+    assert aten.index_put_.default not in slow[before:], slow[before:]
+    assert fast < 6
+
+
+def test_a_mask_or_a_view_in_an_index_list_takes_the_template(slow):
+    base = torch.arange(12.0).reshape(3, 4)
+    tpu = base.to(TPU)
+    mask = torch.tensor([True, False, True])
+    cols = torch.tensor([[3, 1], [0, 2]])
+    for _ in range(2):
+        got_mask = tpu[mask.to(TPU)]
+        got_view = tpu[:, cols.to(TPU).t()]
+    assert torch.equal(got_mask.cpu(), base[mask])
+    assert torch.equal(got_view.cpu(), base[:, cols.t()])

@@ -37,9 +37,11 @@ runs every eligible lowering, together with the promotion casts around it, as on
   exact type and each static value's template entry (``_fast_key``), skipping the
   template; it determines the full key, so it never finds another call's executable.
   A tensor whose storage holds a value recorded in fused eager mode is looked up the
-  same way. Anything else (lists of tensors, keyword arguments, random ops, tensors whose
-  array is not made yet) builds the template. Half the ops of a transformer forward take a view
-  (a reshape, a transpose, a slice of the rotary cache).
+  same way. A list of tensors whose values are at hand (or None), such as ``cat``'s
+  inputs or an index list, is keyed by each one's (dtype, size), its arrays passed in
+  order. Anything else (keyword arguments, random ops, views or masks in a list, tensors
+  whose array is not made yet) builds the template. Half the ops of a transformer
+  forward take a view (a reshape, a transpose, a slice of the rotary cache).
 
 Note [Views in keys whose shapes vary]
 A key that reads a view inside is built for the view's layout, and the executable for
@@ -168,6 +170,9 @@ _MASK_INDEXED = frozenset(
     {_aten.index.Tensor, _aten.index_put.default, _aten._index_put_impl.default}
 )
 _MASK_DTYPES = frozenset({torch.bool, torch.uint8})
+# The fast key's marker of a list of tensors, and the template entry of None.
+_TENSORS = object()
+_NONE_ENTRY = static(None)
 
 
 def compilable(func, entry) -> bool:
@@ -355,10 +360,17 @@ class CompiledCompute:
                 else:
                     # A static argument (eps, a dim list): keyed by its template entry.
                     part = static_entry(a)
+                    if part is not None:
+                        sig.append(part)
+                        sig.append(STATIC)
+                        continue
+                    # A list of tensors (cat's inputs, an index list): keyed by each
+                    # one's (dtype, size), their arrays passed in order.
+                    part = self._fast_tensors(a, vals) if cls is list or cls is tuple else None
                     if part is None:
                         break
                     sig.append(part)
-                    sig.append(STATIC)
+                    sig.append(_TENSORS)
             else:
                 run = self.tensor_cache.get(tuple(sig))
                 if run is not None:
@@ -367,7 +379,7 @@ class CompiledCompute:
                         for j in scalars:
                             if self.checked:
                                 self.policy.check_number(vals[j], run.dts[1])
-                            vals[j] = promotion.cast(vals[j], compute_dt)
+                            vals[j] = promotion.scalar_argument(vals[j], compute_dt)
                     try:
                         _budget.touch(run)
                     except KeyError:  # evicted by another thread just now
@@ -384,6 +396,40 @@ class CompiledCompute:
                     self.info.calls += 1
                     return _checks.finish(out)
         return self._call(args, kwargs)
+
+    def _fast_tensors(self, seq, vals):
+        """``(type, ((dtype, size) or None, ...))`` of a list of tpu tensors whose values
+        are at hand (or None entries), their arrays appended to ``vals``; None for any
+        other list (views still to read, masks of an indexing op, CPU tensors)."""
+        parts = []
+        for y in seq:
+            if y is None:
+                parts.append(None)
+                continue
+            if y.__class__ is not JaxTensor:
+                return None
+            if self.masks and y.dtype in _MASK_DTYPES:
+                return None
+            storage = y._storage
+            if y._cache_version == storage.version:
+                vals.append(y._cache)
+            else:
+                size, stride, offset = y._size, y._stride, y._offset
+                if not (
+                    storage.covers(size, stride, offset) and stride == contiguous_strides(size)
+                ):
+                    return None
+                lazy = storage.lazy
+                if lazy is None:
+                    arr = storage.arr
+                    y._cache, y._cache_version = arr, storage.version
+                elif lazy.__class__ is _fused.Pending and _fused.recording():
+                    arr = lazy  # a recorded value (Note [Fused eager])
+                else:
+                    return None
+                vals.append(arr)
+            parts.append((y.dtype, y._size))
+        return (seq.__class__, tuple(parts))
 
     def _op_by_op(self, args, kwargs):
         self.info.op_by_op += 1
@@ -441,7 +487,7 @@ class CompiledCompute:
             for j in scalars:
                 if self.checked:
                     self.policy.check_number(dyn[j], dts[1])
-                dyn[j] = promotion.cast(dyn[j], compute_dt)
+                dyn[j] = promotion.scalar_argument(dyn[j], compute_dt)
         try:
             if _fused.ACTIVE[0] and _fused.recording():
                 # Fused eager: recorded, run later with its segment (Note [Fused eager]).
@@ -536,6 +582,17 @@ class CompiledCompute:
             elif e is not ARRAY and static_entry(a) == e:
                 sig.append(e)
                 sig.append(STATIC)
+            elif (cls is list or cls is tuple) and e.__class__ is Seq and e.cls is cls:
+                parts = []
+                for y, ye in zip(a, e.entries):
+                    if y is None and ye == _NONE_ENTRY:
+                        parts.append(None)
+                    elif y.__class__ is JaxTensor and ye is ARRAY:
+                        parts.append((y.dtype, y._size))
+                    else:
+                        return None
+                sig.append((cls, tuple(parts)))
+                sig.append(_TENSORS)
             else:
                 return None
         return tuple(sig)
