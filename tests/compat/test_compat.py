@@ -478,3 +478,19 @@ def test_untyped_storage_of_and_awaits_legacy_bytes():
     s = torch.UntypedStorage(4)
     s._torch_load_uninitialized = True
     assert ct.awaits_legacy_bytes(s)
+
+
+def test_plain_eager_is_false_inside_a_trace_and_under_a_mesh():
+    import jax
+
+    from torchjax._compat import jax as cj
+
+    assert cj.plain_eager()
+    seen = []
+    jax.jit(lambda x: seen.append(cj.plain_eager()) or x)(np.ones(2))
+    jax.make_jaxpr(lambda x: seen.append(cj.plain_eager()) or x)(np.ones(2))
+    assert seen == [False, False]
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+    with jax.set_mesh(mesh):
+        assert not cj.plain_eager()
+    assert cj.plain_eager()
