@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental.pallas import triton as pltriton
 
-from torchjax.pallas import _flash, _ragged, kernels
+from torchjax.pallas import _ragged, _tiling, kernels
 
 BF16 = jnp.bfloat16
 _TPU = jax.sharding.AbstractMesh(
@@ -27,8 +27,9 @@ _TPU = jax.sharding.AbstractMesh(
 @pytest.fixture(params=["cuda", "tpu"])
 def platform(request, monkeypatch):
     if request.param == "cuda":
-        # What compiler_params() returns when jax's default backend is a GPU.
-        for module in (_flash, _ragged):
+        # What platform() says when jax's default backend is a GPU.
+        monkeypatch.setattr(_tiling, "platform", lambda interpret: "gpu")
+        for module in (_ragged,):
             monkeypatch.setattr(module, "compiler_params", pltriton.CompilerParams)
     return request.param
 
@@ -39,13 +40,16 @@ def _lower(platform, fn, *shapes):
         return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
 
 
-def test_flash_attention_forward_and_backward_lower(platform):
-    def loss(q, k, v):
-        out = kernels.flash_attention(q, k, v, causal=True, interpret=False)
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "bool-mask"])
+def test_flash_attention_forward_and_backward_lower(platform, masked):
+    # Production shapes: several blocks of the platform's default sizes per sequence, GQA.
+    def loss(q, k, v, *mask):
+        out = kernels.flash_attention(q, k, v, *mask, causal=not masked, interpret=False)
         return out.astype(jnp.float32).sum()
 
-    q, kv = ((1, 4, 128, 128), BF16), ((1, 2, 128, 128), BF16)
-    text = _lower(platform, jax.grad(loss, argnums=(0, 1, 2)), q, kv, kv)
+    q, kv = ((1, 4, 2048, 128), BF16), ((1, 2, 2048, 128), BF16)
+    mask = [((1, 1, 2048, 2048), jnp.bool_)] if masked else []
+    text = _lower(platform, jax.grad(loss, argnums=(0, 1, 2)), q, kv, kv, *mask)
     for name in ("fwd", "dq", "dkv"):
         assert f"torchjax_flash_attention_{name}" in text
 
