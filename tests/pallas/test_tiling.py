@@ -57,3 +57,21 @@ def test_flash_attention_at_32k_fits_vmem(masked, monkeypatch):
     memory = program_memory(jax.grad(loss, argnums=(0, 1, 2)), q, kv, kv, *mask)
     assert set(memory) == {f"torchjax_flash_attention_{n}" for n in ("fwd", "dq", "dkv")}
     assert max(memory.values()) < VMEM_BUDGET, memory
+
+
+@pytest.mark.parametrize(
+    "k, n, transpose_rhs", [(4096, 2816, False), (1408, 4096, True)], ids=["up", "down"]
+)
+def test_ragged_dot_64_experts_d_model_4096_fits_vmem(k, n, transpose_rhs, monkeypatch):
+    monkeypatch.setattr(_tiling, "platform", lambda interpret: "tpu")
+    lhs = jax.ShapeDtypeStruct((16384, k), BF16)
+    rhs = jax.ShapeDtypeStruct((64, n, k) if transpose_rhs else (64, k, n), BF16)
+    sizes = jax.ShapeDtypeStruct((64,), jnp.int32)
+
+    def loss(a, b, s):
+        out = kernels.ragged_dot(a, b, s, transpose_rhs=transpose_rhs, interpret=False)
+        return out.astype(jnp.float32).sum()
+
+    memory = program_memory(jax.grad(loss, argnums=(0, 1)), lhs, rhs, sizes)
+    assert set(memory) == {"torchjax_ragged_dot", "torchjax_ragged_dot_tgmm"}
+    assert max(memory.values()) < VMEM_BUDGET, memory
