@@ -11,16 +11,17 @@ A Pallas call is compiled for one of three targets, and the kernels differ betwe
   blocks (twice each) and the scratch, padded to the (sublane, 128-lane) tiles VMEM is
   laid out in; it must fit the scoped VMEM limit (16 MiB by default on v5e).
 - "gpu" (Triton): each grid program is an independent thread block, and jax 0.10.2's
-  Triton lowering has no scratch operands ("scratch memory not implemented in the Triton
-  backend"): a reduction cannot span grid steps. There a kernel walks its reduction in a
-  ``fori_loop``; a BlockSpec only offsets a pointer into global memory and ``ref[pl.ds(...)]``
-  loads one tile into registers/shared memory, so a block spanning the whole sequence
-  costs nothing by itself: per-program memory is the tiles loaded, bounded by the block
-  sizes as well.
+  Triton lowering has neither scratch operands ("scratch memory not implemented in the
+  Triton backend") nor scalar prefetch: a reduction cannot span grid steps. There a
+  kernel walks its reduction in a ``fori_loop``; a BlockSpec only offsets a pointer into
+  global memory and ``ref[pl.ds(...)]`` loads one tile into registers/shared memory, so
+  a block spanning the whole sequence costs nothing by itself: per-program memory is
+  the tiles loaded, bounded by the block sizes as well.
 - "interpret" (CPU): jax's interpreter runs the grid as a loop over the same kernel
-  bodies; scratch works there. Interpret mode runs the TPU form of every kernel (the form
-  that has a grid reduction), so CPU tests exercise what Mosaic compiles; the GPU form is
-  tested in interpret mode by asking for it explicitly.
+  bodies; scratch works there, declared backend-neutrally (``pl.MemorySpace.DEFAULT``).
+  Interpret mode runs the TPU form of every kernel (the form with a grid reduction), so
+  CPU tests exercise what Mosaic compiles; tests run the GPU form in interpret mode by
+  asking for it.
 
 The block-size table below gives each platform's defaults. They are starting points
 chosen to fit memory (:func:`program_memory`) with MXU/tensor-core friendly shapes, not
@@ -33,6 +34,7 @@ import math
 
 import jax
 import numpy as np
+from jax.experimental import pallas as pl
 
 from torchjax._compat.jax import pallas_call_buffers
 
@@ -105,12 +107,16 @@ def compiler_params(plat: str, semantics: tuple[str, ...] | None = None):
 
 
 def scratch(plat: str, shape: tuple[int, ...], dtype):
-    """A scratch buffer for the TPU and interpret forms (``pltpu.VMEM``: the interpreter
-    only reads its shape and dtype)."""
-    from jax.experimental.pallas import tpu as pltpu
+    """A scratch buffer: ``pltpu.VMEM`` on TPU; in interpret mode the backend-neutral
+    ``pl.MemorySpace.DEFAULT`` (the interpreter reads only its shape and dtype; Mosaic
+    would place it in VMEM too). Triton has none (Note [Kernel platforms])."""
+    if plat == "tpu":
+        from jax.experimental.pallas import tpu as pltpu
 
-    del plat
-    return pltpu.VMEM(shape, dtype)
+        return pltpu.VMEM(shape, dtype)
+    if plat == "interpret":
+        return pl.MemorySpace.DEFAULT(shape, dtype)
+    raise ValueError(f"torchjax.pallas: no scratch memory on platform {plat!r} (Triton)")
 
 
 def _tiled_bytes(shape: tuple[int, ...], dtype) -> int:
