@@ -65,8 +65,14 @@ def _split(refs, has_mask, n_out):
 # -- grid form ----------------------------------------------------------------------------
 
 
+def _load(ins, mask):
+    """A grid program's blocks, in :func:`dq_tile`'s argument order."""
+    q, k, v, do, lse, delta = (r[...] for r in ins)
+    return q, k, v, None if mask is None else mask[...], do, lse, delta
+
+
 def _dq_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
-    (q, k, v, do, lse, delta), mask, (dq_ref,), (acc,) = _split(refs, has_mask, 1)
+    ins, mask, (dq_ref,), (acc,) = _split(refs, has_mask, 1)
     i, j = pl.program_id(2), pl.program_id(3)
 
     @pl.when(j == 0)
@@ -74,10 +80,8 @@ def _dq_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
         acc[...] = jnp.zeros(acc.shape, F32)
 
     def step():
-        acc[...] += dq_tile(
-            q[...], k[...], v[...], None if mask is None else mask[...], do[...], lse[...],
-            delta[...], scale=scale, causal=causal, q_start=i * block_q, k_start=j * block_k,
-        )  # fmt: skip
+        starts = dict(q_start=i * block_q, k_start=j * block_k)
+        acc[...] += dq_tile(*_load(ins, mask), scale=scale, causal=causal, **starts)
 
     if causal:
         pl.when(j <= last_key_block(i, block_q, block_k))(step)
@@ -90,7 +94,7 @@ def _dq_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
 
 
 def _dkv_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
-    (q, k, v, do, lse, delta), mask, (dk_ref, dv_ref), (dk_acc, dv_acc) = _split(refs, has_mask, 2)
+    ins, mask, (dk_ref, dv_ref), (dk_acc, dv_acc) = _split(refs, has_mask, 2)
     j, g, i = pl.program_id(2), pl.program_id(3), pl.program_id(4)
 
     @pl.when((g == 0) & (i == 0))
@@ -99,10 +103,8 @@ def _dkv_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
         dv_acc[...] = jnp.zeros(dv_acc.shape, F32)
 
     def step():
-        dk, dv = dkv_tile(
-            q[...], k[...], v[...], None if mask is None else mask[...], do[...], lse[...],
-            delta[...], scale=scale, causal=causal, q_start=i * block_q, k_start=j * block_k,
-        )  # fmt: skip
+        starts = dict(q_start=i * block_q, k_start=j * block_k)
+        dk, dv = dkv_tile(*_load(ins, mask), scale=scale, causal=causal, **starts)
         dk_acc[...] += dk
         dv_acc[...] += dv
 
@@ -232,10 +234,9 @@ def _dq_loop_kernel(*refs, scale, causal, block_q, block_k, seq_k, has_mask):
         start = pl.multiple_of(j * block_k, block_k)
         cols = pl.ds(start, block_k)
         bias = mask_ref[:, cols] if has_mask else None
-        return acc + dq_tile(
-            q, k_ref[cols, :], v_ref[cols, :], bias, do, lse, delta,
-            scale=scale, causal=causal, q_start=i * block_q, k_start=start,
-        )  # fmt: skip
+        k, v = k_ref[cols, :], v_ref[cols, :]
+        starts = dict(q_start=i * block_q, k_start=start)
+        return acc + dq_tile(q, k, v, bias, do, lse, delta, scale=scale, causal=causal, **starts)
 
     dq = lax.fori_loop(0, n_blocks, body, jnp.zeros(dq_ref.shape, F32))
     dq_ref[...] = dq.astype(dq_ref.dtype)
@@ -259,11 +260,10 @@ def _dkv_loop_kernel(*refs, scale, causal, block_q, block_k, seq_q, group, mask_
             start = pl.multiple_of(i * block_q, block_q)
             rows = pl.ds(start, block_q)
             bias = mask_ref[h if mask_heads > 1 else 0, rows, :] if has_mask else None
-            ddk, ddv = dkv_tile(
-                q_ref[h, rows, :], k, v, bias, do_ref[h, rows, :], lse_ref[h, rows, :],
-                delta_ref[h, rows, :], scale=scale, causal=causal, q_start=start,
-                k_start=j * block_k,
-            )  # fmt: skip
+            q, do = q_ref[h, rows, :], do_ref[h, rows, :]
+            lse, delta = lse_ref[h, rows, :], delta_ref[h, rows, :]
+            starts = dict(q_start=start, k_start=j * block_k)
+            ddk, ddv = dkv_tile(q, k, v, bias, do, lse, delta, scale=scale, causal=causal, **starts)
             return carry[0] + ddk, carry[1] + ddv
 
         dk, dv = lax.fori_loop(first, n_q, body, (dk, dv))
