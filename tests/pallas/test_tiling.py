@@ -1,5 +1,6 @@
 """Block-size table and per-program memory (Note [Kernel platforms]): at production sizes
-one program of every kernel fits a TPU v5e core's default scoped VMEM (16 MiB)."""
+one program of every kernel fits 16 MiB (a TPU v5e core's default scoped VMEM), with the
+v5e and the v6e blocks."""
 
 import jax
 import jax.numpy as jnp
@@ -42,9 +43,15 @@ def test_program_memory_counts_double_buffered_tiles():
     }
 
 
+@pytest.fixture(params=["tpu_v5e", "tpu_v6e"])
+def tpu_blocks(request, monkeypatch):
+    """The TPU form with one TPU row of the block table."""
+    monkeypatch.setattr(_tiling, "platform", lambda interpret: "tpu")
+    monkeypatch.setattr(_tiling, "_table_row", lambda plat: _tiling.BLOCKS[request.param])
+
+
 @pytest.mark.parametrize("masked", [False, True], ids=["causal", "bool-mask"])
-def test_flash_attention_at_32k_fits_vmem(masked, monkeypatch):
-    monkeypatch.setattr(_tiling, "platform", lambda interpret: "tpu")  # v5e blocks here
+def test_flash_attention_at_32k_fits_vmem(masked, tpu_blocks):
     s = 32768
     q = jax.ShapeDtypeStruct((1, 8, s, 128), BF16)
     kv = jax.ShapeDtypeStruct((1, 2, s, 128), BF16)
@@ -62,8 +69,7 @@ def test_flash_attention_at_32k_fits_vmem(masked, monkeypatch):
 @pytest.mark.parametrize(
     "k, n, transpose_rhs", [(4096, 2816, False), (1408, 4096, True)], ids=["up", "down"]
 )
-def test_ragged_dot_64_experts_d_model_4096_fits_vmem(k, n, transpose_rhs, monkeypatch):
-    monkeypatch.setattr(_tiling, "platform", lambda interpret: "tpu")
+def test_ragged_dot_64_experts_d_model_4096_fits_vmem(k, n, transpose_rhs, tpu_blocks):
     lhs = jax.ShapeDtypeStruct((16384, k), BF16)
     rhs = jax.ShapeDtypeStruct((64, n, k) if transpose_rhs else (64, k, n), BF16)
     sizes = jax.ShapeDtypeStruct((64,), jnp.int32)
