@@ -92,6 +92,9 @@ def _flash_bwd(causal, scale, blocks, interpret, plat, res, do):
     return dq, dk, dv, None if mask is None else jnp.zeros_like(mask)
 
 
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
 def _blocks(plat, sq, sk, block_q, block_k):
     """(forward block_q, block_k, backward block_q, block_k): the caller's for both, or
     the platform's table (torchjax/pallas/_tiling.py) fitted to Sq and Sk."""
@@ -109,9 +112,6 @@ def _blocks(plat, sq, sk, block_q, block_k):
         bk = _tiling.fit_block(sk, want_k, k_step, whole) if block_k is None else min(block_k, sk)
         out += [bq, bk]
     return tuple(out)
-
-
-_flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def additive_mask(mask, dtype=_F32):

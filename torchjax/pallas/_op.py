@@ -34,12 +34,12 @@ implementation cannot tell autograd's call (grad disabled inside the
 where keeping residuals would only cost memory.
 Where no pullback is kept (``torch.ops.mylib.myop`` called directly; inputs are
 tracers, under ``torchjax.jit``; fake tensors in Dynamo's pass) the backward is a
-second op, ``mylib::myop_backward``, whose tpu
-implementation is ``jax.vjp`` of the function at the saved inputs applied to the output
-cotangents: it recomputes the forward, which keeps the op's schema that of the user's
-function. Inside ``torch.compile``/``torchjax.jit`` training the whole program is
-differentiated by ``jax.vjp`` instead (see torchjax/compile/_dynamo.py), so the
-function's own ``custom_vjp`` runs with its residuals and nothing is recomputed.
+second op, ``mylib::myop_backward``, whose tpu implementation is ``jax.vjp`` of the
+function at the saved inputs applied to the output cotangents: it recomputes the
+forward, which keeps the op's schema that of the user's function. Inside
+``torch.compile``/``torchjax.jit`` training the whole program is differentiated by
+``jax.vjp`` instead (see torchjax/compile/_dynamo.py), so the function's own
+``custom_vjp`` runs with its residuals and nothing is recomputed.
 """
 
 from __future__ import annotations
