@@ -27,11 +27,12 @@ forward that returns the outputs and the pullback (a ``jax.tree_util.Partial`` h
 the residuals: flash attention's log-sum-exp, a custom_vjp's saved values). The pullback
 rides on the first output to ``setup_context``, which moves it into the autograd
 context, and ``backward`` applies it (one compiled call): the forward is not run again.
-The residuals then live as long as the autograd graph, as saved tensors do, and are not
-freed early after ``backward``. The mark is needed because below the Autograd key the
-implementation cannot tell autograd's call (grad disabled inside the
-``autograd.Function``) from a ``torch.no_grad()`` call on parameters that require grad,
-where keeping residuals would only cost memory.
+The residuals live as long as the autograd graph (saved tensors are freed when a
+``backward()`` without ``retain_graph`` ends; these are not, since the backward cannot
+see that flag), so a second ``backward()`` through the op works. The mark is needed
+because below the Autograd key the implementation cannot tell autograd's call (grad
+disabled inside the ``autograd.Function``) from a ``torch.no_grad()`` call on
+parameters that require grad, where keeping residuals would only cost memory.
 Where no pullback is kept (``torch.ops.mylib.myop`` called directly; inputs are
 tracers, under ``torchjax.jit``; fake tensors in Dynamo's pass) the backward is a
 second op, ``mylib::myop_backward``, whose tpu implementation is ``jax.vjp`` of the
