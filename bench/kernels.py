@@ -3,12 +3,13 @@
 Run:  python bench/kernels.py [--quick]
 
 Each row runs one shape three ways, all jitted and warmed up first (compile time shown
-apart): the jnp reference (what torchjax runs without the kernel: the SDPA math path, or
-``jax.lax.ragged_dot``), the Pallas kernel, and CPU torch (``F.scaled_dot_product_attention``,
-or a loop of per-expert ``F.linear``). On CPU the kernel runs in Pallas *interpret mode*,
-which is much slower than the jnp path by construction: there the table checks the
-harness and the numbers (max |kernel - jnp|), not speed. bench/kernels_gpu.py runs the
-same rows compiled on a GPU.
+apart), forward alone and forward + backward (``fwd+bwd`` rows: the gradient of a
+weighted sum, so every backward kernel runs): the jnp reference (what torchjax runs
+without the kernel: the SDPA math path, or ``jax.lax.ragged_dot``), the Pallas kernel,
+and CPU torch (``F.scaled_dot_product_attention``, or a loop of per-expert matmuls).
+On CPU the kernel runs in Pallas *interpret mode*, which is much slower than the jnp
+path by construction: there the table checks the harness and the numbers (max |kernel -
+jnp|), not speed. bench/kernels_gpu.py runs larger rows compiled on a GPU.
 """
 
 from __future__ import annotations
@@ -45,7 +46,29 @@ def _timed(fn, *args, runs):
     return out, us, compile_s
 
 
-def attention_rows(shapes, runs, interpret=None):
+def _loss_grad(fn, ct, argnums):
+    """``fn``'s gradient of ``sum(fn(*a) * ct)``: forward and backward kernels together."""
+    return jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32) * ct), argnums=argnums)
+
+
+def _max_err(out, ref) -> float:
+    pairs = zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref))
+    return max(float(jnp.abs(o.astype(jnp.float32) - r).max()) for o, r in pairs)
+
+
+def _torch_us(fn, tensors, grad, runs):
+    if not grad:
+        return median_us(lambda: fn(*tensors), warmup=2, runs=runs)
+    leaves = [t.detach().requires_grad_() for t in tensors]
+
+    def step():
+        fn(*leaves).sum().backward()
+
+    return median_us(step, warmup=2, runs=runs)
+
+
+def attention_rows(shapes, runs, interpret=None, grad=False):
+    """One row per (B, Hq, Hkv, S, D, causal) shape; ``grad`` times forward + backward."""
     rng = np.random.default_rng(0)
     rows = []
     for b, hq, hkv, s, d, causal in shapes:
@@ -53,49 +76,61 @@ def attention_rows(shapes, runs, interpret=None):
         k = rng.standard_normal((b, hkv, s, d), np.float32)
         v = rng.standard_normal((b, hkv, s, d), np.float32)
         args = [jnp.asarray(x) for x in (q, k, v)]
-        ref, ref_us, _ = _timed(
-            lambda *a, c=causal: kernels.attention_reference(*a, causal=c), *args, runs=runs
-        )
-        out, k_us, k_compile = _timed(
-            lambda *a, c=causal: kernels.flash_attention(*a, causal=c, interpret=interpret),
-            *args,
-            runs=runs,
-        )
+
+        def ref_fn(*a, c=causal):
+            return kernels.attention_reference(*a, causal=c)
+
+        def kernel_fn(*a, c=causal):
+            return kernels.flash_attention(*a, causal=c, interpret=interpret)
+
+        if grad:
+            ct = jnp.asarray(rng.standard_normal((b, hq, s, d), np.float32))
+            ref_fn, kernel_fn = (_loss_grad(f, ct, (0, 1, 2)) for f in (ref_fn, kernel_fn))
+        ref, ref_us, _ = _timed(ref_fn, *args, runs=runs)
+        out, k_us, k_compile = _timed(kernel_fn, *args, runs=runs)
         tensors = [torch.from_numpy(x) for x in (q, k, v)]
-        cpu_us = median_us(
-            lambda t=tensors, c=causal: F.scaled_dot_product_attention(
-                *t, is_causal=c, enable_gqa=True
-            ),
-            warmup=2,
-            runs=runs,
-        )
-        err = float(jnp.abs(out - ref).max())
+
+        def sdpa(*t, c=causal):
+            return F.scaled_dot_product_attention(*t, is_causal=c, enable_gqa=True)
+
+        # CPU torch materialises the (S, S) scores per head: skipped on long rows.
+        cpu_us = _torch_us(sdpa, tensors, grad, runs) if s <= 4096 else "skipped"
         name = f"attention B{b} H{hq}/{hkv} S{s} D{d}{' causal' if causal else ''}"
-        rows.append((name, ref_us, k_us, cpu_us, k_compile, err))
+        name += " fwd+bwd" if grad else ""
+        rows.append((name, ref_us, k_us, cpu_us, k_compile, _max_err(out, ref)))
     return rows
 
 
-def ragged_rows(shapes, runs, interpret=None):
+def ragged_rows(shapes, runs, interpret=None, grad=False):
+    """One row per (M, K, N, G) shape; ``grad`` times forward + backward."""
     rng = np.random.default_rng(1)
     rows = []
     for m, k, n, g in shapes:
         sizes = np.bincount(rng.integers(0, g, m), minlength=g).astype(np.int32)
         lhs = rng.standard_normal((m, k), np.float32)
         rhs = rng.standard_normal((g, k, n), np.float32)
-        args = [jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(sizes)]
-        ref, ref_us, _ = _timed(kernels.ragged_dot_reference, *args, runs=runs)
-        out, k_us, k_compile = _timed(
-            lambda *a: kernels.ragged_dot(*a, interpret=interpret), *args, runs=runs
-        )
-        tl, tr = torch.from_numpy(lhs), torch.from_numpy(rhs)
+        group_sizes = jnp.asarray(sizes)
+        args = [jnp.asarray(lhs), jnp.asarray(rhs)]
+
+        def ref_fn(a, w):
+            return kernels.ragged_dot_reference(a, w, group_sizes)
+
+        def kernel_fn(a, w):
+            return kernels.ragged_dot(a, w, group_sizes, interpret=interpret)
+
+        if grad:
+            ct = jnp.asarray(rng.standard_normal((m, n), np.float32))
+            ref_fn, kernel_fn = (_loss_grad(f, ct, (0, 1)) for f in (ref_fn, kernel_fn))
+        ref, ref_us, _ = _timed(ref_fn, *args, runs=runs)
+        out, k_us, k_compile = _timed(kernel_fn, *args, runs=runs)
         bounds = np.concatenate([[0], np.cumsum(sizes)])
 
-        def torch_loop(tl=tl, tr=tr, bounds=bounds, g=g):
+        def torch_loop(tl, tr, bounds=bounds, g=g):
             return torch.cat([tl[bounds[e] : bounds[e + 1]] @ tr[e] for e in range(g)])
 
-        cpu_us = median_us(torch_loop, warmup=2, runs=runs)
-        err = float(jnp.abs(out - ref).max())
-        rows.append((f"ragged_dot M{m} K{k} N{n} G{g}", ref_us, k_us, cpu_us, k_compile, err))
+        cpu_us = _torch_us(torch_loop, [torch.from_numpy(lhs), torch.from_numpy(rhs)], grad, runs)
+        name = f"ragged_dot M{m} K{k} N{n} G{g}" + (" fwd+bwd" if grad else "")
+        rows.append((name, ref_us, k_us, cpu_us, k_compile, _max_err(out, ref)))
     return rows
 
 
@@ -116,8 +151,10 @@ def print_table(title, rows, kernel_label):
 def main(argv=None):
     quick = "--quick" in (argv if argv is not None else sys.argv[1:])
     runs = 5 if quick else 20
-    rows = attention_rows(ATTENTION_QUICK if quick else ATTENTION, runs)
-    rows += ragged_rows(RAGGED_QUICK if quick else RAGGED, runs)
+    rows = []
+    for grad in (False, True):
+        rows += attention_rows(ATTENTION_QUICK if quick else ATTENTION, runs, grad=grad)
+        rows += ragged_rows(RAGGED_QUICK if quick else RAGGED, runs, grad=grad)
     mode = "interpret" if jax.default_backend() == "cpu" else "compiled"
     print_table("Pallas kernels vs jnp path", rows, f"Pallas kernel ({mode})")
 

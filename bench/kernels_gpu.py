@@ -19,8 +19,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from bench import kernels  # noqa: E402
 
 # Larger than the CPU rows: compiled kernels are cheap to run, and small shapes measure
-# launch overhead only.
-ATTENTION = [(4, 16, 4, 1024, 64, True), (4, 16, 16, 2048, 128, False)]
+# launch overhead only. The 8K row is the long-sequence case the tiled kernels are for.
+# Every row runs forward and forward + backward (all five kernels); about 20 compiles of
+# a few seconds each and 22 runs per row keep the script within a few minutes.
+ATTENTION = [(4, 16, 4, 1024, 64, True), (4, 16, 16, 2048, 128, False), (1, 8, 2, 8192, 128, True)]
 RAGGED = [(4096, 1024, 2048, 8), (16384, 2048, 1024, 64)]
 
 
@@ -41,13 +43,15 @@ def main(argv=None):
         return 0
     quick = "--quick" in argv
     runs = 5 if quick else 20
+    rows = []
     with jax.default_device(gpus[0]):
-        rows = kernels.attention_rows(
-            kernels.ATTENTION_QUICK if quick else ATTENTION, runs, interpret=False
-        )
-        rows += kernels.ragged_rows(
-            kernels.RAGGED_QUICK if quick else RAGGED, runs, interpret=False
-        )
+        for grad in (False, True):
+            rows += kernels.attention_rows(
+                kernels.ATTENTION_QUICK if quick else ATTENTION, runs, interpret=False, grad=grad
+            )
+            rows += kernels.ragged_rows(
+                kernels.RAGGED_QUICK if quick else RAGGED, runs, interpret=False, grad=grad
+            )
     kernels.print_table(f"Pallas kernels on {gpus[0].device_kind}", rows, "Pallas (compiled)")
     return 0
 

@@ -10,9 +10,8 @@ import contextlib
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.experimental.pallas import triton as pltriton
 
-from torchjax.pallas import _flash, _ragged, kernels
+from torchjax.pallas import _tiling, kernels
 
 BF16 = jnp.bfloat16
 _TPU = jax.sharding.AbstractMesh(
@@ -27,9 +26,8 @@ _TPU = jax.sharding.AbstractMesh(
 @pytest.fixture(params=["cuda", "tpu"])
 def platform(request, monkeypatch):
     if request.param == "cuda":
-        # What compiler_params() returns when jax's default backend is a GPU.
-        for module in (_flash, _ragged):
-            monkeypatch.setattr(module, "compiler_params", pltriton.CompilerParams)
+        # What platform() says when jax's default backend is a GPU.
+        monkeypatch.setattr(_tiling, "platform", lambda interpret: "gpu")
     return request.param
 
 
@@ -39,26 +37,33 @@ def _lower(platform, fn, *shapes):
         return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
 
 
-def test_flash_attention_forward_and_backward_lower(platform):
-    def loss(q, k, v):
-        out = kernels.flash_attention(q, k, v, causal=True, interpret=False)
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "bool-mask"])
+def test_flash_attention_forward_and_backward_lower(platform, masked):
+    # Production shapes: several blocks of the platform's default sizes per sequence, GQA.
+    def loss(q, k, v, *mask):
+        out = kernels.flash_attention(q, k, v, *mask, causal=not masked, interpret=False)
         return out.astype(jnp.float32).sum()
 
-    q, kv = ((1, 4, 128, 128), BF16), ((1, 2, 128, 128), BF16)
-    text = _lower(platform, jax.grad(loss, argnums=(0, 1, 2)), q, kv, kv)
+    q, kv = ((1, 4, 2048, 128), BF16), ((1, 2, 2048, 128), BF16)
+    mask = [((1, 1, 2048, 2048), jnp.bool_)] if masked else []
+    text = _lower(platform, jax.grad(loss, argnums=(0, 1, 2)), q, kv, kv, *mask)
     for name in ("fwd", "dq", "dkv"):
         assert f"torchjax_flash_attention_{name}" in text
 
 
-def test_ragged_dot_forward_and_backward_lower(platform):
+@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["gkn", "gnk"])
+def test_ragged_dot_forward_and_backward_lower(platform, transpose_rhs):
+    # Production blocks: several m, k and n tiles, 64 experts.
     def loss(lhs, rhs, sizes):
-        return kernels.ragged_dot(lhs, rhs, sizes, interpret=False).astype(jnp.float32).sum()
+        out = kernels.ragged_dot(lhs, rhs, sizes, transpose_rhs=transpose_rhs, interpret=False)
+        return out.astype(jnp.float32).sum()
 
+    rhs = (64, 2048, 1024) if transpose_rhs else (64, 1024, 2048)
     text = _lower(
         platform,
         jax.grad(loss, argnums=(0, 1)),
-        ((128, 128), BF16),
-        ((8, 128, 256), BF16),
-        ((8,), jnp.int32),
+        ((2048, 1024), BF16),
+        (rhs, BF16),
+        ((64,), jnp.int32),
     )
     assert "torchjax_ragged_dot" in text and "torchjax_ragged_dot_tgmm" in text

@@ -103,3 +103,39 @@ def test_unsupported_default_names_the_parameter():
         @tp.op("torchjax_test::bad")
         def bad(x, shape=(1, 2)):
             return x
+
+
+_RUNS = []
+
+
+@tp.op("torchjax_test::counted_sin", outputs=2)
+def counted_sin(x, scale=2.0):
+    jax.debug.callback(lambda: _RUNS.append(1))  # once per run of the forward
+    return jax.numpy.sin(x) * scale, jax.numpy.argmax(x, axis=0)
+
+
+def test_eager_backward_reuses_the_forward_residuals():
+    # Note [Kernel op backward]: the forward keeps its pullback; backward does not run
+    # the function again.
+    x = torch.randn(4, 8)
+    xt = x.to("tpu").requires_grad_()
+    _RUNS.clear()
+    out, idx = counted_sin(xt, 3.0)
+    assert not hasattr(out, "_torchjax_kernel_vjp")  # moved into the autograd context
+    jax.effects_barrier()
+    assert len(_RUNS) == 1
+    (out * out).sum().backward()
+    jax.effects_barrier()
+    assert len(_RUNS) == 1
+    xc = x.clone().requires_grad_()
+    ((xc.sin() * 3.0) ** 2).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+    torch.testing.assert_close(idx.cpu(), x.argmax(0))
+    with torch.no_grad():  # no gradient wanted: the plain call, nothing kept
+        out, _ = counted_sin(xt)
+    assert out.grad_fn is None and not hasattr(out, "_torchjax_kernel_vjp")
+    _RUNS.clear()
+    out, _ = torch.ops.torchjax_test.counted_sin(xt)  # the op itself: backward recomputes
+    out.sum().backward()
+    jax.effects_barrier()
+    assert len(_RUNS) == 2

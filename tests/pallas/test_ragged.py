@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from torchjax import pallas as tp
-from torchjax.pallas import kernels
+from torchjax.pallas import _ragged, _tiling, kernels
 
 _RNG = np.random.default_rng(0)
 M, K, N = 20, 16, 8
@@ -24,23 +24,71 @@ def _arrays(transpose_rhs):
     return lhs, rhs, jnp.asarray(SIZES, jnp.int32), ct
 
 
-@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["gkn", "gnk"])
-def test_kernel_matches_lax_ragged_dot_forward_and_grad(transpose_rhs):
+@pytest.mark.parametrize(
+    "transpose_rhs, blocks, platform",
+    [
+        (False, None, "interpret"),
+        (True, None, "interpret"),
+        (False, (8, 8, 8), "interpret"),  # 3 row tiles, 2 k tiles: the visit schedule
+        (True, (8, 8, 8), "gpu"),  # the loop form Triton compiles, run in interpret mode
+    ],
+    ids=["gkn", "gnk", "gkn-tiled", "gnk-gpu-form"],
+)
+def test_kernel_matches_lax_ragged_dot_forward_and_grad(
+    transpose_rhs, blocks, platform, monkeypatch
+):
+    monkeypatch.setattr(_tiling, "platform", lambda interpret: platform)
     lhs, rhs, sizes, ct = _arrays(transpose_rhs)
 
-    def run(fn):
+    def run(fn, **kw):
         def loss(a, b):
-            out = fn(a, b, sizes, transpose_rhs=transpose_rhs)
+            out = fn(a, b, sizes, transpose_rhs=transpose_rhs, **kw)
             return jnp.sum(out * ct), out
 
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(lhs, rhs)
 
-    (_, out), grads = run(kernels.ragged_dot)
+    (_, out), grads = run(kernels.ragged_dot, blocks=blocks, interpret=True)
     (_, ref), ref_grads = run(kernels.ragged_dot_reference)
     assert jnp.allclose(out, ref, atol=1e-5)
     assert not jnp.any(out[sum(SIZES) :])
     for g, r in zip(grads, ref_grads):
         assert jnp.allclose(g, r, atol=1e-5)
+
+
+_SCHEDULE = jax.jit(_ragged.schedule, static_argnums=(1, 2))
+
+
+@pytest.mark.parametrize("sizes", [[5, 0, 9, 3], [0, 0, 20, 0], [8, 8, 0, 0], [1, 1, 1, 1]])
+def test_schedule_visits_every_row_tile_and_group(sizes):
+    # Note [Ragged dot visit schedule]: within tiles_m + G - 1 visits, every (row tile,
+    # group) pair that shares a row is visited once, in order, and every row tile once
+    # at least.
+    offsets, tiles, groups, firsts, valids, group_firsts = map(
+        np.asarray, _SCHEDULE(jnp.asarray(sizes, jnp.int32), 3, 8)
+    )
+    pairs = [(int(t), int(g)) for t, g, v in zip(tiles, groups, valids) if v]
+    assert pairs == sorted(pairs) and len(set(pairs)) == len(pairs)
+    rows = {(r // 8, g) for g in range(4) for r in range(offsets[g], offsets[g + 1])}
+    assert rows <= set(pairs)
+    assert {t for t, _ in pairs} == {0, 1, 2}
+    assert [t for t, g in pairs if firsts[pairs.index((t, g))]] == [0, 1, 2]
+
+
+def test_long_ragged_dot_matches_reference_with_grads():
+    # M = 4096 rows over 8 experts at the default interpret blocks: 16 row tiles.
+    m, k, n, g = 4096, 32, 32, 8
+    sizes = jnp.asarray(np.bincount(_RNG.integers(0, g, m - 100), minlength=g), jnp.int32)
+    lhs = jnp.asarray(_RNG.standard_normal((m, k)), jnp.float32)
+    rhs = jnp.asarray(_RNG.standard_normal((g, k, n)), jnp.float32)
+
+    def run(fn):
+        loss = lambda a, b: jnp.sum(fn(a, b, sizes) ** 2)  # noqa: E731
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(lhs, rhs)
+
+    (out, grads), (ref, ref_grads) = run(kernels.ragged_dot), run(kernels.ragged_dot_reference)
+    assert jnp.allclose(out, ref, rtol=1e-5)
+    for a, b in zip(grads, ref_grads):
+        assert jnp.allclose(a, b, rtol=1e-4, atol=1e-3), float(jnp.abs(a - b).max())
 
 
 def _torch_reference(lhs, rhs, sizes):

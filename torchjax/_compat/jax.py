@@ -111,3 +111,41 @@ def put_host(host, device=None) -> jax.Array:
             [target],
             device is not None,
         )
+
+
+def pallas_call_buffers(closed_jaxpr) -> list:
+    """Every ``pallas_call`` in ``closed_jaxpr`` (nested jaxprs included), as
+    ``(name, grid, buffers)``; ``buffers`` lists ``(role, shape, dtype, memory_space,
+    buffer_count)`` with ``role`` "in", "out" or "scratch", ``shape`` the block as the
+    kernel sees it (squeezed dims dropped), ``memory_space`` the ref's (None: the
+    backend's default), ``buffer_count`` the BlockSpec's ``pipeline_mode`` buffering (None:
+    the backend's default). The grid mapping is private (jax._src.pallas.core); this is
+    its only reader, checked by tests/pallas/test_tiling.py."""
+    import jax.extend as jex
+
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                gm = eqn.params["grid_mapping"]
+                buffers = []
+                for n, bm in enumerate(gm.block_mappings):
+                    role = "in" if n < gm.num_inputs else "out"
+                    ref = bm.ref_aval
+                    mode = bm.pipeline_mode
+                    count = getattr(mode, "buffer_count", None) if mode is not None else None
+                    space = getattr(ref, "memory_space", None)
+                    buffers.append((role, tuple(ref.shape), ref.dtype, space, count))
+                for aval in gm.scratch_avals:
+                    space = getattr(aval, "memory_space", None)
+                    buffers.append(("scratch", tuple(aval.shape), aval.dtype, space, 1))
+                name = eqn.params.get("name") or getattr(
+                    eqn.params.get("debug_info"), "func_name", "pallas_call"
+                )
+                found.append((str(name), tuple(gm.grid), buffers))
+            for sub in jex.core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(closed_jaxpr.jaxpr)
+    return found

@@ -19,29 +19,47 @@ implementation; the captured FX graph calls ``torch.ops.mylib.myop`` on real (tr
 tpu tensors, i.e. the same handler.
 
 Note [Kernel op backward]
-Autograd is registered with ``torch.library.register_autograd``: the backward is a second
-op, ``mylib::myop_backward``, whose tpu implementation is ``jax.vjp`` of the function at
-the saved inputs applied to the output cotangents. It recomputes the forward inside the
-backward (no residuals cross the torch boundary), which keeps the op's schema that of
-the user's function; kernels whose backward needs forward statistics (flash attention's
-log-sum-exp) recompute them. Inside ``torch.compile``/``torchjax.jit`` training the
-whole program is differentiated by ``jax.vjp`` instead (see torchjax/compile/_dynamo.py),
-so the function's own ``custom_vjp`` runs with its residuals and nothing is recomputed.
+Autograd is registered with ``torch.library.register_autograd``. A call through the
+:class:`KernelOp` in eager mode, with grad enabled and a floating input requiring grad,
+marks the op (a context variable) for its tpu implementation, which then runs
+``jax.vjp`` of the function under ``jax.jit`` instead of the plain call: one compiled
+forward that returns the outputs and the pullback (a ``jax.tree_util.Partial`` holding
+the residuals: flash attention's log-sum-exp, a custom_vjp's saved values). The pullback
+rides on the first output to ``setup_context``, which moves it into the autograd
+context, and ``backward`` applies it (one compiled call): the forward is not run again.
+The residuals live as long as the autograd graph (saved tensors are freed when a
+``backward()`` without ``retain_graph`` ends; these are not, since the backward cannot
+see that flag), so a second ``backward()`` through the op works. The mark is needed
+because below the Autograd key the implementation cannot tell autograd's call (grad
+disabled inside the ``autograd.Function``) from a ``torch.no_grad()`` call on
+parameters that require grad, where keeping residuals would only cost memory.
+Where no pullback is kept (``torch.ops.mylib.myop`` called directly; inputs are
+tracers, under ``torchjax.jit``; fake tensors in Dynamo's pass) the backward is a
+second op, ``mylib::myop_backward``, whose tpu implementation is ``jax.vjp`` of the
+function at the saved inputs applied to the output cotangents: it recomputes the
+forward, which keeps the op's schema that of the user's function. Inside
+``torch.compile``/``torchjax.jit`` training the whole program is differentiated by
+``jax.vjp`` instead (see torchjax/compile/_dynamo.py), so the function's own
+``custom_vjp`` runs with its residuals and nothing is recomputed.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import inspect
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from torchjax._compat.torch import FunctionSchema, pytree
+from torchjax.interop._convert import to_jax
 from torchjax.interop._jax_function import jax_function
 from torchjax.ops.registry import handler
+from torchjax.tensor._tensor import wrap
 from torchjax.tensor.dtypes import to_jax_dtype, to_torch_dtype
 
 _SCALAR_TYPES = {bool: "bool", int: "int", float: "float", str: "str"}
@@ -158,6 +176,21 @@ def _to_struct(x):
     return x
 
 
+def _differentiable(t) -> bool:
+    return (
+        isinstance(t, torch.Tensor)
+        and t.requires_grad
+        and (t.dtype.is_floating_point or t.dtype.is_complex)
+    )
+
+
+# Applies a kept pullback (Note [Kernel op backward]); the Partial's function is part of
+# its pytree structure, so one executable per kernel op and signature.
+_PULL = jax.jit(lambda pullback, cotangents: pullback(cotangents))
+_VJP_ATTR = "_torchjax_kernel_vjp"
+_KEEP_VJP: contextvars.ContextVar = contextvars.ContextVar("torchjax_keep_vjp", default=None)
+
+
 def _bind_backward(names, args, kwargs):
     """``(inputs by name, grads)`` from a ``*_backward`` call (grads come last)."""
     bound = dict(zip(names + ["grads"], args), **kwargs)
@@ -180,6 +213,7 @@ class KernelOp:
         self._tensors = _tensor_arg_names(self.op._schema)
         self._multi = len(self.op._schema.returns) > 1
         self._call = jax_function(fn)
+        self._vjp_calls: dict = {}
         torch.library.register_fake(self.qualname, fake or self._eval_shape_fake, lib=self._lib)
         handler(self.op)(self._tpu)
         self.backward_op = None
@@ -189,16 +223,59 @@ class KernelOp:
         self.__doc__ = fn.__doc__
 
     def __call__(self, *args, **kwargs):
-        return self.op(*args, **kwargs)
+        if self.backward_op is None or torch.compiler.is_compiling() or not torch.is_grad_enabled():
+            return self.op(*args, **kwargs)
+        token = _KEEP_VJP.set(self)  # Note [Kernel op backward]
+        try:
+            return self.op(*args, **kwargs)
+        finally:
+            _KEEP_VJP.reset(token)
 
     # -- tpu implementation (Note [How a kernel op reaches jax]) ------------------------
 
     def _tpu(self, args, kwargs):
+        if _KEEP_VJP.get() is self:
+            out = self._forward_keeping_vjp(args, kwargs)
+            if out is not None:
+                return out
         # No torch autograd below the Autograd key: jax_function's own VJP path must
         # stay off (register_autograd owns the backward).
         with torch.no_grad():
             out = self._call(*args, **kwargs)
         return tuple(out) if self._multi else out
+
+    def _forward_keeping_vjp(self, args, kwargs):
+        """The outputs, the pullback riding on the first (Note [Kernel op backward]); None
+        when no input needs a gradient or the inputs are traced."""
+        bound = dict(zip(self._names, args), **kwargs)
+        diff = tuple(n for n in self._tensors if _differentiable(bound.get(n)))
+        if not diff:
+            return None
+        arrays = {n: to_jax(bound[n]) for n in self._tensors if bound.get(n) is not None}
+        if any(isinstance(a, jax.core.Tracer) for a in arrays.values()):
+            return None
+        static = tuple((n, v) for n, v in bound.items() if n not in arrays)
+        key = (diff, tuple(arrays), static)
+        fwd = self._vjp_calls.get(key)
+        if fwd is None:
+            fwd = self._vjp_calls[key] = self._make_vjp(diff, dict(static))
+        others = {n: a for n, a in arrays.items() if n not in diff}
+        outs, pullback = fwd([arrays[n] for n in diff], others)
+        results = [wrap(o) for o in outs]
+        avals = [(o.shape, o.dtype) for o in outs]
+        setattr(results[0], _VJP_ATTR, (pullback, diff, avals))
+        return tuple(results) if self._multi else results[0]
+
+    def _make_vjp(self, diff, static):
+        fn = self.fn
+
+        def fwd(diff_arrays, others):
+            def f(*d):
+                return jax.tree_util.tree_leaves(fn(**static, **others, **dict(zip(diff, d))))
+
+            return jax.vjp(f, *diff_arrays)
+
+        return jax.jit(fwd)
 
     def _eval_shape_fake(self, *args, **kwargs):
         # Only tensors become abstract values: scalars stay Python values (static), as
@@ -281,10 +358,29 @@ class KernelOp:
         torch.library.register_fake(f"{ns}::{bname}", fake_backward, lib=self._lib)
 
         def setup_context(ctx, inputs, output):
+            first = output[0] if isinstance(output, (tuple, list)) else output
+            ctx.vjp = first.__dict__.pop(_VJP_ATTR, None)
+            if ctx.vjp is not None:
+                return
             ctx.inputs = inputs
             ctx.save_for_backward(*(x for x in inputs if isinstance(x, torch.Tensor)))
 
+        def backward_from_vjp(ctx, grads):
+            pullback, diff, avals = ctx.vjp
+            cts = []
+            for g, (shape, dtype) in zip(grads, avals):
+                if not jnp.issubdtype(dtype, jnp.inexact):
+                    cts.append(np.zeros(shape, jax.dtypes.float0))
+                elif g is None:
+                    cts.append(jnp.zeros(shape, dtype))
+                else:
+                    cts.append(to_jax(g).astype(dtype))
+            by_name = dict(zip(diff, _PULL(pullback, cts)))
+            return tuple(wrap(by_name[n]) if n in by_name else None for n in names)
+
         def backward(ctx, *grads):
+            if ctx.vjp is not None:
+                return backward_from_vjp(ctx, grads)
             saved = iter(ctx.saved_tensors)
             inputs = [next(saved) if isinstance(x, torch.Tensor) else x for x in ctx.inputs]
             d = self.backward_op(*inputs, grads=list(grads))

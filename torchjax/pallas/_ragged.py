@@ -1,26 +1,22 @@
-"""Ragged dot (grouped matmul) for Mixture-of-Experts: portable Pallas kernels.
+"""Ragged dot (grouped matmul) for Mixture-of-Experts: Pallas kernels and the reference.
 
 ``ragged_dot(lhs, rhs, group_sizes)`` multiplies consecutive row groups of ``lhs`` (the
 tokens routed to each expert, sorted by expert) by that group's ``rhs`` matrix, like
 ``jax.lax.ragged_dot``. Rows past ``sum(group_sizes)`` are 0.
 
-Kernels (both Pallas, BlockSpecs + ``fori_loop`` only: compiled on GPU/TPU, interpret
-mode on CPU):
+Kernels: ``gmm`` (forward, and ``dlhs`` = ``dout`` times each group's transposed
+matrix) and ``tgmm`` (``drhs``, one matrix per group: ``lhs[rows_g]^T @ dout[rows_g]``),
+both tiled over m, k and n, in two forms (Note [Kernel platforms] in
+torchjax/pallas/_tiling.py): on TPU and in interpret mode a grid over a (row tile, group)
+visit schedule read through scalar prefetch, the k reduction in the grid and f32 scratch
+(Note [Ragged dot visit schedule], torchjax/pallas/_ragged_grid.py); on GPU a loop form
+(torchjax/pallas/_ragged_loop.py). Either way a program holds one tile of each operand,
+whatever the number of experts or their size. Block sizes come from the platform's
+table. Backward: ``jax.custom_vjp`` with both kernels; ``group_sizes`` gets no gradient.
 
-- ``_gmm`` (forward, and ``dlhs`` = ``dout`` times each group's transposed matrix): grid
-  ``(M / block_m, N / block_n)``; a program loops over the groups and multiplies only
-  those whose row range meets its row block (rows of other groups masked to 0), so the
-  work is about ``M / block_m + G`` block matmuls, not ``G`` times that.
-- ``_tgmm`` (``drhs``, one matrix per group: ``lhs[rows_g]^T @ dout[rows_g]``): grid
-  ``(G, N / block_n)``; a program loops over the row blocks its group covers.
-
-Backward: ``jax.custom_vjp`` with both kernels; ``group_sizes`` gets no gradient.
-Limits: a forward program holds all G matrices' (K, block_n) columns in fast memory,
-and a ``_tgmm`` program all M rows of ``lhs``: right for the small-to-medium MoE layers
-torchjax tests, not tuned for giant experts (tokamax's kernels, wrapped in
-torchjax/pallas/_tokamax.py, tile K and use TPU scalar prefetch). Interpret mode on CPU
-is tested against ``jax.lax.ragged_dot``; the Triton (GPU) and Mosaic (TPU) lowerings by
-cross-platform lowering; compiled runs on GPU/TPU are unverified here (no hardware).
+Interpret mode on CPU is tested against ``jax.lax.ragged_dot``; the Triton (GPU) and
+Mosaic (TPU) lowerings by cross-platform lowering; compiled runs on GPU/TPU are
+unverified here (no hardware).
 """
 
 from __future__ import annotations
@@ -30,39 +26,41 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
 
-from torchjax.pallas._op import compiler_params
+from torchjax.pallas import _ragged_grid, _ragged_loop, _tiling
 
-_F32 = jnp.float32
-
-
-def _block(n: int, sizes=(128, 64, 32, 16, 8)) -> int:
-    return next((b for b in sizes if n % b == 0), n)
+_I32 = jnp.int32
 
 
-def _gmm_kernel(starts_ref, ends_ref, lhs_ref, rhs_ref, out_ref, *, block_m, groups, trans):
-    row0 = pl.program_id(0) * block_m
-    rows = row0 + lax.broadcasted_iota(jnp.int32, (block_m, 1), 0)
-    x = lhs_ref[...]
-
-    def body(g, acc):
-        start, end = starts_ref[g], ends_ref[g]
-
-        def hit(acc):
-            xg = jnp.where((rows >= start) & (rows < end), x, jnp.zeros_like(x))
-            dims = (((1,), (1 if trans else 0,)), ((), ()))
-            return acc + lax.dot_general(xg, rhs_ref[g], dims, preferred_element_type=_F32)
-
-        return lax.cond((start < row0 + block_m) & (end > row0), hit, lambda a: a, acc)
-
-    acc = lax.fori_loop(0, groups, body, jnp.zeros(out_ref.shape, _F32))
-    out_ref[...] = acc.astype(out_ref.dtype)
-
-
-def _offsets(group_sizes):
-    ends = jnp.cumsum(group_sizes.astype(jnp.int32))
-    return ends - group_sizes.astype(jnp.int32), ends
+def schedule(group_sizes, tiles_m: int, block_m: int):
+    """The visit schedule of Note [Ragged dot visit schedule]: int32 arrays ``(offsets
+    (G + 1,), tiles (T,), groups (T,), firsts (T,), valids (T,), group_firsts (T,))``
+    with ``T = tiles_m + G - 1``; ``firsts`` marks a row tile's first visit,
+    ``group_firsts`` a group's."""
+    sizes = group_sizes.astype(_I32)
+    n_groups = sizes.shape[0]
+    ends = jnp.cumsum(sizes)
+    starts = ends - sizes
+    lo = jnp.arange(tiles_m, dtype=_I32) * block_m
+    # Groups meeting row tile i: end > lo and start < lo + block_m, a contiguous range.
+    g_first = jnp.searchsorted(ends, lo, side="right").astype(_I32)
+    g_last = jnp.searchsorted(starts, lo + block_m, side="left").astype(_I32) - 1
+    counts = jnp.maximum(g_last - g_first + 1, 1)  # a tile past the rows: one visit
+    visit_end = jnp.cumsum(counts)
+    visit_start = visit_end - counts
+    t = jnp.arange(tiles_m + n_groups - 1, dtype=_I32)
+    tile = jnp.minimum(jnp.searchsorted(visit_end, t, side="right"), tiles_m - 1).astype(_I32)
+    group = jnp.clip(g_first[tile] + t - visit_start[tile], 0, n_groups - 1)
+    valid = t < visit_end[-1]
+    last = visit_end[-1] - 1  # unused slots repeat the last visit (nothing fetched)
+    tile = jnp.where(valid, tile, tile[last])
+    group = jnp.where(valid, group, group[last])
+    firsts = t == visit_start[tile]
+    previous = jnp.concatenate([jnp.full((1,), -1, _I32), group[:-1]])
+    group_firsts = group != previous
+    offsets = jnp.concatenate([jnp.zeros((1,), _I32), ends])
+    as_int = [x.astype(_I32) for x in (firsts, valid, group_firsts)]
+    return offsets, tile, group, as_int[0], as_int[1], as_int[2]
 
 
 def _pad_rows(x, block_m):
@@ -70,109 +68,77 @@ def _pad_rows(x, block_m):
     return jnp.pad(x, ((0, pad), (0, 0))) if pad else x
 
 
-def _gmm(lhs, rhs, group_sizes, trans, interpret):
-    """out[r] = lhs[r] @ (rhs[g].T if trans else rhs[g]) for row r in group g."""
-    m, k = lhs.shape
-    groups = rhs.shape[0]
-    n = rhs.shape[1] if trans else rhs.shape[2]
-    block_m, block_n = min(_block(m), 128) if m % 8 == 0 else 8, _block(n)
-    x = _pad_rows(lhs, block_m)
-    starts, ends = _offsets(group_sizes)
-    rhs_spec = (
-        pl.BlockSpec((groups, block_n, k), lambda i, j: (0, j, 0))
-        if trans
-        else pl.BlockSpec((groups, k, block_n), lambda i, j: (0, 0, j))
-    )
-    out = pl.pallas_call(
-        functools.partial(_gmm_kernel, block_m=block_m, groups=groups, trans=trans),
-        grid=(x.shape[0] // block_m, n // block_n),
-        in_specs=[
-            pl.BlockSpec((groups,), lambda i, j: (0,)),
-            pl.BlockSpec((groups,), lambda i, j: (0,)),
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            rhs_spec,
-        ],
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((x.shape[0], n), lhs.dtype),
-        interpret=interpret,
-        compiler_params=compiler_params(),
-        name="torchjax_ragged_dot",
-    )(starts, ends, x, rhs)
+def _gmm(lhs, rhs, group_sizes, trans, blocks, interpret, plat):
+    m = lhs.shape[0]
+    x = _pad_rows(lhs, blocks[0])
+    if plat == "gpu":
+        offsets = jnp.concatenate([jnp.zeros((1,), _I32), jnp.cumsum(group_sizes)])
+        out = _ragged_loop.gmm(x, rhs, offsets[:-1], offsets[1:], trans, blocks, interpret, plat)
+    else:
+        offsets, tiles, groups, firsts, valids, _ = schedule(
+            group_sizes, x.shape[0] // blocks[0], blocks[0]
+        )
+        sched = (offsets, tiles, groups, firsts, valids)
+        out = _ragged_grid.gmm(x, rhs, sched, trans, blocks, interpret, plat)
     return out[:m]
 
 
-def _tgmm_kernel(starts_ref, ends_ref, lhs_ref, dout_ref, out_ref, *, block_m, trans):
-    g = pl.program_id(0)
-    start, end = starts_ref[g], ends_ref[g]
-
-    def body(t, acc):
-        r0 = pl.multiple_of(t * block_m, block_m)
-        rows = r0 + lax.broadcasted_iota(jnp.int32, (block_m, 1), 0)
-        keep = (rows >= start) & (rows < end)
-        x = lhs_ref[pl.ds(r0, block_m), :]
-        d = dout_ref[pl.ds(r0, block_m), :]
-        x = jnp.where(keep, x, jnp.zeros_like(x))
-        a, b = (d, x) if trans else (x, d)
-        return acc + lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=_F32)
-
-    first = start // block_m
-    last = jnp.maximum((end + block_m - 1) // block_m, first)
-    acc = lax.fori_loop(first, last, body, jnp.zeros(out_ref.shape, _F32))
-    out_ref[...] = acc.astype(out_ref.dtype)
-
-
-def _tgmm(lhs, dout, group_sizes, trans, interpret, out_dtype):
-    """Per group g: lhs[rows_g]^T @ dout[rows_g] (K, N), or its transpose if ``trans``."""
-    m, k = lhs.shape
-    n = dout.shape[1]
-    groups = group_sizes.shape[0]
-    block_m = min(_block(m), 128) if m % 8 == 0 else 8
-    block_n = _block(n)
-    x, d = _pad_rows(lhs, block_m), _pad_rows(dout, block_m)
-    starts, ends = _offsets(group_sizes)
-    out_block, out_index = (
-        ((None, block_n, k), lambda g, j: (g, j, 0))
-        if trans
-        else ((None, k, block_n), lambda g, j: (g, 0, j))
+def _tgmm(lhs, dout, group_sizes, trans, blocks, interpret, plat, out_dtype):
+    x, d = _pad_rows(lhs, blocks[0]), _pad_rows(dout, blocks[0])
+    n_groups = group_sizes.shape[0]
+    if plat == "gpu":
+        offsets = jnp.concatenate([jnp.zeros((1,), _I32), jnp.cumsum(group_sizes)])
+        return _ragged_loop.tgmm(
+            x, d, offsets[:-1], offsets[1:], trans, blocks, interpret, plat, out_dtype
+        )
+    offsets, tiles, groups, _, valids, group_firsts = schedule(
+        group_sizes, x.shape[0] // blocks[0], blocks[0]
     )
-    return pl.pallas_call(
-        functools.partial(_tgmm_kernel, block_m=block_m, trans=trans),
-        grid=(groups, n // block_n),
-        in_specs=[
-            pl.BlockSpec((groups,), lambda g, j: (0,)),
-            pl.BlockSpec((groups,), lambda g, j: (0,)),
-            pl.BlockSpec((x.shape[0], k), lambda g, j: (0, 0)),
-            pl.BlockSpec((x.shape[0], block_n), lambda g, j: (0, j)),
-        ],
-        out_specs=pl.BlockSpec(out_block, out_index),
-        out_shape=jax.ShapeDtypeStruct((groups, n, k) if trans else (groups, k, n), out_dtype),
-        interpret=interpret,
-        compiler_params=compiler_params(),
-        name="torchjax_ragged_dot_tgmm",
-    )(starts, ends, x, d)
+    sched = (offsets, tiles, groups, group_firsts, valids)
+    out = _ragged_grid.tgmm(x, d, sched, trans, blocks, interpret, plat, out_dtype, n_groups)
+    # A group without rows is never visited: its block was never written.
+    return jnp.where((group_sizes > 0)[:, None, None], out, jnp.zeros((), out_dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _ragged(lhs, rhs, group_sizes, trans, interpret):
-    return _gmm(lhs, rhs, group_sizes, trans, interpret)
+def _blocks(plat, m, k, n, blocks):
+    """(block_m, block_k, block_n) for a (M, K) x (K, N) product: the caller's, or the
+    platform's table fitted to the dims (M is padded to a multiple of block_m)."""
+    want = blocks or _tiling.default_blocks("ragged", plat)
+    # Mosaic: k and n tiles are lane dims (multiples of 128, or the whole dim); m tiles
+    # sublanes, rounded to 16 rows (bfloat16 packs two per sublane). Triton: powers of two.
+    tpu = plat == "tpu"
+    step = 8 if blocks is not None else _tiling.LANE if tpu else 16
+    block_m = min(want[0], -(-m // 16) * 16)
+    if not tpu:
+        block_m = min(want[0], max(16, 1 << (m - 1).bit_length()))
+    block_k = _tiling.fit_block(k, want[1], step, whole=tpu or blocks is not None)
+    block_n = _tiling.fit_block(n, want[2], step, whole=tpu or blocks is not None)
+    return block_m, block_k, block_n
 
 
-def _ragged_fwd(lhs, rhs, group_sizes, trans, interpret):
-    return _gmm(lhs, rhs, group_sizes, trans, interpret), (lhs, rhs, group_sizes)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _ragged(lhs, rhs, group_sizes, trans, blocks, interpret, plat):
+    return _gmm(lhs, rhs, group_sizes, trans, blocks, interpret, plat)
 
 
-def _ragged_bwd(trans, interpret, res, dout):
+def _ragged_fwd(lhs, rhs, group_sizes, trans, blocks, interpret, plat):
+    return _gmm(lhs, rhs, group_sizes, trans, blocks, interpret, plat), (lhs, rhs, group_sizes)
+
+
+def _ragged_bwd(trans, blocks, interpret, plat, res, dout):
     lhs, rhs, group_sizes = res
     dout = dout.astype(lhs.dtype)
-    dlhs = _gmm(dout, rhs, group_sizes, not trans, interpret)
-    drhs = _tgmm(lhs, dout, group_sizes, trans, interpret, rhs.dtype)
+    block_m, block_k, block_n = blocks
+    # dlhs (M, K) = dout (M, N) x rhs^T: the forward's k and n tiles swap roles.
+    dlhs = _gmm(dout, rhs, group_sizes, not trans, (block_m, block_n, block_k), interpret, plat)
+    drhs = _tgmm(lhs, dout, group_sizes, trans, blocks, interpret, plat, rhs.dtype)
     return dlhs, drhs, None
 
 
 _ragged.defvjp(_ragged_fwd, _ragged_bwd)
 
 
-def ragged_dot(lhs, rhs, group_sizes, *, transpose_rhs: bool = False, interpret=None):
+def ragged_dot(lhs, rhs, group_sizes, *, transpose_rhs: bool = False, blocks=None, interpret=None):
     """Grouped matmul with the Pallas kernels: ``jax.lax.ragged_dot`` semantics.
 
     Args:
@@ -181,6 +147,8 @@ def ragged_dot(lhs, rhs, group_sizes, *, transpose_rhs: bool = False, interpret=
             ``nn.Linear``-style expert weights, used without a transposed copy).
         group_sizes: (G,) integer, rows per group; ``sum <= M``.
         transpose_rhs: see ``rhs``.
+        blocks: ``(block_m, block_k, block_n)`` wanted (each fitted to its dim); default:
+            the platform's table in torchjax/pallas/_tiling.py.
         interpret: Pallas interpret mode; default on CPU only.
 
     Returns:
@@ -206,7 +174,10 @@ def ragged_dot(lhs, rhs, group_sizes, *, transpose_rhs: bool = False, interpret=
             f"{rhs.dtype}); cast one first"
         )
     interpret = interpret_default() if interpret is None else interpret
-    return _ragged(lhs, rhs, group_sizes.astype(jnp.int32), transpose_rhs, interpret)
+    plat = _tiling.platform(interpret)
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    fitted = _blocks(plat, lhs.shape[0], lhs.shape[1], n, blocks)
+    return _ragged(lhs, rhs, group_sizes.astype(_I32), transpose_rhs, fitted, interpret, plat)
 
 
 def ragged_dot_reference(lhs, rhs, group_sizes, *, transpose_rhs: bool = False):

@@ -17,8 +17,8 @@ used when all of these hold:
 2. ``dropout_p == 0`` (no dropout in the kernel);
 3. q, k, v are 4-D (B, H, S, D) of one dtype in {float32, bfloat16, float16}, k and v of
    the same sequence length, head dim D a power of two in [16, 256] (GPU/TPU tiles);
-4. Sq and Sk are multiples of 16 (the smallest block); blocks are the largest of
-   128/64/32/16 dividing them;
+4. Sq and Sk are multiples of 16 (the smallest block); block sizes come from the
+   platform's table (torchjax/pallas/_tiling.py), fitted to Sq and Sk;
 5. Hq == Hkv, or ``enable_gqa=True`` with Hq a multiple of Hkv;
 6. ``attn_mask`` is None, or a bool/float tensor of rank 2-4 whose last two dims are
    (Sq, Sk) and leading dims 1 or full, not requiring grad; not both a mask and
@@ -83,10 +83,6 @@ def flash_enabled() -> bool:
     return not interpret_default()
 
 
-def _block(n: int) -> int:
-    return next(b for b in (128, 64, 32, 16) if n % b == 0)
-
-
 def flash_applies(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False):
     """Conditions 2-6 of Note [SDPA dispatch rule]: shapes and flags only, not the
     switch (``flash_enabled()``), so True does not mean the kernel runs."""
@@ -117,11 +113,12 @@ def flash_applies(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, enabl
 @op(
     "torchjax::flash_attention",
     schema="(Tensor q, Tensor k, Tensor v, Tensor? mask=None, bool causal=False, "
-    "float? scale=None, int block_q=128, int block_k=128) -> Tensor",
+    "float? scale=None, int block_q=0, int block_k=0) -> Tensor",
 )
-def _flash_op(q, k, v, mask=None, causal=False, scale=None, block_q=128, block_k=128):
+def _flash_op(q, k, v, mask=None, causal=False, scale=None, block_q=0, block_k=0):
+    # Block size 0: the platform's table (torchjax/pallas/_tiling.py).
     return _flash_attention(
-        q, k, v, mask, causal=causal, scale=scale, block_q=block_q, block_k=block_k
+        q, k, v, mask, causal=causal, scale=scale, block_q=block_q or None, block_k=block_k or None
     )
 
 
@@ -129,10 +126,10 @@ def flash_attention(q, k, v, attn_mask=None, *, is_causal=False, scale=None):
     """The flash kernel on tpu tensors, as ``torch.ops.torchjax.flash_attention``.
 
     Shapes and semantics as ``F.scaled_dot_product_attention`` with ``dropout_p=0`` and
-    GQA by head grouping (see :func:`torchjax.pallas._flash.flash_attention`); blocks are
-    the largest of 128/64/32/16 dividing Sq and Sk. Differentiable in q, k, v.
+    GQA by head grouping (see :func:`torchjax.pallas._flash.flash_attention`); blocks from
+    the platform's table. Differentiable in q, k, v.
     """
-    return _flash_op(q, k, v, attn_mask, is_causal, scale, _block(q.shape[2]), _block(k.shape[2]))
+    return _flash_op(q, k, v, attn_mask, is_causal, scale)
 
 
 def scaled_dot_product_attention(

@@ -1,0 +1,83 @@
+"""Block-size table and per-program memory (Note [Kernel platforms]): at production sizes
+one program of every kernel fits 16 MiB (a TPU v5e core's default scoped VMEM), with the
+v5e and the v6e blocks."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from torchjax.pallas import _tiling, kernels
+from torchjax.pallas._tiling import VMEM_BUDGET, fit_block, program_memory
+
+BF16 = jnp.bfloat16
+
+
+def test_fit_block_divides_or_spans():
+    assert fit_block(32768, 512, 128) == 512
+    assert fit_block(384, 512, 128) == 384  # smaller than the block: the whole dim
+    assert fit_block(1536, 1024, 128) == 512
+    assert fit_block(1040, 512, 128) == 1040  # no multiple of 128 divides it: whole dim
+    assert fit_block(48, 128, 16, whole=False) == 16  # Triton: powers of two only
+
+
+def test_program_memory_counts_double_buffered_tiles():
+    # One (8, 128) f32 input and output, double-buffered: 4 tiles of 4 KiB; a (16, 1) bf16
+    # scratch pads to one (16, 128) tile.
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def kernel(x_ref, o_ref, s_ref):
+        o_ref[...] = x_ref[...]
+
+    def fn(x):
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            scratch_shapes=[pltpu.VMEM((16, 1), BF16)],
+            interpret=True,
+            name="copy",
+        )(x)
+
+    assert program_memory(fn, jax.ShapeDtypeStruct((8, 128), jnp.float32)) == {
+        "copy": 4 * 8 * 128 * 4 + 16 * 128 * 2
+    }
+
+
+@pytest.fixture(params=["tpu_v5e", "tpu_v6e"])
+def tpu_blocks(request, monkeypatch):
+    """The TPU form with one TPU row of the block table."""
+    monkeypatch.setattr(_tiling, "platform", lambda interpret: "tpu")
+    monkeypatch.setattr(_tiling, "_table_row", lambda plat: _tiling.BLOCKS[request.param])
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "bool-mask"])
+def test_flash_attention_at_32k_fits_vmem(masked, tpu_blocks):
+    s = 32768
+    q = jax.ShapeDtypeStruct((1, 8, s, 128), BF16)
+    kv = jax.ShapeDtypeStruct((1, 2, s, 128), BF16)
+    mask = [jax.ShapeDtypeStruct((1, 1, s, s), jnp.bool_)] if masked else []
+
+    def loss(q, k, v, *m):
+        out = kernels.flash_attention(q, k, v, *m, causal=not masked, interpret=False)
+        return out.astype(jnp.float32).sum()
+
+    memory = program_memory(jax.grad(loss, argnums=(0, 1, 2)), q, kv, kv, *mask)
+    assert set(memory) == {f"torchjax_flash_attention_{n}" for n in ("fwd", "dq", "dkv")}
+    assert max(memory.values()) < VMEM_BUDGET, memory
+
+
+@pytest.mark.parametrize(
+    "k, n, transpose_rhs", [(4096, 2816, False), (1408, 4096, True)], ids=["up", "down"]
+)
+def test_ragged_dot_64_experts_d_model_4096_fits_vmem(k, n, transpose_rhs, tpu_blocks):
+    lhs = jax.ShapeDtypeStruct((16384, k), BF16)
+    rhs = jax.ShapeDtypeStruct((64, n, k) if transpose_rhs else (64, k, n), BF16)
+    sizes = jax.ShapeDtypeStruct((64,), jnp.int32)
+
+    def loss(a, b, s):
+        out = kernels.ragged_dot(a, b, s, transpose_rhs=transpose_rhs, interpret=False)
+        return out.astype(jnp.float32).sum()
+
+    memory = program_memory(jax.grad(loss, argnums=(0, 1)), lhs, rhs, sizes)
+    assert set(memory) == {"torchjax_ragged_dot", "torchjax_ragged_dot_tgmm"}
+    assert max(memory.values()) < VMEM_BUDGET, memory

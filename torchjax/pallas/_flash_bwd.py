@@ -1,0 +1,357 @@
+"""Flash attention backward (the FlashAttention-2 split): ``dq`` and ``dk``/``dv`` kernels.
+
+``delta = sum(dO * O)`` per query row is computed in jnp; each kernel rebuilds a tile's
+probabilities from the forward's log-sum-exp (:func:`probs`), so nothing (Sq, Sk)-sized
+is stored. Two forms, as the forward (Note [Kernel platforms] in
+torchjax/pallas/_tiling.py):
+
+- grid form (TPU, interpret): ``dq`` has grid ``(batch, q_heads, Sq / block_q,
+  Sk / block_k)`` with a (block_q, D) f32 scratch accumulator; ``dk``/``dv`` has grid
+  ``(batch, kv_heads, Sk / block_k, group, Sq / block_q)``, the last two "arbitrary":
+  one program per (key block, query head of the kv head's group, query block), summing
+  into (block_k, D) f32 scratch, so GQA gradients add up in-kernel without atomics and
+  per-program memory is one block of each operand whatever Sq.
+- loop form (GPU/Triton): ``dq`` walks key blocks and ``dk``/``dv`` the query blocks of
+  every query head of its group in ``fori_loop``s (blocks spanning the sequence; Triton
+  loads only the tiles it reads).
+
+Both skip the tiles above the causal diagonal (Note [Causal block skipping] in
+torchjax/pallas/_flash_fwd.py).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from torchjax.pallas._flash_fwd import F32, dot, last_key_block, masked_scores
+from torchjax.pallas._tiling import compiler_params, scratch
+
+
+def probs(q, k, lse, bias, scale, causal, q_start, k_start):
+    """Probabilities of one tile from the forward's lse (a (block_q, 1) column)."""
+    return jnp.exp(masked_scores(q, k, bias, scale, causal, q_start, k_start) - lse)
+
+
+def dq_tile(q, k, v, bias, do, lse, delta, *, scale, causal, q_start, k_start):
+    p = probs(q, k, lse, bias, scale, causal, q_start, k_start)
+    ds = p * (dot(do, v, trans_b=True) - delta) * scale
+    return dot(ds.astype(k.dtype), k)
+
+
+def dkv_tile(q, k, v, bias, do, lse, delta, *, scale, causal, q_start, k_start):
+    p = probs(q, k, lse, bias, scale, causal, q_start, k_start)
+    dv = dot(p.astype(do.dtype), do, trans_a=True)
+    ds = p * (dot(do, v, trans_b=True) - delta) * scale
+    return dot(ds.astype(q.dtype), q, trans_a=True), dv
+
+
+def first_query_block(j, block_q, block_k, n_q):
+    """The first query block that sees key block ``j`` under ``causal``, clamped to a
+    valid block index (with Sq < Sk late key blocks see no query)."""
+    return jnp.minimum((j * block_k) // block_q, n_q - 1)
+
+
+def _split(refs, has_mask, n_out):
+    refs = list(refs)
+    mask_ref = refs.pop(3) if has_mask else None
+    return refs[:6], mask_ref, refs[6 : 6 + n_out], refs[6 + n_out :]
+
+
+# -- grid form ----------------------------------------------------------------------------
+
+
+def _load(ins, mask):
+    """A grid program's blocks, in :func:`dq_tile`'s argument order."""
+    q, k, v, do, lse, delta = (r[...] for r in ins)
+    return q, k, v, None if mask is None else mask[...], do, lse, delta
+
+
+def _dq_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
+    ins, mask, (dq_ref,), (acc,) = _split(refs, has_mask, 1)
+    i, j = pl.program_id(2), pl.program_id(3)
+
+    @pl.when(j == 0)
+    def _init():
+        acc[...] = jnp.zeros(acc.shape, F32)
+
+    def step():
+        starts = dict(q_start=i * block_q, k_start=j * block_k)
+        acc[...] += dq_tile(*_load(ins, mask), scale=scale, causal=causal, **starts)
+
+    if causal:
+        pl.when(j <= last_key_block(i, block_q, block_k))(step)
+    else:
+        step()
+
+    @pl.when(j == pl.num_programs(3) - 1)
+    def _finish():
+        dq_ref[...] = acc[...].astype(dq_ref.dtype)
+
+
+def _dkv_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
+    ins, mask, (dk_ref, dv_ref), (dk_acc, dv_acc) = _split(refs, has_mask, 2)
+    j, g, i = pl.program_id(2), pl.program_id(3), pl.program_id(4)
+
+    @pl.when((g == 0) & (i == 0))
+    def _init():
+        dk_acc[...] = jnp.zeros(dk_acc.shape, F32)
+        dv_acc[...] = jnp.zeros(dv_acc.shape, F32)
+
+    def step():
+        starts = dict(q_start=i * block_q, k_start=j * block_k)
+        dk, dv = dkv_tile(*_load(ins, mask), scale=scale, causal=causal, **starts)
+        dk_acc[...] += dk
+        dv_acc[...] += dv
+
+    if causal:  # query blocks wholly above the diagonal never see this key block
+        pl.when((i + 1) * block_q - 1 >= j * block_k)(step)
+    else:
+        step()
+
+    @pl.when((g == pl.num_programs(3) - 1) & (i == pl.num_programs(4) - 1))
+    def _finish():
+        dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
+        dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+
+
+def _grid_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, lse, delta, do):
+    b, hq, sq, d = q.shape
+    hkv, sk, dv_dim = k.shape[1], k.shape[2], v.shape[-1]
+    group = hq // hkv
+    n_q = sq // block_q
+    mb = mask is not None and mask.shape[0] > 1
+    mh = mask is not None and mask.shape[1] > 1
+    kernel_args = dict(scale=scale, causal=causal, block_q=block_q, block_k=block_k)
+    kernel_args["has_mask"] = mask is not None
+
+    # dq: (batch, q head, query block, key block).
+    def kv_block(i, j):
+        return jnp.minimum(j, last_key_block(i, block_q, block_k)) if causal else j
+
+    row = lambda b_, h, i, j: (b_, h, i, 0)  # noqa: E731
+    kv = lambda b_, h, i, j: (b_, h // group, kv_block(i, j), 0)  # noqa: E731
+    specs = [
+        pl.BlockSpec((None, None, block_q, d), row),
+        pl.BlockSpec((None, None, block_k, d), kv),
+        pl.BlockSpec((None, None, block_k, dv_dim), kv),
+        pl.BlockSpec((None, None, block_q, dv_dim), row),
+        pl.BlockSpec((None, None, block_q, 1), row),
+        pl.BlockSpec((None, None, block_q, 1), row),
+    ]
+    args = [q, k, v, do, lse, delta]
+    if mask is not None:
+        specs.insert(
+            3,
+            pl.BlockSpec(
+                (None, None, block_q, block_k),
+                lambda b_, h, i, j: (b_ if mb else 0, h if mh else 0, i, kv_block(i, j)),
+            ),
+        )
+        args.insert(3, mask)
+    dq = pl.pallas_call(
+        functools.partial(_dq_grid_kernel, **kernel_args),
+        grid=(b, hq, n_q, sk // block_k),
+        in_specs=specs,
+        out_specs=pl.BlockSpec((None, None, block_q, d), row),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        scratch_shapes=[scratch(plat, (block_q, d), F32)],
+        interpret=interpret,
+        compiler_params=compiler_params(plat, ("parallel", "parallel", "parallel", "arbitrary")),
+        name="torchjax_flash_attention_dq",
+    )(*args)
+
+    # dk, dv: (batch, kv head, key block, query head in the group, query block).
+    def q_block(j, i):
+        return jnp.maximum(i, first_query_block(j, block_q, block_k, n_q)) if causal else i
+
+    qrow = lambda b_, h, j, g, i: (b_, h * group + g, q_block(j, i), 0)  # noqa: E731
+    key = lambda b_, h, j, g, i: (b_, h, j, 0)  # noqa: E731
+    specs = [
+        pl.BlockSpec((None, None, block_q, d), qrow),
+        pl.BlockSpec((None, None, block_k, d), key),
+        pl.BlockSpec((None, None, block_k, dv_dim), key),
+        pl.BlockSpec((None, None, block_q, dv_dim), qrow),
+        pl.BlockSpec((None, None, block_q, 1), qrow),
+        pl.BlockSpec((None, None, block_q, 1), qrow),
+    ]
+    args = [q, k, v, do, lse, delta]
+    if mask is not None:
+        specs.insert(
+            3,
+            pl.BlockSpec(
+                (None, None, block_q, block_k),
+                lambda b_, h, j, g, i: (
+                    b_ if mb else 0,
+                    h * group + g if mh else 0,
+                    q_block(j, i),
+                    j,
+                ),
+            ),
+        )
+        args.insert(3, mask)
+    key_out = [
+        pl.BlockSpec((None, None, block_k, d), key),
+        pl.BlockSpec((None, None, block_k, dv_dim), key),
+    ]
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkv_grid_kernel, **kernel_args),
+        grid=(b, hkv, sk // block_k, group, n_q),
+        in_specs=specs,
+        out_specs=key_out,
+        out_shape=[
+            jax.ShapeDtypeStruct(k.shape, k.dtype),
+            jax.ShapeDtypeStruct(v.shape, v.dtype),
+        ],
+        scratch_shapes=[scratch(plat, (block_k, d), F32), scratch(plat, (block_k, dv_dim), F32)],
+        interpret=interpret,
+        compiler_params=compiler_params(
+            plat, ("parallel", "parallel", "parallel", "arbitrary", "arbitrary")
+        ),
+        name="torchjax_flash_attention_dkv",
+    )(*args)
+    return dq, dk, dv
+
+
+# -- loop form ----------------------------------------------------------------------------
+
+
+def _dq_loop_kernel(*refs, scale, causal, block_q, block_k, seq_k, has_mask):
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), mask_ref, (dq_ref,), _ = _split(
+        refs, has_mask, 1
+    )
+    i = pl.program_id(2)
+    q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+    n_blocks = seq_k // block_k
+    if causal:
+        n_blocks = jnp.minimum(n_blocks, last_key_block(i, block_q, block_k) + 1)
+
+    def body(j, acc):
+        start = pl.multiple_of(j * block_k, block_k)
+        cols = pl.ds(start, block_k)
+        bias = mask_ref[:, cols] if has_mask else None
+        k, v = k_ref[cols, :], v_ref[cols, :]
+        starts = dict(q_start=i * block_q, k_start=start)
+        return acc + dq_tile(q, k, v, bias, do, lse, delta, scale=scale, causal=causal, **starts)
+
+    dq = lax.fori_loop(0, n_blocks, body, jnp.zeros(dq_ref.shape, F32))
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+
+
+def _dkv_loop_kernel(*refs, scale, causal, block_q, block_k, seq_q, group, mask_heads, has_mask):
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), mask_ref, (dk_ref, dv_ref), _ = _split(
+        refs, has_mask, 2
+    )
+    j = pl.program_id(2)
+    k, v = k_ref[...], v_ref[...]
+    n_q = seq_q // block_q
+    # Query blocks wholly above the diagonal never see this key block (with Sq < Sk,
+    # none may: an empty loop).
+    first = (j * block_k) // block_q if causal else 0
+    dk = jnp.zeros(dk_ref.shape, F32)
+    dv = jnp.zeros(dv_ref.shape, F32)
+    for h in range(group):  # the query heads sharing this kv head (GQA), unrolled
+
+        def body(i, carry, h=h):
+            start = pl.multiple_of(i * block_q, block_q)
+            rows = pl.ds(start, block_q)
+            bias = mask_ref[h if mask_heads > 1 else 0, rows, :] if has_mask else None
+            q, do = q_ref[h, rows, :], do_ref[h, rows, :]
+            lse, delta = lse_ref[h, rows, :], delta_ref[h, rows, :]
+            starts = dict(q_start=start, k_start=j * block_k)
+            ddk, ddv = dkv_tile(q, k, v, bias, do, lse, delta, scale=scale, causal=causal, **starts)
+            return carry[0] + ddk, carry[1] + ddv
+
+        dk, dv = lax.fori_loop(first, n_q, body, (dk, dv))
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _loop_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, lse, delta, do):
+    b, hq, sq, d = q.shape
+    hkv, sk, dv_dim = k.shape[1], k.shape[2], v.shape[-1]
+    group = hq // hkv
+    mb = mask is not None and mask.shape[0] > 1
+    mh = mask.shape[1] if mask is not None else 1
+    common = dict(scale=scale, causal=causal, block_q=block_q, block_k=block_k)
+    common["has_mask"] = mask is not None
+
+    row = lambda b_, h, i: (b_, h, i, 0)  # noqa: E731
+    whole_kv = lambda b_, h, i: (b_, h // group, 0, 0)  # noqa: E731
+    specs = [
+        pl.BlockSpec((None, None, block_q, d), row),
+        pl.BlockSpec((None, None, sk, d), whole_kv),
+        pl.BlockSpec((None, None, sk, dv_dim), whole_kv),
+        pl.BlockSpec((None, None, block_q, dv_dim), row),
+        pl.BlockSpec((None, None, block_q, 1), row),
+        pl.BlockSpec((None, None, block_q, 1), row),
+    ]
+    args = [q, k, v, do, lse, delta]
+    if mask is not None:
+        specs.insert(
+            3,
+            pl.BlockSpec(
+                (None, None, block_q, sk),
+                lambda b_, h, i: (b_ if mb else 0, h if mh > 1 else 0, i, 0),
+            ),
+        )
+        args.insert(3, mask)
+    dq = pl.pallas_call(
+        functools.partial(_dq_loop_kernel, seq_k=sk, **common),
+        grid=(b, hq, sq // block_q),
+        in_specs=specs,
+        out_specs=pl.BlockSpec((None, None, block_q, d), row),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        interpret=interpret,
+        compiler_params=compiler_params(plat),
+        name="torchjax_flash_attention_dq",
+    )(*args)
+
+    group_rows = lambda b_, h, j: (b_, h, 0, 0)  # noqa: E731
+    key = lambda b_, h, j: (b_, h, j, 0)  # noqa: E731
+    specs = [
+        pl.BlockSpec((None, group, sq, d), group_rows),
+        pl.BlockSpec((None, None, block_k, d), key),
+        pl.BlockSpec((None, None, block_k, dv_dim), key),
+        pl.BlockSpec((None, group, sq, dv_dim), group_rows),
+        pl.BlockSpec((None, group, sq, 1), group_rows),
+        pl.BlockSpec((None, group, sq, 1), group_rows),
+    ]
+    args = [q, k, v, do, lse, delta]
+    if mask is not None:
+        specs.insert(
+            3,
+            pl.BlockSpec(
+                (None, group if mh > 1 else 1, sq, block_k),
+                lambda b_, h, j: (b_ if mb else 0, h if mh > 1 else 0, 0, j),
+            ),
+        )
+        args.insert(3, mask)
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkv_loop_kernel, seq_q=sq, group=group, mask_heads=mh, **common),
+        grid=(b, hkv, sk // block_k),
+        in_specs=specs,
+        out_specs=[
+            pl.BlockSpec((None, None, block_k, d), key),
+            pl.BlockSpec((None, None, block_k, dv_dim), key),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct(k.shape, k.dtype),
+            jax.ShapeDtypeStruct(v.shape, v.dtype),
+        ],
+        interpret=interpret,
+        compiler_params=compiler_params(plat),
+        name="torchjax_flash_attention_dkv",
+    )(*args)
+    return dq, dk, dv
+
+
+def backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, o, lse, do):
+    """``(dq, dk, dv)`` in the dtypes of q, k, v."""
+    delta = jnp.sum(do.astype(F32) * o.astype(F32), axis=-1, keepdims=True)  # (B, Hq, Sq, 1)
+    form = _loop_backward if plat == "gpu" else _grid_backward
+    return form(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, lse, delta, do)

@@ -1,0 +1,269 @@
+"""Flash attention forward: the per-tile online softmax and its two kernel forms.
+
+Both forms apply :func:`fwd_tile` to one (query block, key block) tile at a time, so the
+(Sq, Sk) scores are never materialised; they differ in who walks the key blocks
+(Note [Kernel platforms] in torchjax/pallas/_tiling.py):
+
+- grid form (TPU, interpret): grid ``(batch, q_heads, Sq / block_q, Sk / block_k)``, the
+  last dimension "arbitrary"; the running max ``m``, sum ``l`` and f32 accumulator live
+  in scratch, reset at the first key block and written out at the last. One program holds
+  one q/k/v/mask block each: memory is bounded by the block sizes, not the sequence.
+- loop form (GPU/Triton, which has no scratch): grid ``(batch, q_heads, Sq / block_q)``;
+  a program walks its kv head's key blocks in a ``fori_loop`` (the key/value BlockSpec
+  spans the sequence, but Triton loads only the ``pl.ds`` tile it reads).
+
+Note [Causal block skipping]
+With ``causal``, key block j is entirely above the diagonal for query block i when
+``j * block_k > (i + 1) * block_q - 1``: every score is masked, and the tile would leave
+``m``, ``l`` and the accumulator as they are. The grid form skips its body under
+``pl.when`` and clamps the key/value/mask index maps to the last useful block, so the
+pipeline sees the same block index again and fetches nothing; the loop form stops its loop
+there. The backward kernels skip the same tiles (torchjax/pallas/_flash_bwd.py).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from torchjax.pallas._tiling import compiler_params, scratch
+
+F32 = jnp.float32
+
+
+def dot(a, b, trans_a=False, trans_b=False):
+    dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
+    return lax.dot_general(a, b, dims, preferred_element_type=F32)
+
+
+def masked_scores(q, k, bias, scale, causal, q_start, k_start):
+    """f32 scores of one (query block, key block) tile, mask and causal applied."""
+    s = dot(q, k, trans_b=True) * scale
+    if bias is not None:
+        s = s + bias.astype(F32)
+    if causal:
+        shape = (q.shape[0], k.shape[0])
+        rows = q_start + lax.broadcasted_iota(jnp.int32, shape, 0)
+        cols = k_start + lax.broadcasted_iota(jnp.int32, shape, 1)
+        s = jnp.where(cols <= rows, s, -jnp.inf)
+    return s
+
+
+def last_key_block(i, block_q, block_k):
+    """The last key block query block ``i`` sees under ``causal`` (Note [Causal block
+    skipping])."""
+    return ((i + 1) * block_q - 1) // block_k
+
+
+def fwd_tile(q, k, v, bias, m, denom, acc, *, scale, causal, q_start, k_start):
+    """One online-softmax step: ``m`` (running max), ``denom`` (running sum) are
+    (block_q, 1) f32 columns, ``acc``
+    (block_q, Dv) f32."""
+    s = masked_scores(q, k, bias, scale, causal, q_start, k_start)
+    m_new = jnp.maximum(m, s.max(axis=1, keepdims=True))
+    # A row masked so far has m == -inf: shift by 0 instead (exp(-inf) = 0, no NaN).
+    shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    p = jnp.exp(s - shift)
+    alpha = jnp.exp(m - shift)
+    denom = alpha * denom + p.sum(axis=1, keepdims=True)
+    acc = alpha * acc + dot(p.astype(v.dtype), v)
+    return m_new, denom, acc
+
+
+def fwd_finish(m, denom, acc):
+    """Output block (f32) and log-sum-exp column; a row with every key masked gives 0
+    (as torch) and lse 0."""
+    empty = denom == 0.0
+    out = acc / jnp.where(empty, 1.0, denom)
+    lse = jnp.where(empty, 0.0, jnp.where(m == -jnp.inf, 0.0, m) + jnp.log(denom))
+    return out, lse
+
+
+def _grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
+    if has_mask:
+        q_ref, k_ref, v_ref, mask_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc = refs
+    else:
+        q_ref, k_ref, v_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc = refs
+        mask_ref = None
+    i, j = pl.program_id(2), pl.program_id(3)
+
+    @pl.when(j == 0)
+    def _init():
+        m_sc[...] = jnp.full(m_sc.shape, -jnp.inf, F32)
+        l_sc[...] = jnp.zeros(l_sc.shape, F32)
+        acc_sc[...] = jnp.zeros(acc_sc.shape, F32)
+
+    def step():
+        m, denom, acc = fwd_tile(
+            q_ref[...],
+            k_ref[...],
+            v_ref[...],
+            None if mask_ref is None else mask_ref[...],
+            m_sc[...],
+            l_sc[...],
+            acc_sc[...],
+            scale=scale,
+            causal=causal,
+            q_start=i * block_q,
+            k_start=j * block_k,
+        )
+        m_sc[...], l_sc[...], acc_sc[...] = m, denom, acc
+
+    if causal:
+        pl.when(j <= last_key_block(i, block_q, block_k))(step)
+    else:
+        step()
+
+    @pl.when(j == pl.num_programs(3) - 1)
+    def _finish():
+        out, lse = fwd_finish(m_sc[...], l_sc[...], acc_sc[...])
+        o_ref[...] = out.astype(o_ref.dtype)
+        lse_ref[...] = lse
+
+
+def _grid_forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat):
+    b, hq, sq, d = q.shape
+    hkv, sk, dv = k.shape[1], k.shape[2], v.shape[-1]
+    group = hq // hkv
+
+    def kv_block(i, j):
+        return jnp.minimum(j, last_key_block(i, block_q, block_k)) if causal else j
+
+    kv = lambda b_, h, i, j: (b_, h // group, kv_block(i, j), 0)  # noqa: E731
+    in_specs = [
+        pl.BlockSpec((None, None, block_q, d), lambda b_, h, i, j: (b_, h, i, 0)),
+        pl.BlockSpec((None, None, block_k, d), kv),
+        pl.BlockSpec((None, None, block_k, dv), kv),
+    ]
+    args = [q, k, v]
+    if mask is not None:
+        mb, mh = mask.shape[0] > 1, mask.shape[1] > 1
+        in_specs.append(
+            pl.BlockSpec(
+                (None, None, block_q, block_k),
+                lambda b_, h, i, j: (b_ if mb else 0, h if mh else 0, i, kv_block(i, j)),
+            )
+        )
+        args.append(mask)
+    kernel = functools.partial(
+        _grid_kernel,
+        scale=scale,
+        causal=causal,
+        block_q=block_q,
+        block_k=block_k,
+        has_mask=mask is not None,
+    )
+    return pl.pallas_call(
+        kernel,
+        grid=(b, hq, sq // block_q, sk // block_k),
+        in_specs=in_specs,
+        out_specs=[
+            pl.BlockSpec((None, None, block_q, dv), lambda b_, h, i, j: (b_, h, i, 0)),
+            pl.BlockSpec((None, None, block_q, 1), lambda b_, h, i, j: (b_, h, i, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((b, hq, sq, dv), q.dtype),
+            jax.ShapeDtypeStruct((b, hq, sq, 1), F32),
+        ],
+        scratch_shapes=[
+            scratch(plat, (block_q, 1), F32),
+            scratch(plat, (block_q, 1), F32),
+            scratch(plat, (block_q, dv), F32),
+        ],
+        interpret=interpret,
+        compiler_params=compiler_params(plat, ("parallel", "parallel", "parallel", "arbitrary")),
+        name="torchjax_flash_attention_fwd",
+    )(*args)
+
+
+def _loop_kernel(*refs, scale, causal, block_q, block_k, seq_k, has_mask):
+    if has_mask:
+        q_ref, k_ref, v_ref, mask_ref, o_ref, lse_ref = refs
+    else:
+        q_ref, k_ref, v_ref, o_ref, lse_ref = refs
+    i = pl.program_id(2)
+    q = q_ref[...]
+    n_blocks = seq_k // block_k
+    if causal:
+        n_blocks = jnp.minimum(n_blocks, last_key_block(i, block_q, block_k) + 1)
+
+    def body(j, carry):
+        start = pl.multiple_of(j * block_k, block_k)
+        cols = pl.ds(start, block_k)
+        bias = mask_ref[:, cols] if has_mask else None
+        return fwd_tile(
+            q,
+            k_ref[cols, :],
+            v_ref[cols, :],
+            bias,
+            *carry,
+            scale=scale,
+            causal=causal,
+            q_start=i * block_q,
+            k_start=start,
+        )
+
+    init = (
+        jnp.full((block_q, 1), -jnp.inf, F32),
+        jnp.zeros((block_q, 1), F32),
+        jnp.zeros((block_q, v_ref.shape[-1]), F32),
+    )
+    out, lse = fwd_finish(*lax.fori_loop(0, n_blocks, body, init))
+    o_ref[...] = out.astype(o_ref.dtype)
+    lse_ref[...] = lse
+
+
+def _loop_forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat):
+    b, hq, sq, d = q.shape
+    hkv, sk, dv = k.shape[1], k.shape[2], v.shape[-1]
+    group = hq // hkv
+    in_specs = [
+        pl.BlockSpec((None, None, block_q, d), lambda b_, h, i: (b_, h, i, 0)),
+        pl.BlockSpec((None, None, sk, d), lambda b_, h, i: (b_, h // group, 0, 0)),
+        pl.BlockSpec((None, None, sk, dv), lambda b_, h, i: (b_, h // group, 0, 0)),
+    ]
+    args = [q, k, v]
+    if mask is not None:
+        mb, mh = mask.shape[0] > 1, mask.shape[1] > 1
+        in_specs.append(
+            pl.BlockSpec(
+                (None, None, block_q, sk),
+                lambda b_, h, i: (b_ if mb else 0, h if mh else 0, i, 0),
+            )
+        )
+        args.append(mask)
+    kernel = functools.partial(
+        _loop_kernel,
+        scale=scale,
+        causal=causal,
+        block_q=block_q,
+        block_k=block_k,
+        seq_k=sk,
+        has_mask=mask is not None,
+    )
+    return pl.pallas_call(
+        kernel,
+        grid=(b, hq, sq // block_q),
+        in_specs=in_specs,
+        out_specs=[
+            pl.BlockSpec((None, None, block_q, dv), lambda b_, h, i: (b_, h, i, 0)),
+            pl.BlockSpec((None, None, block_q, 1), lambda b_, h, i: (b_, h, i, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((b, hq, sq, dv), q.dtype),
+            jax.ShapeDtypeStruct((b, hq, sq, 1), F32),
+        ],
+        interpret=interpret,
+        compiler_params=compiler_params(plat),
+        name="torchjax_flash_attention_fwd",
+    )(*args)
+
+
+def forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat):
+    """``(out, lse)``: out (B, Hq, Sq, Dv) in q's dtype, lse (B, Hq, Sq, 1) f32."""
+    form = _loop_forward if plat == "gpu" else _grid_forward
+    return form(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat)

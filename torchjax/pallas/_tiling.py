@@ -1,0 +1,159 @@
+"""Where a kernel runs, its block sizes there, and what one program holds in memory.
+
+Note [Kernel platforms]
+A Pallas call is compiled for one of three targets, and the kernels differ between them:
+
+- "tpu" (Mosaic): the grid runs sequentially on a core; every blocked operand is copied
+  from HBM into VMEM by a pipeline that double-buffers it (the next block is fetched while
+  the current one is used), and scratch buffers (``pltpu.VMEM``) live across the grid
+  steps of one core. A reduction can therefore be a grid dimension (the innermost,
+  ``"arbitrary"``), its running state in scratch. Per-program memory is the sum of the
+  blocks (twice each) and the scratch, padded to the (sublane, 128-lane) tiles VMEM is
+  laid out in; it must fit the scoped VMEM limit (16 MiB by default on v5e).
+- "gpu" (Triton): each grid program is an independent thread block, and jax 0.10.2's
+  Triton lowering has neither scratch operands ("scratch memory not implemented in the
+  Triton backend") nor scalar prefetch: a reduction cannot span grid steps. There a
+  kernel walks its reduction in a ``fori_loop``; a BlockSpec only offsets a pointer into
+  global memory and ``ref[pl.ds(...)]`` loads one tile into registers/shared memory, so
+  a block spanning the whole sequence costs nothing by itself: per-program memory is
+  the tiles loaded, bounded by the block sizes as well.
+- "interpret" (CPU): jax's interpreter runs the grid as a loop over the same kernel
+  bodies; scratch works there, declared backend-neutrally (``pl.MemorySpace.DEFAULT``).
+  Interpret mode runs the TPU form of every kernel (the form with a grid reduction), so
+  CPU tests exercise what Mosaic compiles; tests run the GPU form in interpret mode by
+  asking for it.
+
+The block-size table below gives each platform's defaults. They are starting points
+chosen to fit memory (:func:`program_memory`) with MXU/tensor-core friendly shapes, not
+tuned: no TPU or GPU has run them yet.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from jax.experimental import pallas as pl
+
+from torchjax._compat.jax import pallas_call_buffers
+
+VMEM_BUDGET = 16 * 2**20
+
+# Per platform and kernel: block sizes (largest wanted; fit_block shrinks them to divide
+# the array). Flash: (block_q, block_k) for forward and for both backward kernels.
+# Ragged dot: (block_m, block_k, block_n).
+BLOCKS = {
+    "tpu_v5e": {"flash_fwd": (512, 512), "flash_bwd": (256, 512), "ragged": (512, 512, 512)},
+    "tpu_v6e": {"flash_fwd": (512, 1024), "flash_bwd": (512, 512), "ragged": (512, 1024, 1024)},
+    "gpu": {"flash_fwd": (128, 64), "flash_bwd": (64, 64), "ragged": (128, 64, 128)},
+    # Interpret mode pays per grid step, not per byte: large blocks, few steps.
+    "interpret": {"flash_fwd": (512, 512), "flash_bwd": (512, 512), "ragged": (256, 256, 256)},
+}
+
+# Smallest legal step of a block dim per platform: Mosaic wants the last two block dims
+# divisible by (8, 128) unless they span the array; Triton wants powers of two.
+LANE, SUBLANE = 128, 8
+
+
+def platform(interpret: bool) -> str:
+    """ "interpret", "gpu" or "tpu": the form of a kernel to build (Note [Kernel platforms])."""
+    if interpret:
+        return "interpret"
+    return "gpu" if jax.default_backend() in ("gpu", "cuda", "rocm") else "tpu"
+
+
+def _table_row(plat: str) -> dict:
+    if plat != "tpu":
+        return BLOCKS[plat]
+    kind = next((d.device_kind for d in jax.devices() if d.platform == "tpu"), "")
+    return BLOCKS["tpu_v6e" if "v6" in kind else "tpu_v5e"]
+
+
+def default_blocks(kernel: str, plat: str) -> tuple[int, ...]:
+    """The table's block sizes for ``kernel`` ("flash_fwd", "flash_bwd", "ragged")."""
+    return _table_row(plat)[kernel]
+
+
+def fit_block(n: int, want: int, step: int, whole: bool = True) -> int:
+    """The largest ``want / 2**i`` (>= ``step``) dividing ``n``; ``n`` itself when none does,
+    or at once when ``n <= want`` and ``whole`` (a block spanning the dim is legal for
+    Mosaic; Triton wants powers of two, so GPU callers pass ``whole=False``)."""
+    if whole and n <= want:
+        return n
+    b = want
+    while b >= step:
+        if b <= n and n % b == 0:
+            return b
+        b //= 2
+    return n
+
+
+def compiler_params(plat: str, semantics: tuple[str, ...] | None = None):
+    """Pallas compiler parameters for ``plat``: Triton's on GPU (jax 0.10 lowers a
+    ``pallas_call`` without them through Mosaic GPU, which has no ``dot_general`` for these
+    kernels' lane-level code); Mosaic's with the grid's ``dimension_semantics`` on TPU
+    ("arbitrary" marks a reduction dimension: it must run in order on one core);
+    None in interpret mode."""
+    if plat == "gpu":
+        from jax.experimental.pallas import triton as pltriton
+
+        return pltriton.CompilerParams()
+    if plat == "tpu" and semantics:
+        from jax.experimental.pallas import tpu as pltpu
+
+        return pltpu.CompilerParams(dimension_semantics=semantics)
+    return None
+
+
+def scratch(plat: str, shape: tuple[int, ...], dtype):
+    """A scratch buffer: ``pltpu.VMEM`` on TPU; in interpret mode the backend-neutral
+    ``pl.MemorySpace.DEFAULT`` (the interpreter reads only its shape and dtype; Mosaic
+    would place it in VMEM too). Triton has none (Note [Kernel platforms])."""
+    if plat == "tpu":
+        from jax.experimental.pallas import tpu as pltpu
+
+        return pltpu.VMEM(shape, dtype)
+    if plat == "interpret":
+        return pl.MemorySpace.DEFAULT(shape, dtype)
+    raise ValueError(f"torchjax.pallas: no scratch memory on platform {plat!r} (Triton)")
+
+
+def _tiled_bytes(shape: tuple[int, ...], dtype) -> int:
+    itemsize = np.dtype(dtype).itemsize
+    dims = (1,) * (2 - len(shape)) + tuple(shape)
+    packing = max(1, 4 // itemsize)  # 16-bit values pack two rows per 32-bit sublane
+    rows = -(-dims[-2] // (SUBLANE * packing)) * SUBLANE * packing
+    lanes = -(-dims[-1] // LANE) * LANE
+    return math.prod(dims[:-2]) * rows * lanes * itemsize
+
+
+def _in_vmem(space) -> bool:
+    name = str(getattr(space, "value", space) or "default").lower()
+    return not any(s in name for s in ("any", "hbm", "smem", "semaphore", "host"))
+
+
+def program_memory(fn, *args) -> dict[str, int]:
+    """Bytes of fast memory one program of each ``pallas_call`` in ``fn(*args)`` holds, as
+    the TPU pipeline lays it out (Note [Kernel platforms]): every blocked input and output
+    in VMEM twice (double-buffered; a BlockSpec's own ``pipeline_mode`` buffering when it
+    sets one), scratch once, each padded to (sublane, 128) tiles; operands left in HBM or
+    SMEM are not counted. Values a kernel computes (a tile's scores) come on top.
+
+    Args:
+        fn: a jax function calling Pallas kernels (a ``jax.grad`` of one too).
+        args: its arguments, or ``jax.ShapeDtypeStruct`` stand-ins (nothing runs).
+
+    Returns:
+        ``{kernel name: bytes}``, the largest per name when a name recurs.
+    """
+    out: dict[str, int] = {}
+    for name, _grid, buffers in pallas_call_buffers(jax.make_jaxpr(fn)(*args)):
+        total = 0
+        for role, shape, dtype, space, count in buffers:
+            if not _in_vmem(space):
+                continue
+            copies = 1 if role == "scratch" else (count or 2)
+            total += copies * _tiled_bytes(shape, dtype)
+        out[name] = max(out.get(name, 0), total)
+    return out
