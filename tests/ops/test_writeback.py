@@ -241,3 +241,23 @@ def test_isposinf_isneginf_refuse_non_boolean_outputs_as_cpu(op):
             op(x.to(device), out=torch.empty(3).to(device))
     out = torch.empty(3, dtype=torch.bool).to("tpu")
     assert op(x.to("tpu"), out=out).tolist() == op(x).tolist()
+
+
+@pytest.mark.parametrize(
+    "out_dtype",
+    [torch.complex64, torch.complex128, torch.float32, torch.float64, torch.float16, torch.int64],
+)
+def test_abs_of_complex_into_out_as_cpu(out_dtype):
+    # CPU's kernel writes a complex out of self's dtype (imaginary part zero) and casts
+    # into real outs; the meta function refuses every dtype but float32.
+    z = torch.tensor([3 + 4j, -1j, -2 + 0j])
+    results = {}
+    for device in ("cpu", "tpu"):
+        out = torch.full((3,), 7, dtype=out_dtype, device=device)
+        try:
+            got = torch.abs(z.to(device), out=out)
+            assert got is out
+            results[device] = (out.dtype, out.cpu().tolist())
+        except RuntimeError as error:
+            results[device] = (RuntimeError, str(error).split(" (in aten::")[0])
+    assert results["tpu"] == results["cpu"]
