@@ -17,6 +17,12 @@
 3. Diffusers: one UNet denoising step (the tiny pipeline of examples/diffusers_tpu.py,
    classifier-free-guidance batch 2), median of ``RUNS`` calls: eager vs
    ``unet.compile(backend="tpu", fullgraph=True, dynamic=False)``.
+   Pipelines: the tiny SD3, Flux, QwenImage, Wan and LTX-2 pipelines of
+   tests/integrations/tiny_pipelines.py (2 steps; the test's sizes), each in a fresh
+   child process: wall time of one pipeline call on torch CPU (warm), on tpu eager
+   (first call: compiles every op; then warm, median of ``RUNS``) and with
+   ``pipe.transformer.compile(backend="tpu", fullgraph=True, dynamic=False)`` (first
+   call: Dynamo capture and the jax compile; second call: the cached executables).
 4. Trainer: optimizer steps/s of ``transformers.Trainer`` fine-tuning the tiny Llama of
    examples/hf_trainer.py (batch 4, sequence 8), ``TRAINER_STEPS`` steps after a
    ``TRAINER_STEPS``-step warm-up run in the same process (the warm-up pays the eager
@@ -24,6 +30,7 @@
 
 Run:  python bench/hf.py            (LOAD_CONFIG: a ~110M-parameter Llama)
       python bench/hf.py --trainer  (only 4., the Trainer row)
+      python bench/hf.py --pipelines (only the diffusers pipelines of 3.)
       python bench/hf.py --quick    (a ~4M-parameter load model, 8 new tokens)
 """
 
@@ -180,6 +187,67 @@ def diffusion_figures() -> dict:
     return out
 
 
+def _pipeline_child(name: str) -> None:
+    """Runs in a child process: prints one pipeline's call times (seconds) as JSON."""
+    import torchjax  # noqa: F401
+    from tests.integrations import tiny_pipelines as tp
+
+    case = tp.PIPELINES[name]
+    pipe = case.build()
+    pipe.set_progress_bar_config(disable=True)
+
+    def call() -> float:  # the outputs come back as numpy arrays: the call has finished
+        t0 = time.perf_counter()
+        case.call(pipe, torch.Generator().manual_seed(0))
+        return time.perf_counter() - t0
+
+    call()
+    out = {"cpu": median_us(call, warmup=0, runs=RUNS) / 1e6}
+    pipe.to("tpu")
+    out["eager first"] = call()
+    out["eager"] = median_us(call, warmup=0, runs=RUNS) / 1e6
+    pipe.transformer.compile(backend="tpu", fullgraph=True, dynamic=False)
+    out["compiled first"] = call()
+    out["compiled second"] = call()
+    out["compiled"] = median_us(call, warmup=0, runs=RUNS) / 1e6
+    print(json.dumps(out))
+
+
+def pipeline_figures() -> dict:
+    """{name: {"cpu", "eager first", "eager", "compiled first", "compiled second",
+    "compiled"} in seconds, or a string saying why not}, one child process each."""
+    from tests.integrations.tiny_pipelines import PIPELINES
+
+    out = {}
+    for name in PIPELINES:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--pipeline-child", name],
+            capture_output=True, text=True, timeout=1200,
+        )  # fmt: skip
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+        if proc.returncode or not lines:
+            err = (proc.stderr.strip().splitlines() or ["no output"])[-1][:100]
+            out[name] = f"n/a ({err})"
+        else:
+            out[name] = json.loads(lines[-1])
+    return out
+
+
+def pipeline_report(figures: dict) -> str:
+    lines = [
+        "| tiny pipeline, 2 steps, one call | torch CPU | tpu eager, first call | "
+        "tpu eager | compiled transformer, first call | second call | compiled (median) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    keys = ("cpu", "eager first", "eager", "compiled first", "compiled second", "compiled")
+    for name, r in figures.items():
+        if isinstance(r, str):
+            lines.append(f"| {name} | {r} | | | | | |")
+        else:
+            lines.append(f"| {name} | " + " | ".join(f"{r[k]:.2f} s" for k in keys) + " |")
+    return "\n".join(lines)
+
+
 # ---- 4. Trainer steps/s ----
 
 
@@ -255,6 +323,15 @@ def main(argv) -> None:
     if argv[:1] == ["--load-child"]:
         _load_child(argv[1], argv[2])
         return
+    if argv[:1] == ["--pipeline-child"]:
+        _pipeline_child(argv[1])
+        return
+    if "--pipelines" in argv:
+        import torchjax  # noqa: F401
+
+        print(header("Hugging Face on tpu: diffusers pipelines"))
+        print(pipeline_report(pipeline_figures()))
+        return
     quick = "--quick" in argv
     if "--trainer" in argv:
         import torchjax  # noqa: F401
@@ -270,6 +347,8 @@ def main(argv) -> None:
     dec = decode_figures(new_tokens)
     diff = diffusion_figures()
     print(report(load, dec, diff, new_tokens))
+    print()
+    print(pipeline_report(pipeline_figures()))
     steps = 4 if quick else TRAINER_STEPS
     print()
     print(trainer_report(trainer_figures(steps), steps))

@@ -388,6 +388,17 @@ def test_fake_tensor_mode_class():
     assert ct.fake_tensor_mode_class() is FakeTensorMode
 
 
+def test_cpp_meta_kernels_turns_off_the_python_dispatcher():
+    from torch._dispatch.python import enable_python_dispatcher
+
+    x = torch.empty((), device="meta")
+    with enable_python_dispatcher():
+        python_rule = x.expand(1).stride()  # the Python meta rule: (1,) in torch 2.13
+        with ct.cpp_meta_kernels():
+            assert x.expand(1).stride() == torch.empty(()).expand(1).stride() == (0,)
+    assert python_rule in ((0,), (1,))
+
+
 def test_pytree_is_torchs():
     assert ct.pytree.tree_leaves({"a": [1, (2, 3)]}) == [1, 2, 3]
 

@@ -7,6 +7,7 @@ upgrade breaks exactly one module, loudly.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections import OrderedDict
@@ -550,6 +551,17 @@ def create_empty_tensor(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
 def new_untyped_storage(cls, *args, **kwargs):
     """torch's own ``UntypedStorage.__new__`` (``torch._C.StorageBase.__new__``)."""
     return torch._C.StorageBase.__new__(cls, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def cpp_meta_kernels():
+    """Ops called inside run their C++ kernels (on meta tensors: ATen's own metadata
+    rules, as in eager): torch's Python dispatcher (``torch._C._DisablePythonDispatcher``)
+    and the dispatch modes of the current stack (``_disable_current_modes``) are off."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with torch._C._DisablePythonDispatcher(), _disable_current_modes():
+        yield
 
 
 def fake_tensor_mode_class():

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from torchjax._compat.torch import create_empty_tensor, pytree
+from torchjax._compat.torch import cpp_meta_kernels, create_empty_tensor, pytree
 
 _INNER = "_fake_inner"
 
@@ -117,6 +117,7 @@ def dispatch(func, args, kwargs):
         # as torch.tensor([...], device="tpu") for real): its fake twin.
         return _inner_view(make(mode.from_tensor(stand_in(x)), x.shape, x.stride(), 0))
 
+    outer = (args, kwargs)
     args, kwargs = pytree.tree_map(unwrap, args), pytree.tree_map(unwrap, kwargs)
     own = _OWN_SHAPE_RULES.get(func)
     out = own(func, *args, **kwargs) if own is not None else func(*args, **kwargs)
@@ -126,10 +127,72 @@ def dispatch(func, args, kwargs):
             written = [a for a in schema.arguments if a.alias_info and a.alias_info.is_write]
             name = written[0].name
             return kwargs[name] if name in kwargs else args[0]
+        return _views_with_eager_strides(func, outer, out)
     return pytree.tree_map(
         lambda x: make(x) if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor) else x,
         out,
     )
+
+
+# Note [Fake views take eager strides]
+# Where a view has a dimension of size 1, that dimension's stride is a convention, and
+# torch's kernels differ on it: ATen's eager (and C++ meta) kernels give
+# ``x[0].expand(1)`` stride (0,) and ``(1, 4, 3, 16, 16)`` reshaped, permuted and
+# flattened to ``(1, 768, 4)`` strides (768, 1, 768), while FakeTensor's view rules, and
+# the meta kernels under torch's Python dispatcher, give (1,) and (3072, 1, 768). That
+# matters for inputs: Dynamo fakes an input that is a view of a traceable wrapper
+# subclass by replaying its view chain on the fake base under the Python dispatcher
+# (meta_utils' ``view_from_base``), then checks the fake's sizes, strides and offset
+# against the real tensor's; a tpu input made by a view (diffusers' Wan timestep
+# ``t.expand(1)``, LTX-2's packed latents) failed to compile with "Expected cond to be
+# True". So a fake view takes the strides ATen's eager kernel gives, computed by the C++
+# meta kernel on meta tensors of the real metadata; with symbolic sizes (dynamic shapes)
+# it keeps torch's fake strides.
+def _views_with_eager_strides(func, outer, out):
+    from torchjax.tensor._tensor import JaxTensor
+
+    eager = _eager_view(func, *outer)
+    flat, spec = pytree.tree_flatten(out)
+    eager_flat = pytree.tree_leaves(eager) if eager is not None else [None] * len(flat)
+    wrapped = [
+        make(x, stride=None if m is None else m.stride())
+        if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor)
+        else x
+        for x, m in zip(flat, eager_flat)
+    ]
+    return pytree.tree_unflatten(wrapped, spec)
+
+
+def _is_static(x) -> bool:
+    if isinstance(x, torch.Tensor):
+        return not any(
+            isinstance(v, torch.SymInt) for v in (*x.shape, *x.stride(), x.storage_offset())
+        )
+    return not isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _to_meta(x):
+    if not isinstance(x, torch.Tensor):
+        return x
+    # A meta base long enough for the view's offset and extent, then the view itself.
+    span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride()) if n > 0)
+    base = torch.empty(x.storage_offset() + span, dtype=x.dtype, device="meta")
+    return base.as_strided(x.shape, x.stride(), x.storage_offset())
+
+
+def _eager_view(func, args, kwargs):
+    """``func`` run on meta tensors with the outer (real) metadata by its C++ kernel, or
+    None when some size is symbolic or there is no such kernel."""
+    leaves = pytree.arg_tree_leaves(*args, **kwargs)
+    if not all(_is_static(x) for x in leaves):
+        return None
+    with cpp_meta_kernels():
+        margs, mkwargs = pytree.tree_map(_to_meta, (args, kwargs))
+        try:
+            return func(*margs, **mkwargs)
+        except (NotImplementedError, RuntimeError):
+            # A view op without a C++ meta kernel: torch's fake strides, as before.
+            return None
 
 
 def _grouped_mm_any_dtype(func, mat_a, mat_b, *args, **kwargs):
