@@ -45,7 +45,8 @@ SEQ = 16
 NEW_TOKENS = 8
 NAMES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "gemma4", "gemma4_moe", "llama4",
          "deepseek_v3", "gpt_oss", "minimax_m2", "t5gemma")  # fmt: skip
-QUICK = ("gemma4", "llama4", "minimax_m2")  # the fastest three of the kinds of layer
+# Sliding + shared-KV, chunked + NoPE, sigmoid-routed MoE: three kinds of layer, quick to compile.
+QUICK = ("gemma4", "llama4", "minimax_m2")
 TIMEOUT_S = 300
 
 
