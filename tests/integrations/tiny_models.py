@@ -125,9 +125,10 @@ def generate(model, batch: dict, **kwargs) -> torch.Tensor:
         return model.generate(**batch, **kwargs).cpu()
 
 
-def save_tiny(name: str, path: str, seed: int = 0) -> None:
-    """Build architecture ``name`` with seeded weights and ``save_pretrained`` it."""
-    auto, config, _ = ARCHITECTURES[name]
+def save_tiny(name: str, path: str, seed: int = 0, architectures=None) -> None:
+    """Build architecture ``name`` of ``architectures`` (default ``ARCHITECTURES``) with
+    seeded weights and ``save_pretrained`` it."""
+    auto, config, _ = (architectures or ARCHITECTURES)[name]
     torch.manual_seed(seed)
     model = auto.from_config(config())
     with torch.no_grad():
