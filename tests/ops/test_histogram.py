@@ -122,3 +122,13 @@ def test_dtype_errors():
         torch.histc(torch.tensor([True, False], device=TPU))
     with pytest.raises(NotImplementedError, match="aten::bincount"):
         torch.bincount(torch.tensor([1.0, 2.0], device=TPU))
+
+
+@pytest.mark.parametrize("right", [False, True])
+@pytest.mark.parametrize(
+    "seq_shape,values_shape", [((0, 0), (0, 0)), ((2, 0), (2, 3)), ((0, 3), (0, 2))]
+)
+def test_searchsorted_empty_batched(seq_shape, values_shape, right):
+    # An empty boundary row or batch once failed in the lowering's reshape (JAX refused it).
+    seq, values = torch.randn(seq_shape), torch.randn(values_shape)
+    oi.same(lambda s, v: torch.searchsorted(s, v, right=right), seq, values)

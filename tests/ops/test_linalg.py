@@ -199,3 +199,30 @@ def test_empty_matrices():
     for fn in (torch.linalg.det, torch.linalg.inv, torch.linalg.cholesky, torch.linalg.svdvals):
         same(fn, torch.zeros(2, 0, 0))
     same(torch.linalg.pinv, torch.zeros(0, 3))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"hermitian": True}, {"atol": 0.5}, {"atol": 0.5, "rtol": 0.1}, {"tol": 0.5}],
+    ids=["default", "hermitian", "atol", "atol_rtol", "tol"],
+)
+def test_matrix_rank_out_is_written(kwargs):
+    # Note [matrix_rank out=]: ATen's composite out= kernel left a subclass's out as it was.
+    a = torch.randn(3, 4, 4, dtype=torch.float64)
+    a[0, :, 0] = 0  # rank 3
+    if kwargs.get("hermitian"):
+        a = a + a.mT
+    expected = torch.linalg.matrix_rank(a, **kwargs)
+    out = torch.full((3,), 7, dtype=torch.long, device="tpu")
+    result = torch.linalg.matrix_rank(a.to("tpu"), **kwargs, out=out)
+    assert result is out
+    torch.testing.assert_close(out.cpu(), expected)
+
+
+def test_matrix_rank_out_tensor_tolerances():
+    a = torch.randn(2, 3, 3)
+    atol, rtol = torch.tensor(0.5), torch.tensor(0.1)
+    expected = torch.linalg.matrix_rank(a, atol=atol, rtol=rtol)
+    out = torch.empty(0, dtype=torch.long, device="tpu")
+    torch.linalg.matrix_rank(a.to("tpu"), atol=atol.to("tpu"), rtol=rtol.to("tpu"), out=out)
+    torch.testing.assert_close(out.cpu(), expected)

@@ -1,5 +1,7 @@
 """Tests for torchjax/ops/norm.py: OpInfo sweep plus what OpInfo misses."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -98,3 +100,15 @@ def test_fused_rms_norm_direct(eps):
 def test_layer_norm_shape_error():
     with pytest.raises(RuntimeError, match="aten::native_layer_norm"):
         F.layer_norm(torch.randn(2, 3).to("tpu"), (4,))
+
+
+@pytest.mark.parametrize("shape", [(0, 2), (0, 4, 3)])
+def test_group_norm_empty_batch(shape):
+    # An empty batch once failed in the lowering's reshape (JAX refused it).
+    x, w, b = torch.randn(shape), torch.randn(shape[1]), torch.randn(shape[1])
+    args = (0, shape[1], math.prod(shape[2:]), 2, 1e-5)
+    expected = torch.native_group_norm(x, w, b, *args)
+    got = torch.native_group_norm(x.to("tpu"), w.to("tpu"), b.to("tpu"), *args)
+    for e, g in zip(expected, got):
+        assert g.shape == e.shape and g.dtype == e.dtype
+    assert F.group_norm(x.to("tpu"), 2, w.to("tpu"), b.to("tpu")).shape == x.shape

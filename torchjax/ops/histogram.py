@@ -14,6 +14,8 @@ the data's range, as torch does.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -92,8 +94,10 @@ def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=No
     if seq.ndim == 1:
         rows, vals = seq.reshape(1, -1), values.reshape(1, -1)
     else:
-        rows = seq.reshape(-1, seq.shape[-1])
-        vals = values.reshape(rows.shape[0], -1)
+        # Sizes spelled out: with an empty boundary or batch, -1 has nothing to infer from.
+        batch = math.prod(seq.shape[:-1])
+        rows = seq.reshape(batch, seq.shape[-1])
+        vals = values.reshape(batch, values.shape[-1])
     pos = _binary_search(rows, vals, right).reshape(shape)
     return pos.astype(jnp.int32 if out_int32 else jnp.int64)
 

@@ -506,3 +506,17 @@ def linalg_pinv(self, atol=None, rtol=None, hermitian=False):
     tol = jnp.maximum(jnp.asarray(atol_)[..., None], jnp.asarray(rtol)[..., None] * max_val)
     s_inv = jnp.where(s_abs > tol, 1 / s, 0).astype(self.dtype)
     return _matmul(vh_h * s_inv[..., None, :], _mH(u))
+
+
+# Note [matrix_rank out=]
+# ATen's CompositeImplicitAutograd out= kernels of linalg_matrix_rank, given a tensor
+# subclass (every tpu tensor), compute ``at::sum(S > tol, -1)`` and rebind their C++
+# ``out`` reference to it: the Python out tensor is never written and keeps whatever it
+# held, a silent wrong result (CPU tensors take the ``sum_out`` branch). A fallthrough at
+# AutogradPrivateUse1 sends these overloads to the registry instead, which runs the
+# functional sibling (the same composite, whose result is right) and writes it into out
+# with torch's out= checks (ops/writeback.py). The result is an integer count: autograd
+# above has nothing to record.
+_MATRIX_RANK_OUT_LIB = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
+for _overload in ("out", "out_tol_tensor", "atol_rtol_tensor_out", "atol_rtol_float_out"):
+    _MATRIX_RANK_OUT_LIB.impl(f"linalg_matrix_rank.{_overload}", torch.library.fallthrough_kernel)

@@ -135,7 +135,8 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
             f"by num_groups, but got input of shape {list(input.shape)} and num_groups={group}"
         )
     acc = _opmath(input.dtype)
-    x = input.astype(acc).reshape(N, group, -1)
+    # The group size is spelled out: an empty batch (N = 0) leaves -1 nothing to infer from.
+    x = input.astype(acc).reshape(N, group, (C // group) * HxW)
     mean = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
     rstd = lax.rsqrt(var + jnp.asarray(eps, acc))
