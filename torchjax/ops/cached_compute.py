@@ -34,7 +34,7 @@ runs every eligible lowering, together with the promotion casts around it, as on
   dtypes, lists of ints) finds its executable in one dict lookup keyed by each tensor's
   (dtype, size) when its value is at hand, or (dtype, layout) for a view still to read
   (passed as its storage's array and, where the read takes it, its offset), each number's
-  exact type and each static value's template entry (``_fast_key``), skipping the
+  exact type and each static value's template entry (``fast_keys.key``), skipping the
   template; it determines the full key, so it never finds another call's executable.
   A tensor whose storage holds a value recorded in fused eager mode is looked up the
   same way. A list of tensors whose values are at hand (or None), such as ``cat``'s
@@ -102,7 +102,7 @@ import torch
 from torchjax import _budget
 from torchjax.device import _checks
 from torchjax.device._stats import cache_info, cache_info_entry  # noqa: F401 (public here)
-from torchjax.ops import _seeded, executables, promotion
+from torchjax.ops import _seeded, executables, fast_keys, promotion
 from torchjax.ops import fused as _fused
 from torchjax.ops.executables import CONCRETE_ERRORS
 from torchjax.ops.templates import (
@@ -169,10 +169,7 @@ _aten = torch.ops.aten
 _MASK_INDEXED = frozenset(
     {_aten.index.Tensor, _aten.index_put.default, _aten._index_put_impl.default}
 )
-_MASK_DTYPES = frozenset({torch.bool, torch.uint8})
-# The fast key's marker of a list of tensors, and the template entry of None.
-_TENSORS = object()
-_NONE_ENTRY = static(None)
+_MASK_DTYPES = fast_keys.MASK_DTYPES
 
 
 def compilable(func, entry) -> bool:
@@ -366,11 +363,15 @@ class CompiledCompute:
                         continue
                     # A list of tensors (cat's inputs, an index list): keyed by each
                     # one's (dtype, size), their arrays passed in order.
-                    part = self._fast_tensors(a, vals) if cls is list or cls is tuple else None
+                    part = (
+                        fast_keys.tensors(a, vals, self.masks)
+                        if cls is list or cls is tuple
+                        else None
+                    )
                     if part is None:
                         break
                     sig.append(part)
-                    sig.append(_TENSORS)
+                    sig.append(fast_keys.TENSORS)
             else:
                 run = self.tensor_cache.get(tuple(sig))
                 if run is not None:
@@ -396,40 +397,6 @@ class CompiledCompute:
                     self.info.calls += 1
                     return _checks.finish(out)
         return self._call(args, kwargs)
-
-    def _fast_tensors(self, seq, vals):
-        """``(type, ((dtype, size) or None, ...))`` of a list of tpu tensors whose values
-        are at hand (or None entries), their arrays appended to ``vals``; None for any
-        other list (views still to read, masks of an indexing op, CPU tensors)."""
-        parts = []
-        for y in seq:
-            if y is None:
-                parts.append(None)
-                continue
-            if y.__class__ is not JaxTensor:
-                return None
-            if self.masks and y.dtype in _MASK_DTYPES:
-                return None
-            storage = y._storage
-            if y._cache_version == storage.version:
-                vals.append(y._cache)
-            else:
-                size, stride, offset = y._size, y._stride, y._offset
-                if not (
-                    storage.covers(size, stride, offset) and stride == contiguous_strides(size)
-                ):
-                    return None
-                lazy = storage.lazy
-                if lazy is None:
-                    arr = storage.arr
-                    y._cache, y._cache_version = arr, storage.version
-                elif lazy.__class__ is _fused.Pending and _fused.recording():
-                    arr = lazy  # a recorded value (Note [Fused eager])
-                else:
-                    return None
-                vals.append(arr)
-            parts.append((y.dtype, y._size))
-        return (seq.__class__, tuple(parts))
 
     def _op_by_op(self, args, kwargs):
         self.info.op_by_op += 1
@@ -547,7 +514,7 @@ class CompiledCompute:
         run = self._build(tmpl, kwtmpl, dts)
         run.dts = dts
         run.nbytes = None if _budget.measure_bytes() else 0
-        fast = None if kwargs else self._fast_key(args, tmpl)
+        fast = None if kwargs else fast_keys.key(args, tmpl, self.pidx)
         if fast is None:
             return self.table.add(run_key, run)
 
@@ -560,42 +527,6 @@ class CompiledCompute:
                 del self.tensor_cache[fast]
 
         return self.table.add(run_key, run, on_add, on_evict)
-
-    def _fast_key(self, args, tmpl):
-        """The key ``__call__``'s fast path looks ``tmpl``'s executable up by: (dtype, size)
-        per tensor read before the call, (dtype, (size, stride, offset or None when it is
-        an argument, storage numel)) per view read inside it, (type, None) per Python
-        number cast as an argument, (template entry, STATIC) per static argument; None
-        when an argument is none of these."""
-        sig = [_default_dtype()]
-        for i, (a, e) in enumerate(zip(args, tmpl)):
-            cls = a.__class__
-            if cls is JaxTensor and e is ARRAY:
-                sig.append(a.dtype)
-                sig.append(a._size)
-            elif cls is JaxTensor and e.__class__ is View:
-                sig.append(a.dtype)
-                sig.append((a._size, a._stride, e.offset, e.numel))
-            elif cls in FAST_SCALARS and i in self.pidx and e is ARRAY:
-                sig.append(cls)
-                sig.append(None)
-            elif e is not ARRAY and static_entry(a) == e:
-                sig.append(e)
-                sig.append(STATIC)
-            elif (cls is list or cls is tuple) and e.__class__ is Seq and e.cls is cls:
-                parts = []
-                for y, ye in zip(a, e.entries):
-                    if y is None and ye == _NONE_ENTRY:
-                        parts.append(None)
-                    elif y.__class__ is JaxTensor and ye is ARRAY:
-                        parts.append((y.dtype, y._size))
-                    else:
-                        return None
-                sig.append((cls, tuple(parts)))
-                sig.append(_TENSORS)
-            else:
-                return None
-        return tuple(sig)
 
     def _measure(self, run, dyn):
         """Bytes of ``run``'s executable, once, when a byte budget is set."""
