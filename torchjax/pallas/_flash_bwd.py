@@ -119,6 +119,28 @@ def _dkv_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
         dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
 
+def _inputs(arrays, q_block, q_map, kv_rows, kv_map, mask_spec):
+    """The in_specs and arguments of a backward kernel, in the kernels' order: q, k, v,
+    the mask (``mask_spec``, when there is one), do, lse, delta. The query-side arrays
+    (q, do, lse, delta) take blocks of leading dims ``q_block`` by ``q_map``; k and v take
+    ``kv_rows`` rows by ``kv_map``."""
+    q, k, v, mask, do, lse, delta = arrays
+    d, dv = q.shape[-1], v.shape[-1]
+    specs = [
+        pl.BlockSpec((*q_block, d), q_map),
+        pl.BlockSpec((None, None, kv_rows, d), kv_map),
+        pl.BlockSpec((None, None, kv_rows, dv), kv_map),
+        pl.BlockSpec((*q_block, dv), q_map),
+        pl.BlockSpec((*q_block, 1), q_map),
+        pl.BlockSpec((*q_block, 1), q_map),
+    ]
+    args = [q, k, v, do, lse, delta]
+    if mask is not None:
+        specs.insert(3, mask_spec)
+        args.insert(3, mask)
+    return specs, args
+
+
 def _grid_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, lse, delta, do):
     b, hq, sq, d = q.shape
     hkv, sk, dv_dim = k.shape[1], k.shape[2], v.shape[-1]
@@ -135,24 +157,12 @@ def _grid_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pl
 
     row = lambda b_, h, i, j: (b_, h, i, 0)  # noqa: E731
     kv = lambda b_, h, i, j: (b_, h // group, kv_block(i, j), 0)  # noqa: E731
-    specs = [
-        pl.BlockSpec((None, None, block_q, d), row),
-        pl.BlockSpec((None, None, block_k, d), kv),
-        pl.BlockSpec((None, None, block_k, dv_dim), kv),
-        pl.BlockSpec((None, None, block_q, dv_dim), row),
-        pl.BlockSpec((None, None, block_q, 1), row),
-        pl.BlockSpec((None, None, block_q, 1), row),
-    ]
-    args = [q, k, v, do, lse, delta]
-    if mask is not None:
-        specs.insert(
-            3,
-            pl.BlockSpec(
-                (None, None, block_q, block_k),
-                lambda b_, h, i, j: (b_ if mb else 0, h if mh else 0, i, kv_block(i, j)),
-            ),
-        )
-        args.insert(3, mask)
+    mask_spec = mask is not None and pl.BlockSpec(
+        (None, None, block_q, block_k),
+        lambda b_, h, i, j: (b_ if mb else 0, h if mh else 0, i, kv_block(i, j)),
+    )
+    arrays = (q, k, v, mask, do, lse, delta)
+    specs, args = _inputs(arrays, (None, None, block_q), row, block_k, kv, mask_spec)
     dq = pl.pallas_call(
         functools.partial(_dq_grid_kernel, **kernel_args),
         grid=(b, hq, n_q, sk // block_k),
@@ -171,29 +181,11 @@ def _grid_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pl
 
     qrow = lambda b_, h, j, g, i: (b_, h * group + g, q_block(j, i), 0)  # noqa: E731
     key = lambda b_, h, j, g, i: (b_, h, j, 0)  # noqa: E731
-    specs = [
-        pl.BlockSpec((None, None, block_q, d), qrow),
-        pl.BlockSpec((None, None, block_k, d), key),
-        pl.BlockSpec((None, None, block_k, dv_dim), key),
-        pl.BlockSpec((None, None, block_q, dv_dim), qrow),
-        pl.BlockSpec((None, None, block_q, 1), qrow),
-        pl.BlockSpec((None, None, block_q, 1), qrow),
-    ]
-    args = [q, k, v, do, lse, delta]
-    if mask is not None:
-        specs.insert(
-            3,
-            pl.BlockSpec(
-                (None, None, block_q, block_k),
-                lambda b_, h, j, g, i: (
-                    b_ if mb else 0,
-                    h * group + g if mh else 0,
-                    q_block(j, i),
-                    j,
-                ),
-            ),
-        )
-        args.insert(3, mask)
+    mask_spec = mask is not None and pl.BlockSpec(
+        (None, None, block_q, block_k),
+        lambda b_, h, j, g, i: (b_ if mb else 0, h * group + g if mh else 0, q_block(j, i), j),
+    )
+    specs, args = _inputs(arrays, (None, None, block_q), qrow, block_k, key, mask_spec)
     key_out = [
         pl.BlockSpec((None, None, block_k, d), key),
         pl.BlockSpec((None, None, block_k, dv_dim), key),
@@ -282,24 +274,11 @@ def _loop_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pl
 
     row = lambda b_, h, i: (b_, h, i, 0)  # noqa: E731
     whole_kv = lambda b_, h, i: (b_, h // group, 0, 0)  # noqa: E731
-    specs = [
-        pl.BlockSpec((None, None, block_q, d), row),
-        pl.BlockSpec((None, None, sk, d), whole_kv),
-        pl.BlockSpec((None, None, sk, dv_dim), whole_kv),
-        pl.BlockSpec((None, None, block_q, dv_dim), row),
-        pl.BlockSpec((None, None, block_q, 1), row),
-        pl.BlockSpec((None, None, block_q, 1), row),
-    ]
-    args = [q, k, v, do, lse, delta]
-    if mask is not None:
-        specs.insert(
-            3,
-            pl.BlockSpec(
-                (None, None, block_q, sk),
-                lambda b_, h, i: (b_ if mb else 0, h if mh > 1 else 0, i, 0),
-            ),
-        )
-        args.insert(3, mask)
+    mask_spec = mask is not None and pl.BlockSpec(
+        (None, None, block_q, sk), lambda b_, h, i: (b_ if mb else 0, h if mh > 1 else 0, i, 0)
+    )
+    arrays = (q, k, v, mask, do, lse, delta)
+    specs, args = _inputs(arrays, (None, None, block_q), row, sk, whole_kv, mask_spec)
     dq = pl.pallas_call(
         functools.partial(_dq_loop_kernel, seq_k=sk, **common),
         grid=(b, hq, sq // block_q),
@@ -313,24 +292,11 @@ def _loop_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pl
 
     group_rows = lambda b_, h, j: (b_, h, 0, 0)  # noqa: E731
     key = lambda b_, h, j: (b_, h, j, 0)  # noqa: E731
-    specs = [
-        pl.BlockSpec((None, group, sq, d), group_rows),
-        pl.BlockSpec((None, None, block_k, d), key),
-        pl.BlockSpec((None, None, block_k, dv_dim), key),
-        pl.BlockSpec((None, group, sq, dv_dim), group_rows),
-        pl.BlockSpec((None, group, sq, 1), group_rows),
-        pl.BlockSpec((None, group, sq, 1), group_rows),
-    ]
-    args = [q, k, v, do, lse, delta]
-    if mask is not None:
-        specs.insert(
-            3,
-            pl.BlockSpec(
-                (None, group if mh > 1 else 1, sq, block_k),
-                lambda b_, h, j: (b_ if mb else 0, h if mh > 1 else 0, 0, j),
-            ),
-        )
-        args.insert(3, mask)
+    mask_spec = mask is not None and pl.BlockSpec(
+        (None, group if mh > 1 else 1, sq, block_k),
+        lambda b_, h, j: (b_ if mb else 0, h if mh > 1 else 0, 0, j),
+    )
+    specs, args = _inputs(arrays, (None, group, sq), group_rows, block_k, key, mask_spec)
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_loop_kernel, seq_q=sq, group=group, mask_heads=mh, **common),
         grid=(b, hkv, sk // block_k),
