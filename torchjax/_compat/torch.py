@@ -134,15 +134,15 @@ def rebuild_parameter_args(data: torch.Tensor, requires_grad: bool, hooks, state
     return (torch._utils._rebuild_parameter_with_state, (data, requires_grad, hooks, state))
 
 
-def with_state_args(reduced, state: dict):
+def with_state_args(reduced, state: dict, cls=torch.Tensor):
     """``reduced`` (a ``__reduce_ex__`` value) with ``state`` (a tensor's attributes) set
-    on the rebuilt tensor, as ``Tensor.__reduce_ex__`` does for a plain tensor with
-    attributes: through ``torch._tensor._rebuild_from_type_v2`` with ``torch.Tensor`` (on
-    torch.load's weights-only allow-list)."""
-    if not state:
+    on the rebuilt tensor, as ``Tensor.__reduce_ex__`` does for a tensor with attributes
+    or of a subclass ``cls``: through ``torch._tensor._rebuild_from_type_v2`` (on
+    torch.load's weights-only allow-list with ``torch.Tensor``)."""
+    if not state and cls is torch.Tensor:
         return reduced
     func, args = reduced
-    return (torch._tensor._rebuild_from_type_v2, (func, torch.Tensor, args, state))
+    return (torch._tensor._rebuild_from_type_v2, (func, cls, args, state))
 
 
 def storage_from_pointer(data_ptr: int, device: torch.device, nbytes: int):

@@ -124,6 +124,7 @@ def deepcopy(t, memo):
         else:
             storage = copy.deepcopy(t._storage, memo)
             new = make(storage, t._size, t._stride, t._offset, t.dtype, t._device_index)
+            new.__class__ = type(t)  # a user's subclass (Note [User tensor subclasses on tpu])
     if t.requires_grad:
         new.requires_grad_()
     if t.grad is not None:
@@ -158,15 +159,18 @@ def reduce_ex(t, proto):
     as ``nn.Parameter.__reduce_ex__`` does."""
     if t.__dict__.get("_is_param"):
         return _reduce_parameter(t)
+    from torchjax.tensor._user_subclass import user_class
+
+    cls = user_class(type(t)) or torch.Tensor
     if _fake.is_fake(t) or t.is_conj() or t.is_neg():
-        return with_state_args(_reduce_as_values(t), user_state(t))
+        return with_state_args(_reduce_as_values(t), user_state(t), cls)
     root = t._storage
     root = getattr(root, "root", root)  # an Interpretation's (dtype view's) root
     storage = _host_storage.snapshot(root, t.device, t._device_index)
     reduced = rebuild_tensor_args(
         storage, t.storage_offset(), tuple(t.shape), t.stride(), t.requires_grad, t.dtype
     )
-    return with_state_args(reduced, user_state(t))
+    return with_state_args(reduced, user_state(t), cls)
 
 
 def forking_reduce(t):

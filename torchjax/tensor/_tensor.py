@@ -199,7 +199,12 @@ class JaxTensor(torch.Tensor):
         # would make an autograd alias, so a loaded leaf came back a non-leaf.
         if cls is torch.Tensor:
             return self
-        return super().as_subclass(cls)
+        from torchjax.tensor import _user_subclass  # it builds on this module
+
+        made = _user_subclass.tpu_class(cls)
+        if made is None:
+            return super().as_subclass(cls)
+        return _user_subclass.alias_as(self, made)
 
     @property
     def data(self):
