@@ -150,3 +150,25 @@ def test_fused_sgd_half_updates_every_element(dtype):
     cpu, tpu = cpu.detach(), tpu.detach().cpu()
     assert (tpu != start[0]).float().mean() > 0.99, "fused SGD left parameters unchanged"
     torch.testing.assert_close(tpu, cpu, atol=0.02, rtol=0.02)
+
+
+def test_fused_steps_are_entries_of_the_overloads_table():
+    # One executable per (static hyperparameters, parameter list structure, shapes):
+    # counted per overload and emptied by clear_caches, as every op's executables.
+    from torchjax.device._stats import cache_info
+    from torchjax.ops import executables
+
+    adamw = torch.ops.aten._fused_adamw_.default
+    executables.clear_caches(adamw)
+    model = torch.nn.Linear(3, 2).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    for step in range(3):
+        opt.param_groups[0]["lr"] = 0.1 / (step + 1)  # a schedule: not a new executable
+        model(torch.ones(4, 3, device="tpu")).sum().backward()
+        opt.step()
+    info = cache_info(adamw)
+    assert (info.calls, info.keys, info.traces) == (3, 1, 1)
+    executables.clear_caches(adamw)
+    assert cache_info(adamw).calls == 0
+    opt.step()
+    assert (cache_info(adamw).keys, cache_info(adamw).traces) == (1, 1)

@@ -18,6 +18,12 @@ flat list of arrays, and run it through an ``Executables`` table of their overlo
 - ``cache_info(func)`` counts keys, traces and calls (Note [Eager engine counters]);
   ``clear_caches`` empties every table.
 
+A handler whose computation takes nested arguments (the fused optimizers' lists of
+parameters, ``None`` for absent state, Python hyperparameters) uses ``TreeRun``: the
+static arguments and the arguments' tree structure are the key, the flattened leaves
+the executable's arguments (Python numbers stay Python numbers, weakly typed, as a
+plain ``jax.jit`` call passes them).
+
 Built functions carry XLA's options (``COMPILER_OPTIONS``); jax refuses them on a jit
 nested in another trace (an op inside ``torchjax.jit``, or ``jax.grad`` over
 ``torchjax.functional``), so ``call`` retries there with the same function without them,
@@ -37,6 +43,7 @@ import jax
 
 from torchjax import _budget
 from torchjax.device._stats import cache_info_entry
+from torchjax.ops.templates import signature
 from torchjax.ops.xla_options import COMPILER_OPTIONS
 from torchjax.tensor import _errors
 
@@ -163,3 +170,48 @@ class Executables:
         self.runs, self.float_variants = {}, {}
         info = self.info
         info.keys = info.traces = info.eager_keys = info.calls = info.op_by_op = 0
+
+
+class TreeRun:
+    """``fn(*args, **kwargs)`` of one overload as one executable per (static keyword
+    values, tree structure of the other arguments, input signature) in that overload's
+    table (see the module docstring); ``static`` names the keywords that change the
+    computation."""
+
+    def __init__(self, func, fn, static: tuple[str, ...]):
+        self.func, self.fn, self.static = func, fn, static
+        self.table = Executables(func)
+        self.info = self.table.info
+        self.keys: set = set()
+        register(self)
+
+    def clear(self) -> None:
+        with self.table.lock:
+            self.table.clear()
+            self.keys = set()
+
+    def __call__(self, *args, **kwargs):
+        static = tuple((k, kwargs.pop(k)) for k in self.static)
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        key = (static, tree)
+        run_key = (key, signature(leaves))
+        run = self.table.get(run_key)
+        if run is None:
+            run = self.table.add(run_key, self._build(dict(static), tree), lambda: self._seen(key))
+        self.info.calls += 1
+        return call(run, leaves)
+
+    def _seen(self, key) -> None:
+        if key not in self.keys:
+            self.keys.add(key)
+            self.info.keys += 1
+
+    def _build(self, static, tree):
+        fn, info = self.fn, self.info
+
+        def traced(*leaves):
+            info.traces += 1
+            args, kwargs = jax.tree_util.tree_unflatten(tree, leaves)
+            return fn(*args, **kwargs, **static)
+
+        return build(traced, f"{self.func._opname}_{self.func._overloadname}")

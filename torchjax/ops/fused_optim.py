@@ -12,12 +12,11 @@ types); pass ``fused=True`` (one executable per step) or ``foreach=True``.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import torch
 
+from torchjax.ops import executables
 from torchjax.ops.pointwise_binary import exact_div, fma
 from torchjax.ops.registry import handler
 from torchjax.tensor import dtypes
@@ -131,7 +130,8 @@ def _skip_if(found_inf, new, old):
 
 # Note [One fused optimizer step]
 # ``_fused_adam(w)_`` and ``_fused_sgd_`` update every parameter of a param group in one
-# jax.jit call (the lists are its arguments; jit keys on their shapes and dtypes): one
+# executable of the overload's table (Note [One executable table]; the lists are its
+# arguments, keyed by their tree, shapes and dtypes): one
 # XLA dispatch per optimizer step instead of one per tensor. Hyperparameters that change
 # the computation (weight_decay == 0, amsgrad, maximize, momentum, nesterov, first step)
 # are static; lr (float or tensor), betas, eps and the state steps are arguments, so an
@@ -139,7 +139,9 @@ def _skip_if(found_inf, new, old):
 # (nothing is read back to the host): the values written are the old ones.
 
 
-@functools.partial(jax.jit, static_argnames=("weight_decay", "amsgrad", "maximize", "adamw"))
+_ADAM_STATIC = ("weight_decay", "amsgrad", "maximize", "adamw")
+
+
 def _adam_multi(
     params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, grad_scale, found_inf, **hyper
 ):
@@ -155,6 +157,7 @@ def _adam_multi(
 
 def _fused_adam_handler(func, adamw: bool):
     inplace = func._opname.endswith("_")
+    adam_multi = executables.TreeRun(func, _adam_multi, _ADAM_STATIC)
 
     def run(args, kwargs):
         params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps = args[:6]
@@ -172,7 +175,7 @@ def _fused_adam_handler(func, adamw: bool):
         if isinstance(lr, torch.Tensor):
             lr = _host_value(lr)
         amsgrad = kwargs["amsgrad"]
-        outs = _adam_multi(
+        outs = adam_multi(
             [t._value() for t in params],
             [t._value() for t in grads],
             [t._value() for t in exp_avgs],
@@ -238,9 +241,9 @@ def _sgd_step(
     return fma(g, const(-lr), p), new_grad, buf
 
 
-@functools.partial(
-    jax.jit, static_argnames=("weight_decay", "momentum", "nesterov", "maximize", "first")
-)
+_SGD_STATIC = ("weight_decay", "momentum", "nesterov", "maximize", "first")
+
+
 def _sgd_multi(params, grads, bufs, grad_scale, found_inf, **hyper):
     """Every parameter's fused SGD update (Note [One fused optimizer step])."""
     out = []
@@ -258,6 +261,7 @@ def _sgd_multi(params, grads, bufs, grad_scale, found_inf, **hyper):
 
 def _fused_sgd_handler(func):
     inplace = func._opname.endswith("_")
+    sgd_multi = executables.TreeRun(func, _sgd_multi, _SGD_STATIC)
 
     def run(args, kwargs):
         params, grads, bufs = args[:3]
@@ -271,7 +275,7 @@ def _fused_sgd_handler(func):
         if isinstance(lr, torch.Tensor):
             lr = _host_value(lr)
         momentum = kwargs["momentum"]
-        outs = _sgd_multi(
+        outs = sgd_multi(
             [t._value() for t in params],
             [t._value() for t in grads],
             [t._value() for t in bufs] if momentum != 0 else [None] * len(params),
