@@ -111,19 +111,6 @@ def _configs() -> dict:
             **{**d, "intermediate_size": 32}, num_local_experts=4, num_experts_per_tok=2,
         )  # fmt: skip
 
-    def t5gemma():
-        # Encoder-decoder of Gemma 2 stacks: sliding and global layers, soft-capping.
-        def module(**kw):
-            return tf.T5GemmaModuleConfig(
-                **{k: v for k, v in d.items() if k != "bos_token_id"}, sliding_window=4,
-                layer_types=["sliding_attention", "full_attention"], **kw,
-            )  # fmt: skip
-
-        return tf.T5GemmaConfig(
-            encoder=module(), decoder=module(is_decoder=True), vocab_size=tm.VOCAB,
-            pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
-        )  # fmt: skip
-
     causal = tf.AutoModelForCausalLM
     ours = {
         "qwen3_5_moe": (causal, qwen3_5_moe, "sdpa"),
@@ -131,7 +118,7 @@ def _configs() -> dict:
         "gemma4": (causal, gemma4, "sdpa"),
         "llama4": (causal, llama4, "sdpa"),
         "minimax_m2": (causal, minimax_m2, "sdpa"),
-        "t5gemma": (tf.AutoModelForSeq2SeqLM, t5gemma, "eager"),
+        "t5gemma": tm.T5GEMMA,
     }
     return {n: ours[n] if n in ours else tm.ARCHITECTURES[n] for n in NAMES}
 

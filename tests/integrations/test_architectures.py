@@ -104,3 +104,22 @@ def test_torch_compile_forward_with_its_own_cache_matches_cpu(models):
         want = cpu(**batch, use_cache=True).logits
         got = compiled(**{k: v.to("tpu") for k, v in batch.items()}, use_cache=True).logits
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_t5gemma_compiled_generate_traces_once(tmp_path):
+    # T5Gemma gives its cache a new cross-attention sub-cache at every generate; the
+    # compiled forward puts back the one it first saw (reset), so from the third call
+    # on (the second traces the prefill again: Note [Compiled generation with a static
+    # cache]) generate compiles nothing and keeps CPU's tokens.
+    auto, _, attn = tiny_models.T5GEMMA
+    tiny_models.save_tiny("t5gemma", str(tmp_path), architectures={"t5gemma": tiny_models.T5GEMMA})
+    cpu = auto.from_pretrained(tmp_path, attn_implementation=attn).eval()
+    tpu = auto.from_pretrained(tmp_path, attn_implementation=attn, device_map="tpu").eval()
+    batch = {"input_ids": IDS, "attention_mask": (IDS != 0).long()}
+    gen = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0)
+    want = tiny_models.generate(cpu, batch, **gen)
+    traces = []
+    for _ in range(4):
+        assert torch.equal(tiny_models.generate(tpu, batch, **gen), want)
+        traces.append(vars(tpu)["forward"].jitted.trace_count)
+    assert traces[2] == traces[3] > 0, traces

@@ -102,6 +102,23 @@ def _gpt_oss():
     )  # fmt: skip
 
 
+def _t5gemma():
+    # Encoder-decoder of Gemma 2 stacks: sliding and global layers, soft-capping.
+    def module(**kw):
+        return tf.T5GemmaModuleConfig(
+            **{k: v for k, v in _DECODER.items() if k != "bos_token_id"}, sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"], **kw,
+        )  # fmt: skip
+
+    return tf.T5GemmaConfig(
+        encoder=module(), decoder=module(is_decoder=True), vocab_size=VOCAB,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    )  # fmt: skip
+
+
+# Not in ARCHITECTURES (each of those runs every architecture test): used where named.
+T5GEMMA = (tf.AutoModelForSeq2SeqLM, _t5gemma, "eager")
+
 # name -> (Auto class, config factory, attn_implementation)
 ARCHITECTURES = {
     "qwen3": (tf.AutoModelForCausalLM, _qwen3, "sdpa"),

@@ -37,8 +37,13 @@ identity stable, which torchjax.jit needs and torch.compile does not:
   layer.keys.index_select(0, beam_idx)``): new tensors, new storages, which would be
   new state and a new trace per step. Before each compiled call the wrapper copies such
   a replacement into the tensor the layer held when first seen and puts that tensor
-  back (``_pin_cache``), so the state keeps its identity; torch.compile avoids the
+  back (``pin_cache``), so the state keeps its identity; torch.compile avoids the
   problem by taking the cache tensors as graph inputs.
+- An encoder-decoder model may replace its cache's cross-attention sub-cache at the start
+  of each ``generate`` (T5Gemma's ``_prepare_cache_for_generation`` makes a new
+  full-attention ``StaticCache``): new layers, new tensors, new traces every call. The
+  first compiled call with such a fresh sub-cache puts back the one seen before, reset,
+  when their layouts match (``reuse_cross_cache``).
 
 Traces: the prefill (prompt-length input) is one trace and the decode step another. The
 first prefill allocates the cache inside the trace (state created by the program), so
@@ -94,9 +99,14 @@ import torch
 
 from torchjax.compile._jit import Jitted, jit
 from torchjax.integrations.transformers import _decode
+from torchjax.integrations.transformers._cache_identity import (
+    layout,
+    made_in_inference_mode,
+    pin_cache,
+    reuse_cross_cache,
+)
 from torchjax.integrations.transformers._cache_state import (
     _CACHE_KWARGS,
-    _cache_objects,
     _frozen,
     _python_state,
     _replay,
@@ -170,6 +180,7 @@ def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=N
     jitted = jit(types.MethodType(_traced_forward, model), warn_after=warn_after)
 
     pinned = weakref.WeakKeyDictionary()  # cache layer -> {attribute: tensor}
+    crosses = weakref.WeakKeyDictionary()  # encoder-decoder cache -> its first cross cache
     # cache -> (tokens it holds, counted on the host; its _write_mark then)
     lengths = weakref.WeakKeyDictionary()
 
@@ -179,7 +190,8 @@ def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=N
         if cache is None or _AS_WRITTEN.get():
             return eager_forward(*args, **kwargs)
         room = _check_room(model, cache, args, kwargs, lengths)
-        _pin_cache(cache, pinned)
+        reuse_cross_cache(cache, crosses)
+        pin_cache(cache, pinned)
         guard = (_python_state(cache), _signature(args, kwargs))
         out = jitted(*args, _torchjax_guard=guard, **kwargs)
         _replay(cache, forward.after[guard])
@@ -384,26 +396,17 @@ def _reuse_static_cache(model, prepare):
         # it may not write: such a call takes the new cache instead (and traces anew).
         inference = torch.is_inference_mode_enabled()
         _unslide(cache, model._previous_max_cache_length)
-        layout = (cache_implementation, batch_size, model.dtype, model.device, _layout(cache))
-        old = caches.pop(layout, None)
-        if old is not None and not (_made_in_inference_mode(old) and not inference):
+        key = (cache_implementation, batch_size, model.dtype, model.device, layout(cache))
+        old = caches.pop(key, None)
+        if old is not None and not (made_in_inference_mode(old) and not inference):
             old.reset()
             cache = old
-        caches[layout] = cache
+        caches[key] = cache
         while len(caches) > KEEP_LAYOUTS:
             caches.popitem(last=False)
         return cache
 
     return prepare_static_cache
-
-
-def _made_in_inference_mode(cache) -> bool:
-    """Whether the cache's allocated tensors are inference tensors."""
-    for obj in _cache_objects(cache):
-        keys = getattr(obj, "keys", None)
-        if isinstance(keys, torch.Tensor):
-            return keys.is_inference()
-    return False
 
 
 def _unslide(cache, max_cache_len: int) -> None:
@@ -425,43 +428,6 @@ def _unslide(cache, max_cache_len: int) -> None:
             cache.layers[i] = cu.LinearAttentionAndStaticFullAttentionLayer(
                 max_cache_len=max_cache_len, number_of_states=layer.number_of_states
             )
-
-
-def _layout(cache) -> tuple:
-    from transformers.cache_utils import EncoderDecoderCache
-
-    if isinstance(cache, EncoderDecoderCache):
-        return (_layout(cache.self_attention_cache), _layout(cache.cross_attention_cache))
-    return (type(cache).__name__,) + tuple(
-        (type(layer).__name__, getattr(layer, "max_cache_len", None)) for layer in cache.layers
-    )
-
-
-def _pin_cache(cache, pinned) -> None:
-    """Give each cache layer back the key/value tensors it held when first seen, with
-    the current values copied in (see the module Note: beam search)."""
-    from transformers.cache_utils import EncoderDecoderCache
-
-    caches = (
-        (cache.self_attention_cache, cache.cross_attention_cache)
-        if isinstance(cache, EncoderDecoderCache)
-        else (cache,)
-    )
-    for c in caches:
-        for layer in getattr(c, "layers", ()):
-            if not getattr(layer, "is_initialized", False):
-                continue
-            held = pinned.setdefault(layer, {})
-            for name in ("keys", "values"):
-                t = getattr(layer, name, None)
-                if not isinstance(t, torch.Tensor):
-                    continue
-                old = held.setdefault(name, t)
-                if old is not t and old.shape == t.shape and old.dtype == t.dtype:
-                    old.copy_(t)
-                    setattr(layer, name, old)
-                elif old is not t:
-                    held[name] = t
 
 
 def _signature(args, kwargs) -> tuple:
