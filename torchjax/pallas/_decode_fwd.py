@@ -48,7 +48,9 @@ def _tile(q, k, v, bias, length, start, *, scale, causal, sq):
     if causal:
         limit = length - sq + 1
         if sq > 1:
-            limit = limit + lax.rem(lax.broadcasted_iota(jnp.int32, (rows, block_k), 0), sq)
+            limit = limit + lax.rem(
+                lax.broadcasted_iota(jnp.int32, (rows, block_k), 0), jnp.int32(sq)
+            )
     s = jnp.where(cols < limit, s, -jnp.inf)
     keys = start + lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)
     v = jnp.where(keys < length, v, jnp.zeros((), v.dtype))
