@@ -80,17 +80,22 @@ def test_sdpa_takes_decode_kernel_for_a_decode_call(monkeypatch):
     calls = _spy(monkeypatch)
     args = [x.to("tpu") for x in (q, k, v, mask)]
     with tp.use_flash_attention(True), torch.no_grad():
-        out = F.scaled_dot_product_attention(*args[:3], attn_mask=args[3])
+        out = attend(*args)
         with torch.inference_mode():  # the registry handler decides
-            inference = F.scaled_dot_product_attention(*args[:3], attn_mask=args[3])
-        jitted = torchjax.jit(lambda *a: F.scaled_dot_product_attention(*a[:3], attn_mask=a[3]))
-        traced = jitted(*args)
-    assert calls == [torch.Size([2, 2, 2, 32])] * 3
-    for o in (out, inference, traced):
+            inference = attend(*args)
+        traced = torchjax.jit(attend)(*args)
+        compiled = torch.compile(attend, backend="tpu")(*args)
+    # eager, inference mode, the jit trace; Dynamo's fake pass and the backend's trace
+    assert calls == [torch.Size([2, 2, 2, 32])] * 5
+    for o in (out, inference, traced, compiled):
         torch.testing.assert_close(o.cpu(), ref, atol=1e-5, rtol=1e-5)
     with tp.use_flash_attention(False), torch.no_grad():  # the switch: the jnp path
-        F.scaled_dot_product_attention(*args[:3], attn_mask=args[3])
-    assert len(calls) == 3
+        attend(*args)
+    assert len(calls) == 5
+
+
+def attend(q, k, v, mask):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 def test_sdpa_needing_grad_keeps_the_differentiable_path(monkeypatch):

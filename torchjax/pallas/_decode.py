@@ -39,6 +39,12 @@ the pool, so an unused entry may hold anything. One page per grid step keeps the
 simple at a cost for small pages (per-step overhead, ~0.35 us on TPU); pages of 128+
 tokens amortise it. The paged kernel takes no mask (lengths and causal only).
 
+Through SDPA (Note [SDPA dispatch rule]) the kernel sees what transformers passes: for
+one new token, q packed to (B, Hkv, group, D) (``pack_gqa``), so each kv head is read
+once; for several new tokens with a mask, K/V already repeated to Hq heads
+(``repeat_kv``: transformers uses ``enable_gqa`` only without a mask), read once per
+query head.
+
 Limits: no gradient (decoding is inference; SDPA's dispatch rule sends calls that need
 one elsewhere); ``Sq <= 16``; the mask's query dim 1 or ``Sq``, its head dim 1 or ``Hq``.
 On GPU the rows are padded to a power of two of at least 16 (Triton's dot and loads).
