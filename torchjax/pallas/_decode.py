@@ -236,7 +236,8 @@ def paged_decode_attention(
     Args:
         q: (B, Hq, Sq, D) float32/bfloat16/float16, ``1 <= Sq <= 16``.
         k_pages, v_pages: (num_pages, Hkv, page_size, D), q's dtype; page_size a multiple
-            of 8 (16 for 16-bit dtypes) on TPU, a power of two on GPU.
+            of 8 (16 for 16-bit dtypes) on TPU, a power of two of at least 16 on GPU
+            (Triton's dot); not checked here: the platform compiler refuses others.
         page_table: (B, pages_per_seq) integer page indices; position ``p`` of sequence
             ``b`` lives at ``k_pages[page_table[b, p // page_size], :, p % page_size]``.
         lengths: (B,) integer filled positions (clipped to pages_per_seq * page_size).
