@@ -24,6 +24,15 @@ from bench import kernels  # noqa: E402
 # a few seconds each and 22 runs per row keep the script within a few minutes.
 ATTENTION = [(4, 16, 4, 1024, 64, True), (4, 16, 16, 2048, 128, False), (1, 8, 2, 8192, 128, True)]
 RAGGED = [(4096, 1024, 2048, 8), (16384, 2048, 1024, 64)]
+# Decode steps (forward only) of a 32-query/8-kv-head model: a 32K cache filled to a
+# tenth and to half (the kernel's cost follows the filled length, the jnp path's S_max),
+# 8 new tokens, and the paged form with 128-position pages.
+DECODE = [
+    (8, 32, 8, 1, 32768, 128, 0.1, 0),
+    (8, 32, 8, 1, 32768, 128, 0.5, 0),
+    (8, 32, 8, 8, 8192, 128, 0.5, 0),
+    (8, 32, 8, 1, 8192, 128, 0.5, 128),
+]
 
 
 def main(argv=None):
@@ -52,6 +61,9 @@ def main(argv=None):
             rows += kernels.ragged_rows(
                 kernels.RAGGED_QUICK if quick else RAGGED, runs, interpret=False, grad=grad
             )
+        rows += kernels.decode_rows(
+            kernels.DECODE_QUICK if quick else DECODE, runs, interpret=False
+        )
     kernels.print_table(f"Pallas kernels on {gpus[0].device_kind}", rows, "Pallas (compiled)")
     return 0
 

@@ -140,3 +140,30 @@ def test_other_calls_run_transformers_loop(cpu, compiled):
     assert torch.equal(out.sequences.cpu(), _generate(cpu, **base))
     assert compiled.forward.last_fallback == "return_dict_in_generate"
     assert step.trace_count + step.cache_hits == calls  # none reached the decode program
+
+
+def test_decode_steps_run_the_pallas_decode_kernel_when_kernels_are_on(cpu, llama_dir, monkeypatch):
+    # With the Pallas kernels forced on (the TPU/GPU default; interpret mode here), the
+    # attention over the static cache of 16 positions goes to the decode kernel (Note
+    # [SDPA dispatch rule]) in both layers of the prefill (7 queries, keys repeated to
+    # the 4 query heads) and of the decode step (transformers packs each kv head's 2
+    # query heads as 2 query rows, with a (B, 1, 1, 16) mask). The tokens equal CPU's
+    # and those of the same model compiled with the kernels off (the jnp path).
+    from torchjax.pallas import _sdpa
+
+    calls, decode = [], _sdpa.decode_sdpa
+    monkeypatch.setattr(
+        _sdpa, "decode_sdpa", lambda *a, **kw: calls.append(tuple(a[1].shape)) or decode(*a, **kw)
+    )
+    kwargs = dict(STATIC, do_sample=False, eos_token_id=None, max_new_tokens=10)  # cache 16
+    tokens, seen = {}, {}
+    for kernels in (True, False):
+        model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, device_map="tpu")
+        compile_generate(model.eval())
+        with torchjax.pallas.use_flash_attention(kernels):
+            tokens[kernels] = _generate(model, **kwargs)
+        assert model.forward.last_fallback is None  # the decode program ran
+        seen[kernels], calls[:] = list(calls), []
+    assert seen[True] == [(2, 4, 16, 16)] * 2 + [(2, 2, 16, 16)] * 2 and seen[False] == []
+    assert torch.equal(tokens[True], _generate(cpu, **kwargs))
+    assert torch.equal(tokens[True], tokens[False])

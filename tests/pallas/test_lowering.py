@@ -67,3 +67,36 @@ def test_ragged_dot_forward_and_backward_lower(platform, transpose_rhs):
         ((64,), jnp.int32),
     )
     assert "torchjax_ragged_dot" in text and "torchjax_ragged_dot_tgmm" in text
+
+
+@pytest.mark.parametrize("sq, masked", [(1, False), (4, True)], ids=["sq1", "sq4-bool-mask"])
+def test_decode_attention_lowers(platform, sq, masked):
+    # Production shapes: a 32K cache in several key blocks of the platform's default,
+    # GQA 32 query heads over 8 kv heads, per-batch lengths.
+    def fn(q, k, v, lengths, *mask):
+        return kernels.decode_attention(q, k, v, lengths, *mask, interpret=False)
+
+    b, s = 4, 32768
+    mask = [((b, 1, sq, s), jnp.bool_)] if masked else []
+    kv = ((b, 8, s, 128), BF16)
+    text = _lower(platform, fn, ((b, 32, sq, 128), BF16), kv, kv, ((b,), jnp.int32), *mask)
+    assert "torchjax_decode_attention" in text
+
+
+@pytest.mark.parametrize("sq", [1, 8])
+def test_paged_decode_attention_lowers(platform, sq):
+    # 128-token pages, 64 per sequence (8K positions), a pool of 1024 pages.
+    def fn(q, k, v, table, lengths):
+        return kernels.paged_decode_attention(q, k, v, table, lengths, interpret=False)
+
+    pages = ((1024, 8, 128, 128), BF16)
+    text = _lower(
+        platform,
+        fn,
+        ((4, 32, sq, 128), BF16),
+        pages,
+        pages,
+        ((4, 64), jnp.int32),
+        ((4,), jnp.int32),
+    )
+    assert "torchjax_paged_decode_attention" in text

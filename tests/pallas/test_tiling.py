@@ -81,3 +81,31 @@ def test_ragged_dot_64_experts_d_model_4096_fits_vmem(k, n, transpose_rhs, tpu_b
     memory = program_memory(jax.grad(loss, argnums=(0, 1)), lhs, rhs, sizes)
     assert set(memory) == {"torchjax_ragged_dot", "torchjax_ragged_dot_tgmm"}
     assert max(memory.values()) < VMEM_BUDGET, memory
+
+
+@pytest.mark.parametrize("sq, masked", [(1, False), (16, True)], ids=["sq1", "sq16-mask"])
+def test_decode_attention_at_32k_fits_vmem(sq, masked, tpu_blocks):
+    # S_max = 32K, D = 128, GQA 8 query heads per kv head: R = 8 * Sq rows per program.
+    s = 32768
+    q = jax.ShapeDtypeStruct((2, 32, sq, 128), BF16)
+    kv = jax.ShapeDtypeStruct((2, 4, s, 128), BF16)
+    lengths = jax.ShapeDtypeStruct((2,), jnp.int32)
+    mask = [jax.ShapeDtypeStruct((2, 32, sq, s), jnp.bool_)] if masked else []
+
+    def fn(q, k, v, n, *m):
+        return kernels.decode_attention(q, k, v, n, *m, interpret=False)
+
+    memory = program_memory(fn, q, kv, kv, lengths, *mask)
+    assert set(memory) == {"torchjax_decode_attention"}
+    assert max(memory.values()) < VMEM_BUDGET, memory
+
+
+def test_paged_decode_attention_fits_vmem(tpu_blocks):
+    pages = jax.ShapeDtypeStruct((2048, 8, 256, 128), BF16)
+    q = jax.ShapeDtypeStruct((4, 64, 16, 128), BF16)
+    table = jax.ShapeDtypeStruct((4, 128), jnp.int32)  # 32K positions per sequence
+    lengths = jax.ShapeDtypeStruct((4,), jnp.int32)
+    fn = lambda *a: kernels.paged_decode_attention(*a, interpret=False)  # noqa: E731
+    memory = program_memory(fn, q, pages, pages, table, lengths)
+    assert set(memory) == {"torchjax_paged_decode_attention"}
+    assert max(memory.values()) < VMEM_BUDGET, memory

@@ -5,12 +5,18 @@
 - Flash attention: :func:`flash_attention` (``torch.ops.torchjax.flash_attention``),
   used by ``F.scaled_dot_product_attention`` where Note [SDPA dispatch rule] allows;
   :class:`use_flash_attention` turns it on/off.
+- Decode attention: :func:`decode_attention` (``torch.ops.torchjax.decode_attention``)
+  and :func:`paged_decode_attention`, 1-16 new tokens over a static or paged KV cache;
+  SDPA takes it for such calls under the same switch (:func:`decode_applies`).
 - :func:`ragged_dot` (``torch.ops.torchjax.ragged_dot``): grouped matmul for MoE.
 - Tokamax: ``tokamax_ragged_dot``, ``tokamax_attention``.
 - ``kernels``: the jax-level kernels and their jnp references (``torchjax.pallas.kernels``).
 """
 
 from torchjax.pallas import kernels as kernels
+from torchjax.pallas._decode_sdpa import decode_applies as decode_applies
+from torchjax.pallas._decode_sdpa import decode_attention as decode_attention
+from torchjax.pallas._decode_sdpa import paged_decode_attention as paged_decode_attention
 from torchjax.pallas._op import KernelOp as KernelOp
 from torchjax.pallas._op import interpret_default as interpret_default
 from torchjax.pallas._op import op as op
@@ -26,12 +32,15 @@ from torchjax.pallas._tokamax import tokamax_ragged_dot as tokamax_ragged_dot
 __all__ = [
     "FLASH_ATTENTION_ENV_VAR",
     "KernelOp",
+    "decode_applies",
+    "decode_attention",
     "flash_applies",
     "flash_attention",
     "flash_enabled",
     "interpret_default",
     "kernels",
     "op",
+    "paged_decode_attention",
     "ragged_dot",
     "tokamax_attention",
     "tokamax_ragged_dot",

@@ -64,6 +64,12 @@ def fwd_tile(q, k, v, bias, m, denom, acc, *, scale, causal, q_start, k_start):
     (block_q, 1) f32 columns, ``acc``
     (block_q, Dv) f32."""
     s = masked_scores(q, k, bias, scale, causal, q_start, k_start)
+    return softmax_step(s, v, m, denom, acc)
+
+
+def softmax_step(s, v, m, denom, acc):
+    """The online-softmax update of ``(m, denom, acc)`` by one tile of f32 scores ``s``
+    (masked entries -inf) and its value rows ``v``."""
     m_new = jnp.maximum(m, s.max(axis=1, keepdims=True))
     # A row masked so far has m == -inf: shift by 0 instead (exp(-inf) = 0, no NaN).
     shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)

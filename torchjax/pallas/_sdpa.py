@@ -24,6 +24,17 @@ used when all of these hold:
    (Sq, Sk) and leading dims 1 or full, not requiring grad; not both a mask and
    ``is_causal`` (torch raises there; the math path raises it).
 
+The decode kernel (``torch.ops.torchjax.decode_attention``, Note [Decode attention] in
+torchjax/pallas/_decode.py) is used instead when the switch is on and
+:func:`torchjax.pallas.decode_applies` holds: ``dropout_p == 0``, not ``is_causal``; q, k,
+v 4-D of one dtype as in 3, ``v`` the shape of ``k``; 1 <= Sq <= 16; Sk a multiple of 16
+(and of 128 past 2048); heads as in 5; ``attn_mask`` None, or bool/float of rank 2-4
+with last dim Sk, query dim 1 or Sq, head dim 1 or Hq, batch dim 1 or B; no input
+requiring grad (the kernel has no backward). That is the call transformers' SDPA
+integration makes for a decode step over a static cache: q packed to (B, Hkv, group, D)
+(``pack_gqa``), k/v the whole cache, a bool mask (B, 1, 1, S_max). The mask bounds the
+key blocks the kernel reads, so the step costs the filled length, not S_max.
+
 The rule reads only shapes, dtypes and flags, never data, so it holds under
 ``torchjax.jit`` and ``torch.compile``; it is evaluated when a program is traced, so a
 switch flipped later does not change already compiled programs.
@@ -38,6 +49,7 @@ import torch
 
 from torchjax.ops.attention import causal_into_mask, fused_sdpa, fused_sdpa_applies
 from torchjax.ops.registry import handler
+from torchjax.pallas._decode_sdpa import decode_applies, decode_sdpa
 from torchjax.pallas._flash import flash_attention as _flash_attention
 from torchjax.pallas._op import interpret_default, op
 
@@ -144,9 +156,10 @@ def scaled_dot_product_attention(
 ):
     """The AutogradPrivateUse1 kernel of ``aten::scaled_dot_product_attention``."""
     attn_mask, is_causal = causal_into_mask(query, key, value, attn_mask, dropout_p, is_causal)
-    if flash_enabled() and flash_applies(
-        query, key, value, attn_mask, dropout_p, is_causal, enable_gqa
-    ):
+    args = (query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    if flash_enabled() and decode_applies(*args):
+        return decode_sdpa(query, key, value, attn_mask, scale)
+    if flash_enabled() and flash_applies(*args):
         return flash_attention(query, key, value, attn_mask, is_causal=is_causal, scale=scale)
     return aten.scaled_dot_product_attention.default.decompose(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
@@ -167,7 +180,10 @@ def _autograd_kernel(
     # SDPA's own kernel for tpu tensors, above the CompositeImplicitAutograd decomposition.
     attn_mask, is_causal = causal_into_mask(query, key, value, attn_mask, dropout_p, is_causal)
     args = (query, key, value, attn_mask, dropout_p, is_causal)
-    if not (flash_enabled() and flash_applies(*args, enable_gqa)) and fused_sdpa_applies(*args):
+    kernel = flash_enabled() and (
+        decode_applies(*args, enable_gqa) or flash_applies(*args, enable_gqa)
+    )
+    if not kernel and fused_sdpa_applies(*args):
         return fused_sdpa(*args, scale, enable_gqa)
     return scaled_dot_product_attention(*args, scale=scale, enable_gqa=enable_gqa)
 

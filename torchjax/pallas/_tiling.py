@@ -43,12 +43,35 @@ VMEM_BUDGET = 16 * 2**20
 # Per platform and kernel: block sizes (largest wanted; fit_block shrinks them to divide
 # the array). Flash: (block_q, block_k) for forward and for both backward kernels.
 # Ragged dot: (block_m, block_k, block_n).
+# Decode attention: (block_k,), keys per step of a contiguous cache (a paged cache steps
+# by its page). Decode reads the cache once: a large block amortises the per-step cost,
+# while the skipped tail (Note [Decode attention]) wastes at most one block.
 BLOCKS = {
-    "tpu_v5e": {"flash_fwd": (512, 512), "flash_bwd": (256, 512), "ragged": (512, 512, 512)},
-    "tpu_v6e": {"flash_fwd": (512, 1024), "flash_bwd": (512, 512), "ragged": (512, 1024, 1024)},
-    "gpu": {"flash_fwd": (128, 64), "flash_bwd": (64, 64), "ragged": (128, 64, 128)},
+    "tpu_v5e": {
+        "flash_fwd": (512, 512),
+        "flash_bwd": (256, 512),
+        "ragged": (512, 512, 512),
+        "decode": (1024,),
+    },
+    "tpu_v6e": {
+        "flash_fwd": (512, 1024),
+        "flash_bwd": (512, 512),
+        "ragged": (512, 1024, 1024),
+        "decode": (2048,),
+    },
+    "gpu": {
+        "flash_fwd": (128, 64),
+        "flash_bwd": (64, 64),
+        "ragged": (128, 64, 128),
+        "decode": (128,),
+    },
     # Interpret mode pays per grid step, not per byte: large blocks, few steps.
-    "interpret": {"flash_fwd": (512, 512), "flash_bwd": (512, 512), "ragged": (256, 256, 256)},
+    "interpret": {
+        "flash_fwd": (512, 512),
+        "flash_bwd": (512, 512),
+        "ragged": (256, 256, 256),
+        "decode": (2048,),
+    },
 }
 
 # Smallest legal step of a block dim per platform: Mosaic wants the last two block dims
@@ -71,7 +94,8 @@ def _table_row(plat: str) -> dict:
 
 
 def default_blocks(kernel: str, plat: str) -> tuple[int, ...]:
-    """The table's block sizes for ``kernel`` ("flash_fwd", "flash_bwd", "ragged")."""
+    """The table's block sizes for ``kernel`` ("flash_fwd", "flash_bwd", "ragged",
+    "decode")."""
     return _table_row(plat)[kernel]
 
 
