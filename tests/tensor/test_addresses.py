@@ -205,3 +205,30 @@ def test_transformers_id_tensor_storage_tells_tied_from_distinct():
     ids = [id_tensor_storage(t) for t in (m[0].weight, m[1].weight, ln.weight, ln.bias)]
     assert ids[0] == ids[1] and len(set(ids)) == 3
     assert ids[0][0] == torch.device("tpu", 0) and ids[0][2] == 5 * 3 * 4
+
+
+def _tied_model():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
+    m[1].weight = m[0].weight
+    return m
+
+
+def test_safetensors_save_and_load_model_of_tied_tpu_weights(tmp_path):
+    # safetensors dedups tied weights by storage (storage_ptr/storage_size), on save
+    # and on load; both refused a tpu model before.
+    from safetensors.torch import load_file, load_model, save_model
+
+    save_model(_tied_model(), tmp_path / "cpu.safetensors")
+    save_model(_tied_model().to("tpu"), tmp_path / "tpu.safetensors")
+    cpu, tpu = load_file(tmp_path / "cpu.safetensors"), load_file(tmp_path / "tpu.safetensors")
+    assert sorted(tpu) == sorted(cpu) and len(cpu) == 1
+    for name in cpu:
+        assert torch.equal(tpu[name], cpu[name])
+    target = _tied_model().to("tpu")
+    with torch.no_grad():
+        target[0].weight.zero_()
+    missing, unexpected = load_model(target, tmp_path / "cpu.safetensors")
+    assert not missing and not unexpected
+    assert torch.equal(target[1].weight.cpu(), _tied_model()[1].weight)
+    assert target[1].weight is target[0].weight
