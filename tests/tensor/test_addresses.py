@@ -2,6 +2,7 @@
 checked against the same code on CPU tensors."""
 
 import copy
+import gc
 import io
 import pickle
 
@@ -75,6 +76,14 @@ def test_one_storage_object_per_root_as_on_cpu():
     for x in (torch.arange(6.0), torch.arange(6.0).to("tpu")):
         assert x.untyped_storage() is x[1:].untyped_storage()
         assert x.untyped_storage() is not x.clone().untyped_storage()
+
+
+def test_a_storage_outliving_its_tensors_keeps_their_data():
+    for device in ("cpu", "tpu"):
+        s = torch.arange(4.0, device=device)[1:].untyped_storage()
+        gc.collect()
+        assert torch.empty(0, device=device).set_(s).tolist() == [0.0, 1.0, 2.0, 3.0]
+        assert bytes(s) == bytes(torch.arange(4.0).untyped_storage())
 
 
 def test_storage_of_a_grown_root_follows_it():

@@ -21,9 +21,10 @@ its identity and extent: PyTorch's tests (``tensor.storage().data_ptr()`` of a v
 of its base), safetensors' ``storage_ptr``/``storage_size`` and transformers'
 ``id_tensor_storage`` (shared and tied weights), ``x.set_(x.storage(), offset, size,
 stride)``. So ``JaxTensor.untyped_storage()`` answers with one tpu ``UntypedStorage``
-per root ``Storage`` (cached, so views of a root get the same object, as on CPU): it
-does not own memory, its ``data_ptr()`` is the root's address and its ``nbytes()`` the
-root's size in bytes. Any other spelling of ``storage()`` asks the same method.
+per root ``Storage`` (the same object for every view of the root while one is alive, as
+on CPU): it owns no memory, its ``data_ptr()`` is the root's address and its ``nbytes()``
+the root's size in bytes; it keeps the root alive, as a CPU storage keeps its memory.
+Any other spelling of ``storage()`` asks the same method.
 
 torch's own operations on a tpu storage (``cpu()``, ``bytes()``, indexing, ``fill_``,
 ``copy_``, ``clone``, ``torch.save`` of the storage) never read its pointer: they view it
@@ -47,14 +48,17 @@ import torch
 
 from torchjax._compat.torch import storage_from_pointer
 from torchjax.tensor import dtypes
-from torchjax.tensor._reinterpret import interpret
+from torchjax.tensor._reinterpret import Interpretation, interpret
 
 # root Storage -> (address, bytes of address range); address -> root (every address a
 # live root ever had, so a storage made before the root grew still resolves).
 _RANGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _ROOTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-# root Storage -> its tpu UntypedStorage (Note [torch storages of tpu tensors])
-_STORAGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# address -> the live tpu UntypedStorage standing for that root (Note [torch storages of
+# tpu tensors]); the storage keeps its root alive (_ROOT attribute), as a CPU storage
+# keeps its memory, so a storage outliving its tensors still reads their data.
+_STORAGES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_ROOT = "_torchjax_root"
 _NEXT = [1 << 44]
 _LOCK = threading.Lock()
 # 16 bytes an element bounds every dtype's view of a storage.
@@ -63,7 +67,7 @@ _MAX_ITEMSIZE = 16
 
 def root_of(storage):
     """The root Storage under a Storage or an Interpretation (a dtype view of one)."""
-    return getattr(storage, "root", storage)
+    return storage.root if storage.__class__ is Interpretation else storage
 
 
 def address(storage) -> int:
@@ -98,10 +102,11 @@ def untyped_storage(storage, device: torch.device) -> torch.UntypedStorage:
     root = root_of(storage)
     addr, size = address(root), nbytes(root)
     with _LOCK:
-        cached = _STORAGES.get(root)
-        if cached is not None and cached.data_ptr() == addr and cached.nbytes() == size:
+        cached = _STORAGES.get(addr)
+        if cached is not None and cached.nbytes() == size:
             return cached
-        made = _STORAGES[root] = storage_from_pointer(addr, device, size)
+        made = _STORAGES[addr] = storage_from_pointer(addr, device, size)
+        setattr(made, _ROOT, root)
     return made
 
 
