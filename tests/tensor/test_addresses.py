@@ -78,12 +78,30 @@ def test_one_storage_object_per_root_as_on_cpu():
         assert x.untyped_storage() is not x.clone().untyped_storage()
 
 
-def test_a_storage_outliving_its_tensors_keeps_their_data():
-    for device in ("cpu", "tpu"):
-        s = torch.arange(4.0, device=device)[1:].untyped_storage()
+def test_a_storage_outliving_its_tensors_names_the_limit():
+    # A CPU storage keeps its memory; a tpu storage does not keep its root (Note [torch
+    # storages of tpu tensors]): using it after its tensors died says so.
+    s = torch.arange(4.0)[1:].untyped_storage()
+    assert torch.empty(0).set_(s).tolist() == [0.0, 1.0, 2.0, 3.0]
+    s = torch.arange(4.0, device="tpu")[1:].untyped_storage()
+    gc.collect()
+    with pytest.raises(RuntimeError, match="aten::set_: .* freed: a tpu storage does not keep"):
+        torch.empty(0, device="tpu").set_(s)
+    with pytest.raises(RuntimeError, match="freed"):
+        bytes(s)
+
+
+def test_storage_identity_is_stable_while_the_root_lives():
+    # torch compares storages by StorageImpl (StorageWeakRef, _cdata): as on CPU, every
+    # call and every view of a root give the same one.
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    for x in (torch.arange(6.0), torch.arange(6.0).to("tpu")):
+        first = x.untyped_storage()._cdata
         gc.collect()
-        assert torch.empty(0, device=device).set_(s).tolist() == [0.0, 1.0, 2.0, 3.0]
-        assert bytes(s) == bytes(torch.arange(4.0).untyped_storage())
+        assert x[1:].storage()._cdata == first
+        assert StorageWeakRef(x.untyped_storage()) == StorageWeakRef(x.t().untyped_storage())
+        assert StorageWeakRef(x.untyped_storage()) != StorageWeakRef(x.clone().untyped_storage())
 
 
 def test_storage_of_a_grown_root_follows_it():
@@ -241,3 +259,19 @@ def test_safetensors_save_and_load_model_of_tied_tpu_weights(tmp_path):
     assert not missing and not unexpected
     assert torch.equal(target[1].weight.cpu(), _tied_model()[1].weight)
     assert target[1].weight is target[0].weight
+
+
+def test_asking_for_the_storage_does_not_delay_freeing_the_data():
+    # No reference cycle between a root and its torch storage: the device memory goes
+    # when the last tensor does, not at a later garbage collection.
+    import weakref
+
+    gc.disable()
+    try:
+        t = torch.arange(4.0, device="tpu")
+        assert t[1:].untyped_storage().nbytes() == 16
+        root = weakref.ref(t._storage)
+        del t
+        assert root() is None
+    finally:
+        gc.enable()

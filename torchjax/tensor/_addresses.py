@@ -21,9 +21,9 @@ its identity and extent: PyTorch's tests (``tensor.storage().data_ptr()`` of a v
 of its base), safetensors' ``storage_ptr``/``storage_size`` and transformers'
 ``id_tensor_storage`` (shared and tied weights), ``x.set_(x.storage(), offset, size,
 stride)``. So ``JaxTensor.untyped_storage()`` answers with one tpu ``UntypedStorage``
-per root ``Storage`` (the same object for every view of the root while one is alive, as
-on CPU): it owns no memory, its ``data_ptr()`` is the root's address and its ``nbytes()``
-the root's size in bytes; it keeps the root alive, as a CPU storage keeps its memory.
+per root ``Storage``, kept by the root (the same object, so the same ``_cdata`` that
+``StorageWeakRef`` compares, for every view of the root, as on CPU): it owns no memory,
+its ``data_ptr()`` is the root's address and its ``nbytes()`` the root's size in bytes.
 Any other spelling of ``storage()`` asks the same method.
 
 torch's own operations on a tpu storage (``cpu()``, ``bytes()``, indexing, ``fill_``,
@@ -34,7 +34,11 @@ storage (or of a slice of it) is a view of the root (an interpretation of it for
 another dtype). Limits: the pointer is not memory (ctypes or C++ code that dereferences
 a tpu storage's pointer reads garbage or crashes, as with ``data_ptr()``); C++ code that
 reads the TensorImpl storage itself (not through the Python method) still sees the
-placeholder; ``storage.resize_()`` is refused by torch (no tpu allocator).
+placeholder; ``storage.resize_()`` is refused by torch (no tpu allocator). A storage
+does not keep its root alive (the root keeps the storage: the other way too would be a
+reference cycle, holding device memory until a full garbage collection): a storage
+kept after every tensor of its root died has no data, and ``set_`` of it or reading it
+raises, where a CPU storage keeps its memory.
 """
 
 from __future__ import annotations
@@ -54,12 +58,8 @@ from torchjax.tensor._reinterpret import Interpretation, interpret
 # live root ever had, so a storage made before the root grew still resolves).
 _RANGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _ROOTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-# address -> the live tpu UntypedStorage standing for that root (Note [torch storages of
-# tpu tensors]); the storage keeps its root alive (_ROOT attribute), as a CPU storage
-# keeps its memory, so a storage outliving its tensors still reads their data.
-_STORAGES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_ROOT = "_torchjax_root"
-_NEXT = [1 << 44]
+_FIRST = 1 << 44
+_NEXT = [_FIRST]
 _LOCK = threading.Lock()
 # 16 bytes an element bounds every dtype's view of a storage.
 _MAX_ITEMSIZE = 16
@@ -102,11 +102,11 @@ def untyped_storage(storage, device: torch.device) -> torch.UntypedStorage:
     root = root_of(storage)
     addr, size = address(root), nbytes(root)
     with _LOCK:
-        cached = _STORAGES.get(addr)
-        if cached is not None and cached.nbytes() == size:
+        # An unset slot reads through Storage.__getattr__, which raises AttributeError.
+        cached = getattr(root, "torch_storage", None)
+        if cached is not None and cached.data_ptr() == addr and cached.nbytes() == size:
             return cached
-        made = _STORAGES[addr] = storage_from_pointer(addr, device, size)
-        setattr(made, _ROOT, root)
+        made = root.torch_storage = storage_from_pointer(addr, device, size)
     return made
 
 
@@ -141,6 +141,12 @@ def storage_view(t, untyped: torch.UntypedStorage, offset: int, size, stride):
         return None
     found = resolve(untyped)
     if found is None:
+        if _FIRST <= untyped.data_ptr() < _NEXT[0]:
+            raise RuntimeError(
+                f"aten::set_: this {untyped.device} storage belonged to tensors that have all "
+                "been freed: a tpu storage does not keep its data alive (Note [torch storages "
+                "of tpu tensors]); keep one of its tensors alive as long as the storage"
+            )
         return None
     root, byte_offset = found
     if untyped.device != t.device:
