@@ -4,7 +4,11 @@ checked against the same code on CPU tensors."""
 import copy
 import gc
 import io
+import os
 import pickle
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -140,6 +144,30 @@ def test_set_to_another_tensors_storage_aliases_it(device):
     # A slice of the storage starts where it starts.
     part = torch.empty(0, device=device).set_(a.untyped_storage()[8:16])
     assert part.tolist() == [12.0, 13.0] and part.data_ptr() == ptr(a) + 8
+
+
+def test_storage_of_a_second_device_stays_there():
+    # Its own device's tensors view it; another device's refuse it with torch's message.
+    code = textwrap.dedent(
+        """
+        import torch, torchjax
+        a = torch.arange(4.0, device="tpu:1")
+        s = a.untyped_storage()
+        assert s.device == torch.device("tpu", 1)
+        b = torch.empty(0, device="tpu:1").set_(s, 1, (2,))
+        assert b.device == a.device and b.tolist() == [1.0, 2.0]
+        try:
+            torch.empty(0, device="tpu:0").set_(s)
+        except RuntimeError as e:
+            assert 'different device "tpu:1"' in str(e), e
+        else:
+            raise AssertionError("set_ across devices was accepted")
+        print("ok")
+        """
+    )
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
 
 
 def test_set_past_the_end_grows_the_storage_as_on_cpu():
