@@ -303,3 +303,14 @@ def test_asking_for_the_storage_does_not_delay_freeing_the_data():
         assert root() is None
     finally:
         gc.enable()
+
+
+def test_storage_size_under_torch_compile_as_on_cpu():
+    # Fake tpu tensors answer with their inner fake's storage (Note [JaxTensor under
+    # Dynamo]), which Dynamo sizes as the real one.
+    def f(a):
+        return a + a.untyped_storage().nbytes()
+
+    want = torch.compile(f, backend="eager")(torch.zeros(4)[1:])
+    got = torch.compile(f, backend="tpu")(torch.zeros(4, device="tpu")[1:])
+    assert got.cpu().tolist() == want.tolist() == [16.0] * 3
