@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import x64
-from torchjax._compat.torch import awaits_legacy_bytes
+from torchjax._compat.torch import awaits_legacy_bytes, untyped_storage_of
 from torchjax.device import _checks, _stats
 from torchjax.device._module import jax_device
 from torchjax.device._serialization import defer_until_loaded, loading, storage_for
@@ -22,6 +22,7 @@ from torchjax.ops.promotion import astype
 from torchjax.ops.registry import handler, lowering
 from torchjax.ops.writeback import write_into
 from torchjax.tensor import dtypes
+from torchjax.tensor._addresses import storage_view
 from torchjax.tensor._host_storage import host_view
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor, view_of, wrap
@@ -181,14 +182,20 @@ def set_source_tensor_view(args, kwargs):
 
 @handler(aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)
 def set_source_storage(args, kwargs):
-    """aten::set_(storage, offset, size, stride) - view a storage restored to tpu by
-    torch.load (Note [Loading checkpoints onto tpu] in torchjax/device/_serialization.py)."""
+    """aten::set_(storage, offset, size, stride) - view a tpu tensor's storage (Note
+    [torch storages of tpu tensors] in torchjax/tensor/_addresses.py) or a storage
+    restored to tpu by torch.load (Note [Loading checkpoints onto tpu] in
+    torchjax/device/_serialization.py)."""
     self, source = args[0], args[1]
     if len(args) > 2:
         offset, size = args[2], tuple(args[3])
         stride = tuple(args[4]) if len(args) > 4 and args[4] else contiguous_strides(size)
     else:
         offset, size, stride = 0, None, None
+    view = storage_view(self, untyped_storage_of(source), offset, size, stride)
+    if view is not None:
+        self._rebind(*view, self.dtype)
+        return self
     index = self._device_index
 
     def make_storage(flat: torch.Tensor) -> Storage:

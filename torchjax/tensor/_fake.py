@@ -40,6 +40,11 @@ def is_fake(t) -> bool:
     return _INNER in t.__dict__
 
 
+def inner(t) -> torch.Tensor:
+    """The fake inner tensor of a fake JaxTensor."""
+    return t.__dict__[_INNER]
+
+
 def any_fake(args, kwargs) -> bool:
     from torchjax.tensor._tensor import JaxTensor
 

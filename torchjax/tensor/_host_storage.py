@@ -32,6 +32,7 @@ import weakref
 import torch
 
 from torchjax._compat.torch import storage_from_pointer, untyped_storage_of
+from torchjax.tensor._addresses import storage_view
 
 DEVICE_TYPE = "tpu"
 # Attributes set on a host-backed tpu UntypedStorage: the CPU storage owning its bytes,
@@ -75,7 +76,8 @@ def loaded(storage) -> dict:
 
 def host_view(t: torch.Tensor, *, reading: bool) -> torch.Tensor:
     """``t`` itself, or for a plain (non-JaxTensor) tpu tensor over a host-backed storage
-    the CPU tensor viewing its bytes at the same size, stride and offset. ``reading``:
+    the CPU tensor viewing its bytes at the same size, stride and offset (over a tpu
+    tensor's own storage, the tpu tensor viewing its root there). ``reading``:
     the bytes are first brought up to date from a tensor bound to the storage."""
     from torchjax.tensor._tensor import JaxTensor
 
@@ -84,6 +86,11 @@ def host_view(t: torch.Tensor, *, reading: bool) -> torch.Tensor:
     untyped = t.untyped_storage()
     if untyped.nbytes() == 0:  # nothing to read or write (an empty tensor's storage)
         return torch.empty(0, dtype=t.dtype).set_(torch.UntypedStorage(0), 0, t.size(), t.stride())
+    view = storage_view(t, untyped, t.storage_offset(), t.size(), t.stride())
+    if view is not None:  # a tpu tensor's own storage (Note [torch storages of tpu tensors])
+        from torchjax.tensor._tensor import make
+
+        return make(*view, t.dtype, t.device.index or 0)
     address = untyped.data_ptr()
     # torch's C++ wraps the storage in a new Python object (no attributes): the
     # host-backed storage is known by its address.

@@ -61,7 +61,18 @@ class Storage:
     # lazy: [fill, dtype, jax device] while the array is not made yet, else None
     # (Note [Storages filled on first read]); or, in fused eager mode, the pending value
     # of a recorded op (Note [Fused eager] in torchjax/ops/fused.py).
-    __slots__ = ("arr", "version", "numel", "shape", "interpretations", "lazy", "__weakref__")
+    # torch_storage: the tpu UntypedStorage standing for this storage once asked for
+    # (Note [torch storages of tpu tensors] in torchjax/tensor/_addresses.py); unset before.
+    __slots__ = (
+        "arr",
+        "version",
+        "numel",
+        "shape",
+        "interpretations",
+        "lazy",
+        "torch_storage",
+        "__weakref__",
+    )
 
     def __init__(self, arr: jax.Array, shape=None, numel=None):
         # shape/numel: precomputed by callers that have them (wrap), to save the work.

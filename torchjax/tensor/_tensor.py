@@ -13,8 +13,6 @@ threads and after any context manager exits.
 from __future__ import annotations
 
 import math
-import threading
-import weakref
 
 import jax
 import numpy as np
@@ -27,7 +25,7 @@ from torchjax._compat.torch import (
     set_tensor_data,
     tensor_repr,
 )
-from torchjax.tensor import _backward_errors, _errors, _fake, _protocols, dtypes
+from torchjax.tensor import _addresses, _backward_errors, _errors, _fake, _protocols, dtypes
 from torchjax.tensor._reinterpret import Interpretation, interpret
 from torchjax.tensor._storage import Storage, contiguous_strides
 
@@ -165,8 +163,18 @@ class JaxTensor(torch.Tensor):
 
     def data_ptr(self) -> int:
         """An address for identity, not for reading: unique per storage, views offset
-        within it (Note [Addresses of tpu tensors])."""
-        return _address(self._storage) + self._offset * self.element_size()
+        within it (Note [Addresses of tpu tensors] in torchjax/tensor/_addresses.py)."""
+        return _addresses.address(self._storage) + self._offset * self.element_size()
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """The tpu storage of the root this tensor views: one per root, its ``data_ptr()``
+        the root's address (Note [torch storages of tpu tensors] in
+        torchjax/tensor/_addresses.py). ``storage()`` reads it too."""
+        storage = self.__dict__.get("_storage")
+        if storage is None:  # a fake tensor under torch.compile: its inner fake's, which
+            # its views share (Note [JaxTensor under Dynamo])
+            return _fake.inner(self).untyped_storage()
+        return _addresses.untyped_storage(storage, self.device)
 
     def tolist(self):
         return self.detach().cpu().tolist()
@@ -291,31 +299,7 @@ class JaxTensor(torch.Tensor):
             x64_exit(token)
 
 
-# Note [Addresses of tpu tensors]
-# A wrapper subclass has no TensorImpl storage, so torch reports ``data_ptr()`` 0 plus the
-# view's byte offset: every tpu tensor of offset 0 had the same address. Libraries find
-# shared and tied tensors by address (accelerate's offload hooks keep tied weights by
-# ``data_ptr()``; a T5 layer-norm weight was replaced by the tied embedding), so each
-# storage gets a distinct, never reused, non-overlapping range of fake addresses,
-# assigned when first asked: views of one storage (and its dtype interpretations) share
-# it, at their byte offsets, as on CPU. The address is never dereferenceable: the data
-# is a jax array (``.cpu()``, DLPack or ``.jax()`` reach the bytes).
 _protocols.register_forking_reduction(JaxTensor)
-
-_ADDRESSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_NEXT_ADDRESS = [1 << 44]
-_ADDRESS_LOCK = threading.Lock()
-
-
-def _address(storage) -> int:
-    root = storage.root if storage.__class__ is Interpretation else storage
-    with _ADDRESS_LOCK:
-        addr = _ADDRESSES.get(root)
-        if addr is None:
-            addr = _ADDRESSES[root] = _NEXT_ADDRESS[0]
-            # 16 bytes an element bounds every dtype's view of the storage; 64-byte aligned.
-            _NEXT_ADDRESS[0] += (root.numel * 16 + 127) // 64 * 64
-    return addr
 
 
 # (shape, jax dtype) -> (size, contiguous strides, numel, torch dtype): the metadata of a

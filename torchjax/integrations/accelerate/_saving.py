@@ -3,15 +3,17 @@
 Note [accelerate's safetensors save of tpu tensors]
 ``accelerate.utils.other.save(..., safe_serialization=True)`` first dedups shared tensors
 with ``clean_state_dict_for_safetensors``, which reads every tensor's storage pointer
-(``id_tensor_storage`` -> ``untyped_storage().data_ptr()``); a tpu tensor's storage has
-no host pointer ("Attempted to access the data pointer on an invalid python storage").
-The wrapper copies tpu tensors to CPU first, views of one tpu Storage kept views of one
-CPU storage (``tpu_state_dict_to_cpu``, as for transformers' ``save_pretrained``), so
-accelerate's dedup and ``safetensors`` run as for a CPU model.
+(``id_tensor_storage`` -> ``untyped_storage().data_ptr()``); written when a tpu tensor's
+storage had no pointer ("Attempted to access the data pointer on an invalid python
+storage"; now it has the root's address: Note [torch storages of tpu tensors] in
+torchjax/tensor/_addresses.py). The wrapper copies tpu tensors to CPU first, views of
+one tpu Storage kept views of one CPU storage (``tpu_state_dict_to_cpu``, as for
+transformers' ``save_pretrained``), so accelerate's dedup and ``safetensors`` run as for
+a CPU model.
 
 ``load_state`` reads the file with ``safetensors.torch.load_model(model, file, device=)``,
 which groups the *model's* tensors by storage pointer to know which names a tied weight
-was saved under: the same failure. For a model holding tpu tensors the wrapper reads the
+was saved under: the same failure then. For a model holding tpu tensors the wrapper reads the
 file to CPU, ``load_state_dict(strict=False)`` copies it into the tpu parameters, and a
 missing name that shares its tpu storage with a loaded one counts as loaded, as
 safetensors' own dedup would say; ``strict`` raises safetensors' error. Any other model

@@ -21,11 +21,13 @@ for (an upgrade that moves them fails that test loudly):
    run unchanged.
 2. ``remove_tied_weights_from_state_dict(state_dict, model)`` (modeling_utils.py), the
    first step of ``save_pretrained`` that needs storage pointers (``id_tensor_storage``
-   -> ``untyped_storage().data_ptr()``, which a wrapper subclass like JaxTensor does not
-   have: "Attempted to access the data pointer on an invalid python storage"). The
-   wrapper moves tpu tensors to CPU first, one CPU storage per tpu Storage with views
-   kept as views, so tied weights still share a pointer and transformers' dedup,
-   sharding and ``safetensors.torch.save_file`` run as for a CPU model.
+   -> ``untyped_storage().data_ptr()``). Written when a tpu tensor's storage had no
+   pointer; tpu storages now have the root's address (Note [torch storages of tpu
+   tensors] in torchjax/tensor/_addresses.py), so transformers' own function finds tied
+   tpu weights too. The wrapper still moves tpu tensors to CPU first, one CPU storage per
+   tpu Storage with views kept as views, so tied weights still share a pointer and
+   transformers' dedup, sharding and ``safetensors.torch.save_file`` run as for a CPU
+   model.
 
 3. ``PreTrainedModel.from_pretrained``: a tensor-parallel load on "tpu" -
    ``from_pretrained(path, device_map="tpu", tp_plan="auto", tp_size=4)``, or
