@@ -120,10 +120,11 @@ def log1p(z):
     """c10's log1p: ``u = z + 1``; z where u == 1, else ``log(u) * (z / (u - 1))``
     unless ``u - 1 == z``."""
     x, y = _parts(z)
-    ux = x + 1
+    (one,) = _opaque(jnp.ones_like(x))  # XLA would fold (x + 1) - 1 into x
+    ux = x + one
     log_u = log(lax.complex(ux, y))
     lr, li = _parts(log_u)
-    dx = ux - 1
+    dx = ux - one
     qr, qi = c10_div(x, y, dx, y)
     out = lax.complex(*_mul(lr, li, qr, qi))
     out = jnp.where((dx == x) & (y == y), log_u, out)
@@ -314,13 +315,24 @@ def atan(z):
     return jnp.where(jnp.isinf(x) & jnp.isnan(y), half_pi, out)
 
 
-def sigmoid(z):
-    """CPU's complex sigmoid: ``(exp(0 - z) + 1).reciprocal()``, part by part as its
-    vector kernel computes it."""
+def _one_plus_exp_minus(z):
+    """``1 + exp(-z)`` as CPU's vector kernels form it, part by part (their complex
+    ``neg`` is ``0 - z``); returns (real, imag)."""
     x, y = _parts(z)
     zero, one = _opaque(jnp.zeros_like(x), jnp.ones_like(x))
     er, ei = _parts(exp(lax.complex(zero - x, zero - y)))
-    return reciprocal(lax.complex(er + one, ei + zero))
+    return er + one, ei + zero
+
+
+def sigmoid(z):
+    """CPU's complex sigmoid: ``(1 + exp(-z)).reciprocal()`` (c10's division)."""
+    return reciprocal(lax.complex(*_one_plus_exp_minus(z)))
+
+
+def silu(z):
+    """CPU's complex silu: ``z / (1 + exp(-z))`` with c10's division."""
+    x, y = _parts(z)
+    return lax.complex(*c10_div(x, y, *_one_plus_exp_minus(z)))
 
 
 def conj_symmetric(fn):
