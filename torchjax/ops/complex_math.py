@@ -108,7 +108,9 @@ def log(z):
 def log_scaled(z, base: float):
     """log2/log10: CPU divides both parts of ``log(z)`` by ln(base)."""
     re, im = _parts(log(z))
-    scale = np.asarray(np.log(base), dtype=re.dtype)
+    # Opaque: XLA turns a division by a constant into a multiplication by its inverse,
+    # a last-bit difference (torch compares a complex with an infinite part exactly).
+    (scale,) = _opaque(jnp.full_like(re, np.log(base)))
     return lax.complex(re / scale, im / scale)
 
 
