@@ -52,15 +52,24 @@ def _zero_like_sign(like):
 
 def c10_div(a, b, c, d):
     """(a + bi) / (c + di) as c10::complex divides (numpy's scaled division, with its
-    zero-divisor branch), part by part; returns (real, imag)."""
+    zero-divisor branch), part by part; returns (real, imag).
+
+    c10 multiplies by ``scl = 1 / (c + d * rat)``; where that is subnormal, XLA would
+    flush it to zero (and an O(1) quotient to 0 or NaN), so there it divides instead."""
     abs_c, abs_d = jnp.abs(c), jnp.abs(d)
     one = _full(c, 1)
+    huge = _full(c, 1 / np.finfo(np.dtype(c.dtype)).tiny)
+
+    def scaled(num_re, num_im, den):
+        big = jnp.abs(den) > huge
+        scl = one / den
+        re = jnp.where(big, num_re / den, num_re * scl)
+        return re, jnp.where(big, num_im / den, num_im * scl)
+
     rat1 = d / c
-    scl1 = one / (c + d * rat1)
-    re1, im1 = (a + b * rat1) * scl1, (b - a * rat1) * scl1
+    re1, im1 = scaled(a + b * rat1, b - a * rat1, c + d * rat1)
     rat2 = c / d
-    scl2 = one / (d + c * rat2)
-    re2, im2 = (a * rat2 + b) * scl2, (b * rat2 - a) * scl2
+    re2, im2 = scaled(a * rat2 + b, b * rat2 - a, d + c * rat2)
     zeros = (abs_c == 0) & (abs_d == 0)
     first = abs_c >= abs_d  # False where either is NaN, as in C
     re = jnp.where(zeros, a / abs_c, jnp.where(first, re1, re2))
