@@ -10,7 +10,8 @@ for some ops, with its own formulas (ATen/cpu/vec/vec256/vec256_complex_*.h and 
 ``log2``/``log10`` divide both parts of ``log`` by ln 2 / ln 10, ``acos`` is
 ``pi/2 - asin`` part by part, ``exp2`` is ``exp(z * ln 2)``, ``log1p``/``expm1`` are
 c10's formulas, and ``reciprocal``, ``rsqrt`` (``1 / sqrt``) and ``sigmoid``
-(``1 / (1 + exp(0 - z))``) divide with c10's complex division (numpy's scaled one).
+(``1 / (1 + exp(0 - z))``), ``silu`` and complex ``aten::div`` itself divide with c10's
+complex division (numpy's scaled one).
 XLA's complex functions are accurate at ordinary points but not at special ones: NaN
 where C99 gives an infinity or a zero, zero parts with their own signs, branch cuts
 that ignore the sign of a zero part. So each function here either follows CPU's formula
@@ -20,6 +21,9 @@ defines the functions by: f(conj z) = conj f(z) for all, and f(-z) = -f(z) for t
 ones (asinh, atanh), so XLA only ever sees the first quadrant. The trigonometric
 functions are the hyperbolic ones rotated (sin z = -i sinh(iz), as Annex G defines
 them); the rotation only swaps parts and flips signs, so it is exact.
+Constants that XLA would fold into the arithmetic (``x + 0``, ``0 - x``, ``(x + 1) - 1``,
+a division by ln 10 made a multiplication) sit behind an optimization barrier, so the
+signs of zeros and the last bits are CPU's at every optimisation level.
 What still differs (XLA flushing subnormals to zero, CPU's vector lanes computing
 ``neg`` as ``0 - z``) is listed with its cause in tests/ops/test_complex_special_values.py.
 """
