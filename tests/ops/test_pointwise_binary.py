@@ -471,3 +471,23 @@ def test_alpha_that_does_not_fit_the_result_type_raises_as_cpu(op, dtype):
         assert _outcome(fn, x.to("tpu")) == _outcome(fn, x), alpha
         checked += 1
     assert checked >= 4
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=str)
+def test_complex_division_is_c10s_at_infinities_and_nans(dtype):
+    # CPU divides complexes with c10's scaled division (Note [Complex special values]):
+    # 1 / (inf + inf j) is NaN there (XLA: 0), (nan - inf j) / 2 is NaN + NaN j, and
+    # _refs.sigmoid(-501 - 501j) = 1 / (1 + exp(501 + 501j)) is NaN.
+    from tests.ops.test_complex_special_values import RTOL, _same
+
+    inf, nan = float("inf"), float("nan")
+    nums = [1, complex(1, 2), complex(inf, 1), complex(nan, -inf), complex(-0.0, 3), 2.5j]
+    dens = [complex(inf, inf), complex(2, 0), complex(1.5, -2), complex(0, -0.0), -4j]
+    a = torch.tensor([n for n in nums for _ in dens], dtype=dtype)
+    b = torch.tensor([d for _ in nums for d in dens], dtype=dtype)
+    want = (a.repeat_interleave(64) / b.repeat_interleave(64))[::64]  # CPU's vector lanes
+    got = (a.to("tpu") / b.to("tpu")).cpu()
+    assert _same(want, got, RTOL[dtype]).all(), (want, got)
+    z = torch.tensor([complex(-501, -501)] * 64, dtype=dtype)
+    got = torch._refs.sigmoid(z.to("tpu")).cpu()
+    assert torch.equal(got.isnan(), torch._refs.sigmoid(z).isnan())

@@ -197,7 +197,7 @@ def test_sign_of_nan_and_negative_zero_is_cpus(op, dtype):
     "name", ["sqrt", "rsqrt", "asin", "acos", "acosh", "asinh", "atanh", "atan", "log", "exp"]
 )
 def test_complex_branch_cuts_follow_the_sign_of_a_zero_imaginary_part(name, dtype):
-    # Note [Complex functions of a signed zero]: sqrt(-1 - 0j) is -1j, acosh(-1 - 0j) is
+    # Note [Complex special values]: sqrt(-1 - 0j) is -1j, acosh(-1 - 0j) is
     # -pi j; XLA's gave the other side of the cut.
     re = torch.tensor([-2.0, -1.0, -0.5, 0.5, 1.0, 2.0], dtype=torch.float64).repeat(2)
     im = torch.tensor([-0.0] * 6 + [0.0] * 6, dtype=torch.float64)

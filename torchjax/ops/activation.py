@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from torchjax.ops import complex_math
 from torchjax.ops.comparison import at_least, at_most
 from torchjax.ops.registry import Kind, handler, lowering
 from torchjax.tensor.dtypes import aten_type_name
@@ -86,7 +87,10 @@ def gelu_backward(grad_output, self, *, approximate="none"):
 
 @lowering(aten.silu, promote=Kind.DEFAULT)
 def silu(self):
-    """aten::silu - ``self * sigmoid(self)``."""
+    """aten::silu - ``self * sigmoid(self)``; complex as CPU's kernel, ``self / (1 +
+    exp(-self))`` (Note [Complex special values])."""
+    if jnp.iscomplexobj(self):
+        return complex_math.silu(self)
     return self * lax.logistic(self)
 
 

@@ -18,7 +18,7 @@ import torch
 from jax import lax
 
 from torchjax.device import _checks
-from torchjax.ops import functional, registry, writeback
+from torchjax.ops import complex_math, functional, registry, writeback
 from torchjax.ops.registry import Kind, functional_handler, handler, lowering
 from torchjax.tensor import dtypes
 from torchjax.tensor.dtypes import aten_type_name
@@ -185,6 +185,10 @@ def exact_div(self, other):
     """``self / other`` correctly rounded on CPU also where ``other`` is broadcast (Note
     [Division by a broadcast divisor])."""
     a, b = bcast(self, other)
+    if kind_of(a) == "complex":
+        # CPU divides with c10's complex division (Note [Complex special values]).
+        parts = complex_math.c10_div(lax.real(a), lax.imag(a), lax.real(b), lax.imag(b))
+        return lax.complex(*parts)
     if np.shape(other) == a.shape or kind_of(a) != "float":
         return lax.div(a, b)
     return lax.platform_dependent(a, b, cpu=_div_by_broadcast, default=lax.div)

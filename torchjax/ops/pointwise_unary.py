@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from torchjax.ops import complex_math
 from torchjax.ops.pointwise_binary import exact_div
 from torchjax.ops.registry import Kind, handler, lowering, register_pointwise
 from torchjax.tensor._tensor import view_of
@@ -41,28 +42,10 @@ def _reciprocal(x):
     return lax.div(jnp.ones((), dtype=x.dtype), x)
 
 
-def _exp(x):
-    """exp with C99's values (Annex G) at an infinite real part beside a non-finite
-    imaginary one, as CPU gives them: exp(-inf + inf j) and exp(-inf + nan j) are 0
-    (XLA: NaN), exp(+inf + inf j) and exp(+inf + nan j) are inf + nan j (XLA: NaN + NaN
-    j). The imaginary part's sign is handled by Note [Complex functions of a signed
-    zero]."""
-    out = lax.exp(x)
-    if not jnp.issubdtype(x.dtype, jnp.complexfloating):
-        return out
-    re, im = lax.real(x), lax.imag(x)
-    odd = ~jnp.isfinite(im)
-    part = re.dtype
-    zero = lax.complex(jnp.zeros_like(re), jnp.zeros_like(im))
-    inf_nan = lax.complex(jnp.full_like(re, np.inf, part), jnp.full_like(im, np.nan, part))
-    out = jnp.where(odd & (re == -np.inf), zero, out)
-    return jnp.where(odd & (re == np.inf), inf_nan, out)
-
-
 # Note [Unary table]: ops whose torch semantics equal the lax primitive after torch's
 # INT_TO_FLOAT promotion (ints/bool -> default float, f16/bf16 computed in f32).
 _INT_TO_FLOAT = {
-    aten.exp: _exp,
+    aten.exp: lax.exp,
     aten.exp2: lax.exp2,
     aten.expm1: lax.expm1,
     aten.log: lax.log,
@@ -99,25 +82,31 @@ _INT_TO_FLOAT = {
     else (lambda x: lax.exp(x * x) * lax.erfc(x)),
 }
 
-# Note [Complex functions of a signed zero]
-# Every function of the table is real-analytic, so f(conj z) = conj f(z), and C99/ATen
-# use that on a branch cut: sqrt(-1 - 0j) is -1j, acosh(-1 - 0j) is -pi j, as the zero's
-# sign says which side of the cut z is on. XLA's complex functions ignore that sign
-# (sqrt(-1 - 0j) gave +1j; asin, acos, acosh alike) and set zero parts' signs their own
-# way (exp(-1 - 0j) gave a +0j imaginary part). So a complex argument with a negative
-# imaginary sign is conjugated before the function and the result after it. Complex
-# rsqrt is 1 / sqrt(z): XLA's left rounding noise in exactly zero real parts (``_rsqrt``).
-_CONJ_SYMMETRIC = set(_INT_TO_FLOAT) - {
-    aten.erf,
-    aten.erfc,
-    aten.erfinv,
-    aten.lgamma,
-    aten.i0,
-    aten.special_i0e,
-    aten.special_i1,
-    aten.special_i1e,
-    aten.special_ndtri,
-    aten.special_erfcx,
+# Complex inputs take complex_math's functions: Note [Complex special values].
+_COMPLEX = {
+    aten.exp: complex_math.exp,
+    aten.exp2: complex_math.exp2,
+    aten.expm1: complex_math.expm1,
+    aten.log: complex_math.log,
+    aten.log2: lambda z: complex_math.log_scaled(z, 2),
+    aten.log10: lambda z: complex_math.log_scaled(z, 10),
+    aten.log1p: complex_math.log1p,
+    aten.sqrt: complex_math.sqrt,
+    aten.rsqrt: complex_math.rsqrt,
+    aten.reciprocal: complex_math.reciprocal,
+    aten.sin: complex_math.sin,
+    aten.cos: complex_math.cos,
+    aten.tan: complex_math.tan,
+    aten.asin: complex_math.asin,
+    aten.acos: complex_math.acos,
+    aten.atan: complex_math.atan,
+    aten.sinh: complex_math.sinh,
+    aten.cosh: complex_math.cosh,
+    aten.tanh: complex_math.tanh,
+    aten.asinh: complex_math.asinh,
+    aten.acosh: complex_math.acosh,
+    aten.atanh: complex_math.atanh,
+    aten.sigmoid: complex_math.sigmoid,
 }
 
 
@@ -131,28 +120,21 @@ def _rsqrt(x):
     divides by a hardware square root). XLA's rsqrt differed from CPU in the last bit of
     a third of float32 and float64 results; every transformer's RMSNorm calls it. On CPU
     the division is kept from being rewritten; TPU and GPU keep their rsqrt (torch on
-    CUDA uses an approximate one too). Complex: 1/sqrt everywhere (Note [Complex
-    functions of a signed zero])."""
-    if jnp.iscomplexobj(x):
-        return _reciprocal(lax.sqrt(x))
+    CUDA uses an approximate one too). Complex inputs take complex_math.rsqrt."""
     return lax.platform_dependent(x, cpu=_exact_rsqrt, default=lax.rsqrt)
 
 
-def _conj_symmetric(fn):
+def _real_or_complex(real_fn, complex_fn):
     def lowered(x):
-        if not jnp.iscomplexobj(x):
-            return fn(x)
-        below = jnp.signbit(jnp.imag(x))
-        out = fn(jnp.where(below, lax.conj(x), x))
-        return jnp.where(below, lax.conj(out), out)
+        return complex_fn(x) if jnp.iscomplexobj(x) else real_fn(x)
 
     return lowered
 
 
 _INT_TO_FLOAT[aten.rsqrt] = _rsqrt
 for _op, _fn in _INT_TO_FLOAT.items():
-    if _op in _CONJ_SYMMETRIC:
-        _fn = _conj_symmetric(_fn)
+    if _op in _COMPLEX:
+        _fn = _real_or_complex(_fn, _COMPLEX[_op])
     register_pointwise(_op, _fn, promote=Kind.INT_TO_FLOAT)
 
 
@@ -256,11 +238,17 @@ def sign(self):
 
 @lowering(aten.sgn, promote=Kind.DEFAULT)
 def sgn(self):
-    """aten::sgn - ``self / |self|`` for complex (0 at 0), ``sign`` for real."""
+    """aten::sgn - ``self / |self|`` for complex (0 at 0), ``sign`` for real.
+
+    Complex: each part divided by the magnitude, as CPU's vector kernel does (a zero
+    part keeps its sign; ``sgn(inf + 1j)`` is ``nan + 0j``). CPU's scalar loop, which
+    only runs a tensor's last few elements, divides by ``complex(|z|, 0)`` instead
+    (Note [Complex special values])."""
     if jnp.issubdtype(self.dtype, jnp.complexfloating):
-        mag = lax.abs(self)
+        mag = abs(self)
         safe = jnp.where(mag == 0, jnp.ones((), mag.dtype), mag)
-        return jnp.where(mag == 0, jnp.zeros((), self.dtype), self / safe.astype(self.dtype))
+        out = lax.complex(lax.real(self) / safe, lax.imag(self) / safe)
+        return jnp.where(mag == 0, jnp.zeros((), self.dtype), out)
     return sign(self)
 
 
