@@ -77,3 +77,18 @@ def test_dropout_determinism():
     a = F.dropout(torch.ones(100, device="tpu"), 0.5).cpu()
     torch.manual_seed(5)
     assert torch.equal(F.dropout(torch.ones(100, device="tpu"), 0.5).cpu(), a)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.3])
+@pytest.mark.parametrize("shape", [(5, 5), (7,), ()])
+def test_inplace_dropout_keeps_what_dropout_keeps(p, shape):
+    """Note [One Bernoulli draw]: F.dropout(x, inplace=True) (aten::dropout_, i.e.
+    bernoulli_(1 - p)) and F.dropout(x) (native_dropout) keep the same elements under one
+    seed, as on CPU."""
+    for dev in ("cpu", "tpu"):
+        x = torch.randn(shape).to(dev)
+        torch.manual_seed(1)
+        functional = F.dropout(x, p)
+        torch.manual_seed(1)
+        inplace = F.dropout(x.clone(), p, inplace=True)
+        torch.testing.assert_close(inplace.cpu(), functional.cpu())

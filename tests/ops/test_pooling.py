@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import make_tests
-from torchjax.testing.opinfo import grads_match, same
+from torchjax.testing.opinfo import grads_match, same, same_or_refused
 
 OPS = [
     "nn.functional.adaptive_avg_pool1d",
@@ -114,6 +114,48 @@ def test_fractional_max_pool_with_fixed_samples():
         ),
         x3,
         s3,
+    )
+
+
+def test_fractional_max_pool_window_ending_at_the_edge():
+    """ATen's bound is out + k - 1 <= size in 2-d but < size in 3-d: a 2-d last window
+    ending at the input's edge computes, a 3-d one is refused with ATen's text."""
+    g = torch.Generator().manual_seed(0)
+    x2, s2 = torch.randn(1, 2, 9, 9, generator=g), torch.rand(1, 2, 2, generator=g)
+    same(
+        lambda x, s: F.fractional_max_pool2d(
+            x, 6, output_size=4, _random_samples=s, return_indices=True
+        ),
+        x2,
+        s2,
+    )
+    x3, s3 = torch.randn(1, 1, 9, 9, 9, generator=g), torch.rand(1, 1, 3, generator=g)
+    for k, out, x, s in ((6, 5, x2, s2), (6, 4, x3, s3)):
+        pool = F.fractional_max_pool2d if x.dim() == 4 else F.fractional_max_pool3d
+        error = same_or_refused(
+            lambda dev, pool=pool, x=x, k=k, out=out, s=s: pool(
+                x.to(dev), k, output_size=out, _random_samples=s.to(dev)
+            ),
+            "fractional_max_pool",
+        )
+        assert error is not None and "too large relative to input" in str(error)
+
+
+def test_fractional_max_pool_empty_batch():
+    g = torch.Generator().manual_seed(0)
+    same(
+        lambda x, s: F.fractional_max_pool3d(
+            x, (2, 2, 1), output_size=(2, 2, 2), _random_samples=s, return_indices=True
+        ),
+        torch.randn(0, 1, 4, 5, 4, generator=g),
+        torch.rand(0, 1, 3, generator=g),
+    )
+    same(
+        lambda x, s: F.fractional_max_pool2d(
+            x, 2, output_size=(2, 3), _random_samples=s, return_indices=True
+        ),
+        torch.randn(0, 3, 5, 6, generator=g),
+        torch.rand(0, 3, 2, generator=g),
     )
 
 

@@ -5,12 +5,11 @@ state as every random op is (ops/random.py's module docstring): reproducible und
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torchjax.ops.random import _key, _opmath
+from torchjax.ops.random import _bernoulli_mask, _key, _opmath
 from torchjax.ops.registry import Kind, lowering
 
 aten = torch.ops.aten
@@ -32,8 +31,7 @@ def native_dropout(input, p, train=None):
         return jnp.array(input, copy=True), jnp.ones(input.shape, dtype=jnp.bool_)
     p1m = 1.0 - p
     scale = 0.0 if p1m == 0 else 1.0 / p1m
-    u = jax.random.uniform(_key(input), input.shape, dtype=jnp.float32)
-    mask = u < p1m
+    mask = _bernoulli_mask(_key(input), input.shape, p1m)  # Note [One Bernoulli draw]
     ct = _opmath(input.dtype)
     out = jnp.where(mask, input.astype(ct) * np.asarray(scale, ct), jnp.zeros((), ct))
     return out.astype(input.dtype), mask

@@ -25,9 +25,9 @@ saves a copy into LAPACK's column-major layout) and their backward formulas call
 must be the same factorization, so the handler reads ``A``'s contiguity at the torch level
 and passes ``use_A_T`` to the lowering. (``_linalg_solve_ex`` factors ``A`` itself.)
 
-Not lowered: ``linalg_ldl_factor_ex``/``linalg_ldl_solve`` (LAPACK's Bunch-Kaufman ``sytrf``
-output format has no jax counterpart). ``linalg_eig`` uses ``jnp.linalg.eig``, which XLA
-implements on CPU only.
+The QR family is in ops/linalg_qr.py, the LDL family (LAPACK's Bunch-Kaufman ``sytrf``
+replayed step by step) in ops/linalg_ldl.py. ``linalg_eig`` uses ``jnp.linalg.eig``,
+which XLA implements on CPU only.
 """
 
 from __future__ import annotations

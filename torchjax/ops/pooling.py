@@ -463,11 +463,14 @@ def _fractional_max(op, self, kernel_size, output_size, random_samples):
     x = self if batched else self[None]
     n, c = x.shape[:2]
     spatial = x.shape[2:]
-    for size, k, out in zip(spatial, kernel_size, output_size):
-        if out + k - 1 >= size:
+    # ATen's bounds differ by rank: 2-d allows a last window ending at the edge
+    # (out + k - 1 <= size), 3-d does not (< size); the texts are ATen's.
+    names = ("height", "width") if nd == 2 else ("time", "height", "width")
+    prefix = "fractional_max_pool2d()" if nd == 2 else "fractional_max_pool3d_out()"
+    for size, k, out, name in zip(spatial, kernel_size, output_size, names):
+        if out + k - 1 > size or (nd == 3 and out + k - 1 == size):
             raise RuntimeError(
-                f"{op}: output_size {list(output_size)} + kernel_size {list(kernel_size)} - 1 "
-                f"is too large for input spatial size {list(spatial)}"
+                f"{prefix}: pool {name} {k} too large relative to input {name} {size} (in {op})"
             )
     # ATen draws the samples W-first for 2-d (sample 0 -> W, 1 -> H) and T-first for 3-d.
     order = (1, 0) if nd == 2 else (0, 1, 2)
@@ -487,10 +490,12 @@ def _fractional_max(op, self, kernel_size, output_size, random_samples):
         kshape[2 + nd + d] = k
         idx = seq.reshape(shape) + jnp.arange(k, dtype=jnp.int64).reshape(kshape)
         flat = flat * size + idx
-    flat = flat.reshape(n, c, *output_size, -1)
-    patches = jnp.take_along_axis(x.reshape(n, c, -1), flat.reshape(n, c, -1), axis=2).reshape(
-        flat.shape
-    )
+    # explicit sizes, not -1: an empty batch (n == 0) leaves -1 nothing to infer from
+    window, plane = math.prod(kernel_size), math.prod(spatial)
+    flat = flat.reshape(n, c, *output_size, window)
+    patches = jnp.take_along_axis(
+        x.reshape(n, c, plane), flat.reshape(n, c, math.prod(output_size) * window), axis=2
+    ).reshape(flat.shape)
     arg = jnp.argmax(patches, axis=-1)[..., None]
     values = jnp.take_along_axis(patches, arg, axis=-1)[..., 0]
     indices = jnp.take_along_axis(flat, arg, axis=-1)[..., 0]

@@ -234,8 +234,23 @@ def bernoulli_p(self, p=0.5, *, generator=None):
         raise RuntimeError(
             f"bernoulli_ expects p to be in [0, 1], but got p={p} (in aten::bernoulli_.float)"
         )
-    u = jax.random.uniform(_key(self), self.shape, dtype=jnp.float64)
-    return (u < p).astype(self.dtype)
+    return _bernoulli_mask(_key(self), self.shape, p).astype(self.dtype)
+
+
+# Note [One Bernoulli draw]
+# ``bernoulli_(p)`` with a float p and ``native_dropout`` draw their masks the same way:
+# uniform 32-bit integers below floor(p * 2**32) (a probability exact to 2**-32, with
+# no float64 arithmetic, which TPUs emulate). ATen's in-place dropout
+# (``F.dropout(x, inplace=True)``, aten::dropout_) is ``empty_like(x).bernoulli_(1 - p)``
+# while the functional one reaches ``native_dropout``; with one draw both keep the same
+# elements under one seed, as on CPU, where both are the same ``bernoulli_``.
+def _bernoulli_mask(key, shape, p: float) -> jax.Array:
+    """Bool mask of ``shape``, each element True with probability ``p`` (a Python float
+    in [0, 1])."""
+    if p >= 1:
+        return jnp.ones(shape, dtype=jnp.bool_)
+    threshold = np.uint32(math.floor(p * 2**32))
+    return jax.random.bits(key, shape, dtype=jnp.uint32) < threshold
 
 
 @lowering(aten.bernoulli_.Tensor, aten.bernoulli.Tensor, self_values=False)
