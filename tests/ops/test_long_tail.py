@@ -221,6 +221,22 @@ def test_resize_grow_shrink_and_resize_as():
     oi.compare(t, torch.arange(6.0).reshape(3, 2))
 
 
+@pytest.mark.parametrize("memory_format", [torch.channels_last, torch.preserve_format, None])
+def test_resize_as_takes_the_memory_format_as_on_cpu(memory_format):
+    # A channels-last template (made by resize_, which keeps the format's strides on tpu
+    # too); the format given, or the template's for preserve_format, restrides as CPU.
+    strides = []
+    for device in ("cpu", TPU):
+        template = torch.empty(0, device=device)
+        template.resize_(2, 3, 4, 4, memory_format=torch.channels_last)
+        t = torch.zeros(5, device=device)
+        kw = {} if memory_format is None else {"memory_format": memory_format}
+        t.resize_as_(template, **kw)
+        strides.append(t.stride())
+    assert strides[0] == strides[1]
+    assert strides[0] == ((48, 16, 4, 1) if memory_format is None else (48, 1, 12, 3))
+
+
 def test_tensor_split_cpu_index_tensor():
     # torch requires the indices tensor on CPU (as on CUDA); the OpInfo harness moves it.
     x = torch.randn(5, 6)

@@ -497,8 +497,20 @@ def resize(self, size, *, memory_format=None):
 
 @handler(aten.resize_as_.default)
 def resize_as_(args, kwargs):
-    """aten::resize_as_ - ``self.resize_(the_template.shape)``."""
-    return aten.resize_.default(args[0], list(args[1].shape))
+    """aten::resize_as_ - ``self.resize_(the_template.shape)``; with a ``memory_format``,
+    that format's strides (``preserve_format``: the template's suggested one), as ATen
+    restrides."""
+    self, template = args[0], args[1]
+    memory_format = kwargs.get("memory_format", args[2] if len(args) > 2 else None)
+    if memory_format is None:
+        return aten.resize_.default(self, list(template.shape))
+    # ATen's own restride, on meta tensors of the same layouts.
+    meta = torch.empty_strided(template.shape, template.stride(), device="meta")
+    stride = torch.empty(0, device="meta").resize_as_(meta, memory_format=memory_format).stride()
+    size = tuple(template.shape)
+    if size != self._size or stride != self._stride:
+        self._resize(size, stride)
+    return self
 
 
 # ---------------------------------------------------------------------------------------
