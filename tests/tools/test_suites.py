@@ -103,7 +103,7 @@ def test_keyword_tpu_run_compares_with_whole_file_cpu_run(tmp_path, monkeypatch)
     out = tmp_path / "results-pytorch"
     out.mkdir()
     (out / "t.cpu.xml").write_text(CPU)
-    (out / "t-k-test_breaks.tpu.xml").write_text(TPU)
+    (out / f"{main._stem('t.py', 'test_breaks')}.tpu.xml").write_text(TPU)
     monkeypatch.setattr(main, "_run_one", lambda *a: None)
     args = argparse.Namespace(keyword="test_breaks", devices="tpu")
     s = main._run_file(args, None, lambda n: n, tmp_path, out, "t.py")
@@ -174,3 +174,13 @@ def test_variants_collected_on_cpu_only_leave_the_rate(tmp_path):
     s = _report.compare("t.py", _report.read_junit(tmp_path / "c.xml"), {})
     assert s["not_collected_on_tpu"] == 0
     assert sum(len(v) for v in s["cpu_passed_tpu_failed"].values()) == 2
+
+
+def test_keyword_runs_that_begin_alike_keep_apart_results():
+    from tools.suites.__main__ import _stem
+
+    a = "TestCommon and float32 and test_variant_consistency_eager and nn_functional_a"
+    b = "TestCommon and float32 and test_variant_consistency_eager and nn_functional_b"
+    assert _stem("test_ops.py", a) != _stem("test_ops.py", b)
+    assert _stem("test_ops.py", a) == _stem("test_ops.py", a)
+    assert _stem("test_ops.py", None) == "test_ops"

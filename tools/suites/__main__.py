@@ -1,6 +1,7 @@
 """CLI: `python -m tools.suites {transformers,pytorch} FILE... [options]` (docs/testing.md)."""
 
 import argparse
+import hashlib
 import os
 import re
 import shutil
@@ -113,7 +114,10 @@ def main(argv=None):
 def _stem(file, keyword):
     stem = file.replace("/", "_").removesuffix(".py")
     if keyword:  # a -k run keeps its own results, beside the whole file's
-        stem += "-k-" + re.sub(r"[^A-Za-z0-9_]+", "_", keyword)[:60]
+        # The readable start of the expression, and a digest of all of it: two long
+        # expressions that begin alike must not share (overwrite) their results.
+        digest = hashlib.sha1(keyword.encode()).hexdigest()[:8]
+        stem += "-k-" + re.sub(r"[^A-Za-z0-9_]+", "_", keyword)[:60] + "-" + digest
     return stem
 
 
