@@ -570,3 +570,10 @@ def fake_tensor_mode_class():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     return FakeTensorMode
+
+
+# ``with disable_torch_function_subclass():`` runs torch functions without subclasses'
+# ``__torch_function__`` (what torch.Tensor.__torch_function__ does around the call;
+# torch._C, private). A tpu tensor of a user's subclass needs it (Note [User tensor
+# subclasses on tpu] in torchjax/tensor/_user_subclass.py).
+disable_torch_function_subclass = torch._C.DisableTorchFunctionSubclass

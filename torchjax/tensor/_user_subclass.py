@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from torchjax._compat.torch import disable_torch_function_subclass
 from torchjax.tensor._tensor import JaxTensor
 
 _MADE: dict = {}
@@ -72,7 +73,7 @@ def tpu_class(cls):
 
 def alias_as(t: JaxTensor, made):
     """An autograd alias of ``t`` whose class is ``made``."""
-    with torch._C.DisableTorchFunctionSubclass():
+    with disable_torch_function_subclass():
         out = torch.ops.aten.alias.default(t)
     out.__class__ = made
     return out
@@ -101,7 +102,7 @@ class _Converting(JaxTensor):
         # torch.Tensor.__torch_function__ (torch/_tensor.py), converting per device.
         if not all(issubclass(cls, t) for t in types):
             return NotImplemented
-        with torch._C.DisableTorchFunctionSubclass():
+        with disable_torch_function_subclass():
             ret = func(*args, **(kwargs or {}))
             if func in torch.overrides.get_default_nowrap_functions():
                 return ret
