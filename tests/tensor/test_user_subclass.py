@@ -96,3 +96,11 @@ def test_parameters_keep_their_own_path():
     p = torch.nn.Parameter(torch.randn(2))
     moved = p.to("tpu")
     assert not isinstance(moved, Tagged) and moved.device.type == "tpu"
+
+
+def test_printing_names_the_class_as_on_cpu():
+    cpu = torch.tensor([1.5, -2.0]).as_subclass(Tagged)
+    tpu = cpu.to("tpu")
+    assert repr(tpu) == repr(cpu)[:-1] + ", device='tpu:0')"
+    assert str(tpu * 2) == str(cpu * 2)[:-1] + ", device='tpu:0')"
+    assert repr(torch.ones(1, device="tpu")) == "tensor([1.], device='tpu:0')"

@@ -60,8 +60,9 @@ def set_math_bits(tensor: torch.Tensor, conj: bool, neg: bool) -> None:
     torch._C._set_neg(tensor, neg)
 
 
-def tensor_repr(t: torch.Tensor, cpu_copy: torch.Tensor) -> str:
-    """``repr(t)`` as torch prints it, with the data formatted from ``cpu_copy``.
+def tensor_repr(t: torch.Tensor, cpu_copy: torch.Tensor, wrapper: bool = True) -> str:
+    """``repr(t)`` as torch prints it, with the data formatted from ``cpu_copy``;
+    ``wrapper``: ``t``'s class is the device's wrapper, printed as a plain tensor.
 
     torch's own formatter (``torch._tensor_str``) supplies the suffixes (device, dtype,
     grad_fn, requires_grad); the data is formatted from a CPU copy so printing runs no
@@ -79,7 +80,7 @@ def tensor_repr(t: torch.Tensor, cpu_copy: torch.Tensor) -> str:
     if param:
         text = text[len("Parameter(") : -1]
     name = type(t).__name__ + "("
-    if text.startswith(name):
+    if wrapper and text.startswith(name):
         text = prefix + text[len(name) :]
     return "Parameter containing:\n" + text if param else text
 

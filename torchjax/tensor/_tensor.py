@@ -190,7 +190,11 @@ class JaxTensor(torch.Tensor):
             return (
                 f"FakeJaxTensor(size={tuple(self.shape)}, dtype={self.dtype}, device={self.device})"
             )
-        return tensor_repr(self, self.detach().cpu())
+        # A user's subclass prints its class name, as on CUDA; its CPU copy is of that
+        # class, and torch formats only plain tensors' elements as numbers (Note [User
+        # tensor subclasses on tpu]).
+        wrapper = type(self) is JaxTensor
+        return tensor_repr(self, self.detach().cpu().as_subclass(torch.Tensor), wrapper)
 
     # torch's versions of these read the (empty) TensorImpl storage; these read the
     # Storage (torchjax/tensor/_protocols.py).
