@@ -175,6 +175,10 @@ def test_long_cache_matches_cpu_torch():
         (((1, 2, 1, 16), (1, 2, 256, 16)), {"block_k": 96}, "multiple of block_k=96"),
         (((1, 2, 1, 16), (1, 2, 256, 16)), {"lengths": np.zeros((2,), np.int32)}, "shape"),
         (((1, 2, 2, 16), (1, 2, 256, 16)), {"mask": np.ones((3, 256), bool)}, "mask must"),
+        # An integer 0/1 mask would read as additive scores: refused, as SDPA refuses it.
+        (((1, 2, 1, 16), (1, 2, 256, 16)), {"mask": np.ones((1, 256), np.int64)}, "bool or f"),
+        (((1, 2, 1, 16), (1, 2, 256, 16)), {"mask": np.ones((256,), bool)}, "2 to 4 dims"),
+        (((1, 2, 1, 16), (1, 2, 256, 16)), {"mask": np.ones((1,) * 4 + (256,), bool)}, "2 to 4"),
     ],
 )
 def test_bad_input_is_refused(shapes, kwargs, match):

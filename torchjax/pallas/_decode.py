@@ -113,6 +113,12 @@ def _mask_rows(name, mask, q, s, hkv):
     attended key per batch row (Bm,)."""
     b, hq, sq, _ = q.shape
     group = hq // hkv
+    # SDPA's attn_mask rules: an integer mask is no additive mask (0/1 would read as
+    # scores added, silently wrong), and a mask has 2 to 4 dims.
+    if mask.dtype != jnp.bool_ and not jnp.issubdtype(mask.dtype, jnp.floating):
+        _fail(name, f"mask must be bool or floating, as SDPA's attn_mask, got {mask.dtype}")
+    if not 2 <= mask.ndim <= 4:
+        _fail(name, f"mask must have 2 to 4 dims, as SDPA's attn_mask, got {mask.shape}")
     mask = additive_mask(mask, q.dtype if mask.dtype == jnp.bool_ else mask.dtype)
     bm, hm, sm, sk = mask.shape
     if sk != s or bm not in (1, b) or hm not in (1, hq) or sm not in (1, sq):
