@@ -125,6 +125,29 @@ def test_views_and_inplace_ops_mixed_in():
     _same(eager, fused)
 
 
+def test_copies_and_view_reads_of_recorded_values_stay_recorded():
+    # A decode step's own reads: ``logits[:, -1, :].to(copy=True, dtype=float32)``,
+    # a logits processor's ``clone()``, and ``cat`` of a growing cache with a view of the
+    # new keys, which past a few shapes reads its views first (MAX_VIEW_SIGNATURES).
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(1, 6, 10, generator=g).to(TPU)
+    new = torch.randn(1, 3, 2, 4, generator=g).to(TPU)
+
+    def step(n):
+        lg = logits * 2
+        last = lg[:, -1, :].to(copy=True, dtype=torch.float64)
+        scores = last.clone() + lg.clone()[0, 0]
+        cache = torch.zeros(1, 2, n, 4, device=TPU) + lg[0, 0, 0]
+        grown = torch.cat([cache, (new * 3).transpose(1, 2)], dim=-2)
+        return [scores, grown, lg.to(torch.float64)]
+
+    for n in range(1, 6):
+        torchjax.reset_stats()
+        eager, fused = _both(step, n)
+        _same(eager, fused)
+        assert _fused_counts()[1] == 1, n  # one segment: no read ran it early
+
+
 def test_op_that_cannot_be_recorded_runs_in_the_middle():
     g = torch.Generator().manual_seed(4)
     x = torch.randn(50, generator=g).to(TPU)

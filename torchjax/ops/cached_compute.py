@@ -275,7 +275,9 @@ class CompiledCompute:
                 dyn.append(arr)
                 return ARRAY
             if read_views or self.view_keys >= MAX_VIEW_KEYS:
-                dyn.append(x._value())
+                # A view of a recorded value is read by a recorded node (Note [Fused eager]).
+                arr = _fused.record_read(x) if _fused.ACTIVE[0] else None
+                dyn.append(x._value() if arr is None else arr)
                 return ARRAY
             # A view not read yet (Note [Lazy views]): the read joins this executable,
             # its offset an argument where it can be (Note [View offsets as arguments]).

@@ -121,11 +121,12 @@ def _to_copy(args, kwargs):
     if device is not None and torch.device(device).type == "cpu":
         return _preserve_strides(self, to_cpu(self).to(dtype))
     jdt = dtypes.to_jax_dtype(dtype)
-    pending = fused.pending_of(self) if fused.ACTIVE[0] else None
     same_device = device is None or (torch.device(device).index or 0) == self._device_index
-    if pending is not None and same_device and pending.dtype != jdt:
-        # A conversion of a recorded value is recorded too (Note [Fused eager]).
-        return fused.wrap(fused.record_convert(pending, jdt), self._device_index)
+    if same_device and fused.ACTIVE[0]:
+        # A copy or conversion of a recorded value is recorded too (Note [Fused eager]).
+        pending = fused.record_read(self, jdt)
+        if pending is not None:
+            return fused.wrap(pending, self._device_index)
     arr = self._value()
     arr = astype(arr, jdt) if arr.dtype != jdt else jnp.array(arr, copy=True)
     index = self._device_index
@@ -153,6 +154,10 @@ def clone(args, kwargs):
     """aten::clone - a contiguous copy (memory_format other than contiguous is ignored:
     tpu storage is always row-major)."""
     self = args[0]
+    if fused.ACTIVE[0]:
+        pending = fused.record_read(self)  # recorded (Note [Fused eager])
+        if pending is not None:
+            return fused.wrap(pending, self._device_index)
     return wrap(self._value(), self._device_index)
 
 

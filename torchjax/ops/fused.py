@@ -83,7 +83,7 @@ from torchjax.ops.fusion_cuts import cut_outputs, elementwise
 from torchjax.ops.promotion import astype
 from torchjax.ops.xla_options import COMPILER_OPTIONS
 from torchjax.tensor import dtypes
-from torchjax.tensor._storage import Storage, contiguous_strides
+from torchjax.tensor._storage import Storage, contiguous_strides, layout_plan
 from torchjax.tensor._tensor import make
 
 # A segment runs once it holds this many ops: bounds the program size (compile time)
@@ -480,32 +480,62 @@ def write(dst, p: Pending) -> bool:
 # before it is read.
 _checks.BEFORE_SYNC.append(flush_current)
 
-# Conversions recorded from the copy handlers (``.to(dtype)`` of a pending value):
-# one traceable function per (shape, dtype, target dtype), so segment keys are stable.
-_CONVERTS: dict = {}
+# Reads recorded from the copy handlers and from compiled calls that read their views
+# first (``.to(dtype)``, ``clone()``, ``cat`` of a growing cache's new slice, when the
+# tensor's storage is pending): one traceable function per (storage layout, view layout,
+# target dtype), its offset an argument (Note [View offsets as arguments] in
+# torchjax/tensor/_storage.py), so segment keys are stable and a decode step's
+# ``logits[:, -1, :].float()`` does not end the segment.
+_READS: dict = {}
 
 
-class _Convert:
-    """A traceable ``astype`` with the per-op executable's calling convention."""
+class _Read:
+    """A traceable view read and ``astype`` with the per-op executable's calling
+    convention."""
 
-    def __init__(self, jdt):
-        self.jdt = jdt
+    def __init__(self, layout, jdt):
         self.fused_shapes = {}
-        dt = jdt
+        plan = layout_plan(*layout) if layout is not None else None
 
-        def convert(a):
-            return astype(a, dt), _checks.Outputs(_CHECKLESS, [], [])
+        def read(a, offset=None):
+            if plan is not None:
+                a = plan.read(a.reshape(-1), offset)
+            if jdt is not None and a.dtype != jdt:
+                a = astype(a, jdt)
+            return a, _checks.Outputs(_CHECKLESS, [], [])
 
-        self.__wrapped__ = convert
+        self.__wrapped__ = read
+
+
+def _reader(key, layout, jdt):
+    reader = _READS.get(key)
+    if reader is None:
+        if len(_READS) > 4096:
+            _READS.clear()
+        reader = _READS[key] = _Read(layout, jdt)
+    return reader
 
 
 def record_convert(p: Pending, jdt):
     """``p.astype(jdt)`` recorded in this thread's segment (a Pending)."""
-    key = (p.shape, p.dtype, jdt)  # one per signature, as the per-op executables
-    conv = _CONVERTS.get(key)
-    if conv is None:
-        if len(_CONVERTS) > 4096:
-            _CONVERTS.clear()
-        conv = _CONVERTS[key] = _Convert(jdt)
-    out = record(conv, [p])
-    return out
+    return record(_reader((p.shape, p.dtype, None, jdt), None, jdt), [p])
+
+
+def record_read(t, jdt=None):
+    """The value of tpu tensor ``t`` (cast to ``jdt`` if given) recorded in this
+    thread's segment, as a Pending; None when ``t``'s storage is not a pending value of
+    a recording thread (the caller reads ``t`` as usual)."""
+    s = t._storage
+    p = s.lazy
+    if p.__class__ is not Pending or s.__class__ is not Storage or not recording():
+        return None
+    size, stride, offset = t._size, t._stride, t._offset
+    if s.covers(size, stride, offset) and stride == contiguous_strides(size):
+        if jdt is None or jdt == p.dtype:
+            return p  # arrays are immutable: the same value serves a copy
+        return record_convert(p, jdt)
+    if math.prod(size) == 0 or offset >= 2**31:
+        return None
+    layout = (s.numel, size, stride)
+    key = (p.shape, p.dtype, layout, jdt)
+    return record(_reader(key, layout, jdt), [p, np.int32(offset)])

@@ -107,11 +107,19 @@ def _layout(meta):
 def _hashable(x):
     """``x`` with lists turned into tuples (type-tagged, so 1 and True, [1] and (1,)
     differ); raises TypeError for values that cannot be a cache key (tensors)."""
-    if isinstance(x, (list, tuple)):
-        return (type(x),) + tuple(_hashable(y) for y in x)
+    cls = x.__class__
+    if cls is list or cls is tuple:
+        for y in x:
+            if y.__class__ is not int:
+                return (cls,) + tuple([_hashable(y) for y in x])
+        # Sizes and dims, the usual case: ints need no tags (a tagged element is a
+        # tuple, so the two forms never meet).
+        return (cls,) + x if cls is tuple else (cls, *x)
+    if isinstance(x, (list, tuple)):  # a subclass (torch.Size)
+        return (cls,) + tuple([_hashable(y) for y in x])
     if isinstance(x, torch.Tensor):
         raise TypeError("tensor argument")
-    return (type(x), x)
+    return (cls, x)
 
 
 def _bits(t: JaxTensor):
