@@ -80,6 +80,12 @@ def clear_staging_caches() -> None:
 _SINGLE: dict = {}
 
 
+def trace_state_clean() -> bool:
+    """False inside a jax trace (``jax.jit``, ``make_jaxpr``, compile-time evaluation):
+    where a jitted call may bind into an outer program. ``jax._src.core`` is private."""
+    return _core.trace_state_clean()
+
+
 def plain_eager() -> bool:
     """True outside every jax trace and mesh context: where a concrete single-device
     array may be passed to a jitted function as an argument of its own (inside a trace

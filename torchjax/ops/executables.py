@@ -42,6 +42,7 @@ import weakref
 import jax
 
 from torchjax import _budget
+from torchjax._compat.jax import trace_state_clean
 from torchjax.device._stats import cache_info_entry
 from torchjax.ops.templates import signature
 from torchjax.ops.xla_options import COMPILER_OPTIONS
@@ -96,6 +97,13 @@ def nested(run):
 
 def call(run, dyn):
     """``run(*dyn)``; inside an outer trace, its option-free twin (inlined there)."""
+    if not trace_state_clean():
+        # A tracer argument: the top-level call would trace ``run`` only to refuse its
+        # compiler options with a ValueError (Note [Compiled lowerings]), and tracing a
+        # model (torchjax.jit, compile_generate) paid that for every op.
+        for d in dyn:
+            if isinstance(d, jax.core.Tracer):
+                return nested(run)(*dyn)
     try:
         return run(*dyn)
     except ValueError:
