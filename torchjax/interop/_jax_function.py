@@ -16,7 +16,9 @@ trace, so a call without gradient traces ``f`` collecting its checks: they come 
 extra outputs of the one executable and are queued (or raised, in immediate mode) as an
 eager op's are; no host read. Inside ``torchjax.jit`` they are tracers of the user's
 trace and are dropped, as documented there. The differentiable path (``jax.vjp``) does
-not collect them: a check made inside ``jax.vjp``'s trace cannot leave it.
+not collect them: a check made inside ``jax.vjp``'s trace cannot leave it. The collector
+is not strict: torch ops that ``f`` runs op by op skip a check needing values
+(``_checks.concrete``), as in a user's trace, since a jax function has no op-by-op path.
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ class _Call:
         def checked(arrays):
             # Note [Device checks in a jax function]: ``f``'s ``require`` checks become
             # outputs, queued by ``forward`` as an eager op's are.
-            with _checks.collecting() as collected:
+            with _checks.collecting(strict=False) as collected:
                 out = call(arrays)
             return out, _checks.Outputs(tuple(collected.codes), collected.bads, collected.values)
 
