@@ -284,3 +284,72 @@ def test_hashable_static_objects_are_keyed_by_value():
     assert f(x, Mode.DOUBLE, Window(1, 3)).tolist() == [2.0, 4.0]  # an equal new object
     assert f(x, Mode.TRIPLE, Window(1, 3)).tolist() == [3.0, 6.0]
     assert f.trace_count == 2
+
+
+class _MyTensor(torch.Tensor):
+    pass
+
+
+class _Logged(torch.Tensor):
+    calls: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.calls.append(func)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def _classes(out):
+    return [type(r).__name__ for r in out]
+
+
+@pytest.mark.parametrize("cls", [_MyTensor, _Logged])
+def test_results_keep_a_user_subclass_as_in_eager(cls):
+    # Eager (and torch.compile on CPU) give x's class to results computed from x.
+    def f(x, y):
+        return x * 2 + y, (x + 1).sum(), y * 3
+
+    x, y = torch.arange(4.0).as_subclass(cls), torch.ones(4)
+    cpu = f(x, y)
+    xt, yt = x.to("tpu"), y.to("tpu")
+    eager = f(xt, yt)
+    jitted = torchjax.jit(f)
+    for _ in range(2):  # a trace, then a cache hit
+        out = jitted(xt, yt)
+        assert _classes(out) == _classes(eager) and _classes(out)[:2] == [cls.__name__] * 2
+        assert [isinstance(r, cls) for r in out] == [isinstance(r, cls) for r in cpu]
+        for r, c in zip(out, cpu):
+            torch.testing.assert_close(
+                r.cpu().as_subclass(torch.Tensor), c.as_subclass(torch.Tensor)
+            )
+    assert jitted.trace_count == 1 and jitted.cache_hits == 1
+
+
+def test_a_plain_and_a_subclass_argument_trace_apart():
+    f = torchjax.jit(lambda x: x + 1)
+    plain = torch.ones(3, device="tpu")
+    mine = torch.ones(3).as_subclass(_MyTensor).to("tpu")
+    assert not isinstance(f(plain), _MyTensor)
+    assert isinstance(f(mine), _MyTensor)
+    assert f.trace_count == 2 and "classes" in f.last_retrace_reason
+    assert not isinstance(f(plain), _MyTensor)
+
+
+def test_user_torch_function_runs_while_tracing_and_a_jitted_module_keeps_the_class():
+    _Logged.calls.clear()
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4).as_subclass(_Logged)
+    ref = lin(x)
+    ref.sum().backward()
+    cpu_grad = lin.weight.grad.clone()
+    lin.weight.grad = None
+    lin = lin.to("tpu")
+    _Logged.calls.clear()
+    out = torchjax.jit(lin)(x.to("tpu"))
+    assert type(out).__name__ == "_Logged" and torch.nn.functional.linear in _Logged.calls
+    out.sum().backward()
+    torch.testing.assert_close(
+        out.detach().cpu().as_subclass(torch.Tensor), ref.detach().as_subclass(torch.Tensor)
+    )
+    torch.testing.assert_close(lin.weight.grad.cpu(), cpu_grad)

@@ -37,6 +37,42 @@ def test_has_same_storage_numel_matches_cpu():
         assert torch.ops.aten._has_same_storage_numel(*make("tpu")) == want, i
 
 
+def _set_to_cases(d):
+    x = torch.arange(24.0, device=d).view(4, 6)
+    y = x.clone()
+    other = torch.empty(0, device=d).set_(x.untyped_storage(), 6, (3, 6), (6, 1))
+    return [
+        (x, x),
+        (x, x.view(4, 6)),  # a view with the same geometry
+        (x, x.view(24)),
+        (x, x.t()),
+        (x[1:], x[1:]),  # an offset
+        (x[1:], other),  # the same geometry through set_ of the storage
+        (x[0], x[1]),
+        (x[:, 1:3], x[:, 1:3]),
+        (x, y),  # another root with the same values
+        (x.view(torch.int32), x),  # dtypes are not compared
+        (torch.empty(0, device=d), torch.empty(0, device=d)),
+    ]
+
+
+def test_is_set_to_matches_cpu():
+    cases = list(zip(_set_to_cases("cpu"), _set_to_cases("tpu")))
+    assert len(cases) == 11
+    for i, ((ca, cb), (ta, tb)) in enumerate(cases):
+        assert ta.is_set_to(tb) is ca.is_set_to(cb), i
+    assert [a.is_set_to(b) for a, b in _set_to_cases("cpu")].count(True) == 6
+    x = torch.ones(3, device="tpu")
+    assert not x.is_set_to(x.cpu())
+
+
+def test_is_pinned_is_false_as_for_a_cuda_tensor():
+    x = torch.ones(3, device="tpu")
+    assert x.is_pinned() is False and x[1:].is_pinned() is False
+    with pytest.warns(DeprecationWarning, match=r"argument 'device' of Tensor.is_pinned\(\) is"):
+        assert x.is_pinned(torch.device("tpu")) is False
+
+
 def test_forward_ad_make_dual_matches_cpu():
     import torch.autograd.forward_ad as fwAD
 

@@ -185,3 +185,21 @@ def test_bad_input_is_refused(shapes, kwargs, match):
     q, k = (np.zeros(s, np.float32) for s in shapes)
     with pytest.raises(ValueError, match=f"decode_attention: .*{match}"):
         kernels.decode_attention(q, k, k, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32])
+def test_dtype_the_kernel_cannot_compute_is_refused(dtype):
+    # float64 ran with float32 scores and accumulator: narrowed silently.
+    q, k = np.zeros((1, 2, 1, 16), dtype), np.zeros((1, 2, 256, 16), dtype)
+    with pytest.raises(ValueError, match="decode_attention: q, k, v must be float32, bfloat16"):
+        kernels.decode_attention(q, k, k)
+
+
+def test_paged_entry_outside_the_pool_is_reported_by_an_eager_call(form):
+    # Called on arrays outside any jit, the kernel's device check is queued and raised
+    # at the next synchronisation point (Note [Decode attention], invalid values).
+    k, v, table, lengths = _paged(2, 2, 1, np.float32)
+    table[1, 1] = 40  # the pool has 40 pages; row 1 uses two pages (17 positions)
+    kernels.paged_decode_attention(_arr((2, 2, 1, 16)), k, v, table, lengths)
+    with pytest.raises(IndexError, match="page_table entry 40 is outside the page pool of 40"):
+        torch.tpu.synchronize()

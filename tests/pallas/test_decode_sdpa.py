@@ -134,3 +134,93 @@ def test_decode_rule(kwargs, applies):
     kwargs.setdefault("enable_gqa", True)
     q, k = torch.empty(2, 4, s, d, requires_grad=grad), torch.empty(2, 2, sk, d)
     assert tp.decode_applies(q, k, k, **kwargs) is applies
+
+
+def _paged_inputs(table, lengths):
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 2, 32)
+    pages_k, pages_v = torch.randn(10, 2, 16, 32), torch.randn(10, 2, 16, 32)
+    table = torch.tensor(table, dtype=torch.int32)
+    return [x.to("tpu") for x in (q, pages_k, pages_v, table, torch.tensor(lengths))]
+
+
+@pytest.mark.parametrize("entry", [10, -1])
+def test_page_table_entry_outside_the_pool_raises_at_the_next_sync(entry):
+    # A clipped page index read another page's keys: wrong values, silently. The check
+    # runs on the device (Note [Decode attention], invalid values): no read at the call.
+    args = _paged_inputs([[3, 7, 1, 0], [9, 2, 5, entry]], [20, 64])
+    reads = torchjax.stats()["host_reads"]
+    out = tp.paged_decode_attention(*args)
+    assert torchjax.stats()["host_reads"] == reads
+    with pytest.raises(
+        IndexError,
+        match=rf"paged_decode_attention: page_table entry {entry} is outside the page pool "
+        r"of 10 pages",
+    ):
+        out.cpu()
+
+
+def test_page_table_entries_past_the_length_are_not_checked():
+    # Entries for no filled position are never read (vLLM pads tables with -1 or 0).
+    args = _paged_inputs([[3, 7, -1, 99], [9, 2, 5, 8]], [20, 64])
+    tp.paged_decode_attention(*args).cpu()
+
+
+def test_page_table_entry_outside_the_pool_raises_at_the_call_in_immediate_mode():
+    args = _paged_inputs([[3, 7, 1, 0], [9, 2, 5, 10]], [20, 64])
+    torch.tpu.set_sync_checks(True)
+    try:
+        with pytest.raises(IndexError, match="page_table entry 10 is outside the page pool"):
+            tp.paged_decode_attention(*args)
+    finally:
+        torch.tpu.set_sync_checks(False)
+
+
+@pytest.mark.parametrize("length", [65, -1])
+def test_length_outside_the_cache_raises(length):
+    # A clipped length shifted the causal window silently; JAX's ragged paged attention
+    # refuses such lengths with ValueError, as these kernels do, on the device.
+    args = _paged_inputs([[3, 7, 1, 0], [9, 2, 5, 8]], [20, length])
+    out = tp.paged_decode_attention(*args)
+    with pytest.raises(ValueError, match=rf"lengths holds {length}, outside \[0, S_max=64\]"):
+        out.cpu()
+    q, k, v = (x.to("tpu") for x in _decode_qkv())
+    torch.tpu.set_sync_checks(True)
+    try:
+        with pytest.raises(ValueError, match=rf"decode_attention: lengths holds {length}"):
+            tp.decode_attention(q, k, v, torch.tensor([3, length], device="tpu"))
+    finally:
+        torch.tpu.set_sync_checks(False)
+
+
+@pytest.mark.parametrize("where", [0, 4])
+def test_cpu_tensor_beside_tpu_ones_is_refused(where):
+    args = _paged_inputs([[3, 7, 1, 0], [9, 2, 5, 8]], [20, 64])
+    args[where] = args[where].cpu()
+    name = ["q", "k_pages", "v_pages", "page_table", "lengths"][where]
+    with pytest.raises(
+        RuntimeError, match=rf"Expected all tensors to be on the same device.*argument '{name}'"
+    ):
+        tp.paged_decode_attention(*args)
+    q, k, v = (x.to("tpu") for x in _decode_qkv())
+    with pytest.raises(RuntimeError, match="same device.*argument 'q'"):
+        tp.decode_attention(q.cpu(), k, v)
+    with pytest.raises(RuntimeError, match="same device.*argument 'lengths'"):
+        tp.decode_attention(q, k, v, torch.tensor([3, 5]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int32, torch.int64])
+def test_dtype_the_kernel_cannot_compute_is_refused(dtype):
+    # float64 ran with float32 scores and accumulator (narrowed silently), int32 gave
+    # integer garbage: refused, as SDPA refuses integer q, k, v (RuntimeError).
+    q, k, v = (x.to(dtype).to("tpu") for x in _decode_qkv())
+    with pytest.raises(
+        RuntimeError,
+        match=f"decode_attention: q, k, v must be float32, bfloat16 or float16.*"
+        f"got {str(dtype).split('.')[1]}",
+    ):
+        tp.decode_attention(q, k, v)
+    args = _paged_inputs([[3, 7, 1, 0], [9, 2, 5, 8]], [20, 64])
+    args[:3] = [a.to(dtype) for a in args[:3]]
+    with pytest.raises(RuntimeError, match="paged_decode_attention: q, k, v must be float32"):
+        tp.paged_decode_attention(*args)

@@ -121,7 +121,7 @@ def test_tokamax_ragged_dot_matches_cpu_with_grads():
     cpu = [lhs.clone().requires_grad_(), rhs.clone().requires_grad_()]
     tpu = [lhs.to("tpu").requires_grad_(), rhs.to("tpu").requires_grad_()]
     ref = _torch_reference(cpu[0], cpu[1].transpose(1, 2), SIZES)
-    out = tp.tokamax_ragged_dot(*tpu, torch.tensor(SIZES))
+    out = tp.tokamax_ragged_dot(*tpu, torch.tensor(SIZES, device="tpu"))
     torch.testing.assert_close(out.cpu(), ref.detach())
     ref.sum().backward()
     out.sum().backward()

@@ -23,6 +23,15 @@ zero; Note [Device-side checks] in torchjax/device/_checks.py) are not performed
 the traced program: an out-of-range index follows jax's rules (``x[idx]`` clamps,
 ``index_select``/``embedding`` gathers fill, scatters drop) and an integer division by
 zero gives XLA's value. Run the step once eagerly, or check the data, if it may be invalid.
+
+Note [User tensor subclasses under torchjax.jit]
+A tpu tensor of a user's ``torch.Tensor`` subclass (Note [User tensor subclasses on
+tpu]) keeps its class through eager ops, and ``torch.compile`` on CPU returns the classes
+eager does. So the trace wraps each argument tracer in its argument's class: the user's
+``__torch_function__`` runs while tracing, as in eager, and decides every result's class.
+The class of each output is recorded with the program and given to the arrays a call
+returns; the argument classes are part of the cache key (a plain and a ``MyTensor``
+argument may trace differently).
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from torchjax.interop._jax_function import _VJP
 from torchjax.tensor import random as _rng
 from torchjax.tensor._binding import bound, trace_lock
 from torchjax.tensor._tensor import JaxTensor, wrap
+from torchjax.tensor._user_subclass import user_class
 
 _SCALARS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)
 
@@ -279,6 +289,7 @@ class _Call:
             tuple(_aval(a) for a in self.state_arrays),
             flags,
             (self.hypers.key, tuple(walk.scalars), tuple(_aval(a) for a in self.hypers.values)),
+            tuple(type(t) for t in tensors),
         )
         self.key = self.sig
         self.grad_mode = grad_mode
@@ -345,6 +356,10 @@ class _Entry:
                     wrapped = []
                     for i, t, a in zip(call.pos, call.tensors, arrays):
                         w = wrap(a, t._device_index)
+                        if user_class(type(t)) is not None:
+                            # Note [User tensor subclasses under torchjax.jit]: a fresh
+                            # wrapper takes the made class, as alias_as gives an alias.
+                            w.__class__ = type(t)
                         flat[i] = w.requires_grad_() if t.requires_grad else w
                         wrapped.append(w)
                     flat = [x.obj if isinstance(x, _Ref) else x for x in flat]
@@ -361,6 +376,9 @@ class _Entry:
                 out_pos = [i for i, x in enumerate(out_flat) if isinstance(x, JaxTensor)]
                 info["out"] = (out_spec, out_flat, out_pos)
                 info["out_grad"] = [out_flat[i].requires_grad for i in out_pos]
+                info["out_cls"] = [
+                    type(out_flat[i]) if user_class(type(out_flat[i])) else None for i in out_pos
+                ]
                 written = [
                     i for i, (s, a) in enumerate(zip(storages, state_arrays)) if s.arr is not a
                 ]
@@ -395,6 +413,7 @@ class _Entry:
         self.closed = closed
         self.out_spec, out_flat, self.out_pos = info["out"]
         self.out_grad = info["out_grad"]
+        self.out_cls = info["out_cls"]
         self.out_static = [None if isinstance(x, JaxTensor) else x for x in out_flat]
         self.written = info["written"]
         self.created = info["created"]
@@ -447,7 +466,9 @@ class _Entry:
 
     def unflatten(self, tensors):
         flat = list(self.out_static)
-        for i, t in zip(self.out_pos, tensors):
+        for i, t, cls in zip(self.out_pos, tensors, self.out_cls):
+            if cls is not None:  # Note [User tensor subclasses under torchjax.jit]
+                t.__class__ = cls
             flat[i] = t
         return pytree.tree_unflatten(flat, self.out_spec)
 
@@ -543,7 +564,8 @@ def _describe_change(old, new) -> str:
              "state tensors (identity)", "state tensor shapes/dtypes",
              "grad mode / autocast / module training flags",
              "Python scalars read by the function (optimizer hyperparameters other than "
-             "lr, numbers in its closure or globals)")  # fmt: skip
+             "lr, numbers in its closure or globals)",
+             "tensor argument classes (torch.Tensor subclasses)")  # fmt: skip
     for name, a, b in zip(names, old, new):
         if a != b:
             if name == "tensor argument shapes/dtypes" and len(a) == len(b):

@@ -100,30 +100,38 @@ def concrete(x) -> bool:
     op runs op by op and the check still runs."""
     if not isinstance(x, jax.core.Tracer):
         return True
-    if getattr(_local, "collector", None) is not None:
+    collector = getattr(_local, "collector", None)
+    if collector is not None and collector.strict:
         raise NeedsValues
     return False
 
 
 class Collector:
-    """The checks of one trace of a cached executable (its extra outputs)."""
+    """The checks of one trace of a cached executable (its extra outputs). ``strict``:
+    ``concrete`` raises ``NeedsValues`` (an eager op's trace, which can run op by op
+    instead); otherwise a check needing values is skipped, as in a user's trace."""
 
-    def __init__(self):
+    def __init__(self, strict: bool = True):
+        self.strict = strict
         self.codes: list = []
         self.bads: list = []
         self.values: list = []
 
 
-def collecting():
+def collecting(strict: bool = True):
     """A context in which ``require`` adds to a fresh ``Collector`` (while tracing an
-    eager op's executable)."""
-    return _Collecting()
+    eager op's executable; ``strict=False`` for a jax function's, which has no op-by-op
+    path to fall back on)."""
+    return _Collecting(strict)
 
 
 class _Collecting:
+    def __init__(self, strict):
+        self.strict = strict
+
     def __enter__(self):
         self.prev = getattr(_local, "collector", None)
-        _local.collector = self.collector = Collector()
+        _local.collector = self.collector = Collector(self.strict)
         return self.collector
 
     def __exit__(self, *exc):

@@ -7,6 +7,18 @@ backward is ``f``'s VJP. The forward runs ``jax.vjp`` under ``jax.jit`` and retu
 pullback itself (a ``jax.tree_util.Partial`` holding the residuals), so an eager call
 costs one compiled forward and one compiled backward. Inside ``torchjax.jit`` the tensors
 hold tracers and ``f`` simply becomes part of the traced program.
+
+Note [Device checks in a jax function]
+torchjax's own jax code (a Pallas kernel's wrapper: a page index outside the pool) states
+value checks with ``torchjax.device._checks.require`` (Note [Device-side checks]). Under
+this module's ``jax.jit`` its arrays are tracers, which ``require`` would drop as a user's
+trace, so a call without gradient traces ``f`` collecting its checks: they come back as
+extra outputs of the one executable and are queued (or raised, in immediate mode) as an
+eager op's are; no host read. Inside ``torchjax.jit`` they are tracers of the user's
+trace and are dropped, as documented there. The differentiable path (``jax.vjp``) does
+not collect them: a check made inside ``jax.vjp``'s trace cannot leave it. The collector
+is not strict: torch ops that ``f`` runs op by op skip a check needing values
+(``_checks.concrete``), as in a user's trace, since a jax function has no op-by-op path.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ import numpy as np
 import torch
 
 from torchjax._compat.torch import pytree
+from torchjax.device import _checks
 from torchjax.interop._convert import to_jax
 from torchjax.tensor._tensor import JaxTensor, wrap
 
@@ -118,11 +131,21 @@ class _Call:
         def bwd(pullback, cotangents):
             return pullback(cotangents)
 
+        def checked(arrays):
+            # Note [Device checks in a jax function]: ``f``'s ``require`` checks become
+            # outputs, queued by ``forward`` as an eager op's are.
+            with _checks.collecting(strict=False) as collected:
+                out = call(arrays)
+            return out, _checks.Outputs(tuple(collected.codes), collected.bads, collected.values)
+
         wrapjit = jax.jit if jit else (lambda fn: fn)
-        self.forward = wrapjit(call)
+        self._checked = wrapjit(checked)
         self._fwd = wrapjit(fwd)
         self._bwd = wrapjit(bwd)
         self._call = call
+
+    def forward(self, arrays):
+        return _checks.finish(self._checked(arrays))
 
     def vjp(self, arrays):
         diff_arrays = [arrays[k] for k in self.diff]

@@ -12,7 +12,11 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import x64
-from torchjax._compat.torch import awaits_legacy_bytes, untyped_storage_of
+from torchjax._compat.torch import (
+    awaits_legacy_bytes,
+    call_composite_explicit,
+    untyped_storage_of,
+)
 from torchjax.device import _checks, _stats
 from torchjax.device._module import jax_device
 from torchjax.device._serialization import defer_until_loaded, loading, storage_for
@@ -22,7 +26,7 @@ from torchjax.ops.promotion import astype
 from torchjax.ops.registry import handler, lowering
 from torchjax.ops.writeback import write_into
 from torchjax.tensor import dtypes
-from torchjax.tensor._addresses import storage_view
+from torchjax.tensor._addresses import root_of, storage_view
 from torchjax.tensor._host_storage import host_view
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor, view_of, wrap
@@ -299,3 +303,30 @@ def _has_same_storage_numel(args, kwargs):
         return storage.numel * storage.arr.dtype.itemsize // t.element_size()
 
     return numel(args[0]) == numel(args[1])
+
+
+@handler(aten.is_set_to.default)
+def is_set_to(args, kwargs):
+    """aten::is_set_to - whether ``self`` and ``tensor`` are the same storage at the same
+    storage offset, sizes and strides (ATen's CPU kernel; dtypes are not compared, so a
+    same-size dtype view of a tensor is set to it). A tpu tensor's storage is its root
+    Storage, a dtype interpretation included (Note [torch storages of tpu tensors]); a
+    CPU tensor never shares one with a tpu tensor."""
+    bound = dict(zip(("self", "tensor"), args), **kwargs)
+    a, b = bound["self"], bound["tensor"]
+    roots = [root_of(t._storage) if isinstance(t, JaxTensor) else None for t in (a, b)]
+    return (
+        roots[0] is not None
+        and roots[0] is roots[1]
+        and a.storage_offset() == b.storage_offset()
+        and a.size() == b.size()
+        and a.stride() == b.stride()
+    )
+
+
+@handler(aten.is_pinned.default)
+def is_pinned(args, kwargs):
+    """aten::is_pinned - False: only CPU tensors can be pinned, as torch answers for a
+    CUDA tensor (its CompositeExplicitAutograd kernel runs, with its deprecation warning
+    for a ``device`` argument)."""
+    return call_composite_explicit(aten.is_pinned.default, *args, **kwargs)

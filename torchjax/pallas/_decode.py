@@ -34,10 +34,24 @@ Paged layout (vLLM's, and JAX's ragged paged attention's): pages (num_pages, Hkv
 page_size, D), a page table (B, pages_per_seq) of page indices and the lengths; a key
 block is one page, and the grid form's index map reads the page from the table (scalar
 prefetch), the loop form loads it from the table row. Table entries past a sequence's
-last useful page are never read (the index map clamps), and page indices are clipped to
-the pool, so an unused entry may hold anything. One page per grid step keeps the kernel
-simple at a cost for small pages (per-step overhead, ~0.35 us on TPU); pages of 128+
-tokens amortise it. The paged kernel takes no mask (lengths and causal only).
+last useful page are never read (the index map clamps), so an unused entry may hold
+anything (vLLM pads with 0 or -1).
+
+Invalid values: a used page-table entry outside [0, num_pages) raises IndexError, a
+length outside [0, S_max] ValueError. Both depend on data, so they are device checks
+(Note [Device-side checks]): raised at the next synchronisation point, or at the call
+with ``TORCHJAX_SYNC_CHECKS=1``, never read on the call's own path; under a user's
+``jax.jit``/``torchjax.jit`` they are not performed. The kernel still clips both (a page
+index to the pool, a length to S_max), so an invalid call reads no memory outside the
+cache; its result is undefined, as after CUDA's device assert, and the error says so.
+Why not clip silently, as before: a clipped page index reads another page's keys, and a
+clipped length shifts the causal window, both plausible-looking wrong attention. JAX's
+ragged paged attention refuses lengths past the pages per sequence with a ValueError
+(``validate_inputs_on_runtime``, a host read); we check likewise, without a host read.
+
+One page per grid step keeps the kernel simple at a cost for small pages (per-step
+overhead, ~0.35 us on TPU); pages of 128+ tokens amortise it. The paged kernel takes no
+mask (lengths and causal only).
 
 Through SDPA (Note [SDPA dispatch rule]) the kernel sees what transformers passes: for
 one new token, q packed to (B, Hkv, group, D) (``pack_gqa``), so each kv head is read
@@ -52,16 +66,21 @@ On GPU the rows are padded to a power of two of at least 16 (Triton's dot and lo
 
 from __future__ import annotations
 
+import functools
 import math
 
+import jax
 import jax.numpy as jnp
 
+from torchjax.device import _checks
 from torchjax.pallas import _tiling
 from torchjax.pallas._decode_fwd import grid_forward, loop_forward
 from torchjax.pallas._flash import additive_mask, attention_reference
 
 MAX_QUERY = 16
 _I32 = jnp.int32
+# The kernel's scores and accumulator are float32: float64 would be narrowed silently.
+_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def _fail(name, what):
@@ -87,6 +106,30 @@ def _check_qkv(name, q, k, v):
         )
     if not (q.dtype == k.dtype == v.dtype):
         _fail(name, f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if jnp.dtype(q.dtype) not in _DTYPES:
+        _fail(name, dtype_error(q.dtype))
+
+
+def dtype_error(dtype) -> str:
+    return (
+        f"q, k, v must be float32, bfloat16 or float16 (the kernel computes in float32), "
+        f"got {dtype}; use F.scaled_dot_product_attention for float64, and floating "
+        "tensors for attention"
+    )
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _length_outside(lengths, s):
+    bad = (lengths < 0) | (lengths > s)
+    return jnp.any(bad), lengths[jnp.argmax(bad)]
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _page_outside(table, lengths, page, n_pages):
+    # Only the entries holding a position below lengths[b] are read for the result.
+    used = jnp.arange(table.shape[1])[None, :] * page < lengths[:, None]
+    bad = (used & ((table < 0) | (table >= n_pages))).reshape(-1)
+    return jnp.any(bad), table.reshape(-1)[jnp.argmax(bad)]
 
 
 def _lengths(name, lengths, b, s):
@@ -98,6 +141,17 @@ def _lengths(name, lengths, b, s):
             name,
             f"lengths must be an integer array of shape ({b},), got "
             f"{lengths.dtype}{list(lengths.shape)}",
+        )
+    if b:
+        # Checked, not clipped silently: Note [Decode attention], invalid values.
+        bad, value = _length_outside(lengths, s)
+        _checks.require(
+            bad,
+            value,
+            ValueError,
+            f"torchjax.pallas.{name}: lengths holds {{value}}, outside [0, S_max={s}] "
+            "(the cache's positions); the result is undefined. Pass the filled positions "
+            "per batch row",
         )
     return jnp.clip(lengths.astype(_I32), 0, s)
 
@@ -188,8 +242,8 @@ def decode_attention(
     Args:
         q: (B, Hq, Sq, D) float32/bfloat16/float16, ``1 <= Sq <= 16``.
         k, v: the cache, (B, Hkv, S_max, D), ``Hq % Hkv == 0``, q's dtype.
-        lengths: (B,) integer, filled positions per batch row (clipped to [0, S_max]);
-            None: all ``S_max``.
+        lengths: (B,) integer, filled positions per batch row, in [0, S_max] (a device
+            check, Note [Decode attention]); None: all ``S_max``.
         mask: None, or boolean (True = attend) or float (added to the scores), rank 2-4,
             broadcastable to (B, Hq, Sq, S_max) with its head dim 1 or Hq and its query
             dim 1 or Sq; applied on top of ``lengths``.
@@ -203,7 +257,8 @@ def decode_attention(
         (B, Hq, Sq, D) in q's dtype (f32 accumulation); rows that see no key are 0.
 
     Raises:
-        ValueError: shapes or dtypes not as above, or ``block_k`` not dividing S_max.
+        ValueError: shapes or dtypes not as above, or ``block_k`` not dividing S_max;
+            a length outside [0, S_max] (at the next synchronisation point).
     """
     from torchjax.pallas._op import interpret_default
 
@@ -246,7 +301,9 @@ def paged_decode_attention(
             (Triton's dot); not checked here: the platform compiler refuses others.
         page_table: (B, pages_per_seq) integer page indices; position ``p`` of sequence
             ``b`` lives at ``k_pages[page_table[b, p // page_size], :, p % page_size]``.
-        lengths: (B,) integer filled positions (clipped to pages_per_seq * page_size).
+        lengths: (B,) integer filled positions, in [0, pages_per_seq * page_size]; the
+            table entries below them in [0, num_pages) (device checks, Note [Decode
+            attention]).
         causal, scale, interpret: as :func:`decode_attention`.
 
     Returns:
@@ -264,8 +321,18 @@ def paged_decode_attention(
             f"page_table must be integer (B, pages_per_seq) with B={b}, got "
             f"{table.dtype}{list(table.shape)}",
         )
-    page = k_pages.shape[2]
+    page, n_pages = k_pages.shape[2], k_pages.shape[0]
     lengths = _lengths(name, lengths, b, table.shape[1] * page)
+    if table.size:
+        bad, value = _page_outside(table, lengths, page, n_pages)
+        _checks.require(
+            bad,
+            value,
+            IndexError,
+            f"torchjax.pallas.{name}: page_table entry {{value}} is outside the page pool "
+            f"of {n_pages} pages (k_pages.shape[0]); entries for positions below lengths[b] "
+            f"must be in [0, {n_pages}); the result is undefined",
+        )
     interpret = interpret_default() if interpret is None else interpret
     plat = _tiling.platform(interpret)
     cache = (k_pages, v_pages, table.astype(_I32))

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from torchjax.pallas._decode import MAX_QUERY
+from torchjax.pallas._decode import _DTYPES as _JAX_DTYPES
+from torchjax.pallas._decode import MAX_QUERY, dtype_error
 from torchjax.pallas._decode import decode_attention as _decode_attention
 from torchjax.pallas._decode import paged_decode_attention as _paged_decode_attention
 from torchjax.pallas._op import op
@@ -64,6 +65,7 @@ def decode_applies(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, enab
     differentiable=False,
 )
 def _decode_op(q, k, v, lengths=None, mask=None, causal=True, scale=None):
+    _float_qkv("decode_attention", q, k, v)
     return _decode_attention(q, k, v, lengths, mask, causal=causal, scale=scale)
 
 
@@ -74,9 +76,18 @@ def _decode_op(q, k, v, lengths=None, mask=None, causal=True, scale=None):
     differentiable=False,
 )
 def _paged_op(q, k_pages, v_pages, page_table, lengths, causal=True, scale=None):
+    _float_qkv("paged_decode_attention", q, k_pages, v_pages)
     return _paged_decode_attention(
         q, k_pages, v_pages, page_table, lengths, causal=causal, scale=scale
     )
+
+
+def _float_qkv(name, *arrays):
+    # As torch's SDPA refuses integer q, k, v with a RuntimeError, the ops do (the jax
+    # functions raise ValueError, their module's rule); float64 would run in float32.
+    bad = next((a.dtype for a in arrays if a.dtype not in _JAX_DTYPES), None)
+    if bad is not None:
+        raise RuntimeError(f"torchjax.pallas.{name}: {dtype_error(bad)}")
 
 
 def _no_grad(name, *tensors):

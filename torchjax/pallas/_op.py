@@ -113,6 +113,9 @@ def op(
     Returns:
         A decorator returning a :class:`KernelOp`: callable like ``fn`` on tpu tensors
         (``torch.ops`` call), with ``.op`` the ``OpOverload`` and ``.fn`` the jax function.
+        Its tensors must all be on one tpu device: a CPU tensor beside tpu ones is
+        refused (RuntimeError "Expected all tensors to be on the same device", as
+        torch's ops refuse mixed devices), not copied to tpu on every call.
 
     Raises:
         ValueError: ``schema`` cannot be inferred (a default of unsupported type).
@@ -234,6 +237,7 @@ class KernelOp:
     # -- tpu implementation (Note [How a kernel op reaches jax]) ------------------------
 
     def _tpu(self, args, kwargs):
+        self._same_device(args, kwargs)
         if _KEEP_VJP.get() is self:
             out = self._forward_keeping_vjp(args, kwargs)
             if out is not None:
@@ -243,6 +247,22 @@ class KernelOp:
         with torch.no_grad():
             out = self._call(*args, **kwargs)
         return tuple(out) if self._multi else out
+
+    def _same_device(self, args, kwargs):
+        # A kernel op runs on tpu: a CPU tensor beside tpu ones is refused, as torch's
+        # ops refuse mixed devices (moving it silently would hide a host copy per call).
+        bound = dict(zip(self._names, args), **kwargs)
+        tensors = {n: t for n, t in bound.items() if isinstance(t, torch.Tensor)}
+        devices = {t.device for t in tensors.values()}
+        if len(devices) < 2:
+            return
+        tpu = next(d for d in devices if d.type == "tpu")
+        name, t = next((n, t) for n, t in tensors.items() if t.device != tpu)
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"{tpu} and {t.device}! (argument {name!r} of {self.qualname} is a "
+            f"{tuple(t.shape)} {t.dtype} tensor on {t.device}; move it with .to('{tpu}'))"
+        )
 
     def _forward_keeping_vjp(self, args, kwargs):
         """The outputs, the pullback riding on the first (Note [Kernel op backward]); None
