@@ -115,3 +115,9 @@ def test_jit_outputs_viewing_an_argument_alias_it():
     a, b, c = torchjax.jit(views)(tpu)
     c.fill_(7)
     assert tpu.cpu().eq(7).all() and a.cpu().eq(7).all()
+
+
+def test_an_input_returned_whole_is_the_input():
+    tpu = _input().to("tpu")
+    out, view = compiled(lambda x: (x, x[0]))(tpu)
+    assert out is tpu and view.untyped_storage().data_ptr() == tpu.untyped_storage().data_ptr()
