@@ -61,6 +61,7 @@ def test_uninstall_restores_every_original():
             "load_rng": Trainer.__dict__["_load_rng_state"],
             "swap": torch.utils.swap_tensors,
             "torch_load": torch.load,
+            "set_metadata": torch._utils.set_tensor_metadata,
             "nested_tensor": torch.nested.nested_tensor,
             "as_nested_tensor": torch.nested.as_nested_tensor,
             "inductor_call": torch._TorchCompileInductorWrapper.__call__,
@@ -141,6 +142,7 @@ def test_uninstall_restores_every_original():
         assert torch.nn.Module.__dict__["_apply"] is before["apply"]
         assert torch.__future__.get_swap_module_params_on_conversion is before["swap_flag"]
         assert torch.load is torch.serialization.load is before["torch_load"]
+        assert torch._utils.set_tensor_metadata is before["set_metadata"]
         assert torch.accelerator.empty_cache is before["acc_empty_cache"]
         assert torch.accelerator.memory.memory_stats is before["acc_memory_stats"]
         assert torch.accelerator.synchronize is before["acc_synchronize"]
@@ -203,6 +205,7 @@ def test_uninstall_restores_every_original():
         "torch.__future__.get_swap_module_params_on_conversion",
         "torch.load",
         "torch.UntypedStorage.__new__",
+        "torch._utils.set_tensor_metadata",
         "torch.UntypedStorage.tpu",
         "torch.TypedStorage.tpu",
         "aten::_pin_memory CPU kernel",

@@ -42,6 +42,12 @@ how it is undone.
   process crashed. For a tpu device the storage is made on CPU and given host-backed
   tpu bytes, as ``storage.tpu()`` does; every other device goes to torch's constructor
   unchanged. Undo: the class has no ``__new__`` of its own again.
+- ``torch._utils.set_tensor_metadata`` (device/_serialization.py through
+  _compat/torch.py; torch 2.13). torch.load's tensor rebuild sets a saved conj / neg bit
+  on the rebuilt tensor with it; a tpu tensor must then read its storage through the bit
+  (Note [Saving tpu tensors]), or a loaded conjugate view would show the plain values
+  under ``is_conj()``. Same signature; the wrapper calls torch's function first and
+  changes nothing for other tensors. Undo: the original put back.
 - ``torch.UntypedStorage.tpu`` and ``torch.TypedStorage.tpu`` (device/_serialization.py;
   torch 2.13). What ``generate_methods_for_privateuse1_backend(for_storage=True)`` would
   add, without its allocation (a Python backend has no allocator): a host-backed tpu

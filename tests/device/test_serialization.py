@@ -161,24 +161,30 @@ def test_load_onto_missing_device_index_raises(tmp_path):
     _assert_pickle_lands_on_tpu0()
 
 
-def _conj_view():
-    # A conjugate view pickles through torch's device-tensor rebuild, the one rebuild
-    # that reads the load's map_location from torch's thread-local (Note [Saving tpu
-    # tensors]).
-    return torch.tensor([1 + 2j, 3 - 1j]).to("tpu").conj()
+class _DeviceRebuilt:
+    """Pickles as torch's rebuild of a storage-less device tensor from a CPU copy, the
+    one rebuild that reads the load's map_location from torch's thread-local (files
+    from torch's other Python backends, and earlier torchjax conjugate views, hold it)."""
+
+    values = [1 + 2j, 3 - 1j]
+
+    def __reduce__(self):
+        cpu = torch.tensor(self.values)
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor, (cpu, cpu.dtype, "tpu", False))
 
 
 def _assert_pickle_lands_on_tpu0():
     # A refused load leaves nothing behind: a later pickle of a tpu tensor comes back on
     # tpu:0, not where the failed load pointed (torch keeps a load's map_location in a
     # thread-local it clears only when the load succeeds; torch.load is wrapped).
-    for t in (torch.arange(3.0).to("tpu"), _conj_view()):
-        back = pickle.loads(pickle.dumps(t))
-        assert back.device == torch.device("tpu", 0) and back.tolist() == t.tolist()
+    t = torch.arange(3.0).to("tpu")
+    for obj, values in ((t, t.tolist()), (_DeviceRebuilt(), _DeviceRebuilt.values)):
+        back = pickle.loads(pickle.dumps(obj))
+        assert back.device == torch.device("tpu", 0) and back.tolist() == values
 
 
 def test_failed_callable_load_leaves_pickle_working(tmp_path):
-    torch.save(_conj_view(), tmp_path / "t.pt")
+    torch.save(_DeviceRebuilt(), tmp_path / "t.pt")
     with pytest.raises(RuntimeError, match="Callable map_location not supported"):
         torch.load(tmp_path / "t.pt", map_location=lambda s, loc: s)
     _assert_pickle_lands_on_tpu0()
@@ -366,3 +372,41 @@ def test_empty_tensors_round_trip(tmp_path, fmt):
         for where in ("tpu", torch.device("tpu", 0), {"cpu": "tpu"}, MAP_LOCATIONS["callable"]):
             back = torch.load(tmp_path / "c.pt", map_location=where)
             assert back.device.type == "tpu" and back.shape == t.shape, where
+
+
+def _z(device):
+    return torch.tensor([1 + 2j, -3 - 4j, 5 + 0j], dtype=torch.complex64).to(device)
+
+
+# Each entry: what is saved in one torch.save, and a write to the loaded "z" (the plain
+# tensor) whose effect on the views tells whether they share its storage.
+MATH_BIT_SAVES = {
+    "conj": lambda z: {"z": z, "c": z.conj(), "tail": [z.conj()[1:]]},
+    "neg": lambda z: {"z": z.imag, "n": z.conj().imag, "re": z.real},
+    "neg alone": lambda z: {"z": z.conj().imag},
+}
+
+
+@pytest.mark.parametrize("where", ["tpu", "cpu"])
+@pytest.mark.parametrize("saved", sorted(MATH_BIT_SAVES))
+def test_conjugate_and_negative_views_load_as_on_cpu(tmp_path, saved, where):
+    # CPU saves a conj / neg view as its storage plus the bit: it loads as the same kind
+    # of view, sharing memory with the other tensors of that storage in the file. A tpu
+    # view was saved as a copy of its values: bits lost, sharing lost.
+    def flat(obj):
+        return [(k, v) for k, x in obj.items() for v in (x if isinstance(x, list) else [x])]
+
+    results = {}
+    for device in ("cpu", "tpu"):
+        torch.save(MATH_BIT_SAVES[saved](_z(device)), tmp_path / f"{device}.pt")
+        back = torch.load(tmp_path / f"{device}.pt", map_location=where)
+        seen = [(k, t.device.type, t.is_conj(), t.is_neg(), t.tolist()) for k, t in flat(back)]
+        back["z"].mul_(2)
+        seen += [(k, t.cpu().tolist()) for k, t in flat(back)]
+        for k, t in flat(back):
+            if k != "z":
+                t.add_(1)  # a write through a loaded view reaches the plain tensor
+        seen.append(back["z"].cpu().tolist())
+        results[device] = seen
+    assert results["tpu"] == results["cpu"]
+    assert any(r[2] or r[3] for r in results["tpu"] if len(r) == 5)

@@ -90,6 +90,13 @@ OPS = {
     "pow 0.5": lambda z: z**0.5,
     "pow -0.5": lambda z: z**-0.5,
     "pow -1": lambda z: z**-1,
+    # General powers: std::pow (glibc's cpow); 3 is x*x*x for a Python exponent only.
+    "pow 1.5": lambda z: z**1.5,
+    "pow 3": lambda z: z**3,
+    "pow tensor 3": lambda z: z ** torch.tensor(3, device=z.device),
+    # CPU's add kernel multiplies the second operand by alpha (1 + 0j included).
+    "rsub": lambda z: 1 - z,
+    "tanhshrink": torch.nn.functional.tanhshrink,
 }
 
 
@@ -181,6 +188,10 @@ def _subnormal_ratio_rsqrt(a, b):
     return (a, b) in {("-huge", "-1.5"), ("-huge", "-1"), ("huge", "1"), ("huge", "1.5")}
 
 
+def _subnormal_angle(a, b):
+    return a == "huge" and b in ("-1.5", "-1", "1", "1.5")
+
+
 EXPECTED = [
     (
         ("neg",),
@@ -191,7 +202,7 @@ EXPECTED = [
         "always",
     ),
     (
-        ("square", "pow 2"),
+        ("square", "pow 2", "pow 3"),
         _huge_by_big,
         "±huge real part beside a ±huge or infinite imaginary one: CPU's vector complex "
         "multiply gives re = a*a - b*b = inf - inf = NaN; optimised XLA contracts it into "
@@ -213,6 +224,15 @@ EXPECTED = [
         _subnormal_ratio_rsqrt,
         "±huge beside ±1 or ±1.5 of the same sign: 1 / sqrt(z) divides by a square root "
         "whose parts' ratio is subnormal; XLA flushes it and a zero part changes sign",
+        "differs",
+        "always",
+    ),
+    (
+        ("pow 1.5", "pow tensor 3"),
+        _subnormal_angle,
+        "+huge real part beside ±1 or ±1.5: the angle of clog(z) is subnormal, which XLA "
+        "flushes to zero, so the imaginary part of cexp(w * clog(z)) is 0 where CPU's is "
+        "finite or infinite",
         "differs",
         "always",
     ),

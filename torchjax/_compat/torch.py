@@ -111,18 +111,52 @@ def awaits_legacy_bytes(storage) -> bool:
     return bool(getattr(storage, "_torch_load_uninitialized", False))
 
 
-def rebuild_tensor_args(storage, offset: int, size, stride, requires_grad: bool, dtype):
+def rebuild_tensor_args(
+    storage, offset: int, size, stride, requires_grad: bool, dtype, metadata=None
+):
     """A ``__reduce_ex__`` value rebuilding a tensor over ``storage`` (an UntypedStorage)
     as ``Tensor._reduce_ex_internal`` does for a tensor with a storage: through
     ``torch._utils._rebuild_tensor_v2`` on a TypedStorage, or ``_rebuild_tensor_v3`` for
     the dtypes TypedStorage lacks (``torch.storage._new_dtypes``). Both are on torch.load's
-    weights-only allow-list."""
+    weights-only allow-list. ``metadata``: ``torch._utils.get_tensor_metadata``'s dict
+    (the conj and neg bits), set on the rebuilt tensor as for a CPU tensor."""
+    extra = (metadata,) if metadata else ()
     if dtype in torch.storage._new_dtypes():
-        args = (storage, offset, size, stride, requires_grad, OrderedDict(), dtype)
+        args = (storage, offset, size, stride, requires_grad, OrderedDict(), dtype, *extra)
         return (torch._utils._rebuild_tensor_v3, args)
     typed = torch.storage.TypedStorage(wrap_storage=storage, dtype=dtype, _internal=True)
-    args = (typed, offset, size, stride, requires_grad, OrderedDict())
+    args = (typed, offset, size, stride, requires_grad, OrderedDict(), *extra)
     return (torch._utils._rebuild_tensor_v2, args)
+
+
+def tensor_metadata(t: torch.Tensor) -> dict:
+    """What ``torch.save`` records besides a tensor's storage and view: its conj and neg
+    bits (``torch._utils.get_tensor_metadata``)."""
+    return torch._utils.get_tensor_metadata(t)
+
+
+def install_tensor_metadata_hook(after) -> None:
+    """Have ``after(tensor)`` run each time a tensor's saved metadata (conj / neg bits)
+    is set on it by torch.load's rebuild (``torch._utils.set_tensor_metadata``, which
+    ``_rebuild_tensor_v2``/``v3`` look up when they run)."""
+    from torchjax import _patches
+
+    original = torch._utils.set_tensor_metadata
+
+    @functools.wraps(original)
+    def set_tensor_metadata(tensor, metadata):
+        original(tensor, metadata)
+        after(tensor)
+
+    _patches.replace_attr(
+        torch._utils,
+        "set_tensor_metadata",
+        set_tensor_metadata,
+        name="torch._utils.set_tensor_metadata",
+        why="a loaded conjugate or negative tpu view reads its storage through those bits",
+        package="torch",
+        written_for="2.13",
+    )
 
 
 def rebuild_parameter_args(data: torch.Tensor, requires_grad: bool, hooks, state: dict):

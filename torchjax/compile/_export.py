@@ -36,7 +36,7 @@ def export(fn, *args, **kwargs):
     with torch.no_grad():
         call = _Call(jitted, flat, spec, {})
         entry = _Entry.trace(jitted, call)
-    state, key, n_out = call.state_arrays, entry.key(), entry.n_out
+    state, key, n_out = call.state_arrays, entry.key(), len(entry.out_pos)
 
     def run(*arrays):
         return entry.compiled(*state, key, *arrays)[:n_out]

@@ -48,7 +48,7 @@ from jax.extend.core import jaxpr_as_fun
 from torchjax import _budget
 from torchjax._compat.jax import x64, x64_enter, x64_exit
 from torchjax._compat.torch import pytree
-from torchjax.compile import _donate, _hyper, _repeat, _state
+from torchjax.compile import _aliases, _donate, _hyper, _repeat, _state
 from torchjax.compile._capturable import make_capturable
 from torchjax.compile._keys import value_key
 from torchjax.interop._jax_function import _VJP
@@ -375,6 +375,9 @@ class _Entry:
                 out_flat, out_spec = pytree.tree_flatten(out)
                 out_pos = [i for i, x in enumerate(out_flat) if isinstance(x, JaxTensor)]
                 info["out"] = (out_spec, out_flat, out_pos)
+                # Note [Aliased outputs of a compiled function] (_aliases.py).
+                aliases, bases = _aliases.plan([out_flat[i] for i in out_pos], wrapped, storages)
+                info["aliases"], info["n_bases"] = aliases, len(bases)
                 info["out_grad"] = [out_flat[i].requires_grad for i in out_pos]
                 info["out_cls"] = [
                     type(out_flat[i]) if user_class(type(out_flat[i])) else None for i in out_pos
@@ -398,7 +401,7 @@ class _Entry:
                 info["args_written"] = args_written
                 info["draws"] = stream.draws
                 return (
-                    [out_flat[i]._value() for i in out_pos],
+                    [out_flat[i]._value() for i in out_pos] + [b.arr for b in bases],
                     [storages[i].arr for i in written],
                     [s.arr for s in created],
                     [wrapped[k]._value() for k in args_written],
@@ -421,7 +424,8 @@ class _Entry:
         self.uses_rng = info["draws"] > 0
         self.single_use = bool(self.created)
         self.refs = [weakref.ref(s) for s in storages]
-        self.n_out = len(self.out_pos)
+        self.aliases = info["aliases"]
+        self.n_out = len(self.out_pos) + info["n_bases"]  # the bases follow the outputs
         in_use = {id(a) for a in call.arrays}
         donate = (
             tuple(i for i in self.written if id(call.state_arrays[i]) not in in_use)
@@ -452,7 +456,7 @@ class _Entry:
         finally:
             x64_exit(token)
         self.write_back(call, outs[self.n_out :])
-        return self.unflatten([wrap(a) for a in outs[: self.n_out]])
+        return self.unflatten([wrap(a) for a in outs[: self.n_out]], call)
 
     def write_back(self, call: _Call, rest) -> None:
         storages = call.storages
@@ -464,7 +468,12 @@ class _Entry:
         for k, a in zip(self.args_written, rest[len(self.created) :]):
             call.tensors[k]._write(a)
 
-    def unflatten(self, tensors):
+    def unflatten(self, tensors, call: _Call):
+        n = len(self.out_pos)
+        if self.aliases is not None:
+            tensors = _aliases.regenerate(
+                self.aliases, tensors[:n], tensors[n:], call.tensors, call.walk.tensors
+            )
         flat = list(self.out_static)
         for i, t, cls in zip(self.out_pos, tensors, self.out_cls):
             if cls is not None:  # Note [User tensor subclasses under torchjax.jit]
@@ -477,7 +486,7 @@ class _Entry:
         state = [call.walk.tensors[i] for i in program.diff_state]
         dyn = [call.tensors[k] for k in program.diff_dyn]
         outs = _VJP.apply(_VJPCall(self, call), *state, *dyn)
-        return self.unflatten(outs)
+        return self.unflatten(outs, call)
 
 
 class _VJPProgram:

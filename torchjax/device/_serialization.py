@@ -36,12 +36,14 @@ from torchjax import _patches
 from torchjax._compat.torch import (
     awaits_legacy_bytes,
     install_load_scope,
+    install_tensor_metadata_hook,
     new_untyped_storage,
     untyped_storage_of,
 )
 from torchjax.device._module import device_count, jax_device
 from torchjax.tensor import dtypes
 from torchjax.tensor._host_storage import host_backed, host_of, loaded
+from torchjax.tensor._protocols import math_bits_loaded
 from torchjax.tensor._reinterpret import interpret
 
 DEVICE_TYPE = "tpu"
@@ -195,6 +197,7 @@ def register() -> None:
     # with no allocator; it acts on tpu locations only.
     torch.serialization.register_package(19, _tag, _deserialize)
     install_load_scope(_load_scope)
+    install_tensor_metadata_hook(math_bits_loaded)
     # What generate_methods_for_privateuse1_backend(for_storage=True) would add, minus
     # its allocation (which has no allocator to use).
     _patches.replace_attr(

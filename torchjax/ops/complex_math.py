@@ -11,7 +11,9 @@ for some ops, with its own formulas (ATen/cpu/vec/vec256/vec256_complex_*.h and 
 ``pi/2 - asin`` part by part, ``exp2`` is ``exp(z * ln 2)``, ``log1p``/``expm1`` are
 c10's formulas, and ``reciprocal``, ``rsqrt`` (``1 / sqrt``) and ``sigmoid``
 (``1 / (1 + exp(0 - z))``), ``silu`` and complex ``aten::div`` itself divide with c10's
-complex division (numpy's scaled one).
+complex division (numpy's scaled one). ``aten::add``/``sub``/``rsub`` multiply their
+second operand by alpha (``scale``: a complex product, even by 1 + 0j, which spreads a NaN
+or infinite part to both parts), and a general power is glibc's ``cpow`` (``pow``).
 XLA's complex functions are accurate at ordinary points but not at special ones: NaN
 where C99 gives an infinity or a zero, zero parts with their own signs, branch cuts
 that ignore the sign of a zero part. So each function here either follows CPU's formula
@@ -348,6 +350,55 @@ def silu(z):
     """CPU's complex silu: ``z / (1 + exp(-z))`` with c10's division."""
     x, y = _parts(z)
     return lax.complex(*c10_div(x, y, *_one_plus_exp_minus(z)))
+
+
+def scale(x, alpha: complex):
+    """``alpha * x`` as ATen's add kernel forms it for a complex ``x`` (``self + alpha *
+    other``, ``sub`` and ``rsub`` with ``-alpha``): a full complex product even for
+    alpha = 1, so a NaN or infinite part of ``x`` reaches both parts of the result
+    (``1 - (nan - 1j)`` is NaN + NaN j on CPU)."""
+    xr, xi = _parts(x)
+    ar, ai = _opaque(_full(xr, alpha.real), _full(xr, alpha.imag))
+    return lax.complex(xr * ar - xi * ai, xr * ai + xi * ar)
+
+
+def _c99_mul(a, b, c, d):
+    """(a + bi)(c + di) as C computes a complex product (libgcc's ``__muldc3``, Annex G):
+    where both parts come out NaN, an infinite operand is boxed to ±1 / ±0 and the
+    product recomputed scaled by inf (NaN operands beside it read as zeros), and an
+    overflow to inf in a partial product is recovered the same way."""
+    ac, bd, ad, bc = a * c, b * d, a * d, b * c
+    x, y = ac - bd, ad + bc
+    isinf, isnan = jnp.isinf, jnp.isnan
+
+    def box(v):
+        return jnp.copysign(jnp.where(isinf(v), _full(v, 1), _full(v, 0)), v)
+
+    def zero_nan(v):
+        return jnp.where(isnan(v), jnp.copysign(_full(v, 0), v), v)
+
+    z_inf = isinf(a) | isinf(b)
+    a, b = jnp.where(z_inf, box(a), a), jnp.where(z_inf, box(b), b)
+    c, d = jnp.where(z_inf, zero_nan(c), c), jnp.where(z_inf, zero_nan(d), d)
+    w_inf = isinf(c) | isinf(d)
+    c, d = jnp.where(w_inf, box(c), c), jnp.where(w_inf, box(d), d)
+    a, b = jnp.where(w_inf, zero_nan(a), a), jnp.where(w_inf, zero_nan(b), b)
+    overflow = ~z_inf & ~w_inf & (isinf(ac) | isinf(bd) | isinf(ad) | isinf(bc))
+    a, b, c, d = (jnp.where(overflow, zero_nan(v), v) for v in (a, b, c, d))
+    recalc = isnan(x) & isnan(y) & (z_inf | w_inf | overflow)
+    inf = _full(x, np.inf)
+    x = jnp.where(recalc, inf * (a * c - b * d), x)
+    y = jnp.where(recalc, inf * (a * d + b * c), y)
+    return x, y
+
+
+def pow(z, w):
+    """CPU's general complex power, ``std::pow(z, w)``: glibc's cpow,
+    ``cexp(w * clog(z))`` with C's complex product (Annex G values at infinities and
+    NaNs; XLA's power gave NaN + NaN j where CPU gives inf + NaN j or a zero)."""
+    lr, li = _parts(log(z))
+    wr, wi = _parts(w)
+    return exp(lax.complex(*_c99_mul(wr, wi, lr, li)))
 
 
 def conj_symmetric(fn):

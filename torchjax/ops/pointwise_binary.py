@@ -96,9 +96,18 @@ def _scaled(op: str, x, alpha, *, bool_alpha_check=True):
             f"aten::{op}: For non-complex input tensors, argument alpha must "
             f"not be a complex number (got alpha={alpha})."
         )
+    if kind == "complex" and not isinstance(alpha, bool):
+        # Note [Complex special values]: CPU multiplies by alpha (1 included).
+        return complex_math.scale(x, complex(alpha))
     if alpha is True or (not isinstance(alpha, bool) and alpha == 1):
         return x
     return _mul(x, np.asarray(alpha, dtype=x.dtype))
+
+
+def _negated(x, alpha):
+    """``-alpha`` for sub and rsub of complex tensors, which CPU computes as an add of
+    ``-alpha * other`` (a bool alpha stays, for _scaled's check)."""
+    return -alpha if kind_of(x) == "complex" and not isinstance(alpha, bool) else alpha
 
 
 def _add(a, b):
@@ -139,6 +148,8 @@ def add(self, other, alpha=1):
 def sub(self, other, alpha=1):
     """aten::sub - ``self - alpha * other``; bool raises as in torch. Reference: torch.sub."""
     _check_sub_bool("sub", self)
+    if kind_of(other) == "complex":
+        return _add(self, _scaled("sub", other, _negated(other, alpha)))
     return lax2(lax.sub)(self, _scaled("sub", other, alpha))
 
 
@@ -166,6 +177,8 @@ def sub_handler(args, kwargs, _ops=(aten.sub.Tensor, aten.sub.Scalar)):
 def rsub(self, other, alpha=1):
     """aten::rsub - ``other - alpha * self``; bool raises. Reference: torch.rsub."""
     _check_sub_bool("rsub", self)
+    if kind_of(self) == "complex":
+        return _add(other, _scaled("rsub", self, _negated(self, alpha)))
     return lax2(lax.sub)(other, _scaled("rsub", self, alpha))
 
 

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from torchjax.ops import complex_math
 from torchjax.ops.pointwise_binary import bcast, kind_of, lax2
 from torchjax.ops.registry import Kind, functional_handler, handler, lowering
 from torchjax.tensor import dtypes
@@ -59,6 +60,9 @@ def pow(self, exponent):
         return lax2(lax.bitwise_or)(self, lax.bitwise_not(jnp.asarray(exponent)))
     if kind == "int":
         return _int_pow(self, exponent)
+    if kind == "complex":
+        dt = self.dtype if hasattr(self, "dtype") else exponent.dtype
+        return complex_math.pow(*bcast(jnp.asarray(self, dt), jnp.asarray(exponent, dt)))
     return lax2(lax.pow)(self, exponent)
 
 

@@ -19,10 +19,13 @@ from torchjax._compat.torch import (
     rebuild_device_tensor_args,
     rebuild_parameter_args,
     rebuild_tensor_args,
+    tensor_metadata,
     with_state_args,
 )
 from torchjax.tensor import _fake, _host_storage
+from torchjax.tensor._reinterpret import interpret
 from torchjax.tensor._storage import Storage, contiguous_strides
+from torchjax.tensor.dtypes import to_jax_dtype
 
 # __dict__ entries that are a JaxTensor's own machinery, not user state: the view into
 # its Storage, the read cache, what torch.compile attached (Note [JaxTensor under
@@ -148,8 +151,10 @@ def deepcopy(t, memo):
 # as a CPU tensor's do (``_rebuild_from_type_v2`` with ``torch.Tensor``, whose
 # ``as_subclass`` a JaxTensor answers with itself). Files load anywhere torch
 # loads CPU tensors with ``map_location="cpu"``, and with ``weights_only=True``. A
-# conjugate or negative view is saved as its values (a copy): torch records those bits
-# as tensor metadata set after the rebuild, below what a JaxTensor can follow.
+# conjugate or negative view is saved as CPU saves it: its storage's plain values and
+# the bit as tensor metadata (``is_conj()``/``is_neg()`` and sharing with the tensors of
+# that storage hold after loading); torch sets the bit after the rebuild, and the load
+# turns the rebuilt tpu tensor into that view then (``math_bits_loaded``).
 # multiprocessing's pickler shares a storage through shared memory, which only CPU
 # storages support; a tpu tensor crosses processes as its values in a CPU tensor
 # (torch's reductions share that), rebuilt on the device (``forking_reduce``).
@@ -162,15 +167,36 @@ def reduce_ex(t, proto):
     from torchjax.tensor._user_subclass import user_class
 
     cls = user_class(type(t)) or torch.Tensor
-    if _fake.is_fake(t) or t.is_conj() or t.is_neg():
+    if _fake.is_fake(t):
         return with_state_args(_reduce_as_values(t), user_state(t), cls)
     root = t._storage
     root = getattr(root, "root", root)  # an Interpretation's (dtype view's) root
     storage = _host_storage.snapshot(root, t.device, t._device_index)
+    metadata = tensor_metadata(t) if t.is_conj() or t.is_neg() else None
     reduced = rebuild_tensor_args(
-        storage, t.storage_offset(), tuple(t.shape), t.stride(), t.requires_grad, t.dtype
+        storage,
+        t.storage_offset(),
+        tuple(t.shape),
+        t.stride(),
+        t.requires_grad,
+        t.dtype,
+        metadata,
     )
     return with_state_args(reduced, user_state(t), cls)
+
+
+def math_bits_loaded(t) -> None:
+    """torch.load set a saved conj / neg bit on ``t`` (Note [Saving tpu tensors]): a tpu
+    tensor then reads its storage through those bits, as ``conj()``/``_neg_view()``
+    views do; until now it read the plain values under the bit."""
+    storage = getattr(t, "_storage", None)
+    if storage is None or t.device.type != "tpu":
+        return
+    conj, neg = t.is_conj(), t.is_neg()
+    view = interpret(storage, to_jax_dtype(t.dtype), conj, neg)
+    if view is not storage:  # same size, stride and offset: only the reading changes
+        t._storage = view
+        t._cache, t._cache_version = None, -1
 
 
 def forking_reduce(t):

@@ -1,0 +1,123 @@
+"""Compiled outputs that are views of inputs or of each other alias as on CPU (Note
+[Aliased outputs of a compiled function] in torchjax/compile/_aliases.py)."""
+
+import pytest
+import torch
+
+import torchjax
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def views(x):
+    return x[1:], x.t(), x.view(-1)
+
+
+def compiled(fn):
+    return torch.compile(fn, backend="tpu", fullgraph=True)
+
+
+def _input():
+    return torch.arange(6.0).reshape(2, 3).clone()
+
+
+def test_outputs_viewing_an_input_alias_it_and_the_graph_is_reused():
+    cpu, tpu = _input(), _input().to("tpu")
+    fn = compiled(views)
+    before = torchjax.compile.dynamo_stats()
+    for call in range(2):
+        want, got = views(cpu), fn(tpu)
+        for k, (w, g) in enumerate(zip(want, got)):
+            w.add_(10 * (k + 1) + call)  # a write through each output reaches the input
+            g.add_(10 * (k + 1) + call)
+        torch.testing.assert_close(tpu.cpu(), cpu)
+        cpu.mul_(2)  # and a write to the input shows through each output
+        tpu.mul_(2)
+        for w, g in zip(want, got):
+            torch.testing.assert_close(g.cpu(), w)
+    after = torchjax.compile.dynamo_stats()
+    assert after["graphs"] - before["graphs"] == 1
+    assert after["traces"] - before["traces"] == 1
+    assert after["cache_hits"] - before["cache_hits"] == 1
+
+
+def test_outputs_viewing_an_input_that_requires_grad():
+    cpu = _input().requires_grad_()
+    tpu = _input().to("tpu").requires_grad_()
+    fn = compiled(views)
+    for _ in range(2):
+        want, got = views(cpu), fn(tpu)
+        assert all(g.requires_grad and g.grad_fn is not None for g in got)
+        sum((w * (k + 1)).sum() for k, w in enumerate(want)).backward()
+        sum((g * (k + 1)).sum() for k, g in enumerate(got)).backward()
+        torch.testing.assert_close(tpu.grad.cpu(), cpu.grad)
+    assert fn(tpu)[0].untyped_storage().data_ptr() == tpu.untyped_storage().data_ptr()
+
+
+def test_views_of_a_non_contiguous_input_alias_it():
+    def fn(x):
+        return x[:, 1:], x.reshape(-1)  # reshape of x.t() copies in eager
+
+    cpu = torch.arange(6.0).reshape(3, 2).t()
+    tpu = torch.arange(6.0).reshape(3, 2).to("tpu").t()
+    want, got = fn(cpu), compiled(fn)(tpu)
+    for w, g in zip(want, got):
+        w.add_(100)
+        g.add_(100)
+        torch.testing.assert_close(tpu.cpu(), cpu)
+
+
+def test_outputs_viewing_one_intermediate_alias_each_other():
+    def fn(x):
+        y = x * 2
+        return y[0], y[1:].t(), y
+
+    for requires_grad in (False, True):
+        cpu = _input().requires_grad_(requires_grad)
+        tpu = _input().to("tpu").requires_grad_(requires_grad)
+        want, got = fn(cpu), compiled(fn)(tpu)
+        with torch.no_grad():
+            want[2].mul_(-1)
+            got[2].mul_(-1)
+        for w, g in zip(want, got):
+            torch.testing.assert_close(g.cpu(), w)
+        if requires_grad:
+            (want[0].sum() + want[1].sum() * 3).backward()
+            (got[0].sum() + got[1].sum() * 3).backward()
+            torch.testing.assert_close(tpu.grad.cpu(), cpu.grad)
+
+
+def test_in_place_writes_to_inputs_reach_the_caller():
+    def fn(x, y):
+        x.add_(1)
+        y[0].mul_(3)
+        return x[0], x + y
+
+    cpu = (_input(), _input())
+    tpu = tuple(t.to("tpu") for t in cpu)
+    f = compiled(fn)
+    for _ in range(2):
+        want, got = fn(*cpu), f(*tpu)
+        for w, g in zip((*cpu, *want), (*tpu, *got)):
+            torch.testing.assert_close(g.cpu(), w)
+        want[0].zero_()
+        got[0].zero_()
+        torch.testing.assert_close(tpu[0].cpu(), cpu[0])
+
+
+def test_jit_outputs_viewing_an_argument_alias_it():
+    tpu = _input().to("tpu")
+    a, b, c = torchjax.jit(views)(tpu)
+    c.fill_(7)
+    assert tpu.cpu().eq(7).all() and a.cpu().eq(7).all()
+
+
+def test_an_input_returned_whole_is_the_input():
+    tpu = _input().to("tpu")
+    out, view = compiled(lambda x: (x, x[0]))(tpu)
+    assert out is tpu and view.untyped_storage().data_ptr() == tpu.untyped_storage().data_ptr()

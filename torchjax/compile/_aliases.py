@@ -1,0 +1,151 @@
+"""Outputs of a compiled function that are views of its inputs, its state or each other.
+
+Note [Aliased outputs of a compiled function]
+On CPU, eager or compiled by inductor, ``def f(x): return x[1:], x.t()`` returns views of
+``x``: a write through an output changes ``x``, and two outputs viewing one intermediate
+(``y = x * 2; return y[0], y``) share memory. AOTAutograd gives inductor that metadata
+(``OutputAliasInfo``) and regenerates each aliased output from its base after the
+compiled call (``gen_alias_from_base``: a view replay or ``as_strided``). The tpu backend
+hands Dynamo's graph to torchjax.jit without AOTAutograd (its training path is the
+program's compiled VJP), so the jit does the same itself: a jax program returns new
+arrays, and an output whose storage, seen while tracing, is an argument's or a state
+tensor's is returned as ``as_strided`` of that tensor (after the program's in-place
+writes are written back), its value from the program unused. Outputs sharing the
+storage of an intermediate get that storage as one more program output, wrapped once,
+and each is ``as_strided`` of it. ``as_strided`` runs through torch's dispatcher, so the
+views have torch's autograd (``AsStridedBackward``), ``_base`` and version counter.
+
+An argument is traced as a contiguous copy of its values, so offsets and strides seen
+while tracing count in that layout; for a non-contiguous argument they are mapped to its
+storage (``_affine``), and where the mapping is not a view (a ``reshape`` that copies in
+eager for that layout) the output stays the program's copy, as eager gives a copy then.
+Outputs reading a storage as another dtype keep the program's value too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_ARG, _STATE, _BASE = 0, 1, 2
+
+
+def _root(t):
+    s = t._storage
+    return getattr(s, "root", s)  # an Interpretation's (dtype / conj view's) root
+
+
+def plan(outs, args, storages):
+    """At trace time: how to rebuild each output (a traced JaxTensor) as a view.
+
+    Returns ``(aliases, bases)``: ``aliases[j]`` is None (the program's value) or
+    ``(kind, index, size, stride, offset, conj, neg)``, ``kind`` an argument, a state
+    storage or an extra output; ``bases``: the intermediate root storages whose arrays
+    the program returns after its outputs."""
+    arg_of = {id(_root(a)): k for k, a in enumerate(args)}
+    state_of = {id(s): i for i, s in enumerate(storages)}
+    counts: dict = {}
+    for t in outs:
+        counts[id(_root(t))] = counts.get(id(_root(t)), 0) + 1
+    aliases, bases, base_of = [], [], {}
+    for t in outs:
+        root = _root(t)
+        meta = (t._size, t._stride, t._offset, t.is_conj(), t.is_neg())
+        if not _same_dtype(t):
+            aliases.append(None)
+        elif id(root) in arg_of:
+            aliases.append((_ARG, arg_of[id(root)], *meta))
+        elif id(root) in state_of:
+            aliases.append((_STATE, state_of[id(root)], *meta))
+        elif counts[id(root)] > 1:
+            j = base_of.setdefault(id(root), len(bases))
+            if j == len(bases):
+                bases.append(root)
+            aliases.append((_BASE, j, *meta))
+        else:
+            aliases.append(None)
+    if all(a is None for a in aliases):
+        return None, []
+    return aliases, bases
+
+
+def _same_dtype(t) -> bool:
+    s = t._storage
+    return not hasattr(s, "root") or s.dtype == s.root.arr.dtype
+
+
+def regenerate(aliases, outs, bases, args, state):
+    """At run time: ``outs`` (the program's output tensors) with aliased ones replaced by
+    views of ``args`` (the call's tensors), ``state`` (its state tensors, by storage) or
+    ``bases`` (tensors over the extra outputs)."""
+    result = list(outs)
+    for j, alias in enumerate(aliases):
+        if alias is None:
+            continue
+        kind, index, size, stride, offset, conj, neg = alias
+        if kind == _BASE:
+            base = bases[index]
+            if offset == 0 and tuple(size) == tuple(base.shape) and tuple(stride) == base.stride():
+                result[j] = base  # the intermediate itself, as CPU returns it
+                continue
+        else:
+            base = args[index] if kind == _ARG else state[index]
+            mapped = _affine(base, size, stride, offset)
+            if mapped is None:
+                continue
+            stride, offset = mapped
+            same_bits = conj == base.is_conj() and neg == base.is_neg()
+            if (tuple(size), tuple(stride), offset) == _layout(base) and same_bits:
+                result[j] = base  # ``return x``: the tensor itself, as eager gives
+                continue
+        view = base.as_strided(size, stride, offset)
+        if conj != view.is_conj():
+            view = view.conj()
+        if neg != view.is_neg():
+            view = view._neg_view()
+        result[j] = view
+    return result
+
+
+def _layout(t):
+    return tuple(t.shape), t.stride(), t.storage_offset()
+
+
+def _affine(base, size, stride, offset):
+    """Strides and offset in ``base``'s storage of the view (size, stride, offset) of its
+    values laid out contiguously; None where that is not a strided view of ``base``."""
+    if base.is_contiguous():
+        return stride, base.storage_offset() + offset
+    if math.prod(size) == 0:
+        return stride, base.storage_offset()
+    # Storage position of each element of base in row-major order, then of each output
+    # element; a view when the output's positions are affine in its index.
+    pos = np.zeros(base.shape, dtype=np.int64) + base.storage_offset()
+    for d, (n, s) in enumerate(zip(base.shape, base.stride())):
+        shape = [1] * base.dim()
+        shape[d] = n
+        pos = pos + np.arange(n, dtype=np.int64).reshape(shape) * s
+    flat = pos.reshape(-1)
+    idx = np.zeros(size, dtype=np.int64) + offset
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        idx = idx + np.arange(n, dtype=np.int64).reshape(shape) * s
+    got = flat[idx]
+    first = int(got.reshape(-1)[0])
+    new_stride = []
+    for d, n in enumerate(size):
+        if n == 1:
+            new_stride.append(1)
+            continue
+        step = np.take(got, 1, axis=d) - np.take(got, 0, axis=d)
+        new_stride.append(int(step.reshape(-1)[0]))
+    want = np.zeros(size, dtype=np.int64) + first
+    for d, (n, s) in enumerate(zip(size, new_stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        want = want + np.arange(n, dtype=np.int64).reshape(shape) * s
+    if not np.array_equal(want, got):
+        return None
+    return tuple(new_stride), first
