@@ -78,6 +78,9 @@ def test_memory_allocated_counts_tensors_not_read_yet():
     # read]); memory_allocated counts it from its creation, as CUDA does, and stops
     # counting it when it dies.
     n = 1 << 21
+    # The fill value's kept device scalar (Note [Python numbers as device scalars]) is
+    # made by the first such call of the process: made before the count starts.
+    torch.ones(n, device="tpu").add_(1)
     before = torch.tpu.memory_allocated()
     x = torch.ones(n, device="tpu")
     assert torch.tpu.memory_stats()["bytes_unfilled"] >= n * 4
