@@ -5,7 +5,7 @@ import json
 import os
 
 from tools.suites import __main__ as main
-from tools.suites import _pytorch, _report
+from tools.suites import _pytorch, _report, _transformers
 
 HUB = "OSError: We couldn't connect to 'https://huggingface.co'"
 
@@ -96,6 +96,22 @@ def test_pytorch_sources_are_noted(tmp_path):
     (tmp_path / "SOURCES.json").write_text(json.dumps(src))
     _, notes = _pytorch.build_tree(tmp_path / "cache", tmp_path)
     assert "test_a.py: pytorch/pytorch at abc" in notes
+
+
+def test_transformers_folder_sources_are_noted(tmp_path):
+    # The model test files come from a stored upstream commit: the summary must say which.
+    (tmp_path / "cache" / "transformers-9.9" / "tests").mkdir(parents=True)  # the sdist's
+    folder = tmp_path / "folder"
+    (folder / "tests" / "generation").mkdir(parents=True)
+    (folder / "tests" / "generation" / "test_utils.py").write_text("")
+    src = {
+        "tests/generation/test_utils.py": {"repo": "org/transformers", "commit": "abc"},
+        "tests/causal_lm_tester.py": {"repo": "org/transformers", "commit": "abc", "edited": "x"},
+    }
+    (folder / "SOURCES.json").write_text(json.dumps(src))
+    _, notes = _transformers.build_tree(tmp_path / "cache", "9.9", folder, stub_missing=True)
+    assert "tests/generation/test_utils.py: org/transformers at abc" in notes
+    assert "tests/causal_lm_tester.py: org/transformers at abc (edited: x)" in notes
 
 
 def test_keyword_tpu_run_compares_with_whole_file_cpu_run(tmp_path, monkeypatch):

@@ -7,11 +7,12 @@ imports against the installed torch). The tpu run imports torchjax before collec
 only the CPU one. Test ids are compared with the device suffixes removed.
 """
 
-import json
 import os
 import re
 import shutil
 from pathlib import Path
+
+from . import folder_sources
 
 
 def build_tree(cache: Path, folder: Path):
@@ -20,16 +21,7 @@ def build_tree(cache: Path, folder: Path):
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(folder, tree)
     (tree / "pytest.ini").write_text("[pytest]\n")
-    return tree, [f"PyTorch test files from {folder}", *_sources(folder)]
-
-
-def _sources(folder: Path):
-    """Where the files came from: SOURCES.json in the folder, {file: {repo, commit}}."""
-    path = folder / "SOURCES.json"
-    if not path.exists():
-        return ["no SOURCES.json in the folder: the files' repository and commit are unknown"]
-    sources = json.loads(path.read_text())
-    return [f"{name}: {s['repo']} at {s['commit']}" for name, s in sorted(sources.items())]
+    return tree, [f"PyTorch test files from {folder}", *folder_sources(folder)]
 
 
 def device_env(device: str) -> dict:

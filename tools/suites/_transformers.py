@@ -20,6 +20,8 @@ import tarfile
 from importlib.util import find_spec
 from pathlib import Path
 
+from . import folder_sources
+
 # Files the common test files import or read, with the stand-in `--stub-missing` writes when
 # neither the sdist nor the folder has one, and what the stand-in leaves out.
 STUBBABLE = {
@@ -76,7 +78,7 @@ def build_tree(cache: Path, version: str, folder: Path | None, stub_missing: boo
     notes = [f"common test files from transformers=={version}'s sdist"]
     if folder is not None:
         shutil.copytree(folder, tree, dirs_exist_ok=True)
-        notes.append(f"other test files from {folder}")
+        notes += [f"other test files from {folder}", *folder_sources(folder)]
     for rel, (text, left_out) in STUBBABLE.items():
         path = tree / rel
         if path.exists():
