@@ -56,6 +56,10 @@ _OPS = {
     "randn(out=)": lambda x, g: torch.randn(x.shape, generator=g, out=x),
     "rand(out=)": lambda x, g: torch.rand(x.shape, generator=g, out=x),
     "normal(out=)": lambda x, g: torch.normal(0.0, 1.0, x.shape, generator=g, out=x),
+    # drawn into a clone of self (layout kept), then copied into out
+    "aten.normal.out": lambda x, g: torch.ops.aten.normal.out(
+        x, generator=g, out=torch.empty(x.shape, device=x.device)
+    ),
     "bernoulli(out=)": lambda x, g: torch.bernoulli(
         torch.full(x.shape, 0.3, device=x.device), generator=g, out=x
     ),

@@ -132,7 +132,11 @@ def uniform(self, from_=0.0, to=1.0, *, generator=None, **kw):
 
 
 @lowering(
-    aten.normal_.default, aten.normal_functional.default, self_values=False, cpu_generator=True
+    aten.normal_.default,
+    aten.normal_functional.default,
+    aten.normal.out,  # normal_functional's out=: CPU fills ``out`` in its layout
+    self_values=False,
+    cpu_generator=True,
 )
 def normal_(self, mean=0.0, std=1.0, *, generator=None):
     """aten::normal_ - fill with N(mean, std**2). Dtypes: floating and complex; a complex
