@@ -134,7 +134,6 @@ def uniform(self, from_=0.0, to=1.0, *, generator=None, **kw):
 @lowering(
     aten.normal_.default,
     aten.normal_functional.default,
-    aten.normal.out,  # normal_functional's out=: CPU fills ``out`` in its layout
     self_values=False,
     cpu_generator=True,
 )
@@ -150,6 +149,21 @@ def normal_(self, mean=0.0, std=1.0, *, generator=None):
     return _fill_real_view(
         self, lambda shape, ct: jax.random.normal(key, shape, dtype=ct) * scale + mean
     )
+
+
+@handler(aten.normal.out, cpu_generator=True)
+def normal_out(args, kwargs):
+    """aten::normal.out - normal_functional's out=: N(mean, std**2) of ``self``'s shape
+    written into ``out`` (resized as out= is). Not the registry's out= path: torch's meta
+    kernel for this overload refuses every call ("normal expects mean and std to be
+    scalars when size is defined"). With a CPU generator the call runs on CPU, which draws
+    into a clone of ``self``, in its layout (Note [CPU draws keep the layout])."""
+    self, out = args[0], kwargs["out"]
+    mean = args[1] if len(args) > 1 else kwargs.get("mean", 0.0)
+    std = args[2] if len(args) > 2 else kwargs.get("std", 1.0)
+    arr = jnp.zeros(tuple(self.shape), dtype=dtypes.to_jax_dtype(out.dtype))
+    write_into(aten.normal.out, out, wrap(arr, out._device_index), resize=True)
+    return out.normal_(mean, std)
 
 
 def _check_std(op, std):
