@@ -22,9 +22,11 @@ alias taken earlier). A ``generator=`` reaching a tpu op is therefore a CPU gene
 torch refuses one for a CUDA tensor, but there a CUDA generator exists; here the CPU
 generator is the only way to seed one draw, which diffusers (``randn_tensor``, its
 schedulers) and transformers' init functions rely on. So in eager mode a tpu random op
-with a CPU generator draws on CPU from that generator (the same values, and the same
-generator advance, as the op on a CPU tensor) and moves the result to the tensor's tpu
-device. Under torchjax.jit it raises: a CPU draw would be a constant of the trace.
+with a CPU generator runs on CPU tensors of the same layout, from that generator (the
+same values, and the same generator advance, as the op on a CPU tensor), and its result
+goes to the tpu tensors (Note [CPU draws keep the layout] in
+torchjax/ops/_cpu_generator.py: the lowerings here never see a generator). Under
+torchjax.jit it raises: a CPU draw would be a constant of the trace.
 
 Data-dependent checks (bernoulli's ``p`` in [0, 1], multinomial's distribution) are
 device checks, raised at the next sync (Note [Device-side checks]). Each op is a cached
@@ -69,32 +71,6 @@ def _key(x) -> jax.Array:
     return _rng.next_key(index)
 
 
-def _host(x):
-    if isinstance(x, jax.Array):
-        return dtypes.numpy_to_cpu_tensor(np.asarray(x))
-    return x
-
-
-def _cpu_draw(op: str, generator, draw, *args):
-    """``draw(*args)`` on CPU copies of the array arguments, with the CPU ``generator``
-    (Note [CPU generators on tpu]); the result as a jax array on the first array's device."""
-    if generator.device.type != "cpu":
-        raise RuntimeError(
-            f"aten::{op}: expected a CPU generator for a tpu tensor, got one on {generator.device}"
-        )
-    arrays = [a for a in args if isinstance(a, jax.Array)]
-    # A trace's stream is set even when every input is concrete (a tensor made inside
-    # the traced function holds a concrete array of zeros until it is written).
-    if _rng.traced_stream() is not None or any(isinstance(a, jax.core.Tracer) for a in arrays):
-        raise RuntimeError(
-            f"aten::{op}: generator= cannot drive a draw inside torchjax.jit (a CPU draw "
-            "would be a constant of the trace); drop generator= there and seed with "
-            "torch.manual_seed, or draw outside the jitted function and pass the tensor in"
-        )
-    out = jnp.asarray(dtypes.cpu_tensor_to_numpy(draw(*map(_host, args))))
-    return jax.device_put(out, next(iter(arrays[0].devices()))) if arrays else out
-
-
 def _check_float(op: str, x) -> None:
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise RuntimeError(
@@ -133,7 +109,7 @@ def _uniform01(key, shape, dtype):
 # in-place samplers
 
 
-@lowering(aten.uniform_.default, aten.uniform.default, self_values=False)
+@lowering(aten.uniform_.default, aten.uniform.default, self_values=False, cpu_generator=True)
 def uniform(self, from_=0.0, to=1.0, *, generator=None, **kw):
     """aten::uniform_ - fill with U[from, to).
 
@@ -143,10 +119,6 @@ def uniform(self, from_=0.0, to=1.0, *, generator=None, **kw):
     Reference: torch.Tensor.uniform_ (ATen uniform_impl_).
     """
     from_ = kw.pop("from", from_)  # "from" is a Python keyword: by position or in **kw
-    if generator is not None:
-        return _cpu_draw(
-            "uniform_", generator, lambda s: s.uniform_(from_, to, generator=generator), self
-        )
     _check_float_or_complex("uniform_", self)
     if not from_ <= to:
         raise RuntimeError(
@@ -159,16 +131,17 @@ def uniform(self, from_=0.0, to=1.0, *, generator=None, **kw):
     )
 
 
-@lowering(aten.normal_.default, self_values=False)
+@lowering(
+    aten.normal_.default,
+    aten.normal_functional.default,
+    self_values=False,
+    cpu_generator=True,
+)
 def normal_(self, mean=0.0, std=1.0, *, generator=None):
     """aten::normal_ - fill with N(mean, std**2). Dtypes: floating and complex; a complex
     tensor gets real and imaginary parts each N(mean, std**2 / 2), so E|z - mean|^2 = std**2
     (torch.randn's complex convention).
     Reference: torch.Tensor.normal_ (ATen normal_impl_)."""
-    if generator is not None:
-        return _cpu_draw(
-            "normal_", generator, lambda s: s.normal_(mean, std, generator=generator), self
-        )
     _check_float_or_complex("normal_", self)
     _check_std("normal_", std)
     key = _key(self)
@@ -176,6 +149,21 @@ def normal_(self, mean=0.0, std=1.0, *, generator=None):
     return _fill_real_view(
         self, lambda shape, ct: jax.random.normal(key, shape, dtype=ct) * scale + mean
     )
+
+
+@handler(aten.normal.out, cpu_generator=True)
+def normal_out(args, kwargs):
+    """aten::normal.out - normal_functional's out=: N(mean, std**2) of ``self``'s shape
+    written into ``out`` (resized as out= is). Not the registry's out= path: torch's meta
+    kernel for this overload refuses every call ("normal expects mean and std to be
+    scalars when size is defined"). With a CPU generator the call runs on CPU, which draws
+    into a clone of ``self``, in its layout (Note [CPU draws keep the layout])."""
+    self, out = args[0], kwargs["out"]
+    mean = args[1] if len(args) > 1 else kwargs.get("mean", 0.0)
+    std = args[2] if len(args) > 2 else kwargs.get("std", 1.0)
+    arr = jnp.zeros(tuple(self.shape), dtype=dtypes.to_jax_dtype(out.dtype))
+    write_into(aten.normal.out, out, wrap(arr, out._device_index), resize=True)
+    return out.normal_(mean, std)
 
 
 def _check_std(op, std):
@@ -186,11 +174,7 @@ def _check_std(op, std):
             raise RuntimeError(f"normal expects all elements of std >= 0.0 (in aten::{op})")
 
 
-def _normal(op, mean, std, generator):
-    if generator is not None:
-        return _cpu_draw(
-            op, generator, lambda m, s: torch.normal(m, s, generator=generator), mean, std
-        )
+def _normal(op, mean, std):
     _check_std(op, std)
     like = mean if isinstance(mean, jax.Array) else std
     if not jnp.issubdtype(like.dtype, jnp.floating):
@@ -204,32 +188,28 @@ def _normal(op, mean, std, generator):
     return (z * jnp.asarray(std, ct) + jnp.asarray(mean, ct)).astype(like.dtype)
 
 
-@lowering(aten.normal.Tensor_float)
+@lowering(aten.normal.Tensor_float, cpu_generator=True)
 def normal_tensor_float(mean, std=1.0, *, generator=None):
     """aten::normal.Tensor_float - N(mean[i], std**2); shape and dtype of ``mean``."""
-    return _normal("normal.Tensor_float", mean, std, generator)
+    return _normal("normal.Tensor_float", mean, std)
 
 
-@lowering(aten.normal.float_Tensor)
+@lowering(aten.normal.float_Tensor, cpu_generator=True)
 def normal_float_tensor(mean, std, *, generator=None):
     """aten::normal.float_Tensor - N(mean, std[i]**2); shape and dtype of ``std``."""
-    return _normal("normal.float_Tensor", mean, std, generator)
+    return _normal("normal.float_Tensor", mean, std)
 
 
-@lowering(aten.normal.Tensor_Tensor)
+@lowering(aten.normal.Tensor_Tensor, cpu_generator=True)
 def normal_tensor_tensor(mean, std, *, generator=None):
     """aten::normal.Tensor_Tensor - N(mean[i], std[i]**2); broadcast shape, mean's dtype."""
-    return _normal("normal.Tensor_Tensor", mean, std, generator)
+    return _normal("normal.Tensor_Tensor", mean, std)
 
 
-@lowering(aten.bernoulli_.float, aten.bernoulli.p, self_values=False)
+@lowering(aten.bernoulli_.float, aten.bernoulli.p, self_values=False, cpu_generator=True)
 def bernoulli_p(self, p=0.5, *, generator=None):
     """aten::bernoulli_.float / bernoulli.p - 1 with probability ``p`` else 0, in
     ``self``'s dtype and shape. Reference: torch.Tensor.bernoulli_."""
-    if generator is not None:
-        return _cpu_draw(
-            "bernoulli_", generator, lambda s: s.bernoulli_(p, generator=generator), self
-        )
     if not 0 <= p <= 1:
         raise RuntimeError(
             f"bernoulli_ expects p to be in [0, 1], but got p={p} (in aten::bernoulli_.float)"
@@ -253,24 +233,16 @@ def _bernoulli_mask(key, shape, p: float) -> jax.Array:
     return jax.random.bits(key, shape, dtype=jnp.uint32) < threshold
 
 
-@lowering(aten.bernoulli_.Tensor, aten.bernoulli.Tensor, self_values=False)
+@lowering(aten.bernoulli_.Tensor, aten.bernoulli.Tensor, self_values=False, cpu_generator=True)
 def bernoulli_tensor(self, p, *, generator=None):
     """aten::bernoulli_.Tensor - 1 with probability ``p`` (broadcast to ``self``)."""
-    if generator is not None:
-        return _cpu_draw(
-            "bernoulli_", generator, lambda s, p: s.bernoulli_(p, generator=generator), self, p
-        )
     return _bernoulli("bernoulli_.Tensor", self, p)
 
 
-@lowering(aten.bernoulli.default)
+@lowering(aten.bernoulli.default, cpu_generator=True)
 def bernoulli(self, *, generator=None):
     """aten::bernoulli - 1 with probability ``self[i]``; ``self``'s dtype and shape.
     Dtypes: floating ``self`` (the probabilities). Reference: torch.bernoulli."""
-    if generator is not None:
-        return _cpu_draw(
-            "bernoulli", generator, lambda s: torch.bernoulli(s, generator=generator), self
-        )
     _check_float("bernoulli", self)
     return _bernoulli("bernoulli", self, self)
 
@@ -333,43 +305,38 @@ def _random_range(op, self, lo: int, hi: int):
     return vals.astype(self.dtype)
 
 
-@lowering(aten.random_.default, aten.random.default, self_values=False)
+@lowering(aten.random_.default, aten.random.default, self_values=False, cpu_generator=True)
 def random_(self, *, generator=None):
     """aten::random_ - integers uniform on [0, max]: the dtype's max for integers,
     2**mantissa_digits for floats. Reference: torch.Tensor.random_."""
-    if generator is not None:
-        return _cpu_draw("random_", generator, lambda s: s.random_(generator=generator), self)
     return _random_range("random_", self, 0, _dtype_max(self.dtype) + 1)
 
 
-@lowering(getattr(aten.random_, "from"), getattr(aten.random, "from"), self_values=False)
+@lowering(
+    getattr(aten.random_, "from"),
+    getattr(aten.random, "from"),
+    self_values=False,
+    cpu_generator=True,
+)
 def random_from(self, from_, to, *, generator=None, **kw):
     """aten::random_.from - integers uniform on [from, to); ``to=None`` means up to the
     dtype's max (inclusive)."""
     from_ = kw.pop("from", from_)
-    if generator is not None:
-        return _cpu_draw(
-            "random_", generator, lambda s: s.random_(from_, to, generator=generator), self
-        )
     hi = _dtype_max(self.dtype) + 1 if to is None else to
     return _random_range("random_.from", self, from_, hi)
 
 
-@lowering(aten.random_.to, aten.random.to, self_values=False)
+@lowering(aten.random_.to, aten.random.to, self_values=False, cpu_generator=True)
 def random_to(self, to, *, generator=None):
     """aten::random_.to - integers uniform on [0, to)."""
-    if generator is not None:
-        return _cpu_draw("random_", generator, lambda s: s.random_(to, generator=generator), self)
     return _random_range("random_.to", self, 0, to)
 
 
-@lowering(aten.exponential_.default, aten.exponential.default, self_values=False)
+@lowering(
+    aten.exponential_.default, aten.exponential.default, self_values=False, cpu_generator=True
+)
 def exponential(self, lambd=1.0, *, generator=None):
     """aten::exponential_ - Exp(lambd) samples, -log1p(-U)/lambd. Dtypes: floating."""
-    if generator is not None:
-        return _cpu_draw(
-            "exponential_", generator, lambda s: s.exponential_(lambd, generator=generator), self
-        )
     _check_float("exponential_", self)
     if not lambd > 0:
         raise RuntimeError(
@@ -379,14 +346,10 @@ def exponential(self, lambd=1.0, *, generator=None):
     return (-jnp.log1p(-u) / lambd).astype(self.dtype)
 
 
-@lowering(aten.geometric_.default, aten.geometric.default, self_values=False)
+@lowering(aten.geometric_.default, aten.geometric.default, self_values=False, cpu_generator=True)
 def geometric(self, p, *, generator=None):
     """aten::geometric_ - number of Bernoulli(p) trials to the first success (>= 1):
     ceil(log(U) / log1p(-p)), in ``self``'s dtype. Reference: torch.Tensor.geometric_."""
-    if generator is not None:
-        return _cpu_draw(
-            "geometric_", generator, lambda s: s.geometric_(p, generator=generator), self
-        )
     if not 0 < p < 1:
         raise RuntimeError(
             f"geometric_ expects p to be in (0, 1), but got p={p} (in aten::geometric_)"
@@ -397,13 +360,9 @@ def geometric(self, p, *, generator=None):
     return jnp.maximum(jnp.ceil(jnp.log(u) / math.log1p(-p)), 1.0).astype(self.dtype)
 
 
-@lowering(aten.cauchy_.default, aten.cauchy.default, self_values=False)
+@lowering(aten.cauchy_.default, aten.cauchy.default, self_values=False, cpu_generator=True)
 def cauchy(self, median=0.0, sigma=1.0, *, generator=None):
     """aten::cauchy_ - median + sigma * tan(pi * (U - 1/2)). Dtypes: floating."""
-    if generator is not None:
-        return _cpu_draw(
-            "cauchy_", generator, lambda s: s.cauchy_(median, sigma, generator=generator), self
-        )
     _check_float("cauchy_", self)
     if not sigma > 0:
         raise RuntimeError(
@@ -413,13 +372,9 @@ def cauchy(self, median=0.0, sigma=1.0, *, generator=None):
     return (median + sigma * jnp.tan(np.pi * (u - 0.5))).astype(self.dtype)
 
 
-@lowering(aten.log_normal_.default, aten.log_normal.default, self_values=False)
+@lowering(aten.log_normal_.default, aten.log_normal.default, self_values=False, cpu_generator=True)
 def log_normal(self, mean=1.0, std=2.0, *, generator=None):
     """aten::log_normal_ - exp(N(mean, std**2)). Dtypes: floating."""
-    if generator is not None:
-        return _cpu_draw(
-            "log_normal_", generator, lambda s: s.log_normal_(mean, std, generator=generator), self
-        )
     _check_float("log_normal_", self)
     if not std > 0:
         raise RuntimeError(
@@ -433,30 +388,21 @@ def log_normal(self, mean=1.0, std=2.0, *, generator=None):
 # randperm, multinomial
 
 
-@handler(aten.randperm.generator_out, aten.randperm.out)
+@handler(aten.randperm.generator_out, aten.randperm.out, cpu_generator=True)
 def randperm_out(args, kwargs):
     """aten::randperm.out - a random permutation of ``0..n-1`` written into ``out``.
     Dtypes: ``out``'s (int64 by default). Reference: torch.randperm."""
     n, out = args[0], kwargs["out"]
-    generator = kwargs.get("generator")
-    if generator is not None:
-        arr = _cpu_draw(
-            "randperm",
-            generator,
-            lambda o: torch.randperm(n, generator=generator, dtype=o.dtype),
-            out._value(),
-        )
-    else:
-        if n < 0:
-            raise RuntimeError(f"n must be non-negative, got {n} (in aten::randperm)")
-        perm = jax.random.permutation(_rng.next_key(out._device_index), n)
-        arr = perm.astype(dtypes.to_jax_dtype(out.dtype))
+    if n < 0:
+        raise RuntimeError(f"n must be non-negative, got {n} (in aten::randperm)")
+    perm = jax.random.permutation(_rng.next_key(out._device_index), n)
+    arr = perm.astype(dtypes.to_jax_dtype(out.dtype))
     return write_into(
         aten.randperm.out, out, wrap(arr, out._device_index), check_cast=False, resize=True
     )
 
 
-@lowering(aten.multinomial.default)
+@lowering(aten.multinomial.default, cpu_generator=True)
 def multinomial(self, num_samples, replacement=False, *, generator=None):
     """aten::multinomial - ``num_samples`` category indices per row of ``self``
     (unnormalised, non-negative weights), with or without replacement.
@@ -465,13 +411,6 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
     replacement we take the top ``num_samples`` of log(w) + Gumbel noise (equivalent to
     sequential sampling). Reference: torch.multinomial.
     """
-    if generator is not None:
-        return _cpu_draw(
-            "multinomial",
-            generator,
-            lambda s: torch.multinomial(s, num_samples, replacement, generator=generator),
-            self,
-        )
     op = "aten::multinomial"
     if self.ndim not in (1, 2):
         raise RuntimeError(f"prob_dist must be 1 or 2 dim, got {self.ndim} (in {op})")
@@ -533,51 +472,57 @@ def _like(fill):
     def like_handler(args, kwargs):
         from torchjax.ops.factory import like_options
 
-        generator = kwargs.pop("generator", None)
         self = args[0]
         t = torch.empty(tuple(self.shape), **like_options(self, kwargs))
-        return fill(t, *args[1:], generator=generator)
+        return fill(t, *args[1:])
 
     return like_handler
 
 
-# The .generator overloads take generator= as a keyword (Note [CPU generators on tpu]).
-handler(aten.rand_like.default, aten.rand_like.generator)(
-    _like(lambda t, generator: t.uniform_(generator=generator))
+# The .generator overloads given a generator run on CPU (Note [CPU draws keep the
+# layout]); here they have none.
+handler(aten.rand_like.default, aten.rand_like.generator, cpu_generator=True)(
+    _like(lambda t: t.uniform_())
 )
-handler(aten.randn_like.default, aten.randn_like.generator)(
-    _like(lambda t, generator: t.normal_(generator=generator))
+handler(aten.randn_like.default, aten.randn_like.generator, cpu_generator=True)(
+    _like(lambda t: t.normal_())
 )
 handler(
     aten.randint_like.default,
     aten.randint_like.Tensor,
     aten.randint_like.generator,
     aten.randint_like.Tensor_generator,
-)(_like(lambda t, high, generator: t.random_(0, int(high), generator=generator)))
-handler(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype)(
-    _like(lambda t, low, high, generator: t.random_(low, high, generator=generator))
+    cpu_generator=True,
+)(_like(lambda t, high: t.random_(0, int(high))))
+handler(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype, cpu_generator=True)(
+    _like(lambda t, low, high: t.random_(low, high))
 )
 
 
 def _sized_out(op, fill):
-    """``rand.out``/``randint.out``-style factories: resize ``out`` to ``size`` (torch's
-    out= rule), then fill it in place."""
+    """``rand.out``/``randint.out``-style factories (``op``, the out= overload): resize
+    ``out`` to ``size`` (torch's out= rule), then fill it in place, in its layout."""
 
     def sized_out(args, kwargs):
         out, size = kwargs["out"], args[-1]
         arr = jnp.zeros(tuple(size), dtype=dtypes.to_jax_dtype(out.dtype))
-        write_into(getattr(aten, op).out, out, wrap(arr, out._device_index), resize=True)
-        return fill(out, *args[:-1], generator=kwargs.get("generator"))
+        write_into(op, out, wrap(arr, out._device_index), resize=True)
+        return fill(out, *args[:-1])
 
     return sized_out
 
 
-handler(aten.rand.out, aten.rand.generator_out)(
-    _sized_out("rand", lambda o, generator: o.uniform_(generator=generator))
+handler(aten.rand.out, aten.rand.generator_out, cpu_generator=True)(
+    _sized_out(aten.rand.out, lambda o: o.uniform_())
 )
-handler(aten.randint.out, aten.randint.generator_out)(
-    _sized_out("randint", lambda o, high, generator: o.random_(0, high, generator=generator))
+handler(aten.randint.out, aten.randint.generator_out, cpu_generator=True)(
+    _sized_out(aten.randint.out, lambda o, high: o.random_(0, high))
 )
-handler(aten.randint.low_out, aten.randint.low_generator_out)(
-    _sized_out("randint", lambda o, low, high, generator: o.random_(low, high, generator=generator))
+handler(aten.randint.low_out, aten.randint.low_generator_out, cpu_generator=True)(
+    _sized_out(aten.randint.low_out, lambda o, low, high: o.random_(low, high))
+)
+# torch's decomposition draws into a new tensor and copies it into ``out``; CPU fills
+# ``out`` itself, in its layout (Note [CPU draws keep the layout]).
+handler(aten.normal.float_float_out, cpu_generator=True)(
+    _sized_out(aten.normal.float_float_out, lambda o, mean, std: o.normal_(mean, std))
 )

@@ -45,7 +45,15 @@ from torchjax._compat.torch import (
     OpOverloadPacket,
     has_composite_implicit_kernel,
 )
-from torchjax.ops import decompositions, dtype_refusals, functional, schema, views, writeback
+from torchjax.ops import (
+    _cpu_generator,
+    decompositions,
+    dtype_refusals,
+    functional,
+    schema,
+    views,
+    writeback,
+)
 from torchjax.tensor import _tensor
 from torchjax.tensor._errors import describe_args
 
@@ -82,6 +90,9 @@ class Lowering:
     # False: numbers into float16/bfloat16/float8 results are not checked (where's number
     # goes through a one-element fill, which checks only the other types)
     checked_half: bool = True
+    # a CPU ``generator=`` runs the overload (and its in-place and out= siblings) on CPU
+    # (Note [CPU draws keep the layout] in torchjax/ops/_cpu_generator.py)
+    cpu_generator: bool = False
 
 
 _LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -115,6 +126,7 @@ def lowering(
     round_scalars=(),
     checked_scalars=(),
     checked_half=True,
+    cpu_generator=False,
 ):
     """Register ``fn`` as the jax lowering of ``ops`` (overloads or whole packets).
 
@@ -140,6 +152,9 @@ def lowering(
     fit the result dtype, as torch does for where and clamp (``dtypes.
     check_scalar_fits``); ``checked_half=False`` leaves float16/bfloat16/float8 results
     unchecked, as CPU's one-element fill that ``where``'s number goes through does.
+    ``cpu_generator``: a call given a CPU ``generator=`` runs the overload on CPU
+    (Note [CPU draws keep the layout] in torchjax/ops/_cpu_generator.py); ``fn`` never
+    sees one.
     """
 
     def deco(fn):
@@ -156,6 +171,7 @@ def lowering(
                 round_scalars=tuple(round_scalars),
                 checked_scalars=tuple(checked_scalars),
                 checked_half=checked_half,
+                cpu_generator=cpu_generator,
             ),
         )
         return fn
@@ -163,13 +179,13 @@ def lowering(
     return deco
 
 
-def handler(*ops):
+def handler(*ops, cpu_generator=False):
     """Register ``fn(args, kwargs)`` taking torch-level arguments (tensors unwrapped by
     the handler itself). For ops whose semantics are about tensors, not arrays: copies,
-    device transfers, metadata changes."""
+    device transfers, metadata changes. ``cpu_generator`` as for ``lowering``."""
 
     def deco(fn):
-        _register(ops, Lowering(fn, is_handler=True))
+        _register(ops, Lowering(fn, is_handler=True, cpu_generator=cpu_generator))
         return fn
 
     return deco
@@ -212,7 +228,7 @@ def register_pointwise(op, fn, *, promote: Kind) -> None:
 def dispatch(func, args, kwargs):
     h = _HANDLERS.get(func)
     if h is None:
-        h = _HANDLERS[func] = dtype_refusals.guarded(func, _resolve(func))
+        h = _HANDLERS[func] = dtype_refusals.guarded(func, _routed(func))
     return h(args, kwargs)
 
 
@@ -267,7 +283,19 @@ def _resolve(func):
 def _handler_for(func):
     h = _HANDLERS.get(func)
     if h is None:
-        h = _HANDLERS[func] = dtype_refusals.guarded(func, _resolve(func))
+        h = _HANDLERS[func] = dtype_refusals.guarded(func, _routed(func))
+    return h
+
+
+def _routed(func):
+    """``_resolve(func)``, calls with a CPU generator sent to CPU where the lowering of
+    ``func`` (or of its functional sibling) asks for it."""
+    h = _resolve(func)
+    entry = _LOWERINGS.get(func)
+    if entry is None and runs_sibling(func):
+        entry = _LOWERINGS.get(schema.functional_sibling(func))
+    if entry is not None and entry.cpu_generator:
+        return _cpu_generator.routed(func, h)
     return h
 
 
