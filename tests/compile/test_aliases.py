@@ -121,3 +121,24 @@ def test_an_input_returned_whole_is_the_input():
     tpu = _input().to("tpu")
     out, view = compiled(lambda x: (x, x[0]))(tpu)
     assert out is tpu and view.untyped_storage().data_ptr() == tpu.untyped_storage().data_ptr()
+
+
+def _detached(x):
+    return x.detach(), x.detach().t(), x
+
+
+@pytest.mark.parametrize("jit", ["compile", "torchjax.jit"])
+def test_detached_outputs_leave_the_graph_and_share_memory(jit):
+    cpu = _input().requires_grad_()
+    tpu = _input().to("tpu").requires_grad_()
+    fn = compiled(_detached) if jit == "compile" else torchjax.jit(_detached)
+    want, got = _detached(cpu), fn(tpu)
+    for w, g in zip(want, got):
+        assert g.requires_grad == w.requires_grad and (g.grad_fn is None) == (w.grad_fn is None)
+    assert got[0] is not tpu and got[2] is tpu  # eager: detach() is a new tensor
+    with torch.no_grad():
+        got[1].add_(1)  # a write through the detached view reaches the input
+        want[1].add_(1)
+    torch.testing.assert_close(tpu.detach().cpu(), cpu.detach())
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        (got[0] * 2).sum().backward()

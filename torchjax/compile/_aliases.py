@@ -19,7 +19,10 @@ An argument is traced as a contiguous copy of its values, so offsets and strides
 while tracing count in that layout; for a non-contiguous argument they are mapped to its
 storage (``_affine``), and where the mapping is not a view (a ``reshape`` that copies in
 eager for that layout) the output stays the program's copy, as eager gives a copy then.
-Outputs reading a storage as another dtype keep the program's value too.
+Outputs reading a storage as another dtype keep the program's value too. The argument
+itself is given back only where the traced output was that argument object (``return
+x``); ``x.detach()`` is a new tensor, and a view the trace saw leave the autograd graph
+(``x.detach().t()`` of a ``requires_grad`` argument) is a view of ``x.detach()``.
 """
 
 from __future__ import annotations
@@ -51,7 +54,11 @@ def plan(outs, args, storages):
     aliases, bases, base_of = [], [], {}
     for t in outs:
         root = _root(t)
-        meta = (t._size, t._stride, t._offset, t.is_conj(), t.is_neg())
+        # Whether the output is the argument object itself (``return x``, not
+        # ``x.detach()`` or ``x.view_as(x)``) and whether it stays in the autograd graph
+        # (a detached view of a ``requires_grad`` argument does not).
+        same = any(t is a for a in args)
+        meta = (t._size, t._stride, t._offset, t.is_conj(), t.is_neg(), same, t.requires_grad)
         if not _same_dtype(t):
             aliases.append(None)
         elif id(root) in arg_of:
@@ -83,7 +90,7 @@ def regenerate(aliases, outs, bases, args, state):
     for j, alias in enumerate(aliases):
         if alias is None:
             continue
-        kind, index, size, stride, offset, conj, neg = alias
+        kind, index, size, stride, offset, conj, neg, same, grad = alias
         if kind == _BASE:
             base = bases[index]
             if offset == 0 and tuple(size) == tuple(base.shape) and tuple(stride) == base.stride():
@@ -96,9 +103,16 @@ def regenerate(aliases, outs, bases, args, state):
                 continue
             stride, offset = mapped
             same_bits = conj == base.is_conj() and neg == base.is_neg()
-            if (tuple(size), tuple(stride), offset) == _layout(base) and same_bits:
+            if (
+                (same or kind == _STATE)
+                and (tuple(size), tuple(stride), offset) == _layout(base)
+                and same_bits
+                and grad == base.requires_grad
+            ):
                 result[j] = base  # ``return x``: the tensor itself, as eager gives
                 continue
+            if base.requires_grad and not grad:
+                base = base.detach()  # ``x.detach()``, ``x.detach().t()``: no graph
         view = base.as_strided(size, stride, offset)
         if conj != view.is_conj():
             view = view.conj()
