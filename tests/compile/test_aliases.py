@@ -142,3 +142,30 @@ def test_detached_outputs_leave_the_graph_and_share_memory(jit):
     torch.testing.assert_close(tpu.detach().cpu(), cpu.detach())
     with pytest.raises(RuntimeError, match="does not require grad"):
         (got[0] * 2).sum().backward()
+
+
+def _write_b_read_a(a, b):
+    b.mul_(3)
+    return a.sum(), a * 1
+
+
+@pytest.mark.parametrize("jit", ["compile", "torchjax.jit"])
+def test_arguments_sharing_memory_see_each_others_writes(jit):
+    fn = compiled(_write_b_read_a) if jit == "compile" else torchjax.jit(_write_b_read_a)
+    for _ in range(2):  # the trace, then the cached entry
+        cpu, tpu = torch.arange(4.0), torch.arange(4.0, device="tpu")
+        want, got = _write_b_read_a(cpu, cpu[1:]), fn(tpu, tpu[1:])
+        for w, g in zip(want, got):
+            torch.testing.assert_close(g.cpu(), w)
+        torch.testing.assert_close(tpu.cpu(), cpu)
+    # Unshared arguments of the same shapes take a compiled program of their own.
+    a, b = torch.arange(4.0, device="tpu"), torch.arange(4.0, device="tpu")[1:]
+    torch.testing.assert_close(fn(a, b)[0].cpu(), torch.tensor(6.0))
+
+
+def test_arguments_sharing_memory_that_are_only_read_stay_compiled():
+    fn = torchjax.jit(lambda a, b: a.sum() + b.sum())
+    t = torch.arange(4.0, device="tpu")
+    assert fn(t, t[1:]).item() == 12.0
+    entry = next(iter(fn._entries.values()))
+    assert not entry.writes_shared and fn.trace_count == 1

@@ -33,6 +33,18 @@ import numpy as np
 
 _ARG, _STATE, _BASE = 0, 1, 2
 
+# Note [Arguments that share memory]
+# The program takes each tensor argument as its own array (its values), so two arguments
+# viewing one storage (``f(t, t[1:])``), or an argument viewing a state tensor (a
+# parameter), are independent inside it: where the function writes one in place and
+# reads the other, the read would see the value from before the write (CPU, eager or
+# inductor, sees the write: inductor's AOTAutograd gives such inputs a synthetic base).
+# The call's key records which arguments share a root storage with an earlier argument
+# or with state (``sharing``), so a call with another sharing pattern traces anew; and a
+# trace that wrote a shared argument (or wrote state while an argument shares it) runs
+# as eager Python instead, every call with that pattern: the same values as eager, at
+# eager's speed. Sharing arguments that are only read keep the compiled program.
+
 
 def _root(t):
     s = t._storage
@@ -163,3 +175,29 @@ def _affine(base, size, stride, offset):
     if not np.array_equal(want, got):
         return None
     return tuple(new_stride), first
+
+
+def sharing(tensors, storages) -> tuple:
+    """Per tensor argument, the first argument (``("arg", k)``) or state storage
+    (``("state", i)``) holding its root storage; () when no two share one (Note
+    [Arguments that share memory])."""
+    seen = {id(s): ("state", i) for i, s in enumerate(storages)}
+    pattern = []
+    for k, t in enumerate(tensors):
+        s = t._storage
+        pattern.append(seen.setdefault(id(getattr(s, "root", s)), ("arg", k)))
+    if all(p == ("arg", k) for k, p in enumerate(pattern)):
+        return ()
+    return tuple(pattern)
+
+
+def writes_shared(pattern, args_written, state_written) -> bool:
+    """Whether a trace with sharing ``pattern`` wrote an argument that shares memory, or
+    wrote state that an argument shares (the call then runs eagerly)."""
+    if not pattern:
+        return False
+    for k in args_written:
+        if pattern[k] != ("arg", k) or pattern.count(("arg", k)) > 1:
+            return True
+    states = {i for kind, i in pattern if kind == "state"}
+    return bool(states.intersection(state_written))

@@ -143,6 +143,8 @@ class Jitted:
             _budget.hit(entry)
         else:
             entry = self._trace(call)
+        if entry.writes_shared:  # Note [Arguments that share memory] (_aliases.py)
+            return self.fn(*args, **kwargs, **call.static_kwargs)
         if entry.vjp is not None and call.grad_mode:
             return entry.run_differentiable(call)
         return entry.run(call)
@@ -290,6 +292,7 @@ class _Call:
             flags,
             (self.hypers.key, tuple(walk.scalars), tuple(_aval(a) for a in self.hypers.values)),
             tuple(type(t) for t in tensors),
+            _aliases.sharing(tensors, self.storages),
         )
         self.key = self.sig
         self.grad_mode = grad_mode
@@ -421,6 +424,7 @@ class _Entry:
         self.written = info["written"]
         self.created = info["created"]
         self.args_written = info["args_written"]
+        self.writes_shared = _aliases.writes_shared(call.sig[-1], self.args_written, self.written)
         self.uses_rng = info["draws"] > 0
         self.single_use = bool(self.created)
         self.refs = [weakref.ref(s) for s in storages]
@@ -574,7 +578,8 @@ def _describe_change(old, new) -> str:
              "grad mode / autocast / module training flags",
              "Python scalars read by the function (optimizer hyperparameters other than "
              "lr, numbers in its closure or globals)",
-             "tensor argument classes (torch.Tensor subclasses)")  # fmt: skip
+             "tensor argument classes (torch.Tensor subclasses)",
+             "tensor arguments sharing memory with each other or with state")  # fmt: skip
     for name, a, b in zip(names, old, new):
         if a != b:
             if name == "tensor argument shapes/dtypes" and len(a) == len(b):
