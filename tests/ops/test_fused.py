@@ -148,6 +148,24 @@ def test_copies_and_view_reads_of_recorded_values_stay_recorded():
         assert _fused_counts()[1] == 1, n  # one segment: no read ran it early
 
 
+@pytest.mark.parametrize("max_nodes", [1, 2, 3, 5])
+def test_view_reads_survive_a_segment_full_in_the_middle_of_an_op(monkeypatch, max_nodes):
+    # ``cat([cache, view])`` past MAX_VIEW_SIGNATURES records the view's read first; a
+    # segment reaching MAX_NODES right then must still compute that read.
+    monkeypatch.setattr(F, "MAX_NODES", max_nodes)
+    g = torch.Generator().manual_seed(6)
+    new = torch.randn(1, 3, 2, 4, generator=g).to(TPU)
+
+    def step(n):
+        cache = torch.zeros(1, 2, n, 4, device=TPU) + 1
+        k = (new * 3).transpose(1, 2)
+        return torch.cat([cache, k, (new - 1).transpose(1, 2)], dim=-2)
+
+    for n in range(1, 6):
+        eager, fused = _both(step, n, recorded=False)
+        _same(eager, fused)
+
+
 def test_op_that_cannot_be_recorded_runs_in_the_middle():
     g = torch.Generator().manual_seed(4)
     x = torch.randn(50, generator=g).to(TPU)

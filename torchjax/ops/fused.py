@@ -199,7 +199,8 @@ class Pending:
     def resolve(self):
         """The array (flushing the segment first)."""
         if self.value is None:
-            flush(self.segment)
+            if self.segment is not None:
+                flush(self.segment)
             if self.value is None:
                 raise AssertionError(
                     "torchjax fused eager: a pending value was not kept by its segment"
@@ -218,9 +219,12 @@ class Pending:
 
 
 class _Segment:
-    __slots__ = ("nodes", "outs", "inputs", "input_ids", "lock", "closed", "task_flush")
+    __slots__ = ("nodes", "outs", "inputs", "input_ids", "lock", "closed", "task_flush", "keep")
 
     def __init__(self):
+        # Values recorded for an op still being recorded (record_read's view reads),
+        # held by no storage yet: a flush meanwhile (MAX_NODES) must compute them.
+        self.keep: list = []
         self.nodes: list = []  # (fn, refs, codes)
         self.outs: list = []  # per node: its Pending leaves
         self.inputs: list = []
@@ -291,7 +295,10 @@ def record(run, dyn):
         with seg.lock:
             if seg.closed:  # flushed by another thread meanwhile: record again
                 continue
-            return _append(seg, run.__wrapped__, dyn, leaves, tree, codes, isolated, cuts)
+            out = _append(seg, run.__wrapped__, dyn, leaves, tree, codes, isolated, cuts)
+            if seg.keep:  # consumed by this node now
+                seg.keep = [k for k in seg.keep if all(k is not d for d in dyn)]
+            return out
 
 
 def _append(seg, fn, dyn, leaves, tree, codes, isolated, cuts):
@@ -336,7 +343,8 @@ def flush(seg) -> None:
         if seg.closed:
             return
         seg.closed = True
-        live = [p for outs in seg.outs for p in outs if p.live()]
+        keep = {id(p) for p in seg.keep}
+        live = [p for outs in seg.outs for p in outs if p.live() or id(p) in keep]
         nodes = seg.nodes
         if not live and not any(n[2] for n in nodes):
             for outs in seg.outs:
@@ -538,4 +546,8 @@ def record_read(t, jdt=None):
         return None
     layout = (s.numel, size, stride)
     key = (p.shape, p.dtype, layout, jdt)
-    return record(_reader(key, layout, jdt), [p, np.int32(offset)])
+    out = record(_reader(key, layout, jdt), [p, np.int32(offset)])
+    if out.segment is not None:
+        # Held by no storage until the caller wraps or consumes it: kept through a flush.
+        out.segment.keep.append(out)
+    return out
