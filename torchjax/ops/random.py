@@ -531,11 +531,10 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
 
 def _like(fill):
     def like_handler(args, kwargs):
-        from torchjax.ops.factory import like_options
+        from torchjax.ops.factory import like_empty
 
         generator = kwargs.pop("generator", None)
-        self = args[0]
-        t = torch.empty(tuple(self.shape), **like_options(self, kwargs))
+        t = like_empty(args[0], kwargs)
         return fill(t, *args[1:], generator=generator)
 
     return like_handler
