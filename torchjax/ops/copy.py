@@ -28,7 +28,12 @@ from torchjax.ops.writeback import write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor._addresses import root_of, storage_view
 from torchjax.tensor._host_storage import host_view
-from torchjax.tensor._memory_format import laid_out, result_strides
+from torchjax.tensor._memory_format import (
+    in_row_major_order,
+    laid_out,
+    restrided,
+    result_strides,
+)
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor, view_of, wrap
 
@@ -125,12 +130,14 @@ def _to_copy(args, kwargs):
         return _laid_out_on_cpu(self, to_cpu(self).to(dtype), memory_format)
     jdt = dtypes.to_jax_dtype(dtype)
     stride = result_strides(self._size, self._stride, memory_format)
-    contiguous = stride == contiguous_strides(self._size)
+    contiguous = in_row_major_order(self._size, stride)
     same_device = device is None or (torch.device(device).index or 0) == self._device_index
     if contiguous and same_device and fused.ACTIVE[0]:
         # A copy or conversion of a recorded value is recorded too (Note [Fused eager]).
         pending = fused.record_read(self, jdt)
         if pending is not None:
+            # Note [Size-1 strides in fused eager]: a recorded copy stays recorded and
+            # reports contiguous strides, where CPU keeps the input's at size-1 dims.
             return fused.wrap(pending, self._device_index)
     index = self._device_index if device is None else torch.device(device).index or 0
 
@@ -142,7 +149,7 @@ def _to_copy(args, kwargs):
 
     if not contiguous:
         return laid_out(self, stride, convert, index)
-    return wrap(convert(self._value()), index)
+    return restrided(wrap(convert(self._value()), index), stride)
 
 
 @handler(
@@ -164,10 +171,13 @@ def clone(args, kwargs):
     self = args[0]
     stride = result_strides(self._size, self._stride, kwargs.get("memory_format"))
     if stride != contiguous_strides(self._size):
-        return laid_out(self, stride)
+        if not in_row_major_order(self._size, stride):
+            return laid_out(self, stride)
+        if not fused.ACTIVE[0]:
+            return restrided(wrap(self._value(), self._device_index), stride)
     if fused.ACTIVE[0]:
         pending = fused.record_read(self)  # recorded (Note [Fused eager])
-        if pending is not None:
+        if pending is not None:  # Note [Size-1 strides in fused eager]
             return fused.wrap(pending, self._device_index)
     return wrap(self._value(), self._device_index)
 

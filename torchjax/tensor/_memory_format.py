@@ -75,6 +75,33 @@ def is_dense_permutation(size, stride) -> bool:
     return all(size[d] == 1 or stride[d] == physical[i] for i, d in enumerate(order))
 
 
+def in_row_major_order(size, stride) -> bool:
+    """Whether ``stride`` differs from contiguous strides only at size-1 dimensions (the
+    data sits in row-major order; only the reported strides differ)."""
+    return all(n == 1 or a == b for n, a, b in zip(size, stride, contiguous_strides(size)))
+
+
+# Note [Size-1 strides in fused eager]
+# For a dense input, preserve_format keeps its strides also at size-1 dimensions
+# (``x[:, -1].clone()`` of a (1, 6, 10) tensor has strides (60, 1)); the data is still in
+# row-major order, so eager mode makes the contiguous copy and only reports CPU's
+# strides (``restrided``). In fused eager mode (Note [Fused eager] in
+# torchjax/ops/fused.py) a recorded copy of such a tensor keeps contiguous strides: a
+# tensor reporting other strides is read through a view plan, which runs the pending
+# segment early and splits the recording. Only ``.stride()`` at size-1 dimensions
+# differs from CPU there; ``is_contiguous`` and ``view`` behave the same.
+
+
+def restrided(t, stride):
+    """``t`` (a new tensor in row-major order) reporting ``stride``, which differs only
+    at size-1 dimensions (``x[:, -1].clone()`` keeps ``x``'s stride there, as on CPU)."""
+    if t._stride == stride:
+        return t
+    r = make(t._storage, t._size, stride, t._offset, t.dtype, t._device_index)
+    r._cache, r._cache_version = t._cache, t._cache_version
+    return r
+
+
 def laid_out(t, stride, convert=None, device_index=None):
     """A new tpu tensor holding ``t``'s values (``convert``-ed: a cast, a device move) at
     ``stride``, a dense permutation of dimensions (Note [Memory formats on tpu]).
