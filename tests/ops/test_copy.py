@@ -273,3 +273,86 @@ def test_float8_conversion_saturates_as_cpu(dst, src):
         assert torch.equal(got.isnan(), want.isnan())
         assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
         assert torch.equal(got.signbit() & ~got.isnan(), want.signbit() & ~want.isnan())
+
+
+# Note [Memory formats on tpu] (torchjax/tensor/_memory_format.py): every op that makes a
+# tensor "like" another reports CPU's strides for each memory format and input layout.
+_FORMATS = {
+    "preserve": torch.preserve_format,
+    "contiguous": torch.contiguous_format,
+    "channels_last": torch.channels_last,
+    "channels_last_3d": torch.channels_last_3d,
+}
+
+
+def _layouts(dev):
+    x4 = torch.arange(120.0, device=dev).reshape(2, 3, 4, 5)
+    x5 = torch.arange(240.0, device=dev).reshape(2, 3, 4, 5, 2)
+    return {
+        "contiguous": x4,
+        "transposed": x4.transpose(1, 3),
+        "permuted": x4.permute(3, 1, 0, 2),
+        "channels_last": x4.contiguous(memory_format=torch.channels_last),
+        "channels_last_size1": torch.arange(6.0, device=dev)
+        .reshape(2, 3, 1, 1)
+        .contiguous(memory_format=torch.channels_last),
+        "expanded": torch.arange(5.0, device=dev).expand(2, 3, 4, 5),
+        "non_dense": x4[:, :, ::2, 1:],
+        "permuted_non_dense": x4.permute(0, 2, 3, 1)[:, 1:],
+        "channels_last_3d": x5.contiguous(memory_format=torch.channels_last_3d),
+        "permuted_5d": x5.permute(4, 0, 2, 1, 3),
+        "matrix_t": torch.arange(12.0, device=dev).reshape(3, 4).t(),
+        "empty_permuted": x4.permute(0, 2, 3, 1)[..., :0],
+        "empty_batch": x4[:0].permute(0, 3, 1, 2),
+    }
+
+
+# op(x, memory_format) -> result; the flag says whether values are defined.
+_LIKE_OPS = {
+    "clone": (lambda x, f: x.clone(memory_format=f), True),
+    "contiguous": (lambda x, f: x.contiguous(memory_format=f), True),
+    "empty_like": (lambda x, f: torch.empty_like(x, memory_format=f), False),
+    "zeros_like": (lambda x, f: torch.zeros_like(x, memory_format=f), True),
+    "ones_like": (lambda x, f: torch.ones_like(x, memory_format=f), True),
+    "full_like": (lambda x, f: torch.full_like(x, 7, memory_format=f), True),
+    "rand_like": (lambda x, f: torch.rand_like(x, memory_format=f), False),
+    "randn_like": (lambda x, f: torch.randn_like(x, memory_format=f), False),
+    "to_dtype": (lambda x, f: x.to(torch.float64, memory_format=f), True),
+    "to_device": (lambda x, f: x.cpu().to(x.device, torch.float64, memory_format=f), True),
+    "to_cpu": (lambda x, f: x.to("cpu", copy=True, memory_format=f), True),
+    "empty": (lambda x, f: torch.empty(x.shape, device=x.device, memory_format=f), False),
+    "new_empty": (lambda x, f: x.new_empty(x.shape), False),
+}
+
+
+def _outcome(fn, *args):
+    try:
+        return "ok", fn(*args)
+    except RuntimeError as e:
+        return "raises", str(e)
+
+
+def _layout_of(t):
+    flags = [_outcome(lambda f=f: t.is_contiguous(memory_format=f)) for f in _FORMATS.values()]
+    view = _outcome(lambda: t.view(-1).shape)[0]  # torchjax's message names the op
+    return t.shape, t.stride(), t.dtype, flags, view
+
+
+@pytest.mark.parametrize("fmt", sorted(_FORMATS))
+@pytest.mark.parametrize("op", sorted(_LIKE_OPS))
+def test_memory_formats_give_cpu_strides(op, fmt):
+    fn, defined = _LIKE_OPS[op]
+    cpu_layouts, tpu_layouts = _layouts("cpu"), _layouts("tpu")
+    compared = 0
+    for name, x in cpu_layouts.items():
+        want = _outcome(fn, x, _FORMATS[fmt])
+        got = _outcome(fn, tpu_layouts[name], _FORMATS[fmt])
+        assert got[0] == want[0], (name, got, want)
+        compared += 1
+        if want[0] == "raises":
+            assert got[1].startswith(want[1]), name
+            continue
+        assert _layout_of(got[1]) == _layout_of(want[1]), name
+        if defined:
+            torch.testing.assert_close(got[1].cpu(), want[1], rtol=0, atol=0)
+    assert compared == len(cpu_layouts) > 0

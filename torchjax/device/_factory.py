@@ -13,6 +13,7 @@ import torch
 
 from torchjax.device._module import jax_device
 from torchjax.tensor import dtypes
+from torchjax.tensor._memory_format import format_strides
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import make, wrap
 
@@ -75,6 +76,11 @@ def empty_memory_format(
 ):
     _check_layout(layout, "empty.memory_format")
     _check_size(size)
+    if memory_format is not None and memory_format is not torch.contiguous_format:
+        # channels_last(_3d) strides (Note [Memory formats on tpu]); torch's error for
+        # preserve_format or a format that does not fit the rank.
+        stride = format_strides(tuple(size), memory_format)
+        return empty_strided(size, stride, dtype, layout, device, pin_memory)
     return new_tensor(size, dtype, device)
 
 
@@ -86,9 +92,10 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     _check_size(size)
     size, stride = tuple(size), tuple(stride)
     index = _device_index(device)
-    if stride == contiguous_strides(size) or 0 in size:
+    if stride == contiguous_strides(size):
         return new_tensor(size, dtype, device)
-    span = 1 + sum((n - 1) * st for n, st in zip(size, stride))
+    # An empty tensor keeps its strides too (channels_last of a size with a 0 has 0s).
+    span = 0 if 0 in size else 1 + sum((n - 1) * st for n, st in zip(size, stride))
     storage = new_storage((span,), dtype, device)
     dtype = dtype if dtype is not None else torch.get_default_dtype()
     return make(storage, size, stride, 0, dtype, index)

@@ -28,6 +28,12 @@ from torchjax.ops.writeback import write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor._addresses import root_of, storage_view
 from torchjax.tensor._host_storage import host_view
+from torchjax.tensor._memory_format import (
+    in_row_major_order,
+    laid_out,
+    restrided,
+    result_strides,
+)
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor, view_of, wrap
 
@@ -104,13 +110,10 @@ _LIB.impl("_copy_from", _copy_from)
 _LIB.impl("_copy_from_and_resize", _copy_from_and_resize)
 
 
-def _preserve_strides(t: JaxTensor, cpu: torch.Tensor) -> torch.Tensor:
-    """``cpu`` (contiguous) laid out as ``t.to("cpu")`` lays out a CUDA tensor:
-    preserve_format keeps the strides of a dense permutation of dimensions."""
-    if t.is_contiguous():
-        return cpu
-    meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-    stride = meta.clone(memory_format=torch.preserve_format).stride()
+def _laid_out_on_cpu(t: JaxTensor, cpu: torch.Tensor, memory_format) -> torch.Tensor:
+    """``cpu`` (contiguous) laid out as ``t.to("cpu", memory_format=...)`` lays out a
+    CUDA tensor (Note [Memory formats on tpu] in torchjax/tensor/_memory_format.py)."""
+    stride = result_strides(t._size, t._stride, memory_format)
     if stride == cpu.stride():
         return cpu
     return torch.empty_strided(cpu.shape, stride, dtype=cpu.dtype).copy_(cpu)
@@ -122,23 +125,31 @@ def _to_copy(args, kwargs):
     self = args[0]
     dtype = kwargs.get("dtype") or self.dtype
     device = kwargs.get("device")
+    memory_format = kwargs.get("memory_format")
     if device is not None and torch.device(device).type == "cpu":
-        return _preserve_strides(self, to_cpu(self).to(dtype))
+        return _laid_out_on_cpu(self, to_cpu(self).to(dtype), memory_format)
     jdt = dtypes.to_jax_dtype(dtype)
+    stride = result_strides(self._size, self._stride, memory_format)
+    contiguous = in_row_major_order(self._size, stride)
     same_device = device is None or (torch.device(device).index or 0) == self._device_index
-    if same_device and fused.ACTIVE[0]:
+    if contiguous and same_device and fused.ACTIVE[0]:
         # A copy or conversion of a recorded value is recorded too (Note [Fused eager]).
         pending = fused.record_read(self, jdt)
         if pending is not None:
+            # Note [Size-1 strides in fused eager]: a recorded copy stays recorded and
+            # reports contiguous strides, where CPU keeps the input's at size-1 dims.
             return fused.wrap(pending, self._device_index)
-    arr = self._value()
-    arr = astype(arr, jdt) if arr.dtype != jdt else jnp.array(arr, copy=True)
-    index = self._device_index
-    if device is not None:
-        index = torch.device(device).index or 0
+    index = self._device_index if device is None else torch.device(device).index or 0
+
+    def convert(arr):
+        arr = astype(arr, jdt) if arr.dtype != jdt else jnp.array(arr, copy=True)
         if index != self._device_index:
             arr = jax.device_put(arr, jax_device(index))
-    return wrap(arr, index)
+        return arr
+
+    if not contiguous:
+        return laid_out(self, stride, convert, index)
+    return restrided(wrap(convert(self._value()), index), stride)
 
 
 @handler(
@@ -155,12 +166,18 @@ def alias(args, kwargs):
 
 @handler(aten.clone.default)
 def clone(args, kwargs):
-    """aten::clone - a contiguous copy (memory_format other than contiguous is ignored:
-    tpu storage is always row-major)."""
+    """aten::clone - a copy at the strides ``memory_format`` gives (Note [Memory formats
+    on tpu] in torchjax/tensor/_memory_format.py)."""
     self = args[0]
+    stride = result_strides(self._size, self._stride, kwargs.get("memory_format"))
+    if stride != contiguous_strides(self._size):
+        if not in_row_major_order(self._size, stride):
+            return laid_out(self, stride)
+        if not fused.ACTIVE[0]:
+            return restrided(wrap(self._value(), self._device_index), stride)
     if fused.ACTIVE[0]:
         pending = fused.record_read(self)  # recorded (Note [Fused eager])
-        if pending is not None:
+        if pending is not None:  # Note [Size-1 strides in fused eager]
             return fused.wrap(pending, self._device_index)
     return wrap(self._value(), self._device_index)
 

@@ -26,6 +26,8 @@ from torchjax._compat.jax import put_host, x64
 from torchjax.ops.registry import handler
 from torchjax.ops.writeback import write_into
 from torchjax.tensor import dtypes
+from torchjax.tensor._memory_format import result_strides
+from torchjax.tensor._storage import contiguous_strides
 from torchjax.tensor._tensor import wrap
 
 aten = torch.ops.aten
@@ -300,34 +302,61 @@ def like_options(self: torch.Tensor, kwargs) -> dict:
     }
 
 
+def _like_strides(self: torch.Tensor, kwargs):
+    """The strides of a ``*_like`` result (Note [Memory formats on tpu] in
+    torchjax/tensor/_memory_format.py); None when contiguous."""
+    size = tuple(self.shape)
+    stride = result_strides(size, self.stride(), kwargs.get("memory_format"))
+    return None if stride == contiguous_strides(size) else stride
+
+
+def like_empty(self: torch.Tensor, kwargs) -> torch.Tensor:
+    """``empty_like(self, **kwargs)``: ``self``'s shape at the strides its memory_format
+    gives, zero-filled on tpu (jax arrays always hold values)."""
+    stride = _like_strides(self, kwargs)
+    if stride is None:
+        return torch.empty(tuple(self.shape), **like_options(self, kwargs))
+    return torch.empty_strided(tuple(self.shape), stride, **like_options(self, kwargs))
+
+
+def _filled_like(self, kwargs, fill_value, factory):
+    if _like_strides(self, kwargs) is None:
+        return factory(tuple(self.shape), **like_options(self, kwargs))
+    return like_empty(self, kwargs).fill_(fill_value)
+
+
 @handler(aten.full_like.default)
 def full_like(args, kwargs):
     """aten::full_like - a tensor of ``self``'s shape filled with ``fill_value``.
 
-    dtype/device default to ``self``'s; ``memory_format`` is ignored (tpu storage is
-    always row-major). Reference: torch.full_like.
+    dtype/device default to ``self``'s, strides follow ``memory_format`` as
+    ``empty_like``'s. Reference: torch.full_like.
     """
     self, fill_value = args[0], args[1]
-    return torch.full(tuple(self.shape), fill_value, **like_options(self, kwargs))
+    return _filled_like(
+        self, kwargs, fill_value, lambda size, **o: torch.full(size, fill_value, **o)
+    )
 
 
 @handler(aten.zeros_like.default)
 def zeros_like(args, kwargs):
-    """aten::zeros_like - zeros of ``self``'s shape (dtype/device from kwargs or self)."""
-    return torch.zeros(tuple(args[0].shape), **like_options(args[0], kwargs))
+    """aten::zeros_like - zeros of ``self``'s shape (dtype/device from kwargs or self,
+    strides as ``empty_like``'s)."""
+    return _filled_like(args[0], kwargs, 0, torch.zeros)
 
 
 @handler(aten.ones_like.default)
 def ones_like(args, kwargs):
-    """aten::ones_like - ones of ``self``'s shape (dtype/device from kwargs or self)."""
-    return torch.ones(tuple(args[0].shape), **like_options(args[0], kwargs))
+    """aten::ones_like - ones of ``self``'s shape (dtype/device from kwargs or self,
+    strides as ``empty_like``'s)."""
+    return _filled_like(args[0], kwargs, 1, torch.ones)
 
 
 @handler(aten.empty_like.default)
 def empty_like(args, kwargs):
-    """aten::empty_like - an uninitialised tensor of ``self``'s shape. On tpu it is
-    zero-filled (jax arrays always hold values); strides are contiguous."""
-    return torch.empty(tuple(args[0].shape), **like_options(args[0], kwargs))
+    """aten::empty_like - an uninitialised tensor of ``self``'s shape at the strides
+    ``memory_format`` gives. On tpu it is zero-filled (jax arrays always hold values)."""
+    return like_empty(args[0], kwargs)
 
 
 @handler(aten.scalar_tensor.out)

@@ -470,10 +470,9 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
 
 def _like(fill):
     def like_handler(args, kwargs):
-        from torchjax.ops.factory import like_options
+        from torchjax.ops.factory import like_empty
 
-        self = args[0]
-        t = torch.empty(tuple(self.shape), **like_options(self, kwargs))
+        t = like_empty(args[0], kwargs)
         return fill(t, *args[1:])
 
     return like_handler
