@@ -237,7 +237,11 @@ def _pack_padded_sequence(args, kwargs):
         if length > prev:
             current = batch - i
             piece = aten.slice.Tensor(aten.slice.Tensor(x, 0, prev, length), 1, 0, current)
-            steps.append(aten.view.default(aten.clone.default(piece), step_shape))
+            steps.append(
+                aten.view.default(
+                    aten.clone.default(piece, memory_format=torch.contiguous_format), step_shape
+                )
+            )
             batch_sizes.extend([current] * (length - prev))
             prev = length
     return aten.cat.default(steps), torch.tensor(batch_sizes, dtype=torch.int64)
