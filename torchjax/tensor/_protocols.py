@@ -24,7 +24,6 @@ from torchjax._compat.torch import (
 )
 from torchjax.tensor import _fake, _host_storage
 from torchjax.tensor._reinterpret import interpret
-from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor.dtypes import to_jax_dtype
 
 # __dict__ entries that are a JaxTensor's own machinery, not user state: the view into
@@ -89,19 +88,12 @@ def _not_leaf_error() -> RuntimeError:
 
 def preserve_format_clone(t):
     """A fresh-storage copy of ``t`` with ``clone(memory_format=torch.preserve_format)``'s
-    strides (kept for a dense permutation of dimensions, contiguous otherwise)."""
-    from torchjax.tensor._tensor import make
+    strides (Note [Memory formats on tpu]): a physical copy, never ``t``'s array."""
+    from torchjax.tensor._memory_format import laid_out, result_strides
 
-    meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-    stride = meta.clone(memory_format=torch.preserve_format).stride()
-    size = tuple(t.shape)
+    stride = result_strides(t._size, t._stride, torch.preserve_format)
     with x64(True):
-        value = jnp.copy(t._value())
-        if stride != contiguous_strides(size):
-            # Element order in memory: dimensions by decreasing stride.
-            order = sorted(range(len(size)), key=lambda d: -stride[d])
-            value = jnp.transpose(value, order).reshape(-1)
-    return make(Storage(value), size, stride, 0, t.dtype, t._device_index)
+        return laid_out(t, stride, convert=jnp.copy)
 
 
 def deepcopy(t, memo):
