@@ -169,3 +169,49 @@ def test_arguments_sharing_memory_that_are_only_read_stay_compiled():
     assert fn(t, t[1:]).item() == 12.0
     entry = next(iter(fn._entries.values()))
     assert not entry.writes_shared and fn.trace_count == 1
+
+
+def _dtype_views(x, z, p):
+    y = x * 2  # an intermediate seen as another dtype, beside itself
+    return (
+        x.view(torch.int32),
+        x[:, 1:].view(torch.int16),
+        torch.view_as_real(z),
+        torch.view_as_complex(p),
+        y.view(torch.int32)[1],
+        y,
+    )
+
+
+def _dtype_inputs(device):
+    x = torch.arange(12.0).reshape(3, 4).to(device)
+    z = torch.complex(torch.arange(4.0), -torch.arange(4.0)).to(device)
+    p = torch.arange(8.0).reshape(4, 2).to(device)
+    return x, z, p
+
+
+@pytest.mark.parametrize("jit", ["compile", "torchjax.jit"])
+def test_outputs_viewing_an_input_as_another_dtype_alias_it(jit):
+    wrap = compiled if jit == "compile" else torchjax.jit
+    cpu, tpu = _dtype_inputs("cpu"), _dtype_inputs("tpu")
+    want, got = _dtype_views(*cpu), wrap(_dtype_views)(*tpu)
+    assert len(got) == len(want) == 6
+    for w, g in zip(want, got):
+        assert (g.dtype, g.shape, g.stride()) == (w.dtype, w.shape, w.stride())
+        w.add_(1)  # a write through each output reaches its input or the intermediate
+        g.add_(1)
+        for c, t in zip(cpu + (want[-1],), tpu + (got[-1],)):
+            torch.testing.assert_close(t.cpu(), c, rtol=0, atol=0)
+
+
+def test_a_view_as_real_output_keeps_the_graph():
+    def fn(z):
+        return torch.view_as_real(z)
+
+    cpu = torch.complex(torch.arange(3.0), torch.ones(3)).requires_grad_()
+    tpu = cpu.detach().to("tpu").requires_grad_()
+    want, got = fn(cpu), compiled(fn)(tpu)
+    assert got.grad_fn is not None
+    (want * torch.arange(6.0).reshape(3, 2)).sum().backward()
+    (got * torch.arange(6.0).reshape(3, 2).to("tpu")).sum().backward()
+    torch.testing.assert_close(tpu.grad.cpu(), cpu.grad)

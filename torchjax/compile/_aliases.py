@@ -19,7 +19,11 @@ An argument is traced as a contiguous copy of its values, so offsets and strides
 while tracing count in that layout; for a non-contiguous argument they are mapped to its
 storage (``_affine``), and where the mapping is not a view (a ``reshape`` that copies in
 eager for that layout) the output stays the program's copy, as eager gives a copy then.
-Outputs reading a storage as another dtype keep the program's value too. The argument
+An output reading a storage as another dtype (``x.view(torch.int32)``, ``view_as_real``,
+``view_as_complex``) is rebuilt the same way from that tensor seen as its dtype
+(``_reinterpret``: torch's own ``view(dtype)`` / ``view_as_real``, so torch's rules on
+which layouts allow it hold); where torch refuses that view of the call's layout, or the
+tensor carries a conj or neg bit, the output stays the program's copy. The argument
 itself is given back only where the traced output was that argument object (``return
 x``); ``x.detach()`` is a new tensor, and a view the trace saw leave the autograd graph
 (``x.detach().t()`` of a ``requires_grad`` argument) is a view of ``x.detach()``.
@@ -30,6 +34,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 _ARG, _STATE, _BASE = 0, 1, 2
 
@@ -71,9 +76,8 @@ def plan(outs, args, storages):
         # (a detached view of a ``requires_grad`` argument does not).
         same = any(t is a for a in args)
         meta = (t._size, t._stride, t._offset, t.is_conj(), t.is_neg(), same, t.requires_grad)
-        if not _same_dtype(t):
-            aliases.append(None)
-        elif id(root) in arg_of:
+        meta += (t.dtype,)
+        if id(root) in arg_of:
             aliases.append((_ARG, arg_of[id(root)], *meta))
         elif id(root) in state_of:
             aliases.append((_STATE, state_of[id(root)], *meta))
@@ -89,9 +93,19 @@ def plan(outs, args, storages):
     return aliases, bases
 
 
-def _same_dtype(t) -> bool:
-    s = t._storage
-    return not hasattr(s, "root") or s.dtype == s.root.arr.dtype
+def _reinterpret(base, dtype):
+    """``base`` seen as ``dtype`` elements, as torch views it; None where torch refuses
+    (or a conj / neg bit makes the bytes differ from the values the program traced)."""
+    if base.dtype == dtype:
+        return base
+    if base.is_conj() or base.is_neg():
+        return None
+    try:
+        if base.is_complex() and dtype == base.real.dtype:
+            return torch.view_as_real(base)  # differentiable, unlike view(dtype)
+        return base.view(dtype)
+    except RuntimeError:
+        return None
 
 
 def regenerate(aliases, outs, bases, args, state):
@@ -102,14 +116,27 @@ def regenerate(aliases, outs, bases, args, state):
     for j, alias in enumerate(aliases):
         if alias is None:
             continue
-        kind, index, size, stride, offset, conj, neg, same, grad = alias
+        kind, index, size, stride, offset, conj, neg, same, grad, dtype = alias
         if kind == _BASE:
             base = bases[index]
-            if offset == 0 and tuple(size) == tuple(base.shape) and tuple(stride) == base.stride():
+            if (
+                offset == 0
+                and tuple(size) == tuple(base.shape)
+                and tuple(stride) == base.stride()
+                and dtype == base.dtype
+            ):
                 result[j] = base  # the intermediate itself, as CPU returns it
+                continue
+            base = _reinterpret(base, dtype)
+            if base is None:
                 continue
         else:
             base = args[index] if kind == _ARG else state[index]
+            if dtype != base.dtype:
+                same = False
+                base = _reinterpret(base, dtype)
+                if base is None:
+                    continue
             mapped = _affine(base, size, stride, offset)
             if mapped is None:
                 continue
