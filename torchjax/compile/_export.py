@@ -13,7 +13,8 @@ import jax
 import torch
 
 from torchjax._compat.jax import x64
-from torchjax.compile._jit import Jitted, _Call, _Entry, _flatten
+from torchjax.compile._call import Call, flatten_args
+from torchjax.compile._jit import Jitted, _Entry
 
 
 def export(fn, *args, **kwargs):
@@ -32,9 +33,9 @@ def export(fn, *args, **kwargs):
         export modules in ``eval()`` mode.
     """
     jitted = Jitted(fn)
-    flat, spec = _flatten(args, kwargs)
+    flat, spec = flatten_args(args, kwargs)
     with torch.no_grad():
-        call = _Call(jitted, flat, spec, {})
+        call = Call(jitted, flat, spec, {})
         entry = _Entry.trace(jitted, call)
     state, key, n_out = call.state_arrays, entry.key(), len(entry.out_pos)
 

@@ -41,7 +41,6 @@ import warnings
 import weakref
 
 import jax
-import numpy as np
 import torch
 from jax.extend.core import jaxpr_as_fun
 
@@ -49,15 +48,12 @@ from torchjax import _budget
 from torchjax._compat.jax import x64, x64_enter, x64_exit
 from torchjax._compat.torch import pytree
 from torchjax.compile import _aliases, _donate, _hyper, _repeat, _state
-from torchjax.compile._capturable import make_capturable
-from torchjax.compile._keys import value_key
+from torchjax.compile._call import Call, Ref, describe_change, flatten_args, unflatten_args
 from torchjax.interop._jax_function import _VJP
 from torchjax.tensor import random as _rng
 from torchjax.tensor._binding import bound, trace_lock
 from torchjax.tensor._tensor import JaxTensor, wrap
 from torchjax.tensor._user_subclass import user_class
-
-_SCALARS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)
 
 
 class RetraceWarning(UserWarning):
@@ -162,14 +158,14 @@ class Jitted:
     def _lookup(self, args, kwargs):
         """This call's arguments and state, and its live cache entry (None: none yet)."""
         static_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in self.static_argnames}
-        flat, spec = _flatten(args, kwargs)
-        call = _Call(self, flat, spec, static_kwargs)
+        flat, spec = flatten_args(args, kwargs)
+        call = Call(self, flat, spec, static_kwargs)
         entry = self._entries.get(call.key)
         return call, (entry if entry is not None and entry.alive() else None)
 
-    def _trace(self, call: _Call) -> _Entry:
+    def _trace(self, call: Call) -> _Entry:
         with trace_lock:
-            reason = _describe_change(self._last_sig, call.sig) if self._last_sig else None
+            reason = describe_change(self._last_sig, call.sig) if self._last_sig else None
             self.trace_count += 1
             if reason is not None:
                 self.last_retrace_reason = reason
@@ -198,6 +194,10 @@ class Jitted:
             return entry
 
 
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
 def _evict(entries, key, entry) -> None:
     if entries.get(key) is entry:
         del entries[key]
@@ -210,142 +210,11 @@ def _forget_entries(entries) -> None:
     entries.clear()
 
 
-class _Flat:
-    """The argument structure of a call with positional tensors/scalars only: cheaper to
-    build, hash and compare than a pytree TreeSpec (this is the common case)."""
-
-    __slots__ = ("n",)
-
-    def __init__(self, n):
-        self.n = n
-
-    def __eq__(self, other):
-        return type(other) is _Flat and other.n == self.n
-
-    def __hash__(self):
-        return self.n
-
-
-def _flatten(args, kwargs):
-    if not kwargs and all(isinstance(a, (torch.Tensor, *_SCALARS)) for a in args):
-        return list(args), _Flat(len(args))
-    return pytree.tree_flatten((args, kwargs))
-
-
-def _unflatten(flat, spec):
-    if type(spec) is _Flat:
-        return tuple(flat), {}
-    return pytree.tree_unflatten(flat, spec)
-
-
-def _name(fn) -> str:
-    return getattr(fn, "__qualname__", None) or type(fn).__name__
-
-
-def _aval(a):
-    return (a.shape, a.dtype)
-
-
-class _Call:
-    """One call's arguments, state and cache key."""
-
-    def __init__(self, jitted: Jitted, flat, spec, static_kwargs):
-        self.jitted = jitted
-        self.spec = spec
-        self.static_kwargs = static_kwargs
-        roots = [jitted.fn]
-        static, pos, tensors = [], [], []
-        for i, x in enumerate(flat):
-            if isinstance(x, torch.Tensor):
-                if not isinstance(x, JaxTensor):
-                    x = x.to("tpu")
-                pos.append(i)
-                tensors.append(x)
-                static.append(None)
-            elif isinstance(x, _SCALARS):
-                static.append(x)
-            else:
-                roots.append(x)
-                static.append(x if _hashable_by_value(x) else _Ref(x))
-        roots.extend(static_kwargs.values())
-        self.roots = roots
-        self.static, self.pos, self.tensors = static, pos, tensors
-        grads = not jitted._is_module
-        walk = _state.walk(roots, grads)
-        if any(make_capturable(o) for o in walk.optimizers):
-            walk = _state.walk(roots, grads)
-        self.walk = walk
-        self.hypers = _hyper.Hypers(walk.optimizers)
-        self.storages = walk.storages
-        self.state_arrays = [s.arr for s in walk.storages]
-        self.arrays = [t._value() for t in tensors]
-        grad_mode = torch.is_grad_enabled()
-        flags = (grad_mode, torch.is_autocast_enabled("tpu"), walk.training_flags())
-        self.sig = (
-            spec,
-            tuple(value_key(v) for v in static),
-            tuple(_static_key(v) for v in static_kwargs.items()),
-            tuple(_aval(a) for a in self.arrays),
-            tuple(t.requires_grad for t in tensors),
-            tuple(map(id, self.storages)),
-            tuple(_aval(a) for a in self.state_arrays),
-            flags,
-            (self.hypers.key, tuple(walk.scalars), tuple(_aval(a) for a in self.hypers.values)),
-            tuple(type(t) for t in tensors),
-            _aliases.sharing(tensors, self.storages),
-        )
-        self.key = self.sig
-        self.grad_mode = grad_mode
-
-
-def _static_key(item):
-    k, v = item
-    try:
-        hash(v)
-    except TypeError:
-        raise TypeError(
-            f"torchjax.jit: static argument {k!r} must be hashable, got {type(v).__name__}"
-        ) from None
-    return (k, value_key(v))
-
-
-def _hashable_by_value(x) -> bool:
-    """Enums, frozen dataclasses, slices...: equal values share an executable. Modules,
-    optimizers and objects without a value hash are keyed by identity (_Ref)."""
-    if isinstance(x, (torch.nn.Module, torch.optim.Optimizer)):
-        return False
-    if type(x).__hash__ in (None, object.__hash__):
-        return False
-    try:
-        hash(x)
-    except TypeError:
-        return False
-    return True
-
-
-class _Ref:
-    """A non-scalar argument (module, optimizer, cache object): keyed by identity."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj):
-        self.obj = obj
-
-    def __eq__(self, other):
-        return isinstance(other, _Ref) and other.obj is self.obj
-
-    def __hash__(self):
-        return id(self.obj)
-
-    def __repr__(self):
-        return f"<{type(self.obj).__name__} object>"
-
-
 class _Entry:
     """One traced signature: the compiled program and how to unpack its outputs."""
 
     @classmethod
-    def trace(cls, jitted: Jitted, call: _Call) -> _Entry:
+    def trace(cls, jitted: Jitted, call: Call) -> _Entry:
         self = cls()
         storages = call.storages
         info = {}
@@ -365,8 +234,8 @@ class _Entry:
                             w.__class__ = type(t)
                         flat[i] = w.requires_grad_() if t.requires_grad else w
                         wrapped.append(w)
-                    flat = [x.obj if isinstance(x, _Ref) else x for x in flat]
-                    args, kwargs = _unflatten(flat, call.spec)
+                    flat = [x.obj if isinstance(x, Ref) else x for x in flat]
+                    args, kwargs = unflatten_args(flat, call.spec)
                     kwargs = {**kwargs, **call.static_kwargs}
                     with (
                         torch.autograd.set_multithreading_enabled(False),
@@ -449,7 +318,7 @@ class _Entry:
     def key(self):
         return _rng.call_key(0) if self.uses_rng else _unused_key()
 
-    def run(self, call: _Call):
+    def run(self, call: Call):
         state = call.state_arrays
         if self.donated:
             state, copies = _donate.unshared(state, self.donated, call.walk.tensors)
@@ -462,7 +331,7 @@ class _Entry:
         self.write_back(call, outs[self.n_out :])
         return self.unflatten([wrap(a) for a in outs[: self.n_out]], call)
 
-    def write_back(self, call: _Call, rest) -> None:
+    def write_back(self, call: Call, rest) -> None:
         storages = call.storages
         for i, a in zip(self.written, rest):
             storages[i].replace(a)
@@ -472,7 +341,7 @@ class _Entry:
         for k, a in zip(self.args_written, rest[len(self.created) :]):
             call.tensors[k]._write(a)
 
-    def unflatten(self, tensors, call: _Call):
+    def unflatten(self, tensors, call: Call):
         n = len(self.out_pos)
         if self.aliases is not None:
             tensors = _aliases.regenerate(
@@ -485,7 +354,7 @@ class _Entry:
             flat[i] = t
         return pytree.tree_unflatten(flat, self.out_spec)
 
-    def run_differentiable(self, call: _Call):
+    def run_differentiable(self, call: Call):
         program = self.vjp
         state = [call.walk.tensors[i] for i in program.diff_state]
         dyn = [call.tensors[k] for k in program.diff_dyn]
@@ -499,7 +368,7 @@ class _VJPProgram:
     backward applying it."""
 
     @classmethod
-    def build(cls, entry: _Entry, call: _Call, fun):
+    def build(cls, entry: _Entry, call: Call, fun):
         diff_state = [
             i for i, t in enumerate(call.walk.tensors) if _differentiable(t) and _covers(t)
         ]
@@ -543,7 +412,7 @@ def _covers(t) -> bool:
 class _VJPCall:
     """Adapter giving _VJP (torchjax/interop/_jax_function.py) one jitted-module call."""
 
-    def __init__(self, entry: _Entry, call: _Call):
+    def __init__(self, entry: _Entry, call: Call):
         self.entry, self.call = entry, call
         program = entry.vjp
         n = len(program.diff_state)
@@ -569,36 +438,3 @@ def _unused_key():
     # Programs that draw nothing still take a key input (one signature for all).
     with x64(True):
         return jax.random.key(0, impl="threefry2x32")
-
-
-def _describe_change(old, new) -> str:
-    names = ("argument structure", "non-tensor arguments", "static_argnames values",
-             "tensor argument shapes/dtypes", "tensor argument requires_grad",
-             "state tensors (identity)", "state tensor shapes/dtypes",
-             "grad mode / autocast / module training flags",
-             "Python scalars read by the function (optimizer hyperparameters other than "
-             "lr, numbers in its closure or globals)",
-             "tensor argument classes (torch.Tensor subclasses)",
-             "tensor arguments sharing memory with each other or with state")  # fmt: skip
-    for name, a, b in zip(names, old, new):
-        if a != b:
-            if name == "tensor argument shapes/dtypes" and len(a) == len(b):
-                for k, (x, y) in enumerate(zip(a, b)):
-                    if x != y:
-                        return f"tensor argument #{k} changed from {_fmt(x)} to {_fmt(y)}"
-            if name == "non-tensor arguments" and len(a) == len(b):
-                for x, y in zip(a, b):
-                    if x != y:
-                        return f"a non-tensor argument changed from {x!r} to {y!r}"
-            if name.startswith("state tensors"):
-                return (
-                    f"the {name} changed ({len(a)} -> {len(b)} tensors; e.g. optimizer "
-                    "state created, or a tensor attribute reassigned)"
-                )
-            return f"the {name} changed"
-    return "the cached executable's state tensors were freed"
-
-
-def _fmt(aval) -> str:
-    shape, dtype = aval
-    return f"{np.dtype(dtype).name}{list(shape)}"

@@ -1,0 +1,176 @@
+"""One call of a torchjax.jit function: its arguments split into tensors and static
+values, the state it reaches, and the cache key they make (steps 1-3 of torchjax.jit's
+call, torchjax/compile/_jit.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from torchjax._compat.torch import pytree
+from torchjax.compile import _aliases, _hyper, _state
+from torchjax.compile._capturable import make_capturable
+from torchjax.compile._keys import value_key
+from torchjax.tensor._tensor import JaxTensor
+
+_SCALARS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)
+
+
+class _Flat:
+    """The argument structure of a call with positional tensors/scalars only: cheaper to
+    build, hash and compare than a pytree TreeSpec (this is the common case)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n):
+        self.n = n
+
+    def __eq__(self, other):
+        return type(other) is _Flat and other.n == self.n
+
+    def __hash__(self):
+        return self.n
+
+
+def flatten_args(args, kwargs):
+    if not kwargs and all(isinstance(a, (torch.Tensor, *_SCALARS)) for a in args):
+        return list(args), _Flat(len(args))
+    return pytree.tree_flatten((args, kwargs))
+
+
+def unflatten_args(flat, spec):
+    if type(spec) is _Flat:
+        return tuple(flat), {}
+    return pytree.tree_unflatten(flat, spec)
+
+
+def _aval(a):
+    return (a.shape, a.dtype)
+
+
+class Call:
+    """One call's arguments, state and cache key."""
+
+    def __init__(self, jitted, flat, spec, static_kwargs):
+        self.jitted = jitted
+        self.spec = spec
+        self.static_kwargs = static_kwargs
+        roots = [jitted.fn]
+        static, pos, tensors = [], [], []
+        for i, x in enumerate(flat):
+            if isinstance(x, torch.Tensor):
+                if not isinstance(x, JaxTensor):
+                    x = x.to("tpu")
+                pos.append(i)
+                tensors.append(x)
+                static.append(None)
+            elif isinstance(x, _SCALARS):
+                static.append(x)
+            else:
+                roots.append(x)
+                static.append(x if _hashable_by_value(x) else Ref(x))
+        roots.extend(static_kwargs.values())
+        self.roots = roots
+        self.static, self.pos, self.tensors = static, pos, tensors
+        grads = not jitted._is_module
+        walk = _state.walk(roots, grads)
+        if any(make_capturable(o) for o in walk.optimizers):
+            walk = _state.walk(roots, grads)
+        self.walk = walk
+        self.hypers = _hyper.Hypers(walk.optimizers)
+        self.storages = walk.storages
+        self.state_arrays = [s.arr for s in walk.storages]
+        self.arrays = [t._value() for t in tensors]
+        grad_mode = torch.is_grad_enabled()
+        flags = (grad_mode, torch.is_autocast_enabled("tpu"), walk.training_flags())
+        self.sig = (
+            spec,
+            tuple(value_key(v) for v in static),
+            tuple(_static_key(v) for v in static_kwargs.items()),
+            tuple(_aval(a) for a in self.arrays),
+            tuple(t.requires_grad for t in tensors),
+            tuple(map(id, self.storages)),
+            tuple(_aval(a) for a in self.state_arrays),
+            flags,
+            (self.hypers.key, tuple(walk.scalars), tuple(_aval(a) for a in self.hypers.values)),
+            tuple(type(t) for t in tensors),
+            _aliases.sharing(tensors, self.storages),
+        )
+        self.key = self.sig
+        self.grad_mode = grad_mode
+
+
+def _static_key(item):
+    k, v = item
+    try:
+        hash(v)
+    except TypeError:
+        raise TypeError(
+            f"torchjax.jit: static argument {k!r} must be hashable, got {type(v).__name__}"
+        ) from None
+    return (k, value_key(v))
+
+
+def _hashable_by_value(x) -> bool:
+    """Enums, frozen dataclasses, slices...: equal values share an executable. Modules,
+    optimizers and objects without a value hash are keyed by identity (Ref)."""
+    if isinstance(x, (torch.nn.Module, torch.optim.Optimizer)):
+        return False
+    if type(x).__hash__ in (None, object.__hash__):
+        return False
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
+
+
+class Ref:
+    """A non-scalar argument (module, optimizer, cache object): keyed by identity."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return isinstance(other, Ref) and other.obj is self.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __repr__(self):
+        return f"<{type(self.obj).__name__} object>"
+
+
+def describe_change(old, new) -> str:
+    names = ("argument structure", "non-tensor arguments", "static_argnames values",
+             "tensor argument shapes/dtypes", "tensor argument requires_grad",
+             "state tensors (identity)", "state tensor shapes/dtypes",
+             "grad mode / autocast / module training flags",
+             "Python scalars read by the function (optimizer hyperparameters other than "
+             "lr, numbers in its closure or globals)",
+             "tensor argument classes (torch.Tensor subclasses)",
+             "tensor arguments sharing memory with each other or with state")  # fmt: skip
+    for name, a, b in zip(names, old, new):
+        if a != b:
+            if name == "tensor argument shapes/dtypes" and len(a) == len(b):
+                for k, (x, y) in enumerate(zip(a, b)):
+                    if x != y:
+                        return f"tensor argument #{k} changed from {_fmt(x)} to {_fmt(y)}"
+            if name == "non-tensor arguments" and len(a) == len(b):
+                for x, y in zip(a, b):
+                    if x != y:
+                        return f"a non-tensor argument changed from {x!r} to {y!r}"
+            if name.startswith("state tensors"):
+                return (
+                    f"the {name} changed ({len(a)} -> {len(b)} tensors; e.g. optimizer "
+                    "state created, or a tensor attribute reassigned)"
+                )
+            return f"the {name} changed"
+    return "the cached executable's state tensors were freed"
+
+
+def _fmt(aval) -> str:
+    shape, dtype = aval
+    return f"{np.dtype(dtype).name}{list(shape)}"
