@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from torchjax._compat.torch import cpp_meta_kernels, create_empty_tensor, pytree
+from torchjax._compat.torch import cpp_meta_kernels, create_empty_tensor, pytree, set_math_bits
 
 _INNER = "_fake_inner"
 
@@ -67,6 +67,11 @@ def make(inner: torch.Tensor, size=None, stride=None, offset=None):
         device=inner.device if inner.device.type == "tpu" else torch.device("tpu", 0),
         requires_grad=inner.requires_grad,
     )
+    # The conj / neg bits live on the TensorImpl: the outer tensor carries the inner's,
+    # so composites that branch on them (``imag`` of ``z.conj()`` views the ``_conj()``)
+    # take the path they take on the real tensor.
+    if inner.is_conj() or inner.is_neg():
+        set_math_bits(t, inner.is_conj(), inner.is_neg())
     t.__dict__[_INNER] = inner
     return t
 
@@ -131,7 +136,8 @@ def dispatch(func, args, kwargs):
         if schema.returns[0].alias_info.is_write:
             written = [a for a in schema.arguments if a.alias_info and a.alias_info.is_write]
             name = written[0].name
-            return kwargs[name] if name in kwargs else args[0]
+            outer_args, outer_kwargs = outer
+            return outer_kwargs[name] if name in outer_kwargs else outer_args[0]
         return _views_with_eager_strides(func, outer, out)
     return pytree.tree_map(
         lambda x: make(x) if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor) else x,
