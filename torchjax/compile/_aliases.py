@@ -22,8 +22,9 @@ eager for that layout) the output stays the program's copy, as eager gives a cop
 An output reading a storage as another dtype (``x.view(torch.int32)``, ``view_as_real``,
 ``view_as_complex``) is rebuilt the same way from that tensor seen as its dtype
 (``_reinterpret``: torch's own ``view(dtype)`` / ``view_as_real``, so torch's rules on
-which layouts allow it hold); where torch refuses that view of the call's layout, or the
-tensor carries a conj or neg bit, the output stays the program's copy. The argument
+which layouts allow it hold; ``z.conj().imag`` views the stored values and takes its neg
+bit after); where torch refuses that view of the call's layout, the output stays the
+program's copy. The argument
 itself is given back only where the traced output was that argument object (``return
 x``); ``x.detach()`` is a new tensor, and a view the trace saw leave the autograd graph
 (``x.detach().t()`` of a ``requires_grad`` argument) is a view of ``x.detach()``.
@@ -51,7 +52,7 @@ _ARG, _STATE, _BASE = 0, 1, 2
 # eager's speed. Sharing arguments that are only read keep the compiled program.
 
 
-def _root(t):
+def root(t):
     s = t._storage
     return getattr(s, "root", s)  # an Interpretation's (dtype / conj view's) root
 
@@ -63,28 +64,28 @@ def plan(outs, args, storages):
     ``(kind, index, size, stride, offset, conj, neg)``, ``kind`` an argument, a state
     storage or an extra output; ``bases``: the intermediate root storages whose arrays
     the program returns after its outputs."""
-    arg_of = {id(_root(a)): k for k, a in enumerate(args)}
+    arg_of = {id(root(a)): k for k, a in enumerate(args)}
     state_of = {id(s): i for i, s in enumerate(storages)}
     counts: dict = {}
     for t in outs:
-        counts[id(_root(t))] = counts.get(id(_root(t)), 0) + 1
+        counts[id(root(t))] = counts.get(id(root(t)), 0) + 1
     aliases, bases, base_of = [], [], {}
     for t in outs:
-        root = _root(t)
+        r = root(t)
         # Whether the output is the argument object itself (``return x``, not
         # ``x.detach()`` or ``x.view_as(x)``) and whether it stays in the autograd graph
         # (a detached view of a ``requires_grad`` argument does not).
         same = any(t is a for a in args)
         meta = (t._size, t._stride, t._offset, t.is_conj(), t.is_neg(), same, t.requires_grad)
         meta += (t.dtype,)
-        if id(root) in arg_of:
-            aliases.append((_ARG, arg_of[id(root)], *meta))
-        elif id(root) in state_of:
-            aliases.append((_STATE, state_of[id(root)], *meta))
-        elif counts[id(root)] > 1:
-            j = base_of.setdefault(id(root), len(bases))
+        if id(r) in arg_of:
+            aliases.append((_ARG, arg_of[id(r)], *meta))
+        elif id(r) in state_of:
+            aliases.append((_STATE, state_of[id(r)], *meta))
+        elif counts[id(r)] > 1:
+            j = base_of.setdefault(id(r), len(bases))
             if j == len(bases):
-                bases.append(root)
+                bases.append(r)
             aliases.append((_BASE, j, *meta))
         else:
             aliases.append(None)
@@ -94,12 +95,15 @@ def plan(outs, args, storages):
 
 
 def _reinterpret(base, dtype):
-    """``base`` seen as ``dtype`` elements, as torch views it; None where torch refuses
-    (or a conj / neg bit makes the bytes differ from the values the program traced)."""
+    """``base``'s stored elements seen as ``dtype``, as torch views them; None where
+    torch refuses. The view is of what the storage holds, without ``base``'s conj / neg
+    bits: the output's own bits, applied after, are relative to that."""
     if base.dtype == dtype:
         return base
-    if base.is_conj() or base.is_neg():
-        return None
+    if base.is_conj():
+        base = base._conj()
+    if base.is_neg():
+        base = base._neg_view()
     try:
         if base.is_complex() and dtype == base.real.dtype:
             return torch.view_as_real(base)  # differentiable, unlike view(dtype)

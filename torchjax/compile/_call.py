@@ -4,6 +4,7 @@ call, torchjax/compile/_jit.py)."""
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -11,7 +12,7 @@ from torchjax._compat.torch import pytree
 from torchjax.compile import _aliases, _hyper, _state
 from torchjax.compile._capturable import make_capturable
 from torchjax.compile._keys import value_key
-from torchjax.tensor._tensor import JaxTensor
+from torchjax.tensor._tensor import JaxTensor, wrap
 
 _SCALARS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)
 
@@ -81,6 +82,7 @@ class Call:
         self.storages = walk.storages
         self.state_arrays = [s.arr for s in walk.storages]
         self.arrays = [t._value() for t in tensors]
+        self.bits = tuple(_math_bits(t) for t in tensors)
         grad_mode = torch.is_grad_enabled()
         flags = (grad_mode, torch.is_autocast_enabled("tpu"), walk.training_flags())
         self.sig = (
@@ -94,10 +96,39 @@ class Call:
             flags,
             (self.hypers.key, tuple(walk.scalars), tuple(_aval(a) for a in self.hypers.values)),
             tuple(type(t) for t in tensors),
+            self.bits,
             _aliases.sharing(tensors, self.storages),
         )
         self.key = self.sig
         self.grad_mode = grad_mode
+
+
+# Note [Arguments with conj or neg bits]
+# A call passes each tensor argument's values (``_value()``: a conj tensor's resolved
+# values). Traced as a plain tensor of those values, ``z.conj()`` of a conj argument
+# would look like a new conj view where eager gives the plain tensor under the bit, and
+# ``z.resolve_conj()`` would be the argument itself where eager makes a new tensor: the
+# outputs rebuilt as views of the argument (Note [Aliased outputs of a compiled
+# function]) would get the wrong bits, and the wrong values. So the bits are part of
+# the key, and the trace gives such an argument the bits it has: a tensor over the
+# values' stored form (conjugated, negated) viewed back with ``_conj`` / ``_neg_view``,
+# as the argument is in eager. Its root storage holds the stored form, so a write to it
+# is detected there.
+def _math_bits(t) -> tuple:
+    return (t.is_conj(), t.is_neg()) if t.is_conj() or t.is_neg() else ()
+
+
+def traced_argument(arr, device_index: int, bits: tuple):
+    """The tpu tensor a trace sees for an argument with values ``arr`` (a tracer) and
+    math ``bits`` (Note [Arguments with conj or neg bits])."""
+    if not bits:
+        return wrap(arr, device_index)
+    conj, neg = bits
+    stored = jnp.conj(arr) if conj else arr
+    t = wrap(-stored if neg else stored, device_index)
+    if conj:
+        t = t._conj()
+    return t._neg_view() if neg else t
 
 
 def _static_key(item):
@@ -151,6 +182,7 @@ def describe_change(old, new) -> str:
              "Python scalars read by the function (optimizer hyperparameters other than "
              "lr, numbers in its closure or globals)",
              "tensor argument classes (torch.Tensor subclasses)",
+             "tensor argument conj / neg bits",
              "tensor arguments sharing memory with each other or with state")  # fmt: skip
     for name, a, b in zip(names, old, new):
         if a != b:

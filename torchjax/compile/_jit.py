@@ -48,7 +48,15 @@ from torchjax import _budget
 from torchjax._compat.jax import x64, x64_enter, x64_exit
 from torchjax._compat.torch import pytree
 from torchjax.compile import _aliases, _donate, _hyper, _repeat, _state
-from torchjax.compile._call import Call, Ref, describe_change, flatten_args, unflatten_args
+from torchjax.compile._aliases import root
+from torchjax.compile._call import (
+    Call,
+    Ref,
+    describe_change,
+    flatten_args,
+    traced_argument,
+    unflatten_args,
+)
 from torchjax.interop._jax_function import _VJP
 from torchjax.tensor import random as _rng
 from torchjax.tensor._binding import bound, trace_lock
@@ -226,14 +234,15 @@ class _Entry:
                 try:
                     flat = list(call.static)
                     wrapped = []
-                    for i, t, a in zip(call.pos, call.tensors, arrays):
-                        w = wrap(a, t._device_index)
+                    for i, t, a, bits in zip(call.pos, call.tensors, arrays, call.bits):
+                        w = traced_argument(a, t._device_index, bits)
                         if user_class(type(t)) is not None:
                             # Note [User tensor subclasses under torchjax.jit]: a fresh
                             # wrapper takes the made class, as alias_as gives an alias.
                             w.__class__ = type(t)
                         flat[i] = w.requires_grad_() if t.requires_grad else w
                         wrapped.append(w)
+                    stored = [root(w).arr for w in wrapped]  # the arrays traced
                     flat = [x.obj if isinstance(x, Ref) else x for x in flat]
                     args, kwargs = unflatten_args(flat, call.spec)
                     kwargs = {**kwargs, **call.static_kwargs}
@@ -267,7 +276,7 @@ class _Entry:
                 # Arguments written in place (x.add_(1), BatchNorm's running stats when
                 # Dynamo passes buffers as graph inputs) are written back as in eager.
                 args_written = [
-                    k for k, (w, a) in enumerate(zip(wrapped, arrays)) if w._storage.arr is not a
+                    k for k, (w, a) in enumerate(zip(wrapped, stored)) if root(w).arr is not a
                 ]
                 info["written"], info["created"] = written, created
                 info["args_written"] = args_written
