@@ -220,3 +220,58 @@ def _grouped_mm_any_dtype(func, mat_a, mat_b, *args, **kwargs):
 
 # Ops whose torch meta kernel refuses what their tpu lowering computes.
 _OWN_SHAPE_RULES = {torch.ops.aten._grouped_mm.default: _grouped_mm_any_dtype}
+
+
+# Note [Replaying a view input]
+# Dynamo fakes an input that is a view of a traceable wrapper subclass by replaying the
+# input's view chain (autograd's view func, read through ``_view_func_unsafe``) on the
+# fake of its base, and checks that the replay has the input's sizes, strides and
+# offset. The chain records the view ops only: after an in-place metadata change of
+# the view (``x.t_()``, ``x.squeeze_()``, ``x.as_strided_()``) it gives the old layout,
+# and Dynamo raised "Expected cond to be True"; replaying ``z.conj().imag`` on a fake
+# base failed in torch's conj fallback. A JaxTensor's ``_view_func_unsafe`` checks the
+# replay against the tensor it describes and, where it differs or fails, builds the
+# same layout as ``as_strided`` of the base seen as the view's dtype, then sets the
+# view's conj / neg bits: what Dynamo does for a plain tensor's views.
+def replay_view(t, replay, new_base, symint_visitor_fn=None, tensor_visitor_fn=None):
+    """``t``'s view of ``new_base``: ``replay`` (torch's view func) where it gives
+    ``t``'s layout, else ``as_strided`` (Note [Replaying a view input])."""
+    try:
+        out = replay(new_base, symint_visitor_fn, tensor_visitor_fn)
+        if _same_layout(out, t):
+            return out
+    except RuntimeError:
+        pass
+    base = new_base
+    if base.is_conj():
+        base = base._conj()
+    if base.is_neg():
+        base = base._neg_view()
+    if base.dtype != t.dtype:
+        if base.is_complex() and t.dtype == base.real.dtype:
+            base = torch.view_as_real(base)
+        else:
+            base = base.view(t.dtype)
+    out = base.as_strided(t.shape, t.stride(), t.storage_offset())
+    if t.is_conj():
+        out = out._conj()
+    if t.is_neg():
+        out = out._neg_view()
+    return out
+
+
+def _same_layout(a, b) -> bool:
+    return (
+        a.dtype == b.dtype
+        and _static_equal(a.shape, b.shape)
+        and _static_equal(a.stride(), b.stride())
+        and _static_equal((a.storage_offset(),), (b.storage_offset(),))
+        and (a.is_conj(), a.is_neg()) == (b.is_conj(), b.is_neg())
+    )
+
+
+def _static_equal(xs, ys) -> bool:
+    # Symbolic sizes compare as equal: the replay's are the ones Dynamo wants.
+    return len(xs) == len(ys) and all(
+        isinstance(x, torch.SymInt) or isinstance(y, torch.SymInt) or x == y for x, y in zip(xs, ys)
+    )

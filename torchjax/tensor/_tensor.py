@@ -264,6 +264,12 @@ class JaxTensor(torch.Tensor):
         # sizes and strides have guards of their own.
         return orig[5:] == other[5:]
 
+    def _view_func_unsafe(self, new_base, symint_visitor_fn=None, tensor_visitor_fn=None):
+        # Dynamo replays a view input's chain on its fake base (Note [Replaying a view
+        # input] in torchjax/tensor/_fake.py).
+        replay = torch.Tensor._view_func_unsafe.__get__(self)
+        return _fake.replay_view(self, replay, new_base, symint_visitor_fn, tensor_visitor_fn)
+
     @property
     def _stand_in(self) -> torch.Tensor:
         inner = self.__dict__.get("_fake_inner")
