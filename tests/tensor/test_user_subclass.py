@@ -104,3 +104,20 @@ def test_printing_names_the_class_as_on_cpu():
     assert repr(tpu) == repr(cpu)[:-1] + ", device='tpu:0')"
     assert str(tpu * 2) == str(cpu * 2)[:-1] + ", device='tpu:0')"
     assert repr(torch.ones(1, device="tpu")) == "tensor([1.], device='tpu:0')"
+
+
+@pytest.mark.parametrize("cls", [Tagged, Logged])
+def test_as_subclass_back_to_a_plain_tensor(cls):
+    base = torch.arange(4.0)
+    cpu = base.clone().as_subclass(cls).requires_grad_()
+    tpu = base.clone().as_subclass(cls).to("tpu").requires_grad_()
+    want, got = cpu.as_subclass(torch.Tensor), tpu.as_subclass(torch.Tensor)
+    assert type(want) is torch.Tensor and not isinstance(got, cls)
+    assert got.device.type == "tpu" and repr(got).startswith("tensor(")
+    (want * torch.arange(4.0)).sum().backward()  # still in the graph, as on CPU
+    (got * torch.arange(4.0).to("tpu")).sum().backward()
+    torch.testing.assert_close(tpu.grad.cpu().as_subclass(torch.Tensor), cpu.grad)
+    with torch.no_grad():
+        want.add_(1)  # an alias: a write shows through the subclass tensor
+        got.add_(1)
+    torch.testing.assert_close(tpu.detach().cpu().as_subclass(torch.Tensor), base + 1)

@@ -209,9 +209,12 @@ class JaxTensor(torch.Tensor):
         # device's wrapper): ``as_subclass(torch.Tensor)``, which torch's rebuild of a
         # pickled tensor with attributes calls, is the tensor itself. torch's version
         # would make an autograd alias, so a loaded leaf came back a non-leaf.
-        if cls is torch.Tensor:
-            return self
         from torchjax.tensor import _user_subclass  # it builds on this module
+
+        if cls is torch.Tensor:
+            # A user's subclass on tpu becomes the device's plain class: an alias, as
+            # CPU's ``as_subclass`` gives.
+            return self if type(self) is JaxTensor else _user_subclass.alias_as(self, JaxTensor)
 
         made = _user_subclass.tpu_class(cls)
         if made is None:
