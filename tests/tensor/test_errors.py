@@ -433,3 +433,22 @@ def test_a_leaked_traced_tensor_is_named():
     text = str(info.value)
     assert "aten::add" in text and "return it from the traced function" in text, text
     assert __file__ in text, text
+
+
+BROADCAST_CASES = [
+    ("add", lambda d: r(d, 3) + r(d, 4)),
+    ("sub-2d", lambda d: r(d, 2, 3) - r(d, 4, 1, 2)),
+    ("where", lambda d: torch.where(r(d, 3) > 0, r(d, 4), 0.0)),
+    ("maximum", lambda d: torch.maximum(r(d, 3), r(d, 2))),
+    ("addcmul", lambda d: torch.addcmul(r(d, 3), r(d, 2), r(d, 3))),
+    ("lerp", lambda d: torch.lerp(r(d, 3), r(d, 2), 0.5)),
+    ("eq", lambda d: r(d, 5, 3) == r(d, 2, 1)),
+]
+
+
+@pytest.mark.parametrize("call", [pytest.param(c[1], id=c[0]) for c in BROADCAST_CASES])
+def test_shapes_that_do_not_broadcast_get_cpus_text(call):
+    on_cpu, on_tpu = _raised(call, "cpu"), _raised(call, "tpu")
+    assert type(on_tpu) is type(on_cpu) is RuntimeError
+    assert str(on_cpu).startswith("The size of tensor a")
+    assert str(on_tpu).startswith(str(on_cpu) + " (in aten::"), str(on_tpu)

@@ -32,7 +32,7 @@ import traceback
 import jax
 import torch
 
-from torchjax._compat.torch import OpOverload
+from torchjax._compat.torch import OpOverload, pytree
 
 __all__ = ["DataDependentError", "LeakedTracerError", "TraceError", "describe_args", "translate"]
 
@@ -251,12 +251,34 @@ def _torch_refusal(func, args, kwargs) -> BaseException | None:
     except NotImplementedError:
         return None
     except Exception as refusal:  # torch's own check: its type, its text, the op named
-        message = f"{refusal} (in {op_name(func)})"
+        message = f"{_eager_text(refusal, args, kwargs)} (in {op_name(func)})"
         try:
             return type(refusal)(message)
         except Exception:
             return RuntimeError(message)
     return None
+
+
+def _eager_text(refusal: BaseException, args, kwargs) -> str:
+    """The refusal's text as CPU gives it. The meta kernels of pointwise ops are torch's
+    Python references, whose broadcast check words it otherwise ("Attempting to
+    broadcast a dimension ..."); eager's TensorIterator folds the operands' shapes in
+    order, as ``torch._C._infer_size`` does, and says which sizes differ."""
+    text = str(refusal)
+    if not text.startswith("Attempting to broadcast a dimension"):
+        return text
+    shapes = [torch.Size(t.shape) for t in pytree_tensors(args, kwargs)]
+    try:
+        shape = shapes[0]
+        for other in shapes[1:]:
+            shape = torch._C._infer_size(shape, other)
+    except (RuntimeError, IndexError) as eager:
+        return str(eager)
+    return text
+
+
+def pytree_tensors(args, kwargs) -> list:
+    return [x for x in pytree.arg_tree_leaves(*args, **kwargs) if isinstance(x, torch.Tensor)]
 
 
 def user_frame() -> str:
