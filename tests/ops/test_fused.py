@@ -3,6 +3,7 @@
 import copy
 import threading
 
+import jax
 import pytest
 import torch
 import transformers as tf
@@ -355,3 +356,28 @@ def test_immediate_checks_raise_at_the_op_in_fused_mode():
                 torch.index_select(w, 0, torch.tensor([7], device=TPU))
     finally:
         torch.tpu.set_sync_checks(False)
+
+
+@pytest.mark.parametrize("decimals", [1, 2, 3])
+def test_division_by_a_broadcast_scalar_keeps_cpus_rounding(decimals):
+    # The CPU lowering of a division by a broadcast divisor hides it behind a
+    # platform-dependent optimization barrier (Note [Division by a broadcast divisor]); a
+    # segment must run the CPU branch as eager does, not the default one.
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(decimals)) * 100
+    want = torch.round(x, decimals=decimals), x / 0.3
+    eager, fused = _both(lambda t: (torch.round(t, decimals=decimals), t / 0.3), x.to(TPU))
+    assert len(fused) == 2
+    for w, e, f in zip(want, eager, fused):
+        assert torch.equal(e, w) and torch.equal(f, w)
+
+
+def test_a_pending_value_read_inside_a_trace_is_computed_concretely():
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 100
+    with torchjax.fused():
+        held = torch.round(x.to(TPU), decimals=1)  # pending, read by the trace below
+        assert F.is_pending(held._storage.lazy)
+        f = torchjax.jit(lambda t: t + held)
+        got = f(torch.zeros(1000, device=TPU))
+    assert not isinstance(held._storage.arr, jax.core.Tracer)
+    assert torch.equal(held.cpu(), torch.round(x, decimals=1))
+    assert torch.equal(got.cpu(), torch.round(x, decimals=1))

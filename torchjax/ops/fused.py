@@ -76,7 +76,7 @@ import torch
 from jax import lax, tree_util
 
 from torchjax import _budget
-from torchjax._compat.jax import x64
+from torchjax._compat.jax import trace_state_clean, x64
 from torchjax._compat.torch import in_graph_task, queue_engine_callback
 from torchjax.device import _checks, _stats
 from torchjax.ops.fusion_cuts import cut_outputs, elementwise
@@ -361,12 +361,13 @@ def flush(seg) -> None:
             _budget.admit(program, lambda: _PROGRAMS.pop(key, None))
         else:
             _budget.hit(program)
-        # Compile-time evaluation: a flush inside a user's trace (a pending value read
-        # there) computes concrete arrays, which the storages outlive the trace with.
         # x64 on, as in dispatch: the nodes were traced so (a flush may come from
         # outside an op: a sync point, a thread).
-        with jax.ensure_compile_time_eval(), x64(True):
-            values, checks = program(_TRUE, *seg.inputs)
+        with x64(True):
+            if trace_state_clean():
+                values, checks = program(_TRUE, *seg.inputs)
+            else:
+                values, checks = _concretely(program, seg.inputs)
         _stats.FUSED.segments += 1
         for p, v in zip(live, values):
             p.fill(v)
@@ -377,6 +378,15 @@ def flush(seg) -> None:
     for node, (bads, vals) in zip([n for n in nodes if n[2]], checks):
         codes = node[2]
         _checks.add_collected(codes, bads, vals)
+
+
+def _concretely(program, inputs):
+    """``program`` run on ``inputs`` inside a user's trace (a pending value read there):
+    its compiled executable, called directly, gives concrete arrays, which the storages
+    outlive the trace with. Not ``jax.ensure_compile_time_eval()``: a jitted function
+    traced under it takes ``lax.platform_dependent``'s default branch, not the CPU one
+    (the CPU division and Adam lowerings would lose their exact rounding)."""
+    return program.lower(_TRUE, *inputs).compile()(_TRUE, *inputs)
 
 
 def _program(nodes, live):
