@@ -224,3 +224,16 @@ def test_dtype_the_kernel_cannot_compute_is_refused(dtype):
     args[:3] = [a.to(dtype) for a in args[:3]]
     with pytest.raises(RuntimeError, match="paged_decode_attention: q, k, v must be float32"):
         tp.paged_decode_attention(*args)
+
+
+def test_mixed_dtypes_are_refused_as_sdpa_refuses_them():
+    q, k, v = _decode_qkv()
+    with pytest.raises(RuntimeError, match="Expected query, key, and value to have the same"):
+        torch.nn.functional.scaled_dot_product_attention(q, k.half(), v)  # CPU's refusal
+    q, k, v = (x.to("tpu") for x in (q, k.to(torch.bfloat16), v))
+    with pytest.raises(RuntimeError, match="decode_attention: expected query, key, and value"):
+        tp.decode_attention(q, k, v)
+    args = _paged_inputs([[3, 7, 1, 0], [9, 2, 5, 8]], [20, 64])
+    args[1] = args[1].to(torch.float16)
+    with pytest.raises(RuntimeError, match="paged_decode_attention: expected query, key"):
+        tp.paged_decode_attention(*args)

@@ -83,8 +83,16 @@ def _paged_op(q, k_pages, v_pages, page_table, lengths, causal=True, scale=None)
 
 
 def _float_qkv(name, *arrays):
-    # As torch's SDPA refuses integer q, k, v with a RuntimeError, the ops do (the jax
-    # functions raise ValueError, their module's rule); float64 would run in float32.
+    # As torch's SDPA refuses integer or mixed-dtype q, k, v with a RuntimeError, the ops
+    # do (the jax functions raise ValueError, their module's rule); float64 would run in
+    # float32.
+    q, k, v = arrays
+    if not (q.dtype == k.dtype == v.dtype):
+        raise RuntimeError(
+            f"torchjax.pallas.{name}: expected query, key, and value to have the same "
+            f"dtype, but got query.dtype: {q.dtype}, key.dtype: {k.dtype} and value.dtype: "
+            f"{v.dtype}; convert them to one dtype (.to(q.dtype))"
+        )
     bad = next((a.dtype for a in arrays if a.dtype not in _JAX_DTYPES), None)
     if bad is not None:
         raise RuntimeError(f"torchjax.pallas.{name}: {dtype_error(bad)}")
