@@ -454,16 +454,17 @@ def wrap(p: Pending, device_index: int = 0):
 def pending_of(t):
     """The ``Pending`` value of tpu tensor ``t`` if it is one, whole (its storage in its
     own shape, contiguous) and this thread records; else None."""
-    s = t._storage
-    lazy = s.lazy
-    if (
-        lazy.__class__ is Pending
-        and recording()
-        and s.covers(t._size, t._stride, t._offset)
-        and t._stride == contiguous_strides(t._size)
-    ):
+    lazy = t._storage.lazy
+    if lazy.__class__ is Pending and recording() and _whole(t):
         return lazy
     return None
+
+
+def _whole(t) -> bool:
+    """Whether ``t`` views its whole storage, contiguously, in the storage's shape."""
+    return t._storage.covers(t._size, t._stride, t._offset) and t._stride == contiguous_strides(
+        t._size
+    )
 
 
 def write(dst, p: Pending) -> bool:
@@ -548,7 +549,7 @@ def record_read(t, jdt=None):
     if p.__class__ is not Pending or s.__class__ is not Storage or not recording():
         return None
     size, stride, offset = t._size, t._stride, t._offset
-    if s.covers(size, stride, offset) and stride == contiguous_strides(size):
+    if _whole(t):
         if jdt is None or jdt == p.dtype:
             return p  # arrays are immutable: the same value serves a copy
         return record_convert(p, jdt)
