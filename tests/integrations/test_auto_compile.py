@@ -288,3 +288,11 @@ def test_generate_in_and_out_of_inference_mode(cpu, llama_dir):
             context = torch.inference_mode() if mode == "inference" else torch.no_grad()
             with context:
                 assert torch.equal(model.generate(**batch, **kwargs).cpu(), want), modes
+
+
+def test_one_new_token_with_a_mask_matches_cpu(cpu, auto):
+    # The prefill's logits give the only token; the mask, grown by one past a cache sized
+    # for max_length - 1, was widened by a negative count and crashed.
+    for n in (1, 2):
+        want = _generate(cpu, max_new_tokens=n, **GREEDY)
+        assert torch.equal(_generate(auto, max_new_tokens=n, **GREEDY), want), n

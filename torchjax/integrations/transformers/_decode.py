@@ -238,8 +238,13 @@ def device_sample(
     tokens[:, :prompt] = input_ids
     mask = model_kwargs.get("attention_mask")
     if mask is not None:
-        ones = mask.new_ones((batch, room - mask.shape[1]))
-        mask = torch.cat([mask, ones], dim=-1)
+        width = room - mask.shape[1]
+        # One new token: the prefill's logits give it, the mask (grown by it past a cache
+        # sized for max_length - 1) is never read; cut to the cache's width all the same.
+        if width < 0:
+            mask = mask[:, :room]
+        else:
+            mask = torch.cat([mask, mask.new_ones((batch, width))], dim=-1)
     positions = model_kwargs.get("position_ids")
     positions = None if positions is None else positions[..., -1:].clone()
     pos = torch.tensor(prompt, dtype=torch.long, device=device)
