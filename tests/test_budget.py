@@ -1,10 +1,12 @@
 """The process-wide budget of cached executables (Note [Executable cache budget])."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 import torchjax
-from tests._child import run_python
+from tests._child import completed, once_per_run, run_python
 from torchjax import _budget
 from torchjax.ops import executables
 
@@ -120,11 +122,14 @@ importlib.reload(torchjax._budget)
 
 
 @pytest.fixture(scope="module")
-def budget_child():
+def budget_child(request, tmp_path_factory):
     # One child process for the tests that need a fresh interpreter (importing torch and
     # jax is ~10 s a child): the environment's budget at import, then resident memory over
     # 60 shapes, then a garbage value in the environment at the import of the budget.
-    return run_python(_CHILD, env={"TORCHJAX_CACHE_ENTRIES": "5"})
+    def make():
+        return completed(run_python(_CHILD, env={"TORCHJAX_CACHE_ENTRIES": "5"}))
+
+    return SimpleNamespace(**once_per_run(request, tmp_path_factory, "budget_child", make))
 
 
 def _lines(out, prefix):

@@ -5,13 +5,14 @@ compilation cache])."""
 
 import json
 import os
+import pathlib
 import stat
 
 import jax
 import pytest
 
 import torchjax
-from tests._child import run_python
+from tests._child import once_per_run, run_python
 from torchjax import _compilation_cache
 
 # Two ops (a new float32 program each) and a report of what the process did.
@@ -91,12 +92,22 @@ def test_the_users_own_cache_settings_are_kept(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def path_then_uninstall(tmp_path_factory):
+def path_then_uninstall(request, tmp_path_factory):
     # One child for a path in the variable, then torchjax.uninstall() (importing torch
     # and jax is most of a child's time): programs compiled before the undo are written
     # to that path, those compiled after it are not.
-    cache = tmp_path_factory.mktemp("cache") / "elsewhere"  # made by torchjax
-    code = """
+    def make():
+        cache = tmp_path_factory.mktemp("cache") / "elsewhere"  # made by torchjax
+        return [
+            str(cache),
+            _report({"TORCHJAX_COMPILATION_CACHE": str(cache)}, _UNINSTALL % str(cache)),
+        ]
+
+    cache, report = once_per_run(request, tmp_path_factory, "path_then_uninstall", make)
+    return pathlib.Path(cache), report
+
+
+_UNINSTALL = """
         import json
         import jax, torch, torchjax
         before = jax.config.jax_compilation_cache_dir
@@ -111,8 +122,7 @@ def path_then_uninstall(tmp_path_factory):
             "min_time": jax.config.jax_persistent_cache_min_compile_time_secs,
             "written": written,
         }))
-    """ % str(cache)
-    return cache, _report({"TORCHJAX_COMPILATION_CACHE": str(cache)}, code)
+    """
 
 
 def test_uninstall_turns_it_off(path_then_uninstall):

@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 import torchjax
+from tests._child import once_per_run
 from torchjax import _patches
 
 
@@ -254,7 +255,11 @@ def test_import_hook_is_recorded_and_removed():
 
 
 @pytest.fixture(scope="module")
-def hooks_on_import() -> list:
+def hooks_on_import(request, tmp_path_factory) -> list:
+    return once_per_run(request, tmp_path_factory, "hooks_on_import", _hooks_on_import)
+
+
+def _hooks_on_import() -> list:
     # One child for the import hooks of kernels, then accelerate and transformers' Trainer
     # (importing torch and jax is most of a child's time): torchjax is imported first,
     # each library after it is patched on import, and uninstall undoes all of them.

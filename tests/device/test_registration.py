@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from tests._child import once_per_run
 from torchjax.tensor import JaxTensor
 
 
@@ -127,7 +128,11 @@ def _run(code: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def fresh_import() -> list:
+def fresh_import(request, tmp_path_factory) -> list:
+    return once_per_run(request, tmp_path_factory, "fresh_import", _fresh_import)
+
+
+def _fresh_import() -> list:
     # One child for the checks that need a process where torchjax is imported by the
     # user's code (importing torch and jax is most of a child's time): first that the
     # import changes nothing for CPU code, then the tensor type a "tpu" tensor gets.

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torchjax
-from tests._child import run_python
+from tests._child import once_per_run, run_python
 
 MIB = 256  # the tensor (or model) size in MiB: cheap here, far above allocator noise
 
@@ -90,7 +90,11 @@ def _case_function(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def peaks() -> dict:
+def peaks(request, tmp_path_factory) -> dict:
+    return once_per_run(request, tmp_path_factory, "transfer_peaks", _peaks)
+
+
+def _peaks() -> dict:
     code = _PRELUDE + "".join(_case_function(name) for name in _CASES)
     out = run_python(code, timeout=300)
     lines = out.stdout.strip().splitlines()

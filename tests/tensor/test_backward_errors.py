@@ -8,11 +8,13 @@ process abort) fails this test instead of killing the test run.
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import torchjax  # noqa: F401
+from tests._child import completed, once_per_run
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -25,12 +27,11 @@ _EXCEPTIONS = ["NotImplementedError", "RuntimeError", "ValueError"]
 
 
 @pytest.fixture(scope="module")
-def backward_runs() -> subprocess.CompletedProcess:
+def backward_runs(request, tmp_path_factory) -> SimpleNamespace:
     # One child for every exception type, in turn (importing torch and jax is most of a
     # child's time): each failing backward must leave the process alive and the next
     # backward unaffected, so a later type also checks recovery from the earlier ones.
-    return _run(
-        f"""
+    code = f"""
         import torch, torchjax
         from torchjax.ops import registry
         op = torch.ops.aten.threshold_backward.default
@@ -50,6 +51,8 @@ def backward_runs() -> subprocess.CompletedProcess:
             torch.relu(y).sum().backward()  # the next backward is unaffected
             print(exc.__name__, "grad ok:", y.grad.tolist() == (y > 0).float().tolist(), flush=True)
         """
+    return SimpleNamespace(
+        **once_per_run(request, tmp_path_factory, "backward_runs", lambda: completed(_run(code)))
     )
 
 
