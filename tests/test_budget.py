@@ -1,10 +1,12 @@
 """The process-wide budget of cached executables (Note [Executable cache budget])."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 import torchjax
-from tests._child import run_python
+from tests._child import completed, once_per_run, run_python
 from torchjax import _budget
 from torchjax.ops import executables
 
@@ -84,21 +86,11 @@ def test_jit_signatures_are_budget_entries(budget):
     assert f.trace_count == traces + 1  # kept now
 
 
-def test_environment_sets_the_budget_and_refuses_garbage():
-    ok = run_python(
-        "import torchjax; print(torchjax.stats()['executables']['budget_entries'])",
-        env={"TORCHJAX_CACHE_ENTRIES": "5"},
-    )
-    assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.strip() == "5"
-    bad = run_python("import torchjax", env={"TORCHJAX_CACHE_ENTRIES": "lots"})
-    assert bad.returncode != 0
-    assert "TORCHJAX_CACHE_ENTRIES='lots' must be an integer" in bad.stderr
-
-
-_RSS_CHILD = """
-import ctypes, gc, json
+_CHILD = """
+import ctypes, gc, importlib, json, os
 import torch, torchjax
+
+print("env budget:", torchjax.stats()["executables"]["budget_entries"], flush=True)
 
 libc = ctypes.CDLL("libc.so.6")
 
@@ -120,27 +112,57 @@ for i in range(60):
     assert abs(got - want) <= 1e-3 * max(1.0, abs(want)), (i, got, want)
     if i + 1 in (10, 60):
         marks[i + 1] = rss_mb()
-print(json.dumps({"marks": marks, "executables": torchjax.stats()["executables"]}))
+print("rss:", json.dumps({"marks": marks, "executables": torchjax.stats()["executables"]}))
+
+# Last: what importing torchjax does with a garbage value (the budget module reads the
+# environment when it is imported); the traceback ends the child.
+os.environ["TORCHJAX_CACHE_ENTRIES"] = "lots"
+importlib.reload(torchjax._budget)
 """
 
 
-def test_resident_memory_after_60_shapes_stays_near_10():
+@pytest.fixture(scope="module")
+def budget_child(request, tmp_path_factory):
+    # One child process for the tests that need a fresh interpreter (importing torch and
+    # jax is ~10 s a child): the environment's budget at import, then resident memory over
+    # 60 shapes, then a garbage value in the environment at the import of the budget.
+    def make():
+        return completed(run_python(_CHILD, env={"TORCHJAX_CACHE_ENTRIES": "5"}))
+
+    return SimpleNamespace(**once_per_run(request, tmp_path_factory, "budget_child", make))
+
+
+def _lines(out, prefix):
+    return [line[len(prefix) :] for line in out.stdout.splitlines() if line.startswith(prefix)]
+
+
+def test_environment_sets_the_budget_and_refuses_garbage(budget_child):
+    ok = _lines(budget_child, "env budget: ")
+    assert ok == ["5"], budget_child.stderr[-3000:]
+    assert budget_child.returncode != 0
+    assert "ValueError: torchjax: environment variable" in budget_child.stderr
+    assert "TORCHJAX_CACHE_ENTRIES='lots' must be an integer" in budget_child.stderr
+
+
+def test_resident_memory_after_60_shapes_stays_near_10(budget_child):
     # Before the budget: +16 MB per shape, never freed (+0.8 GB over these 50 shapes).
     # Bound: jax's own staging caches, cleared at each turnover of the budget (Note
     # [Executable cache budget]); measured +6 MB.
     import json
 
-    out = run_python(_RSS_CHILD)
-    assert out.returncode == 0, out.stderr[-3000:]
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+    rss = _lines(budget_child, "rss: ")
+    assert len(rss) == 1, budget_child.stderr[-3000:]
+    res = json.loads(rss[0])
     marks, ex = res["marks"], res["executables"]
     assert ex["entries"] <= 16 and ex["evictions"] > 100 and ex["jax_cache_clears"] >= 1
     assert marks["60"] - marks["10"] <= 32, marks
 
 
-def test_each_turnover_clears_jax_staging_caches_unless_turned_off(budget):
+def test_each_turnover_clears_jax_staging_caches_unless_turned_off(budget, monkeypatch):
     # jax's trace_to_jaxpr cache has no bound: without the clears it holds a traced
     # jaxpr per library function and shape for good (Note [Executable cache budget]).
+    import jax
+    import jax.numpy as jnp
     from jax._src.interpreters import partial_eval as pe
 
     def new_shapes(first, count):
@@ -149,17 +171,29 @@ def test_each_turnover_clears_jax_staging_caches_unless_turned_off(budget):
             got = ((x.to(TPU) * 2 + 1).tanh() - x.to(TPU)).sum()
             torch.testing.assert_close(got.cpu(), ((x * 2 + 1).tanh() - x).sum())
 
-    torchjax.set_cache_budget(entries=64, clear_jax_caches=True)
+    # A turnover is max(entries, _TURNOVER) evictions; lowering the floor from 64 to 8
+    # turns the budget over every ~2 shapes (5 executables each) instead of every ~13,
+    # so a few shapes show several turnovers (each new executable is a compile).
+    turnover = 8
+    monkeypatch.setattr(_budget, "_TURNOVER", turnover)
+    torchjax.set_cache_budget(entries=turnover, clear_jax_caches=True)
     torchjax.reset_stats()
-    new_shapes(3, 40)
+    _budget.BUDGET.since_clear = 0  # count turnovers from here, whatever earlier tests did
+    for n in range(1, 31):  # ~90 traced jaxprs that only a clear removes
+        jax.make_jaxpr(jnp.sin)(jnp.ones(n))
+    assert pe.trace_to_jaxpr.cache_info().currsize >= turnover * 4
+    new_shapes(3, 6)
     ex = torchjax.stats()["executables"]
-    assert ex["evictions"] >= 64 and ex["jax_cache_clears"] == ex["evictions"] // 64
-    assert pe.trace_to_jaxpr.cache_info().currsize < 64 * 4
+    assert ex["evictions"] >= 2 * turnover
+    assert ex["jax_cache_clears"] == ex["evictions"] // turnover
+    assert pe.trace_to_jaxpr.cache_info().currsize < turnover * 4
     with pytest.raises(ValueError, match="clear_jax_caches must be a bool"):
         torchjax.set_cache_budget(clear_jax_caches=1)
     torchjax.set_cache_budget(clear_jax_caches=False)
     clears = torchjax.stats()["executables"]["jax_cache_clears"]
-    new_shapes(50, 40)
+    evictions = torchjax.stats()["executables"]["evictions"]
+    new_shapes(50, 6)
+    assert torchjax.stats()["executables"]["evictions"] - evictions >= 2 * turnover
     assert torchjax.stats()["executables"]["jax_cache_clears"] == clears
 
 

@@ -5,12 +5,14 @@ compilation cache])."""
 
 import json
 import os
+import pathlib
 import stat
 
 import jax
+import pytest
 
 import torchjax
-from tests._child import run_python
+from tests._child import once_per_run, run_python
 from torchjax import _compilation_cache
 
 # Two ops (a new float32 program each) and a report of what the process did.
@@ -55,10 +57,10 @@ def test_on_by_default_in_the_users_cache_dir_and_a_second_process_loads(tmp_pat
     assert second["hits"] == first["compiles"]
 
 
-def test_a_path_in_the_variable_is_the_directory(tmp_path):
-    cache = tmp_path / "elsewhere"
-    first = _report({"TORCHJAX_COMPILATION_CACHE": str(cache)})
-    assert first["dir"] == str(cache) and _files(cache)
+def test_a_path_in_the_variable_is_the_directory(path_then_uninstall):
+    cache, r = path_then_uninstall
+    assert r["dir_before"] == str(cache) and r["written"] > 0
+    assert _files(cache)
 
 
 def test_zero_turns_it_off(tmp_path):
@@ -89,24 +91,44 @@ def test_the_users_own_cache_settings_are_kept(tmp_path):
     assert r["patched"] and r["min_time"] == 2.5
 
 
-def test_uninstall_turns_it_off(tmp_path):
-    code = """
+@pytest.fixture(scope="module")
+def path_then_uninstall(request, tmp_path_factory):
+    # One child for a path in the variable, then torchjax.uninstall() (importing torch
+    # and jax is most of a child's time): programs compiled before the undo are written
+    # to that path, those compiled after it are not.
+    def make():
+        cache = tmp_path_factory.mktemp("cache") / "elsewhere"  # made by torchjax
+        return [
+            str(cache),
+            _report({"TORCHJAX_COMPILATION_CACHE": str(cache)}, _UNINSTALL % str(cache)),
+        ]
+
+    cache, report = once_per_run(request, tmp_path_factory, "path_then_uninstall", make)
+    return pathlib.Path(cache), report
+
+
+_UNINSTALL = """
         import json
         import jax, torch, torchjax
+        before = jax.config.jax_compilation_cache_dir
         x = torch.ones(5, device="tpu")
         (x + 2).sum().item()
         torchjax.uninstall()
         written = sum(len(f) for _, _, f in __import__("os").walk(%r))
         (x * 7 - 1).cumsum(0).tolist()  # new programs, compiled after the undo
         print("RESULT " + json.dumps({
+            "dir_before": before,
             "dir": jax.config.jax_compilation_cache_dir,
             "min_time": jax.config.jax_persistent_cache_min_compile_time_secs,
             "written": written,
         }))
-    """ % str(tmp_path)
-    r = _report({"TORCHJAX_COMPILATION_CACHE": str(tmp_path)}, code)
+    """
+
+
+def test_uninstall_turns_it_off(path_then_uninstall):
+    cache, r = path_then_uninstall
     assert r["dir"] is None and r["min_time"] == 1.0
-    assert r["written"] > 0 and len(_files(tmp_path)) == r["written"]
+    assert r["written"] > 0 and len(_files(cache)) == r["written"]
 
 
 def test_the_suite_does_not_use_the_users_cache():

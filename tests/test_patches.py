@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 import torchjax
+from tests._child import once_per_run
 from torchjax import _patches
 
 
@@ -253,15 +254,31 @@ def test_import_hook_is_recorded_and_removed():
     assert out.strip().endswith("ok")
 
 
-def test_accelerate_and_trainer_hooks_patch_on_import():
+@pytest.fixture(scope="module")
+def hooks_on_import(request, tmp_path_factory) -> list:
+    return once_per_run(request, tmp_path_factory, "hooks_on_import", _hooks_on_import)
+
+
+def _hooks_on_import() -> list:
+    # One child for the import hooks of kernels, then accelerate and transformers' Trainer
+    # (importing torch and jax is most of a child's time): torchjax is imported first,
+    # each library after it is patched on import, and uninstall undoes all of them.
     out = _run(
         """
         import sys
+        import torch
         import torchjax
+        assert "kernels" not in sys.modules and not hasattr(torch.backends, "tpu")
         names = [p.name for p in torchjax.patches()]
+        assert "sys.meta_path import hook for kernels" in names
         assert "sys.meta_path import hook for accelerate.state" in names
         assert "sys.meta_path import hook for transformers.trainer" in names
-        import torch
+        from kernels.backends import CPU, TPU, _backend
+        assert "torch.backends.tpu" in [p.name for p in torchjax.patches()]
+        assert _backend() == TPU()
+        import torch.backends.tpu as tpu_backend
+        assert tpu_backend.is_available() and tpu_backend.is_built()
+        print("kernels patched", flush=True)
         from transformers import Trainer  # imports accelerate.state too
         from accelerate.state import PartialState
         names = [p.name for p in torchjax.patches()]
@@ -269,35 +286,27 @@ def test_accelerate_and_trainer_hooks_patch_on_import():
         assert "transformers Trainer RNG state" in names
         assert PartialState().device == torch.device("tpu", 0)
         assert Trainer._save_rng_state.__wrapped__ is not None
+        print("accelerate patched", flush=True)
         torchjax.uninstall()
+        assert not hasattr(torch.backends, "tpu") and _backend() == CPU()
+        print("kernels undone", flush=True)
         # transformers adds a finder of its own (its legacy module aliases).
         assert not [f for f in sys.meta_path if type(f).__module__.startswith("torchjax")]
         assert not hasattr(Trainer._save_rng_state, "__wrapped__")
-        print("ok")
+        print("accelerate undone", flush=True)
         """
     )
-    assert out.strip().endswith("ok")
+    return out.strip().splitlines()
 
 
-def test_kernels_hook_sets_torch_backends_tpu_on_import():
-    out = _run(
-        """
-        import sys
-        import torch
-        import torchjax
-        assert "kernels" not in sys.modules and not hasattr(torch.backends, "tpu")
-        assert "sys.meta_path import hook for kernels" in [p.name for p in torchjax.patches()]
-        from kernels.backends import CPU, TPU, _backend
-        assert "torch.backends.tpu" in [p.name for p in torchjax.patches()]
-        assert _backend() == TPU()
-        import torch.backends.tpu as tpu_backend
-        assert tpu_backend.is_available() and tpu_backend.is_built()
-        torchjax.uninstall()
-        assert not hasattr(torch.backends, "tpu") and _backend() == CPU()
-        print("ok")
-        """
-    )
-    assert out.strip().endswith("ok")
+def test_accelerate_and_trainer_hooks_patch_on_import(hooks_on_import):
+    assert "accelerate patched" in hooks_on_import
+    assert "accelerate undone" in hooks_on_import
+
+
+def test_kernels_hook_sets_torch_backends_tpu_on_import(hooks_on_import):
+    assert "kernels patched" in hooks_on_import
+    assert "kernels undone" in hooks_on_import
 
 
 def test_kernels_hook_keeps_a_torch_backends_tpu_set_before():

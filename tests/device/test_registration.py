@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from tests._child import once_per_run
 from torchjax.tensor import JaxTensor
 
 
@@ -126,7 +127,15 @@ def _run(code: str) -> str:
     return out.stdout
 
 
-def test_import_changes_nothing_for_cpu_code():
+@pytest.fixture(scope="module")
+def fresh_import(request, tmp_path_factory) -> list:
+    return once_per_run(request, tmp_path_factory, "fresh_import", _fresh_import)
+
+
+def _fresh_import() -> list:
+    # One child for the checks that need a process where torchjax is imported by the
+    # user's code (importing torch and jax is most of a child's time): first that the
+    # import changes nothing for CPU code, then the tensor type a "tpu" tensor gets.
     out = _run(
         """
         import torch
@@ -147,10 +156,16 @@ def test_import_changes_nothing_for_cpu_code():
             torch.rand(2, device="tpu")
         f = torch.compile(lambda a: a * 2 + 1)  # inductor, as a CPU user runs it
         assert f(torch.ones(2)).tolist() == [3.0, 3.0]
-        print("ok")
+        print("ok", flush=True)
+        x = torch.ones(2).to("tpu")
+        print("tensor:", type(x).__name__, x.device)
         """
     )
-    assert out.strip().endswith("ok")
+    return out.strip().splitlines()
+
+
+def test_import_changes_nothing_for_cpu_code(fresh_import):
+    assert "ok" in fresh_import
 
 
 def test_dataloader_pin_memory_keeps_working():
@@ -161,16 +176,9 @@ def test_dataloader_pin_memory_keeps_working():
     assert [b[0].tolist() for b in batches] == [[0.0, 1.0], [2.0, 3.0]]
 
 
-def test_plain_rename_is_not_enough_but_ours_is():
+def test_plain_rename_is_not_enough_but_ours_is(fresh_import):
     # Guards the private helper: if torch changes it, this fails here first.
-    out = _run(
-        """
-        import torch, torchjax
-        x = torch.ones(2).to("tpu")
-        print(type(x).__name__, x.device)
-        """
-    )
-    assert out.split() == ["JaxTensor", "tpu:0"]
+    assert fresh_import[-1].split() == ["tensor:", "JaxTensor", "tpu:0"]
 
 
 def test_torch_save_load_roundtrip(tmp_path):

@@ -8,11 +8,13 @@ process abort) fails this test instead of killing the test run.
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import torchjax  # noqa: F401
+from tests._child import completed, once_per_run
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -21,32 +23,45 @@ def _run(code: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("exc", ["NotImplementedError", "RuntimeError", "ValueError"])
-def test_error_in_backward_op_is_raised_by_backward(exc):
-    out = _run(
-        f"""
+_EXCEPTIONS = ["NotImplementedError", "RuntimeError", "ValueError"]
+
+
+@pytest.fixture(scope="module")
+def backward_runs(request, tmp_path_factory) -> SimpleNamespace:
+    # One child for every exception type, in turn (importing torch and jax is most of a
+    # child's time): each failing backward must leave the process alive and the next
+    # backward unaffected, so a later type also checks recovery from the earlier ones.
+    code = f"""
         import torch, torchjax
         from torchjax.ops import registry
         op = torch.ops.aten.threshold_backward.default
         registry._handler_for(op)
         saved = registry._HANDLERS[op]
-        def failing(args, kwargs):
-            raise {exc}("no lowering for aten::threshold_backward (simulated)")
-        registry._HANDLERS[op] = failing
-        x = torch.randn(3).to("tpu").requires_grad_()
-        try:
-            torch.relu(x).sum().backward()
-        except {exc} as e:
-            print("raised:", e)
-        registry._HANDLERS[op] = saved
-        y = torch.randn(3).to("tpu").requires_grad_()
-        torch.relu(y).sum().backward()  # the next backward is unaffected
-        print("grad ok:", y.grad.tolist() == (y > 0).float().tolist())
+        for exc in ({", ".join(_EXCEPTIONS)}):
+            def failing(args, kwargs):
+                raise exc("no lowering for aten::threshold_backward (simulated)")
+            registry._HANDLERS[op] = failing
+            x = torch.randn(3).to("tpu").requires_grad_()
+            try:
+                torch.relu(x).sum().backward()
+            except exc as e:
+                print(exc.__name__, "raised:", e, flush=True)
+            registry._HANDLERS[op] = saved
+            y = torch.randn(3).to("tpu").requires_grad_()
+            torch.relu(y).sum().backward()  # the next backward is unaffected
+            print(exc.__name__, "grad ok:", y.grad.tolist() == (y > 0).float().tolist(), flush=True)
         """
+    return SimpleNamespace(
+        **once_per_run(request, tmp_path_factory, "backward_runs", lambda: completed(_run(code)))
     )
+
+
+@pytest.mark.parametrize("exc", _EXCEPTIONS)
+def test_error_in_backward_op_is_raised_by_backward(exc, backward_runs):
+    out = backward_runs
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "raised: no lowering for aten::threshold_backward (simulated)" in out.stdout
-    assert "grad ok: True" in out.stdout
+    assert f"{exc} raised: no lowering for aten::threshold_backward (simulated)" in out.stdout
+    assert f"{exc} grad ok: True" in out.stdout
 
 
 def test_forward_errors_raise_directly():
