@@ -460,3 +460,15 @@ def fake_tensor_mode_class():
 # torch._C, private). A tpu tensor of a user's subclass needs it (Note [User tensor
 # subclasses on tpu] in torchjax/tensor/_user_subclass.py).
 disable_torch_function_subclass = torch._C.DisableTorchFunctionSubclass
+
+
+def infer_size(a: torch.Size, b: torch.Size) -> torch.Size:
+    """The broadcast of two shapes as ATen's TensorIterator folds them, raising its own
+    error (``torch._C._infer_size``, private)."""
+    return torch._C._infer_size(a, b)
+
+
+def autograd_view_func(t: torch.Tensor):
+    """``t``'s autograd view replay, torch's own (``Tensor._view_func_unsafe``, private),
+    bound to ``t``: what a subclass overriding it calls for the recorded chain."""
+    return torch.Tensor._view_func_unsafe.__get__(t)

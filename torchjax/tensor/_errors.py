@@ -32,7 +32,7 @@ import traceback
 import jax
 import torch
 
-from torchjax._compat.torch import OpOverload, pytree
+from torchjax._compat.torch import OpOverload, infer_size, pytree
 
 __all__ = ["DataDependentError", "LeakedTracerError", "TraceError", "describe_args", "translate"]
 
@@ -263,7 +263,7 @@ def _eager_text(refusal: BaseException, args, kwargs) -> str:
     """The refusal's text as CPU gives it. The meta kernels of pointwise ops are torch's
     Python references, whose broadcast check words it otherwise ("Attempting to
     broadcast a dimension ..."); eager's TensorIterator folds the operands' shapes in
-    order, as ``torch._C._infer_size`` does, and says which sizes differ."""
+    order, as ``infer_size`` does, and says which sizes differ."""
     text = str(refusal)
     if not text.startswith("Attempting to broadcast a dimension"):
         return text
@@ -271,7 +271,7 @@ def _eager_text(refusal: BaseException, args, kwargs) -> str:
     try:
         shape = shapes[0]
         for other in shapes[1:]:
-            shape = torch._C._infer_size(shape, other)
+            shape = infer_size(shape, other)
     except (RuntimeError, IndexError) as eager:
         return str(eager)
     return text

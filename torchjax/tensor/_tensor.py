@@ -20,6 +20,7 @@ import torch
 
 from torchjax._compat.jax import x64_enter, x64_exit
 from torchjax._compat.torch import (
+    autograd_view_func,
     disabled_torch_function_impl,
     set_math_bits,
     set_tensor_data,
@@ -270,8 +271,9 @@ class JaxTensor(torch.Tensor):
     def _view_func_unsafe(self, new_base, symint_visitor_fn=None, tensor_visitor_fn=None):
         # Dynamo replays a view input's chain on its fake base (Note [Replaying a view
         # input] in torchjax/tensor/_fake.py).
-        replay = torch.Tensor._view_func_unsafe.__get__(self)
-        return _fake.replay_view(self, replay, new_base, symint_visitor_fn, tensor_visitor_fn)
+        return _fake.replay_view(
+            self, autograd_view_func(self), new_base, symint_visitor_fn, tensor_visitor_fn
+        )
 
     @property
     def _stand_in(self) -> torch.Tensor:
