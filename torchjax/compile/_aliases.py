@@ -35,7 +35,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
+
+from torchjax.tensor._reinterpret import stored_as
 
 _ARG, _STATE, _BASE = 0, 1, 2
 
@@ -100,14 +101,8 @@ def _reinterpret(base, dtype):
     bits: the output's own bits, applied after, are relative to that."""
     if base.dtype == dtype:
         return base
-    if base.is_conj():
-        base = base._conj()
-    if base.is_neg():
-        base = base._neg_view()
     try:
-        if base.is_complex() and dtype == base.real.dtype:
-            return torch.view_as_real(base)  # differentiable, unlike view(dtype)
-        return base.view(dtype)
+        return stored_as(base, dtype)
     except RuntimeError:
         return None
 

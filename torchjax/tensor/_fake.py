@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from torchjax._compat.torch import cpp_meta_kernels, create_empty_tensor, pytree, set_math_bits
+from torchjax.tensor._reinterpret import stored_as
 
 _INNER = "_fake_inner"
 
@@ -242,17 +243,7 @@ def replay_view(t, replay, new_base, symint_visitor_fn=None, tensor_visitor_fn=N
             return out
     except RuntimeError:
         pass
-    base = new_base
-    if base.is_conj():
-        base = base._conj()
-    if base.is_neg():
-        base = base._neg_view()
-    if base.dtype != t.dtype:
-        if base.is_complex() and t.dtype == base.real.dtype:
-            base = torch.view_as_real(base)
-        else:
-            base = base.view(t.dtype)
-    out = base.as_strided(t.shape, t.stride(), t.storage_offset())
+    out = stored_as(new_base, t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
     if t.is_conj():
         out = out._conj()
     if t.is_neg():

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from torchjax.tensor import _storage
@@ -191,3 +192,18 @@ def interpret(storage, dtype, conj: bool = False, neg: bool = False):
     if view is None:
         view = views[key] = Interpretation(root, dtype, conj, neg)
     return view
+
+
+def stored_as(t, dtype):
+    """``t``'s stored elements seen as ``dtype``, through torch's own views
+    (``view_as_real``, differentiable, or ``view(dtype)``; torch's errors where its
+    layout rules refuse), without ``t``'s conj / neg bits."""
+    if t.is_conj():
+        t = t._conj()
+    if t.is_neg():
+        t = t._neg_view()
+    if t.dtype == dtype:
+        return t
+    if t.is_complex() and dtype == t.real.dtype:
+        return torch.view_as_real(t)
+    return t.view(dtype)
