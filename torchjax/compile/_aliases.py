@@ -210,8 +210,7 @@ def sharing(tensors, storages) -> tuple:
     seen = {id(s): ("state", i) for i, s in enumerate(storages)}
     pattern = []
     for k, t in enumerate(tensors):
-        s = t._storage
-        pattern.append(seen.setdefault(id(getattr(s, "root", s)), ("arg", k)))
+        pattern.append(seen.setdefault(id(root(t)), ("arg", k)))
     if all(p == ("arg", k) for k, p in enumerate(pattern)):
         return ()
     return tuple(pattern)

@@ -267,7 +267,8 @@ def _eager_text(refusal: BaseException, args, kwargs) -> str:
     text = str(refusal)
     if not text.startswith("Attempting to broadcast a dimension"):
         return text
-    shapes = [torch.Size(t.shape) for t in pytree_tensors(args, kwargs)]
+    leaves = pytree.arg_tree_leaves(*args, **kwargs)
+    shapes = [torch.Size(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
     try:
         shape = shapes[0]
         for other in shapes[1:]:
@@ -275,10 +276,6 @@ def _eager_text(refusal: BaseException, args, kwargs) -> str:
     except (RuntimeError, IndexError) as eager:
         return str(eager)
     return text
-
-
-def pytree_tensors(args, kwargs) -> list:
-    return [x for x in pytree.arg_tree_leaves(*args, **kwargs) if isinstance(x, torch.Tensor)]
 
 
 def user_frame() -> str:
