@@ -197,3 +197,21 @@ def test_grouped_mm_of_any_float_dtype(dtype):
     got = torch.compile(f, backend="tpu")(a.to("tpu"), b.to("tpu"), offs.to("tpu"))
     assert got.dtype == dtype
     assert torch.equal(got.cpu(), want.cpu())
+
+
+def test_backend_counters_never_fall_when_a_graph_is_collected():
+    import gc
+
+    from torchjax.compile._dynamo import backend
+
+    x = torch.arange(4.0).to("tpu")
+    run = backend(torch.fx.symbolic_trace(lambda x: x * 2 + 1), [x])
+    before = torchjax.compile.dynamo_stats()
+    run(x)
+    run(x)
+    during = torchjax.compile.dynamo_stats()
+    assert during["traces"] - before["traces"] == 1
+    assert during["cache_hits"] - before["cache_hits"] == 1
+    del run  # as a Dynamo reset or recompile drops a graph
+    gc.collect()
+    assert torchjax.compile.dynamo_stats() == during

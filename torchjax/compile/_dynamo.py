@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-import weakref
 
 import torch
 
@@ -110,7 +109,12 @@ def _install_constant_rule() -> None:
 
 _install_constant_rule()
 
-_GRAPHS: list = []  # weak references to the Jitted of every graph Dynamo handed us
+# Note [Backend counters outlive their graphs]
+# ``stats`` is read before and after a piece of code to count what it compiled. Graphs
+# die when Dynamo resets or recompiles, so a sum over the live graphs' own counters could
+# fall between two reads (a collected graph takes its traces with it). The counters are
+# totals kept here instead, bumped by each graph's call.
+_TOTALS = {"graphs": 0, "traces": 0, "cache_hits": 0}
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None):
@@ -126,20 +130,19 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
     """
     scalars = _scalars_as_values(gm, example_inputs)
     compiled = Jitted(gm, warn_after=16)
-    _GRAPHS.append(weakref.ref(compiled))
+    _TOTALS["graphs"] += 1
 
-    if not scalars:
-
-        def run(*args):
-            return compiled(*args)
-
-    else:
-
-        def run(*args):
+    def run(*args):
+        if scalars:
             args = list(args)
             for i in scalars:
                 args[i] = args[i].item()  # a CPU scalar: no device read
+        traces, hits = compiled.trace_count, compiled.cache_hits
+        try:
             return compiled(*args)
+        finally:
+            _TOTALS["traces"] += compiled.trace_count - traces
+            _TOTALS["cache_hits"] += compiled.cache_hits - hits
 
     run.jitted = compiled  # the trace counter, for tests and users who ask
     return run
@@ -188,9 +191,4 @@ def stats() -> dict:
         A graph is captured again when Dynamo recompiles (a guard failed); a trace
         happens for each new input signature of a graph.
     """
-    live = [j for j in (r() for r in _GRAPHS) if j is not None]
-    return {
-        "graphs": len(_GRAPHS),
-        "traces": sum(j.trace_count for j in live),
-        "cache_hits": sum(j.cache_hits for j in live),
-    }
+    return dict(_TOTALS)
