@@ -190,6 +190,14 @@ def test_multinomial():
     assert abs((firsts == 3).double().mean() - 0.6) < 0.03
     with pytest.raises(RuntimeError, match="cannot sample n_sample > prob_dist"):
         torch.multinomial(w, 5)
+    # CPU's category limit, raised at the op with CPU's text (and the op's name),
+    # before any sampling.
+    many = torch.ones(2**24 + 1)
+    with pytest.raises(RuntimeError) as cpu:
+        torch.multinomial(many, 3)
+    with pytest.raises(RuntimeError) as got:
+        torch.multinomial(many.to("tpu"), 3)
+    assert str(got.value) == f"{cpu.value} (in aten::multinomial.default)"
     # The distribution checks are device checks: raised at the next sync, naming the
     # op and the bad value, or at the op in immediate mode.
     bad = torch.multinomial(w, 4)

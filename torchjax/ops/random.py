@@ -416,6 +416,8 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
         raise RuntimeError(f"prob_dist must be 1 or 2 dim, got {self.ndim} (in {op})")
     _check_float("multinomial", self)
     n = self.shape[-1]
+    if n > 2**24:  # CPU's limit, checked before anything runs (torch checks it first)
+        raise RuntimeError("number of categories cannot exceed 2^24")
     if num_samples <= 0:
         raise RuntimeError(f"cannot sample n_sample <= 0 samples (got {num_samples}, in {op})")
     if not replacement and num_samples > n:
