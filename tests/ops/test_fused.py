@@ -149,6 +149,28 @@ def test_copies_and_view_reads_of_recorded_values_stay_recorded():
         assert _fused_counts()[1] == 1, n  # one segment: no read ran it early
 
 
+def test_copies_keep_cpus_strides_at_size_1_dims_and_stay_recorded():
+    # Note [Size-1 strides in fused eager]: channels-last of a (2, 3, 1, 1) tensor is
+    # (3, 1, 3, 3) on CPU, row-major data reporting other strides at size-1 dims.
+    x = torch.arange(6.0).reshape(2, 3, 1, 1)
+    logits = torch.arange(60.0).reshape(1, 6, 10)
+    cl = torch.channels_last
+
+    def step(x, logits):
+        y = (x * 2).contiguous(memory_format=cl)  # a recorded value
+        last = (logits + 1)[:, -1, :].to(copy=True, dtype=torch.float64)  # (60, 1)
+        return [x.clone(memory_format=cl), y, y + 1, y.clone(), last, last * 2]
+
+    want = step(x, logits)
+    with torchjax.fused():
+        torchjax.reset_stats()
+        got = step(x.to(TPU), logits.to(TPU))
+        assert F.is_pending(got[-1]._storage.lazy)
+    assert [g.stride() for g in got] == [w.stride() for w in want]
+    _same(want, [g.cpu() for g in got])
+    assert _fused_counts()[1] == 1  # no read of a restrided value ran the segment early
+
+
 @pytest.mark.parametrize("max_nodes", [1, 2, 3, 5])
 def test_view_reads_survive_a_segment_full_in_the_middle_of_an_op(monkeypatch, max_nodes):
     # ``cat([cache, view])`` past MAX_VIEW_SIGNATURES records the view's read first; a

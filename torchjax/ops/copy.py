@@ -136,9 +136,8 @@ def _to_copy(args, kwargs):
         # A copy or conversion of a recorded value is recorded too (Note [Fused eager]).
         pending = fused.record_read(self, jdt)
         if pending is not None:
-            # Note [Size-1 strides in fused eager]: a recorded copy stays recorded and
-            # reports contiguous strides, where CPU keeps the input's at size-1 dims.
-            return fused.wrap(pending, self._device_index)
+            # Note [Size-1 strides in fused eager]: a recorded copy stays recorded.
+            return restrided(fused.wrap(pending, self._device_index), stride)
     index = self._device_index if device is None else torch.device(device).index or 0
 
     def convert(arr):
@@ -170,16 +169,13 @@ def clone(args, kwargs):
     on tpu] in torchjax/tensor/_memory_format.py)."""
     self = args[0]
     stride = result_strides(self._size, self._stride, kwargs.get("memory_format"))
-    if stride != contiguous_strides(self._size):
-        if not in_row_major_order(self._size, stride):
-            return laid_out(self, stride)
-        if not fused.ACTIVE[0]:
-            return restrided(wrap(self._value(), self._device_index), stride)
+    if stride != contiguous_strides(self._size) and not in_row_major_order(self._size, stride):
+        return laid_out(self, stride)
     if fused.ACTIVE[0]:
         pending = fused.record_read(self)  # recorded (Note [Fused eager])
         if pending is not None:  # Note [Size-1 strides in fused eager]
-            return fused.wrap(pending, self._device_index)
-    return wrap(self._value(), self._device_index)
+            return restrided(fused.wrap(pending, self._device_index), stride)
+    return restrided(wrap(self._value(), self._device_index), stride)
 
 
 # aten::item reaches us itself when a decomposition calls it below autograd (one_hot's).

@@ -86,10 +86,8 @@ def in_row_major_order(size, stride) -> bool:
 # (``x[:, -1].clone()`` of a (1, 6, 10) tensor has strides (60, 1)); the data is still in
 # row-major order, so eager mode makes the contiguous copy and only reports CPU's
 # strides (``restrided``). In fused eager mode (Note [Fused eager] in
-# torchjax/ops/fused.py) a recorded copy of such a tensor keeps contiguous strides: a
-# tensor reporting other strides is read through a view plan, which runs the pending
-# segment early and splits the recording. Only ``.stride()`` at size-1 dimensions
-# differs from CPU there; ``is_contiguous`` and ``view`` behave the same.
+# torchjax/ops/fused.py) a recorded copy reports them the same way; a later op reads it
+# through a recorded view read, so the segment goes on.
 
 
 def restrided(t, stride):
