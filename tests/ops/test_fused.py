@@ -403,3 +403,25 @@ def test_a_pending_value_read_inside_a_trace_is_computed_concretely():
     assert not isinstance(held._storage.arr, jax.core.Tracer)
     assert torch.equal(held.cpu(), torch.round(x, decimals=1))
     assert torch.equal(got.cpu(), torch.round(x, decimals=1))
+
+
+def test_ops_a_recorded_lowering_traces_are_not_recorded():
+    # bfloat16 SDPA traces torch's decomposition into its executable when first
+    # recorded; the causal mask inside it is built from constants. Recorded, it ran the
+    # segment from inside the trace: two segments, and a program compiled again on the
+    # next identical call (Note [Nothing is recorded under a trace]).
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 7, 8, dtype=torch.bfloat16) for _ in range(3))
+    qt, kt, vt = (t.to(TPU) for t in (q, k, v))
+    with torch.no_grad():  # plain eager: the values fused eager must give bit for bit
+        want = torch.nn.functional.scaled_dot_product_attention(qt * 2, kt, vt, is_causal=True)
+        want = (want + 1).cpu()
+    executables.clear_caches(sdpa)  # its executable is traced again
+    torch.tpu.synchronize()
+    torchjax.reset_stats()
+    with torch.no_grad(), torchjax.fused():
+        out = torch.nn.functional.scaled_dot_product_attention(qt * 2, kt, vt, is_causal=True) + 1
+        got = out.cpu()
+    assert torchjax.stats()["fused_segments"] == 1
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -276,6 +276,16 @@ FUSE_ELEMENTWISE = True
 
 NOT_RECORDED = object()
 
+# Note [Nothing is recorded under a trace]
+# A lowering may trace torch ops into its executable (bfloat16 SDPA runs torch's own
+# decomposition on wrapped tracers, Note [Fused SDPA in eager]); the trace is made when
+# the op is recorded, to learn its output shapes. Ops inside it whose arguments are all
+# constants (a causal mask built from factories) carry no tracer, and were recorded into
+# the segment: the next op mixing them with a tracer then ran the segment from inside
+# the trace, cutting it in two, and the next identical forward (the executable built, no
+# trace) recorded one segment: a program compiled again. Under any jax trace an op runs
+# in the trace, and a recorded value it reads is resolved.
+
 
 def record(run, dyn):
     """Record ``run(*dyn)`` (a per-op executable, Note [Compiled lowerings]) in this
@@ -285,6 +295,10 @@ def record(run, dyn):
         if isinstance(d, jax.core.Tracer):
             _resolve_all(dyn)
             return NOT_RECORDED
+    if not trace_state_clean():
+        # Note [Nothing is recorded under a trace]
+        _resolve_all(dyn)
+        return NOT_RECORDED
     while True:
         seg = _segment()
         if len(seg.nodes) >= MAX_NODES:
@@ -549,6 +563,8 @@ def record_read(t, jdt=None):
     s = t._storage
     p = s.lazy
     if p.__class__ is not Pending or s.__class__ is not Storage or not recording():
+        return None
+    if not trace_state_clean():  # Note [Nothing is recorded under a trace]
         return None
     size, stride, offset = t._size, t._stride, t._offset
     if _whole(t):
