@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import put_host
-from torchjax.ops import cached_compute, fused, promotion
+from torchjax.ops import cached_compute, fused, layouts, promotion
 from torchjax.ops.schema import out_names
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import JaxTensor, wrap
@@ -115,13 +115,17 @@ def make_handler(func, entry, strip_out=False):
     """The handler of ``func``, a functional overload (or an out= one, its out
     arguments stripped) lowered by ``entry``."""
     compute = make_compute(func, entry, strip_out)
+    # out= results take the out tensors' layout: no result layout of their own.
+    result_layouts = None if strip_out else layouts.ResultLayouts(func)
 
     def functional(args, kwargs):
         out = compute(args, kwargs)
         a0 = args[0] if args else None
         index = a0._device_index if isinstance(a0, JaxTensor) else device_index(args)
-        if isinstance(out, jax.Array):
-            return wrap(out, index)
-        return wrap_out(out, index)
+        result = wrap(out, index) if isinstance(out, jax.Array) else wrap_out(out, index)
+        if result_layouts is not None and layouts.any_out_of_order(args, kwargs):
+            # Note [Result layouts follow CPU]
+            return result_layouts(args, kwargs, result)
+        return result
 
     return functional

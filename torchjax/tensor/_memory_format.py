@@ -25,8 +25,10 @@ from __future__ import annotations
 import functools
 import math
 
+import jax
 import torch
 
+from torchjax._compat.jax import x64_enter, x64_exit
 from torchjax.tensor import dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import make, view_of
@@ -120,3 +122,42 @@ def laid_out(t, stride, convert=None, device_index=None):
         physical = convert(physical)
     dtype = dtypes.to_torch_dtype(physical.dtype)
     return make(Storage(physical), size, stride, 0, dtype, device_index)
+
+
+# Note [Storages in memory order, made on first read]
+# A result whose strides torch gives in another memory order (Note [Result layouts
+# follow CPU] in torchjax/ops/layouts.py) holds its value, the logical array, as its read
+# cache; its storage, the same data in memory order (the array transposed), is made only
+# when something reads the storage itself: a view of it, ``as_strided``, a partial
+# write. An op reading the tensor whole takes the read cache, so an eager op on a
+# transposed or channels_last input costs no second XLA program for the layout.
+class _Transposed:
+    """The lazy value of a storage: ``value`` (the logical array) in memory order."""
+
+    __slots__ = ("value", "order", "dtype")
+
+    def __init__(self, value, order):
+        self.value, self.order, self.dtype = value, order, value.dtype
+
+    def resolve(self):
+        token = x64_enter()  # an int64/float64 value stays 64-bit
+        try:
+            return jax.lax.transpose(self.value, self.order)
+        finally:
+            x64_exit(token)
+
+
+def in_memory_order(value, size, stride, dtype, device_index):
+    """A new tpu tensor of ``value`` (a jax array of ``size``) at ``stride``, a dense
+    permutation of dimensions; its storage is ``value`` in memory order, made when first
+    read (Note [Storages in memory order, made on first read])."""
+    order = tuple(memory_order(size, stride))
+    storage = Storage.__new__(Storage)
+    storage.version = 0
+    storage.shape = tuple(size[d] for d in order)
+    storage.numel = math.prod(size)
+    storage.interpretations = None
+    storage.lazy = _Transposed(value, order)
+    t = make(storage, size, stride, 0, dtype, device_index)
+    t._cache, t._cache_version = value, 0
+    return t
