@@ -472,3 +472,15 @@ def autograd_view_func(t: torch.Tensor):
     """``t``'s autograd view replay, torch's own (``Tensor._view_func_unsafe``, private),
     bound to ``t``: what a subclass overriding it calls for the recorded chain."""
     return torch.Tensor._view_func_unsafe.__get__(t)
+
+
+def conv_memory_format(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    """The memory format CPU's convolution gives its result for these (CPU) arguments:
+    the backend it would select, then that backend's format (what torch's fake tensors
+    ask; ``torch._C`` private). A 1-d convolution is decided for the 2-d one CPU runs."""
+    backend = torch._C._select_conv_backend(
+        x, w, b, stride, padding, dilation, transposed, output_padding, groups
+    )
+    if w.dim() == 3:
+        x, w = torch.empty(x.shape, dtype=x.dtype).unsqueeze(2), w.unsqueeze(2)
+    return torch._C._conv_determine_backend_memory_format(x, w, backend)

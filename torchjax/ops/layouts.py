@@ -30,6 +30,7 @@ import functools
 
 import torch
 
+from torchjax._compat.torch import conv_memory_format
 from torchjax.ops import fused
 from torchjax.tensor._memory_format import (
     in_memory_order,
@@ -127,10 +128,7 @@ def _conv_layout(meta, args):
         None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
         for t in args[:3]
     )
-    backend = torch._C._select_conv_backend(x, w, b, *args[3:9])
-    if w.dim() == 3:  # conv1d: decided for the 2-D convolution CPU runs
-        x, w = torch.empty(x.shape, dtype=x.dtype).unsqueeze(2), w.unsqueeze(2)
-    fmt = torch._C._conv_determine_backend_memory_format(x, w, backend)
+    fmt = conv_memory_format(x, w, b, *args[3:9])
     if meta.dim() == 3 and fmt == torch.channels_last:
         return meta.unsqueeze(2).to(memory_format=fmt).squeeze(2)
     return meta.to(memory_format=fmt)
