@@ -291,11 +291,7 @@ def record(run, dyn):
     """Record ``run(*dyn)`` (a per-op executable, Note [Compiled lowerings]) in this
     thread's segment and return its outputs as ``Pending`` values; or, under a user's
     trace, resolve the pending arguments in ``dyn`` and return ``NOT_RECORDED``."""
-    for d in dyn:
-        if isinstance(d, jax.core.Tracer):
-            _resolve_all(dyn)
-            return NOT_RECORDED
-    if not trace_state_clean():
+    if not trace_state_clean() or any(isinstance(d, jax.core.Tracer) for d in dyn):
         # Note [Nothing is recorded under a trace]
         _resolve_all(dyn)
         return NOT_RECORDED
@@ -457,12 +453,7 @@ def is_pending(x) -> bool:
 def wrap(p: Pending, device_index: int = 0):
     """A new tpu tensor whose storage's value is ``p`` (computed at the flush)."""
     size = tuple(p.shape)
-    s = Storage.__new__(Storage)
-    s.version = 0
-    s.shape = size
-    s.numel = math.prod(size)
-    s.interpretations = None
-    s.lazy = p
+    s = Storage.made_later(size, p)
     p.storages.append(weakref.ref(s))
     return make(s, size, contiguous_strides(size), 0, dtypes.to_torch_dtype(p.dtype), device_index)
 

@@ -32,6 +32,7 @@ import torch
 
 from torchjax._compat.torch import conv_memory_format
 from torchjax.ops import fused
+from torchjax.tensor._errors import to_meta
 from torchjax.tensor._memory_format import (
     in_memory_order,
     in_row_major_order,
@@ -109,7 +110,7 @@ class ResultLayouts:
             # The meta kernels of the FFTs give layouts CPU's pocketfft does not.
             return ()
         try:
-            meta = func(*_metas(args), **_metas(kwargs))
+            meta = func(*to_meta(args), **{k: to_meta(v) for k, v in kwargs.items()})
             if func._opname in ("convolution", "_convolution"):
                 meta = _conv_layout(meta, args)
         except Exception:  # no meta kernel, or one that refuses: contiguous results
@@ -185,14 +186,3 @@ def _key(x):
         return (cls,) + tuple(_key(y) for y in x)
     hash(x)
     return (cls, x)
-
-
-def _metas(x):
-    """``x`` with every tensor a meta tensor of its size, strides and dtype."""
-    if isinstance(x, torch.Tensor):
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-    if isinstance(x, dict):
-        return {k: _metas(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(_metas(y) for y in x)
-    return x

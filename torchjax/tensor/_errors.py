@@ -231,13 +231,15 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _to_meta(x):
+def to_meta(x):
+    """``x`` (a tensor, or a list or tuple of them and other values) with every tensor a
+    meta tensor of its sizes, strides and dtype."""
     if isinstance(x, torch.Tensor):
         if x.is_meta:
             return x
         return torch.empty_strided(tuple(x.shape), x.stride(), dtype=x.dtype, device="meta")
     if isinstance(x, (list, tuple)):
-        return type(x)(_to_meta(y) for y in x)
+        return type(x)(to_meta(y) for y in x)
     return x
 
 
@@ -247,7 +249,7 @@ def _torch_refusal(func, args, kwargs) -> BaseException | None:
     if not isinstance(func, OpOverload):
         return None
     try:  # every tensor is a plain meta tensor: nothing reaches __torch_dispatch__
-        func(*_to_meta(list(args)), **{k: _to_meta(v) for k, v in kwargs.items()})
+        func(*to_meta(list(args)), **{k: to_meta(v) for k, v in kwargs.items()})
     except NotImplementedError:
         return None
     except Exception as refusal:  # torch's own check: its type, its text, the op named

@@ -152,12 +152,7 @@ def in_memory_order(value, size, stride, dtype, device_index):
     permutation of dimensions; its storage is ``value`` in memory order, made when first
     read (Note [Storages in memory order, made on first read])."""
     order = tuple(memory_order(size, stride))
-    storage = Storage.__new__(Storage)
-    storage.version = 0
-    storage.shape = tuple(size[d] for d in order)
-    storage.numel = math.prod(size)
-    storage.interpretations = None
-    storage.lazy = _Transposed(value, order)
+    storage = Storage.made_later([size[d] for d in order], _Transposed(value, order))
     t = make(storage, size, stride, 0, dtype, device_index)
     t._cache, t._cache_version = value, 0
     return t

@@ -84,15 +84,23 @@ class Storage:
         self.lazy = None
 
     @classmethod
-    def filled(cls, shape, dtype, device, fill=0) -> Storage:
-        """A storage of ``shape`` and ``dtype`` (jax's) on ``device``, every element
-        ``fill``, whose array is made when first read."""
+    def made_later(cls, shape, lazy) -> Storage:
+        """A storage of ``shape`` whose array ``lazy`` makes when first read: a fill
+        (``filled``), a recorded value (Note [Fused eager]) or a value in another memory
+        order (Note [Storages in memory order, made on first read])."""
         self = cls.__new__(cls)
         self.version = 0
         self.shape = tuple(shape)
         self.numel = math.prod(self.shape)
         self.interpretations = None
-        self.lazy = [fill, dtype, device]
+        self.lazy = lazy
+        return self
+
+    @classmethod
+    def filled(cls, shape, dtype, device, fill=0) -> Storage:
+        """A storage of ``shape`` and ``dtype`` (jax's) on ``device``, every element
+        ``fill``, whose array is made when first read."""
+        self = cls.made_later(shape, [fill, dtype, device])
         _UNFILLED.add(self)
         return self
 
