@@ -80,10 +80,10 @@ def clear_staging_caches() -> None:
 _SINGLE: dict = {}
 
 
-def trace_state_clean() -> bool:
-    """False inside a jax trace (``jax.jit``, ``make_jaxpr``, compile-time evaluation):
-    where a jitted call may bind into an outer program. ``jax._src.core`` is private."""
-    return _core.trace_state_clean()
+# trace_state_clean() -> bool: False inside a jax trace (``jax.jit``, ``make_jaxpr``,
+# compile-time evaluation), where a jitted call may bind into an outer program. jax's
+# own function, not a wrapper: every eager op asks it. ``jax._src.core`` is private.
+trace_state_clean = _core.trace_state_clean
 
 
 def plain_eager() -> bool:

@@ -289,10 +289,19 @@ jax.tree_util.register_pytree_node(
 )
 
 
+def outputs(collected):
+    """The check outputs of a traced computation: ``Outputs``, or None when it made no
+    check (most ops: None is an empty pytree, unflattened without a Python call on
+    every eager op)."""
+    if not collected.codes:
+        return None
+    return Outputs(tuple(collected.codes), collected.bads, collected.values)
+
+
 def finish(result):
-    """The result of an executable's ``(result, Outputs)``, its checks queued."""
+    """The result of an executable's ``(result, Outputs or None)``, its checks queued."""
     out, checks = result
-    if checks.codes and not isinstance(checks.bads[0], jax.core.Tracer):
+    if checks is not None and not isinstance(checks.bads[0], jax.core.Tracer):
         # Inside a user's trace the checks are dropped (Note [Device-side checks]).
         add_collected(checks.codes, checks.bads, checks.values)
     return out

@@ -136,7 +136,7 @@ class _Call:
             # outputs, queued by ``forward`` as an eager op's are.
             with _checks.collecting(strict=False) as collected:
                 out = call(arrays)
-            return out, _checks.Outputs(tuple(collected.codes), collected.bads, collected.values)
+            return out, _checks.outputs(collected)
 
         wrapjit = jax.jit if jit else (lambda fn: fn)
         self._checked = wrapjit(checked)

@@ -577,6 +577,6 @@ class CompiledCompute:
                         out = compute(dyn)
                 else:
                     out = compute(dyn)
-            return out, _checks.Outputs(tuple(collected.codes), collected.bads, collected.values)
+            return out, _checks.outputs(collected)
 
         return executables.build(run, f"{self.func._opname}_{self.func._overloadname}")
