@@ -144,6 +144,32 @@ def test_grad_flows_through_a_jitted_module():
     assert f.trace_count == 1
 
 
+def test_grad_flows_through_a_jitted_function():
+    # A plain function's outputs carry a grad_fn as a module's do: to its tensor
+    # arguments and to tensors it closes over, combined with eager terms outside it.
+    def run(dev, wrap):
+        w = torch.tensor([1.0, 2.0, 3.0], device=dev, requires_grad=True)
+        v = torch.tensor([0.5, -1.0, 2.0], device=dev, requires_grad=True)
+        x = torch.arange(3.0, device=dev)
+
+        def f(x, w):
+            return (x * w * v).sum()
+
+        g = wrap(f)
+        for _ in range(3):
+            out = g(x, w)
+            assert out.requires_grad and out.grad_fn is not None
+            (out + w.square().sum() + v.sum()).backward()
+        return w.grad.cpu(), v.grad.cpu(), g
+
+    (wc, vc, _), (wt, vt, g) = run("cpu", lambda f: f), run("tpu", torchjax.jit)
+    torch.testing.assert_close(wt, wc)
+    torch.testing.assert_close(vt, vc)
+    assert g.trace_count == 2  # the first backward made v.grad, state the function can see
+    with torch.no_grad():
+        assert not g(torch.ones(3, device="tpu"), torch.ones(3, device="tpu")).requires_grad
+
+
 def _train(model, opt, x, y):
     loss = F.cross_entropy(model(x), y)
     loss.backward()

@@ -90,8 +90,9 @@ def jit(fn=None, *, static_argnames=(), donate: bool = True, warn_after: int = 8
         A ``Jitted`` callable with the signature of ``fn``. Tensor arguments are inputs
         (CPU tensors are moved to tpu first); every other argument is static. Outputs are
         the same pytree (tuples, dicts, HF ``ModelOutput``) with tpu tensors. With grad
-        mode on, outputs of a jitted ``nn.Module`` that depend on parameters requiring
-        grad carry a ``grad_fn``: ``backward()`` runs the program's VJP, compiled.
+        mode on, outputs that depend on tensors requiring grad (arguments, parameters,
+        tensors a function closes over) carry a ``grad_fn``: ``backward()`` runs the
+        program's VJP, compiled.
 
     State the function reads or writes must be reachable from its arguments, closure,
     the globals its code names, or a bound method's ``self``; see Note [State of a
@@ -318,7 +319,7 @@ class _Entry:
         self.donated = donate
         self.compiled = jax.jit(fun, donate_argnums=donate)
         self.n_state = len(storages)
-        self.vjp = _VJPProgram.build(self, call, fun) if jitted._is_module else None
+        self.vjp = _VJPProgram.build(self, call, fun)
         return self
 
     def alive(self) -> bool:
@@ -372,7 +373,7 @@ class _Entry:
 
 
 class _VJPProgram:
-    """The VJP of a jitted module's program w.r.t. parameters and inputs requiring grad:
+    """The VJP of a jitted program w.r.t. the state and inputs requiring grad:
     a compiled forward returning the pullback (residuals included) and a compiled
     backward applying it."""
 
@@ -419,7 +420,7 @@ def _covers(t) -> bool:
 
 
 class _VJPCall:
-    """Adapter giving _VJP (torchjax/interop/_jax_function.py) one jitted-module call."""
+    """Adapter giving _VJP (torchjax/interop/_jax_function.py) one jitted call."""
 
     def __init__(self, entry: _Entry, call: Call):
         self.entry, self.call = entry, call
