@@ -356,3 +356,40 @@ def test_memory_formats_give_cpu_strides(op, fmt):
         if defined:
             torch.testing.assert_close(got[1].cpu(), want[1], rtol=0, atol=0)
     assert compared == len(cpu_layouts) > 0
+
+
+_FROM_ZERO_DIM = {
+    "tensor": lambda a, b, d: torch.tensor([a, b]),
+    "tensor on device": lambda a, b, d: torch.tensor([a, b], device=d),
+    "nested": lambda a, b, d: torch.tensor([[a, 1.0], [b, a]], dtype=torch.float64),
+    "mixed with numbers": lambda a, b, d: torch.tensor([1, a, b]),
+    "as_tensor": lambda a, b, d: torch.as_tensor([a, b], device=d),
+    "new_tensor": lambda a, b, d: torch.ones(2, device=d).new_tensor([b, a]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_FROM_ZERO_DIM))
+def test_tensor_from_a_list_of_zero_dim_tensors_matches_cpu(name):
+    # torch reads each element with the Python key excluded: the read reaches the
+    # PrivateUse1 kernel, which must give the value, as .item() does.
+    def run(d):
+        return _FROM_ZERO_DIM[name](torch.tensor(1.5, device=d), torch.tensor(3, device=d), d)
+
+    want, got = run("cpu"), run("tpu")
+    placed = name in ("tensor on device", "as_tensor", "new_tensor")
+    assert got.device.type == ("tpu" if placed else "cpu")
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.cpu(), want)
+
+
+def test_tensor_from_zero_dim_tensors_reports_a_queued_device_check():
+    weight = torch.ones(3, 2, device="tpu")
+    bad = torch.nn.functional.embedding(torch.tensor([0, 7], device="tpu"), weight)
+    with pytest.raises(IndexError, match=r"index 7.*embedding|embedding.*index 7"):
+        torch.tensor([bad[0, 0], bad[1, 0]])
+
+
+def test_tensor_from_a_list_with_a_longer_tpu_tensor_refuses_as_cpu():
+    for d in ("cpu", "tpu"):
+        with pytest.raises(ValueError, match="only one element tensors"):
+            torch.tensor([torch.ones(2, device=d), torch.tensor(1.0, device=d)])

@@ -185,6 +185,16 @@ def _local_scalar_dense(args, kwargs):
     return to_host(args[0]._value()).item()
 
 
+def _local_scalar_dense_below_python(self):
+    # ``torch.tensor([a, b])`` of 0-d tpu tensors reads each with the Python key
+    # excluded (torch/csrc/utils/tensor_new.cpp), so the call lands on PrivateUse1: it
+    # goes back through the tensor's dispatch (fused flush, queued device checks).
+    return JaxTensor.__torch_dispatch__(aten._local_scalar_dense.default, (), (self,), {})
+
+
+_LIB.impl("_local_scalar_dense", _local_scalar_dense_below_python)
+
+
 @handler(aten.set_.source_Tensor)
 def set_source_tensor(args, kwargs):
     """aten::set_(source) - make ``self`` alias ``source``'s storage and view."""
