@@ -172,10 +172,12 @@ how it is undone.
 Not undone (torch has no way back): the PrivateUse1 backend renamed to "tpu" with its
 device module ``torch.tpu`` and device guard, and kernels registered for the PrivateUse1,
 AutogradPrivateUse1 and AutocastPrivateUse1 keys (factories, copies, SDPA, autocast);
-and the tpu loader in ``torch.serialization``'s package registry (device/_serialization.py,
-Note [Loading checkpoints onto tpu]), kept because without it ``torch.load`` onto "tpu"
-reaches torch's PrivateUse1 path, which crashes the process on a backend with no
-allocator; it answers tpu locations only.
+the ``os.register_at_fork`` child hook that makes tpu tensors refuse work in a child
+forked after JAX started (device/_fork.py, Note [tpu tensors after fork]; it acts in the
+child only); and the tpu loader in ``torch.serialization``'s package registry
+(device/_serialization.py, Note [Loading checkpoints onto tpu]), kept because without
+it ``torch.load`` onto "tpu" reaches torch's PrivateUse1 path, which crashes the process
+on a backend with no allocator; it answers tpu locations only.
 Not a patch, but felt outside torchjax: when torchjax's executable cache budget turns
 over (as many evictions as it holds entries), jax's Python-side staging caches are
 cleared (_budget.py through _compat/jax.py; jax 0.10), since one of them has no bound

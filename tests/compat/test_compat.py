@@ -505,3 +505,10 @@ def test_plain_eager_is_false_inside_a_trace_and_under_a_mesh():
     with jax.set_mesh(mesh):
         assert not cj.plain_eager()
     assert cj.plain_eager()
+
+
+def test_backends_initialized_after_a_tpu_op():
+    from torchjax._compat.jax import backends_initialized
+
+    torch.ones(2, device="tpu").sum().item()
+    assert backends_initialized() is True

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 from jax._src import config as _config
 from jax._src import core as _core
+from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import pxla as _pxla
 
 x64 = jax.enable_x64
@@ -155,3 +156,9 @@ def pallas_call_buffers(closed_jaxpr) -> list:
 
     walk(closed_jaxpr.jaxpr)
     return found
+
+
+def backends_initialized() -> bool:
+    """Whether this process started JAX's runtime clients (and their threads):
+    ``jax._src.xla_bridge._backends`` (private), filled by the first ``jax.devices()``."""
+    return bool(_xla_bridge._backends)

@@ -15,11 +15,11 @@ workers (``_MultiProcessingDataLoaderIter.__init__``, wrapped; recorded in Note
 context. Both need the dataset, ``collate_fn`` and ``worker_init_fn`` to be picklable and
 the script's top level guarded by ``if __name__ == "__main__"``, and they restart an
 interpreter per worker: that would break ordinary scripts and notebooks that work now.
-What stays the user's to avoid: a worker that touches tpu tensors (a dataset holding
-them, a ``collate_fn`` moving batches to "tpu") does enter JAX in the forked child and can
-deadlock, warning or not: keep datasets on CPU and move batches to "tpu" in the main
-process, or pass ``multiprocessing_context="spawn"`` (the documented way out). Other
-forks (``os.fork``, ``multiprocessing`` outside DataLoader) still warn.
+A worker that touches tpu tensors (a dataset holding them, a ``collate_fn`` moving
+batches to "tpu") would enter JAX in the forked child and deadlock: it raises instead
+(Note [tpu tensors after fork] in torchjax/device/_fork.py), naming the ways out (a CPU
+dataset, or ``multiprocessing_context="spawn"``). Other forks (``os.fork``,
+``multiprocessing`` outside DataLoader) still warn.
 """
 
 from __future__ import annotations

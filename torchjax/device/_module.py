@@ -11,7 +11,7 @@ import contextlib
 import jax
 import torch
 
-from torchjax.device import _checks
+from torchjax.device import _checks, _fork
 from torchjax.tensor import _storage
 from torchjax.tensor import random as _random
 
@@ -29,6 +29,8 @@ def _index(device=None) -> int:
 
 def jax_device(index: int):
     """The jax device behind tpu:``index``; RuntimeError for an invalid ordinal."""
+    if _fork.FORKED[0]:  # Note [tpu tensors after fork]
+        raise _fork.error("cannot make a tpu tensor")
     devices = jax.devices()
     if not 0 <= index < len(devices):
         raise RuntimeError(

@@ -24,6 +24,7 @@ from torchjax.device import (
     _autocast,
     _dataloader,
     _factory,
+    _fork,
     _layouts,
     _module,
     _pinned,
@@ -49,6 +50,7 @@ def _register() -> None:
     _pinned.register()
     _layouts.register()
     _dataloader.register()
+    _fork.register()
     _serialization.register()
     _accelerator.register()
     install_swap_tensors(_involves_tpu)

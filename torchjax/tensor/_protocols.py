@@ -148,8 +148,12 @@ def deepcopy(t, memo):
 # that storage hold after loading); torch sets the bit after the rebuild, and the load
 # turns the rebuilt tpu tensor into that view then (``math_bits_loaded``).
 # multiprocessing's pickler shares a storage through shared memory, which only CPU
-# storages support; a tpu tensor crosses processes as its values in a CPU tensor
-# (torch's reductions share that), rebuilt on the device (``forking_reduce``).
+# storages support; a tpu tensor crosses processes as its values, rebuilt on the device
+# (``forking_reduce``). The values travel as bytes in the pickle, not as a CPU tensor
+# for torch's reductions to share: that tensor would be a temporary, and the "spawn"
+# start method passes a shared storage's file descriptor by number when the child
+# starts, after the temporary (and its descriptor) is gone: the child failed with
+# "unable to resize file".
 def reduce_ex(t, proto):
     """``pickle`` / ``torch.save`` / ``copy.copy`` of a tpu tensor (Note [Saving tpu
     tensors]). A parameter goes through torch's parameter rebuild, with its attributes,
@@ -194,7 +198,21 @@ def math_bits_loaded(t) -> None:
 def forking_reduce(t):
     """A tpu tensor through ``multiprocessing.reduction.ForkingPickler`` (Note [Saving
     tpu tensors])."""
-    return _reduce_parameter(t) if t.__dict__.get("_is_param") else _reduce_as_values(t)
+    if t.__dict__.get("_is_param"):
+        return _reduce_parameter(t)
+    cpu = t.detach().cpu().resolve_conj().resolve_neg().contiguous()
+    data = cpu.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return rebuild_from_bytes, (data, t.dtype, tuple(t.shape), str(t.device), t.requires_grad)
+
+
+def rebuild_from_bytes(data: bytes, dtype, shape, device: str, requires_grad: bool):
+    """The tpu tensor ``forking_reduce`` sent: its values' bytes, put on ``device``."""
+    flat = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if data
+        else torch.empty(0, dtype=torch.uint8)
+    )
+    return flat.view(dtype).reshape(shape).to(device).requires_grad_(requires_grad)
 
 
 def _reduce_parameter(t):
