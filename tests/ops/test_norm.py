@@ -112,3 +112,45 @@ def test_group_norm_empty_batch(shape):
     for e, g in zip(expected, got):
         assert g.shape == e.shape and g.dtype == e.dtype
     assert F.group_norm(x.to("tpu"), 2, w.to("tpu"), b.to("tpu")).shape == x.shape
+
+
+_WEIGHT_NORM = [
+    ("linear dim 0", lambda: torch.nn.Linear(4, 3), 0, (2, 4), torch.float32),
+    ("linear last dim", lambda: torch.nn.Linear(4, 3), 1, (2, 4), torch.float32),
+    ("conv dim 0", lambda: torch.nn.Conv2d(2, 3, 3), 0, (1, 2, 5, 5), torch.float32),
+    ("conv last dim", lambda: torch.nn.Conv1d(2, 3, 3), 2, (1, 2, 6), torch.float32),
+    ("linear bf16", lambda: torch.nn.Linear(8, 5), 0, (3, 8), torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("case", _WEIGHT_NORM, ids=[c[0] for c in _WEIGHT_NORM])
+@pytest.mark.parametrize("api", ["parametrizations", "legacy"])
+def test_weight_norm_backward_matches_cpu(case, api):
+    # Backward reaches aten::_weight_norm_interface_backward for the first or last dim.
+    _, make, dim, shape, dtype = case
+    grads = {}
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        module = make().to(dtype)
+        if api == "parametrizations":
+            module = torch.nn.utils.parametrizations.weight_norm(module, dim=dim)
+        else:
+            module = torch.nn.utils.weight_norm(module, dim=dim)
+        module = module.to(device)
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+        module(x.to(device)).float().square().sum().backward()
+        grads[device] = {n: p.grad.cpu() for n, p in module.named_parameters()}
+    assert len(grads["cpu"]) == 3  # g, v and the bias
+    assert grads["tpu"].keys() == grads["cpu"].keys()
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    for name, want in grads["cpu"].items():
+        assert grads["tpu"][name].dtype == want.dtype, name
+        torch.testing.assert_close(grads["tpu"][name], want, **tol, msg=name)
+
+
+def test_weight_norm_backward_of_a_middle_dim_refuses_as_cpu():
+    for device in ("cpu", "tpu"):
+        v = torch.randn(2, 3, 4, device=device)
+        g = torch.ones(1, 3, 1, device=device)
+        with pytest.raises(RuntimeError, match="fused kernels can only be applied for first"):
+            torch.ops.aten._weight_norm_interface_backward(v, v, g, g, 1)

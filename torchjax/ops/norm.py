@@ -214,6 +214,26 @@ def _fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, ou
     return gi, gw
 
 
+@lowering(aten._weight_norm_interface_backward)
+def _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    """aten::_weight_norm_interface_backward - (grad_v, grad_g) of w = v * g / ||v||, the
+    norm over every dim but ``dim`` (0 or the last, as ATen's fused kernel allows):
+    s = sum(grad_w * v) / ||v||, grad_g = s, grad_v = g / ||v|| * (grad_w - v * s / ||v||).
+    Accumulated in opmath, as ATen's kernel."""
+    ndim = saved_v.ndim
+    if dim not in (0, ndim - 1, -1):
+        raise RuntimeError("fused kernels can only be applied for first or last dim")
+    dim = dim % max(ndim, 1)
+    axes = tuple(a for a in range(ndim) if a != dim)
+    acc = _opmath(saved_v.dtype)
+    gw, v = grad_w.astype(acc), saved_v.astype(acc)
+    norms = saved_norms.astype(acc).reshape([n if a == dim else 1 for a, n in enumerate(v.shape)])
+    g = saved_g.astype(acc).reshape(norms.shape)
+    s = jnp.sum(gw * v, axis=axes, keepdims=True) / norms
+    grad_v = g / norms * (gw - v * (s / norms))
+    return grad_v.astype(saved_v.dtype), s.reshape(saved_g.shape).astype(saved_g.dtype)
+
+
 # ---------------------------------------------------------------------------------------
 # batch norm
 
