@@ -174,3 +174,82 @@ def test_bool_scatter_reduce_mean_is_refused_as_on_cpu():
         run("cpu")
     with pytest.raises(NotImplementedError, match="scatter_reduce"):
         run("tpu")
+
+
+def _signs(dev, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(3, 4, 5, generator=g).to(dtype).to(dev)
+
+
+def _v(x, t):
+    return t.to(x.device, x.dtype)
+
+
+_MASKED_PUTS = {
+    "scalar": lambda x: x.__setitem__(x < 0, 0.0),
+    "row of values": lambda x: x.__setitem__(x[:, :, 0] > 0, _v(x, torch.arange(5.0))),
+    "leading ones": lambda x: x.__setitem__(x[:, :, 0] > 0, _v(x, torch.full((1, 1, 5), -2.0))),
+    "after a slice": lambda x: x.__setitem__((slice(None), x[0, :, 0] > 0), 7.0),
+    "2-d mask after a slice": lambda x: x.__setitem__((slice(None), x[0] > 0), -1.0),
+    "accumulate": lambda x: x.index_put_((x > 0,), _v(x, torch.tensor(0.5)), accumulate=True),
+    "accumulate a row": lambda x: x.index_put_(
+        (x[..., 0] > 0,), _v(x, torch.ones(5)), accumulate=True
+    ),
+    "empty mask": lambda x: x.__setitem__(x > 1e9, 3.0),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(_MASKED_PUTS))
+def test_masked_put_of_shared_values_matches_cpu_eager_and_jitted(name, dtype):
+    # Every selected element gets the same values: a fixed-shape where, so it also runs
+    # under torchjax.jit and reads nothing back to the host.
+    import jax
+
+    import torchjax
+
+    def run(x):
+        _MASKED_PUTS[name](x)
+        return x
+
+    want = run(_signs("cpu", dtype))
+    run(_signs("tpu", dtype))  # compiles
+    x = _signs("tpu", dtype)
+    with jax.transfer_guard_device_to_host("disallow"):
+        got = run(x)
+    jitted = torchjax.jit(run)(_signs("tpu", dtype))
+    for out in (got, jitted):
+        assert out.dtype == want.dtype
+        torch.testing.assert_close(out.cpu(), want, rtol=0, atol=0)
+
+
+def test_masked_put_of_one_value_per_element_stays_eager_only():
+    # Values with one entry per selected element need the count: eager only.
+    import torchjax
+    from torchjax.tensor._errors import DataDependentError
+
+    def run(x):
+        x[x > 0] = torch.arange(float((x > 0).sum()), device=x.device)
+        return x
+
+    want = run(_signs("cpu"))
+    torch.testing.assert_close(run(_signs("tpu")).cpu(), want)
+
+    def traced(x, v):
+        x[x > 0] = v
+        return x
+
+    n = int((_signs("cpu") > 0).sum())
+    with pytest.raises(DataDependentError, match="index_put_"):
+        torchjax.jit(traced)(_signs("tpu"), torch.arange(float(n), device="tpu"))
+
+
+@pytest.mark.parametrize("mask_shape", [(3, 5), (3, 4, 5, 1)])
+def test_masked_put_with_a_mask_of_the_wrong_shape_refuses_as_cpu(mask_shape):
+    errors = {}
+    for dev in ("cpu", "tpu"):
+        x = _signs(dev)
+        with pytest.raises(IndexError) as info:
+            x[torch.ones(mask_shape, dtype=torch.bool, device=dev)] = 1.0
+        errors[dev] = str(info.value)
+    assert errors["tpu"].startswith(errors["cpu"].split(" (")[0][:40]), errors

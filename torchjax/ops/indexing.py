@@ -17,7 +17,8 @@ Data-dependent behaviour:
 - Bool masks in ``index``/``index_put``, ``masked_select``, ``nonzero`` and
   ``repeat_interleave`` (layout.py) have data-dependent output shapes: eager only; under
   jit they raise DataDependentError (Note [One error layer]; ``torch.where(mask, ...)``
-  keeps the shape fixed).
+  keeps the shape fixed). The exception: ``index_put`` with one mask whose selected
+  elements all get the same values (``x[x < 0] = 0``) is a ``where`` (``_masked_put``).
 """
 
 from __future__ import annotations
@@ -80,6 +81,21 @@ def _check_index_dtype(idx, op):
         )
 
 
+def _check_mask(mask, self, d, op):
+    if d + mask.ndim > self.ndim:
+        raise IndexError(
+            f"too many indices for tensor of dimension {self.ndim} "
+            f"(got {d + mask.ndim}) (in aten::{op})"
+        )
+    for k in range(mask.ndim):
+        if mask.shape[k] != self.shape[d + k]:
+            raise IndexError(
+                f"The shape of the mask {list(mask.shape)} at index {k} does not "
+                f"match the shape of the indexed tensor {list(self.shape)} at index "
+                f"{d + k} (in aten::{op})"
+            )
+
+
 def _advanced_index(self, indices, op):
     """Torch's list of optional index tensors -> a jnp index tuple (masks expanded)."""
     if len(indices) > self.ndim:
@@ -96,13 +112,7 @@ def _advanced_index(self, indices, op):
         _check_index_dtype(idx, op)
         if idx.dtype in (np.bool_, np.uint8):
             mask = idx.astype(np.bool_)
-            for k in range(mask.ndim):
-                if mask.shape[k] != self.shape[d + k]:
-                    raise IndexError(
-                        f"The shape of the mask {list(mask.shape)} at index {k} does not "
-                        f"match the shape of the indexed tensor {list(self.shape)} at index "
-                        f"{d + k} (in aten::{op})"
-                    )
+            _check_mask(mask, self, d, op)
             out.extend(jnp.nonzero(mask))  # data-dependent: eager only
             d += mask.ndim
             continue
@@ -135,8 +145,38 @@ def index_put(self, indices, values, accumulate=False, unsafe=False):
             f"{self.dtype} for the destination and {values.dtype} for the "
             "source. (in aten::index_put)"
         )
+    masked = _masked_put(self, indices, values, accumulate)
+    if masked is not None:
+        return masked
     index = _advanced_index(self, indices, "index_put")
     return _update(self, index, values, "add" if accumulate else "set")
+
+
+def _masked_put(self, indices, values, accumulate):
+    """``self[..., mask] = values`` where every selected element gets the same values
+    (a scalar, or values broadcasting over the dims after the mask) as a ``where``: the
+    same result as a scatter at ``nonzero(mask)``, with a fixed shape, so it runs under
+    ``torchjax.jit`` and reads nothing back to the host. None when it does not apply."""
+    lead = 0
+    while lead < len(indices) and indices[lead] is None:
+        lead += 1
+    if lead != len(indices) - 1:
+        return None
+    mask = indices[lead]
+    if mask.dtype not in (np.bool_, np.uint8) or mask.ndim == 0:
+        return None
+    rest = self.shape[lead + mask.ndim :]
+    shape = values.shape
+    while len(shape) > len(rest) and shape[0] == 1:
+        shape = shape[1:]
+    if len(shape) > len(rest) or jnp.broadcast_shapes(shape, rest) != tuple(rest):
+        return None  # one value per selected element: the count is data-dependent
+    _check_mask(mask, self, lead, "index_put")
+    full = mask.astype(np.bool_).reshape((1,) * lead + mask.shape + (1,) * len(rest))
+    values = values.reshape(shape)
+    if accumulate:
+        return self + jnp.where(full, values, jnp.zeros((), self.dtype))
+    return jnp.where(full, values, self)
 
 
 def _scatter_index(index, dim):
