@@ -3,6 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 
 from torchjax._compat.jax import x64
 from torchjax.tensor._storage import Storage, _plan, contiguous_strides
@@ -98,3 +99,11 @@ def test_window_past_the_end_reads_at_a_dynamic_offset():
     with x64(True):
         got = np.asarray(plan.read_array(jnp.asarray(base), 4))
     np.testing.assert_array_equal(got, base[:, 4:])
+
+
+def test_in_place_op_through_overlapping_rows_refuses_and_leaves_the_tensor():
+    # CPU applies it element by element (an order-dependent result); refused here.
+    x = torch.arange(10.0, device="tpu")
+    with pytest.raises(RuntimeError, match="share memory has no defined result"):
+        x.as_strided((3, 4), (2, 1)).add_(100)
+    assert x.tolist() == list(map(float, range(10)))

@@ -444,10 +444,15 @@ class _GatherPlan:
 
     def write(self, flat, value):
         if self.overlapping:
+            # torch's text for a zero stride. CPU runs other overlapping views (rows
+            # of an as_strided window) element by element, each write seeing the last
+            # (an order-dependent result); an op here computes every element at once.
             raise RuntimeError(
                 "unsupported operation: more than one element of the written-to tensor "
                 "refers to a single memory location. Please clone() the tensor before "
-                "performing the operation."
+                "performing the operation. (On tpu an in-place op computes all elements "
+                "at once, so a write through a view whose elements share memory has no "
+                "defined result; CPU applies it element by element in memory order.)"
             )
         return flat.at[self.idx.reshape(-1)].set(value.reshape(-1))
 
