@@ -253,3 +253,25 @@ def test_masked_put_with_a_mask_of_the_wrong_shape_refuses_as_cpu(mask_shape):
             x[torch.ones(mask_shape, dtype=torch.bool, device=dev)] = 1.0
         errors[dev] = str(info.value)
     assert errors["tpu"].startswith(errors["cpu"].split(" (")[0][:40]), errors
+
+
+_UNBROADCASTABLE = {
+    "int and int": lambda x, d: x[torch.tensor([0, 1, 2], device=d), torch.tensor([0, 1]).to(d)],
+    "mask and int": lambda x, d: x[torch.tensor([False, True, True, True], device=d), [2, 3]],
+    "set": lambda x, d: x.__setitem__((torch.tensor([0, 1, 2], device=d), [1, 2]), -1.0),
+    "set mask and int": lambda x, d: x.__setitem__(
+        (torch.tensor([False, True, True, True], device=d), [2, 3]), -1.0
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(_UNBROADCASTABLE))
+def test_index_tensors_that_do_not_broadcast_refuse_as_cpu(name):
+    messages = {}
+    for dev in ("cpu", "tpu"):
+        x = torch.arange(20.0, device=dev).reshape(4, 5)
+        with pytest.raises(IndexError) as info:
+            _UNBROADCASTABLE[name](x, dev)
+        messages[dev] = str(info.value)
+    assert messages["cpu"].startswith("shape mismatch: indexing tensors could not be broadcast")
+    assert messages["tpu"].startswith(messages["cpu"]), messages

@@ -143,3 +143,22 @@ def test_loss_errors_name_the_op():
         torch.ops.aten.multi_margin_loss(x, torch.tensor([0, 1]).to("tpu"))
     with pytest.raises(RuntimeError, match="aten::_ctc_loss"):
         torch.ops.aten._ctc_loss(x, torch.tensor([[1]]), [3], [1])
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.complex64])
+@pytest.mark.parametrize("spatial", [False, True], ids=["nll_loss", "nll_loss2d"])
+def test_nll_loss_of_a_non_floating_input_refuses_as_cpu(dtype, spatial):
+    shape, target = (
+        ((2, 3, 4, 4), torch.zeros(2, 4, 4, dtype=torch.long))
+        if spatial
+        else (
+            (2, 3),
+            torch.tensor([0, 1]),
+        )
+    )
+    messages = {}
+    for dev in ("cpu", "tpu"):
+        with pytest.raises(NotImplementedError) as info:
+            torch.nn.functional.nll_loss(torch.ones(shape).to(dtype).to(dev), target.to(dev))
+        messages[dev] = str(info.value)
+    assert messages["tpu"].startswith(messages["cpu"]), messages

@@ -119,6 +119,15 @@ def _advanced_index(self, indices, op):
         _check_range(idx, self.shape[d], op, d)
         out.append(idx)
         d += 1
+    shapes = [list(i.shape) for i in out if i is not _ALL]
+    try:
+        np.broadcast_shapes(*map(tuple, shapes))
+    except ValueError:
+        listed = ", ".join(map(str, shapes))
+        raise IndexError(
+            "shape mismatch: indexing tensors could not be broadcast together with "
+            f"shapes {listed} (in aten::{op})"
+        ) from None
     return tuple(out)
 
 

@@ -21,6 +21,7 @@ from torchjax._compat.torch import decomposition_table
 from torchjax.ops.indexing import require_in_range
 from torchjax.ops.registry import handler, lowering
 from torchjax.tensor._tensor import JaxTensor
+from torchjax.tensor.dtypes import aten_type_name
 
 aten = torch.ops.aten
 
@@ -289,13 +290,18 @@ def _register_linear_cross_entropy():
 _register_linear_cross_entropy()
 
 
-def _nll_target_check(decomposed):
-    """nll_loss forward through torch's decomposition, after torch's check that every
-    target (but ``ignore_index``) is a class: the decomposition's gather would wrap a
-    negative target (a -1 padding label read as the last class) and compute silently."""
+def _nll_target_check(decomposed, kernel):
+    """nll_loss forward through torch's decomposition, after torch's checks: a floating
+    input (CPU has no integer, bool or complex kernel; the decomposition would compute),
+    and every target (but ``ignore_index``) a class: the decomposition's gather would
+    wrap a negative target (a -1 padding label read as the last class) silently."""
 
     def run(args, kwargs):
         self, target = args[0], args[1]
+        if not self.dtype.is_floating_point:
+            raise NotImplementedError(
+                f'"{kernel}" not implemented for \'{aten_type_name(self.dtype)}\''
+            )
         ignore = args[4] if len(args) > 4 else kwargs.get("ignore_index", -100)
         if isinstance(target, JaxTensor) and target.numel():
             classes = self.shape[1] if self.dim() >= 2 else self.shape[0]
@@ -312,5 +318,8 @@ def _nll_target_check(decomposed):
     return run
 
 
-for _nll in (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default):
-    handler(_nll)(_nll_target_check(decomposition_table[_nll]))
+for _nll, _kernel in (
+    (aten.nll_loss_forward.default, "nll_loss_out_frame"),
+    (aten.nll_loss2d_forward.default, "nll_loss2d_forward_out_frame"),
+):
+    handler(_nll)(_nll_target_check(decomposition_table[_nll], _kernel))
