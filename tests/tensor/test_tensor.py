@@ -29,6 +29,21 @@ def test_conversions():
         x.clone().requires_grad_().numpy()
 
 
+def test_numpy_is_a_read_only_copy_so_writes_cannot_be_lost():
+    # A CPU tensor's numpy() shares memory; a tpu tensor's cannot, so a write to the
+    # array raises instead of silently not reaching the tensor.
+    import numpy as np
+
+    x = torch.arange(4.0).to("tpu")
+    for a in (x.numpy(), np.asarray(x), x[1:].numpy()):
+        with pytest.raises(ValueError, match="read-only"):
+            a[0] = 5.0
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0]
+    c = x.cpu().numpy()
+    c[0] = 5.0  # a CPU tensor's array: writable
+    assert np.array(x).flags.writeable  # np.array copies
+
+
 def test_cpu_copy_is_independent():
     x = torch.ones(3).to("tpu")
     c = x.cpu()

@@ -300,7 +300,7 @@ def _nll_target_check(decomposed, kernel):
         self, target = args[0], args[1]
         if not self.dtype.is_floating_point:
             raise NotImplementedError(
-                f'"{kernel}" not implemented for \'{aten_type_name(self.dtype)}\''
+                f"\"{kernel}\" not implemented for '{aten_type_name(self.dtype)}'"
             )
         ignore = args[4] if len(args) > 4 else kwargs.get("ignore_index", -100)
         if isinstance(target, JaxTensor) and target.numel():

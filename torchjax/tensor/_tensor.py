@@ -145,13 +145,19 @@ class JaxTensor(torch.Tensor):
 
     # -- conversions users reach for --------------------------------------------------
     def numpy(self, *, force: bool = False) -> np.ndarray:
-        """A NumPy copy of the data (tpu tensors always copy, like ``.cpu().numpy()``)."""
+        """A read-only NumPy copy of the data. A CPU tensor's ``numpy()`` shares its
+        memory, so writes to the array change the tensor; a tpu tensor's cannot, and a
+        writable copy would drop such writes silently. Read-only, as ``np.asarray`` of a
+        jax array is, the write raises instead; ``.cpu().numpy()`` gives a writable
+        array sharing a CPU tensor's memory."""
         if self.requires_grad and not force:
             raise RuntimeError(
                 "Can't call numpy() on Tensor that requires grad. Use "
                 "tensor.detach().numpy() instead."
             )
-        return self.cpu().numpy()
+        out = self.cpu().numpy()
+        out.flags.writeable = False
+        return out
 
     # DLPack: the jax array's own protocol (zero copy where jax allows it: CPU arrays,
     # or GPU arrays to a GPU consumer), so torch.from_dlpack(t) and
