@@ -275,3 +275,24 @@ def test_index_tensors_that_do_not_broadcast_refuse_as_cpu(name):
         messages[dev] = str(info.value)
     assert messages["cpu"].startswith("shape mismatch: indexing tensors could not be broadcast")
     assert messages["tpu"].startswith(messages["cpu"]), messages
+
+
+@pytest.mark.parametrize(
+    "shape, nonzero_at",
+    [((2, 3), [0, 2, 4, 5]), ((3,), []), ((3,), [0, 1, 2]), ((), [0]), ((), []), ((2, 0), [])],
+)
+def test_nonzero_results_have_cpus_strides(shape, nonzero_at):
+    # CPU lays nonzero's (n, ndim) result out dimension by dimension: strides (1, n).
+    def results(dev):
+        x = torch.zeros(shape).reshape(-1)
+        x[nonzero_at] = 1.0
+        x = x.reshape(shape).to(dev)
+        outs = [torch.nonzero(x), torch.argwhere(x), *torch.nonzero(x, as_tuple=True)]
+        outs += list(torch.where(x > 0))
+        return [(o.cpu(), o.stride()) for o in outs]
+
+    want, got = results("cpu"), results("tpu")
+    assert len(got) == len(want) >= 3
+    for (g, gs), (w, ws) in zip(got, want):
+        assert gs == ws
+        torch.testing.assert_close(g, w)

@@ -31,9 +31,10 @@ import numpy as np
 import torch
 
 from torchjax.device import _checks
-from torchjax.ops.registry import lowering
+from torchjax.ops.registry import functional_handler, handler, lowering
 from torchjax.ops.view_ops import _dim
 from torchjax.tensor import dtypes
+from torchjax.tensor._memory_format import restrided
 
 aten = torch.ops.aten
 _ALL = slice(None)
@@ -473,14 +474,27 @@ def masked_select(self, mask):
     return jnp.broadcast_to(self, shape)[jnp.broadcast_to(mask, shape)]
 
 
-@lowering(aten.nonzero.default)
-def nonzero(self):
-    """aten::nonzero - (n, ndim) int64 coordinates of nonzero elements, row-major.
-    Data-dependent shape: eager only."""
+def _coordinates_by_dim(self):
+    """(ndim, n) int64: the coordinates of the nonzero elements, row-major, one row per
+    dimension. Data-dependent shape: eager only."""
     coords = jnp.nonzero(self.reshape(1) if self.ndim == 0 else self)
     if self.ndim == 0:
-        return jnp.zeros((coords[0].shape[0], 0), dtype=np.int64)
-    return jnp.stack(coords, axis=1).astype(np.int64)
+        return jnp.zeros((0, coords[0].shape[0]), dtype=np.int64)
+    return jnp.stack(coords, axis=0).astype(np.int64)
+
+
+_coordinates = functional_handler(aten.nonzero.default, _coordinates_by_dim)
+
+
+@handler(aten.nonzero.default)
+def nonzero(args, kwargs):
+    """aten::nonzero - (n, ndim) coordinates laid out as CPU's: dimension by dimension,
+    strides (1, n), so ``nonzero(as_tuple=True)`` and ``torch.where(cond)`` give
+    contiguous tensors, as on CPU."""
+    by_dim = _coordinates(args, kwargs)
+    out = aten.t.default(by_dim)
+    # An empty result reports CPU's (1, 0); its storage has no element to lay out.
+    return restrided(out, (1, 0)) if out._size[0] == 0 else out
 
 
 @lowering(aten.take.default, cpu_tensors=True)
