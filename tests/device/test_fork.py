@@ -1,25 +1,19 @@
 """tpu tensors in forked and spawned children (Note [tpu tensors after fork] in
 torchjax/device/_fork.py; Note [Saving tpu tensors] in torchjax/tensor/_protocols.py).
-Every case runs in a child interpreter: the failure being guarded against is a hang."""
+Every case runs in a child interpreter: the failure being guarded against is a hang.
+Two scripts (one forking, one spawning) hold all the cases, each run once."""
 
 import json
 
+import pytest
+
 from tests._child import run_python
 
-
-def _run_as_main(code: str, tmp_path, timeout: int):
-    # "spawn" children import the parent's main module from its file.
-    script = tmp_path / "main.py"
-    script.write_text(code)
-    return run_python(
-        f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')", timeout=timeout
-    )
-
-
 _DATASET = """
-import json, sys, warnings
+import json, os, sys, warnings
 warnings.simplefilter("ignore")
 import torch
+import torch.multiprocessing as mp
 import torchjax
 
 
@@ -39,54 +33,21 @@ def sums(device, **kwargs):
     return [b.sum().item() for b in loader]
 """
 
-
-def test_dataloader_worker_forked_after_jax_started_refuses_tpu_work():
-    code = (
-        _DATASET
-        + """
-torch.ones(2, device="tpu").sum().item()  # JAX's runtime is up before the fork
-try:
-    sums("tpu")
-except RuntimeError as e:
-    print(json.dumps(str(e)))
-else:
-    print(json.dumps("no error"))
-"""
-    )
-    out = run_python(code, timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
-    message = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "DataLoader worker process 0" in message
-    assert "cannot run aten.select.int on a tpu tensor in a forked child process" in message
-    assert 'multiprocessing_context="spawn"' in message
+_FORKS = (
+    _DATASET
+    + """
+def in_child(work):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, json.dumps(work()).encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    return json.loads(os.read(r, 1 << 16))
 
 
-def test_dataloader_with_spawn_gets_the_tpu_dataset_by_value(tmp_path):
-    code = (
-        _DATASET
-        + """
-if __name__ == "__main__":
-    print(json.dumps([sums("cpu"), sums("tpu", multiprocessing_context="spawn")]))
-"""
-    )
-    out = _run_as_main(code, tmp_path, timeout=400)
-    assert out.returncode == 0, out.stderr[-3000:]
-    cpu, tpu = json.loads(out.stdout.strip().splitlines()[-1])
-    assert tpu == cpu == [132.0, 420.0]
-
-
-def test_forked_child_refuses_new_tpu_tensors_and_the_parent_keeps_working():
-    code = """
-import json, os, warnings
-warnings.simplefilter("ignore")
-import torch
-import torchjax
-
-x = torch.arange(4.0, device="tpu")
-x.sum().item()
-r, w = os.pipe()
-pid = os.fork()
-if pid == 0:
+def attempts(x):
     seen = []
     for make in (lambda: x + 1, lambda: torch.zeros(2, device="tpu"),
                  lambda: torch.ones(2).to("tpu"), lambda: x.cpu()):
@@ -95,57 +56,28 @@ if pid == 0:
             seen.append("ran")
         except RuntimeError as e:
             seen.append(str(e).split(" in a forked")[0])
-    os.write(w, json.dumps(seen).encode())
-    os._exit(0)
-os.close(w)
-os.waitpid(pid, 0)
-seen = json.loads(os.read(r, 65536))
-print(json.dumps([seen, (x * 2).tolist()]))
+    return seen
+
+
+result = {}
+# ``import torchjax`` alone starts no runtime: a child forked now starts its own.
+result["before"] = in_child(lambda: (torch.arange(3.0, device="tpu") * 2).tolist())
+x = torch.arange(4.0, device="tpu")
+x.sum().item()  # JAX's runtime is up from here
+result["after"] = in_child(lambda: attempts(x))
+result["parent"] = (x * 2).tolist()
+try:
+    sums("tpu")
+    result["loader"] = "no error"
+except RuntimeError as e:
+    result["loader"] = str(e)
+print(json.dumps(result))
 """
-    out = run_python(code, timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
-    seen, parent = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen == [
-        "torchjax: cannot run aten.add.Tensor on a tpu tensor",
-        "torchjax: cannot make a tpu tensor",
-        "torchjax: cannot make a tpu tensor",
-        "torchjax: cannot run aten._to_copy.default on a tpu tensor",
-    ]
-    assert parent == [0.0, 2.0, 4.0, 6.0]
+)
 
-
-def test_child_forked_before_jax_started_runs_tpu_ops():
-    # ``import torchjax`` alone starts no runtime: the child starts its own.
-    code = """
-import json, os, warnings
-warnings.simplefilter("ignore")
-import torch
-import torchjax
-
-r, w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    out = (torch.arange(3.0, device="tpu") * 2).tolist()
-    os.write(w, json.dumps(out).encode())
-    os._exit(0)
-os.close(w)
-os.waitpid(pid, 0)
-print(os.read(r, 65536).decode())
-"""
-    out = run_python(code, timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [0.0, 2.0, 4.0]
-
-
-def test_spawned_process_receives_tpu_tensors_of_every_kind(tmp_path):
-    code = """
-import json, warnings
-warnings.simplefilter("ignore")
-import torch
-import torch.multiprocessing as mp
-import torchjax
-
-
+_SPAWNS = (
+    _DATASET
+    + """
 def kinds():
     z = torch.tensor([1 + 2j, 3 - 1j])
     return {
@@ -163,11 +95,11 @@ def kinds():
 def describe(t):
     t = t.detach().cpu().resolve_conj()
     values = torch.view_as_real(t).tolist() if t.is_complex() else t.float().tolist()
-    return [str(t.dtype), list(t.shape), values]
+    return [str(t.dtype), list(t.shape), values, t.device.type, t.requires_grad]
 
 
 def child(q, tensors):
-    q.put(json.dumps({k: describe(v) + [v.device.type, v.requires_grad]
+    q.put(json.dumps({k: describe(v)[:3] + [v.device.type, v.requires_grad]
                       for k, v in tensors.items()}))
 
 
@@ -180,11 +112,58 @@ if __name__ == "__main__":
     p.start()
     got = json.loads(q.get(timeout=120))
     p.join()
-    want = {k: describe(v) + ["tpu", v.requires_grad] for k, v in tensors.items()}
-    print(json.dumps([got == want, got, want]))
+    want = {k: describe(v)[:3] + ["tpu", v.requires_grad] for k, v in tensors.items()}
+    loader = [sums("cpu"), sums("tpu", multiprocessing_context="spawn")]
+    print(json.dumps({"got": got, "want": want, "loader": loader}))
 """
-    out = _run_as_main(code, tmp_path, timeout=400)
+)
+
+
+def _last_json(out):
     assert out.returncode == 0, out.stderr[-3000:]
-    same, got, want = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(want) == 9
-    assert same, (got, want)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def forks():
+    return _last_json(run_python(_FORKS, timeout=300))
+
+
+@pytest.fixture(scope="module")
+def spawns(tmp_path_factory):
+    # "spawn" children import the parent's main module from its file.
+    script = tmp_path_factory.mktemp("spawn") / "main.py"
+    script.write_text(_SPAWNS)
+    code = f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')"
+    return _last_json(run_python(code, timeout=400))
+
+
+def test_child_forked_before_jax_started_runs_tpu_ops(forks):
+    assert forks["before"] == [0.0, 2.0, 4.0]
+
+
+def test_forked_child_refuses_tpu_work_and_the_parent_keeps_working(forks):
+    assert forks["after"] == [
+        "torchjax: cannot run aten.add.Tensor on a tpu tensor",
+        "torchjax: cannot make a tpu tensor",
+        "torchjax: cannot make a tpu tensor",
+        "torchjax: cannot run aten._to_copy.default on a tpu tensor",
+    ]
+    assert forks["parent"] == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_dataloader_worker_forked_after_jax_started_refuses_tpu_work(forks):
+    message = forks["loader"]
+    assert "DataLoader worker process 0" in message
+    assert "cannot run aten.select.int on a tpu tensor in a forked child process" in message
+    assert 'multiprocessing_context="spawn"' in message
+
+
+def test_spawned_process_receives_tpu_tensors_of_every_kind(spawns):
+    assert len(spawns["want"]) == 9
+    assert spawns["got"] == spawns["want"]
+
+
+def test_dataloader_with_spawn_gets_the_tpu_dataset_by_value(spawns):
+    cpu, tpu = spawns["loader"]
+    assert tpu == cpu == [132.0, 420.0]
