@@ -296,3 +296,23 @@ def test_nonzero_results_have_cpus_strides(shape, nonzero_at):
     for (g, gs), (w, ws) in zip(got, want):
         assert gs == ws
         torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize(
+    "index, value_shape",
+    [("mask", (3,)), ("mask", (3, 5)), ("ints", (3, 5)), ("ints", (2, 4))],
+)
+def test_index_put_of_values_that_do_not_broadcast_refuses_as_cpu(index, value_shape):
+    messages = {}
+    for dev in ("cpu", "tpu"):
+        x = torch.zeros(4, 5, device=dev)
+        idx = (
+            torch.tensor([True, False, True, False], device=dev)
+            if index == "mask"
+            else torch.tensor([0, 1], device=dev)
+        )
+        with pytest.raises(RuntimeError) as info:
+            x[idx] = torch.ones(value_shape, device=dev)
+        messages[dev] = str(info.value)
+    assert messages["cpu"].startswith("shape mismatch: value tensor of shape")
+    assert messages["tpu"].startswith(messages["cpu"]), messages

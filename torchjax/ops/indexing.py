@@ -159,6 +159,16 @@ def index_put(self, indices, values, accumulate=False, unsafe=False):
     if masked is not None:
         return masked
     index = _advanced_index(self, indices, "index_put")
+    indexed = jax.eval_shape(lambda a: a[index], jax.ShapeDtypeStruct(self.shape, self.dtype))
+    try:
+        fits = np.broadcast_shapes(values.shape, indexed.shape) == indexed.shape
+    except ValueError:
+        fits = False
+    if not fits:
+        raise RuntimeError(
+            f"shape mismatch: value tensor of shape {list(values.shape)} cannot be "
+            f"broadcast to indexing result of shape {list(indexed.shape)} (in aten::index_put)"
+        )
     return _update(self, index, values, "add" if accumulate else "set")
 
 
@@ -179,8 +189,11 @@ def _masked_put(self, indices, values, accumulate):
     shape = values.shape
     while len(shape) > len(rest) and shape[0] == 1:
         shape = shape[1:]
-    if len(shape) > len(rest) or jnp.broadcast_shapes(shape, rest) != tuple(rest):
-        return None  # one value per selected element: the count is data-dependent
+    try:
+        if len(shape) > len(rest) or np.broadcast_shapes(shape, rest) != tuple(rest):
+            return None  # one value per selected element: the count is data-dependent
+    except ValueError:
+        return None  # refused with the indexed shape by the general path
     _check_mask(mask, self, lead, "index_put")
     full = mask.astype(np.bool_).reshape((1,) * lead + mask.shape + (1,) * len(rest))
     values = values.reshape(shape)
