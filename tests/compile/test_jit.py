@@ -379,3 +379,49 @@ def test_user_torch_function_runs_while_tracing_and_a_jitted_module_keeps_the_cl
         out.detach().cpu().as_subclass(torch.Tensor), ref.detach().as_subclass(torch.Tensor)
     )
     torch.testing.assert_close(lin.weight.grad.cpu(), cpu_grad)
+
+
+_LAID_OUT = {
+    "transposed": lambda x: x.t() * 2,
+    "permuted": lambda x: x.reshape(2, 3, 2).permute(2, 0, 1).exp(),
+    "sliced transposed": lambda x: x[1:].t().neg(),
+    "contiguous": lambda x: x.sin(),
+    "tuple": lambda x: (x.t() + 1, x * 3, x.t().contiguous()),
+}
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no grad", "grad"])
+@pytest.mark.parametrize("compiler", ["jit", "dynamo"])
+@pytest.mark.parametrize("name", sorted(_LAID_OUT))
+def test_outputs_have_the_strides_eager_gives(name, compiler, grad):
+    # (y.t() * 2).t().view(-1) works on CPU, eager or compiled: the output keeps the
+    # strides the op gives it.
+    fn = _LAID_OUT[name]
+    x = torch.arange(12.0).reshape(4, 3)
+    want = fn(x.clone().requires_grad_(grad))
+    jitted = torchjax.jit(fn) if compiler == "jit" else torch.compile(fn, backend="tpu")
+    got = jitted(x.to("tpu").requires_grad_(grad))
+    want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+    assert len(got) == len(want) >= 1
+    for g, w in zip(got, want):
+        assert g.stride() == w.stride()
+        assert g.requires_grad == w.requires_grad
+        torch.testing.assert_close(g.detach().cpu(), w.detach())
+        flat = g.t() if g.dim() == 2 else g.permute(1, 2, 0) if g.dim() == 3 else g
+        if w.dim() == 2 and w.t().is_contiguous():
+            torch.testing.assert_close(flat.reshape(-1).detach().cpu(), w.t().reshape(-1).detach())
+            flat.view(-1)  # a view, as on CPU
+
+
+def test_channels_last_conv_output_keeps_its_memory_format_and_gradients():
+    torch.manual_seed(0)
+    cpu = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last)
+    want = cpu(x)
+    got = torchjax.jit(tpu)(x.to("tpu"))
+    assert got.stride() == want.stride()
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    got.square().sum().backward()
+    want.square().sum().backward()
+    torch.testing.assert_close(tpu.weight.grad.cpu(), cpu.weight.grad, rtol=1e-4, atol=1e-4)

@@ -37,6 +37,7 @@ argument may trace differently).
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 import weakref
 
@@ -60,7 +61,14 @@ from torchjax.compile._call import (
 from torchjax.interop._jax_function import _VJP
 from torchjax.tensor import random as _rng
 from torchjax.tensor._binding import bound, trace_lock
-from torchjax.tensor._tensor import JaxTensor, wrap
+from torchjax.tensor._memory_format import (
+    in_memory_order,
+    in_row_major_order,
+    is_dense_permutation,
+    restrided,
+)
+from torchjax.tensor._storage import Storage, contiguous_strides
+from torchjax.tensor._tensor import JaxTensor, make, wrap
 from torchjax.tensor._user_subclass import user_class
 
 
@@ -261,6 +269,7 @@ class _Entry:
                 aliases, bases = _aliases.plan([out_flat[i] for i in out_pos], wrapped, storages)
                 info["aliases"], info["n_bases"] = aliases, len(bases)
                 info["out_grad"] = [out_flat[i].requires_grad for i in out_pos]
+                info["layouts"] = [_layout(out_flat[i]) for i in out_pos]
                 info["out_cls"] = [
                     type(out_flat[i]) if user_class(type(out_flat[i])) else None for i in out_pos
                 ]
@@ -298,6 +307,7 @@ class _Entry:
         self.closed = closed
         self.out_spec, out_flat, self.out_pos = info["out"]
         self.out_grad = info["out_grad"]
+        self.layouts = info["layouts"] if any(info["layouts"]) else None
         self.out_cls = info["out_cls"]
         self.out_static = [None if isinstance(x, JaxTensor) else x for x in out_flat]
         self.written = info["written"]
@@ -339,7 +349,22 @@ class _Entry:
         finally:
             x64_exit(token)
         self.write_back(call, outs[self.n_out :])
-        return self.unflatten([wrap(a) for a in outs[: self.n_out]], call)
+        return self.unflatten(self.laid_out([wrap(a) for a in outs[: self.n_out]]), call)
+
+    def laid_out(self, tensors):
+        """The program's outputs at the strides the traced ones had (Note [Strides of
+        compiled outputs])."""
+        if self.layouts is None:
+            return tensors
+        for j, layout in enumerate(self.layouts):
+            if layout is not None:
+                t = tensors[j]
+                size, stride = layout
+                if in_row_major_order(size, stride):
+                    tensors[j] = restrided(t, stride)
+                else:
+                    tensors[j] = in_memory_order(t._value(), size, stride, t.dtype, t._device_index)
+        return tensors
 
     def write_back(self, call: Call, rest) -> None:
         storages = call.storages
@@ -410,13 +435,49 @@ class _VJPProgram:
         return self
 
 
+# Note [Strides of compiled outputs]
+# A program returns each output's values; wrapped, they would be contiguous. Eager
+# gives an op's result CPU's strides (Note [Result layouts follow CPU]), and so does
+# inductor for a compiled CPU function, so ``(y.t() * 2)`` comes back with strides
+# (1, 3) and ``.t().view(-1)`` of it works. So the strides an output had while tracing
+# are recorded with the program, and a call's output reports them: restrided where they
+# differ only at size-1 dimensions, else laid out in memory order, its storage made when
+# first read (Note [Storages in memory order, made on first read]); the value read by
+# the next op is the program's own. Outputs that view an argument or state are rebuilt
+# as those views (Note [Aliased outputs of a compiled function]).
+def _layout(t):
+    """``(size, stride)`` of a traced output whose strides are not contiguous but a
+    layout an op gives (row-major up to size-1 dimensions, or a dense permutation);
+    None otherwise."""
+    size, stride = t._size, t._stride
+    if 0 in size or stride == contiguous_strides(size):
+        return None
+    if in_row_major_order(size, stride) or is_dense_permutation(size, stride):
+        return (size, stride)
+    return None
+
+
 def _differentiable(t) -> bool:
     return t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)
 
 
 def _covers(t) -> bool:
+    """Whether ``t`` views all of its storage, each element once (contiguous or a
+    permuted layout such as a channels_last weight): the program's gradient for the
+    storage's array is then ``t``'s, seen through ``t``'s strides (``state_grad``)."""
     s = t._storage
-    return t._offset == 0 and t._size == s.shape and t.is_contiguous()
+    if not isinstance(s, Storage) or t._offset != 0 or math.prod(t._size) != s.numel:
+        return False
+    return t._stride == contiguous_strides(t._size) or is_dense_permutation(t._size, t._stride)
+
+
+def state_grad(t, arr):
+    """The gradient of state tensor ``t`` from the gradient ``arr`` of its storage's
+    array: laid out as ``t`` (as CPU's autograd gives a channels_last weight a
+    channels_last gradient)."""
+    if t._size == tuple(arr.shape) and t._stride == contiguous_strides(t._size):
+        return wrap(arr, t._device_index)
+    return make(Storage(arr), t._size, t._stride, 0, t.dtype, t._device_index)
 
 
 class _VJPCall:
@@ -427,6 +488,9 @@ class _VJPCall:
         program = entry.vjp
         n = len(program.diff_state)
         self.diff = tuple(range(n)) + tuple(n + j for j in range(len(program.diff_dyn)))
+
+    def wrap_outputs(self, outs):
+        return self.entry.laid_out([wrap(o) for o in outs])
 
     def vjp(self, arrays):
         entry, call = self.entry, self.call
@@ -441,6 +505,12 @@ class _VJPCall:
         with x64(True):
             ds, dd = self.entry.vjp.bwd(pullback, cotangents)
         return list(ds) + list(dd)
+
+    def wrap_input_grads(self, grads):
+        """Tensors of ``pull``'s gradients: a state tensor's laid out as it is."""
+        tensors = self.call.walk.tensors
+        state = [state_grad(tensors[i], g) for i, g in zip(self.entry.vjp.diff_state, grads)]
+        return state + [wrap(g) for g in grads[len(state) :]]
 
 
 @functools.lru_cache(maxsize=1)

@@ -166,7 +166,8 @@ class _VJP(torch.autograd.Function):
         ctx.call, ctx.pullback = call, pullback
         ctx.avals = [(o.shape, o.dtype) for o in outs]
         ctx.n_inputs = len(tensors)
-        results = tuple(wrap(o) for o in outs)
+        wrap_outputs = getattr(call, "wrap_outputs", None)
+        results = tuple(wrap_outputs(outs) if wrap_outputs else (wrap(o) for o in outs))
         ctx.mark_non_differentiable(
             *(r for r in results if not (r.dtype.is_floating_point or r.dtype.is_complex))
         )
@@ -183,7 +184,9 @@ class _VJP(torch.autograd.Function):
             else:
                 cts.append(g._value() if isinstance(g, JaxTensor) else to_jax(g))
         in_cts = ctx.call.pull(ctx.pullback, cts)
+        wrap_grads = getattr(ctx.call, "wrap_input_grads", None)
+        grads = wrap_grads(in_cts) if wrap_grads else [wrap(c) for c in in_cts]
         grads_in = [None] * ctx.n_inputs
-        for k, c in zip(ctx.call.diff, in_cts):
-            grads_in[k] = wrap(c)
+        for k, g in zip(ctx.call.diff, grads):
+            grads_in[k] = g
         return (None, *grads_in)
