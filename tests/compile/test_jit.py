@@ -425,3 +425,77 @@ def test_channels_last_conv_output_keeps_its_memory_format_and_gradients():
     got.square().sum().backward()
     want.square().sum().backward()
     torch.testing.assert_close(tpu.weight.grad.cpu(), cpu.weight.grad, rtol=1e-4, atol=1e-4)
+
+
+def _detached_target(x, w):
+    y = x @ w
+    return ((y - (y.detach() + 1)) ** 2).mean()
+
+
+def _no_grad_scale(x, w):
+    with torch.no_grad():
+        s = w * 2
+    return (w * s * x[0, 0]).sum()
+
+
+def _constant_input(x, w):
+    return (x.exp() * w.sum()).sum() + (x * x).sum()
+
+
+class _DetachModule(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return (y * y.detach().sigmoid()).sum()
+
+
+@pytest.mark.parametrize("fn", [_detached_target, _no_grad_scale, _constant_input])
+@pytest.mark.parametrize("compiler", ["jit", "dynamo"])
+def test_backward_outside_stops_where_torch_autograd_stops(fn, compiler):
+    # jax differentiates every path; torch not through detach(), no_grad blocks or
+    # tensors that do not require grad: the compiled VJP must give CPU's gradient.
+    wrap = torchjax.jit if compiler == "jit" else (lambda f: torch.compile(f, backend="tpu"))
+    grads = {}
+    for dev, f in (("cpu", fn), ("tpu", wrap(fn))):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(5, 4, generator=g).to(dev)
+        w = torch.randn(4, 3, generator=g).to(dev).requires_grad_()
+        f(x, w).backward()
+        grads[dev] = w.grad.cpu()
+    assert grads["cpu"].abs().sum() > 0
+    torch.testing.assert_close(grads["tpu"], grads["cpu"], rtol=1e-5, atol=1e-5)
+
+
+def test_jitted_module_with_detach_gives_cpu_gradients():
+    cpu = _DetachModule()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
+    cpu(x).backward()
+    torchjax.jit(tpu)(x.to("tpu")).backward()
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_outputs_that_need_no_grad_come_back_without_one():
+    def f(x, w):
+        return x @ w, x.sum(), (x @ w).detach(), torch.ones(2, device=x.device)
+
+    x = torch.randn(3, 4)
+    w = torch.randn(4, 2).requires_grad_()
+    want = f(x, w)
+    got = torchjax.jit(f)(x.to("tpu"), w.to("tpu").detach().requires_grad_())
+    assert (
+        [t.requires_grad for t in got]
+        == [t.requires_grad for t in want]
+        == [
+            True,
+            False,
+            False,
+            False,
+        ]
+    )
+    assert [t.grad_fn is None for t in got] == [t.grad_fn is None for t in want]

@@ -58,6 +58,7 @@ from torchjax.compile._call import (
     traced_argument,
     unflatten_args,
 )
+from torchjax.compile._stop_gradient import stopping
 from torchjax.interop._jax_function import _VJP
 from torchjax.tensor import random as _rng
 from torchjax.tensor._binding import bound, trace_lock
@@ -258,6 +259,7 @@ class _Entry:
                     with (
                         torch.autograd.set_multithreading_enabled(False),
                         _hyper.bound(call.hypers.slots, hypers),
+                        stopping(),  # Note [Stopped gradients in compiled programs]
                     ):
                         out = jitted.fn(*args, **kwargs)
                 finally:
@@ -488,6 +490,11 @@ class _VJPCall:
         program = entry.vjp
         n = len(program.diff_state)
         self.diff = tuple(range(n)) + tuple(n + j for j in range(len(program.diff_dyn)))
+
+    def constant_outputs(self):
+        """Positions of outputs that did not require grad when traced (a detached value,
+        a function of constants): as on CPU, they come back without a grad_fn."""
+        return {j for j, grad in enumerate(self.entry.out_grad) if not grad}
 
     def wrap_outputs(self, outs):
         return self.entry.laid_out([wrap(o) for o in outs])

@@ -168,8 +168,14 @@ class _VJP(torch.autograd.Function):
         ctx.n_inputs = len(tensors)
         wrap_outputs = getattr(call, "wrap_outputs", None)
         results = tuple(wrap_outputs(outs) if wrap_outputs else (wrap(o) for o in outs))
+        constant = getattr(call, "constant_outputs", None)
+        constant = constant() if constant else ()
         ctx.mark_non_differentiable(
-            *(r for r in results if not (r.dtype.is_floating_point or r.dtype.is_complex))
+            *(
+                r
+                for j, r in enumerate(results)
+                if j in constant or not (r.dtype.is_floating_point or r.dtype.is_complex)
+            )
         )
         return results
 

@@ -13,6 +13,7 @@ threads and after any context manager exits.
 from __future__ import annotations
 
 import math
+import threading
 
 import jax
 import numpy as np
@@ -40,6 +41,11 @@ _HANDLERS: dict = {}
 # this module cannot import (the device package imports it).
 _PENDING_CHECKS: list = []
 _at_backward_op = None
+# How many threads are tracing a torchjax.jit program, and this thread's argument hook
+# while it does (Note [Stopped gradients in compiled programs] in
+# torchjax/compile/_stop_gradient.py, which fills them): one list read per eager op.
+ARG_HOOKS: list = [0]
+HOOK = threading.local()
 
 
 def make(
@@ -295,11 +301,20 @@ class JaxTensor(torch.Tensor):
         token = x64_enter()
         if _PENDING_CHECKS:  # the end of a backward pass reports them
             _at_backward_op()
+        hooked = None
+        if ARG_HOOKS[0]:
+            hook = getattr(HOOK, "fn", None)
+            if hook is not None:
+                args, kwargs, hooked = hook(func, args, kwargs)
         try:
             handler = _HANDLERS.get(func)
             if handler is None:
-                return _dispatch(func, args, kwargs or {})
-            return handler(args, kwargs or {})
+                result = _dispatch(func, args, kwargs or {})
+            else:
+                result = handler(args, kwargs or {})
+            if hooked:
+                HOOK.after(hooked)
+            return result
         except Exception as error:
             # Fake JaxTensors (torch.compile tracing) have no storage: every handler
             # fails on them, so checking here costs nothing on the hot path.

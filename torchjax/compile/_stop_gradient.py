@@ -1,0 +1,101 @@
+"""Where torch's autograd stops, the compiled VJP stops too.
+
+Note [Stopped gradients in compiled programs]
+A torchjax.jit program's ``backward()`` is ``jax.vjp`` of the traced program
+(torchjax/compile/_jit.py). jax differentiates every path from an input to an output;
+torch's autograd only the paths through tensors that require grad. So without more, a
+``detach()`` (``y - y.detach()``), a ``torch.no_grad()`` block or an argument that does
+not require grad inside the function gave gradients CPU does not give: silently wrong.
+While a program is traced, every op's tensor arguments that do not require grad are
+read through ``lax.stop_gradient``: the stand-in views the same elements of a storage
+whose array is the stopped root array, with the argument's size, stride and offset, so
+values, layouts and the forward program are unchanged (``stop_gradient`` is the
+identity), and the VJP is zero through exactly the tensors torch's graph leaves out.
+Not replaced: arguments the op writes or returns a view of (an alias in the op's
+schema: ``add_``'s self, ``t``'s input), and ``_unsafe_view``'s input (it shares its
+storage), so every write and view still reaches the tensor itself; constants (no
+tracer), and dtype or conj views (their stored array is not read directly), which
+keep their value. A few ops write an argument their schema does not mark
+(``native_batch_norm``'s running stats): a stand-in written by the op hands its new
+array to the tensor's own storage after the op. The hook is per thread and only while
+torchjax.jit traces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import jax
+from jax import lax
+
+from torchjax.tensor import _tensor
+from torchjax.tensor._storage import Storage
+from torchjax.tensor._tensor import JaxTensor, make
+
+_SHARES_STORAGE = frozenset({"_unsafe_view"})
+
+
+@functools.lru_cache(maxsize=None)
+def _aliased_positions(func) -> frozenset:
+    """Positions and names of ``func``'s arguments that it writes or views."""
+    if func._opname in _SHARES_STORAGE:
+        return frozenset(range(len(func._schema.arguments)))
+    out = set()
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None:
+            out.add(i)
+            out.add(a.name)
+    return frozenset(out)
+
+
+def _stopped(t, pairs):
+    if t.__class__ is not JaxTensor or t.requires_grad:
+        return t
+    s = t._storage
+    if s.__class__ is not Storage or s.lazy is not None:
+        return t
+    arr = s.arr
+    if not isinstance(arr, jax.core.Tracer):
+        return t
+    stand_in = Storage(lax.stop_gradient(arr), s.shape, s.numel)
+    pairs.append((s, stand_in))
+    return make(stand_in, t._size, t._stride, t._offset, t.dtype, t._device_index)
+
+
+def _stopped_arg(x, pairs):
+    if x.__class__ is JaxTensor:
+        return _stopped(x, pairs)
+    if x.__class__ is list or x.__class__ is tuple:
+        return x.__class__(_stopped(y, pairs) if y.__class__ is JaxTensor else y for y in x)
+    return x
+
+
+def _hook(func, args, kwargs):
+    aliased = _aliased_positions(func)
+    pairs = []
+    args = tuple(a if i in aliased else _stopped_arg(a, pairs) for i, a in enumerate(args))
+    if kwargs:
+        kwargs = {k: v if k in aliased else _stopped_arg(v, pairs) for k, v in kwargs.items()}
+    return args, kwargs, pairs
+
+
+def _after(pairs):
+    """A stand-in the op wrote (an unmarked write): its array goes to the storage."""
+    for storage, stand_in in pairs:
+        if stand_in.version:
+            storage.replace(stand_in.arr)
+
+
+@contextlib.contextmanager
+def stopping():
+    """While tracing a program: tensors that do not require grad are stopped."""
+    local = _tensor.HOOK
+    previous = getattr(local, "fn", None), getattr(local, "after", None)
+    local.fn, local.after = _hook, _after
+    _tensor.ARG_HOOKS[0] += 1
+    try:
+        yield
+    finally:
+        _tensor.ARG_HOOKS[0] -= 1
+        local.fn, local.after = previous
