@@ -499,3 +499,25 @@ def test_outputs_that_need_no_grad_come_back_without_one():
         ]
     )
     assert [t.grad_fn is None for t in got] == [t.grad_fn is None for t in want]
+
+
+def test_in_place_write_to_a_non_leaf_argument_as_on_cpu():
+    # CPU lets a function write a non-leaf argument in place (a leaf requiring grad
+    # refuses): the write reaches the caller's tensor and gradients flow through it.
+    def f(x, w):
+        x.mul_(2)
+        return (x @ w).sum()
+
+    results = {}
+    for dev, fn in (("cpu", f), ("tpu", torchjax.jit(f))):
+        g = torch.Generator().manual_seed(0)
+        x0 = torch.randn(5, 4, generator=g).to(dev).requires_grad_()
+        w = torch.randn(4, 3, generator=g).to(dev).requires_grad_()
+        x = x0 * 1
+        fn(x, w).backward()
+        results[dev] = [x.detach().cpu(), x0.grad.cpu(), w.grad.cpu()]
+        leaf = torch.randn(5, 4).to(dev).requires_grad_()
+        with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+            fn(leaf, w)
+    for got, want in zip(results["tpu"], results["cpu"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -90,7 +90,7 @@ class Call:
             tuple(value_key(v) for v in static),
             tuple(_static_key(v) for v in static_kwargs.items()),
             tuple(_aval(a) for a in self.arrays),
-            tuple(t.requires_grad for t in tensors),
+            tuple((t.requires_grad, t.requires_grad and t.is_leaf) for t in tensors),
             tuple(map(id, self.storages)),
             tuple(_aval(a) for a in self.state_arrays),
             flags,

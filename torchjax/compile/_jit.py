@@ -250,7 +250,11 @@ class _Entry:
                             # Note [User tensor subclasses under torchjax.jit]: a fresh
                             # wrapper takes the made class, as alias_as gives an alias.
                             w.__class__ = type(t)
-                        flat[i] = w.requires_grad_() if t.requires_grad else w
+                        if t.requires_grad:
+                            w.requires_grad_()
+                            if not t.is_leaf:  # in-place ops on it are allowed, as on CPU
+                                w = _NonLeaf.apply(w)
+                        flat[i] = w
                         wrapped.append(w)
                     stored = [root(w).arr for w in wrapped]  # the arrays traced
                     flat = [x.obj if isinstance(x, Ref) else x for x in flat]
@@ -457,6 +461,20 @@ def _layout(t):
     if in_row_major_order(size, stride) or is_dense_permutation(size, stride):
         return (size, stride)
     return None
+
+
+class _NonLeaf(torch.autograd.Function):
+    """The traced stand-in of an argument that is not a leaf: the same storage, with a
+    grad_fn, so the function may write it in place as CPU allows (a leaf requiring grad
+    refuses in-place ops)."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return make(t._storage, t._size, t._stride, t._offset, t.dtype, t._device_index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
 
 
 def _differentiable(t) -> bool:
