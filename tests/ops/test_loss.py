@@ -162,3 +162,34 @@ def test_nll_loss_of_a_non_floating_input_refuses_as_cpu(dtype, spatial):
             torch.nn.functional.nll_loss(torch.ones(shape).to(dtype).to(dev), target.to(dev))
         messages[dev] = str(info.value)
     assert messages["tpu"].startswith(messages["cpu"]), messages
+
+
+_NLL_BAD = {
+    "weight of the wrong size": lambda x, t, d: F.nll_loss(x, t, weight=torch.ones(2, device=d)),
+    "float target": lambda x, t, d: F.nll_loss(x, t.float()),
+    "int32 target": lambda x, t, d: F.nll_loss(x, t.int()),
+    "long weight": lambda x, t, d: F.nll_loss(x, t, weight=torch.ones(3, dtype=torch.long).to(d)),
+    "2d weight of the wrong size": lambda x, t, d: F.nll_loss(
+        torch.zeros(2, 3, 4, 4, device=d),
+        torch.zeros(2, 4, 4, dtype=torch.long, device=d),
+        weight=torch.ones(2, device=d),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NLL_BAD))
+def test_nll_loss_argument_checks_refuse_as_cpu(name):
+    messages = {}
+    for dev in ("cpu", "tpu"):
+        x = torch.zeros(4, 3, device=dev)
+        t = torch.tensor([0, 1, 2, 1], device=dev)
+        with pytest.raises(RuntimeError) as info:
+            _NLL_BAD[name](x, t, dev)
+        messages[dev] = str(info.value)
+    assert messages["tpu"].startswith(messages["cpu"]), messages
+
+
+def test_nll_loss_takes_a_uint8_target_as_cpu():
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([0, 1, 2, 1], dtype=torch.uint8)
+    torch.testing.assert_close(F.nll_loss(x.to("tpu"), t.to("tpu")).cpu(), F.nll_loss(x, t))

@@ -290,6 +290,30 @@ def _register_linear_cross_entropy():
 _register_linear_cross_entropy()
 
 
+def _check_nll_arguments(self, target, weight):
+    """ATen's argument checks of nll_loss, which the decomposition makes as assertions or
+    not at all."""
+    if target.dtype not in (torch.int64, torch.uint8):
+        raise RuntimeError(
+            f"expected target dtype to be Long or Byte, but got {aten_type_name(target.dtype)}"
+        )
+    if weight is None:
+        return
+    classes = self.shape[1] if self.dim() >= 2 else self.shape[0]
+    if weight.numel() != classes:
+        if self.dim() == 4:
+            raise RuntimeError("weight tensor should be defined either for all or no classes")
+        raise RuntimeError(
+            f"weight tensor should be defined either for all {classes} classes or no "
+            f"classes but got weight tensor of shape: {list(weight.shape)}"
+        )
+    if weight.dtype != self.dtype:
+        raise RuntimeError(
+            f"expected scalar type {aten_type_name(self.dtype)} but found "
+            f"{aten_type_name(weight.dtype)}"
+        )
+
+
 def _nll_target_check(decomposed, kernel):
     """nll_loss forward through torch's decomposition, after torch's checks: a floating
     input (CPU has no integer, bool or complex kernel; the decomposition would compute),
@@ -302,6 +326,7 @@ def _nll_target_check(decomposed, kernel):
             raise NotImplementedError(
                 f"\"{kernel}\" not implemented for '{aten_type_name(self.dtype)}'"
             )
+        _check_nll_arguments(self, target, args[2] if len(args) > 2 else kwargs.get("weight"))
         ignore = args[4] if len(args) > 4 else kwargs.get("ignore_index", -100)
         if isinstance(target, JaxTensor) and target.numel():
             classes = self.shape[1] if self.dim() >= 2 else self.shape[0]
