@@ -316,3 +316,32 @@ def test_index_put_of_values_that_do_not_broadcast_refuses_as_cpu(index, value_s
         messages[dev] = str(info.value)
     assert messages["cpu"].startswith("shape mismatch: value tensor of shape")
     assert messages["tpu"].startswith(messages["cpu"]), messages
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        torch.tensor(0),
+        torch.tensor(0.5, dtype=torch.float64),
+        torch.tensor([1]),
+        torch.tensor(True),
+    ],
+    ids=["int", "float64", "one-element int", "bool"],
+)
+def test_masked_put_of_a_cpu_one_element_value_casts_as_cpu(value):
+    # ATen turns it into masked_fill_ with a number (canDispatchToMaskedFill).
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+    t = x.to("tpu")
+    x[x > 0] = value
+    t[t > 0] = value
+    x[:, x[0] < 0] = value
+    t[:, t[0] < 0] = value
+    assert t.dtype == x.dtype
+    torch.testing.assert_close(t.cpu(), x, rtol=0, atol=0)
+
+
+def test_masked_put_of_a_device_value_of_another_dtype_refuses_as_cuda():
+    # A value on the device takes index_put_'s dtype check, as a CUDA value does.
+    t = torch.randn(4, 5).to("tpu")
+    with pytest.raises(RuntimeError, match="got Float for the destination and Long for the source"):
+        t[t > 0] = torch.tensor(1).to("tpu")

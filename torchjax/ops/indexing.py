@@ -35,6 +35,7 @@ from torchjax.ops.registry import functional_handler, handler, lowering
 from torchjax.ops.view_ops import _dim
 from torchjax.tensor import dtypes
 from torchjax.tensor._memory_format import restrided
+from torchjax.tensor._tensor import JaxTensor
 
 aten = torch.ops.aten
 _ALL = slice(None)
@@ -152,8 +153,8 @@ def index_put(self, indices, values, accumulate=False, unsafe=False):
     if values.dtype != self.dtype:
         raise RuntimeError(
             f"Index put requires the source and destination dtypes match, got "
-            f"{self.dtype} for the destination and {values.dtype} for the "
-            "source. (in aten::index_put)"
+            f"{dtypes.aten_type_name(self.dtype)} for the destination and "
+            f"{dtypes.aten_type_name(values.dtype)} for the source. (in aten::index_put)"
         )
     masked = _masked_put(self, indices, values, accumulate)
     if masked is not None:
@@ -170,6 +171,58 @@ def index_put(self, indices, values, accumulate=False, unsafe=False):
             f"broadcast to indexing result of shape {list(indexed.shape)} (in aten::index_put)"
         )
     return _update(self, index, values, "add" if accumulate else "set")
+
+
+def _cpu_scalar_mask(self, indices, values):
+    """ATen's ``canDispatchToMaskedFill``: ``index_put_`` of a one-element CPU value at
+    one bool (or uint8) mask on the device is ``masked_fill_`` with the value as a
+    number, so its dtype need not be ``self``'s (``y[mask] = torch.tensor(0)``, CPU's
+    and CUDA's way). The mask unsqueezed over the dims after it, or None."""
+    if isinstance(values, JaxTensor) or not isinstance(values, torch.Tensor):
+        return None
+    if values.numel() != 1:
+        return None
+    mask, n = None, 0
+    for idx in indices:
+        if idx is None:
+            n += 1
+            continue
+        if mask is not None or not isinstance(idx, JaxTensor):
+            return None
+        if idx.dtype not in (torch.bool, torch.uint8):
+            return None
+        for k in range(idx.dim()):
+            if n + k >= self.dim() or idx.shape[k] != self.shape[n + k]:
+                raise IndexError(
+                    f"The shape of the mask {list(idx.shape)} at index {k} does not match "
+                    f"the shape of the indexed tensor {list(self.shape)} at index {n + k}"
+                )
+        mask, n = idx, n + idx.dim()
+    if mask is None:
+        return None
+    mask = mask if mask.dtype == torch.bool else aten._to_copy.default(mask, dtype=torch.bool)
+    return aten.view.default(mask, list(mask.shape) + [1] * (self.dim() - n))
+
+
+@functools.cache
+def _index_put_in_place():
+    from torchjax.ops import registry, writeback  # the registry imports this module
+
+    func = aten.index_put_.default
+    return writeback.inplace_handler(func, registry._handler_for(aten.index_put.default))
+
+
+@handler(aten.index_put_.default)
+def index_put_(args, kwargs):
+    """aten::index_put_ - ``self[indices] = values``; a one-element CPU value at one mask
+    is ``masked_fill_`` (``_cpu_scalar_mask``), else the in-place form of ``index_put``."""
+    self, indices, values = args[0], args[1], args[2]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    if not accumulate:
+        mask = _cpu_scalar_mask(self, indices, values)
+        if mask is not None:
+            return aten.masked_fill_.Scalar(self, mask, values.item())
+    return _index_put_in_place()(args, kwargs)
 
 
 def _masked_put(self, indices, values, accumulate):
