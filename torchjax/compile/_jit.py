@@ -246,14 +246,14 @@ class _Entry:
                     wrapped = []
                     for i, t, a, bits in zip(call.pos, call.tensors, arrays, call.bits):
                         w = traced_argument(a, t._device_index, bits)
-                        if user_class(type(t)) is not None:
-                            # Note [User tensor subclasses under torchjax.jit]: a fresh
-                            # wrapper takes the made class, as alias_as gives an alias.
-                            w.__class__ = type(t)
                         if t.requires_grad:
                             w.requires_grad_()
                             if not t.is_leaf:  # in-place ops on it are allowed, as on CPU
                                 w = _NonLeaf.apply(w)
+                        if user_class(type(t)) is not None:
+                            # Note [User tensor subclasses under torchjax.jit]: a fresh
+                            # wrapper takes the made class, as alias_as gives an alias.
+                            w.__class__ = type(t)
                         flat[i] = w
                         wrapped.append(w)
                     stored = [root(w).arr for w in wrapped]  # the arrays traced
