@@ -36,6 +36,7 @@ argument may trace differently).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -263,7 +264,9 @@ class _Entry:
                     with (
                         torch.autograd.set_multithreading_enabled(False),
                         _hyper.bound(call.hypers.slots, hypers),
-                        stopping(),  # Note [Stopped gradients in compiled programs]
+                        # Note [Stopped gradients in compiled programs]; without grad
+                        # mode nothing requires grad and no VJP is taken.
+                        stopping() if call.grad_mode else contextlib.nullcontext(),
                     ):
                         out = jitted.fn(*args, **kwargs)
                 finally:
