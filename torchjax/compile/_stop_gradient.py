@@ -7,8 +7,11 @@ torch's autograd only the paths through tensors that require grad. So without mo
 ``detach()`` (``y - y.detach()``), a ``torch.no_grad()`` block or an argument that does
 not require grad inside the function gave gradients CPU does not give: silently wrong.
 While a program is traced, every op's tensor arguments that do not require grad are
-read through ``lax.stop_gradient``: the stand-in views the same elements of a storage
-whose array is the stopped root array, with the argument's size, stride and offset, so
+read through ``lax.stop_gradient`` (only for ops called with grad mode on, where torch
+records a graph, and only at the op the traced code calls: inside an op's handler,
+below autograd, intermediates never require grad and say nothing about the graph):
+the stand-in views the same elements of a storage whose array is the stopped root
+array, with the argument's size, stride and offset, so
 values, layouts and the forward program are unchanged (``stop_gradient`` is the
 identity), and the VJP is zero through exactly the tensors torch's graph leaves out.
 Not replaced: arguments the op writes or returns a view of (an alias in the op's
@@ -27,6 +30,7 @@ import contextlib
 import functools
 
 import jax
+import torch
 from jax import lax
 
 from torchjax.tensor import _tensor
@@ -72,6 +76,11 @@ def _stopped_arg(x, pairs):
 
 
 def _hook(func, args, kwargs):
+    if not torch.is_grad_enabled():
+        # No graph is recorded (a no_grad block, a custom Function's forward, the
+        # backward pass): torch differentiates none of it, nor its arguments here.
+        return args, kwargs, None
+    _tensor.HOOK.fn = None  # the op's own nested ops see tensors below autograd
     aliased = _aliased_positions(func)
     pairs = []
     args = tuple(a if i in aliased else _stopped_arg(a, pairs) for i, a in enumerate(args))
@@ -81,7 +90,9 @@ def _hook(func, args, kwargs):
 
 
 def _after(pairs):
-    """A stand-in the op wrote (an unmarked write): its array goes to the storage."""
+    """After the op: the hook back on; a stand-in the op wrote (an unmarked write)
+    hands its array to the tensor's storage."""
+    _tensor.HOOK.fn = _hook
     for storage, stand_in in pairs:
         if stand_in.version:
             storage.replace(stand_in.arr)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import torch
+from jax import lax
 
 from torchjax.ops.indexing import require_in_range
 from torchjax.ops.registry import functional_handler, handler, lowering
@@ -56,11 +57,17 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     """aten::embedding - weight[indices]: shape indices.shape + weight.shape[1:].
 
     ``padding_idx``, ``scale_grad_by_freq`` only matter to the backward. Dtypes: weight's.
-    Reference: torch.nn.functional.embedding."""
+    Reference: torch.nn.functional.embedding. Eager backward is
+    ``embedding_dense_backward``; a torchjax.jit program's is jax's VJP of this
+    function, so the rows of ``padding_idx`` are read through ``stop_gradient`` (the
+    same values) to give them no gradient there too."""
     if weight.ndim != 2:
         raise RuntimeError(f"aten::embedding: 'weight' must be 2-D, got {weight.ndim}-D")
     _check_indices("embedding", indices, weight.shape[0])
-    return jnp.take(weight, indices, axis=0)
+    out = jnp.take(weight, indices, axis=0)
+    if padding_idx is not None and padding_idx >= 0:
+        out = jnp.where((indices == padding_idx)[..., None], lax.stop_gradient(out), out)
+    return out
 
 
 _embedding = functional_handler(aten.embedding.default, embedding)

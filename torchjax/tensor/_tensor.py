@@ -309,12 +309,8 @@ class JaxTensor(torch.Tensor):
         try:
             handler = _HANDLERS.get(func)
             if handler is None:
-                result = _dispatch(func, args, kwargs or {})
-            else:
-                result = handler(args, kwargs or {})
-            if hooked:
-                HOOK.after(hooked)
-            return result
+                return _dispatch(func, args, kwargs or {})
+            return handler(args, kwargs or {})
         except Exception as error:
             # Fake JaxTensors (torch.compile tracing) have no storage: every handler
             # fails on them, so checking here costs nothing on the hot path.
@@ -332,6 +328,8 @@ class JaxTensor(torch.Tensor):
             # See Note [Errors inside the autograd engine].
             return _backward_errors.defer(func, args, kwargs or {}, error)
         finally:
+            if hooked is not None:
+                HOOK.after(hooked)
             x64_exit(token)
 
 
