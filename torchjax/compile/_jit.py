@@ -61,14 +61,10 @@ from torchjax.compile._call import (
 )
 from torchjax.compile._stop_gradient import stopping
 from torchjax.interop._jax_function import _VJP
+from torchjax.ops import layouts
 from torchjax.tensor import random as _rng
 from torchjax.tensor._binding import bound, trace_lock
-from torchjax.tensor._memory_format import (
-    in_memory_order,
-    in_row_major_order,
-    is_dense_permutation,
-    restrided,
-)
+from torchjax.tensor._memory_format import is_dense_permutation
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor, make, wrap
 from torchjax.tensor._user_subclass import user_class
@@ -278,7 +274,7 @@ class _Entry:
                 aliases, bases = _aliases.plan([out_flat[i] for i in out_pos], wrapped, storages)
                 info["aliases"], info["n_bases"] = aliases, len(bases)
                 info["out_grad"] = [out_flat[i].requires_grad for i in out_pos]
-                info["layouts"] = [_layout(out_flat[i]) for i in out_pos]
+                info["layouts"] = [layouts.strides_for(out_flat[i]) for i in out_pos]
                 info["out_cls"] = [
                     type(out_flat[i]) if user_class(type(out_flat[i])) else None for i in out_pos
                 ]
@@ -316,6 +312,7 @@ class _Entry:
         self.closed = closed
         self.out_spec, out_flat, self.out_pos = info["out"]
         self.out_grad = info["out_grad"]
+        self.constant = frozenset(j for j, grad in enumerate(self.out_grad) if not grad)
         self.layouts = info["layouts"] if any(info["layouts"]) else None
         self.out_cls = info["out_cls"]
         self.out_static = [None if isinstance(x, JaxTensor) else x for x in out_flat]
@@ -365,14 +362,8 @@ class _Entry:
         compiled outputs])."""
         if self.layouts is None:
             return tensors
-        for j, layout in enumerate(self.layouts):
-            if layout is not None:
-                t = tensors[j]
-                size, stride = layout
-                if in_row_major_order(size, stride):
-                    tensors[j] = restrided(t, stride)
-                else:
-                    tensors[j] = in_memory_order(t._value(), size, stride, t.dtype, t._device_index)
+        for j, planned in enumerate(self.layouts):
+            tensors[j] = layouts.apply_layout(tensors[j], planned)
         return tensors
 
     def write_back(self, call: Call, rest) -> None:
@@ -449,21 +440,12 @@ class _VJPProgram:
 # gives an op's result CPU's strides (Note [Result layouts follow CPU]), and so does
 # inductor for a compiled CPU function, so ``(y.t() * 2)`` comes back with strides
 # (1, 3) and ``.t().view(-1)`` of it works. So the strides an output had while tracing
-# are recorded with the program, and a call's output reports them: restrided where they
-# differ only at size-1 dimensions, else laid out in memory order, its storage made when
-# first read (Note [Storages in memory order, made on first read]); the value read by
-# the next op is the program's own. Outputs that view an argument or state are rebuilt
-# as those views (Note [Aliased outputs of a compiled function]).
-def _layout(t):
-    """``(size, stride)`` of a traced output whose strides are not contiguous but a
-    layout an op gives (row-major up to size-1 dimensions, or a dense permutation);
-    None otherwise."""
-    size, stride = t._size, t._stride
-    if 0 in size or stride == contiguous_strides(size):
-        return None
-    if in_row_major_order(size, stride) or is_dense_permutation(size, stride):
-        return (size, stride)
-    return None
+# are recorded with the program (``layouts.strides_for``) and a call's output reports
+# them as an eager result does (``layouts.apply_layout``: restrided where they differ
+# only at size-1 dimensions, else laid out in memory order, its storage made when first
+# read); the value read by the next op is the program's own. Outputs that view an
+# argument or state are rebuilt as those views (Note [Aliased outputs of a compiled
+# function]).
 
 
 class _NonLeaf(torch.autograd.Function):
@@ -515,7 +497,7 @@ class _VJPCall:
     def constant_outputs(self):
         """Positions of outputs that did not require grad when traced (a detached value,
         a function of constants): as on CPU, they come back without a grad_fn."""
-        return {j for j, grad in enumerate(self.entry.out_grad) if not grad}
+        return self.entry.constant
 
     def wrap_outputs(self, outs):
         return self.entry.laid_out([wrap(o) for o in outs])

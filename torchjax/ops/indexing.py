@@ -191,12 +191,7 @@ def _cpu_scalar_mask(self, indices, values):
             return None
         if idx.dtype not in (torch.bool, torch.uint8):
             return None
-        for k in range(idx.dim()):
-            if n + k >= self.dim() or idx.shape[k] != self.shape[n + k]:
-                raise IndexError(
-                    f"The shape of the mask {list(idx.shape)} at index {k} does not match "
-                    f"the shape of the indexed tensor {list(self.shape)} at index {n + k}"
-                )
+        _check_mask(idx, self, n, "index_put_")
         mask, n = idx, n + idx.dim()
     if mask is None:
         return None

@@ -98,8 +98,8 @@ class ResultLayouts:
         if not plan:
             return result
         if result.__class__ is JaxTensor:
-            return _apply(result, plan[0])
-        outs = [_apply(r, p) if r.__class__ is JaxTensor else r for r, p in zip(result, plan)]
+            return apply_layout(result, plan[0])
+        outs = [apply_layout(r, p) if r.__class__ is JaxTensor else r for r, p in zip(result, plan)]
         return type(result)(outs)
 
     def _plan(self, args, kwargs) -> tuple:
@@ -116,7 +116,7 @@ class ResultLayouts:
         except Exception:  # no meta kernel, or one that refuses: contiguous results
             return ()
         many = isinstance(meta, (list, tuple))
-        plan = tuple(_strides_for(m) for m in (meta if many else (meta,)))
+        plan = tuple(strides_for(m) for m in (meta if many else (meta,)))
         return plan if any(p is not None for p in plan) else ()
 
 
@@ -135,8 +135,10 @@ def _conv_layout(meta, args):
     return meta.to(memory_format=fmt)
 
 
-def _strides_for(meta):
-    """The strides to give a result laid out as ``meta``, or None (contiguous)."""
+def strides_for(meta):
+    """``(size, stride)`` to give a result laid out as ``meta`` (a tensor whose strides
+    are row-major up to size-1 dimensions, or a dense permutation), or None
+    (contiguous)."""
     if not isinstance(meta, torch.Tensor) or meta.layout != torch.strided:
         return None
     size, stride = tuple(meta.shape), tuple(meta.stride())
@@ -147,7 +149,9 @@ def _strides_for(meta):
     return None
 
 
-def _apply(t: JaxTensor, planned):
+def apply_layout(t: JaxTensor, planned):
+    """``t``, a fresh contiguous result, reporting ``planned`` (``strides_for``'s): the
+    same tensor restrided, or its value over a storage in memory order."""
     if planned is None:
         return t
     size, stride = planned
