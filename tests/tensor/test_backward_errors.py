@@ -1,4 +1,5 @@
-"""An op failing during backward() raises from backward(), never aborts the process.
+"""An op or a gradient hook failing during backward() raises from backward(), never
+aborts the process.
 
 See Note [Errors inside the autograd engine] in torchjax/tensor/_backward_errors.py. The
 failing op is simulated by swapping a handler, in a subprocess, so a regression (a
@@ -24,6 +25,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 
 _EXCEPTIONS = ["NotImplementedError", "RuntimeError", "ValueError"]
+_HOOKS = ["register_hook", "register_post_accumulate_grad_hook"]
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +39,7 @@ def backward_runs(request, tmp_path_factory) -> SimpleNamespace:
         op = torch.ops.aten.threshold_backward.default
         registry._handler_for(op)
         saved = registry._HANDLERS[op]
+        _HOOKS = {_HOOKS!r}
         for exc in ({", ".join(_EXCEPTIONS)}):
             def failing(args, kwargs):
                 raise exc("no lowering for aten::threshold_backward (simulated)")
@@ -50,6 +53,20 @@ def backward_runs(request, tmp_path_factory) -> SimpleNamespace:
             y = torch.randn(3).to("tpu").requires_grad_()
             torch.relu(y).sum().backward()  # the next backward is unaffected
             print(exc.__name__, "grad ok:", y.grad.tolist() == (y > 0).float().tolist(), flush=True)
+        for kind in _HOOKS:
+            z = torch.randn(3).to("tpu").requires_grad_()
+            y = z * 2
+            if kind == "register_hook":
+                y.register_hook(lambda g: 1 / 0)
+            else:
+                z.register_post_accumulate_grad_hook(lambda p: 1 / 0)
+            try:
+                y.sum().backward()
+            except ZeroDivisionError as e:
+                print(kind, "raised:", e, flush=True)
+            w = torch.randn(3).to("tpu").requires_grad_()
+            (w * 2).sum().backward()
+            print(kind, "next ok:", w.grad.tolist() == [2.0, 2.0, 2.0], flush=True)
         """
     return SimpleNamespace(
         **once_per_run(request, tmp_path_factory, "backward_runs", lambda: completed(_run(code)))
@@ -62,6 +79,15 @@ def test_error_in_backward_op_is_raised_by_backward(exc, backward_runs):
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"{exc} raised: no lowering for aten::threshold_backward (simulated)" in out.stdout
     assert f"{exc} grad ok: True" in out.stdout
+
+
+@pytest.mark.parametrize("kind", _HOOKS)
+def test_error_in_a_gradient_hook_is_raised_by_backward(kind, backward_runs):
+    # A hook raising inside the engine aborted the process on this device.
+    out = backward_runs
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"{kind} raised: division by zero" in out.stdout
+    assert f"{kind} next ok: True" in out.stdout
 
 
 def test_forward_errors_raise_directly():

@@ -11,10 +11,14 @@ backward pass must not raise there. Instead it returns zero-filled outputs of th
 metadata (from the op run on meta tensors) and queues an engine callback that raises the
 original exception when the pass ends: ``loss.backward()`` raises it, with its message
 and traceback, exactly as it would on CPU. Outside the engine, errors raise directly.
+A gradient hook registered on a tpu tensor (``register_hook``,
+``register_post_accumulate_grad_hook``) that raises aborts the same way, so its error
+also waits for the end of the pass (``guarded``), the gradient passing on unchanged.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -51,6 +55,17 @@ def defer(func, args, kwargs, error: BaseException):
             return wrap(jnp.zeros(tuple(m.shape), to_jax_dtype(m.dtype)))
         return m
 
+    raise_later(error)
+    schema = func._schema
+    if schema.returns and schema.arguments and schema.arguments[0].alias_info is not None:
+        if schema.arguments[0].alias_info.is_write:
+            return args[0]  # in-place: torch expects self back
+    return pytree.tree_map(placeholder, meta_out)
+
+
+def raise_later(error: BaseException) -> None:
+    """Raise ``error`` when the running backward pass ends (the first error of a pass
+    wins, as the first raised on CPU would)."""
     task = graph_task_id()
     if getattr(_state, "task", None) != task:
         _state.task = task
@@ -60,8 +75,21 @@ def defer(func, args, kwargs, error: BaseException):
             raise error
 
         queue_engine_callback(reraise)
-    schema = func._schema
-    if schema.returns and schema.arguments and schema.arguments[0].alias_info is not None:
-        if schema.arguments[0].alias_info.is_write:
-            return args[0]  # in-place: torch expects self back
-    return pytree.tree_map(placeholder, meta_out)
+
+
+def guarded(hook):
+    """``hook`` (a gradient hook run by the engine), its exceptions raised when the pass
+    ends instead of inside the engine, where they would abort the process (Note [Errors
+    inside the autograd engine]); the gradient passes on unchanged meanwhile."""
+
+    @functools.wraps(hook)
+    def run(*args):
+        try:
+            return hook(*args)
+        except Exception as error:
+            if not in_backward():
+                raise
+            raise_later(error)
+            return None
+
+    return run

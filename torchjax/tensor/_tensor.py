@@ -234,6 +234,14 @@ class JaxTensor(torch.Tensor):
             return super().as_subclass(cls)
         return _user_subclass.alias_as(self, made)
 
+    def register_hook(self, hook):
+        # Note [Errors inside the autograd engine] (_backward_errors.py): a hook raising
+        # inside the engine would abort the process on this device.
+        return super().register_hook(_backward_errors.guarded(hook))
+
+    def register_post_accumulate_grad_hook(self, hook):
+        return super().register_post_accumulate_grad_hook(_backward_errors.guarded(hook))
+
     @property
     def data(self):
         return torch.Tensor.data.__get__(self)
