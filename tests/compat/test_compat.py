@@ -2,6 +2,7 @@
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -512,3 +513,24 @@ def test_backends_initialized_after_a_tpu_op():
 
     torch.ones(2, device="tpu").sum().item()
     assert backends_initialized() is True
+
+
+def test_autograd_function_apply_is_dynamos_op_for_custom_functions():
+    op = ct.autograd_function_apply()
+    assert isinstance(op, torch._ops.HigherOrderOperator)
+    assert op.name() == "autograd_function_apply"
+
+
+def test_trace_of_names_a_tracers_trace():
+    from torchjax._compat import jax as cj
+
+    seen = []
+
+    def f(a, b):
+        seen.append((cj.trace_of(a), cj.trace_of(b)))
+        return a + b
+
+    jax.make_jaxpr(f)(jnp.ones(2), jnp.ones(2))
+    ((ta, tb),) = seen
+    assert ta is not None and ta is tb
+    assert cj.trace_of(jnp.ones(2)) is None

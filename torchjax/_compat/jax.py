@@ -95,6 +95,11 @@ def plain_eager() -> bool:
     return _core.trace_state_clean() and jax.sharding.get_abstract_mesh().empty
 
 
+def trace_of(x):
+    """The trace a tracer belongs to (``Tracer._trace``), None for a concrete value."""
+    return getattr(x, "_trace", None) if isinstance(x, jax.core.Tracer) else None
+
+
 def put_host(host, device=None) -> jax.Array:
     """``jax.device_put(host, device)`` for a NumPy array and a jax device (or None: the
     default device, uncommitted), through jax's own transfer call."""

@@ -455,6 +455,15 @@ def fake_tensor_mode_class():
     return FakeTensorMode
 
 
+def autograd_function_apply():
+    """Dynamo's higher-order op for a user's ``autograd.Function``
+    (``torch._functorch.autograd_function.autograd_function_apply``; imported on first
+    use, with Dynamo's graphs)."""
+    from torch._functorch.autograd_function import autograd_function_apply as op
+
+    return op
+
+
 # ``with disable_torch_function_subclass():`` runs torch functions without subclasses'
 # ``__torch_function__`` (what torch.Tensor.__torch_function__ does around the call;
 # torch._C, private). A tpu tensor of a user's subclass needs it (Note [User tensor

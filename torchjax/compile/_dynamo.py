@@ -30,6 +30,7 @@ from torchjax._compat.torch import (
     dynamo_skip_package,
     fake_tensor_mode_class,
 )
+from torchjax.compile import _custom_functions
 from torchjax.compile._jit import Jitted
 
 
@@ -129,6 +130,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
     more compiled executable) and returning its outputs.
     """
     scalars = _scalars_as_values(gm, example_inputs)
+    _custom_functions.replace_in(gm)  # Note [Custom functions in Dynamo graphs]
     compiled = Jitted(gm, warn_after=16)
     _TOTALS["graphs"] += 1
 

@@ -47,9 +47,9 @@ import torch
 from jax.extend.core import jaxpr_as_fun
 
 from torchjax import _budget
-from torchjax._compat.jax import x64, x64_enter, x64_exit
+from torchjax._compat.jax import trace_of, x64, x64_enter, x64_exit
 from torchjax._compat.torch import pytree
-from torchjax.compile import _aliases, _donate, _hyper, _repeat, _state
+from torchjax.compile import _aliases, _autograd, _donate, _hyper, _repeat, _state
 from torchjax.compile._aliases import root
 from torchjax.compile._call import (
     Call,
@@ -233,6 +233,8 @@ class _Entry:
         self = cls()
         storages = call.storages
         info = {}
+        # Note [The compiled VJP is torch's autograd]; without grad mode no graph is made.
+        saved = _autograd.Saved() if call.grad_mode else None
 
         def pure(state_arrays, key, arrays, hypers):
             stream = _rng.TracedStream(key)
@@ -240,9 +242,10 @@ class _Entry:
                 old = _rng.set_traced_stream(stream)
                 try:
                     flat = list(call.static)
-                    wrapped = []
+                    wrapped, leaves = [], []
                     for i, t, a, bits in zip(call.pos, call.tensors, arrays, call.bits):
                         w = traced_argument(a, t._device_index, bits)
+                        leaves.append(w)
                         if t.requires_grad:
                             w.requires_grad_()
                             if not t.is_leaf:  # in-place ops on it are allowed, as on CPU
@@ -263,6 +266,7 @@ class _Entry:
                         # Note [Stopped gradients in compiled programs]; without grad
                         # mode nothing requires grad and no VJP is taken.
                         stopping() if call.grad_mode else contextlib.nullcontext(),
+                        saved.hooks() if saved is not None else contextlib.nullcontext(),
                     ):
                         out = jitted.fn(*args, **kwargs)
                 finally:
@@ -296,11 +300,15 @@ class _Entry:
                 info["written"], info["created"] = written, created
                 info["args_written"] = args_written
                 info["draws"] = stream.draws
+                residuals = [] if saved is None else saved.residuals(trace_of(key))
+                info["n_res"] = len(residuals)
+                info["graph"] = ([out_flat[i] for i in out_pos], bases, leaves, arrays)
                 return (
                     [out_flat[i]._value() for i in out_pos] + [b.arr for b in bases],
                     [storages[i].arr for i in written],
                     [s.arr for s in created],
                     [wrapped[k]._value() for k in args_written],
+                    residuals,
                 )
 
         # The key is abstract while tracing: a call draws its real key from the device's
@@ -331,11 +339,14 @@ class _Entry:
             if jitted.donate
             else ()
         )
-        fun = jaxpr_as_fun(closed)
+        fun_all = jaxpr_as_fun(closed)
+        n_res = info["n_res"]
+        self.n_res = n_res
+        fun = fun_all if not n_res else (lambda *a: fun_all(*a)[:-n_res])
         self.donated = donate
         self.compiled = jax.jit(fun, donate_argnums=donate)
         self.n_state = len(storages)
-        self.vjp = _VJPProgram.build(self, call, fun)
+        self.vjp = _VJPProgram.build(self, call, fun_all, saved, info["graph"])
         return self
 
     def alive(self) -> bool:
@@ -391,29 +402,62 @@ class _Entry:
 
     def run_differentiable(self, call: Call):
         program = self.vjp
-        state = [call.walk.tensors[i] for i in program.diff_state]
+        state = program.state_inputs(call.walk)
         dyn = [call.tensors[k] for k in program.diff_dyn]
         outs = _VJP.apply(_VJPCall(self, call), *state, *dyn)
         return self.unflatten(outs, call)
 
 
 class _VJPProgram:
-    """The VJP of a jitted program w.r.t. the state and inputs requiring grad:
-    a compiled forward returning the pullback (residuals included) and a compiled
-    backward applying it."""
+    """The VJP of a jitted program w.r.t. the state and inputs requiring grad: a
+    compiled forward returning the outputs and what the backward needs (``pullback``),
+    and a compiled backward taking that and the cotangents.
+
+    The backward is torch's autograd graph recorded while tracing (Note [The compiled
+    VJP is torch's autograd]; ``pullback`` is the saved tensors' values) or, where that
+    graph cannot be replayed, ``jax.vjp`` of the forward (``pullback`` is jax's, holding
+    its residuals)."""
 
     @classmethod
-    def build(cls, entry: _Entry, call: Call, fun):
-        diff_state = [
-            i for i, t in enumerate(call.walk.tensors) if _differentiable(t) and _covers(t)
-        ]
+    def build(cls, entry: _Entry, call: Call, fun, saved, graph):
+        diff_leaves = [i for i, t in enumerate(call.walk.leaves) if _differentiable(t)]
         diff_dyn = [k for k, t in enumerate(call.tensors) if _differentiable(t)]
-        grads_out = [g for g in entry.out_grad]
-        if not (diff_state or diff_dyn) or not any(grads_out):
+        if not (diff_leaves or diff_dyn) or not any(entry.out_grad):
             return None
         self = cls()
+        n_out, n_res = entry.n_out, entry.n_res
+        backward = _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn)
+        self.from_torch = backward is not None
+        if backward is not None:
+            # Every parameter's own gradient, several viewing one storage included.
+            self.diff_state, self.diff_dyn = diff_leaves, diff_dyn
+            n_state = len(diff_leaves)
+
+            def fwd(state, key, dyn, hypers):
+                res = fun(*state, key, *dyn, *hypers)
+                end = len(res) - n_res
+                return res[:n_out], res[end:], res[n_out:end]
+
+            forward = jax.jit(fwd)
+
+            def run(state, key, dyn, hypers):
+                outs, residuals, aux = forward(state, key, dyn, hypers)
+                return outs, ([*state, *dyn], residuals), aux
+
+            def bwd(pullback, cotangents):
+                grads = backward(*pullback, cotangents)
+                return grads[:n_state], grads[n_state:]
+
+            self.fwd, self.bwd = run, bwd
+            return self
+
+        # jax.vjp takes the gradient of each state storage's array: only for state
+        # tensors viewing all of theirs.
+        tensors = call.walk.tensors
+        diff_state = [i for i, t in enumerate(tensors) if _differentiable(t) and _covers(t)]
+        if not (diff_state or diff_dyn):
+            return None
         self.diff_state, self.diff_dyn = diff_state, diff_dyn
-        n_out = entry.n_out
 
         def fwd(state, key, dyn, hypers):
             def g(ds, dd):
@@ -433,6 +477,48 @@ class _VJPProgram:
         self.fwd = jax.jit(fwd)
         self.bwd = jax.jit(lambda pullback, cts: pullback(cts))
         return self
+
+    def state_inputs(self, walk):
+        """The state tensors the gradients are for, in the backward's order."""
+        tensors = walk.leaves if self.from_torch else walk.tensors
+        return [tensors[i] for i in self.diff_state]
+
+
+def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
+    """The backward program made of torch's graph of the trace, or None (Note [The
+    compiled VJP is torch's autograd])."""
+    outs, bases, leaves, arg_tracers = graph
+    aliases = entry.aliases
+    outputs = []
+    for j, t in enumerate(outs):
+        # An output rebuilt as a view of an argument, state or shared base after the
+        # call gets its gradient through that view, not through its own position.
+        if (aliases is None or aliases[j] is None) and t.requires_grad:
+            outputs.append((j, t, None))
+    for b, storage in enumerate(bases):
+        viewing = [t for t in outs if root(t) is storage]
+        if not any(t.requires_grad for t in viewing):
+            continue
+        whole = _autograd.cover(storage, viewing)
+        if whole is None or not whole.requires_grad:
+            return None
+        outputs.append((len(outs) + b, whole, storage))
+    if not outputs:
+        return None
+    inputs = [call.walk.leaves[i] for i in diff_leaves] + [leaves[k] for k in diff_dyn]
+    avals = entry.closed.out_avals
+    residual_avals = avals[len(avals) - entry.n_res :]
+    # An argument's storage is bound where its array is the argument's own.
+    args = [root(w) if root(w).arr is a else None for w, a in zip(leaves, arg_tracers)]
+    return _autograd.Backward.trace(
+        saved,
+        outputs,
+        inputs,
+        [*call.storages, *args],
+        [*call.state_arrays, *call.arrays],
+        residual_avals,
+        avals,
+    )
 
 
 # Note [Strides of compiled outputs]
@@ -517,9 +603,14 @@ class _VJPCall:
         return list(ds) + list(dd)
 
     def wrap_input_grads(self, grads):
-        """Tensors of ``pull``'s gradients: a state tensor's laid out as it is."""
+        """Tensors of ``pull``'s gradients. torch's backward gives each state tensor's
+        in its own element order (the leaf's AccumulateGrad lays it out as the tensor,
+        as on CPU); jax.vjp gives its storage's, laid out as the tensor here."""
+        program = self.entry.vjp
+        if program.from_torch:
+            return [wrap(g) for g in grads]
         tensors = self.call.walk.tensors
-        state = [state_grad(tensors[i], g) for i, g in zip(self.entry.vjp.diff_state, grads)]
+        state = [state_grad(tensors[i], g) for i, g in zip(program.diff_state, grads)]
         return state + [wrap(g) for g in grads[len(state) :]]
 
 

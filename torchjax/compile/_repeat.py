@@ -79,7 +79,8 @@ def _program(entry, stop):
             for j, v in zip(args_w, wa):
                 ar[j] = v
             rest = fun(*st, jax.random.fold_in(key, i), *ar, *hypers)[n_out:]
-            return i + 1, tuple(rest[:n_written]), tuple(rest[n_written:])
+            ends = n_written + len(args_w)  # the saved tensors' values follow
+            return i + 1, tuple(rest[:n_written]), tuple(rest[n_written:ends])
 
         def more(carry):
             i, _, wa = carry

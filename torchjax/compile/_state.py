@@ -43,7 +43,9 @@ class StateWalk:
     """The storages reachable from some roots, in a deterministic order.
 
     ``storages``: unique Storage objects; ``tensors``: one JaxTensor per storage (the first
-    found, used for error messages); ``optimizers``: torch.optim.Optimizer objects seen;
+    found, used for error messages); ``leaves``: every distinct JaxTensor found that
+    requires grad (several may view one storage: a flat buffer's parameters);
+    ``optimizers``: torch.optim.Optimizer objects seen;
     ``scalars``: the Python numbers and strings in the closures, defaults and named
     globals of the functions walked (guards: read at trace time, so part of the key).
     """
@@ -52,10 +54,12 @@ class StateWalk:
         self.grads = grads
         self.storages = []
         self.tensors = []
+        self.leaves = []
         self.optimizers = []
         self.modules = []
         self.scalars = []
         self._seen_storage = set()
+        self._seen_leaf = set()
         self._seen_obj = set()
 
     def add_tensor(self, t) -> None:
@@ -67,6 +71,9 @@ class StateWalk:
                 self._seen_storage.add(id(s))
                 self.storages.append(s)
                 self.tensors.append(t)
+            if t.requires_grad and id(t) not in self._seen_leaf:
+                self._seen_leaf.add(id(t))
+                self.leaves.append(t)
             grad = t.grad if self.grads and t.requires_grad else None
             if grad is not None:
                 self.add_tensor(grad)

@@ -1,8 +1,9 @@
 """Where torch's autograd stops, the compiled VJP stops too.
 
 Note [Stopped gradients in compiled programs]
-A torchjax.jit program's ``backward()`` is ``jax.vjp`` of the traced program
-(torchjax/compile/_jit.py). jax differentiates every path from an input to an output;
+Where torch's graph of the trace cannot be replayed (Note [The compiled VJP is torch's
+autograd] in torchjax/compile/_autograd.py), a torchjax.jit program's ``backward()`` is
+``jax.vjp`` of the traced program. jax differentiates every path from an input to an output;
 torch's autograd only the paths through tensors that require grad. So without more, a
 ``detach()`` (``y - y.detach()``), a ``torch.no_grad()`` block or an argument that does
 not require grad inside the function gave gradients CPU does not give: silently wrong.

@@ -1,0 +1,267 @@
+"""The backward of a compiled function is torch's autograd graph of its trace: the
+gradients eager (and CPU) gives, where differentiating the traced forward would not.
+
+See Note [The compiled VJP is torch's autograd] in torchjax/compile/_autograd.py.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchjax
+
+
+def _compiler(name):
+    return torchjax.jit if name == "jit" else (lambda f: torch.compile(f, backend="tpu"))
+
+
+def _grads(fn, compiler, *shapes, seed=0, values=None):
+    """The gradients of ``fn(*args).sum()`` w.r.t. every argument, on CPU and compiled
+    on tpu."""
+    out = {}
+    for dev, f in (("cpu", fn), ("tpu", _compiler(compiler)(fn))):
+        g = torch.Generator().manual_seed(seed)
+        args = values if values is not None else [torch.randn(s, generator=g) for s in shapes]
+        args = [a.clone().to(dev).requires_grad_() for a in args]
+        f(*args).sum().backward()
+        out[dev] = [a.grad.cpu() for a in args]
+    return out["tpu"], out["cpu"]
+
+
+class _RoundStraightThrough(torch.autograd.Function):
+    # A straight-through estimator: its backward is not the derivative of its forward.
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(scale)
+        return (x * scale).round()
+
+    @staticmethod
+    def backward(ctx, g):
+        (scale,) = ctx.saved_tensors
+        return g * scale * 3, None
+
+
+@pytest.mark.parametrize("compiler", ["jit", "dynamo"])
+def test_custom_function_backward_is_the_one_run(compiler):
+    def f(x, w):
+        return _RoundStraightThrough.apply(x * w, torch.full_like(x, 0.5)) ** 2
+
+    got, want = _grads(f, compiler, (4, 3), (4, 3))
+    assert all(g.abs().sum() > 0 for g in want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+_EDGES = {
+    # Each gives CPU 0 where differentiating the traced forward gives NaN or another
+    # value: derivatives.yaml's own conventions.
+    "normalize of a zero row": lambda x: F.normalize(x * (x > 100), dim=1),
+    "norm of zeros": lambda x: torch.linalg.vector_norm(x * 0, dim=1),
+    "cdist of identical points": lambda x: torch.cdist(x, x),
+    "pow 0 at 0": lambda x: (x * 0) ** 0.0,
+}
+
+
+@pytest.mark.parametrize("compiler", ["jit", "dynamo"])
+@pytest.mark.parametrize("name", sorted(_EDGES))
+def test_gradients_at_edge_points_are_torchs(name, compiler):
+    got, want = _grads(_EDGES[name], compiler, (3, 4))
+    assert not want[0].isnan().any()
+    torch.testing.assert_close(got[0], want[0])
+
+
+@pytest.mark.parametrize("compiler", ["jit", "dynamo"])
+def test_embedding_scale_grad_by_freq(compiler):
+    grads = {}
+    for dev in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        m = torch.nn.Embedding(6, 3, scale_grad_by_freq=True).to(dev)
+        f = m if dev == "cpu" else _compiler(compiler)(m)
+        (f(torch.tensor([[1, 1, 1, 4], [4, 2, 1, 0]]).to(dev)) * 2).sum().backward()
+        grads[dev] = m.weight.grad.cpu()
+    assert grads["cpu"][1].abs().sum() > 0
+    torch.testing.assert_close(grads["tpu"], grads["cpu"])
+
+
+def test_hook_on_an_intermediate_changes_the_gradient():
+    def f(x, w):
+        y = x * w
+        y.register_hook(lambda g: g * 10)
+        return y
+
+    got, want = _grads(f, "jit", (3,), (3,))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+        assert (w != 0).all()
+
+
+def test_hooks_of_leaves_run_once():
+    calls = {"cpu": 0, "tpu": 0}
+    grads = {}
+
+    def f(x, w):
+        return (x * w).sum()
+
+    for dev, fn in (("cpu", f), ("tpu", torchjax.jit(f))):
+        w = torch.ones(3, device=dev, requires_grad=True)
+
+        def hook(g, dev=dev):
+            calls[dev] += 1
+            return g * 2
+
+        w.register_hook(hook)
+        fn(torch.arange(3.0, device=dev), w).backward()
+        grads[dev] = w.grad.cpu()
+    assert calls == {"cpu": 1, "tpu": 1}
+    torch.testing.assert_close(grads["tpu"], grads["cpu"])
+
+
+class _FlatBuffer(torch.nn.Module):
+    # Parameters viewing one flat buffer, as FSDP's flat parameters and some
+    # fused-optimizer layouts hold them.
+    def __init__(self, flat):
+        super().__init__()
+        self.weight = torch.nn.Parameter(flat[:12].view(3, 4))
+        self.bias = torch.nn.Parameter(flat[12:15])
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias).tanh().sum()
+
+
+def test_parameters_viewing_one_buffer_each_get_their_gradient():
+    flat = torch.randn(16, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+    cpu = _FlatBuffer(flat.clone())
+    cpu(x).backward()
+    tpu = _FlatBuffer(flat.to("tpu"))
+    assert tpu.weight.untyped_storage().data_ptr() == tpu.bias.untyped_storage().data_ptr()
+    torchjax.jit(tpu)(x.to("tpu")).backward()
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        assert p.grad is not None
+        torch.testing.assert_close(p.grad.cpu(), q.grad)
+
+
+@pytest.mark.parametrize("shared", ["output and its view", "two views of one result"])
+def test_outputs_sharing_an_intermediate_give_cpu_gradients(shared):
+    def f(x):
+        y = x.exp() * 2
+        return (y[0], y) if shared == "output and its view" else (y[:, 1], y[:, :2])
+
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    grads = []
+    for dev, fn in (("cpu", f), ("tpu", torchjax.jit(f))):
+        leaf = x.clone().to(dev).requires_grad_()
+        a, b = fn(leaf)
+        (a.sum() * 3 + (b * b).sum()).backward()
+        grads.append(leaf.grad.cpu())
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_saved_tensor_written_in_place_raises_at_backward():
+    def f(w):
+        y = w.sigmoid()
+        y.mul_(2)
+        return y.sum()
+
+    w = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation") as cpu:
+        f(w).backward()
+    out = torchjax.jit(f)(w.detach().to("tpu").requires_grad_())
+    with pytest.raises(RuntimeError, match="modified by an inplace operation") as tpu:
+        out.backward()
+    tail = "is at version 1; expected version 0 instead"
+    assert tail in str(cpu.value) and tail in str(tpu.value)
+
+
+def test_second_backward_raises_as_on_cpu():
+    cpu = torch.nn.Linear(3, 2)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(4, 3)
+    for fn, dev in ((cpu, "cpu"), (torchjax.jit(tpu), "tpu")):
+        loss = fn(x.to(dev)).sum()
+        loss.backward(retain_graph=True)
+        loss.backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            loss.backward()
+    torch.testing.assert_close(tpu.weight.grad.cpu(), cpu.weight.grad)
+
+
+def test_step_returning_its_loss_undetached_cannot_backward_again():
+    # The step's own backward() freed the graph, as on CPU.
+    def step(w):
+        loss = (w * w).sum()
+        loss.backward()
+        return loss
+
+    for fn, dev in ((step, "cpu"), (torchjax.jit(step), "tpu")):
+        w = torch.ones(3, device=dev, requires_grad=True)
+        loss = fn(w)
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            loss.backward()
+
+
+class _KeptInContext(torch.autograd.Function):
+    # Keeps its input on ctx instead of saving it: the graph reaches a value of the
+    # trace that the saved tensors do not carry.
+    @staticmethod
+    def forward(ctx, x):
+        ctx.x = x
+        return x**3
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3 * ctx.x**2
+
+
+def test_graph_reaching_past_its_saved_tensors_falls_back_to_jax():
+    def f(x):
+        return _KeptInContext.apply(x.sin())
+
+    jitted = torchjax.jit(f)
+    x = torch.randn(5, generator=torch.Generator().manual_seed(0))
+    got, want = (x.clone().to(d).requires_grad_() for d in ("tpu", "cpu"))
+    jitted(got).sum().backward()
+    f(want).sum().backward()
+    torch.testing.assert_close(got.grad.cpu(), want.grad)
+    (entry,) = jitted._entries.values()
+    assert entry.vjp is not None and not entry.vjp.from_torch
+
+
+class _ScaleKeepingArgument(torch.autograd.Function):
+    # Keeps an argument of the compiled function on ctx, and its backward is not the
+    # forward's derivative.
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.w = w
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.w * 5, None
+
+
+def test_reentrant_checkpoint_and_arguments_on_ctx_replay_in_the_backward():
+    # The checkpoint recomputes its block in the backward, reading the parameters; the
+    # custom function reads the argument it kept: both see the call's values.
+    torch.manual_seed(0)
+    block = torch.nn.Linear(4, 4)
+
+    def f(x, w):
+        h = torch.utils.checkpoint.checkpoint(lambda t: torch.tanh(block(t)), x, use_reentrant=True)
+        return _ScaleKeepingArgument.apply(h, w).sum()
+
+    jitted = torchjax.jit(f)
+    grads = {}
+    for dev, fn in (("cpu", f), ("tpu", jitted), ("tpu again", jitted)):
+        block.to(dev.split()[0]).zero_grad()
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+        x = x.to(dev.split()[0]).requires_grad_()
+        fn(x, torch.full((4,), 2.0, device=x.device)).backward()
+        grads[dev] = [x.grad.cpu(), block.weight.grad.cpu().clone()]
+    for dev in ("tpu", "tpu again"):
+        for got, want in zip(grads[dev], grads["cpu"]):
+            torch.testing.assert_close(got, want)
+    (entry,) = jitted._entries.values()
+    assert entry.vjp.from_torch
