@@ -534,3 +534,9 @@ def test_trace_of_names_a_tracers_trace():
     ((ta, tb),) = seen
     assert ta is not None and ta is tb
     assert cj.trace_of(jnp.ones(2)) is None
+
+
+def test_saved_tensors_hooks_enabled_follows_the_disable_context():
+    assert ct.saved_tensors_hooks_enabled()
+    with torch.autograd.graph.disable_saved_tensors_hooks("not here"):
+        assert not ct.saved_tensors_hooks_enabled()

@@ -265,3 +265,19 @@ def test_reentrant_checkpoint_and_arguments_on_ctx_replay_in_the_backward():
             torch.testing.assert_close(got, want)
     (entry,) = jitted._entries.values()
     assert entry.vjp.from_torch
+
+
+def test_where_saved_tensor_hooks_are_refused_the_vjp_is_jaxs():
+    def f(x):
+        return (x.sin() * x).sum()
+
+    jitted = torchjax.jit(f)
+    x = torch.randn(4, generator=torch.Generator().manual_seed(0))
+    got, want = (x.clone().to(d).requires_grad_() for d in ("tpu", "cpu"))
+    with torch.autograd.graph.disable_saved_tensors_hooks("refused here"):
+        out = jitted(got)
+    out.backward()
+    f(want).backward()
+    torch.testing.assert_close(got.grad.cpu(), want.grad)
+    (entry,) = jitted._entries.values()
+    assert not entry.vjp.from_torch

@@ -455,6 +455,12 @@ def fake_tensor_mode_class():
     return FakeTensorMode
 
 
+def saved_tensors_hooks_enabled() -> bool:
+    """Whether ``saved_tensors_hooks`` may be registered here (code under
+    ``torch.autograd.graph.disable_saved_tensors_hooks`` refuses them)."""
+    return torch._C._autograd._saved_tensors_hooks_is_enabled()
+
+
 def autograd_function_apply():
     """Dynamo's higher-order op for a user's ``autograd.Function``
     (``torch._functorch.autograd_function.autograd_function_apply``; imported on first

@@ -48,7 +48,7 @@ from jax.extend.core import jaxpr_as_fun
 
 from torchjax import _budget
 from torchjax._compat.jax import trace_of, x64, x64_enter, x64_exit
-from torchjax._compat.torch import pytree
+from torchjax._compat.torch import pytree, saved_tensors_hooks_enabled
 from torchjax.compile import _aliases, _autograd, _donate, _hyper, _repeat, _state
 from torchjax.compile._aliases import root
 from torchjax.compile._call import (
@@ -233,8 +233,9 @@ class _Entry:
         self = cls()
         storages = call.storages
         info = {}
-        # Note [The compiled VJP is torch's autograd]; without grad mode no graph is made.
-        saved = _autograd.Saved() if call.grad_mode else None
+        # Note [The compiled VJP is torch's autograd]; without grad mode no graph is made,
+        # and where saved-tensor hooks are refused the VJP is jax's.
+        saved = _autograd.Saved() if call.grad_mode and saved_tensors_hooks_enabled() else None
 
         def pure(state_arrays, key, arrays, hypers):
             stream = _rng.TracedStream(key)
@@ -488,6 +489,8 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
     """The backward program made of torch's graph of the trace, or None (Note [The
     compiled VJP is torch's autograd])."""
     outs, bases, leaves, arg_tracers = graph
+    if saved is None:
+        return None
     aliases = entry.aliases
     outputs = []
     for j, t in enumerate(outs):
