@@ -281,3 +281,57 @@ def test_where_saved_tensor_hooks_are_refused_the_vjp_is_jaxs():
     torch.testing.assert_close(got.grad.cpu(), want.grad)
     (entry,) = jitted._entries.values()
     assert not entry.vjp.from_torch
+
+
+def test_closed_over_non_leaf_gets_its_gradient_through_the_call():
+    # torch's backward of the trace would run on into the eager graph before the call.
+    grads = {}
+    for dev in ("cpu", "tpu"):
+        w = torch.arange(4.0, device=dev).requires_grad_()
+        w2 = w * 2  # a non-leaf the function closes over
+
+        def f(x, w2=w2):
+            return (x * w2).sum()
+
+        fn = f if dev == "cpu" else torchjax.jit(f)
+        out = fn(torch.full((4,), 3.0, device=dev))
+        assert w.grad is None
+        out.backward()
+        grads[dev] = w.grad.cpu()
+    torch.testing.assert_close(grads["tpu"], grads["cpu"])
+
+
+def test_changing_which_parameters_require_grad_traces_again():
+    torch.manual_seed(0)
+    a, b = (torch.nn.Parameter(torch.randn(3).to("tpu")) for _ in range(2))
+    x = torch.randn(3)
+
+    def f(x):
+        return (x * a + x.pow(2) * b).sum()
+
+    jitted = torchjax.jit(f)
+    for trainable, frozen in ((a, b), (b, a), (a, b)):
+        frozen.requires_grad_(False)
+        trainable.requires_grad_(True)
+        a.grad = b.grad = None
+        jitted(x.to("tpu")).backward()
+        assert frozen.grad is None
+        want = x if trainable is a else x.pow(2)
+        torch.testing.assert_close(trainable.grad.cpu(), want)
+    assert jitted.trace_count == 2
+
+
+def test_unused_input_keeps_no_gradient_and_a_graph_saving_nothing_backs_twice():
+    def f(x, w):
+        return x + 1
+
+    results = {}
+    for dev, fn in (("cpu", f), ("tpu", torchjax.jit(f))):
+        x = torch.ones(3, device=dev, requires_grad=True)
+        w = torch.ones(3, device=dev, requires_grad=True)
+        loss = fn(x, w).sum()
+        loss.backward()
+        loss.backward()  # nothing saved: CPU allows it
+        results[dev] = (x.grad.cpu(), w.grad)
+    torch.testing.assert_close(results["tpu"][0], results["cpu"][0])
+    assert results["cpu"][1] is None and results["tpu"][1] is None

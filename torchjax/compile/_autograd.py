@@ -222,7 +222,8 @@ class Backward:
     ``outputs``: ``(position, tensor, storage)`` per differentiable program output, the
     traced tensor its cotangent goes to; ``storage`` set where the output is a shared
     storage's array (the tensor covers it). ``inputs``: the traced tensors whose
-    gradients the program returns, in order. ``storages``: the state's, then the
+    gradients the program returns, in order (``absent``: those the graph gives none,
+    whose ``.grad`` stays None as on CPU). ``storages: the state's, then the
     arguments' (None where an argument's is not its array), bound to the program's
     ``values`` inputs (the call's state and argument arrays) while the backward runs,
     so a formula reading them directly (a recomputing checkpoint) sees the call's."""
@@ -255,6 +256,7 @@ class Backward:
                     torch.autograd.backward([t for _, t, _ in outputs], grads_out)
             finally:
                 _rng.set_traced_stream(old)
+            self.absent = [g is None for g in grads]
             return [
                 jnp.zeros(x.shape, to_jax_dtype(x.dtype)) if g is None else g._value()
                 for g, x in zip(grads, inputs)
@@ -264,6 +266,7 @@ class Backward:
         self = cls()
         self.positions = [j for j, _, _ in outputs]
         self.error = self.program = None
+        self.absent = [False] * len(inputs)
         try:
             with x64(True):
                 closed = jax.make_jaxpr(backward)(values, residual_avals, cts)

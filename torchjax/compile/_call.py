@@ -97,6 +97,7 @@ class Call:
             (self.hypers.key, tuple(walk.scalars), tuple(_aval(a) for a in self.hypers.values)),
             tuple(type(t) for t in tensors),
             self.bits,
+            tuple(walk.grad_flags),
             _aliases.sharing(tensors, self.storages),
         )
         self.key = self.sig
@@ -183,6 +184,7 @@ def describe_change(old, new) -> str:
              "lr, numbers in its closure or globals)",
              "tensor argument classes (torch.Tensor subclasses)",
              "tensor argument conj / neg bits",
+             "state tensors' requires_grad",
              "tensor arguments sharing memory with each other or with state")  # fmt: skip
     for name, a, b in zip(names, old, new):
         if a != b:

@@ -421,7 +421,7 @@ class _VJPProgram:
 
     @classmethod
     def build(cls, entry: _Entry, call: Call, fun, saved, graph):
-        diff_leaves = [i for i, t in enumerate(call.walk.leaves) if _differentiable(t)]
+        diff_leaves = [i for i, t in enumerate(call.walk.every) if _differentiable(t)]
         diff_dyn = [k for k, t in enumerate(call.tensors) if _differentiable(t)]
         if not (diff_leaves or diff_dyn) or not any(entry.out_grad):
             return None
@@ -439,17 +439,11 @@ class _VJPProgram:
                 end = len(res) - n_res
                 return res[:n_out], res[end:], res[n_out:end]
 
-            forward = jax.jit(fwd)
-
-            def run(state, key, dyn, hypers):
-                outs, residuals, aux = forward(state, key, dyn, hypers)
-                return outs, ([*state, *dyn], residuals), aux
-
-            def bwd(pullback, cotangents):
-                grads = backward(*pullback, cotangents)
+            def bwd(values, residuals, cotangents):
+                grads = backward(values, residuals, cotangents)
                 return grads[:n_state], grads[n_state:]
 
-            self.fwd, self.bwd = run, bwd
+            self.fwd, self.bwd, self.absent = jax.jit(fwd), bwd, backward.absent
             return self
 
         # jax.vjp takes the gradient of each state storage's array: only for state
@@ -481,7 +475,7 @@ class _VJPProgram:
 
     def state_inputs(self, walk):
         """The state tensors the gradients are for, in the backward's order."""
-        tensors = walk.leaves if self.from_torch else walk.tensors
+        tensors = walk.every if self.from_torch else walk.tensors
         return [tensors[i] for i in self.diff_state]
 
 
@@ -508,7 +502,12 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
         outputs.append((len(outs) + b, whole, storage))
     if not outputs:
         return None
-    inputs = [call.walk.leaves[i] for i in diff_leaves] + [leaves[k] for k in diff_dyn]
+    state = [call.walk.every[i] for i in diff_leaves]
+    if any(t.grad_fn is not None for t in state):
+        # A non-leaf the function closes over: torch's backward would run on into the
+        # eager graph before the call. jax.vjp's gradient reaches it through the call.
+        return None
+    inputs = state + [leaves[k] for k in diff_dyn]
     avals = entry.closed.out_avals
     residual_avals = avals[len(avals) - entry.n_res :]
     # An argument's storage is bound where its array is the argument's own.
@@ -593,6 +592,9 @@ class _VJPCall:
 
     def vjp(self, arrays):
         entry, call = self.entry, self.call
+        # torch's backward reads the call's state and arguments (Note [The compiled VJP
+        # is torch's autograd]); the pullback is the saved tensors' values alone.
+        self.values = [*call.state_arrays, *call.arrays]
         with x64(True):
             outs, pullback, aux = entry.vjp.fwd(
                 call.state_arrays, entry.key(), call.arrays, call.hypers.values
@@ -601,8 +603,12 @@ class _VJPCall:
         return outs, pullback
 
     def pull(self, pullback, cotangents):
+        program = self.entry.vjp
         with x64(True):
-            ds, dd = self.entry.vjp.bwd(pullback, cotangents)
+            if program.from_torch:
+                ds, dd = program.bwd(self.values, pullback, cotangents)
+            else:
+                ds, dd = program.bwd(pullback, cotangents)
         return list(ds) + list(dd)
 
     def wrap_input_grads(self, grads):
@@ -610,8 +616,8 @@ class _VJPCall:
         in its own element order (the leaf's AccumulateGrad lays it out as the tensor,
         as on CPU); jax.vjp gives its storage's, laid out as the tensor here."""
         program = self.entry.vjp
-        if program.from_torch:
-            return [wrap(g) for g in grads]
+        if program.from_torch:  # None where the graph gave none, as on CPU
+            return [None if no else wrap(g) for g, no in zip(grads, program.absent)]
         tensors = self.call.walk.tensors
         state = [state_grad(tensors[i], g) for i, g in zip(program.diff_state, grads)]
         return state + [wrap(g) for g in grads[len(state) :]]

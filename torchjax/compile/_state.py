@@ -43,8 +43,9 @@ class StateWalk:
     """The storages reachable from some roots, in a deterministic order.
 
     ``storages``: unique Storage objects; ``tensors``: one JaxTensor per storage (the first
-    found, used for error messages); ``leaves``: every distinct JaxTensor found that
-    requires grad (several may view one storage: a flat buffer's parameters);
+    found, used for error messages); ``every``: every distinct JaxTensor found (several may
+    view one storage: a flat buffer's parameters) and ``grad_flags`` their
+    ``requires_grad`` and leafness, part of a call's key;
     ``optimizers``: torch.optim.Optimizer objects seen;
     ``scalars``: the Python numbers and strings in the closures, defaults and named
     globals of the functions walked (guards: read at trace time, so part of the key).
@@ -54,12 +55,13 @@ class StateWalk:
         self.grads = grads
         self.storages = []
         self.tensors = []
-        self.leaves = []
+        self.every = []
+        self.grad_flags = []
         self.optimizers = []
         self.modules = []
         self.scalars = []
         self._seen_storage = set()
-        self._seen_leaf = set()
+        self._seen_tensor = set()
         self._seen_obj = set()
 
     def add_tensor(self, t) -> None:
@@ -71,10 +73,11 @@ class StateWalk:
                 self._seen_storage.add(id(s))
                 self.storages.append(s)
                 self.tensors.append(t)
-            if t.requires_grad and id(t) not in self._seen_leaf:
-                self._seen_leaf.add(id(t))
-                self.leaves.append(t)
-            grad = t.grad if self.grads and t.requires_grad else None
+            if id(t) not in self._seen_tensor:
+                self._seen_tensor.add(id(t))
+                self.every.append(t)
+                self.grad_flags.append(t.requires_grad and (2 if t.grad_fn is None else 1))
+            grad = t.grad if self.grads and t.requires_grad and t.is_leaf else None
             if grad is not None:
                 self.add_tensor(grad)
 

@@ -166,9 +166,12 @@ class _VJP(torch.autograd.Function):
         ctx.call, ctx.pullback = call, pullback
         ctx.avals = [(o.shape, o.dtype) for o in outs]
         ctx.n_inputs = len(tensors)
-        # Saved so that a second backward() raises once the graph is freed, as CPU's
-        # graph does (the residuals themselves live in the pullback).
-        ctx.save_for_backward(tensors[0])
+        # Where the pullback holds residuals (CPU's graph would hold saved tensors), a
+        # second backward() raises once the graph is freed, as on CPU; the residuals
+        # themselves live in the pullback, the saved input only marks it.
+        ctx.frees = bool(jax.tree_util.tree_leaves(pullback))
+        if ctx.frees:
+            ctx.save_for_backward(tensors[0])
         wrap_outputs = getattr(call, "wrap_outputs", None)
         results = tuple(wrap_outputs(outs) if wrap_outputs else (wrap(o) for o in outs))
         constant = getattr(call, "constant_outputs", None)
@@ -184,7 +187,8 @@ class _VJP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.saved_tensors  # noqa: B018 - raises after the graph was freed
+        if ctx.frees:
+            ctx.saved_tensors  # noqa: B018 - raises after the graph was freed
         cts = []
         for g, (shape, dtype) in zip(grads, ctx.avals):
             if not jnp.issubdtype(dtype, jnp.inexact):
