@@ -540,3 +540,10 @@ def test_saved_tensors_hooks_enabled_follows_the_disable_context():
     assert ct.saved_tensors_hooks_enabled()
     with torch.autograd.graph.disable_saved_tensors_hooks("not here"):
         assert not ct.saved_tensors_hooks_enabled()
+
+
+def test_delayed_error_raises_only_when_differentiated():
+    a, b = ct.delayed_error("no second derivative here", [torch.ones(2), None])
+    assert b is None and a.requires_grad
+    with pytest.raises(RuntimeError, match="no second derivative here"):
+        a.sum().backward()

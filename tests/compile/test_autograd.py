@@ -335,3 +335,38 @@ def test_unused_input_keeps_no_gradient_and_a_graph_saving_nothing_backs_twice()
         results[dev] = (x.grad.cpu(), w.grad)
     torch.testing.assert_close(results["tpu"][0], results["cpu"][0])
     assert results["cpu"][1] is None and results["tpu"][1] is None
+
+
+@pytest.mark.parametrize("compiler", ["jit", "dynamo"])
+def test_differentiating_a_compiled_gradient_again_raises(compiler):
+    # A gradient penalty over a compiled forward: the program's gradients carry no
+    # graph, so the penalty's terms would be silently missing.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    net = net.to("tpu")
+    forward = _compiler(compiler)(net)
+    x = torch.randn(5, 3, device="tpu", requires_grad=True)
+    (g,) = torch.autograd.grad(forward(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiated again"):
+        g.norm().backward()
+    (g,) = torch.autograd.grad(forward(x).sum(), x, create_graph=True)
+    assert g.shape == x.shape  # create_graph alone is allowed
+
+
+def test_double_backward_inside_one_jitted_step_matches_cpu():
+    def step(net, x):
+        x = x.detach().requires_grad_()
+        out = net(x)
+        (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        loss = out.mean() + ((g.norm(dim=1) - 1) ** 2).mean()
+        loss.backward()
+        return loss.detach()
+
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(5, 3)
+    step(cpu, x)
+    torchjax.jit(step)(tpu, x.to("tpu"))
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)

@@ -455,6 +455,23 @@ def fake_tensor_mode_class():
     return FakeTensorMode
 
 
+def delayed_error(message: str, tensors):
+    """``tensors`` (gradients without a graph) behind one autograd node that raises
+    ``message`` when differentiated (``torch._C._functions.DelayedError``, what
+    ``once_differentiable`` uses); None entries pass through."""
+    node = torch._C._functions.DelayedError(message.encode(), len(tensors))
+
+    def marked(t):
+        if t is None:
+            return None
+        t = t.detach()
+        t.requires_grad = True
+        return t
+
+    out = node(*[marked(t) for t in tensors])
+    return (out,) if isinstance(out, torch.Tensor) else out
+
+
 def saved_tensors_hooks_enabled() -> bool:
     """Whether ``saved_tensors_hooks`` may be registered here (code under
     ``torch.autograd.graph.disable_saved_tensors_hooks`` refuses them)."""

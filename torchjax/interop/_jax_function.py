@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torchjax._compat.torch import pytree
+from torchjax._compat.torch import delayed_error, pytree
 from torchjax.device import _checks
 from torchjax.interop._convert import to_jax
 from torchjax.tensor._tensor import JaxTensor, wrap
@@ -203,4 +203,16 @@ class _VJP(torch.autograd.Function):
         grads_in = [None] * ctx.n_inputs
         for k, g in zip(ctx.call.diff, grads):
             grads_in[k] = g
+        if torch.is_grad_enabled():
+            # create_graph=True: these gradients carry no graph, so differentiating
+            # them (a gradient penalty) raises instead of silently missing terms.
+            grads_in = list(delayed_error(_NO_DOUBLE_BACKWARD, grads_in))
         return (None, *grads_in)
+
+
+_NO_DOUBLE_BACKWARD = (
+    "torchjax: a gradient of a compiled program (torchjax.jit, torch.compile(backend="
+    "'tpu'), jax_function) was differentiated again (create_graph=True); its backward "
+    "gives gradients without a graph. Compute the whole step, double backward included, "
+    "inside one torchjax.jit function, where it is traced as on CPU."
+)
