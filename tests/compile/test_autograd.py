@@ -370,3 +370,42 @@ def test_double_backward_inside_one_jitted_step_matches_cpu():
     torchjax.jit(step)(tpu, x.to("tpu"))
     for p, q in zip(tpu.parameters(), cpu.parameters()):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
+
+
+class _DoubleInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.mark_dirty(x)
+        return x.mul_(2)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+_WRITES = {
+    "mul_": lambda y: y.mul_(2),
+    "sin_ of a view": lambda y: y[1:].sin_(),
+    "mark_dirty function": lambda y: _DoubleInPlace.apply(y),
+}
+
+
+@pytest.mark.parametrize("compiler", ["jit", "dynamo"])
+@pytest.mark.parametrize("name", sorted(_WRITES))
+def test_argument_written_in_place_takes_the_writes_history(name, compiler):
+    # The gradient reaches the argument's old history through the write, as on CPU,
+    # also when the gradient comes from using the argument after the call.
+    write = _WRITES[name]
+
+    def f(y):
+        write(y)
+
+    grads = {}
+    for dev, fn in (("cpu", f), ("tpu", _compiler(compiler)(f))):
+        x = torch.linspace(-1, 1, 4, device=dev, requires_grad=True)
+        y = x * 1
+        fn(y)
+        (y * torch.arange(4.0, device=dev)).sum().backward()
+        grads[dev] = (y.detach().cpu(), x.grad.cpu())
+    for got, want in zip(grads["tpu"], grads["cpu"]):
+        torch.testing.assert_close(got, want)

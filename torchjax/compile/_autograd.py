@@ -219,24 +219,25 @@ class Backward:
     """The traced backward of one forward program (Note [The compiled VJP is torch's
     autograd]).
 
-    ``outputs``: ``(position, tensor, storage)`` per differentiable program output, the
-    traced tensor its cotangent goes to; ``storage`` set where the output is a shared
-    storage's array (the tensor covers it). ``inputs``: the traced tensors whose
-    gradients the program returns, in order (``absent``: those the graph gives none,
-    whose ``.grad`` stays None as on CPU). ``storages: the state's, then the
+    ``outputs``: ``(position, tensor, storage, aval)`` per differentiable output of the
+    call (its position among the cotangents), the traced tensor its cotangent goes to;
+    ``storage`` set where the output is a shared storage's array (the tensor covers
+    it). ``inputs``: the traced tensors whose gradients the program returns, in order
+    (``absent``: those the graph gives none, whose ``.grad`` stays None as on CPU).
+    ``storages``: the state's, then the
     arguments' (None where an argument's is not its array), bound to the program's
     ``values`` inputs (the call's state and argument arrays) while the backward runs,
     so a formula reading them directly (a recomputing checkpoint) sees the call's."""
 
     @classmethod
-    def trace(cls, saved, outputs, inputs, storages, values, residual_avals, out_avals):
+    def trace(cls, saved, outputs, inputs, storages, values, residual_avals):
         """The backward program, or None where the graph cannot be replayed outside its
         forward trace."""
         kept = [k for k, s in enumerate(storages) if s is not None]
 
         def backward(values, residuals, cotangents):
             grads_out = []
-            for (_, t, storage), ct in zip(outputs, cotangents):
+            for (_, t, storage, _), ct in zip(outputs, cotangents):
                 if storage is None:
                     grads_out.append(wrap(ct, t._device_index))
                 else:
@@ -253,7 +254,7 @@ class Backward:
                 ):
                     # backward(), not grad(inputs=...): reentrant activation
                     # checkpointing refuses the latter.
-                    torch.autograd.backward([t for _, t, _ in outputs], grads_out)
+                    torch.autograd.backward([o[1] for o in outputs], grads_out)
             finally:
                 _rng.set_traced_stream(old)
             self.absent = [g is None for g in grads]
@@ -262,9 +263,9 @@ class Backward:
                 for g, x in zip(grads, inputs)
             ]
 
-        cts = [out_avals[j] for j, _, _ in outputs]
+        cts = [o[3] for o in outputs]
         self = cls()
-        self.positions = [j for j, _, _ in outputs]
+        self.positions = [o[0] for o in outputs]
         self.error = self.program = None
         self.absent = [False] * len(inputs)
         try:

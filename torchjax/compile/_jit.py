@@ -303,7 +303,7 @@ class _Entry:
                 info["draws"] = stream.draws
                 residuals = [] if saved is None else saved.residuals(trace_of(key))
                 info["n_res"] = len(residuals)
-                info["graph"] = ([out_flat[i] for i in out_pos], bases, leaves, arrays)
+                info["graph"] = ([out_flat[i] for i in out_pos], bases, leaves, wrapped, arrays)
                 return (
                     [out_flat[i]._value() for i in out_pos] + [b.arr for b in bases],
                     [storages[i].arr for i in written],
@@ -406,7 +406,11 @@ class _Entry:
         state = program.state_inputs(call.walk)
         dyn = [call.tensors[k] for k in program.diff_dyn]
         outs = _VJP.apply(_VJPCall(self, call), *state, *dyn)
-        return self.unflatten(outs, call)
+        n = self.n_out
+        for k, new in zip(program.rebased, outs[n:]):
+            # Note [Arguments written in place get the program's history]
+            call.tensors[k].copy_(new)
+        return self.unflatten(list(outs[:n]), call)
 
 
 class _VJPProgram:
@@ -423,21 +427,27 @@ class _VJPProgram:
     def build(cls, entry: _Entry, call: Call, fun, saved, graph):
         diff_leaves = [i for i, t in enumerate(call.walk.every) if _differentiable(t)]
         diff_dyn = [k for k, t in enumerate(call.tensors) if _differentiable(t)]
-        if not (diff_leaves or diff_dyn) or not any(entry.out_grad):
+        written = any(_differentiable(call.tensors[k]) for k in entry.args_written)
+        if not (diff_leaves or diff_dyn) or not (any(entry.out_grad) or written):
             return None
         self = cls()
         n_out, n_res = entry.n_out, entry.n_res
         backward = _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn)
         self.from_torch = backward is not None
+        self.rebased = []
         if backward is not None:
             # Every parameter's own gradient, several viewing one storage included.
             self.diff_state, self.diff_dyn = diff_leaves, diff_dyn
             n_state = len(diff_leaves)
 
+            self.rebased = [entry.args_written[m] for m in backward.rebased]
+            first = n_out + len(entry.written) + len(entry.created)
+            rebased = [first + m for m in backward.rebased]
+
             def fwd(state, key, dyn, hypers):
                 res = fun(*state, key, *dyn, *hypers)
                 end = len(res) - n_res
-                return res[:n_out], res[end:], res[n_out:end]
+                return res[:n_out] + [res[i] for i in rebased], res[end:], res[n_out:end]
 
             def bwd(values, residuals, cotangents):
                 grads = backward(values, residuals, cotangents)
@@ -446,6 +456,8 @@ class _VJPProgram:
             self.fwd, self.bwd, self.absent = jax.jit(fwd), bwd, backward.absent
             return self
 
+        if not any(entry.out_grad):
+            return None
         # jax.vjp takes the gradient of each state storage's array: only for state
         # tensors viewing all of theirs.
         tensors = call.walk.tensors
@@ -482,16 +494,16 @@ class _VJPProgram:
 def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
     """The backward program made of torch's graph of the trace, or None (Note [The
     compiled VJP is torch's autograd])."""
-    outs, bases, leaves, arg_tracers = graph
+    outs, bases, leaves, wrapped, arg_tracers = graph
     if saved is None:
         return None
-    aliases = entry.aliases
+    aliases, avals = entry.aliases, entry.closed.out_avals
     outputs = []
     for j, t in enumerate(outs):
         # An output rebuilt as a view of an argument, state or shared base after the
         # call gets its gradient through that view, not through its own position.
         if (aliases is None or aliases[j] is None) and t.requires_grad:
-            outputs.append((j, t, None))
+            outputs.append((j, t, None, avals[j]))
     for b, storage in enumerate(bases):
         viewing = [t for t in outs if root(t) is storage]
         if not any(t.requires_grad for t in viewing):
@@ -499,7 +511,18 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
         whole = _autograd.cover(storage, viewing)
         if whole is None or not whole.requires_grad:
             return None
-        outputs.append((len(outs) + b, whole, storage))
+        outputs.append((len(outs) + b, whole, storage, avals[len(outs) + b]))
+    # Note [Arguments written in place get the program's history]: their new values
+    # follow the outputs.
+    first = entry.n_out + len(entry.written) + len(entry.created)
+    rebased = [
+        m
+        for m, k in enumerate(entry.args_written)
+        if _differentiable(call.tensors[k]) and wrapped[k].requires_grad
+    ]
+    for i, m in enumerate(rebased):
+        k = entry.args_written[m]
+        outputs.append((entry.n_out + i, wrapped[k], None, avals[first + m]))
     if not outputs:
         return None
     state = [call.walk.every[i] for i in diff_leaves]
@@ -508,19 +531,31 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
         # eager graph before the call. jax.vjp's gradient reaches it through the call.
         return None
     inputs = state + [leaves[k] for k in diff_dyn]
-    avals = entry.closed.out_avals
     residual_avals = avals[len(avals) - entry.n_res :]
     # An argument's storage is bound where its array is the argument's own.
     args = [root(w) if root(w).arr is a else None for w, a in zip(leaves, arg_tracers)]
-    return _autograd.Backward.trace(
+    backward = _autograd.Backward.trace(
         saved,
         outputs,
         inputs,
         [*call.storages, *args],
         [*call.state_arrays, *call.arrays],
         residual_avals,
-        avals,
     )
+    if backward is not None:
+        backward.rebased = rebased
+    return backward
+
+
+# Note [Arguments written in place get the program's history]
+# On CPU, ``f(y): y.mul_(2)`` on a non-leaf ``y`` rebases ``y``'s autograd history on
+# the write, so ``x.grad`` for ``y = x * 1`` is 2. The program writes the new value
+# back to the argument's storage, which alone would leave ``y`` with its old history
+# (a gradient of 1). With torch's backward (Note [The compiled VJP is torch's autograd])
+# each such argument's new value is one more output of the differentiable call, and
+# the argument is ``copy_``-ed from it under autograd: its history becomes the call's,
+# whose backward takes the write's traced graph back to the argument's old value. The
+# ``jax.vjp`` fallback does not do this.
 
 
 # Note [Strides of compiled outputs]

@@ -168,10 +168,10 @@ class _VJP(torch.autograd.Function):
         ctx.n_inputs = len(tensors)
         # Where the pullback holds residuals (CPU's graph would hold saved tensors), a
         # second backward() raises once the graph is freed, as on CPU; the residuals
-        # themselves live in the pullback, the saved input only marks it.
+        # themselves live in the pullback, the saved tensor only marks it.
         ctx.frees = bool(jax.tree_util.tree_leaves(pullback))
-        if ctx.frees:
-            ctx.save_for_backward(tensors[0])
+        if ctx.frees:  # a tensor of its own: the inputs may be written after the call
+            ctx.save_for_backward(torch.empty(0))
         wrap_outputs = getattr(call, "wrap_outputs", None)
         results = tuple(wrap_outputs(outs) if wrap_outputs else (wrap(o) for o in outs))
         constant = getattr(call, "constant_outputs", None)
