@@ -153,22 +153,22 @@ def _modified_message(t, saved_version, made_by) -> str:
     )
 
 
+def views_whole(t) -> bool:
+    """Whether ``t`` views all of its storage, each element once (contiguous or a
+    permuted layout such as a channels_last weight)."""
+    s = t._storage
+    if not isinstance(s, Storage) or t._offset != 0 or math.prod(t._size) != s.numel:
+        return False
+    return t._stride == contiguous_strides(t._size) or is_dense_permutation(t._size, t._stride)
+
+
 def cover(storage, tensors):
-    """A traced tensor viewing all of ``storage`` once (offset 0, dense), among
-    ``tensors`` and their ``_base``s: the tensor an output shared by several views
-    stands for in the graph. None when there is none."""
+    """A traced tensor viewing all of ``storage`` once, among ``tensors`` and their
+    ``_base``s: the tensor an output shared by several views stands for in the graph.
+    None when there is none."""
     for t in tensors:
         for c in (t, t._base):
-            if (
-                isinstance(c, JaxTensor)
-                and c._storage is storage
-                and c._offset == 0
-                and math.prod(c._size) == storage.numel
-                and (
-                    c._stride == contiguous_strides(c._size)
-                    or is_dense_permutation(c._size, c._stride)
-                )
-            ):
+            if isinstance(c, JaxTensor) and c._storage is storage and views_whole(c):
                 return c
     return None
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import warnings
 import weakref
 
@@ -64,7 +63,6 @@ from torchjax.interop._jax_function import _VJP
 from torchjax.ops import layouts
 from torchjax.tensor import random as _rng
 from torchjax.tensor._binding import bound, trace_lock
-from torchjax.tensor._memory_format import is_dense_permutation
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor, make, wrap
 from torchjax.tensor._user_subclass import user_class
@@ -459,9 +457,11 @@ class _VJPProgram:
         if not any(entry.out_grad):
             return None
         # jax.vjp takes the gradient of each state storage's array: only for state
-        # tensors viewing all of theirs.
+        # tensors viewing all of theirs, whose gradient it then is (``state_grad``).
         tensors = call.walk.tensors
-        diff_state = [i for i, t in enumerate(tensors) if _differentiable(t) and _covers(t)]
+        diff_state = [
+            i for i, t in enumerate(tensors) if _differentiable(t) and _autograd.views_whole(t)
+        ]
         if not (diff_state or diff_dyn):
             return None
         self.diff_state, self.diff_dyn = diff_state, diff_dyn
@@ -587,16 +587,6 @@ class _NonLeaf(torch.autograd.Function):
 
 def _differentiable(t) -> bool:
     return t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)
-
-
-def _covers(t) -> bool:
-    """Whether ``t`` views all of its storage, each element once (contiguous or a
-    permuted layout such as a channels_last weight): the program's gradient for the
-    storage's array is then ``t``'s, seen through ``t``'s strides (``state_grad``)."""
-    s = t._storage
-    if not isinstance(s, Storage) or t._offset != 0 or math.prod(t._size) != s.numel:
-        return False
-    return t._stride == contiguous_strides(t._size) or is_dense_permutation(t._size, t._stride)
 
 
 def state_grad(t, arr):
