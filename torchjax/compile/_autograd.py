@@ -95,10 +95,9 @@ class Saved:
         t = h.tensor
         if t._version != h.version:
             # Raised as the pass ends (Note [Errors inside the autograd engine]).
-            error = RuntimeError(_modified_message(t, h.version, h.made_by))
-            if not _backward_errors.in_backward():
-                raise error
-            _backward_errors.raise_later(error)
+            _backward_errors.raise_in_engine_safely(
+                RuntimeError(_modified_message(t, h.version, h.made_by))
+            )
         replay = self._replay
         if replay is None or h.index is None:
             return t

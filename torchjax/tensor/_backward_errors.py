@@ -77,6 +77,13 @@ def raise_later(error: BaseException) -> None:
         queue_engine_callback(reraise)
 
 
+def raise_in_engine_safely(error: BaseException) -> None:
+    """Raise ``error`` now outside a backward pass; inside one, when the pass ends."""
+    if not in_backward():
+        raise error
+    raise_later(error)
+
+
 def guarded(hook):
     """``hook`` (a gradient hook run by the engine), its exceptions raised when the pass
     ends instead of inside the engine, where they would abort the process (Note [Errors
@@ -87,9 +94,7 @@ def guarded(hook):
         try:
             return hook(*args)
         except Exception as error:
-            if not in_backward():
-                raise
-            raise_later(error)
+            raise_in_engine_safely(error)
             return None
 
     return run
