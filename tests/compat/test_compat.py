@@ -389,6 +389,14 @@ def test_fake_tensor_mode_class():
     assert ct.fake_tensor_mode_class() is FakeTensorMode
 
 
+def test_active_fake_mode_is_the_mode_entered():
+    FakeTensorMode = ct.fake_tensor_mode_class()
+    assert ct.active_fake_mode() is None
+    with FakeTensorMode() as mode:
+        assert ct.active_fake_mode() is mode
+    assert ct.active_fake_mode() is None
+
+
 def test_cpp_meta_kernels_turns_off_the_python_dispatcher():
     from torch._dispatch.python import enable_python_dispatcher
 

@@ -183,6 +183,23 @@ def test_a_tensor_made_from_a_number_and_moved_to_tpu_in_the_graph():
         assert torch.equal(g.cpu(), w)
 
 
+def test_a_tensor_made_on_tpu_in_the_graph_as_a_masked_write_value():
+    # torch.tensor(..., device="tpu") is made for real under the fake mode; Dynamo's
+    # setitem checks its value strictly, and a real tpu tensor there raised.
+    def f(y):
+        y = y.clone()
+        y[y < 0] = torch.tensor(7.0, device=y.device)
+        y[0] = torch.tensor([5], device=y.device)
+        return y * torch.tensor([1.0, 2.0, 3.0, 4.0], device=y.device)
+
+    x = torch.tensor([-1.0, 2.0, -3.0, 4.0])
+    before = torchjax.compile.dynamo_stats()["graphs"]
+    got = torch.compile(f, backend="tpu", fullgraph=True)(x.to("tpu"))
+    assert got.device.type == "tpu"
+    assert torch.equal(got.cpu(), f(x))
+    assert torchjax.compile.dynamo_stats()["graphs"] - before == 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_grouped_mm_of_any_float_dtype(dtype):
     # torch's meta kernel keeps CUDA's bfloat16-only rule; MoE experts run float32 too.

@@ -455,6 +455,12 @@ def fake_tensor_mode_class():
     return FakeTensorMode
 
 
+def active_fake_mode():
+    """The FakeTensorMode this thread is dispatching under, or None (torch keeps it in a
+    slot of its own, apart from the other dispatch modes)."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+
+
 def delayed_error(message: str, tensors):
     """``tensors`` (gradients without a graph) behind one autograd node that raises
     ``message`` when differentiated (``torch._C._functions.DelayedError``, what

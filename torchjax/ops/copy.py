@@ -13,6 +13,7 @@ import torch
 
 from torchjax._compat.jax import x64
 from torchjax._compat.torch import (
+    active_fake_mode,
     awaits_legacy_bytes,
     call_composite_explicit,
     untyped_storage_of,
@@ -25,7 +26,7 @@ from torchjax.ops.functional import cpu_to_jax
 from torchjax.ops.promotion import astype
 from torchjax.ops.registry import handler, lowering
 from torchjax.ops.writeback import write_into
-from torchjax.tensor import dtypes
+from torchjax.tensor import _fake, dtypes
 from torchjax.tensor._addresses import root_of, storage_view
 from torchjax.tensor._host_storage import host_view
 from torchjax.tensor._memory_format import (
@@ -151,16 +152,33 @@ def _to_copy(args, kwargs):
     return restrided(wrap(convert(self._value()), index), stride)
 
 
-@handler(
-    aten.detach.default, aten.alias.default, aten.lift_fresh.default, aten._unsafe_view.default
-)
+@handler(aten.detach.default, aten.alias.default, aten._unsafe_view.default)
 def alias(args, kwargs):
-    """aten::detach / alias / lift_fresh - a new tensor sharing ``self``'s storage."""
+    """aten::detach / alias - a new tensor sharing ``self``'s storage."""
     self = args[0]
     if len(args) > 1:  # _unsafe_view(self, size): a view whose result torch treats as fresh
         return aten.view.default(self, args[1])
     value = None if fused.pending_of(self) is not None else self._value()
     return view_of(self, self._size, self._stride, self._offset, value=value)
+
+
+# Note [torch.tensor on tpu under a fake mode]
+# ``torch.tensor(7.0, device="tpu")`` inside torch.compile: torch's constructor makes the
+# tensor for real, with the fake mode out of the way (FakeTensorMode avoids that only
+# when no accelerator backend is registered), and hands it to ``lift_fresh`` under the
+# mode. The mode leaves a tensor subclass to its own dispatch, so the real JaxTensor came
+# back as the traced node's value, and Dynamo refused it where it checks fakes strictly
+# (``y[y < 0] = torch.tensor(7.0, device=y.device)``: "Expected fake mode of e to be
+# tx.fake_mode"). Lifted under a fake mode, it becomes its fake twin, as any real tpu
+# tensor an op meets there does (Note [JaxTensor under Dynamo]); the graph keeps the
+# constructor call, which the backend runs for real.
+@handler(aten.lift_fresh.default)
+def lift_fresh(args, kwargs):
+    """aten::lift_fresh - ``torch.tensor``'s result, as a new tensor sharing its storage."""
+    mode = active_fake_mode()
+    if mode is not None:
+        return _fake.twin(args[0], mode)
+    return alias(args, kwargs)
 
 
 @handler(aten.clone.default)

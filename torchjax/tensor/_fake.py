@@ -77,6 +77,11 @@ def make(inner: torch.Tensor, size=None, stride=None, offset=None):
     return t
 
 
+def twin(t, mode) -> torch.Tensor:
+    """The fake JaxTensor standing for the real ``t`` under the fake ``mode``."""
+    return make(mode.from_tensor(stand_in(t)), t.shape, t.stride(), 0)
+
+
 def unflatten(inner_tensors, ctx, outer_size, outer_stride):
     """``JaxTensor.__tensor_unflatten__``: a real JaxTensor when given its own stand-in
     back, else a fake JaxTensor over the (fake, functional or proxy) inner tensor."""
@@ -126,7 +131,7 @@ def dispatch(func, args, kwargs):
             return _inner_view(x)
         # A real tpu tensor made while tracing (FakeTensorMode evaluates constants such
         # as torch.tensor([...], device="tpu") for real): its fake twin.
-        return _inner_view(make(mode.from_tensor(stand_in(x)), x.shape, x.stride(), 0))
+        return _inner_view(twin(x, mode))
 
     outer = (args, kwargs)
     args, kwargs = pytree.tree_map(unwrap, args), pytree.tree_map(unwrap, kwargs)
