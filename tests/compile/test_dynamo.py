@@ -200,6 +200,27 @@ def test_a_tensor_made_on_tpu_in_the_graph_as_a_masked_write_value():
     assert torchjax.compile.dynamo_stats()["graphs"] - before == 1
 
 
+def test_view_inputs_whose_sizes_change_between_calls():
+    # The second size makes Dynamo recompile with dynamic sizes; a view input's offset
+    # is then symbolic, and its guard failed on the frame that made it.
+    views = [
+        lambda b: b[6:],
+        lambda b: b.chunk(2)[1],
+        lambda b: b[3:],
+        lambda b: b[::2][1:],
+        lambda b: b[:3],
+        lambda b: b[2:7],
+        lambda b: b.view(2, 4)[:, 1:].t(),
+    ]
+    double = torch.compile(lambda x: x * 2, backend="tpu")
+    bump = torch.compile(lambda x: x.add_(1).sum(), backend="tpu")
+    for view in views:
+        cpu, tpu = torch.arange(8.0), torch.arange(8.0).to("tpu")
+        assert torch.equal(double(view(tpu)).cpu(), view(cpu) * 2)
+        assert torch.equal(bump(view(tpu)).cpu(), view(cpu).add_(1).sum())
+        assert torch.equal(tpu.cpu(), cpu)  # the write reached the base
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_grouped_mm_of_any_float_dtype(dtype):
     # torch's meta kernel keeps CUDA's bfloat16-only rule; MoE experts run float32 too.

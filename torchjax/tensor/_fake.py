@@ -238,14 +238,20 @@ _OWN_SHAPE_RULES = {torch.ops.aten._grouped_mm.default: _grouped_mm_any_dtype}
 # base failed in torch's conj fallback. A JaxTensor's ``_view_func_unsafe`` checks the
 # replay against the tensor it describes and, where it differs or fails, builds the
 # same layout as ``as_strided`` of the base seen as the view's dtype, then sets the
-# view's conj / neg bits: what Dynamo does for a plain tensor's views.
+# view's conj / neg bits: what Dynamo does for a plain tensor's views. The replay's
+# inner tensor is then a fresh one, laid out as the real view's stand-in is: Dynamo
+# guards that the two agree (symbolically, once sizes are dynamic). The replay keeps the
+# chain's ints as they are (``symint_visitor_fn`` is not applied).
 def replay_view(t, replay, new_base, symint_visitor_fn=None, tensor_visitor_fn=None):
     """``t``'s view of ``new_base``: ``replay`` (torch's view func) where it gives
     ``t``'s layout, else ``as_strided`` (Note [Replaying a view input])."""
     try:
-        out = replay(new_base, symint_visitor_fn, tensor_visitor_fn)
+        # The chain's ints stay ints: Dynamo's visitor makes each a symbol with no source
+        # (expected to simplify away), and one that did not, ``b[::2][1:]`` with dynamic
+        # sizes, failed every guard built on it. The sizes still follow the base's.
+        out = replay(new_base, None, tensor_visitor_fn)
         if _same_layout(out, t):
-            return out
+            return _with_own_inner(out)
     except RuntimeError:
         pass
     out = stored_as(new_base, t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
@@ -253,6 +259,22 @@ def replay_view(t, replay, new_base, symint_visitor_fn=None, tensor_visitor_fn=N
         out = out._conj()
     if t.is_neg():
         out = out._neg_view()
+    return _with_own_inner(out)
+
+
+def _with_own_inner(out):
+    # The replay's inner tensor is a view of the base's stand-in, at the view's offset;
+    # Dynamo pairs it with the real view's own stand-in (contiguous, at offset 0) and
+    # guards that the two agree. With dynamic sizes that guard is symbolic (``offset ==
+    # 6 - s0`` for the second half of a ``chunk``) and failed on the frame that made it.
+    # So the replayed view gets an inner tensor laid out as its stand-in is.
+    if not is_fake(out):
+        return out
+    old = inner(out)
+    fresh = old.new_empty(out.shape)
+    if old.is_conj() or old.is_neg():
+        set_math_bits(fresh, old.is_conj(), old.is_neg())
+    out.__dict__[_INNER] = fresh
     return out
 
 
