@@ -72,6 +72,7 @@ def test_uninstall_restores_every_original():
             "acc_empty_cache": torch.accelerator.empty_cache,
             "acc_memory_stats": torch.accelerator.memory.memory_stats,
             "acc_synchronize": torch.accelerator.synchronize,
+            "saved_enter": torch.autograd.graph.saved_tensors_hooks.__dict__["__enter__"],
         }
         meta_path = list(sys.meta_path)
         skip_dirs = list(trace_rules.SKIP_DIRS)
@@ -105,6 +106,8 @@ def test_uninstall_restores_every_original():
         assert _backend() == TPU() and sys.modules["torch.backends.tpu"] is torch.backends.tpu
         import inspect
         assert torch.load is not before["torch_load"]
+        saved_hooks = torch.autograd.graph.saved_tensors_hooks
+        assert saved_hooks.__dict__["__enter__"] is not before["saved_enter"]
         assert torch.accelerator.empty_cache is not before["acc_empty_cache"]
         assert torch.accelerator.memory.memory_stats is not before["acc_memory_stats"]
         assert inspect.signature(torch.accelerator.memory.memory_stats) == inspect.signature(
@@ -202,6 +205,7 @@ def test_uninstall_restores_every_original():
         "torch.utils.dlpack.to_dlpack",
         "torch.to_dlpack",
         "torch.utils.swap_tensors",
+        "torch.autograd.graph.saved_tensors_hooks.__enter__",
         "torch.nn.Module._apply",
         "torch.__future__.get_swap_module_params_on_conversion",
         "torch.load",

@@ -21,6 +21,14 @@ how it is undone.
   holds; when a tpu tensor is on either side the TensorImpls are swapped anyway and the
   stale gradient accumulator is poisoned (Note [Moving modules with live references]).
   Undo: torch's function put back.
+- ``torch.autograd.graph.saved_tensors_hooks.__enter__`` (tensor/_backward_errors.py,
+  installed by device/_registration.py; torch 2.13). An unpack hook that raised while
+  the autograd engine unpacked a tpu tensor aborted the process (non-reentrant
+  checkpointing's ``CheckpointError`` among them); the hooks pushed are wrapped so that
+  such an error raises when the pass ends (Note [Errors inside the autograd engine]).
+  Tensors on other devices are packed and unpacked by the user's hooks alone; the
+  ``pack_hook`` / ``unpack_hook`` attributes keep the user's functions. Undo: torch's
+  method put back.
 - ``torch.nn.Module._apply`` and ``torch.__future__.get_swap_module_params_on_conversion``
   (device/_registration.py through _compat/torch.py; torch 2.13). Moving a module off
   tpu (``model.cpu()``) made a new Parameter per module, untying tied weights and

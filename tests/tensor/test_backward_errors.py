@@ -26,6 +26,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 _EXCEPTIONS = ["NotImplementedError", "RuntimeError", "ValueError"]
 _HOOKS = ["register_hook", "register_post_accumulate_grad_hook"]
+_UNPACKS = ["saved_tensors_hooks", "checkpoint"]
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,7 @@ def backward_runs(request, tmp_path_factory) -> SimpleNamespace:
         registry._handler_for(op)
         saved = registry._HANDLERS[op]
         _HOOKS = {_HOOKS!r}
+        _UNPACKS = {_UNPACKS!r}
         for exc in ({", ".join(_EXCEPTIONS)}):
             def failing(args, kwargs):
                 raise exc("no lowering for aten::threshold_backward (simulated)")
@@ -67,6 +69,30 @@ def backward_runs(request, tmp_path_factory) -> SimpleNamespace:
             w = torch.randn(3).to("tpu").requires_grad_()
             (w * 2).sum().backward()
             print(kind, "next ok:", w.grad.tolist() == [2.0, 2.0, 2.0], flush=True)
+        from torch.utils.checkpoint import CheckpointError, checkpoint
+        for kind in _UNPACKS:
+            x = torch.randn(5).to("tpu").requires_grad_()
+            if kind == "saved_tensors_hooks":
+                def unpack(p):
+                    raise ValueError("unpack refused")
+                with torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
+                    y = (x * 2).sin()
+                expected = ValueError
+            else:  # the recomputation differs from the forward: CheckpointError
+                calls = []
+                def f(x):
+                    calls.append(1)
+                    return (x[: 2 + len(calls)] * 2).sin()
+                y = checkpoint(f, x, use_reentrant=False)
+                expected = CheckpointError
+            try:
+                y.sum().backward()
+            except expected as e:
+                print(kind, "raised:", type(e).__name__, flush=True)
+            w = torch.randn(3).to("tpu").requires_grad_()
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+                (w * w).sum().backward()
+            print(kind, "next ok:", torch.equal(w.grad.cpu(), 2 * w.detach().cpu()), flush=True)
         """
     return SimpleNamespace(
         **once_per_run(request, tmp_path_factory, "backward_runs", lambda: completed(_run(code)))
@@ -88,6 +114,31 @@ def test_error_in_a_gradient_hook_is_raised_by_backward(kind, backward_runs):
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"{kind} raised: division by zero" in out.stdout
     assert f"{kind} next ok: True" in out.stdout
+
+
+@pytest.mark.parametrize("kind", _UNPACKS)
+def test_error_in_an_unpack_hook_is_raised_by_backward(kind, backward_runs):
+    # Raised while the engine unpacked a tpu tensor, it aborted the process.
+    out = backward_runs
+    assert out.returncode == 0, out.stderr[-2000:]
+    error = "ValueError" if kind == "saved_tensors_hooks" else "CheckpointError"
+    assert f"{kind} raised: {error}" in out.stdout
+    assert f"{kind} next ok: True" in out.stdout
+
+
+def test_unpack_hooks_see_what_their_pack_hooks_returned():
+    seen = []
+    x = torch.randn(3, requires_grad=True)
+    for dev in ("cpu", "tpu"):
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: ("packed", t), lambda p: seen.append(p[0]) or p[1]
+        ) as hooks:
+            y = x.to(dev) * x.to(dev)
+        y.sum().backward()
+        assert torch.equal(x.grad, 2 * x.detach())
+        x.grad = None
+    assert seen == ["packed"] * 4
+    assert hooks is None  # torch's __enter__ returns nothing
 
 
 def test_forward_errors_raise_directly():

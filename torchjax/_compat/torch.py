@@ -213,21 +213,27 @@ def dynamo_skip_package(name: str):
     return undo
 
 
-def dynamo_never_trace(code, undo: bool = False) -> None:
-    """Dynamo runs frames of ``code``, and every frame they call, as plain Python
-    (``undo=True``: Dynamo's default for ``code`` again).
+def dynamo_never_trace(code, undo: bool = False, callees: bool = True) -> None:
+    """Dynamo runs frames of ``code``, and every frame they call (``callees``; else
+    those get Dynamo's default), as plain Python (``undo=True``: Dynamo's default for
+    ``code`` again).
 
     For torchjax's entry points called from C++ (``__torch_dispatch__``, the PrivateUse1
     kernels, the device guard): eager code that runs while Dynamo's callback is active
     (between graph breaks, or modules whose frames Dynamo skips) calls them on real tpu
     tensors, and jax's Python below them must never be offered to Dynamo as user code.
-    Free at run time (a per-code flag). Private API (set_code_exec_strategy).
+    Free at run time (a per-code flag). Private API (set_code_exec_strategy, through
+    torch._C so that torch._dynamo is not imported).
     """
-    from torch._dynamo.eval_frame import set_code_exec_strategy
-    from torch._dynamo.types import FrameAction, FrameExecStrategy
+    from torch._C._dynamo.eval_frame import (
+        _FrameAction,
+        _FrameExecStrategy,
+        set_code_exec_strategy,
+    )
 
-    action = FrameAction.DEFAULT if undo else FrameAction.SKIP
-    set_code_exec_strategy(code, FrameExecStrategy(action, action))
+    action = _FrameAction.DEFAULT if undo else _FrameAction.SKIP
+    below = action if callees else _FrameAction.DEFAULT
+    set_code_exec_strategy(code, _FrameExecStrategy(action, below))
 
 
 def install_to_dlpack(export) -> None:
@@ -391,6 +397,11 @@ def in_graph_task() -> bool:
     """Whether this thread is running ops of a backward pass (the autograd engine's
     current graph task)."""
     return graph_task_id() != -1
+
+
+def push_saved_tensors_default_hooks(pack_hook, unpack_hook) -> None:
+    """What ``torch.autograd.graph.saved_tensors_hooks.__enter__`` does with its hooks."""
+    torch._C._autograd._push_saved_tensors_default_hooks(pack_hook, unpack_hook)
 
 
 # Types and kernels of torch's dispatcher (torch._ops, torch._C).

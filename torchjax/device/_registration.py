@@ -30,6 +30,7 @@ from torchjax.device import (
     _pinned,
     _serialization,
 )
+from torchjax.tensor import _backward_errors
 
 DEVICE_TYPE = "tpu"
 
@@ -53,6 +54,7 @@ def _register() -> None:
     _fork.register()
     _serialization.register()
     _accelerator.register()
+    _backward_errors.install_saved_hooks_guard()
     install_swap_tensors(_involves_tpu)
     install_module_moves(_holds_tpu_params)
 

@@ -14,6 +14,10 @@ and traceback, exactly as it would on CPU. Outside the engine, errors raise dire
 A gradient hook registered on a tpu tensor (``register_hook``,
 ``register_post_accumulate_grad_hook``) that raises aborts the same way, so its error
 also waits for the end of the pass (``guarded``), the gradient passing on unchanged.
+So does an unpack hook of ``torch.autograd.graph.saved_tensors_hooks`` (a user's own, or
+non-reentrant checkpointing's, whose ``CheckpointError`` reports a recomputation that
+differs from the forward) unpacking a tpu tensor: the pass goes on with zeros of the
+saved tensor's metadata in its place (``_SavedHooks``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,15 @@ import threading
 
 import torch
 
-from torchjax._compat.torch import graph_task_id, in_graph_task, pytree, queue_engine_callback
+from torchjax import _patches
+from torchjax._compat.torch import (
+    dynamo_never_trace,
+    graph_task_id,
+    in_graph_task,
+    push_saved_tensors_default_hooks,
+    pytree,
+    queue_engine_callback,
+)
 
 _state = threading.local()
 
@@ -98,3 +110,67 @@ def guarded(hook):
             return None
 
     return run
+
+
+class _SavedOnTpu:
+    """What a pack hook returned for a tpu tensor, with that tensor's metadata."""
+
+    __slots__ = ("packed", "shape", "dtype", "device_index")
+
+    def __init__(self, packed, t):
+        self.packed, self.shape, self.dtype = packed, tuple(t.shape), t.dtype
+        self.device_index = t._device_index
+
+
+class _SavedHooks:
+    """A pack and unpack hook as the engine gets them: an unpack of a tpu tensor that
+    raises inside a backward pass raises when the pass ends (Note [Errors inside the
+    autograd engine]). Other tensors' values pass through untouched."""
+
+    __slots__ = ("pack_hook", "unpack_hook")
+
+    def __init__(self, pack_hook, unpack_hook):
+        self.pack_hook, self.unpack_hook = pack_hook, unpack_hook
+
+    def pack(self, t):
+        from torchjax.tensor._tensor import JaxTensor
+
+        packed = self.pack_hook(t)
+        return _SavedOnTpu(packed, t) if isinstance(t, JaxTensor) else packed
+
+    def unpack(self, p):
+        if p.__class__ is not _SavedOnTpu:
+            return self.unpack_hook(p)
+        try:
+            return self.unpack_hook(p.packed)
+        except Exception as error:
+            raise_in_engine_safely(error)
+            import jax.numpy as jnp
+
+            from torchjax.tensor._tensor import wrap
+            from torchjax.tensor.dtypes import to_jax_dtype
+
+            return wrap(jnp.zeros(p.shape, to_jax_dtype(p.dtype)), p.device_index)
+
+
+def _enter_saved_tensors_hooks(self) -> None:
+    hooks = _SavedHooks(self.pack_hook, self.unpack_hook)
+    push_saved_tensors_default_hooks(hooks.pack, hooks.unpack)
+
+
+def install_saved_hooks_guard() -> None:
+    # torch.compile must treat the replacement as it did torch's method, a frame it
+    # does not trace (torch/autograd is on its skip list); the hooks' frames too, but not
+    # the user's hooks they call.
+    dynamo_never_trace(_enter_saved_tensors_hooks.__code__)
+    for method in (_SavedHooks.pack, _SavedHooks.unpack):
+        dynamo_never_trace(method.__code__, callees=False)
+    _patches.replace_attr(
+        torch.autograd.graph.saved_tensors_hooks,
+        "__enter__",
+        _enter_saved_tensors_hooks,
+        name="torch.autograd.graph.saved_tensors_hooks.__enter__",
+        why="an unpack hook raising on a tpu tensor inside backward() aborted the process",
+        package="torch",
+        written_for="2.13",
+    )
