@@ -39,7 +39,8 @@ def test_one_hot_equals_cpu(values, num_classes):
 def test_one_hot_out_of_range_raises_at_the_next_sync(values, message):
     # Before: a row of zeros for the bad index, no error at all.
     out = F.one_hot(torch.tensor(values).to(TPU), 5)  # no read, no raise
-    assert _checks.pending() >= 1
+    # Queued unread; in fused eager the recorded segment queues it when the read runs it.
+    assert _checks.pending() >= 1 or torchjax.eager_mode() == "fused"
     with pytest.raises(RuntimeError, match=f"one_hot: Class values {message}.*aten::_assert"):
         out.cpu()
     assert _checks.pending() == 0
