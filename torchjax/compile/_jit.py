@@ -376,6 +376,11 @@ class _Entry:
             tensors[j] = layouts.apply_layout(tensors[j], planned)
         return tensors
 
+    def arg_write_output(self, m: int) -> int:
+        """The position among the program's outputs of the ``m``-th written argument's
+        new value (after the outputs and the written and created state)."""
+        return self.n_out + len(self.written) + len(self.created) + m
+
     def write_back(self, call: Call, rest) -> None:
         storages = call.storages
         for i, a in zip(self.written, rest):
@@ -439,8 +444,7 @@ class _VJPProgram:
             n_state = len(diff_leaves)
 
             self.rebased = [entry.args_written[m] for m in backward.rebased]
-            first = n_out + len(entry.written) + len(entry.created)
-            rebased = [first + m for m in backward.rebased]
+            rebased = [entry.arg_write_output(m) for m in backward.rebased]
 
             def fwd(state, key, dyn, hypers):
                 res = fun(*state, key, *dyn, *hypers)
@@ -514,7 +518,6 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
         outputs.append((len(outs) + b, whole, storage, avals[len(outs) + b]))
     # Note [Arguments written in place get the program's history]: their new values
     # follow the outputs.
-    first = entry.n_out + len(entry.written) + len(entry.created)
     rebased = [
         m
         for m, k in enumerate(entry.args_written)
@@ -522,7 +525,7 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
     ]
     for i, m in enumerate(rebased):
         k = entry.args_written[m]
-        outputs.append((entry.n_out + i, wrapped[k], None, avals[first + m]))
+        outputs.append((entry.n_out + i, wrapped[k], None, avals[entry.arg_write_output(m)]))
     if not outputs:
         return None
     state = [call.walk.every[i] for i in diff_leaves]
