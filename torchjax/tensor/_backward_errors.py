@@ -47,8 +47,7 @@ def in_backward() -> bool:
 def defer(func, args, kwargs, error: BaseException):
     """Queue ``error`` to raise at the end of the running backward pass and return
     placeholder outputs for ``func``; re-raise ``error`` if no placeholder can be made."""
-    from torchjax.tensor._tensor import JaxTensor, wrap
-    from torchjax.tensor.dtypes import to_jax_dtype
+    from torchjax.tensor._tensor import JaxTensor
 
     def to_meta(x):
         if isinstance(x, JaxTensor):
@@ -60,11 +59,9 @@ def defer(func, args, kwargs, error: BaseException):
     except Exception:
         raise error from None
 
-    import jax.numpy as jnp
-
     def placeholder(m):
         if isinstance(m, torch.Tensor) and m.device.type == "meta":
-            return wrap(jnp.zeros(tuple(m.shape), to_jax_dtype(m.dtype)))
+            return _zeros(tuple(m.shape), m.dtype)
         return m
 
     raise_later(error)
@@ -73,6 +70,17 @@ def defer(func, args, kwargs, error: BaseException):
         if schema.arguments[0].alias_info.is_write:
             return args[0]  # in-place: torch expects self back
     return pytree.tree_map(placeholder, meta_out)
+
+
+def _zeros(shape: tuple, dtype: torch.dtype, device_index: int = 0):
+    """A tpu tensor of zeros: what stands in for a value the pass could not compute
+    while its error waits for the pass to end."""
+    import jax.numpy as jnp
+
+    from torchjax.tensor._tensor import wrap
+    from torchjax.tensor.dtypes import to_jax_dtype
+
+    return wrap(jnp.zeros(shape, to_jax_dtype(dtype)), device_index)
 
 
 def raise_later(error: BaseException) -> None:
@@ -145,12 +153,7 @@ class _SavedHooks:
             return self.unpack_hook(p.packed)
         except Exception as error:
             raise_in_engine_safely(error)
-            import jax.numpy as jnp
-
-            from torchjax.tensor._tensor import wrap
-            from torchjax.tensor.dtypes import to_jax_dtype
-
-            return wrap(jnp.zeros(p.shape, to_jax_dtype(p.dtype)), p.device_index)
+            return _zeros(p.shape, p.dtype, p.device_index)
 
 
 def _enter_saved_tensors_hooks(self) -> None:
