@@ -248,7 +248,8 @@ def replay_view(t, replay, new_base, symint_visitor_fn=None, tensor_visitor_fn=N
     try:
         # The chain's ints stay ints: Dynamo's visitor makes each a symbol with no source
         # (expected to simplify away), and one that did not, ``b[::2][1:]`` with dynamic
-        # sizes, failed every guard built on it. The sizes still follow the base's.
+        # sizes, failed every guard built on it. So the view's own sizes are static:
+        # a new size is a new graph (Dynamo's recompile limit then applies).
         out = replay(new_base, None, tensor_visitor_fn)
         if _same_layout(out, t):
             return _with_own_inner(out)
