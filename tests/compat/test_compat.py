@@ -226,6 +226,18 @@ def test_graph_task_id_and_engine_callback():
     assert seen[0] != -1 and seen[1:] == ["end"]
 
 
+def test_current_autograd_node():
+    assert ct.current_autograd_node() is None
+    seen = []
+    x = torch.ones(2, requires_grad=True)
+    y = (x * 2).sin()
+    y.register_hook(lambda g: seen.append(ct.current_autograd_node()))
+    y.sum().backward()
+    assert seen == [y.grad_fn]
+    (accumulate, _), _ = seen[0].next_functions[0][0].next_functions
+    assert accumulate.variable is x
+
+
 def test_engine_callback_runs_at_the_end_of_backward():
     seen = []
     assert not ct.in_graph_task()

@@ -47,10 +47,17 @@ def backward_runs(request, tmp_path_factory) -> SimpleNamespace:
                 raise exc("no lowering for aten::threshold_backward (simulated)")
             registry._HANDLERS[op] = failing
             x = torch.randn(3).to("tpu").requires_grad_()
+            b = torch.randn(3).to("tpu").requires_grad_()
+            x.grad = before = torch.full((3,), 10.0).to("tpu")
+            ran = []
+            b.register_post_accumulate_grad_hook(lambda p: ran.append(p))
             try:
-                torch.relu(x).sum().backward()
+                torch.relu(x * b).sum().backward()
             except exc as e:
                 print(exc.__name__, "raised:", e, flush=True)
+            # as on CPU, nothing below the failing node was accumulated or hooked
+            kept = x.grad is before and x.grad.tolist() == [10.0] * 3
+            print(exc.__name__, "grads kept:", kept and b.grad is None and not ran, flush=True)
             registry._HANDLERS[op] = saved
             y = torch.randn(3).to("tpu").requires_grad_()
             torch.relu(y).sum().backward()  # the next backward is unaffected
@@ -85,10 +92,13 @@ def backward_runs(request, tmp_path_factory) -> SimpleNamespace:
                     return (x[: 2 + len(calls)] * 2).sin()
                 y = checkpoint(f, x, use_reentrant=False)
                 expected = CheckpointError
+            x.grad = before = torch.full((5,), 10.0).to("tpu")
             try:
                 y.sum().backward()
             except expected as e:
                 print(kind, "raised:", type(e).__name__, flush=True)
+            kept = x.grad is before and x.grad.tolist() == [10.0] * 5
+            print(kind, "grads kept:", kept, flush=True)
             w = torch.randn(3).to("tpu").requires_grad_()
             with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
                 (w * w).sum().backward()
@@ -104,6 +114,7 @@ def test_error_in_backward_op_is_raised_by_backward(exc, backward_runs):
     out = backward_runs
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"{exc} raised: no lowering for aten::threshold_backward (simulated)" in out.stdout
+    assert f"{exc} grads kept: True" in out.stdout
     assert f"{exc} grad ok: True" in out.stdout
 
 
@@ -123,6 +134,7 @@ def test_error_in_an_unpack_hook_is_raised_by_backward(kind, backward_runs):
     assert out.returncode == 0, out.stderr[-2000:]
     error = "ValueError" if kind == "saved_tensors_hooks" else "CheckpointError"
     assert f"{kind} raised: {error}" in out.stdout
+    assert f"{kind} grads kept: True" in out.stdout
     assert f"{kind} next ok: True" in out.stdout
 
 

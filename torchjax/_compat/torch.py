@@ -387,6 +387,11 @@ def graph_task_id() -> int:
     return torch._C._current_graph_task_id()
 
 
+def current_autograd_node():
+    """The autograd node the engine is running in this thread (None outside one)."""
+    return torch._C._current_autograd_node()
+
+
 def queue_engine_callback(callback) -> None:
     """Run ``callback()`` when the running backward pass ends (inside it only); an
     exception it raises is raised by ``backward()``."""

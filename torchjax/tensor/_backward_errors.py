@@ -18,6 +18,16 @@ So does an unpack hook of ``torch.autograd.graph.saved_tensors_hooks`` (a user's
 non-reentrant checkpointing's, whose ``CheckpointError`` reports a recomputation that
 differs from the forward) unpacking a tpu tensor: the pass goes on with zeros of the
 saved tensor's metadata in its place (``_SavedHooks``).
+
+CPU stops the pass at the first error, so nothing below the failing node runs. Here the
+pass goes on, with zeros for the failed value, and would leave gradients computed from
+them in the leaves' ``.grad``, which a loop that catches the error and steps its
+optimizer would use. So when an error is deferred, the ``.grad`` of every leaf below the
+failing node is saved (value and tensor object) and put back when the pass ends, just
+before the error is raised; and once a pass holds an error, gradient hooks on tpu
+tensors no longer run (on CPU they would not be reached). Leaves on other branches that
+the pass reaches after the error keep their gradients, which are right but which CPU,
+stopping at the error, may not have accumulated.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import torch
 
 from torchjax import _patches
 from torchjax._compat.torch import (
+    current_autograd_node,
     dynamo_never_trace,
     graph_task_id,
     in_graph_task,
@@ -85,16 +96,53 @@ def _zeros(shape: tuple, dtype: torch.dtype, device_index: int = 0):
 
 def raise_later(error: BaseException) -> None:
     """Raise ``error`` when the running backward pass ends (the first error of a pass
-    wins, as the first raised on CPU would)."""
+    wins, as the first raised on CPU would), the ``.grad`` of the leaves below the
+    failing node as they were before it."""
     task = graph_task_id()
     if getattr(_state, "task", None) != task:
-        _state.task = task
+        _state.task, _state.saved = task, {}
+        saved = _state.saved
 
         def reraise():
-            _state.task = None
+            _state.task = _state.saved = None
+            _restore_grads(saved)
             raise error
 
         queue_engine_callback(reraise)
+    _save_grads_below(current_autograd_node(), _state.saved)
+
+
+def error_pending() -> bool:
+    """Whether the running backward pass already holds an error to raise at its end."""
+    task = getattr(_state, "task", None)
+    return task is not None and task == graph_task_id()
+
+
+def _save_grads_below(node, saved: dict) -> None:
+    # A leaf's AccumulateGrad runs only once every path into it has, so a leaf below a
+    # failing node has not been reached yet: its .grad is still the one from before the
+    # pass. (The nodes' Python objects are cached per node, so a set dedupes a diamond.)
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n is None or n in seen:
+            continue
+        seen.add(n)
+        leaf = getattr(n, "variable", None)
+        if isinstance(leaf, torch.Tensor) and id(leaf) not in saved:
+            grad = leaf.grad
+            saved[id(leaf)] = (leaf, grad, None if grad is None else grad.detach().clone())
+        stack.extend(f for f, _ in n.next_functions)
+
+
+def _restore_grads(saved: dict) -> None:
+    # Accumulation may have added into the old .grad in place, or replaced it: put back
+    # both the value and the tensor object, as CPU leaves them.
+    with torch.no_grad():
+        for leaf, grad, value in saved.values():
+            if grad is not None:
+                grad.copy_(value)
+            leaf.grad = grad
 
 
 def raise_in_engine_safely(error: BaseException) -> None:
@@ -107,10 +155,13 @@ def raise_in_engine_safely(error: BaseException) -> None:
 def guarded(hook):
     """``hook`` (a gradient hook run by the engine), its exceptions raised when the pass
     ends instead of inside the engine, where they would abort the process (Note [Errors
-    inside the autograd engine]); the gradient passes on unchanged meanwhile."""
+    inside the autograd engine]); the gradient passes on unchanged meanwhile. Once the
+    pass holds an error, the hook is not run: CPU would have stopped before it."""
 
     @functools.wraps(hook)
     def run(*args):
+        if error_pending():
+            return None
         try:
             return hook(*args)
         except Exception as error:
