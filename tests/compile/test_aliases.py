@@ -1,8 +1,11 @@
 """Compiled outputs that are views of inputs or of each other alias as on CPU (Note
 [Aliased outputs of a compiled function] in torchjax/compile/_aliases.py)."""
 
+import copy
+
 import pytest
 import torch
+from torch.utils import _pytree as pytree
 
 import torchjax
 
@@ -142,6 +145,54 @@ def test_detached_outputs_leave_the_graph_and_share_memory(jit):
     torch.testing.assert_close(tpu.detach().cpu(), cpu.detach())
     with pytest.raises(RuntimeError, match="does not require grad"):
         (got[0] * 2).sum().backward()
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(2, 3))
+
+    def forward(self, x):
+        return self.w.detach().requires_grad_(), self.w, x * self.w
+
+
+_NEW_LEAVES = {
+    "detached_argument": lambda x: x.detach().requires_grad_(),
+    "detached_view": lambda x: x.detach().t().requires_grad_(),
+    "factory": lambda x: torch.ones(2, 3, device=x.device).requires_grad_(),
+    "detached_result": lambda x: (x * 2).detach().requires_grad_(),
+    "detached_parameter": _Scaled,
+}
+
+
+@pytest.mark.parametrize("case", sorted(_NEW_LEAVES))
+def test_leaves_made_inside_come_back_as_leaves(case):
+    # A leaf made inside (``x.detach().requires_grad_()``) has no history: its own .grad
+    # is filled and no gradient reaches the argument or parameter it was made from.
+    # (torch.compile refuses to return such a tensor, on CPU too.)
+    fn = module = _NEW_LEAVES[case]
+    if fn is _Scaled:
+        fn = _Scaled()
+        module = copy.deepcopy(fn).to("tpu")
+    tpu_fn = torchjax.jit(module)
+    for _ in range(2):  # the trace, then the cached entry
+        cpu = _input().requires_grad_()
+        tpu = cpu.detach().to("tpu").requires_grad_()
+        want, got = pytree.tree_leaves(fn(cpu)), pytree.tree_leaves(tpu_fn(tpu))
+        assert len(got) == len(want) >= 1
+        for w, g in zip(want, got):
+            assert (g.is_leaf, g.requires_grad) == (w.is_leaf, w.requires_grad)
+            assert (g.grad_fn is None) == (w.grad_fn is None)
+        sum(w.sum() for w in want).backward()
+        sum(g.sum() for g in got).backward()
+        for w, g in zip(want, got):
+            if w.is_leaf:
+                torch.testing.assert_close(g.grad.cpu(), w.grad)
+        assert (tpu.grad is None) == (cpu.grad is None)
+        if cpu.grad is not None:
+            torch.testing.assert_close(tpu.grad.cpu(), cpu.grad)
+    if isinstance(fn, torch.nn.Module):
+        torch.testing.assert_close(module.w.grad.cpu(), fn.w.grad)
 
 
 def _write_b_read_a(a, b):

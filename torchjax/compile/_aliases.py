@@ -58,8 +58,9 @@ def root(t):
     return getattr(s, "root", s)  # an Interpretation's (dtype / conj view's) root
 
 
-def plan(outs, args, storages):
-    """At trace time: how to rebuild each output (a traced JaxTensor) as a view.
+def plan(outs, args, storages, grads):
+    """At trace time: how to rebuild each output (a traced JaxTensor) as a view;
+    ``grads[j]``: whether output ``j`` stays in the call's autograd graph.
 
     Returns ``(aliases, bases)``: ``aliases[j]`` is None (the program's value) or
     ``(kind, index, size, stride, offset, conj, neg)``, ``kind`` an argument, a state
@@ -71,13 +72,13 @@ def plan(outs, args, storages):
     for t in outs:
         counts[id(root(t))] = counts.get(id(root(t)), 0) + 1
     aliases, bases, base_of = [], [], {}
-    for t in outs:
+    for t, grad in zip(outs, grads):
         r = root(t)
         # Whether the output is the argument object itself (``return x``, not
         # ``x.detach()`` or ``x.view_as(x)``) and whether it stays in the autograd graph
         # (a detached view of a ``requires_grad`` argument does not).
         same = any(t is a for a in args)
-        meta = (t._size, t._stride, t._offset, t.is_conj(), t.is_neg(), same, t.requires_grad)
+        meta = (t._size, t._stride, t._offset, t.is_conj(), t.is_neg(), same, grad)
         meta += (t.dtype,)
         if id(r) in arg_of:
             aliases.append((_ARG, arg_of[id(r)], *meta))

@@ -273,10 +273,21 @@ class _Entry:
                 out_flat, out_spec = pytree.tree_flatten(out)
                 out_pos = [i for i, x in enumerate(out_flat) if isinstance(x, JaxTensor)]
                 info["out"] = (out_spec, out_flat, out_pos)
+                outs = [out_flat[i] for i in out_pos]
+                # Note [Leaves made inside a compiled function]
+                own = {id(t) for t in (*wrapped, *call.walk.every)}
+                info["new_leaves"] = [
+                    j
+                    for j, t in enumerate(outs)
+                    if t.requires_grad and t.is_leaf and id(t) not in own
+                ]
+                out_grad = [t.requires_grad for t in outs]
+                for j in info["new_leaves"]:
+                    out_grad[j] = False
+                info["out_grad"] = out_grad
                 # Note [Aliased outputs of a compiled function] (_aliases.py).
-                aliases, bases = _aliases.plan([out_flat[i] for i in out_pos], wrapped, storages)
+                aliases, bases = _aliases.plan(outs, wrapped, storages, out_grad)
                 info["aliases"], info["n_bases"] = aliases, len(bases)
-                info["out_grad"] = [out_flat[i].requires_grad for i in out_pos]
                 info["layouts"] = [layouts.strides_for(out_flat[i]) for i in out_pos]
                 info["out_cls"] = [
                     type(out_flat[i]) if user_class(type(out_flat[i])) else None for i in out_pos
@@ -319,6 +330,7 @@ class _Entry:
         self.closed = closed
         self.out_spec, out_flat, self.out_pos = info["out"]
         self.out_grad = info["out_grad"]
+        self.new_leaves = info["new_leaves"]
         self.constant = frozenset(j for j, grad in enumerate(self.out_grad) if not grad)
         self.layouts = info["layouts"] if any(info["layouts"]) else None
         self.out_cls = info["out_cls"]
@@ -397,6 +409,8 @@ class _Entry:
             tensors = _aliases.regenerate(
                 self.aliases, tensors[:n], tensors[n:], call.tensors, call.walk.tensors
             )
+        for j in self.new_leaves:
+            tensors[j].requires_grad_()
         flat = list(self.out_static)
         for i, t, cls in zip(self.out_pos, tensors, self.out_cls):
             if cls is not None:  # Note [User tensor subclasses under torchjax.jit]
@@ -506,7 +520,7 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
     for j, t in enumerate(outs):
         # An output rebuilt as a view of an argument, state or shared base after the
         # call gets its gradient through that view, not through its own position.
-        if (aliases is None or aliases[j] is None) and t.requires_grad:
+        if (aliases is None or aliases[j] is None) and entry.out_grad[j]:
             outputs.append((j, t, None, avals[j]))
     for b, storage in enumerate(bases):
         viewing = [t for t in outs if root(t) is storage]
@@ -559,6 +573,16 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
 # the argument is ``copy_``-ed from it under autograd: its history becomes the call's,
 # whose backward takes the write's traced graph back to the argument's old value. The
 # ``jax.vjp`` fallback does not do this.
+
+
+# Note [Leaves made inside a compiled function]
+# ``x.detach().requires_grad_()`` or ``torch.zeros(n).requires_grad_()`` returned by the
+# function is, in eager, a new leaf: no grad_fn, its own ``.grad`` filled by a backward
+# through it, nothing flowing past it. A traced output like that (a leaf requiring grad
+# that is neither an argument nor state) is a constant of the call's VJP, comes back
+# without history and is made a leaf requiring grad; one aliasing an argument or state
+# is rebuilt as a view of that tensor's detached self (Note [Aliased outputs of a
+# compiled function]), so no gradient reaches the argument through it.
 
 
 # Note [Strides of compiled outputs]
