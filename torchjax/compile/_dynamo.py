@@ -30,7 +30,7 @@ from torchjax._compat.torch import (
     dynamo_skip_package,
     fake_tensor_mode_class,
 )
-from torchjax.compile import _custom_functions
+from torchjax.compile import _custom_functions, _host_parts
 from torchjax.compile._jit import Jitted
 
 
@@ -131,7 +131,12 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
     """
     scalars = _scalars_as_values(gm, example_inputs)
     _custom_functions.replace_in(gm)  # Note [Custom functions in Dynamo graphs]
-    compiled = Jitted(gm, warn_after=16)
+    host = _host_parts.host_nodes(gm)
+    if host:  # Note [Host copies in compiled graphs]
+        call, parts = _host_parts.split(gm, host, lambda part: Jitted(part, warn_after=16))
+    else:
+        call = Jitted(gm, warn_after=16)
+        parts = [call]
     _TOTALS["graphs"] += 1
 
     def run(*args):
@@ -139,14 +144,18 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
             args = list(args)
             for i in scalars:
                 args[i] = args[i].item()  # a CPU scalar: no device read
-        traces, hits = compiled.trace_count, compiled.cache_hits
+        before = [(p.trace_count, p.cache_hits) for p in parts]
         try:
-            return compiled(*args)
+            return call(*args)
         finally:
-            _TOTALS["traces"] += compiled.trace_count - traces
-            _TOTALS["cache_hits"] += compiled.cache_hits - hits
+            for p, (traces, hits) in zip(parts, before):
+                _TOTALS["traces"] += p.trace_count - traces
+                _TOTALS["cache_hits"] += p.cache_hits - hits
 
-    run.jitted = compiled  # the trace counter, for tests and users who ask
+    # The trace counter, for tests and users who ask (of the first compiled part where
+    # the graph was split; None where all of it runs on the host).
+    run.jitted = parts[0] if parts else None
+    run.parts = parts
     return run
 
 

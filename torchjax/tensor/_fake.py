@@ -24,6 +24,7 @@ from torchjax._compat.torch import cpp_meta_kernels, create_empty_tensor, pytree
 from torchjax.tensor._reinterpret import stored_as
 
 _INNER = "_fake_inner"
+DEVICE_TYPE = "tpu"
 
 
 def stand_in(t) -> torch.Tensor:
@@ -145,8 +146,16 @@ def dispatch(func, args, kwargs):
             outer_args, outer_kwargs = outer
             return outer_kwargs[name] if name in outer_kwargs else outer_args[0]
         return _views_with_eager_strides(func, outer, out)
+    # A copy to another device (``.cpu()``, ``.to("cpu")``) is that device's plain fake,
+    # as eager gives a plain tensor there.
     return pytree.tree_map(
-        lambda x: make(x) if isinstance(x, torch.Tensor) and not isinstance(x, JaxTensor) else x,
+        lambda x: (
+            make(x)
+            if isinstance(x, torch.Tensor)
+            and not isinstance(x, JaxTensor)
+            and x.device.type == DEVICE_TYPE
+            else x
+        ),
         out,
     )
 
