@@ -63,15 +63,6 @@ def test_a_path_in_the_variable_is_the_directory(path_then_uninstall):
     assert _files(cache)
 
 
-def test_zero_turns_it_off(tmp_path):
-    # One process for the whole path; the other spellings by the parser itself.
-    r = _report({"TORCHJAX_COMPILATION_CACHE": "0", "XDG_CACHE_HOME": str(tmp_path)})
-    assert r["dir"] is None and not r["patched"] and r["min_time"] == 1.0
-    assert not (tmp_path / "torchjax").exists()
-    for value in ("off", "False", "NO"):
-        assert _compilation_cache.chosen_dir(value) is None
-
-
 def test_the_users_own_cache_settings_are_kept(tmp_path):
     env = {
         "TORCHJAX_COMPILATION_CACHE": "",
@@ -131,11 +122,15 @@ def test_uninstall_turns_it_off(path_then_uninstall):
     assert r["written"] > 0 and len(_files(cache)) == r["written"]
 
 
-def test_the_suite_does_not_use_the_users_cache():
-    # tests/conftest.py (Note [The suite and the persistent compilation cache]).
+def test_zero_turns_it_off():
+    # This process: tests/conftest.py sets "0" before importing torchjax (Note [The suite
+    # and the persistent compilation cache]); the other spellings by the parser itself.
     assert os.environ["TORCHJAX_COMPILATION_CACHE"] == "0"
     assert jax.config.jax_compilation_cache_dir is None
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0  # jax's default
     assert _compilation_cache.PATCH not in [p.name for p in torchjax.patches()]
+    for value in ("0", "off", "False", "NO"):
+        assert _compilation_cache.chosen_dir(value) is None
 
 
 def test_chosen_dir(monkeypatch, tmp_path):
