@@ -16,8 +16,11 @@ import os
 #   log1p, cbrt, asinh) differ from the default generator's in the last bit or two, as
 #   every XLA backend's do (TPU has its own): those are XLA's approximations, not
 #   torchjax's lowerings, and the tests compare them with CPU within float tolerances.
+#   It also multiplies complex infinities in another way (an FMA inside the product:
+#   ``(huge + huge j) ** 2`` is -inf + inf j there, nan + inf j on CPU and at XLA's
+#   defaults).
 # Benchmarks and user code keep XLA's defaults, and tests/ops/test_complex_special_values.py
-# checks its special-value grid, the most delicate of the numerics, at those defaults in a
+# runs its special-value grid, the most delicate of the numerics, at those defaults in a
 # child process. Set either flag yourself in XLA_FLAGS to test with another value.
 _FAST_COMPILE = {
     "xla_backend_optimization_level": "0",
