@@ -59,3 +59,14 @@ def _no_device_check_leaks_between_tests():
     yield
     _fused.flush_current()
     _checks.clear_pending()
+
+
+@pytest.fixture
+def fresh_dynamo():
+    # For files of torch.compile tests (``pytestmark = pytest.mark.usefixtures(...)``):
+    # each test starts and ends with no compiled frames, guards or recompile counts.
+    import torch
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -9,12 +9,7 @@ from torch.utils import _pytree as pytree
 
 import torchjax
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def views(x):

@@ -10,12 +10,7 @@ import torchjax
 from tests.compile.test_jit import mlp
 from torchjax.compile import _default_backend
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def test_default_backend_compiles_a_tpu_module_like_cpu():

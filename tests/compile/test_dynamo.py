@@ -9,12 +9,7 @@ import torch.nn.functional as F
 import torchjax
 from tests.compile.test_jit import cnn, mlp
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def test_mlp_forward_matches_cpu_and_compiles_once():

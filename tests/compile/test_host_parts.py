@@ -9,12 +9,7 @@ import torch
 import torchjax
 from torchjax.compile import _host_parts
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _cpu_then_add(x):

@@ -19,11 +19,7 @@ from tests.integrations.tiny_pipelines import PIPELINES
 TOLERANCE = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _generator():
