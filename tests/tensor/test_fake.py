@@ -50,3 +50,80 @@ def test_views_made_inside_a_graph_still_match_cpu():
 
     compiled = torch.compile(fn, backend="tpu", fullgraph=True, dynamic=False)
     torch.testing.assert_close(compiled(x.to("tpu")).cpu(), fn(x))
+
+
+def _halves(x):
+    return x[:2].detach(), x[2:].detach()
+
+
+def _overlapping(x):
+    return x[:4].detach(), x[2:].detach()
+
+
+def _rows_and_columns(x):
+    x = x.reshape(2, 3)
+    return x[1:].detach(), x[:, 1:].t().detach()
+
+
+def _write_then_read(a, b):
+    a.add_(1)
+    return b * 2, a.sum()
+
+
+@pytest.mark.parametrize(
+    "split, fn",
+    [
+        pytest.param(_halves, lambda a, b: a * 2 + b.sum(), id="disjoint"),
+        pytest.param(_overlapping, _write_then_read, id="overlapping_written"),
+        pytest.param(_rows_and_columns, lambda a, b: (a.sum(0), b @ b), id="2d"),
+        pytest.param(lambda x: (x[2:].detach(),), lambda b: b + 1, id="one_at_an_offset"),
+    ],
+)
+def test_inputs_sharing_a_storage_compile_and_equal_cpu(split, fn):
+    # Note [Inputs sharing a storage]: inputs that are not views but share one storage
+    # (or sit at an offset of theirs) are faked with ``set_``; torch.compile raised
+    # InternalTorchDynamoError on them.
+    x = torch.arange(6.0)
+    cpu_in, tpu_in = split(x.clone()), split(x.to("tpu"))
+    assert not any(t._is_view() for t in tpu_in)
+    assert all(
+        t.untyped_storage().data_ptr() == tpu_in[0].untyped_storage().data_ptr() for t in tpu_in
+    )
+    expected = fn(*cpu_in)
+    got = torch.compile(fn, backend="tpu", fullgraph=True)(*tpu_in)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    got = got if isinstance(got, tuple) else (got,)
+    assert len(got) == len(expected) > 0
+    for g, e in zip(got, expected):
+        assert torch.equal(g.cpu(), e)
+    for g, e in zip(tpu_in, cpu_in):  # the inputs, written in place where fn writes
+        assert torch.equal(g.cpu(), e)
+
+
+def test_parameters_over_one_flat_buffer_train_as_on_cpu():
+    # Parameters made over one flat buffer (as ZeRO-style flattening does) compile
+    # into a training step, gradients and an optimizer step equal to CPU's.
+    flat = torch.randn(15, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(3))
+
+    def run(device, compiled):
+        buf = flat.clone().to(device)  # on CPU, .to would share flat itself
+        w = torch.nn.Parameter(buf[:12].view(4, 3).detach())
+        b = torch.nn.Parameter(buf[12:].detach())
+        opt = torch.optim.SGD([w, b], lr=0.1)
+
+        def step(x):
+            opt.zero_grad()
+            loss = (x @ w + b).square().sum()
+            loss.backward()
+            return loss
+
+        fn = torch.compile(step, backend="tpu") if compiled else step
+        losses = [fn(x.to(device)).item() for _ in range(2)]
+        opt.step()
+        return losses, w.grad.cpu(), b.grad.cpu(), w.detach().cpu(), b.detach().cpu()
+
+    cpu, tpu = run("cpu", False), run("tpu", True)
+    torch.testing.assert_close(tpu[0], cpu[0])
+    for t, c in zip(tpu[1:], cpu[1:]):
+        torch.testing.assert_close(t, c)

@@ -20,8 +20,15 @@ from __future__ import annotations
 
 import torch
 
-from torchjax._compat.torch import cpp_meta_kernels, create_empty_tensor, pytree, set_math_bits
+from torchjax._compat.torch import (
+    cpp_meta_kernels,
+    create_empty_tensor,
+    pytree,
+    set_math_bits,
+    set_tensor_data,
+)
 from torchjax.tensor._reinterpret import stored_as
+from torchjax.tensor._storage import contiguous_strides
 
 _INNER = "_fake_inner"
 DEVICE_TYPE = "tpu"
@@ -235,6 +242,38 @@ def _grouped_mm_any_dtype(func, mat_a, mat_b, *args, **kwargs):
 
 # Ops whose torch meta kernel refuses what their tpu lowering computes.
 _OWN_SHAPE_RULES = {torch.ops.aten._grouped_mm.default: _grouped_mm_any_dtype}
+
+
+# Note [Inputs sharing a storage]
+# Dynamo fakes an input that is not a view but shares its storage with another input
+# (``x[:2].detach()`` and ``x[2:].detach()``, parameters over one flat buffer), or sits
+# at an offset, the way torch's meta converter does for any tensor: it makes the fake,
+# then points it at the shared fake storage with ``r.set_(storage, offset, size,
+# stride)``, Python dispatch off. A fake JaxTensor's own TensorImpl is a tpu one, and
+# torch's meta kernel refused a meta storage for it ("Attempted to set the storage of
+# a tensor on device tpu:0 to a storage on different device meta"), so torch.compile
+# raised InternalTorchDynamoError. ``JaxTensor.set_`` sends that call here: the fake
+# takes the layout (its sizes, strides and offset) and keeps its inner fake, laid out as
+# its stand-in is, as Dynamo's guards pair them (Note [Replaying a view input]). The
+# fakes then do not share a storage; nothing in the backend reads that: the captured
+# graph runs on the real tensors under torchjax.jit, which takes aliased arguments
+# (Note [Arguments that share memory] in torchjax/compile/_aliases.py).
+def set_storage(t, args, kwargs) -> bool:
+    """``t.set_(storage, offset, size, stride)`` on a fake JaxTensor, given a storage of
+    another device (Note [Inputs sharing a storage]); False when it is not that call."""
+    names = ("source", "storage_offset", "size", "stride")
+    given = dict(zip(names, args), **kwargs)
+    source = given.get("source")
+    if not isinstance(source, torch.UntypedStorage) or source.device.type == DEVICE_TYPE:
+        return False
+    size = tuple(given.get("size", t.shape))
+    stride = given.get("stride")
+    stride = tuple(stride) if stride else contiguous_strides(size)
+    offset = given.get("storage_offset", 0)
+    own = inner(t)
+    set_tensor_data(t, make(own, size, stride, offset))
+    t.__dict__[_INNER] = own
+    return True
 
 
 # Note [Replaying a view input]

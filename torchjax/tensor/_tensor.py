@@ -189,6 +189,13 @@ class JaxTensor(torch.Tensor):
             return _fake.inner(self).untyped_storage()
         return _addresses.untyped_storage(storage, self.device)
 
+    def set_(self, *args, **kwargs):
+        # Dynamo's meta converter points a fake at a shared fake storage (Note [Inputs
+        # sharing a storage] in torchjax/tensor/_fake.py); every other call is torch's.
+        if _fake.is_fake(self) and _fake.set_storage(self, args, kwargs):
+            return self
+        return torch.Tensor.set_(self, *args, **kwargs)
+
     def tolist(self):
         return self.detach().cpu().tolist()
 
