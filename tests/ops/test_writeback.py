@@ -261,3 +261,22 @@ def test_abs_of_complex_into_out_as_cpu(out_dtype):
         except RuntimeError as error:
             results[device] = (RuntimeError, str(error).split(" (in aten::")[0])
     assert results["tpu"] == results["cpu"]
+
+
+@pytest.mark.parametrize(
+    "values", [[[0, 1], [1, 1]], [[0.0, 0, 0]], [[[1, 1], [1, 1]], [[1, 0], [1, 1]]], 3]
+)
+@pytest.mark.parametrize("out_shape", [(0,), (3, 2), (2, 2)], ids=["empty", "3x2", "2x2"])
+def test_nonzero_out_takes_cpus_strides(values, out_shape):
+    # nonzero's CPU kernel lays an out= it resizes in Fortran order (strides (1, n)); one
+    # that already has the result's shape keeps its strides.
+    results = {}
+    for device in ("cpu", "tpu"):
+        out = torch.zeros(out_shape, dtype=torch.long, device=device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # the resize warning
+            torch.nonzero(torch.tensor(values, device=device), out=out)
+        results[device] = out
+    cpu, tpu = results["cpu"], results["tpu"]
+    assert (tpu.shape, tpu.stride()) == (cpu.shape, cpu.stride())
+    assert torch.equal(tpu.cpu(), cpu)

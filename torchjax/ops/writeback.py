@@ -295,7 +295,10 @@ def write_into(func, dst: torch.Tensor, src: JaxTensor, *, check_cast=True, resi
                     UserWarning,
                     stacklevel=4,
                 )
-            dst._resize(arr.shape)  # in its storage, as CPU: a view's base sees the write
+            # In its storage, as CPU: a view's base sees the write. nonzero's CPU kernel
+            # lays a resized out= in Fortran order (strides (1, n)), as its own result.
+            stride = (1, arr.shape[0]) if func._opname == "nonzero" else None
+            dst._resize(arr.shape, stride)
             dst._write(arr)
             return dst
         try:
