@@ -409,3 +409,28 @@ def test_argument_written_in_place_takes_the_writes_history(name, compiler):
         grads[dev] = (y.detach().cpu(), x.grad.cpu())
     for got, want in zip(grads["tpu"], grads["cpu"]):
         torch.testing.assert_close(got, want)
+
+
+def _returns_a_retained_tensor(x):
+    y = x * 2
+    y.retain_grad()
+    return y, y.sum() * 3
+
+
+def test_retain_grad_on_a_returned_tensor_warns_under_jit_and_fills_under_compile():
+    # Note [Outputs that retain their gradient]: outside the program, y and the loss
+    # are sibling outputs, so torchjax.jit cannot fill y.grad as eager does; it says so.
+    x = torch.ones(2, requires_grad=True)
+    y, loss = _returns_a_retained_tensor(x)
+    loss.backward()
+    assert torch.equal(y.grad, torch.full((2,), 3.0))
+
+    with pytest.warns(UserWarning, match=r"retain_grad\(\) inside it"):
+        y, loss = torchjax.jit(_returns_a_retained_tensor)(x.detach().to("tpu").requires_grad_())
+
+    xt = x.detach().to("tpu").requires_grad_()
+    y, loss = torch.compile(_returns_a_retained_tensor, backend="tpu")(xt)
+    loss.backward()
+    assert y.retains_grad
+    assert torch.equal(y.grad.cpu(), torch.full((2,), 3.0))
+    assert torch.equal(xt.grad.cpu(), torch.full((2,), 6.0))

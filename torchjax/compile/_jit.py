@@ -193,6 +193,8 @@ class Jitted:
                     )
             self._last_sig = call.sig
             entry = _Entry.trace(self, call)
+            if entry.retains:
+                warnings.warn(_RETAINED, UserWarning, stacklevel=3)
             if not entry.single_use:
                 key = call.key
                 old = self._entries.get(key)
@@ -281,6 +283,8 @@ class _Entry:
                     for j, t in enumerate(outs)
                     if t.requires_grad and t.is_leaf and id(t) not in own
                 ]
+                # Note [Outputs that retain their gradient]
+                info["retains"] = any(t.retains_grad for t in outs)
                 out_grad = [t.requires_grad for t in outs]
                 for j in info["new_leaves"]:
                     out_grad[j] = False
@@ -331,6 +335,7 @@ class _Entry:
         self.out_spec, out_flat, self.out_pos = info["out"]
         self.out_grad = info["out_grad"]
         self.new_leaves = info["new_leaves"]
+        self.retains = info["retains"]
         self.constant = frozenset(j for j, grad in enumerate(self.out_grad) if not grad)
         self.layouts = info["layouts"] if any(info["layouts"]) else None
         self.out_cls = info["out_cls"]
@@ -583,6 +588,22 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
 # without history and is made a leaf requiring grad; one aliasing an argument or state
 # is rebuilt as a view of that tensor's detached self (Note [Aliased outputs of a
 # compiled function]), so no gradient reaches the argument through it.
+
+
+# Note [Outputs that retain their gradient]
+# ``y.retain_grad()`` inside the function, on a tensor it returns, asks in eager that a
+# backward through ``y`` fill ``y.grad`` with everything that flows into ``y``, the
+# function's own later uses of it included. Outside the program, ``y`` and what the
+# function computed from it (a loss) are sibling outputs of one call: no gradient flows
+# from one into the other, so ``y.grad`` could only hold what flows in from outside.
+# Rather than fill it with part of the gradient, or leave it silently None, the trace
+# warns; torch.compile(backend="tpu") breaks its graph at ``retain_grad`` and fills it.
+_RETAINED = (
+    "torchjax.jit: a tensor the function returns called retain_grad() inside it; its "
+    ".grad is not filled by a backward through the compiled program. Call "
+    "retain_grad() outside, on a tensor that the loss is computed from after the call, "
+    "or use torch.compile(backend='tpu'), which runs retain_grad() between graphs."
+)
 
 
 # Note [Strides of compiled outputs]
