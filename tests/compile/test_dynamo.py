@@ -248,3 +248,56 @@ def test_backend_counters_never_fall_when_a_graph_is_collected():
     del run  # as a Dynamo reset or recompile drops a graph
     gc.collect()
     assert torchjax.compile.dynamo_stats() == during
+
+
+@pytest.mark.parametrize(
+    "opt_cls",
+    [torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adamax],
+)
+def test_optimizers_keeping_their_step_on_cpu_train_as_on_cpu(opt_cls):
+    # Note [CPU attributes of a compiled graph]: non-capturable optimizers keep ``step``
+    # on CPU; Dynamo hands it over as a graph attribute, which was a constant of the
+    # program, incremented once: every later step used the first bias correction.
+    def train(device, backend):
+        torch._dynamo.reset()
+        w = torch.nn.Parameter(torch.tensor([1.0, -2.0], device=device))
+        opt = opt_cls([w], lr=0.1)
+
+        def step(x):
+            loss = (w * x).square().sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        compiled = torch.compile(step, backend=backend)
+        losses = [compiled(torch.tensor([1.0, 3.0], device=device)).item() for _ in range(4)]
+        return losses, w.detach().cpu(), opt.state[w]["step"]
+
+    cpu, tpu = train("cpu", "eager"), train("tpu", "tpu")
+    assert tpu[2].device.type == "cpu" and tpu[2].item() == cpu[2].item() == 4
+    torch.testing.assert_close(tpu[0], cpu[0])
+    torch.testing.assert_close(tpu[1], cpu[1])
+
+
+def test_cpu_tensors_the_graph_writes_keep_the_writes():
+    # A closed-over CPU tensor written in place: each call reads the last call's value
+    # and leaves its own (Note [CPU tensors a compiled call writes]).
+    def run(backend, device):
+        torch._dynamo.reset()
+        counter, vec = torch.tensor(0.0), torch.zeros(2)
+
+        def fn(x):
+            counter.add_(1)
+            vec.add_(1)
+            return x + counter.to(x.device)
+
+        compiled = torch.compile(fn, backend=backend)
+        outs = [compiled(torch.ones(2, device=device)).cpu().tolist() for _ in range(3)]
+        return outs, counter.item(), vec.tolist()
+
+    assert (
+        run("tpu", "tpu")
+        == run("eager", "cpu")
+        == ([[2.0] * 2, [3.0] * 2, [4.0] * 2], 3.0, [3.0] * 2)
+    )

@@ -568,3 +568,53 @@ def test_embedding_padding_row_gets_no_gradient_when_compiled(compiler):
         grads[dev] = m.weight.grad.cpu()
     assert grads["cpu"][2].abs().sum() == 0 and grads["cpu"].abs().sum() > 0
     torch.testing.assert_close(grads["tpu"], grads["cpu"])
+
+
+def test_cpu_arguments_written_in_place_keep_the_write():
+    # Note [CPU tensors a compiled call writes]: the program's input is a tpu copy.
+    def bump(count, x):
+        count.add_(1)
+        return x * count.to(x.device)
+
+    jitted = torchjax.jit(bump)
+    count = torch.zeros(())
+    outs = [jitted(count, torch.ones(2, device="tpu")).cpu().tolist() for _ in range(3)]
+    assert outs == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    assert count.device.type == "cpu" and count.item() == 3.0
+    assert jitted.trace_count == 1
+
+
+def test_cpu_tensors_in_the_state_are_guarded_and_writes_repeat():
+    # Note [CPU tensors in the state]: a CPU tensor the function reads is baked into the
+    # program, so a value changed in place traces again; one the function writes in place
+    # traces on every call (with a warning), as that alone repeats the write.
+    scale = torch.tensor(2.0)
+    scaled = torchjax.jit(lambda x: x * scale.to(x.device))
+    x = torch.ones(2, device="tpu")
+    assert scaled(x).cpu().tolist() == [2.0, 2.0]
+    scale.fill_(5.0)
+    assert scaled(x).cpu().tolist() == [5.0, 5.0]
+    assert scaled(x).cpu().tolist() == [5.0, 5.0]
+    assert scaled.trace_count == 2
+
+    class Counted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x):
+            self.calls += 1
+            return self.lin(x)
+
+    model = Counted()
+    model.lin.to("tpu")
+    jitted = torchjax.jit(model)
+    with pytest.warns(UserWarning, match="writes a CPU tensor in place"):
+        jitted(torch.ones(1, 2, device="tpu"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per function
+        for _ in range(2):
+            jitted(torch.ones(1, 2, device="tpu"))
+    assert model.calls.device.type == "cpu" and model.calls.item() == 3.0
+    assert jitted.trace_count == 3

@@ -58,9 +58,11 @@ class Call:
         self.static_kwargs = static_kwargs
         roots = [jitted.fn]
         static, pos, tensors = [], [], []
+        self.host = {}  # Note [CPU tensors a compiled call writes]
         for i, x in enumerate(flat):
             if isinstance(x, torch.Tensor):
                 if not isinstance(x, JaxTensor):
+                    self.host[len(tensors)] = x
                     x = x.to("tpu")
                 pos.append(i)
                 tensors.append(x)
@@ -98,6 +100,7 @@ class Call:
             tuple(type(t) for t in tensors),
             self.bits,
             tuple(walk.grad_flags),
+            walk.host_versions(),  # Note [CPU tensors in the state]
             _aliases.sharing(tensors, self.storages),
         )
         self.key = self.sig
@@ -185,6 +188,7 @@ def describe_change(old, new) -> str:
              "tensor argument classes (torch.Tensor subclasses)",
              "tensor argument conj / neg bits",
              "state tensors' requires_grad",
+             "CPU tensors in the state (a new tensor, or a value written in place)",
              "tensor arguments sharing memory with each other or with state")  # fmt: skip
     for name, a, b in zip(names, old, new):
         if a != b:

@@ -130,6 +130,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
     more compiled executable) and returning its outputs.
     """
     scalars = _scalars_as_values(gm, example_inputs)
+    dynamo_gm = gm
+    gm, host_attrs = _host_attributes_as_inputs(gm)
     _custom_functions.replace_in(gm)  # Note [Custom functions in Dynamo graphs]
     host = _host_parts.host_nodes(gm)
     if host:  # Note [Host copies in compiled graphs]
@@ -144,6 +146,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
             args = list(args)
             for i in scalars:
                 args[i] = args[i].item()  # a CPU scalar: no device read
+        if host_attrs:
+            args = (*args, *(_attribute(dynamo_gm, t) for t in host_attrs))
         before = [(p.trace_count, p.cache_hits) for p in parts]
         try:
             return call(*args)
@@ -191,6 +195,54 @@ def _scalars_as_values(gm: torch.fx.GraphModule, example_inputs) -> list[int]:
     if positions:
         gm.recompile()
     return positions
+
+
+# Note [CPU attributes of a compiled graph]
+# Dynamo hands tensors it reaches through objects (an optimizer's state, a module's
+# buffers) to the backend as attributes of the graph module. jax.jit takes a CPU tensor
+# there as a constant of the program, read when it is traced: non-capturable Adam's
+# ``step`` (a CPU tensor, ``step_t += 1``) was then incremented once, at the trace, and
+# every later step used the first step's bias correction. Each CPU attribute is made an
+# input of the graph instead, read on every call, and one the graph writes is written
+# back after it (Note [CPU tensors a compiled call writes] in torchjax/compile/_jit.py).
+def _host_attributes_as_inputs(gm: torch.fx.GraphModule):
+    """The graph with its ``get_attr`` nodes of CPU tensors made trailing placeholders
+    (a copy: Dynamo reads the placeholders of its own graph afterwards), and their
+    targets, in the order ``run`` appends them to the inputs."""
+    from torchjax.tensor._tensor import JaxTensor
+
+    targets = [
+        n.target
+        for n in gm.graph.nodes
+        if n.op == "get_attr"
+        and isinstance(value := _attribute(gm, n.target), torch.Tensor)
+        and not isinstance(value, JaxTensor)
+    ]
+    if not targets:
+        return gm, []
+    graph = torch.fx.Graph()
+    env: dict = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = graph.node_copy(node, env.__getitem__)
+    placeholders: dict = {}  # target -> its new input
+    for target in dict.fromkeys(targets):
+        placeholders[target] = graph.placeholder(f"host_{len(placeholders)}")
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.target in placeholders:
+            env[node] = placeholders[node.target]
+            env[node].meta.update(node.meta)
+        elif node not in env:
+            env[node] = graph.node_copy(node, env.__getitem__)
+    found = list(placeholders)
+    return torch.fx.GraphModule(gm, graph), found
+
+
+def _attribute(gm, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def stats() -> dict:

@@ -131,6 +131,7 @@ class Jitted:
         self.warn_after = warn_after
         self.trace_count = 0
         self.cache_hits = 0
+        self._warned_host = False
         self.last_retrace_reason = None
         self.donation_copies = 0
         self._entries: dict = {}
@@ -195,6 +196,11 @@ class Jitted:
             entry = _Entry.trace(self, call)
             if entry.retains:
                 warnings.warn(_RETAINED, UserWarning, stacklevel=3)
+            if call.walk.host_versions() != call.sig[-2]:  # Note [CPU tensors in the state]
+                entry.single_use = True  # its key names versions that are gone now
+                if not self._warned_host:
+                    self._warned_host = True
+                    warnings.warn(_HOST_WRITES.format(_name(self.fn)), UserWarning, stacklevel=3)
             if not entry.single_use:
                 key = call.key
                 old = self._entries.get(key)
@@ -407,6 +413,10 @@ class _Entry:
             s.replace(a)
         for k, a in zip(self.args_written, rest[len(self.created) :]):
             call.tensors[k]._write(a)
+            host = call.host.get(k)
+            if host is not None:  # Note [CPU tensors a compiled call writes]
+                with torch.no_grad():
+                    host.copy_(call.tensors[k].cpu())
 
     def unflatten(self, tensors, call: Call):
         n = len(self.out_pos)
@@ -598,12 +608,28 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
 # from one into the other, so ``y.grad`` could only hold what flows in from outside.
 # Rather than fill it with part of the gradient, or leave it silently None, the trace
 # warns; torch.compile(backend="tpu") breaks its graph at ``retain_grad`` and fills it.
+_HOST_WRITES = (
+    "torchjax.jit({}): the function writes a CPU tensor in place (a counter, a CPU "
+    "buffer); a compiled program cannot repeat a CPU write, so every call traces the "
+    "function again, which repeats it. Keep that tensor on tpu (.to('tpu')) to compile "
+    "the function once (Note [CPU tensors in the state])."
+)
 _RETAINED = (
     "torchjax.jit: a tensor the function returns called retain_grad() inside it; its "
     ".grad is not filled by a backward through the compiled program. Call "
     "retain_grad() outside, on a tensor that the loss is computed from after the call, "
     "or use torch.compile(backend='tpu'), which runs retain_grad() between graphs."
 )
+
+
+# Note [CPU tensors a compiled call writes]
+# A CPU tensor argument is taken as an input on tpu (a copy, per call). One the
+# function writes in place must still hold the write after the call, as in eager and as
+# torch.compile on CPU writes a mutated input back: an optimizer's ``step`` count, which
+# non-capturable Adam keeps on CPU and Dynamo passes as a graph input, stayed at 1, so
+# every step after the first used the first step's bias correction. Its new value is
+# copied back into the CPU tensor after the call (a host read per written CPU argument;
+# ``capturable=True`` or ``fused=True`` optimizers keep their step on tpu and need none).
 
 
 # Note [Strides of compiled outputs]

@@ -16,6 +16,16 @@ time: they are guards (part of the cache key), so changing one retraces. Optimiz
 hyperparameters are inputs or guards too (Note [Hyperparameters: traced or guarded] in
 torchjax/compile/_hyper.py).
 
+Note [CPU tensors in the state]
+A CPU tensor the function reaches (a counter in its closure, a CPU buffer of a module
+whose layers are on tpu) cannot be an input of the program: the code runs CPU ops on
+it. The trace reads it, so its value is baked into the program, and writes it at trace
+time only. So each one is a guard by identity and version counter: a value changed in
+place (or a new tensor) traces again instead of running with a stale constant, and a
+function that writes one in place traces on every call, which repeats the write as
+eager does. The first such trace warns (torchjax/compile/_jit.py): keep such state on
+tpu to compile it once.
+
 What the walk cannot see (a tensor kept as a plain module attribute rather than a
 registered buffer, one reachable only through a C extension, or a global read by a
 callee but not named by the function itself) is read at trace time and baked into the
@@ -60,6 +70,7 @@ class StateWalk:
         self.optimizers = []
         self.modules = []
         self.scalars = []
+        self.host = []
         self._seen_storage = set()
         self._seen_tensor = set()
         self._seen_obj = set()
@@ -80,6 +91,15 @@ class StateWalk:
             grad = t.grad if self.grads and t.requires_grad and t.is_leaf else None
             if grad is not None:
                 self.add_tensor(grad)
+        elif isinstance(t, torch.Tensor) and id(t) not in self._seen_tensor:
+            self._seen_tensor.add(id(t))
+            self.host.append(t)
+
+    def host_versions(self) -> tuple:
+        """Each CPU tensor of the state by identity and version counter (Note [CPU
+        tensors in the state])."""
+        # Inference tensors keep no version counter: identity alone.
+        return tuple((id(t), None if t.is_inference() else t._version) for t in self.host)
 
     def add_module(self, m: torch.nn.Module) -> None:
         # Registered parameters and buffers only (what state_dict() and .to() see): the
