@@ -9,6 +9,7 @@ from torchjax.ops import conv as _conv  # noqa: F401
 from torchjax.ops import copy as _copy  # noqa: F401
 from torchjax.ops import cumulative as _cumulative  # noqa: F401
 from torchjax.ops import distance as _distance  # noqa: F401
+from torchjax.ops import distributions as _distributions  # noqa: F401
 from torchjax.ops import dropout as _dropout  # noqa: F401
 from torchjax.ops import embedding as _embedding  # noqa: F401
 from torchjax.ops import factory as _factory  # noqa: F401

@@ -43,9 +43,12 @@ def routed(func, handler):
         a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write
     )
     names = [a.name for a in func._schema.arguments]
+    # Keyword-only in the samplers' schemas, positional in torch.distributions' ops
+    # (``poisson(self, generator)``).
+    at = names.index("generator") if "generator" in names else len(names)
 
     def route(args, kwargs):
-        generator = kwargs.get("generator")  # keyword-only in every schema
+        generator = kwargs.get("generator", args[at] if at < len(args) else None)
         if generator is None:
             return handler(args, kwargs)
         return run_on_cpu(func, names, written, generator, args, kwargs)
