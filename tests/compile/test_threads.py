@@ -164,3 +164,30 @@ def _stress_round(round_, shared, x, want, a, b, want_ab, tiny_dir, want_wte):
         t.join(_WAIT)
     assert not any(t.is_alive() for t in threads), f"round {round_}: a thread hung"
     assert not errors, f"round {round_}: {errors!r}"
+
+
+def test_threads_calling_a_new_function_at_once_trace_it_once():
+    model = _mlp().to("tpu")
+    jitted = torchjax.jit(model)
+    x = torch.randn(2, 8).to("tpu")
+    barrier = threading.Barrier(4)
+    outs, errors = [None] * 4, []
+
+    def call(i):
+        try:
+            barrier.wait(_WAIT)
+            outs[i] = jitted(x).cpu()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(_WAIT)
+    assert not errors, errors
+    assert jitted.trace_count == 1 and jitted.cache_hits == 3
+    with torch.no_grad():
+        expected = model(x).cpu()
+    for out in outs:
+        torch.testing.assert_close(out, expected)

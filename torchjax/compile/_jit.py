@@ -179,6 +179,13 @@ class Jitted:
 
     def _trace(self, call: Call) -> _Entry:
         with trace_lock:
+            # Threads that missed the cache together wait here: the first one traces,
+            # the others run what it traced.
+            entry = self._entries.get(call.key)
+            if entry is not None and entry.alive():
+                self.cache_hits += 1
+                _budget.hit(entry)
+                return entry
             reason = describe_change(self._last_sig, call.sig) if self._last_sig else None
             self.trace_count += 1
             if reason is not None:
