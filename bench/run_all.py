@@ -117,8 +117,8 @@ def main() -> None:
     dec = decode.run()
     dec_table = decode.report(dec)
     print("\n" + dec_table)
-    # float32 only (four fresh processes); bench/startup.py adds bfloat16.
-    cold = startup.run(dtypes=("float32",))
+    # float32 and bfloat16, each mode cold and warm: eight fresh processes.
+    cold = startup.run()
     cold_table = startup.report(cold)
     print("\n" + cold_table)
     targets = _targets(ops, mdl, cold)
