@@ -615,17 +615,20 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
 # from one into the other, so ``y.grad`` could only hold what flows in from outside.
 # Rather than fill it with part of the gradient, or leave it silently None, the trace
 # warns; torch.compile(backend="tpu") breaks its graph at ``retain_grad`` and fills it.
-_HOST_WRITES = (
-    "torchjax.jit({}): the function writes a CPU tensor in place (a counter, a CPU "
-    "buffer); a compiled program cannot repeat a CPU write, so every call traces the "
-    "function again, which repeats it. Keep that tensor on tpu (.to('tpu')) to compile "
-    "the function once (Note [CPU tensors in the state])."
-)
 _RETAINED = (
     "torchjax.jit: a tensor the function returns called retain_grad() inside it; its "
     ".grad is not filled by a backward through the compiled program. Call "
     "retain_grad() outside, on a tensor that the loss is computed from after the call, "
     "or use torch.compile(backend='tpu'), which runs retain_grad() between graphs."
+)
+
+# What a trace that wrote a CPU tensor of the state says (Note [CPU tensors in the
+# state] in torchjax/compile/_state.py).
+_HOST_WRITES = (
+    "torchjax.jit({}): the function writes a CPU tensor in place (a counter, a CPU "
+    "buffer); a compiled program cannot repeat a CPU write, so every call traces the "
+    "function again, which repeats it. Keep that tensor on tpu (.to('tpu')) to compile "
+    "the function once (Note [CPU tensors in the state])."
 )
 
 
