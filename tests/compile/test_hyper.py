@@ -109,3 +109,31 @@ def test_python_numbers_in_closure_and_globals_are_guards():
 
 
 OFFSET = 1.0
+
+
+@pytest.mark.parametrize("opt_cls", [torch.optim.SGD, torch.optim.Adam], ids=["SGD", "Adam"])
+@pytest.mark.parametrize(
+    "sched",
+    [
+        lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 0.5**e),
+        lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5),
+        lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1.0, total_steps=10),
+    ],
+    ids=["LambdaLR", "StepLR", "OneCycleLR"],
+)
+def test_a_scheduler_stepped_inside_the_function_is_refused(opt_cls, sched):
+    # Note [Learning rates assigned while tracing]: the new rate was lost, silently.
+    p = torch.nn.Parameter(torch.ones(2, device="tpu"))
+    opt = opt_cls([p], lr=1.0)
+    scheduler = sched(opt)
+
+    @torchjax.jit
+    def step():
+        p.sum().backward()
+        opt.step()
+        opt.zero_grad()
+        scheduler.step()
+
+    with pytest.raises(RuntimeError, match=r"sets an optimizer's lr \(scheduler.step\(\) inside"):
+        step()
+    assert not isinstance(opt.param_groups[0]["lr"], torch.Tensor)  # the group is restored

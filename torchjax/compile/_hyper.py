@@ -113,18 +113,36 @@ def _state_key(opt):
 
 
 @contextlib.contextmanager
-def bound(slots, arrays):
+def bound(slots, arrays, assigned: list):
     """Within the block, each traced group's ``lr`` is a tpu tensor holding ``arrays[i]``
-    (a tracer) and SGD groups take the fused path; the groups are restored afterwards."""
+    (a tracer) and SGD groups take the fused path; the groups are restored afterwards.
+    A group whose ``lr`` the block assigned or wrote in place is appended to
+    ``assigned`` (Note [Learning rates assigned while tracing])."""
     saved = []
     try:
         for (group, sgd, index), a in zip(slots, arrays):
             keys = ("lr", "fused", "foreach") if sgd else ("lr",)
-            saved.append((group, {k: group[k] for k in keys if k in group}))
-            group["lr"] = wrap(a, index)
+            placed = wrap(a, index)
+            saved.append((group, placed, a, {k: group[k] for k in keys if k in group}))
+            group["lr"] = placed
             if sgd:
                 group["fused"], group["foreach"] = True, False
         yield
     finally:
-        for group, old in saved:
+        for group, placed, a, old in saved:
+            if group["lr"] is not placed or placed._storage.arr is not a:
+                assigned.append(group)
             group.update(old)
+
+
+# Note [Learning rates assigned while tracing]
+# An LR scheduler stepped inside the jitted function sets ``group["lr"]`` while the
+# trace runs (torch's schedulers ``fill_`` a tensor lr in place, or assign a number),
+# where the traced lr is a tensor that ``bound`` puts back afterwards: the new rate was
+# lost, and every step trained at the first step's rate, silently. The new rate is a
+# value of the trace (a closed-form schedule's number filled into a traced tensor), and
+# the scheduler's own Python state advances only when the function is traced, so a
+# compiled step cannot repeat it. torchjax.jit refuses such a function with a clear
+# error: step the scheduler after the jitted call, where the lr, an input of the
+# program, changes with no retrace. (Schedules of optimizers whose lr is a guard, not
+# an input, retrace on each new lr and were right already.)

@@ -201,6 +201,8 @@ class Jitted:
                     )
             self._last_sig = call.sig
             entry = _Entry.trace(self, call)
+            if entry.lr_assigned:  # Note [Learning rates assigned while tracing]
+                raise RuntimeError(_LR_ASSIGNED.format(_name(self.fn)))
             if entry.retains:
                 warnings.warn(_RETAINED, UserWarning, stacklevel=3)
             if call.walk.host_versions() != call.sig[-2]:  # Note [CPU tensors in the state]
@@ -250,6 +252,8 @@ class _Entry:
         # and where saved-tensor hooks are refused the VJP is jax's.
         saved = _autograd.Saved() if call.grad_mode and saved_tensors_hooks_enabled() else None
 
+        lr_assigned: list = []  # Note [Learning rates assigned while tracing]
+
         def pure(state_arrays, key, arrays, hypers):
             stream = _rng.TracedStream(key)
             with bound(storages, state_arrays):
@@ -276,7 +280,7 @@ class _Entry:
                     kwargs = {**kwargs, **call.static_kwargs}
                     with (
                         torch.autograd.set_multithreading_enabled(False),
-                        _hyper.bound(call.hypers.slots, hypers),
+                        _hyper.bound(call.hypers.slots, hypers, lr_assigned),
                         # Note [Stopped gradients in compiled programs]; without grad
                         # mode nothing requires grad and no VJP is taken.
                         stopping() if call.grad_mode else contextlib.nullcontext(),
@@ -358,6 +362,7 @@ class _Entry:
         self.args_written = info["args_written"]
         self.writes_shared = _aliases.writes_shared(call.sig[-1], self.args_written, self.written)
         self.uses_rng = info["draws"] > 0
+        self.lr_assigned = lr_assigned
         self.single_use = bool(self.created)
         self.refs = [weakref.ref(s) for s in storages]
         self.aliases = info["aliases"]
@@ -475,6 +480,14 @@ _RETAINED = (
     ".grad is not filled by a backward through the compiled program. Call "
     "retain_grad() outside, on a tensor that the loss is computed from after the call, "
     "or use torch.compile(backend='tpu'), which runs retain_grad() between graphs."
+)
+
+# Note [Learning rates assigned while tracing] (torchjax/compile/_hyper.py).
+_LR_ASSIGNED = (
+    "torchjax.jit({}): the function sets an optimizer's lr (scheduler.step() inside "
+    "it); a compiled step cannot repeat a schedule that advances in Python, and the "
+    "traced lr would be lost. Call scheduler.step() after the jitted call: the lr is an "
+    "input of the compiled step, so the schedule then costs no retrace."
 )
 
 # What a trace that wrote a CPU tensor of the state says (Note [CPU tensors in the
