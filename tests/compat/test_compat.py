@@ -567,3 +567,17 @@ def test_delayed_error_raises_only_when_differentiated():
     assert b is None and a.requires_grad
     with pytest.raises(RuntimeError, match="no second derivative here"):
         a.sum().backward()
+
+
+def test_active_proxy_mode_is_make_fxs_mode():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    seen = []
+
+    def fn(t):
+        seen.append(ct.active_proxy_mode())
+        return t + 1
+
+    assert ct.active_proxy_mode() is None
+    make_fx(fn)(torch.ones(2))
+    assert type(seen[0]).__name__ == "ProxyTorchDispatchMode"

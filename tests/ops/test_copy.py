@@ -393,3 +393,47 @@ def test_tensor_from_a_list_with_a_longer_tpu_tensor_refuses_as_cpu():
     for d in ("cpu", "tpu"):
         with pytest.raises(ValueError, match="only one element tensors"):
             torch.tensor([torch.ones(2, device=d), torch.tensor(1.0, device=d)])
+
+
+def test_forward_mode_ad_gives_cpus_tangents():
+    # make_dual asks for a tangent laid out as the primal
+    # (aten::_new_zeros_with_same_feature_meta), here a transposed one.
+    import torch.autograd.forward_ad as fwAD
+
+    results = {}
+    for device in ("cpu", "tpu"):
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0)).to(device)
+        tangent = torch.arange(12.0).reshape(4, 3).to(device).t()
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(x, tangent)
+            y = (dual.sin() * 2).sum()
+            z = dual[1:].exp()
+            results[device] = (
+                fwAD.unpack_dual(y).tangent.cpu(),
+                fwAD.unpack_dual(z).tangent.cpu(),
+                fwAD.unpack_dual(dual).tangent.stride(),
+            )
+    cpu, tpu = results["cpu"], results["tpu"]
+    torch.testing.assert_close(tpu[0], cpu[0])
+    torch.testing.assert_close(tpu[1], cpu[1])
+    assert tpu[2] == cpu[2]
+
+
+@pytest.mark.parametrize("batch_dims", [0, 1, 2])
+def test_new_zeros_with_same_feature_meta_lays_out_as_cpu(batch_dims):
+    out = {}
+    for device in ("cpu", "tpu"):
+        other = torch.randn(3, 4).to(device)[:, 1:].t()
+        r = torch.ops.aten._new_zeros_with_same_feature_meta(
+            torch.zeros(2, 5, 3, 4, device=device), other, self_num_batch_dims=batch_dims
+        )
+        out[device] = (r.shape, r.stride(), r.storage_offset(), r.untyped_storage().nbytes())
+        assert not r.any()
+    assert out["tpu"] == out["cpu"]
+
+
+def test_linearize_is_refused_rather_than_traced_wrong():
+    # make_fx over tpu tensors lost the tangent's chain: linearize's jvp gave zeros.
+    x = torch.linspace(0, 1, 4, device="tpu")
+    with pytest.raises(NotImplementedError, match="forward-mode AD under make_fx"):
+        torch.func.linearize(torch.sin, x)

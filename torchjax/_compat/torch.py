@@ -477,6 +477,12 @@ def active_fake_mode():
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
 
 
+def active_proxy_mode():
+    """The make_fx tracing mode (``ProxyTorchDispatchMode``) this thread dispatches under,
+    or None; torch keeps it in a slot of its own, as the fake mode."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY)
+
+
 def delayed_error(message: str, tensors):
     """``tensors`` (gradients without a graph) behind one autograd node that raises
     ``message`` when differentiated (``torch._C._functions.DelayedError``, what

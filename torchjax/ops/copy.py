@@ -14,6 +14,7 @@ import torch
 from torchjax._compat.jax import x64
 from torchjax._compat.torch import (
     active_fake_mode,
+    active_proxy_mode,
     awaits_legacy_bytes,
     call_composite_explicit,
     untyped_storage_of,
@@ -331,19 +332,46 @@ def copy(self, src, non_blocking=False):
     return jnp.broadcast_to(src.astype(self.dtype), self.shape)
 
 
+def _storage_numel(t) -> int:
+    """Elements of ``t``'s dtype its storage holds (``storage.nbytes() / itemsize``)."""
+    if not isinstance(t, JaxTensor):
+        return t.untyped_storage().nbytes() // t.element_size()
+    storage = t._storage
+    return storage.numel * storage.arr.dtype.itemsize // t.element_size()
+
+
 @handler(aten._has_same_storage_numel.default)
 def _has_same_storage_numel(args, kwargs):
     """aten::_has_same_storage_numel - whether both storages hold the same number of
-    elements of each tensor's dtype (``storage.nbytes() / itemsize``); forward-mode AD
-    (``make_dual``) asks it before sharing a tangent's storage."""
+    elements of each tensor's dtype; forward-mode AD (``make_dual``) asks it before
+    sharing a tangent's storage."""
+    return _storage_numel(args[0]) == _storage_numel(args[1])
 
-    def numel(t) -> int:
-        if not isinstance(t, JaxTensor):
-            return t.untyped_storage().nbytes() // t.element_size()
-        storage = t._storage
-        return storage.numel * storage.arr.dtype.itemsize // t.element_size()
 
-    return numel(args[0]) == numel(args[1])
+@handler(aten._new_zeros_with_same_feature_meta.default)
+def _new_zeros_with_same_feature_meta(args, kwargs):
+    """aten::_new_zeros_with_same_feature_meta - zeros laid out as ``other`` (over a
+    storage of its size, at its strides and offset), behind ``self``'s first
+    ``self_num_batch_dims`` dimensions: forward-mode AD makes a tangent with the
+    primal's layout with it. Reference: ATen's function of that name."""
+    if active_proxy_mode() is not None:
+        # make_fx over tpu tensors loses the tangent's chain (torch.func.linearize gave
+        # zeros): refuse rather than trace a wrong graph.
+        raise NotImplementedError(
+            "aten::_new_zeros_with_same_feature_meta: forward-mode AD under make_fx "
+            "(torch.func.linearize) is not supported for tpu tensors; use torch.func.jvp "
+            "or torch.autograd.forward_ad directly"
+        )
+    self, other = args[0], args[1]
+    batch = kwargs.get("self_num_batch_dims", args[2] if len(args) > 2 else 0)
+    strides = list(other.stride())
+    numel = _storage_numel(other)
+    for n in reversed(tuple(self.shape[:batch])):
+        strides.insert(0, numel)
+        numel *= n
+    zeros = aten.zeros.default([numel], dtype=other.dtype, device=other.device)
+    sizes = [*self.shape[:batch], *other.shape]
+    return aten.as_strided.default(zeros, sizes, strides, other.storage_offset())
 
 
 @handler(aten.is_set_to.default)
