@@ -20,6 +20,7 @@ The backend is found by name through the ``torch_dynamo_backends`` entry point
 from __future__ import annotations
 
 import inspect
+import operator
 import sys
 
 import torch
@@ -132,6 +133,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
     scalars = _scalars_as_values(gm, example_inputs)
     dynamo_gm = gm
     gm, host_attrs = _host_attributes_as_inputs(gm)
+    host_attrs = [operator.attrgetter(t) for t in host_attrs]
     _custom_functions.replace_in(gm)  # Note [Custom functions in Dynamo graphs]
     host = _host_parts.host_nodes(gm)
     if host:  # Note [Host copies in compiled graphs]
@@ -147,7 +149,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
             for i in scalars:
                 args[i] = args[i].item()  # a CPU scalar: no device read
         if host_attrs:
-            args = (*args, *(_attribute(dynamo_gm, t) for t in host_attrs))
+            args = (*args, *(get(dynamo_gm) for get in host_attrs))
         before = [(p.trace_count, p.cache_hits) for p in parts]
         try:
             return call(*args)
@@ -215,7 +217,7 @@ def _host_attributes_as_inputs(gm: torch.fx.GraphModule):
         n.target
         for n in gm.graph.nodes
         if n.op == "get_attr"
-        and isinstance(value := _attribute(gm, n.target), torch.Tensor)
+        and isinstance(value := operator.attrgetter(n.target)(gm), torch.Tensor)
         and not isinstance(value, JaxTensor)
     ]
     if not targets:
@@ -236,13 +238,6 @@ def _host_attributes_as_inputs(gm: torch.fx.GraphModule):
             env[node] = graph.node_copy(node, env.__getitem__)
     found = list(placeholders)
     return torch.fx.GraphModule(gm, graph), found
-
-
-def _attribute(gm, target: str):
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part, None)
-    return obj
 
 
 def stats() -> dict:
