@@ -3,14 +3,22 @@ cross-platform lowering (``.lower(lowering_platforms=...)``) runs Pallas' Triton
 Mosaic lowerings in Python, so block-shape rules (TPU: last two block dims divisible by
 (8, 128) or full), dtype and primitive support errors show up on CPU. Mosaic reads the
 chip from the abstract mesh's device (a TPU v5e here). What the platform compilers do
-afterwards (PTX, libtpu) is not covered."""
+afterwards (PTX, libtpu) is not covered.
 
-import contextlib
+torchjax calls the kernels with JAX's x64 on (every op runs so), and Mosaic has no 64-bit
+types: each TPU lowering here runs under x64 and reads the Mosaic modules back, which must
+hold no 64-bit integer or float (Note [Kernels trace in 32-bit mode]). Before the kernels
+traced in 32-bit mode, every index map returned an i64 there and libtpu refused them all."""
+
+import re
 
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.experimental import pallas as pl
 
+from torchjax import pallas as tp
+from torchjax._compat.jax import mosaic_modules
 from torchjax.pallas import _tiling, kernels
 
 BF16 = jnp.bfloat16
@@ -31,10 +39,24 @@ def platform(request, monkeypatch):
     return request.param
 
 
+_WIDE = re.compile(r"\b(i64|ui64|si64|f64)\b")
+# Attributes (``stable_mosaic.version = 11 : i64``, ``iteration_bounds = array<i64: 1, 4>``)
+# are typed i64 in MLIR; the kernel's values are not.
+_ATTRIBUTE = re.compile(r"= -?\d+ : i64\b|array<i64")
+
+
 def _lower(platform, fn, *shapes):
     args = [jax.ShapeDtypeStruct(s, d) for s, d in shapes]
-    with jax.sharding.use_abstract_mesh(_TPU) if platform == "tpu" else contextlib.nullcontext():
+    if platform != "tpu":
         return jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+    with jax.sharding.use_abstract_mesh(_TPU), jax.enable_x64(True):
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+    modules = mosaic_modules(text)
+    assert modules, "no Mosaic kernel in the TPU lowering"
+    for module in modules:
+        wide = sorted({m.group(1) for m in _WIDE.finditer(_ATTRIBUTE.sub("", module))})
+        assert not wide, f"64-bit types {wide} in a Mosaic kernel:\n{module[:3000]}"
+    return text
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["causal", "bool-mask"])
@@ -100,3 +122,77 @@ def test_paged_decode_attention_lowers(platform, sq):
         ((4,), jnp.int32),
     )
     assert "torchjax_paged_decode_attention" in text
+
+
+def _scale_kernel(x_ref, o_ref):
+    # A loop over Python bounds and an index map returning a Python 0: int64 under x64.
+    def body(i, acc):
+        return acc + x_ref[...] * 0.5
+
+    o_ref[...] = jax.lax.fori_loop(0, 2, body, jnp.zeros(o_ref.shape, o_ref.dtype))
+
+
+def _scaled(x):
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    return pl.pallas_call(
+        _scale_kernel,
+        grid=(x.shape[0] // 8,),
+        in_specs=[spec],
+        out_specs=spec,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )(x)
+
+
+@jax.custom_vjp
+def _user_kernel(x):
+    return _scaled(x)
+
+
+# The backward is a Pallas kernel too: an outer jax.vjp traces it when it applies the
+# pullback, after the op's call returned.
+_user_kernel.defvjp(lambda x: (_scaled(x), None), lambda _, g: (_scaled(g),))
+
+
+@tp.op("torchjax_test::user_grid_kernel")
+def _user_op(x):
+    return _user_kernel(x)
+
+
+def test_a_users_kernel_op_lowers_in_32_bit_mode_forward_and_backward():
+    # What the op runs (its function in 32-bit mode, Note [A kernel op's JAX mode]), under
+    # torchjax's x64 and differentiated from outside as torch.compile training does.
+    def loss(f):
+        return lambda x: f(x).sum()
+
+    x = ((64, 128), jnp.float32)
+    text = _lower("tpu", jax.grad(loss(_user_op._fn)), x)
+    assert len(mosaic_modules(text)) == 2  # forward and backward kernels
+    # The function as written, traced with x64 on, is what Mosaic refused.
+    with pytest.raises(AssertionError, match=r"64-bit types \['i64'\]"):
+        _lower("tpu", jax.grad(loss(_user_op.fn)), x)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
+def test_float32_kernel_products_are_full_precision(dtype):
+    # Note [Kernel matmul precision]: Mosaic's default for float32 is one bfloat16 pass.
+    def loss(q, k, v, lhs, rhs, sizes):
+        att = kernels.flash_attention(q, k, v, causal=True, interpret=False)
+        mm = kernels.ragged_dot(lhs, rhs, sizes, interpret=False)
+        return att.astype(jnp.float32).sum() + mm.astype(jnp.float32).sum()
+
+    qkv = ((1, 2, 256, 128), dtype)
+    text = _lower(
+        "tpu",
+        jax.grad(loss, argnums=(0, 1, 2, 3, 4)),
+        *[qkv] * 3,
+        ((512, 256), dtype),
+        ((4, 256, 256), dtype),
+        ((4,), jnp.int32),
+    )
+    modules = mosaic_modules(text)
+    assert len(modules) == 6  # flash fwd, dq, dkv; ragged fwd, dlhs, drhs
+    for module in modules:
+        matmuls = [line for line in module.splitlines() if "tpu.matmul" in line]
+        assert matmuls
+        full = ["contract_precision<fp32>" in line for line in matmuls]
+        assert all(full) if dtype == jnp.float32 else not any(full)

@@ -130,7 +130,9 @@ def test_eager_backward_reuses_the_forward_residuals():
     xc = x.clone().requires_grad_()
     ((xc.sin() * 3.0) ** 2).sum().backward()
     torch.testing.assert_close(xt.grad.cpu(), xc.grad)
-    torch.testing.assert_close(idx.cpu(), x.argmax(0))
+    # JAX's 32-bit mode, as the function would run in JAX (Note [A kernel op's JAX mode])
+    assert idx.dtype == torch.int32
+    torch.testing.assert_close(idx.cpu(), x.argmax(0).int())
     with torch.no_grad():  # no gradient wanted: the plain call, nothing kept
         out, _ = counted_sin(xt)
     assert out.grad_fn is None and not hasattr(out, "_torchjax_kernel_vjp")
@@ -139,3 +141,52 @@ def test_eager_backward_reuses_the_forward_residuals():
     out.sum().backward()
     jax.effects_barrier()
     assert len(_RUNS) == 2
+
+
+@tp.op("torchjax_test::take_rows", outputs=2)
+def take_rows(table, ids):
+    return table[ids], jax.numpy.arange(3)
+
+
+@tp.op("torchjax_test::take_rows_x64", outputs=2, x64=True)
+def take_rows_x64(table, ids):
+    return table[ids], jax.numpy.arange(3)
+
+
+def test_64_bit_floats_are_refused_in_32_bit_mode():
+    # JAX's 32-bit mode would round a float64: refused, with the argument and the two
+    # ways out named; the fake implementation refuses alike.
+    table = torch.randn(5, 3, device="tpu")
+    ids = torch.tensor([4, 0], device="tpu")
+    with pytest.raises(
+        TypeError,
+        match=r"take_rows: argument 'table' is a \(5, 3\) torch.float64.*"
+        r"table\.to\(torch.float32\).*x64=True",
+    ):
+        take_rows(table.double(), ids)
+    with FakeTensorMode(), pytest.raises(TypeError, match="argument 'table'"):
+        take_rows(torch.empty(5, 3, dtype=torch.float64), torch.empty(2, dtype=torch.long))
+
+
+def test_int64_arguments_arrive_as_int32_checked_on_the_device():
+    # torch's int64 indices arrive as the int32 a 32-bit function expects; a value that
+    # does not fit raises at the next sync, naming the op and the value.
+    table = torch.randn(5, 3, device="tpu")
+    rows, r = take_rows(table, torch.tensor([4, 0], device="tpu"))
+    torch.testing.assert_close(rows.cpu(), table.cpu()[[4, 0]])
+    assert r.dtype == torch.int32  # jnp.arange in JAX's default mode
+    bad = torch.tensor([1, 2**33 + 1], device="tpu")
+    with pytest.raises(
+        RuntimeError,
+        match=r"torchjax_test::take_rows: value 8589934593 of an int64 argument does not "
+        r"fit the int32.*x64=True",
+    ):
+        take_rows(table, bad)[0].cpu()
+
+
+def test_x64_ops_trace_with_64_bit_types():
+    table = torch.randn(5, 3, device="tpu", dtype=torch.float64)
+    ids = torch.tensor([2**33 % 5, 1], device="tpu")
+    rows, r = take_rows_x64(table, ids)
+    assert rows.dtype == torch.float64 and r.dtype == torch.int64
+    torch.testing.assert_close(rows.cpu(), table.cpu()[ids.cpu()])

@@ -167,3 +167,36 @@ def backends_initialized() -> bool:
     """Whether this process started JAX's runtime clients (and their threads):
     ``jax._src.xla_bridge._backends`` (private), filled by the first ``jax.devices()``."""
     return bool(_xla_bridge._backends)
+
+
+def mosaic_modules(stablehlo_text: str) -> list[str]:
+    """The Mosaic (TPU Pallas) kernels in a lowered module's text, each as MLIR text.
+
+    A kernel lowered for TPU is a ``tpu_custom_call`` whose backend config carries the
+    kernel's Mosaic module as base64 MLIR bytecode; this reads each back with jax's own
+    dialect registration and serde pass (``jax._src.tpu_custom_call``, private), as libtpu
+    would receive it. Used to check on a machine without a TPU what Mosaic will be given
+    (Note [Kernels trace in 32-bit mode]); checked by tests/pallas/test_lowering.py."""
+    import base64
+    import json
+    import re
+
+    from jax._src import tpu_custom_call
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jaxlib.mlir.passmanager import PassManager
+
+    out = []
+    for m in re.finditer(
+        r'@tpu_custom_call\([^)]*\) \{backend_config = "((?:[^"\\]|\\.)*)"', stablehlo_text
+    ):
+        config = re.sub(r"\\([0-9A-Fa-f]{2})", lambda e: chr(int(e.group(1), 16)), m.group(1))
+        body = base64.b64decode(json.loads(config)["custom_call_config"]["body"])
+        ctx = mlir.make_ir_context()
+        tpu_custom_call.tpu.register_dialect(ctx)
+        with ctx, ir.Location.unknown():
+            ctx.allow_unregistered_dialects = True
+            module = ir.Module.parse(body)
+            PassManager.parse("builtin.module(mosaic-serde{serialize=false})").run(module.operation)
+            out.append(str(module))
+    return out

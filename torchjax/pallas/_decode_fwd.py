@@ -33,7 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from torchjax.pallas._flash_fwd import F32, dot, fwd_finish, softmax_step
-from torchjax.pallas._tiling import compiler_params, scratch
+from torchjax.pallas._tiling import compiler_params, pallas_call, scratch
 
 
 def _tile(q, k, v, bias, length, start, *, scale, causal, sq):
@@ -159,7 +159,7 @@ def grid_forward(q, cache, mask, lengths, ends, *, causal, scale, sq, block_k, i
             scratch(plat, (rows, dv), F32),
         ],
     )
-    return pl.pallas_call(
+    return pallas_call(
         kernel,
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct((b, hkv, rows, dv), q.dtype),
@@ -236,7 +236,7 @@ def loop_forward(q, cache, mask, lengths, ends, *, causal, scale, sq, block_k, i
         paged=paged,
         has_mask=mask is not None,
     )
-    return pl.pallas_call(
+    return pallas_call(
         kernel,
         grid=(b, hkv),
         in_specs=in_specs,

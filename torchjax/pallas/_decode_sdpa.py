@@ -63,6 +63,7 @@ def decode_applies(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, enab
     schema="(Tensor q, Tensor k, Tensor v, Tensor? lengths=None, Tensor? mask=None, "
     "bool causal=True, float? scale=None) -> Tensor",
     differentiable=False,
+    x64=True,  # integer lengths and tables; the kernel traces in 32-bit mode itself
 )
 def _decode_op(q, k, v, lengths=None, mask=None, causal=True, scale=None):
     _float_qkv("decode_attention", q, k, v)
@@ -74,6 +75,7 @@ def _decode_op(q, k, v, lengths=None, mask=None, causal=True, scale=None):
     schema="(Tensor q, Tensor k_pages, Tensor v_pages, Tensor page_table, Tensor lengths, "
     "bool causal=True, float? scale=None) -> Tensor",
     differentiable=False,
+    x64=True,  # integer lengths and tables; the kernel traces in 32-bit mode itself
 )
 def _paged_op(q, k_pages, v_pages, page_table, lengths, causal=True, scale=None):
     _float_qkv("paged_decode_attention", q, k_pages, v_pages)

@@ -29,7 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from torchjax.pallas._flash_fwd import F32, dot, last_key_block, masked_scores
-from torchjax.pallas._tiling import compiler_params, scratch
+from torchjax.pallas._tiling import compiler_params, pallas_call, scratch
 
 
 def probs(q, k, lse, bias, scale, causal, q_start, k_start):
@@ -163,7 +163,7 @@ def _grid_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pl
     )
     arrays = (q, k, v, mask, do, lse, delta)
     specs, args = _inputs(arrays, (None, None, block_q), row, block_k, kv, mask_spec)
-    dq = pl.pallas_call(
+    dq = pallas_call(
         functools.partial(_dq_grid_kernel, **kernel_args),
         grid=(b, hq, n_q, sk // block_k),
         in_specs=specs,
@@ -190,7 +190,7 @@ def _grid_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pl
         pl.BlockSpec((None, None, block_k, d), key),
         pl.BlockSpec((None, None, block_k, dv_dim), key),
     ]
-    dk, dv = pl.pallas_call(
+    dk, dv = pallas_call(
         functools.partial(_dkv_grid_kernel, **kernel_args),
         grid=(b, hkv, sk // block_k, group, n_q),
         in_specs=specs,
@@ -279,7 +279,7 @@ def _loop_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pl
     )
     arrays = (q, k, v, mask, do, lse, delta)
     specs, args = _inputs(arrays, (None, None, block_q), row, sk, whole_kv, mask_spec)
-    dq = pl.pallas_call(
+    dq = pallas_call(
         functools.partial(_dq_loop_kernel, seq_k=sk, **common),
         grid=(b, hq, sq // block_q),
         in_specs=specs,
@@ -297,7 +297,7 @@ def _loop_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pl
         lambda b_, h, j: (b_ if mb else 0, h if mh > 1 else 0, 0, j),
     )
     specs, args = _inputs(arrays, (None, group, sq), group_rows, block_k, key, mask_spec)
-    dk, dv = pl.pallas_call(
+    dk, dv = pallas_call(
         functools.partial(_dkv_loop_kernel, seq_q=sq, group=group, mask_heads=mh, **common),
         grid=(b, hkv, sk // block_k),
         in_specs=specs,

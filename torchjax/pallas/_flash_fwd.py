@@ -30,14 +30,14 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from torchjax.pallas._tiling import compiler_params, scratch
+from torchjax.pallas._tiling import compiler_params, kernel_dot, pallas_call, scratch
 
 F32 = jnp.float32
 
 
 def dot(a, b, trans_a=False, trans_b=False):
     dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
-    return lax.dot_general(a, b, dims, preferred_element_type=F32)
+    return kernel_dot(a, b, dims)
 
 
 def masked_scores(q, k, bias, scale, causal, q_start, k_start):
@@ -163,7 +163,7 @@ def _grid_forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pla
         block_k=block_k,
         has_mask=mask is not None,
     )
-    return pl.pallas_call(
+    return pallas_call(
         kernel,
         grid=(b, hq, sq // block_q, sk // block_k),
         in_specs=in_specs,
@@ -251,7 +251,7 @@ def _loop_forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pla
         seq_k=sk,
         has_mask=mask is not None,
     )
-    return pl.pallas_call(
+    return pallas_call(
         kernel,
         grid=(b, hq, sq // block_q),
         in_specs=in_specs,

@@ -41,12 +41,36 @@ forward, which keeps the op's schema that of the user's function. Inside
 ``torch.compile``/``torchjax.jit`` training the whole program is differentiated by
 ``jax.vjp`` instead (see torchjax/compile/_dynamo.py), so the function's own
 ``custom_vjp`` runs with its residuals and nothing is recomputed.
+
+Note [A kernel op's JAX mode]
+torchjax runs its ops with JAX's x64 on (Note [x64 without touching the user's JAX]), but
+a Pallas kernel is written for JAX's default 32-bit mode, and Mosaic refuses the 64-bit
+integers x64 makes of its index maps' Python ints and loop bounds. So an op runs its
+function in 32-bit mode unless it is registered with ``x64=True``: the forward trace, the
+fake implementation's ``eval_shape``, and every backward, including the pullback that an
+outer ``jax.vjp`` (``torchjax.jit`` and ``torch.compile`` training) applies long after the
+call returned: the function is wrapped in a ``jax.custom_vjp`` whose forward and backward
+each enter 32-bit mode, so a ``custom_vjp`` backward of the user's (a Pallas backward
+kernel) is traced in that mode too. In that mode JAX would truncate a 64-bit input
+(int64 values past 2**31 wrap, float64 rounds to float32). torch's integer default is
+int64, and a model hands a kernel int64 indices (transformers' ``top_k_index``), so an
+int64 (uint64) argument is narrowed to int32 (uint32) before the function sees it, with a
+device-side check (Note [Device-side checks]) that every value survives: one past 2**31
+raises a RuntimeError naming the op, its argument and the value at the next
+synchronisation, as an index out of range does, not a wrapped number (as with every
+device check, a call inside ``torchjax.jit`` or one keeping its backward is not checked).
+A float64 or complex128 argument is refused with a TypeError naming it and the two ways
+out (cast it, or register the op with ``x64=True``): a float narrowed would round
+silently. torchjax's own kernel ops are registered with ``x64=True`` and trace each
+``pallas_call`` in 32-bit mode themselves (Note [Kernels trace in 32-bit mode] in
+torchjax/pallas/_tiling.py).
 """
 
 from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import inspect
 from typing import Callable
 
@@ -56,6 +80,7 @@ import numpy as np
 import torch
 
 from torchjax._compat.torch import FunctionSchema, pytree
+from torchjax.device import _checks
 from torchjax.interop._convert import to_jax
 from torchjax.interop._jax_function import jax_function
 from torchjax.ops.registry import handler
@@ -90,6 +115,7 @@ def op(
     outputs: int = 1,
     fake: Callable | None = None,
     differentiable: bool = True,
+    x64: bool = False,
 ):
     """Decorator: register the JAX function ``fn`` as the PyTorch operator ``name``.
 
@@ -109,6 +135,12 @@ def op(
             shapes and dtypes (sizes must be concrete; symbolic sizes are specialised).
         differentiable: register autograd (Note [Kernel op backward]); float outputs
             then carry a ``grad_fn`` and integer inputs get no gradient.
+        x64: trace ``fn`` with JAX's 64-bit types, as torchjax's own ops run. Default
+            False: ``fn`` runs in JAX's default 32-bit mode, the mode Pallas kernels are
+            written for (Mosaic has no 64-bit integers), forward and backward alike; an
+            int64 argument arrives as int32 (values past 2**31 raise at the next sync),
+            a float64/complex128 one is refused with a TypeError: cast it (``.float()``)
+            or pass ``x64=True`` (Note [A kernel op's JAX mode]).
 
     Returns:
         A decorator returning a :class:`KernelOp`: callable like ``fn`` on tpu tensors
@@ -123,7 +155,7 @@ def op(
     """
 
     def deco(fn):
-        return KernelOp(name, fn, schema, outputs, fake, differentiable)
+        return KernelOp(name, fn, schema, outputs, fake, differentiable, x64)
 
     return deco
 
@@ -179,6 +211,74 @@ def _to_struct(x):
     return x
 
 
+# 64-bit floats a 32-bit function would round: refused (Note [A kernel op's JAX mode]).
+_WIDE_FLOATS = {torch.float64: "torch.float32", torch.complex128: "torch.complex64"}
+_NARROW_INTS = {np.dtype(np.int64): np.int32, np.dtype(np.uint64): np.uint32}
+
+
+def _narrowed(x, where: str):
+    """An int64/uint64 array as int32/uint32, with a device-side check that no value
+    changed (Note [A kernel op's JAX mode]); any other array as it is."""
+    narrow = _NARROW_INTS.get(np.dtype(x.dtype)) if hasattr(x, "dtype") else None
+    if narrow is None:
+        return x
+    with jax.enable_x64(True):
+        small = x.astype(narrow)
+        if x.size:
+            lost = (small.astype(x.dtype) != x).reshape(-1)
+            value = x.reshape(-1)[jnp.argmax(lost)]
+            _checks.require(
+                jnp.any(lost),
+                value,
+                RuntimeError,
+                f"{where}: value {{value}} of an {x.dtype} argument does not fit the "
+                f"{np.dtype(narrow)} the op's JAX function runs in (JAX's default 32-bit "
+                "mode); register the op with torchjax.pallas.op(..., x64=True)",
+            )
+    return small
+
+
+def in_32bit_mode(fn, name: str | None = None):
+    """``fn`` run in JAX's 32-bit mode, forward and backward (Note [A kernel op's JAX
+    mode]): non-array arguments are bound as they are; int64 arrays arrive as int32
+    (checked on the device; ``name`` names the caller in that error); the arrays go
+    through a ``jax.custom_vjp`` whose rules enter the mode, so the pullback does
+    wherever it is applied."""
+    where_name = name or getattr(fn, "__name__", "torchjax.pallas.op")
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        flat, spec = jax.tree_util.tree_flatten((args, kwargs))
+        where = [i for i, x in enumerate(flat) if isinstance(x, (jax.Array, jax.core.Tracer))]
+        for i in where:
+            flat[i] = _narrowed(flat[i], where_name)
+
+        def call(*arrays):
+            full = list(flat)
+            for i, a in zip(where, arrays):
+                full[i] = a
+            a, k = jax.tree_util.tree_unflatten(spec, full)
+            with jax.enable_x64(False):
+                return fn(*a, **k)
+
+        @jax.custom_vjp
+        def g(*arrays):
+            return call(*arrays)
+
+        def g_fwd(*arrays):
+            with jax.enable_x64(False):
+                return jax.vjp(call, *arrays)
+
+        def g_bwd(pullback, cotangents):
+            with jax.enable_x64(False):
+                return pullback(cotangents)
+
+        g.defvjp(g_fwd, g_bwd)
+        return g(*(flat[i] for i in where))
+
+    return run
+
+
 def _differentiable(t) -> bool:
     return (
         isinstance(t, torch.Tensor)
@@ -204,9 +304,13 @@ class KernelOp:
     """A registered kernel op (see :func:`op`). Call it like the jax function, with
     torch tensors."""
 
-    def __init__(self, name, fn, schema, outputs, fake, differentiable):
+    def __init__(self, name, fn, schema, outputs, fake, differentiable, x64=False):
         ns, _, opname = name.rpartition("::")
         ns = ns or "torchjax"
+        self.x64 = x64
+        # What every path runs: fn itself, or fn in 32-bit mode (Note [A kernel op's JAX
+        # mode]); ``self.fn`` stays the user's function.
+        self._fn = fn if x64 else in_32bit_mode(fn, f"{ns}::{opname}")
         self.fn = fn
         self.qualname = f"{ns}::{opname}"
         self._lib = torch.library.Library(ns, "FRAGMENT")
@@ -215,7 +319,7 @@ class KernelOp:
         self._names = [a.name for a in self.op._schema.arguments]
         self._tensors = _tensor_arg_names(self.op._schema)
         self._multi = len(self.op._schema.returns) > 1
-        self._call = jax_function(fn)
+        self._call = jax_function(self._fn)
         self._vjp_calls: dict = {}
         torch.library.register_fake(self.qualname, fake or self._eval_shape_fake, lib=self._lib)
         handler(self.op)(self._tpu)
@@ -238,6 +342,7 @@ class KernelOp:
 
     def _tpu(self, args, kwargs):
         self._same_device(args, kwargs)
+        self._no_wide_inputs(args, kwargs)
         if _KEEP_VJP.get() is self:
             out = self._forward_keeping_vjp(args, kwargs)
             if out is not None:
@@ -264,6 +369,22 @@ class KernelOp:
             f"{tuple(t.shape)} {t.dtype} tensor on {t.device}; move it with .to('{tpu}'))"
         )
 
+    def _no_wide_inputs(self, args, kwargs):
+        # Note [A kernel op's JAX mode]: 32-bit mode would round a 64-bit float.
+        if self.x64:
+            return
+        bound = dict(zip(self._names, args), **kwargs)
+        for name, t in bound.items():
+            if isinstance(t, torch.Tensor) and t.dtype in _WIDE_FLOATS:
+                narrow = _WIDE_FLOATS[t.dtype]
+                raise TypeError(
+                    f"{self.qualname}: argument {name!r} is a {tuple(t.shape)} {t.dtype} "
+                    f"tensor, but the op runs its JAX function in JAX's default 32-bit mode, "
+                    f"which would round it to {narrow}; pass {name}.to({narrow}), or "
+                    f"register the op with torchjax.pallas.op(..., x64=True) to trace it "
+                    f"with 64-bit types"
+                )
+
     def _forward_keeping_vjp(self, args, kwargs):
         """The outputs, the pullback riding on the first (Note [Kernel op backward]); None
         when no input needs a gradient or the inputs are traced."""
@@ -287,7 +408,7 @@ class KernelOp:
         return tuple(results) if self._multi else results[0]
 
     def _make_vjp(self, diff, static):
-        fn = self.fn
+        fn = self._fn
 
         def fwd(diff_arrays, others):
             def f(*d):
@@ -300,6 +421,7 @@ class KernelOp:
     def _eval_shape_fake(self, *args, **kwargs):
         # Only tensors become abstract values: scalars stay Python values (static), as
         # in the tpu implementation.
+        self._no_wide_inputs(args, kwargs)
         flat, spec = pytree.tree_flatten((args, kwargs))
         where = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
 
@@ -308,7 +430,7 @@ class KernelOp:
             for i, a in zip(where, arrays):
                 full[i] = a
             a, k = pytree.tree_unflatten(full, spec)
-            return self.fn(*a, **k)
+            return self._fn(*a, **k)
 
         structs = jax.eval_shape(f, *(_to_struct(flat[i]) for i in where))
         like = next(x for x in list(args) + list(kwargs.values()) if isinstance(x, torch.Tensor))
@@ -327,7 +449,7 @@ class KernelOp:
         bname = f"{opname}_backward"
         self._lib.define(f"{bname}({args}, Tensor?[] grads) -> Tensor[]")
         self.backward_op = getattr(getattr(torch.ops, ns), bname).default
-        names, tensors, fn = self._names, self._tensors, self.fn
+        names, tensors, fn = self._names, self._tensors, self._fn
 
         def vjp(*args, **kwargs):
             bound, grads = _bind_backward(names, args, kwargs)

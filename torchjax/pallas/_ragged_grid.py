@@ -41,14 +41,14 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from torchjax.pallas._tiling import compiler_params, scratch
+from torchjax.pallas._tiling import compiler_params, kernel_dot, pallas_call, scratch
 
 F32 = jnp.float32
 
 
 def _dot(a, b, contract_a, contract_b):
     dims = (((contract_a,), (contract_b,)), ((), ()))
-    return lax.dot_general(a, b, dims, preferred_element_type=F32)
+    return kernel_dot(a, b, dims)
 
 
 def _rows_of_group(offsets, tile, group, block_m):
@@ -99,7 +99,7 @@ def gmm(lhs, rhs, schedule, trans, blocks, interpret, plat):
         out_specs=pl.BlockSpec((block_m, block_n), lambda j, t, k, o, tl, g, f, v: (tl[t], j)),
         scratch_shapes=[scratch(plat, (block_m, block_n), F32)],
     )
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_gmm_kernel, block_m=block_m, trans=trans),
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct((m, n), lhs.dtype),
@@ -148,7 +148,7 @@ def tgmm(lhs, dout, schedule, trans, blocks, interpret, plat, out_dtype, groups)
         out_specs=out_spec,
         scratch_shapes=[scratch(plat, (block_n, block_k) if trans else (block_k, block_n), F32)],
     )
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_tgmm_kernel, block_m=block_m, trans=trans),
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct((groups, n, k) if trans else (groups, k, n), out_dtype),

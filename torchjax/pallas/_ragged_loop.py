@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from torchjax.pallas._tiling import compiler_params
+from torchjax.pallas._tiling import compiler_params, kernel_dot, pallas_call
 
 F32 = jnp.float32
 
@@ -36,7 +36,7 @@ def _gmm_kernel(starts, ends, lhs, rhs, out, *, block_m, block_k, groups, trans)
                 cols = pl.ds(pl.multiple_of(kk * block_k, block_k), block_k)
                 w = rhs[g, :, cols] if trans else rhs[g, cols, :]
                 dims = (((1,), (contract,)), ((), ()))
-                return part + lax.dot_general(lhs[:, cols], w, dims, preferred_element_type=F32)
+                return part + kernel_dot(lhs[:, cols], w, dims)
 
             part = lax.fori_loop(0, n_k, k_step, jnp.zeros(acc.shape, F32))
             return jnp.where((rows >= start) & (rows < end), part, acc)
@@ -60,7 +60,7 @@ def gmm(lhs, rhs, starts, ends, trans, blocks, interpret, plat):
     kernel = functools.partial(
         _gmm_kernel, block_m=block_m, block_k=block_k, groups=groups, trans=trans
     )
-    return pl.pallas_call(
+    return pallas_call(
         kernel,
         grid=(m // block_m, n // block_n),
         in_specs=[
@@ -90,7 +90,7 @@ def _tgmm_kernel(starts, ends, lhs, dout, out, *, block_m, trans):
         x = jnp.where(keep, x, jnp.zeros_like(x))
         d = jnp.where(keep, d, jnp.zeros_like(d))
         a, b = (d, x) if trans else (x, d)
-        return acc + lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=F32)
+        return acc + kernel_dot(a, b, (((0,), (0,)), ((), ())))
 
     first = start // block_m
     last = jnp.maximum((end + block_m - 1) // block_m, first)
@@ -108,7 +108,7 @@ def tgmm(lhs, dout, starts, ends, trans, blocks, interpret, plat, out_dtype):
         if trans
         else ((None, block_k, block_n), lambda g, kk, j: (g, kk, j))
     )
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_tgmm_kernel, block_m=block_m, trans=trans),
         grid=(groups, k // block_k, n // block_n),
         in_specs=[

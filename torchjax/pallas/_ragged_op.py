@@ -6,7 +6,9 @@ from torchjax.pallas._op import op
 from torchjax.pallas._ragged import ragged_dot as _ragged_dot
 
 
-@op("torchjax::ragged_dot")
+# x64: group sizes come as int64; the kernels trace in 32-bit mode themselves
+# (Note [A kernel op's JAX mode]).
+@op("torchjax::ragged_dot", x64=True)
 def ragged_dot(lhs, rhs, group_sizes, transpose_rhs=False):
     """Grouped matmul on tpu tensors (``jax.lax.ragged_dot`` semantics, Pallas kernels).
 

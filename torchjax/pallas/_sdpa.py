@@ -126,6 +126,7 @@ def flash_applies(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, enabl
     "torchjax::flash_attention",
     schema="(Tensor q, Tensor k, Tensor v, Tensor? mask=None, bool causal=False, "
     "float? scale=None, int block_q=0, int block_k=0) -> Tensor",
+    x64=True,  # the kernels trace in 32-bit mode themselves (Note [A kernel op's JAX mode])
 )
 def _flash_op(q, k, v, mask=None, causal=False, scale=None, block_q=0, block_k=0):
     # Block size 0: the platform's table (torchjax/pallas/_tiling.py).

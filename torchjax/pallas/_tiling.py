@@ -23,6 +23,18 @@ A Pallas call is compiled for one of three targets, and the kernels differ betwe
   CPU tests exercise what Mosaic compiles; tests run the GPU form in interpret mode by
   asking for it.
 
+Note [Kernels trace in 32-bit mode]
+torchjax runs every op with JAX's x64 on (Note [x64 without touching the user's JAX] in
+torchjax/_compat/jax.py), but Mosaic has no 64-bit integers: under x64 a Python ``0``
+returned by an index map, or a ``fori_loop`` over Python bounds in a kernel body, becomes
+an int64, and libtpu refuses the kernel ("failed to legalize operation 'func.return' ...
+(i32, i32, i32, i64)"). Pallas kernels are written for JAX's default 32-bit mode, so
+:func:`pallas_call` traces the kernel, its index maps and its grid in that mode, whatever
+the caller's setting; the kernels' operands are float arrays and int32 schedules, cast
+before the call. The lowering that follows keeps the 32-bit types the trace gave.
+tests/pallas/test_lowering.py lowers every kernel for TPU with x64 on and reads the
+Mosaic modules back: no 64-bit type in any of them.
+
 The block-size table below gives each platform's defaults. They are starting points
 chosen to fit memory (:func:`program_memory`) with MXU/tensor-core friendly shapes, not
 tuned: no TPU or GPU has run them yet.
@@ -33,7 +45,9 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import pallas as pl
 
 from torchjax._compat.jax import pallas_call_buffers
@@ -111,6 +125,38 @@ def fit_block(n: int, want: int, step: int, whole: bool = True) -> int:
             return b
         b //= 2
     return n
+
+
+def pallas_call(kernel, **kwargs):
+    """``pl.pallas_call(kernel, **kwargs)`` whose call traces in JAX's default 32-bit mode
+    (Note [Kernels trace in 32-bit mode]). Its 64-bit operands would be narrowed there:
+    pass int32 schedules and lengths."""
+    call = pl.pallas_call(kernel, **kwargs)
+
+    def run(*args):
+        with jax.enable_x64(False):
+            return call(*args)
+
+    return run
+
+
+# Note [Kernel matmul precision]
+# A float32 product inside a kernel is contracted at full float32 precision
+# (``Precision.HIGHEST``: Mosaic's ``contract_precision<fp32>``; IEEE in Triton), the
+# precision of torch's default ``set_float32_matmul_precision("highest")``, which the XLA
+# products follow (Note [Matmul precision] in torchjax/ops/matmul.py). Mosaic's default
+# for float32 operands is a single bfloat16 pass, about 1e-3 relative error, where CPU
+# torch is within 1e-6. Mosaic offers those two only, so the kernels do not follow the
+# knob's "high" and "medium": float32 attention and grouped matmuls stay exact, and
+# bfloat16/float16 operands (one MXU pass whatever the setting) are the fast path.
+F32 = jnp.float32
+
+
+def kernel_dot(a, b, dimension_numbers):
+    """``lax.dot_general`` accumulating in float32, float32 operands at HIGHEST (Note
+    [Kernel matmul precision])."""
+    precision = lax.Precision.HIGHEST if a.dtype == F32 and b.dtype == F32 else None
+    return lax.dot_general(a, b, dimension_numbers, precision=precision, preferred_element_type=F32)
 
 
 def compiler_params(plat: str, semantics: tuple[str, ...] | None = None):

@@ -16,9 +16,11 @@ tokamax's own config context managers still change them.
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 
-from torchjax.pallas._op import op
+from torchjax.pallas._op import in_32bit_mode, op
 
 
 def _tokamax():
@@ -30,18 +32,25 @@ def _tokamax():
     return tokamax
 
 
-@op("torchjax::tokamax_ragged_dot")
+# Note [A kernel op's JAX mode]: tokamax's kernels are written for JAX's 32-bit mode. The
+# ops take torch's int64 group sizes (x64=True), cast them (exact: a count of rows), and
+# run tokamax's function, forward and backward, in 32-bit mode.
+
+
+@op("torchjax::tokamax_ragged_dot", x64=True)
 def tokamax_ragged_dot(lhs, rhs, group_sizes):
     """``tokamax.ragged_dot``: lhs (M, K), rhs (G, K, N), group_sizes (G,) int ->
     (M, N) in lhs's dtype (``jax.lax.ragged_dot`` semantics). Differentiable in lhs and
     rhs (tokamax's own VJP)."""
-    return _tokamax().ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32))
+    sizes = group_sizes.astype(jnp.int32)
+    return in_32bit_mode(_tokamax().ragged_dot)(lhs, rhs, sizes)
 
 
 @op(
     "torchjax::tokamax_attention",
     schema="(Tensor q, Tensor k, Tensor v, Tensor? mask=None, bool causal=False, "
     "float? scale=None) -> Tensor",
+    x64=True,
 )
 def tokamax_attention(q, k, v, mask=None, causal=False, scale=None):
     """``tokamax.dot_product_attention`` in torch's layout: q (B, Hq, Sq, D), k/v
@@ -56,7 +65,8 @@ def tokamax_attention(q, k, v, mask=None, causal=False, scale=None):
     bias = None
     if mask is not None and mask.dtype != jnp.bool_:
         bias, mask = mask, None
-    out = tokamax.dot_product_attention(
-        bshd(q), bshd(k), bshd(v), bias=bias, mask=mask, scale=scale, is_causal=causal
+    attention = in_32bit_mode(
+        functools.partial(tokamax.dot_product_attention, scale=scale, is_causal=causal)
     )
+    out = attention(bshd(q), bshd(k), bshd(v), bias=bias, mask=mask)
     return bshd(out)
