@@ -99,7 +99,9 @@ def _blocks(plat, sq, sk, block_q, block_k):
     """(forward block_q, block_k, backward block_q, block_k): the caller's for both, or
     the platform's table (torchjax/pallas/_tiling.py) fitted to Sq and Sk."""
     if block_q is not None and block_k is not None:
-        bq, bk = min(block_q, sq), min(block_k, sk)
+        # Mosaic: a key block is a lane dim of the mask block, a query block a sublane dim.
+        bq = _tiling.legal_block(plat, sq, block_q, 8)
+        bk = _tiling.legal_block(plat, sk, block_k, _tiling.LANE)
         return (bq, bk, bq, bk)
     # Mosaic: a key block is the lane dim of the mask block (multiple of 128 or all of
     # Sk) and a query block a sublane dim (multiple of 8); Triton: powers of two.
@@ -108,8 +110,16 @@ def _blocks(plat, sq, sk, block_q, block_k):
     for kernel in ("flash_fwd", "flash_bwd"):
         want_q, want_k = _tiling.default_blocks(kernel, plat)
         whole = plat != "gpu"
-        bq = _tiling.fit_block(sq, want_q, q_step, whole) if block_q is None else min(block_q, sq)
-        bk = _tiling.fit_block(sk, want_k, k_step, whole) if block_k is None else min(block_k, sk)
+        bq = (
+            _tiling.fit_block(sq, want_q, q_step, whole)
+            if block_q is None
+            else _tiling.legal_block(plat, sq, block_q, 8)
+        )
+        bk = (
+            _tiling.fit_block(sk, want_k, k_step, whole)
+            if block_k is None
+            else _tiling.legal_block(plat, sk, block_k, _tiling.LANE)
+        )
         out += [bq, bk]
     return tuple(out)
 

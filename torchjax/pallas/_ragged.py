@@ -113,6 +113,10 @@ def _blocks(plat, m, k, n, blocks):
         block_m = min(want[0], max(16, 1 << (m - 1).bit_length()))
     block_k = _tiling.fit_block(k, want[1], step, whole=tpu or blocks is not None)
     block_n = _tiling.fit_block(n, want[2], step, whole=tpu or blocks is not None)
+    if blocks is not None:  # a caller's blocks, raised to what Mosaic accepts on TPU
+        block_m = _tiling.legal_block(plat, block_m, block_m, 8)
+        block_k = _tiling.legal_block(plat, k, block_k, _tiling.LANE)
+        block_n = _tiling.legal_block(plat, n, block_n, _tiling.LANE)
     return block_m, block_k, block_n
 
 

@@ -159,6 +159,20 @@ def kernel_dot(a, b, dimension_numbers):
     return lax.dot_general(a, b, dimension_numbers, precision=precision, preferred_element_type=F32)
 
 
+def legal_block(plat: str, n: int, block: int, step: int) -> int:
+    """``block`` (a caller's block size for a dim of ``n``) as Mosaic accepts it: on TPU
+    a block dim must be a multiple of its tile step (8 sublanes, 128 lanes) or the whole
+    dim, so a smaller or unaligned block is raised to the smallest multiple of ``step``
+    dividing ``n`` (``n`` itself when none does); other platforms take it as it is.
+    Blocks change how a kernel walks its arrays, never its values."""
+    if plat != "tpu" or block >= n or block % step == 0:
+        return min(block, n)
+    b = -(-block // step) * step
+    while b < n and n % b:
+        b += step
+    return min(b, n)
+
+
 def compiler_params(plat: str, semantics: tuple[str, ...] | None = None):
     """Pallas compiler parameters for ``plat``: Triton's on GPU (jax 0.10 lowers a
     ``pallas_call`` without them through Mosaic GPU, which has no ``dot_general`` for these
