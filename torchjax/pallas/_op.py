@@ -202,7 +202,9 @@ def _schema_from(fn, outputs: int) -> str:
 
 
 def _tensor_arg_names(schema: FunctionSchema) -> list[str]:
-    return [a.name for a in schema.arguments if str(a.type).startswith("Tensor")]
+    # ``Tensor`` and ``Tensor?`` (which prints as ``Optional[Tensor]``): an optional mask
+    # passed as a static argument reached jax.jit as a torch tensor.
+    return [a.name for a in schema.arguments if str(a.type) in ("Tensor", "Optional[Tensor]")]
 
 
 def _to_struct(x):
