@@ -22,11 +22,28 @@ import os
 # Benchmarks and user code keep XLA's defaults, and tests/ops/test_complex_special_values.py
 # runs its special-value grid, the most delicate of the numerics, at those defaults in a
 # child process. Set either flag yourself in XLA_FLAGS to test with another value.
+# On a machine with a TPU attached the suite's programs compile for the chip, and the TPU
+# tier (tests/tpu) must run at XLA's defaults, as user code does: the flags are set only
+# where JAX computes on the CPU (Note [The TPU tier] in tests/tpu/conftest.py).
 _FAST_COMPILE = {
     "xla_backend_optimization_level": "0",
     "xla_cpu_use_fusion_emitters": "false",
 }
-for _flag, _value in _FAST_COMPILE.items():
+
+
+def tpu_attached() -> bool:
+    """Whether JAX will compute on a TPU here: a TPU device node (``/dev/accel*``,
+    ``/dev/vfio/<n>``) and no ``JAX_PLATFORMS`` naming another platform first. Read before
+    JAX starts, so it looks at the machine, not at jax."""
+    import glob
+
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if platforms and not platforms.startswith("tpu"):
+        return False
+    return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+for _flag, _value in ({} if tpu_attached() else _FAST_COMPILE).items():
     if _flag not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --{_flag}={_value}").strip()
 

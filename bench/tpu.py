@@ -1,0 +1,367 @@
+"""The TPU run: the TPU test tier and the headline rows on the chip, one results file.
+
+``python -m bench.tpu`` on a TPU machine runs, each section bounded in time:
+
+- ``tier``: ``pytest tests/tpu`` (Note [The TPU tier] in tests/tpu/conftest.py) in a child
+  process: its summary line, wall time and slowest tests;
+- ``seed``: a 1.1B-parameter Llama (hidden 2048, 16 layers, 32/8 heads, MLP 8192, vocab
+  32768, seeded weights) saved with ``save_pretrained`` in float32, loaded with
+  ``from_pretrained(dir, device_map="tpu")`` with no setting changed, and greedy
+  ``generate`` of 32 tokens: the tokens against CPU torch's, load time and time to the
+  first result;
+- ``numerics``: the same model in bfloat16 (``from_pretrained(..., dtype=torch.bfloat16)``)
+  and the same weights in the pure-JAX Llama (bench/jax_llama.py), teacher-forced over one
+  256-token sequence, against the float32 model on the chip (torch's "highest" matmul
+  precision): each bfloat16 model's distance from float32, how often its argmax agrees
+  with float32's, and at the positions where the two bfloat16 models pick different
+  tokens, float32's margin between those tokens (a near-tie is a margin within the
+  bfloat16 models' own error);
+- ``decode``: greedy ``generate`` of 128 tokens after a 128-token prompt at batch 1 and 32
+  in bfloat16 (the default path: a static cache, compiled steps, the kernels on) against
+  the pure-JAX model's whole loop in one ``jax.jit`` and the HBM roofline (every weight and
+  the filled cache read once per step at 819 GB/s);
+- ``kernels``: attention, decode attention and the ragged dot in bfloat16 against XLA's
+  attention (``jax.nn.dot_product_attention``), jax's Pallas TPU flash attention at
+  512-wide blocks, ``jax.lax.ragged_dot``, and the FLOP limit (197 TFLOP/s).
+
+Writes the report (markdown) to ``--out`` (default bench/results_tpu.md) and prints it.
+
+Run:  python -m bench.tpu [--sections tier,seed,numerics,decode,kernels] [--out PATH]
+      python -m bench.tpu --small     (a small model, to check the script off the chip)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers as tf  # noqa: E402
+
+import torchjax  # noqa: E402
+from bench import jax_llama  # noqa: E402
+from bench.common import header  # noqa: E402
+
+HBM_BYTES_PER_S = 819e9
+FLOPS_PER_S = 197e12
+SECTIONS = ("tier", "seed", "numerics", "decode", "kernels")
+
+
+def llama_config(small: bool) -> tf.LlamaConfig:
+    if small:
+        dims = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, vocab_size=1024)
+        dims.update(num_attention_heads=4, num_key_value_heads=2)
+    else:
+        dims = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16)
+        dims.update(vocab_size=32768, num_attention_heads=32, num_key_value_heads=8)
+    return tf.LlamaConfig(
+        **dims, max_position_embeddings=4096, tie_word_embeddings=False, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+
+
+def _sync(x):
+    if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+        jax.block_until_ready(torchjax.to_jax(x))
+    return x
+
+
+def _generate(model, ids, new):
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+            min_new_tokens=new, do_sample=False, pad_token_id=0,
+        )  # fmt: skip
+    return _sync(out)
+
+
+def _prompt(batch, length, vocab, seed=0):
+    return torch.randint(3, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+# -- sections --------------------------------------------------------------------------
+
+
+def tier(ctx) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/tpu",
+        "-q",
+        "--durations=8",
+        "-p",
+        "no:cacheprovider",
+    ]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=ctx.timeout)
+    wall = time.perf_counter() - t0
+    lines = proc.stdout.strip().splitlines()
+    summary = lines[-1] if lines else proc.stderr[-500:]
+    slow = [ln for ln in lines if " call " in ln or " setup " in ln][:8]
+    failed = [ln for ln in lines if ln.startswith("FAILED") or ln.startswith("ERROR")]
+    return {"rc": proc.returncode, "wall_s": round(wall, 1), "summary": summary,
+            "slowest": slow, "failed": failed}  # fmt: skip
+
+
+def seed(ctx) -> dict:
+    cfg = llama_config(ctx.small)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    cpu = tf.LlamaForCausalLM(cfg).eval()
+    params = sum(p.numel() for p in cpu.parameters())
+    cpu.save_pretrained(ctx.dir)
+    build_s = time.perf_counter() - t0
+    ids = _prompt(1, 32, cfg.vocab_size)
+    t0 = time.perf_counter()
+    want = _generate(cpu, ids, 32)
+    cpu_s = time.perf_counter() - t0
+    del cpu
+    gc.collect()
+    t0 = time.perf_counter()
+    model = tf.AutoModelForCausalLM.from_pretrained(ctx.dir, device_map="tpu").eval()
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    got = _generate(model, ids.to("tpu"), 32).cpu()
+    first_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _generate(model, ids.to("tpu"), 32)
+    second_s = time.perf_counter() - t0
+    equal = got.shape == want.shape and bool(torch.equal(got, want))
+    first_diff = None
+    if not equal:
+        diff = (got[0, 32:] != want[0, 32:]).nonzero()
+        first_diff = int(diff[0]) if len(diff) else None
+    ctx.f32 = model
+    return {"params": params, "build_and_save_s": round(build_s, 1),
+            "cpu_generate_s": round(cpu_s, 1), "from_pretrained_s": round(load_s, 1),
+            "first_generate_s": round(first_s, 1),
+            "second_generate_s": round(second_s, 2), "tokens_equal_cpu": equal,
+            "first_differing_token": first_diff}  # fmt: skip
+
+
+def _bf16(ctx):
+    if getattr(ctx, "bf16", None) is None:
+        ctx.bf16 = tf.AutoModelForCausalLM.from_pretrained(
+            ctx.dir, device_map="tpu", dtype=torch.bfloat16
+        ).eval()
+    return ctx.bf16
+
+
+def _jax_params(model) -> dict:
+    # The torch model's own device arrays (no copy): both run the same weights.
+    return {n: torchjax.to_jax(t) for n, t in model.state_dict().items()}
+
+
+def numerics(ctx) -> dict:
+    cfg = llama_config(ctx.small)
+    ids = _prompt(1, 256, cfg.vocab_size, seed=1)
+    with torch.no_grad():
+        ref = ctx.f32(ids.to("tpu")).logits.float().cpu()[0]
+        model = _bf16(ctx)
+        tj = model(ids.to("tpu")).logits.float().cpu()[0]
+    jcfg = jax_llama.Config.of(model.config)
+    jx = jax.jit(lambda p, i: jax_llama.forward(p, jcfg, i))(
+        _jax_params(model), jnp.asarray(ids.numpy())
+    )
+    jx = torch.from_numpy(np.array(jx.astype(jnp.float32)))[0]
+    scale = ref.abs().max().item()
+    top = ref.argmax(-1)
+    out = {"positions": int(ids.shape[1]), "f32_logit_scale": round(scale, 4)}
+    for name, x in (("torchjax_bf16", tj), ("jax_bf16", jx)):
+        out[name] = {
+            "max_err_rel": round((x - ref).abs().max().item() / scale, 5),
+            "mean_err_rel": round((x - ref).abs().mean().item() / scale, 6),
+            "argmax_equal_f32": round((x.argmax(-1) == top).float().mean().item(), 4),
+        }
+    differ = (tj.argmax(-1) != jx.argmax(-1)).nonzero().flatten()
+    margins = []
+    for p in differ.tolist():
+        a, b = int(tj[p].argmax()), int(jx[p].argmax())
+        margins.append(abs(ref[p, a] - ref[p, b]).item() / scale)
+    out["bf16_models_argmax_differ"] = int(len(differ))
+    out["f32_margin_at_differences_rel"] = {
+        "median": round(statistics.median(margins), 6) if margins else None,
+        "max": round(max(margins), 6) if margins else None,
+    }
+    # f32 margin between the top two tokens, all positions (how close greedy is to a tie)
+    top2 = ref.topk(2, -1).values
+    out["f32_top2_margin_rel_median"] = round(
+        ((top2[:, 0] - top2[:, 1]) / scale).median().item(), 6
+    )
+    ctx.f32 = None
+    gc.collect()
+    return out
+
+
+def decode(ctx) -> dict:
+    cfg = llama_config(ctx.small)
+    model = _bf16(ctx)
+    params = _jax_params(model)
+    jcfg = jax_llama.Config.of(model.config)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    prompt, new = 128, (16 if ctx.small else 128)
+    rows = {}
+    for batch in (1, 32):
+        ids = _prompt(batch, prompt, cfg.vocab_size, seed=2)
+        t0 = time.perf_counter()
+        _generate(model, ids.to("tpu"), new)
+        first = time.perf_counter() - t0
+        samples = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            got = _generate(model, ids.to("tpu"), new)
+            samples.append(time.perf_counter() - t0)
+        tj = batch * new / statistics.median(samples)
+        fn = jax_llama.jitted(jcfg, new)
+        jids = jnp.asarray(ids.numpy())
+        mask = jnp.ones_like(jids)
+        jax.block_until_ready(fn(params, jids, mask))
+        js = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            jout = jax.block_until_ready(fn(params, jids, mask))
+            js.append(time.perf_counter() - t0)
+        jx = batch * new / statistics.median(js)
+        # per step: every weight once, and the cache filled so far (k and v, all layers)
+        kv_per_pos = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * jcfg.head_dim * 2
+        mean_len = prompt + new / 2
+        step_bytes = weight_bytes + batch * mean_len * kv_per_pos
+        roof = batch * HBM_BYTES_PER_S / step_bytes
+        same = (got.cpu()[:, prompt:] == torch.from_numpy(np.asarray(jout))).float().mean().item()
+        rows[f"batch {batch}"] = {
+            "torchjax_tok_s": round(tj, 1), "jax_tok_s": round(jx, 1),
+            "ratio_vs_jax": round(tj / jx, 3), "roofline_tok_s": round(roof, 1),
+            "fraction_of_roofline": round(tj / roof, 3), "first_generate_s": round(first, 1),
+            "tokens_equal_jax_fraction": round(same, 3),
+        }  # fmt: skip
+    return {"weights_GB": round(weight_bytes / 1e9, 2), "prompt": prompt, "new": new, **rows}
+
+
+def _median_ms(fn, *args, runs=10):
+    f = jax.jit(fn)
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    compile_s = time.perf_counter() - t0
+    samples = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        samples.append(time.perf_counter() - t0)
+    return round(statistics.median(samples) * 1e3, 3), round(compile_s, 1)
+
+
+def kernels(ctx) -> dict:
+    from jax.experimental.pallas.ops.tpu import flash_attention as jax_flash
+
+    from torchjax.pallas import kernels as tk
+
+    rng = np.random.default_rng(0)
+
+    def arr(*shape):
+        return jnp.asarray(rng.standard_normal(shape, np.float32), jnp.bfloat16)
+
+    out = {}
+    shapes = [(1, 2, 2, 256, 64)] if ctx.small else [(4, 16, 16, 2048, 128), (1, 16, 2, 8192, 128)]
+    for b, hq, hkv, s, d in shapes:
+        q, k, v = arr(b, hq, s, d), arr(b, hkv, s, d), arr(b, hkv, s, d)
+        flops = 4 * b * hq * s * s * d / 2  # causal: half the scores
+        row = {"flop_limit_ms": round(flops / FLOPS_PER_S * 1e3, 3)}
+        row["torchjax_flash_ms"], row["compile_s"] = _median_ms(
+            lambda q, k, v: tk.flash_attention(q, k, v, causal=True), q, k, v
+        )
+
+        def xla(q, k, v):
+            t = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
+            return t(jax.nn.dot_product_attention(t(q), t(k), t(v), is_causal=True))
+
+        row["xla_ms"], _ = _median_ms(xla, q, k, v)
+        if hq == hkv and jax.default_backend() == "tpu":
+            blocks = jax_flash.BlockSizes(block_q=512, block_k_major=512, block_k=512, block_b=1)
+            row["jax_pallas_flash_512_ms"], _ = _median_ms(
+                lambda q, k, v: jax_flash.flash_attention(
+                    q, k, v, causal=True, sm_scale=d**-0.5, block_sizes=blocks
+                ), q, k, v,
+            )  # fmt: skip
+        out[f"attention fwd ({b},{hq}/{hkv},{s},{d}) causal"] = row
+    # decode: one new token per row over an 8K cache filled to a tenth and to half
+    b, hq, hkv, s, d = (2, 4, 2, 1024, 64) if ctx.small else (8, 32, 8, 8192, 128)
+    q, k, v = arr(b, hq, 1, d), arr(b, hkv, s, d), arr(b, hkv, s, d)
+    for fill in (0.1, 0.5):
+        lengths = jnp.full((b,), int(s * fill), jnp.int32)
+        row = {"hbm_limit_ms": round(2 * b * hkv * s * fill * d * 2 / HBM_BYTES_PER_S * 1e3, 4)}
+        row["torchjax_decode_ms"], _ = _median_ms(
+            lambda q, k, v, n: tk.decode_attention(q, k, v, n), q, k, v, lengths
+        )
+        row["xla_masked_ms"], _ = _median_ms(
+            lambda q, k, v, n: tk.decode_attention_reference(q, k, v, n), q, k, v, lengths
+        )
+        out[f"decode ({b},{hq}/{hkv}) cache {s} filled {fill}"] = row
+    m, kk, n, g = (512, 256, 256, 8) if ctx.small else (8192, 2048, 1024, 64)
+    lhs, rhs = arr(m, kk), arr(g, kk, n)
+    sizes = jnp.asarray(np.bincount(rng.integers(0, g, m), minlength=g), jnp.int32)
+    row = {"flop_limit_ms": round(2 * m * kk * n / FLOPS_PER_S * 1e3, 3)}
+    row["torchjax_ragged_ms"], _ = _median_ms(
+        lambda a, b_, c: tk.ragged_dot(a, b_, c), lhs, rhs, sizes
+    )
+    row["lax_ragged_dot_ms"], _ = _median_ms(jax.lax.ragged_dot, lhs, rhs, sizes)
+    out[f"ragged dot ({m},{kk},{n}) {g} groups"] = row
+    return out
+
+
+# -- report ----------------------------------------------------------------------------
+
+
+def report(results: dict, title: str) -> str:
+    lines = [title, ""]
+    for name, value in results.items():
+        lines += [f"## {name}", "", "```json", json.dumps(value, indent=1), "```", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", default=",".join(SECTIONS))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results_tpu.md"))
+    parser.add_argument("--small", action="store_true")
+    parser.add_argument("--tier-timeout", type=int, default=480)
+    args = parser.parse_args(argv)
+    ctx = argparse.Namespace(small=args.small, timeout=args.tier_timeout, f32=None, bf16=None)
+    title = header("torchjax on the chip: bench/tpu.py")
+    kind = next((d.device_kind for d in jax.devices()), "?")
+    title += f"\ndevice: {kind}"
+    print(title, flush=True)
+    results = {}
+    with tempfile.TemporaryDirectory() as d:
+        ctx.dir = d
+        for name in args.sections.split(","):
+            t0 = time.perf_counter()
+            try:
+                results[name] = globals()[name](ctx)
+            except Exception as e:  # noqa: BLE001 - a failed section is reported, the rest run
+                results[name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+            results[name]["section_s"] = round(time.perf_counter() - t0, 1)
+            print(f"## {name}\n{json.dumps(results[name], indent=1)}", flush=True)
+    text = report(results, title)
+    pathlib.Path(args.out).write_text(text)
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
