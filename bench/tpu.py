@@ -358,8 +358,8 @@ def main(argv=None) -> None:
                 results[name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
             results[name]["section_s"] = round(time.perf_counter() - t0, 1)
             print(f"## {name}\n{json.dumps(results[name], indent=1)}", flush=True)
-    text = report(results, title)
-    pathlib.Path(args.out).write_text(text)
+            # after every section: a run stopped by a time limit keeps what it measured
+            pathlib.Path(args.out).write_text(report(results, title))
     print(f"written to {args.out}")
 
 

@@ -131,16 +131,17 @@ def test_tokamax_ragged_dot_matches_cpu_with_grads():
 
 def test_tokamax_attention_matches_cpu_sdpa_with_grads():
     torch.manual_seed(2)
-    shapes = [(1, 4, 16, 16), (1, 2, 16, 16), (1, 2, 16, 16)]
+    # 128 positions and 128 dims: tokamax's TPU kernel takes 128-wide blocks.
+    shapes = [(1, 4, 128, 128), (1, 2, 128, 128), (1, 2, 128, 128)]
     cpu = [torch.randn(s).requires_grad_() for s in shapes]
     tpu = [x.detach().to("tpu").requires_grad_() for x in cpu]
     ref = F.scaled_dot_product_attention(*cpu, is_causal=True, enable_gqa=True)
     out = tp.tokamax_attention(*tpu, causal=True)
-    torch.testing.assert_close(out.cpu(), ref.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.cpu(), ref.detach(), atol=1e-4, rtol=1e-4)
     ref.pow(2).sum().backward()
     out.pow(2).sum().backward()
     for t, c in zip(tpu, cpu):
-        torch.testing.assert_close(t.grad.cpu(), c.grad, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(t.grad.cpu(), c.grad, atol=1e-4, rtol=1e-4)
 
 
 def test_kernel_bfloat16_accumulates_in_float32():

@@ -63,7 +63,16 @@ def _check(q, k, v, mask, block_q, block_k):
 
 def _scores(q, k, mask, causal, scale, q_start, k_start):
     """f32 scores of query rows ``q`` against key block ``k`` (heads already matched)."""
-    s = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=_F32) * scale
+    s = (
+        jnp.einsum(
+            "bhqd,bhkd->bhqk",
+            q,
+            k,
+            precision=_tiling.precision_of(q, k),
+            preferred_element_type=_F32,
+        )
+        * scale
+    )
     if mask is not None:
         s = s + mask.astype(_F32)
     if causal:
@@ -191,5 +200,7 @@ def attention_reference(q, k, v, mask=None, *, causal=False, scale=None):
     p = jnp.exp(s - jnp.where(m == -jnp.inf, 0.0, m))
     denom = p.sum(axis=-1, keepdims=True)
     p = p / jnp.where(denom == 0.0, 1.0, denom)
-    out = jnp.einsum("bhqk,bhkd->bhqd", p.astype(v.dtype), v, preferred_element_type=_F32)
+    pv = p.astype(v.dtype)
+    precision = _tiling.precision_of(pv, v)
+    out = jnp.einsum("bhqk,bhkd->bhqd", pv, v, precision=precision, preferred_element_type=_F32)
     return out.astype(q.dtype)

@@ -188,4 +188,5 @@ def ragged_dot_reference(lhs, rhs, group_sizes, *, transpose_rhs: bool = False):
     """The reference: ``jax.lax.ragged_dot`` (rhs transposed first when asked)."""
     if transpose_rhs:
         rhs = jnp.swapaxes(rhs, 1, 2)
-    return lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32))
+    precision = _tiling.precision_of(lhs, rhs)
+    return lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=precision)

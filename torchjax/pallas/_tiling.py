@@ -152,10 +152,16 @@ def pallas_call(kernel, **kwargs):
 F32 = jnp.float32
 
 
+def precision_of(a, b):
+    """HIGHEST for two float32 operands, else None (Note [Kernel matmul precision]); the
+    jnp references use it too: XLA:TPU's default for float32 is also one bfloat16 pass."""
+    return lax.Precision.HIGHEST if a.dtype == F32 and b.dtype == F32 else None
+
+
 def kernel_dot(a, b, dimension_numbers):
     """``lax.dot_general`` accumulating in float32, float32 operands at HIGHEST (Note
     [Kernel matmul precision])."""
-    precision = lax.Precision.HIGHEST if a.dtype == F32 and b.dtype == F32 else None
+    precision = precision_of(a, b)
     return lax.dot_general(a, b, dimension_numbers, precision=precision, preferred_element_type=F32)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 
 import jax.numpy as jnp
+from jax import lax
 
 from torchjax.pallas._op import in_32bit_mode, op
 
@@ -43,7 +44,12 @@ def tokamax_ragged_dot(lhs, rhs, group_sizes):
     (M, N) in lhs's dtype (``jax.lax.ragged_dot`` semantics). Differentiable in lhs and
     rhs (tokamax's own VJP)."""
     sizes = group_sizes.astype(jnp.int32)
-    return in_32bit_mode(_tokamax().ragged_dot)(lhs, rhs, sizes)
+    # float32 at full precision, as torch's default and torchjax's kernels (Note [Kernel
+    # matmul precision]); tokamax's TPU kernel otherwise takes one bfloat16 pass.
+    precision = lax.Precision.HIGHEST if lhs.dtype == jnp.float32 else None
+    return in_32bit_mode(functools.partial(_tokamax().ragged_dot, precision=precision))(
+        lhs, rhs, sizes
+    )
 
 
 @op(
@@ -65,8 +71,11 @@ def tokamax_attention(q, k, v, mask=None, causal=False, scale=None):
     bias = None
     if mask is not None and mask.dtype != jnp.bool_:
         bias, mask = mask, None
+    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
     attention = in_32bit_mode(
-        functools.partial(tokamax.dot_product_attention, scale=scale, is_causal=causal)
+        functools.partial(
+            tokamax.dot_product_attention, scale=scale, is_causal=causal, precision=precision
+        )
     )
     out = attention(bshd(q), bshd(k), bshd(v), bias=bias, mask=mask)
     return bshd(out)
