@@ -194,3 +194,24 @@ def test_torch_save_load_roundtrip(tmp_path):
     fresh = torch.nn.Linear(3, 2).to("tpu")
     fresh.load_state_dict(torch.load(tmp_path / "m.pt"))
     torch.testing.assert_close(fresh.bias.detach().cpu(), m.bias.detach().cpu())
+
+
+def test_another_tpu_backend_is_named_at_import():
+    # torch-tpu registers "tpu" (at `import torch`, through torch's backend autoloading):
+    # torchjax's import then says so and what to do, instead of failing later, obscurely.
+    from tests._child import run_python
+
+    result = run_python(
+        """
+        import types, torch
+        torch.utils.rename_privateuse1_backend("tpu")
+        torch._register_device_module("tpu", types.ModuleType("torch_tpu"))
+        import torchjax
+        """
+    )
+    assert result.returncode != 0
+    assert "RuntimeError: torchjax: the 'tpu' device is already registered by torch_tpu" in (
+        result.stderr
+    ), result.stderr[-2000:]
+    assert "pip uninstall torch-tpu" in result.stderr
+    assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in result.stderr

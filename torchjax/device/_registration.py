@@ -37,8 +37,21 @@ DEVICE_TYPE = "tpu"
 
 def _register() -> None:
     current = privateuse1_backend_name()
-    if current == DEVICE_TYPE and hasattr(torch, DEVICE_TYPE):
+    owner = getattr(torch, DEVICE_TYPE, None)
+    if current == DEVICE_TYPE and owner is _module:
         return  # already registered (module re-imported)
+    if current == DEVICE_TYPE:
+        # Note [Another "tpu" backend]: the torch-tpu package (PyTorch's native TPU
+        # backend) registers the same name at its import, or at `import torch` through
+        # torch's backend autoloading; one process holds one PrivateUse1 backend.
+        name = getattr(owner, "__name__", None) or "another library"
+        raise RuntimeError(
+            f"torchjax: the 'tpu' device is already registered by {name} (the torch-tpu "
+            "package, PyTorch's native TPU backend, registers it too), and a process can "
+            "hold only one such backend. To use torchjax, uninstall torch-tpu "
+            "(pip uninstall torch-tpu), or keep it from loading at `import torch` with "
+            "TORCH_DEVICE_BACKEND_AUTOLOAD=0 and do not import it beside torchjax."
+        )
     if current != "privateuseone":
         raise RuntimeError(
             f"torchjax: the PrivateUse1 backend is already registered as {current!r} by "
