@@ -65,8 +65,11 @@ def _attention_inputs(b, hq, hkv, sq, sk, d, mask_kind):
     return q, k, v, mask
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("case", list(ATTENTION_CASES))
+@pytest.mark.parametrize(
+    "case, dtype",
+    [(case, torch.float32) for case in ATTENTION_CASES] + [("causal-gqa", torch.bfloat16)],
+    ids=[f"{case}-f32" for case in ATTENTION_CASES] + ["causal-gqa-bf16"],
+)
 def test_sdpa_takes_the_flash_kernel_forward_and_backward(case, dtype, monkeypatch):
     shape, causal, mask_kind = ATTENTION_CASES[case]
     q, k, v, mask = _attention_inputs(*shape, mask_kind)
