@@ -266,6 +266,38 @@ def tp_qwen3_load_logits_generate():
 
 
 @case
+def tp_gemma3_computed_buffers_match_cpu():
+    # Gemma's embed_scale (sqrt(hidden)) is a non-persistent buffer __init__ computes; the
+    # TP loader zero-filled it, and the logits were wrong (Note [Buffers a checkpoint
+    # lacks]). Rotary tables of both layer kinds are computed too.
+    import warnings
+
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, head_dim=16, max_position_embeddings=64,
+        sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(config).eval()
+    path = tempfile.mkdtemp(prefix="tj_shard_gemma3_")
+    ref.save_pretrained(path)
+    prompt = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = ref(prompt).logits
+    with torchjax.mesh((2, 4), ("dp", "tp")), warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no buffer left zero
+        model = AutoModelForCausalLM.from_pretrained(path, device_map="tpu", tp_plan="auto")
+        with torch.no_grad():
+            got = model(ts.shard(prompt, P())).logits
+    close(got, want)
+    for name, buf in ref.named_buffers():
+        close(model.get_buffer(name), buf)
+    return {"buffers": [n for n, _ in ref.named_buffers()]}
+
+
+@case
 def parallelize_plan_dict_styles_and_constraints():
     from transformers import AutoModelForCausalLM
 

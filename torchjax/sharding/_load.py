@@ -15,6 +15,7 @@ config's ``plan`` takes the same values (``"auto"`` or a ``{pattern: style}`` di
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import warnings
@@ -143,15 +144,34 @@ def load_pretrained(
     return model.eval()
 
 
+# Note [Buffers a checkpoint lacks]
+# A model built on the meta device has no values for its non-persistent buffers, which
+# ``__init__`` computes (rotary tables, Gemma's ``embed_scale = sqrt(hidden)``) and
+# ``save_pretrained`` leaves out. transformers' loader recomputes them with the model's
+# ``_init_weights``; so does this one, on a shadow of each owning module: the same class
+# and buffers (CPU zeros to fill), its parameters swapped for meta tensors, so the
+# initialisers run on nothing there and the loaded (sharded) weights are never written.
+# A zero-filled buffer was the earlier way, and it gave a Gemma model wrong logits.
+def _init_buffers(model, owner) -> None:
+    """Runs ``model._init_weights`` on a shadow of ``owner`` whose parameters are meta
+    tensors; ``owner``'s CPU buffers are filled in place."""
+    shadow = copy.copy(owner)
+    shadow.__dict__["_parameters"] = {
+        n: None if p is None else torch.nn.Parameter(torch.empty_like(p, device="meta"))
+        for n, p in owner._parameters.items()
+    }
+    shadow.__dict__["_buffers"] = owner._buffers  # the CPU zeros, filled in place
+    with torch.no_grad():
+        model._init_weights(shadow)
+
+
 def _materialize_buffers(model, mesh, tensors: dict) -> None:
     """Buffers out of the meta device, replicated on the mesh: persistent ones from the
-    checkpoint (``tensors``, already read), the others (rotary ``inv_freq``) computed on
-    CPU by transformers' own ``_init_weights``, as ``from_pretrained`` does after loading.
-    ``_init_weights`` is only run on modules without parameters of their own (it would
-    re-initialise loaded weights); a missing buffer of any other module is zero-filled,
-    with a warning."""
+    checkpoint (``tensors``, already read), the others (rotary ``inv_freq``, Gemma's
+    ``embed_scale``) computed on CPU by transformers' own ``_init_weights``, as
+    ``from_pretrained`` does after loading (Note [Buffers a checkpoint lacks])."""
     replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
-    owners, zeroed = {}, []
+    owners = {}
     for name, buf in model.named_buffers():
         module_name, _, attr = name.rpartition(".")
         owner = model.get_submodule(module_name)
@@ -159,18 +179,18 @@ def _materialize_buffers(model, mesh, tensors: dict) -> None:
             owner._buffers[attr] = tensors.pop(name)
         elif buf.device.type == "meta":
             owner._buffers[attr] = torch.zeros_like(buf, device="cpu")
-            if next(owner.parameters(recurse=False), None) is None:
-                owners[id(owner)] = owner
-            else:
-                zeroed.append(name)
-    for owner in owners.values():
-        model._init_weights(owner)
-    if zeroed:
+            owners.setdefault(id(owner), (owner, []))[1].append(attr)
+    unset = []
+    for owner, attrs in owners.values():
+        _init_buffers(model, owner)
+        unset += [a for a in attrs if not owner._buffers[a].any()]
+    if unset:
         warnings.warn(
-            f"torchjax.sharding.load_pretrained: buffers {zeroed} are not in the checkpoint; "
-            "they are zero-filled",
+            f"torchjax.sharding.load_pretrained: buffers {unset} are not in the checkpoint "
+            "and the model's _init_weights left them zero; check that zero is their value",
             stacklevel=3,
         )
+
     for name, buf in model.named_buffers():
         module_name, _, attr = name.rpartition(".")
         if buf.device.type == "cpu":
