@@ -109,3 +109,13 @@ def test_non_hashable_static_arguments_are_an_error_under_jit():
     with pytest.raises(TypeError, match="must be hashable under jit=True, got ndarray"):
         tf(torch.ones(2, device="tpu"), np.ones(2))
     assert tf(torch.ones(2, device="tpu"), 3.0).tolist() == [3.0, 3.0]
+
+
+def test_complex_gradients_follow_torchs_convention():
+    # They came back conjugated (JAX's VJP convention, not torch's).
+    z = torch.randn(4, dtype=torch.complex64)
+    zc = z.clone().requires_grad_()
+    (zc**3 * 2).real.sum().backward()
+    zt = z.to("tpu").requires_grad_()
+    torchjax.jax_function(lambda a: a**3 * 2)(zt).real.sum().backward()
+    torch.testing.assert_close(zt.grad.cpu(), zc.grad, atol=1e-5, rtol=1e-5)

@@ -178,7 +178,7 @@ def test_int64_arguments_arrive_as_int32_checked_on_the_device():
     bad = torch.tensor([1, 2**33 + 1], device="tpu")
     with pytest.raises(
         RuntimeError,
-        match=r"torchjax_test::take_rows: value 8589934593 of an int64 argument does not "
+        match=r"torchjax_test::take_rows: value 8589934593 of the int64 argument .ids. does not "
         r"fit the int32.*x64=True",
     ):
         take_rows(table, bad)[0].cpu()
@@ -190,3 +190,53 @@ def test_x64_ops_trace_with_64_bit_types():
     rows, r = take_rows_x64(table, ids)
     assert rows.dtype == torch.float64 and r.dtype == torch.int64
     torch.testing.assert_close(rows.cpu(), table.cpu()[ids.cpu()])
+
+
+@tp.op("torchjax_test::square_x64", x64=True)
+def square_x64(x):
+    return x * x
+
+
+def test_x64_op_float64_backward_stays_float64():
+    # The eager backward cast the cotangent outside x64: float32 where float64 was due,
+    # and the pullback refused it.
+    x = torch.randn(3, dtype=torch.float64)
+    t = x.to("tpu").requires_grad_()
+    square_x64(t).sum().backward()
+    assert t.grad.dtype == torch.float64
+    torch.testing.assert_close(t.grad.cpu(), 2 * x)
+
+
+@tp.op("torchjax_test::cube")
+def cube(x):
+    return x * x * x
+
+
+def test_complex_gradients_follow_torchs_convention():
+    # Note [Complex cotangents]: they came back conjugated, in every mode.
+    z = torch.randn(4, dtype=torch.complex64)
+    zc = z.clone().requires_grad_()
+    (zc**3).real.sum().backward()
+    calls = {
+        "op": lambda a: cube(a),
+        "torch.ops": lambda a: torch.ops.torchjax_test.cube(a),
+    }
+    for name, call in calls.items():
+        zt = z.to("tpu").requires_grad_()
+        call(zt).real.sum().backward()
+        torch.testing.assert_close(zt.grad.cpu(), zc.grad, atol=1e-5, rtol=1e-5, msg=name)
+    zt = z.to("tpu").requires_grad_()
+    torch.compile(lambda a: cube(a).real.sum(), backend="tpu")(zt).backward()
+    torch.testing.assert_close(zt.grad.cpu(), zc.grad, atol=1e-5, rtol=1e-5)
+
+
+@tp.op("torchjax_test::add_k")
+def add_k(x, k=3):
+    return x + k
+
+
+def test_a_python_int_past_int32_is_refused_in_32_bit_mode():
+    x = torch.ones(2, device="tpu")
+    with pytest.raises(TypeError, match=r"add_k: argument 'k' is 2147483648, past the int32"):
+        add_k(x, 2**31)
+    torch.testing.assert_close(add_k(x, 2**31 - 1).cpu(), torch.full((2,), 2.0**31))

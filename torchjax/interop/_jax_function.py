@@ -129,7 +129,9 @@ class _Call:
             return jax.vjp(g, *diff_arrays)
 
         def bwd(pullback, cotangents):
-            return pullback(cotangents)
+            # torch's complex convention: grad_in = conj(vjp(conj(grad_out))), a no-op for
+            # real dtypes (Note [Complex cotangents] in torchjax/pallas/_op.py).
+            return _conj(pullback(_conj(cotangents)))
 
         def checked(arrays):
             # Note [Device checks in a jax function]: ``f``'s ``require`` checks become
@@ -156,6 +158,13 @@ class _Call:
 
     def pull(self, pullback, cotangents):
         return self._bwd(pullback, cotangents)
+
+
+def _conj(tree):
+    def conj(x):
+        return jnp.conj(x) if jnp.iscomplexobj(x) else x
+
+    return jax.tree_util.tree_map(conj, tree)
 
 
 class _VJP(torch.autograd.Function):

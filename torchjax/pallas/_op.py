@@ -42,6 +42,11 @@ forward, which keeps the op's schema that of the user's function. Inside
 ``jax.vjp`` instead (see torchjax/compile/_dynamo.py), so the function's own
 ``custom_vjp`` runs with its residuals and nothing is recomputed.
 
+Note [Complex cotangents]
+torch and JAX pull gradients back through complex values by conjugate conventions: for a
+VJP, torch's ``grad_input = conj(jax_vjp(conj(grad_output)))``. Both backward paths apply
+that (a no-op for real dtypes), so a complex input's ``.grad`` equals CPU torch's.
+
 Note [A kernel op's JAX mode]
 torchjax runs its ops with JAX's x64 on (Note [x64 without touching the user's JAX]), but
 a Pallas kernel is written for JAX's default 32-bit mode, and Mosaic refuses the 64-bit
@@ -58,7 +63,10 @@ int64 (uint64) argument is narrowed to int32 (uint32) before the function sees i
 device-side check (Note [Device-side checks]) that every value survives: one past 2**31
 raises a RuntimeError naming the op, its argument and the value at the next
 synchronisation, as an index out of range does, not a wrapped number (as with every
-device check, a call inside ``torchjax.jit`` or one keeping its backward is not checked).
+device check, a call inside ``torchjax.jit``, inside ``torch.compile`` training, or one
+keeping its backward is not checked). Integer arithmetic inside the function is JAX's
+32-bit arithmetic too: its integer outputs are int32 and wrap at 2**31, as the function
+would in JAX; a Python int argument past the int32 range is refused (TypeError).
 A float64 or complex128 argument is refused with a TypeError naming it and the two ways
 out (cast it, or register the op with ``x64=True``): a float narrowed would round
 silently. torchjax's own kernel ops are registered with ``x64=True`` and trace each
@@ -79,6 +87,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from torchjax._compat.jax import x64
 from torchjax._compat.torch import FunctionSchema, pytree
 from torchjax.device import _checks
 from torchjax.interop._convert import to_jax
@@ -218,7 +227,7 @@ _WIDE_FLOATS = {torch.float64: "torch.float32", torch.complex128: "torch.complex
 _NARROW_INTS = {np.dtype(np.int64): np.int32, np.dtype(np.uint64): np.uint32}
 
 
-def _narrowed(x, where: str):
+def _narrowed(x, where: str, arg: str):
     """An int64/uint64 array as int32/uint32, with a device-side check that no value
     changed (Note [A kernel op's JAX mode]); any other array as it is."""
     narrow = _NARROW_INTS.get(np.dtype(x.dtype)) if hasattr(x, "dtype") else None
@@ -233,11 +242,23 @@ def _narrowed(x, where: str):
                 jnp.any(lost),
                 value,
                 RuntimeError,
-                f"{where}: value {{value}} of an {x.dtype} argument does not fit the "
+                f"{where}: value {{value}} of the {x.dtype} argument {arg!r} does not fit the "
                 f"{np.dtype(narrow)} the op's JAX function runs in (JAX's default 32-bit "
                 "mode); register the op with torchjax.pallas.op(..., x64=True)",
             )
     return small
+
+
+def _arg_name(fn, path) -> str:
+    """The parameter of ``fn`` a leaf of ``(args, kwargs)`` at ``path`` belongs to."""
+    group, key = path[0].idx, path[1]
+    if group == 1:
+        return str(key.key)
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin or partial without a signature
+        params = []
+    return params[key.idx] if key.idx < len(params) else f"argument {key.idx}"
 
 
 def in_32bit_mode(fn, name: str | None = None):
@@ -250,10 +271,11 @@ def in_32bit_mode(fn, name: str | None = None):
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        flat, spec = jax.tree_util.tree_flatten((args, kwargs))
+        paths, spec = jax.tree_util.tree_flatten_with_path((args, kwargs))
+        flat = [leaf for _, leaf in paths]
         where = [i for i, x in enumerate(flat) if isinstance(x, (jax.Array, jax.core.Tracer))]
         for i in where:
-            flat[i] = _narrowed(flat[i], where_name)
+            flat[i] = _narrowed(flat[i], where_name, _arg_name(fn, paths[i][0]))
 
         def call(*arrays):
             full = list(flat)
@@ -377,6 +399,13 @@ class KernelOp:
             return
         bound = dict(zip(self._names, args), **kwargs)
         for name, t in bound.items():
+            if type(t) is int and not -(2**31) <= t < 2**31:
+                raise TypeError(
+                    f"{self.qualname}: argument {name!r} is {t}, past the int32 range of "
+                    "JAX's default 32-bit mode, which the op runs its JAX function in; "
+                    "register the op with torchjax.pallas.op(..., x64=True) to trace it "
+                    "with 64-bit types"
+                )
             if isinstance(t, torch.Tensor) and t.dtype in _WIDE_FLOATS:
                 narrow = _WIDE_FLOATS[t.dtype]
                 raise TypeError(
@@ -467,15 +496,11 @@ class KernelOp:
             outs, pull = jax.vjp(f, *(bound[n] for n in diff))
             flat_outs = jax.tree_util.tree_leaves(outs)
             cts = [
-                jnp.zeros(o.shape, o.dtype) if g is None else g.astype(o.dtype)
+                jnp.zeros(o.shape, o.dtype) if g is None else jnp.conj(g.astype(o.dtype))
                 for o, g in zip(flat_outs, grads)
             ]
-            d_in = dict(
-                zip(
-                    diff,
-                    pull(jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(outs), cts)),
-                )
-            )
+            tree = jax.tree_util.tree_structure(outs)
+            d_in = dict(zip(diff, map(jnp.conj, pull(jax.tree_util.tree_unflatten(tree, cts)))))
             # One entry per tensor argument; an empty float array stands for "no
             # gradient" (integer or absent inputs), mapped to None in ``_backward``.
             return [d_in.get(n, jnp.zeros((0,), jnp.float32)) for n in tensors]
@@ -510,16 +535,19 @@ class KernelOp:
             ctx.save_for_backward(*(x for x in inputs if isinstance(x, torch.Tensor)))
 
         def backward_from_vjp(ctx, grads):
+            # Autograd calls this outside any torchjax op: x64 on, as the op's forward
+            # ran, so a float64 cotangent stays float64. Note [Complex cotangents].
             pullback, diff, avals = ctx.vjp
-            cts = []
-            for g, (shape, dtype) in zip(grads, avals):
-                if not jnp.issubdtype(dtype, jnp.inexact):
-                    cts.append(np.zeros(shape, jax.dtypes.float0))
-                elif g is None:
-                    cts.append(jnp.zeros(shape, dtype))
-                else:
-                    cts.append(to_jax(g).astype(dtype))
-            by_name = dict(zip(diff, _PULL(pullback, cts)))
+            with x64(True):
+                cts = []
+                for g, (shape, dtype) in zip(grads, avals):
+                    if not jnp.issubdtype(dtype, jnp.inexact):
+                        cts.append(np.zeros(shape, jax.dtypes.float0))
+                    elif g is None:
+                        cts.append(jnp.zeros(shape, dtype))
+                    else:
+                        cts.append(jnp.conj(to_jax(g).astype(dtype)))
+                by_name = dict(zip(diff, map(jnp.conj, _PULL(pullback, cts))))
             return tuple(wrap(by_name[n]) if n in by_name else None for n in names)
 
         def backward(ctx, *grads):
