@@ -272,4 +272,4 @@ def test_clamp_of_complex_refuses_as_cpu(call):
         call(x)
     with pytest.raises(NotImplementedError) as got:
         call(x.to("tpu"))
-    assert str(want.value).replace("_cpu", "") in str(got.value)
+    assert str(got.value).startswith(str(want.value))

@@ -92,17 +92,19 @@ def test_interpolate_channels_last_and_half():
 
 
 def test_nearest_integer_input():
-    # CPU torch has nearest kernels for uint8 but none for int64 (NotImplementedError),
-    # so int64 is checked against CPU's uint8 result on the same (small) values.
+    # CPU (and CUDA) torch have nearest kernels for uint8 but none for int64: int64 is
+    # refused as CPU refuses it (Note [Dtype inputs torch refuses]).
     x = torch.randint(0, 100, (1, 2, 4, 5), dtype=torch.uint8)
     for mode in ("nearest", "nearest-exact"):
         want = F.interpolate(x, scale_factor=1.5, mode=mode)
         got = F.interpolate(x.to("tpu"), scale_factor=1.5, mode=mode)
         assert got.dtype == torch.uint8
         torch.testing.assert_close(got.cpu(), want)
-        got = F.interpolate(x.long().to("tpu"), scale_factor=1.5, mode=mode)
-        assert got.dtype == torch.int64
-        torch.testing.assert_close(got.cpu(), want.long())
+        with pytest.raises(NotImplementedError) as refused:
+            F.interpolate(x.long(), scale_factor=1.5, mode=mode)
+        with pytest.raises(NotImplementedError) as got:
+            F.interpolate(x.long().to("tpu"), scale_factor=1.5, mode=mode)
+        assert str(got.value).startswith(str(refused.value))
 
 
 # Every pair of (mode, padding_mode, align_corners) values appears in some case (a
