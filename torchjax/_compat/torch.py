@@ -544,3 +544,9 @@ def conv_memory_format(x, w, b, stride, padding, dilation, transposed, output_pa
     if w.dim() == 3:
         x, w = torch.empty(x.shape, dtype=x.dtype).unsqueeze(2), w.unsqueeze(2)
     return torch._C._conv_determine_backend_memory_format(x, w, backend)
+
+
+# The base class of a Python dispatch mode (private: torch.utils._python_dispatch), used
+# by the dtype-refusal survey (torchjax/testing/dtype_refusals.py) to see the ATen
+# overload each CPU call reaches.
+from torch.utils._python_dispatch import TorchDispatchMode as TorchDispatchMode  # noqa: E402

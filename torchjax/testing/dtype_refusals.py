@@ -58,7 +58,8 @@ import re
 import sys
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from torchjax._compat.torch import TorchDispatchMode
 
 DATA_FILE = pathlib.Path(__file__).resolve().parents[1] / "ops" / "dtype_refusals.json"
 DTYPES = (
