@@ -129,9 +129,7 @@ class _Call:
             return jax.vjp(g, *diff_arrays)
 
         def bwd(pullback, cotangents):
-            # torch's complex convention: grad_in = conj(vjp(conj(grad_out))), a no-op for
-            # real dtypes (Note [Complex cotangents] in torchjax/pallas/_op.py).
-            return _conj(pullback(_conj(cotangents)))
+            return conj_vjp(pullback, cotangents)
 
         def checked(arrays):
             # Note [Device checks in a jax function]: ``f``'s ``require`` checks become
@@ -165,6 +163,13 @@ def _conj(tree):
         return jnp.conj(x) if jnp.iscomplexobj(x) else x
 
     return jax.tree_util.tree_map(conj, tree)
+
+
+def conj_vjp(pullback, cotangents):
+    """``pullback`` (a JAX VJP) applied by torch's complex convention:
+    ``conj(vjp(conj(grad_out)))``, a no-op for real dtypes (Note [Complex cotangents] in
+    torchjax/pallas/_op.py). Traced inside the jitted backward, not run op by op."""
+    return _conj(pullback(_conj(cotangents)))
 
 
 class _VJP(torch.autograd.Function):

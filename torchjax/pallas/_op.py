@@ -44,8 +44,9 @@ forward, which keeps the op's schema that of the user's function. Inside
 
 Note [Complex cotangents]
 torch and JAX pull gradients back through complex values by conjugate conventions: for a
-VJP, torch's ``grad_input = conj(jax_vjp(conj(grad_output)))``. Both backward paths apply
-that (a no-op for real dtypes), so a complex input's ``.grad`` equals CPU torch's.
+VJP, torch's ``grad_input = conj(jax_vjp(conj(grad_output)))``. Every backward path of
+a kernel op and of ``jax_function`` applies the pullback through one function doing that
+(``conj_vjp``, a no-op for real dtypes), so a complex input's ``.grad`` equals CPU's.
 
 Note [A kernel op's JAX mode]
 torchjax runs its ops with JAX's x64 on (Note [x64 without touching the user's JAX]), but
@@ -91,7 +92,7 @@ from torchjax._compat.jax import x64
 from torchjax._compat.torch import FunctionSchema, pytree
 from torchjax.device import _checks
 from torchjax.interop._convert import to_jax
-from torchjax.interop._jax_function import jax_function
+from torchjax.interop._jax_function import conj_vjp, jax_function
 from torchjax.ops.registry import handler
 from torchjax.tensor._tensor import wrap
 from torchjax.tensor.dtypes import to_jax_dtype, to_torch_dtype
@@ -313,7 +314,7 @@ def _differentiable(t) -> bool:
 
 # Applies a kept pullback (Note [Kernel op backward]); the Partial's function is part of
 # its pytree structure, so one executable per kernel op and signature.
-_PULL = jax.jit(lambda pullback, cotangents: pullback(cotangents))
+_PULL = jax.jit(conj_vjp)
 _VJP_ATTR = "_torchjax_kernel_vjp"
 _KEEP_VJP: contextvars.ContextVar = contextvars.ContextVar("torchjax_keep_vjp", default=None)
 
@@ -496,11 +497,11 @@ class KernelOp:
             outs, pull = jax.vjp(f, *(bound[n] for n in diff))
             flat_outs = jax.tree_util.tree_leaves(outs)
             cts = [
-                jnp.zeros(o.shape, o.dtype) if g is None else jnp.conj(g.astype(o.dtype))
+                jnp.zeros(o.shape, o.dtype) if g is None else g.astype(o.dtype)
                 for o, g in zip(flat_outs, grads)
             ]
             tree = jax.tree_util.tree_structure(outs)
-            d_in = dict(zip(diff, map(jnp.conj, pull(jax.tree_util.tree_unflatten(tree, cts)))))
+            d_in = dict(zip(diff, conj_vjp(pull, jax.tree_util.tree_unflatten(tree, cts))))
             # One entry per tensor argument; an empty float array stands for "no
             # gradient" (integer or absent inputs), mapped to None in ``_backward``.
             return [d_in.get(n, jnp.zeros((0,), jnp.float32)) for n in tensors]
@@ -546,8 +547,8 @@ class KernelOp:
                     elif g is None:
                         cts.append(jnp.zeros(shape, dtype))
                     else:
-                        cts.append(jnp.conj(to_jax(g).astype(dtype)))
-                by_name = dict(zip(diff, map(jnp.conj, _PULL(pullback, cts))))
+                        cts.append(to_jax(g).astype(dtype))
+                by_name = dict(zip(diff, _PULL(pullback, cts)))
             return tuple(wrap(by_name[n]) if n in by_name else None for n in names)
 
         def backward(ctx, *grads):
