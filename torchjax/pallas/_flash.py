@@ -107,11 +107,6 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 def _blocks(plat, sq, sk, block_q, block_k):
     """(forward block_q, block_k, backward block_q, block_k): the caller's for both, or
     the platform's table (torchjax/pallas/_tiling.py) fitted to Sq and Sk."""
-    if block_q is not None and block_k is not None:
-        # Mosaic: a key block is a lane dim of the mask block, a query block a sublane dim.
-        bq = _tiling.legal_block(plat, sq, block_q, 8)
-        bk = _tiling.legal_block(plat, sk, block_k, _tiling.LANE)
-        return (bq, bk, bq, bk)
     # Mosaic: a key block is the lane dim of the mask block (multiple of 128 or all of
     # Sk) and a query block a sublane dim (multiple of 8); Triton: powers of two.
     q_step, k_step = (8, _tiling.LANE) if plat == "tpu" else (16, 16)

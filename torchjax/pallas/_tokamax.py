@@ -19,9 +19,9 @@ from __future__ import annotations
 import functools
 
 import jax.numpy as jnp
-from jax import lax
 
 from torchjax.pallas._op import in_32bit_mode, op
+from torchjax.pallas._tiling import precision_of
 
 
 def _tokamax():
@@ -46,7 +46,7 @@ def tokamax_ragged_dot(lhs, rhs, group_sizes):
     sizes = group_sizes.astype(jnp.int32)
     # float32 at full precision, as torch's default and torchjax's kernels (Note [Kernel
     # matmul precision]); tokamax's TPU kernel otherwise takes one bfloat16 pass.
-    precision = lax.Precision.HIGHEST if lhs.dtype == jnp.float32 else None
+    precision = precision_of(lhs, rhs)
     return in_32bit_mode(functools.partial(_tokamax().ragged_dot, precision=precision))(
         lhs, rhs, sizes
     )
@@ -71,7 +71,7 @@ def tokamax_attention(q, k, v, mask=None, causal=False, scale=None):
     bias = None
     if mask is not None and mask.dtype != jnp.bool_:
         bias, mask = mask, None
-    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    precision = precision_of(q, k)
     attention = in_32bit_mode(
         functools.partial(
             tokamax.dot_product_attention, scale=scale, is_causal=causal, precision=precision

@@ -179,11 +179,11 @@ def _materialize_buffers(model, mesh, tensors: dict) -> None:
             owner._buffers[attr] = tensors.pop(name)
         elif buf.device.type == "meta":
             owner._buffers[attr] = torch.zeros_like(buf, device="cpu")
-            owners.setdefault(id(owner), (owner, []))[1].append(attr)
+            owners.setdefault(id(owner), (owner, []))[1].append((name, attr))
     unset = []
     for owner, attrs in owners.values():
         _init_buffers(model, owner)
-        unset += [a for a in attrs if not owner._buffers[a].any()]
+        unset += [name for name, a in attrs if not owner._buffers[a].any()]
     if unset:
         warnings.warn(
             f"torchjax.sharding.load_pretrained: buffers {unset} are not in the checkpoint "
