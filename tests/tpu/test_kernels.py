@@ -11,14 +11,12 @@ CPU float32 on the same bfloat16 inputs, the rounding of bfloat16 outputs (2e-2)
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import pytest
 import torch
 import torch.nn.functional as F
-from jax.experimental import pallas as pl
 
 import torchjax
+from tests.pallas import user_kernel
 from torchjax import pallas as tp
 from torchjax.pallas import _sdpa
 
@@ -166,33 +164,7 @@ def test_ragged_dot_forward_and_backward(dtype):
         torch.testing.assert_close(t.grad.float().cpu() / scale, c.grad / scale, **tol)
 
 
-# A user's kernel, written for JAX's default 32-bit mode: a grid, index maps returning a
-# Python 0, a fori_loop over Python bounds, and a Pallas backward kernel.
-def _scale_kernel(x_ref, o_ref):
-    def body(i, acc):
-        return acc + x_ref[...] * 0.5
-
-    o_ref[...] = jax.lax.fori_loop(0, 2, body, jnp.zeros(o_ref.shape, o_ref.dtype))
-
-
-def _scaled(x):
-    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
-    return pl.pallas_call(
-        _scale_kernel,
-        grid=(x.shape[0] // 8,),
-        in_specs=[spec],
-        out_specs=spec,
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        interpret=tp.interpret_default(),
-    )(x)
-
-
-@jax.custom_vjp
-def _identity_kernel(x):
-    return _scaled(x)
-
-
-_identity_kernel.defvjp(lambda x: (_scaled(x), None), lambda _, g: (_scaled(g),))
+_identity_kernel = user_kernel.identity()
 
 
 @tp.op("torchjax_tpu_tier::identity_kernel")
