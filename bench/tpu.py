@@ -56,7 +56,8 @@ import transformers as tf  # noqa: E402
 
 import torchjax  # noqa: E402
 from bench import jax_llama  # noqa: E402
-from bench.common import header  # noqa: E402
+from bench import kernels as kernel_bench  # noqa: E402
+from bench.common import block_torch, header  # noqa: E402
 
 HBM_BYTES_PER_S = 819e9
 FLOPS_PER_S = 197e12
@@ -76,19 +77,13 @@ def llama_config(small: bool) -> tf.LlamaConfig:
     )  # fmt: skip
 
 
-def _sync(x):
-    if isinstance(x, torch.Tensor) and x.device.type == "tpu":
-        jax.block_until_ready(torchjax.to_jax(x))
-    return x
-
-
 def _generate(model, ids, new):
     with torch.no_grad():
         out = model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
             min_new_tokens=new, do_sample=False, pad_token_id=0,
         )  # fmt: skip
-    return _sync(out)
+    return block_torch(out)
 
 
 def _prompt(batch, length, vocab, seed=0):
@@ -255,16 +250,9 @@ def decode(ctx) -> dict:
 
 
 def _median_ms(fn, *args, runs=10):
-    f = jax.jit(fn)
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    compile_s = time.perf_counter() - t0
-    samples = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        samples.append(time.perf_counter() - t0)
-    return round(statistics.median(samples) * 1e3, 3), round(compile_s, 1)
+    """(median ms of the jitted ``fn``, its compile-and-first-run seconds)."""
+    _, us, compile_s = kernel_bench._timed(fn, *args, runs=runs)
+    return round(us / 1e3, 3), round(compile_s, 1)
 
 
 def kernels(ctx) -> dict:
