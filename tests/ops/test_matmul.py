@@ -1,10 +1,15 @@
 """Tests for torchjax/ops/matmul.py: OpInfo sweep plus what OpInfo misses."""
 
+import re
+
+import jax
+import jax.numpy as jnp
 import pytest
 import torch
 
 import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import make_tests
+from torchjax.ops import matmul as matmul_ops
 from torchjax.testing import opinfo as oi
 
 OPS = [
@@ -187,3 +192,23 @@ def test_bool_matrix_products_refuse_as_cpu(name):
 def test_bool_outer_product_computes_as_cpu():
     v = torch.tensor([True, False])
     oi.same(lambda s, a, b: torch.addr(s, a, b), _BOOL, v, v)
+
+
+@pytest.mark.parametrize(
+    "dtype, want", [(jnp.bfloat16, "DEFAULT"), (jnp.float32, "HIGHEST")], ids=["bf16", "f32"]
+)
+def test_grouped_mm_asks_no_precision_of_half_precision_ragged_dot(dtype, want):
+    # XLA:TPU runs ragged_dot as a Mosaic kernel, which refuses HIGHEST on bfloat16
+    # operands ("Bad lhs type": every bf16 MoE forward crashed on the chip); float32 keeps
+    # torch's knob (Note [Kernel matmul precision]). Read from the TPU lowering, on CPU.
+    from tests.pallas.test_lowering import _TPU
+
+    def grouped(a, b, offs):
+        return matmul_ops._grouped_mm(a, b, offs, precision=matmul_ops.HIGHEST)
+
+    args = (jnp.ones((32, 32), dtype), jnp.ones((4, 32, 64), dtype), jnp.arange(4, dtype=jnp.int32))
+    with jax.sharding.use_abstract_mesh(_TPU):
+        text = jax.jit(grouped).trace(*args).lower(lowering_platforms=("tpu",)).as_text()
+    dots = re.findall(r'"chlo.ragged_dot".*?precision_config = \[([^\]]*)\]', text)
+    assert len(dots) == 1, text
+    assert dots[0] == f"#chlo<precision {want}>, #chlo<precision {want}>"

@@ -356,11 +356,13 @@ def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None, *, precision=H
         # ragged_dot needs sum(group_sizes) == M: rows past offs[-1] join a zero group.
         tail = (self.shape[0] - offs[-1]).astype(jnp.int32).reshape(1)
         rhs = jnp.concatenate([mat2, jnp.zeros((1,) + mat2.shape[1:], mat2.dtype)])
+        # No precision for half-precision operands: on TPU ragged_dot is a Mosaic kernel,
+        # which refuses HIGHEST on them (Note [Kernel matmul precision]).
         out = lax.ragged_dot(
             self,
             rhs,
             jnp.concatenate([sizes, tail]),
-            precision=precision_for(self.dtype, precision),
+            precision=precision if self.dtype in _KNOB_DTYPES else None,
             preferred_element_type=acc,
         )
     elif self.ndim == 2 and mat2.ndim == 2:
