@@ -2,6 +2,7 @@
 torchjax.jit, torch.compile)."""
 
 import jax
+import jax.extend
 import pytest
 import torch
 from jax.experimental import pallas as pl
@@ -110,7 +111,8 @@ _RUNS = []
 
 @tp.op("torchjax_test::counted_sin", outputs=2)
 def counted_sin(x, scale=2.0):
-    jax.debug.callback(lambda: _RUNS.append(1))  # once per run of the forward
+    # ordered: XLA may duplicate or drop an unordered callback (XLA:TPU ran it twice)
+    jax.debug.callback(lambda: _RUNS.append(1), ordered=True)
     return jax.numpy.sin(x) * scale, jax.numpy.argmax(x, axis=0)
 
 
@@ -240,3 +242,47 @@ def test_a_python_int_past_int32_is_refused_in_32_bit_mode():
     with pytest.raises(TypeError, match=r"add_k: argument 'k' is 2147483648, past the int32"):
         add_k(x, 2**31)
     torch.testing.assert_close(add_k(x, 2**31 - 1).cpu(), torch.full((2,), 2.0**31))
+
+
+def test_a_matmul_precision_reaches_a_custom_vjp_backward_traced_later():
+    # tokamax's TPU attention takes no precision in its products: its wrapper enters
+    # jax.default_matmul_precision, which must reach the forward and the backward that
+    # an outer jax.vjp traces after the call returned (Note [Kernel matmul precision]).
+    from torchjax.pallas._op import in_32bit_mode
+
+    @jax.custom_vjp
+    def product(a, b):
+        return a @ b
+
+    def fwd(a, b):
+        return a @ b, (a, b)
+
+    def bwd(res, g):
+        a, b = res
+        return g @ b.T, a.T @ g
+
+    product.defvjp(fwd, bwd)
+    run = in_32bit_mode(product, matmul_precision="highest")
+    a = jax.numpy.ones((8, 8))
+
+    def precisions(fn):
+        jaxpr = jax.make_jaxpr(fn)(a, a)
+        found = []
+
+        def walk(j):
+            for eqn in j.eqns:
+                if eqn.primitive.name == "dot_general":
+                    found.append(eqn.params["precision"])
+                for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                    walk(sub)
+
+        walk(jaxpr.jaxpr)
+        return found
+
+    grad = jax.grad(lambda x, y: run(x, y).sum(), argnums=(0, 1))
+    for got in (precisions(run), precisions(grad)):
+        assert got and all(
+            p == (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST) for p in got
+        ), got
+    plain = precisions(jax.grad(lambda x, y: in_32bit_mode(product)(x, y).sum()))
+    assert plain and all(p is None for p in plain), plain

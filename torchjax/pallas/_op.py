@@ -77,6 +77,7 @@ torchjax/pallas/_tiling.py).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -262,13 +263,20 @@ def _arg_name(fn, path) -> str:
     return params[key.idx] if key.idx < len(params) else f"argument {key.idx}"
 
 
-def in_32bit_mode(fn, name: str | None = None):
+def in_32bit_mode(fn, name: str | None = None, matmul_precision: str | None = None):
     """``fn`` run in JAX's 32-bit mode, forward and backward (Note [A kernel op's JAX
     mode]): non-array arguments are bound as they are; int64 arrays arrive as int32
     (checked on the device; ``name`` names the caller in that error); the arrays go
     through a ``jax.custom_vjp`` whose rules enter the mode, so the pullback does
-    wherever it is applied."""
+    wherever it is applied. ``matmul_precision`` (a ``jax.default_matmul_precision``
+    value) is entered the same way, for a third-party kernel whose products take no
+    precision argument (Note [Kernel matmul precision])."""
     where_name = name or getattr(fn, "__name__", "torchjax.pallas.op")
+
+    @contextlib.contextmanager
+    def mode():
+        with jax.enable_x64(False), jax.default_matmul_precision(matmul_precision):
+            yield
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
@@ -283,7 +291,7 @@ def in_32bit_mode(fn, name: str | None = None):
             for i, a in zip(where, arrays):
                 full[i] = a
             a, k = jax.tree_util.tree_unflatten(spec, full)
-            with jax.enable_x64(False):
+            with mode():
                 return fn(*a, **k)
 
         @jax.custom_vjp
@@ -291,11 +299,11 @@ def in_32bit_mode(fn, name: str | None = None):
             return call(*arrays)
 
         def g_fwd(*arrays):
-            with jax.enable_x64(False):
+            with mode():
                 return jax.vjp(call, *arrays)
 
         def g_bwd(pullback, cotangents):
-            with jax.enable_x64(False):
+            with mode():
                 return pullback(cotangents)
 
         g.defvjp(g_fwd, g_bwd)

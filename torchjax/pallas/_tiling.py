@@ -149,6 +149,15 @@ def pallas_call(kernel, **kwargs):
 # torch is within 1e-6. Mosaic offers those two only, so the kernels do not follow the
 # knob's "high" and "medium": float32 attention and grouped matmuls stay exact, and
 # bfloat16/float16 operands (one MXU pass whatever the setting) are the fast path.
+# Two consequences seen on the chip (v5e):
+# - a half-precision product must never ask for HIGHEST inside a Mosaic kernel: Mosaic
+#   refuses ``contract_precision<fp32>`` on bfloat16 operands ("Bad lhs type"), and
+#   ``lax.ragged_dot`` is itself a Mosaic kernel on TPU, so aten::_grouped_mm passes it
+#   no precision for them (the product is exact in float32 either way);
+# - tokamax's TPU attention (splash attention) takes a ``precision`` argument but its
+#   kernel's products do not use it: float32 inputs came out 7e-3 from CPU torch. Its
+#   wrapper enters ``jax.default_matmul_precision("highest")`` for float32 inputs, in the
+#   forward and every backward (``in_32bit_mode``), which its products then follow.
 F32 = jnp.float32
 
 

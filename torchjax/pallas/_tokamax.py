@@ -72,10 +72,13 @@ def tokamax_attention(q, k, v, mask=None, causal=False, scale=None):
     if mask is not None and mask.dtype != jnp.bool_:
         bias, mask = mask, None
     precision = precision_of(q, k)
+    # tokamax's TPU kernel ignores ``precision``; its products follow the default
+    # (Note [Kernel matmul precision]).
     attention = in_32bit_mode(
         functools.partial(
             tokamax.dot_product_attention, scale=scale, is_causal=causal, precision=precision
-        )
+        ),
+        matmul_precision=None if precision is None else "highest",
     )
     out = attention(bshd(q), bshd(k), bshd(v), bias=bias, mask=mask)
     return bshd(out)
