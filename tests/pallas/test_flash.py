@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import torchjax
+from tests.pallas.tolerance import F32_VS_CPU, F32_VS_REFERENCE_ATOL
 from torchjax import pallas as tp
 from torchjax.pallas import _flash, _sdpa, kernels
 
@@ -51,7 +52,7 @@ def test_kernel_matches_reference_forward_and_grad(sq, sk, causal, masked):
     )(q, k, v)
     assert jnp.allclose(out, ref, atol=1e-4)
     for g, r in zip(grads, ref_grads):
-        assert jnp.allclose(g, r, atol=1e-4), float(jnp.abs(g - r).max())
+        assert jnp.allclose(g, r, atol=F32_VS_REFERENCE_ATOL), float(jnp.abs(g - r).max())
 
 
 def test_kernel_bfloat16_accumulates_in_float32():
@@ -97,12 +98,12 @@ def test_sdpa_uses_kernel_and_matches_cpu_with_grads():
     with tp.use_flash_attention(True):
         out = F.scaled_dot_product_attention(*tpu, is_causal=True, enable_gqa=True)
     assert _uses_kernel(out)
-    torch.testing.assert_close(out.cpu(), ref.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.cpu(), ref.detach(), **F32_VS_CPU)
     ct = torch.randn(ref.shape)
     (ref * ct).sum().backward()
     (out * ct.to("tpu")).sum().backward()
     for t, c in zip(tpu, cpu):
-        torch.testing.assert_close(t.grad.cpu(), c.grad, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(t.grad.cpu(), c.grad, **F32_VS_CPU)
 
 
 def test_sdpa_bfloat16_float_mask_matches_cpu():
@@ -190,7 +191,7 @@ def test_gpu_form_matches_reference_forward_and_grad(sq, causal):
     (out, grads), (expected, ref_grads) = gpu(q, k, v), ref(q, k, v)
     assert jnp.allclose(out, expected, rtol=1e-5), (out, expected)
     for g, r in zip(grads, ref_grads):
-        assert jnp.allclose(g, r, atol=1e-4), float(jnp.abs(g - r).max())
+        assert jnp.allclose(g, r, atol=F32_VS_REFERENCE_ATOL), float(jnp.abs(g - r).max())
 
 
 def test_long_sequence_matches_cpu_torch_with_grads():
@@ -229,4 +230,4 @@ def test_sdpa_with_a_mask_trains_through_the_kernel(mask_dtype):
         out = F.scaled_dot_product_attention(*tpu, attn_mask=mask.to("tpu"))
     out.sum().backward()
     for t, c in zip(tpu, cpu):
-        torch.testing.assert_close(t.grad.cpu(), c.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(t.grad.cpu(), c.grad, **F32_VS_CPU)

@@ -14,7 +14,9 @@ Hub kernel), each against CPU torch on the same inputs.
 
 Every test here is skipped unless JAX's default backend is a TPU, so CI (no accelerator)
 collects and skips them. ``TORCHJAX_TPU_TIER=1`` runs them on any backend, to check the
-tier's own logic on a CPU (kernels then run in interpret mode). On the chip the suite's
+tier's own logic on a CPU (kernels then run in interpret mode; add
+``TORCHJAX_FLASH_ATTENTION=1`` there, since the SDPA checks expect the chip's default of
+taking the kernels). On the chip the suite's
 CPU compile flags are not set (tests/conftest.py), which the first test asserts: the tier
 compiles as user code does.
 """

@@ -76,19 +76,37 @@ def test_sdpa_takes_the_flash_kernel_forward_and_backward(case, dtype, monkeypat
     want = F.scaled_dot_product_attention(*cpu, attn_mask=mask, is_causal=causal, enable_gqa=True)
     ct = _randn(*want.shape, seed=5)
     want.backward(ct)
-    calls = _spy(monkeypatch)
-    tpu = [x.to("tpu").requires_grad_() for x in (q, k, v)]
+    want_all = [want.detach()] + [c.grad for c in cpu]
     tmask = None if mask is None else mask.to("tpu")
-    # The defaults: no switch, no environment variable.
-    got = F.scaled_dot_product_attention(*tpu, attn_mask=tmask, is_causal=causal, enable_gqa=True)
-    got.backward(ct.to(dtype).to("tpu"))
+
+    def run():
+        tpu = [x.to("tpu").requires_grad_() for x in (q, k, v)]
+        out = F.scaled_dot_product_attention(
+            *tpu, attn_mask=tmask, is_causal=causal, enable_gqa=True
+        )
+        out.backward(ct.to(dtype).to("tpu"))
+        return [out] + [t.grad for t in tpu]
+
+    calls = _spy(monkeypatch)
+    got = run()  # the defaults: no switch, no environment variable
     assert calls == ["flash_attention"]
-    tol = F32_TOL if dtype == torch.float32 else BF16_TOL
-    torch.testing.assert_close(got.float().cpu(), want.detach(), **tol)
-    for t, c in zip(tpu, cpu):
-        assert t.grad.dtype == dtype
-        scale = c.grad.abs().max().item()
-        torch.testing.assert_close(t.grad.float().cpu() / scale, c.grad / scale, **tol)
+    assert all(g.dtype == dtype for g in got)
+    tol = dict(F32_TOL if dtype == torch.float32 else BF16_TOL)
+    if dtype == torch.float32:
+        # XLA:TPU's own float32 attention (the math path) is no closer to CPU than this
+        # (Note [Kernel float32 tolerances]): the kernel may be as far as twice its error.
+        with tp.use_flash_attention(False):
+            xla = run()
+        tol["atol"] = max(tol["atol"], 2 * max(_error(x, c) for x, c in zip(xla, want_all)))
+    for g, c in zip(got, want_all):
+        scale = c.abs().max().item()
+        torch.testing.assert_close(g.float().cpu() / scale, c / scale, **tol)
+
+
+def _error(got, want):
+    """Largest difference from ``want``, a share of ``want``'s largest magnitude."""
+    scale = want.abs().max().item()
+    return ((got.float().cpu() - want).abs().max() / scale).item()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
