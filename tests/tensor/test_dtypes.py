@@ -209,3 +209,34 @@ def test_one_element_half_fills_are_unchecked_as_on_cpu():
             torch.ones(2, dtype=torch.float16, device=device).fill_(1e5)
         with pytest.raises(RuntimeError, match="without overflow"):
             torch.where(cond, torch.ones(2, dtype=torch.int8, device=device), 300)
+
+
+def test_float64_on_an_emulating_platform_warns_once(monkeypatch):
+    # Note [float64 on TPU]: XLA:TPU keeps float64 only inside float32's exponent range;
+    # the first float64/complex128 tensor there says so, once. Here CPU stands in for it.
+    import warnings
+
+    from torchjax.tensor import _tensor
+
+    monkeypatch.setitem(dtypes.EMULATED_FLOAT64, "cpu", "emulated here")
+    monkeypatch.setattr(dtypes, "_WARNED", set())
+    monkeypatch.setattr(_tensor, "_CONTIGUOUS_META", {})  # every shape new again
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.ones(7, 5, dtype=torch.float32, device="tpu") * 2  # not 64-bit: nothing
+        assert not seen
+        x = torch.tensor([1e-300, 3.0], dtype=torch.float64).to("tpu")
+        (x * 3).sum()
+        torch.zeros(6, 9, dtype=torch.complex128, device="tpu")
+    messages = [str(w.message) for w in seen if w.category is UserWarning]
+    assert len(messages) == 1, messages
+    assert "float64/complex128 tensors on cpu: emulated here" in messages[0]
+    assert "below ~1.2e-38 become 0" in messages[0] and ".cpu()" in messages[0]
+
+
+def test_float64_on_cpu_jax_says_nothing():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.arange(11, dtype=torch.float64, device="tpu").exp()

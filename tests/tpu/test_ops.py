@@ -156,19 +156,34 @@ def test_bfloat16_and_float16_products_accumulate_in_float32():
         torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1e-2)
 
 
-def test_dtypes_xla_tpu_emulates_keep_their_values():
-    # int64 past 2**31 and float64 are emulated on the chip: values must still be CPU's.
+def test_dtypes_xla_tpu_emulates_keep_their_values(monkeypatch):
+    # int64 past 2**31 is emulated exactly on the chip; float64 keeps its precision inside
+    # float32's exponent range only, which the first float64 tensor says (Note [float64
+    # on TPU]): 1e-300 * 3 is 0 there, as measured on a v5e.
+    import warnings
+
+    from torchjax.tensor import _tensor, dtypes
+
     big = torch.tensor([2**40 + 3, -(2**35), 7], dtype=torch.int64)
     t = big.to("tpu")
     assert t.dtype == torch.int64
     assert torch.equal((t * 3 + 1).cpu(), big * 3 + 1)
     assert torch.equal((t // 5).cpu(), big // 5)
     assert torch.equal(t.cumsum(0).cpu(), big.cumsum(0))
-    x = torch.tensor([1 / 3, 1e-300, 2.0**60 + 1], dtype=torch.float64)
-    got = (x.to("tpu") * 3).cpu()
+    monkeypatch.setattr(dtypes, "_WARNED", set())
+    monkeypatch.setattr(_tensor, "_CONTIGUOUS_META", {})
+    x = torch.tensor([1 / 3, 1e-30, 2.0**60 + 1, 1e30], dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = (x.to("tpu") * 3).cpu()
+    emulated = jax.default_backend() in dtypes.EMULATED_FLOAT64
+    assert emulated == any("float32's exponent range" in str(w.message) for w in seen)
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, x * 3, rtol=1e-15, atol=0)
     torch.testing.assert_close(x.to("tpu").sum().cpu(), x.sum(), rtol=1e-15, atol=0)
+    outside = torch.tensor([1e-300, 1e300], dtype=torch.float64)
+    want = torch.tensor([0.0, float("inf")], dtype=torch.float64) if emulated else outside * 3
+    assert torch.equal((outside.to("tpu") * 3).cpu(), want)
 
 
 def test_rng_streams_reproduce_and_differ():

@@ -366,6 +366,7 @@ def wrap(arr: jax.Array, device_index: int = 0) -> JaxTensor:
     if meta is None:
         if len(_CONTIGUOUS_META) > 8192:
             _CONTIGUOUS_META.clear()
+        dtypes.note_emulated_float64(arr, dtype)
         size = tuple(shape)
         meta = _CONTIGUOUS_META[(shape, dtype)] = (
             size,

@@ -173,3 +173,43 @@ def is_half(dtype) -> bool:
 def _overflow(dt, op):
     name = _CPP_NAMES.get(dt.name, dt.name)
     raise RuntimeError(f"value cannot be converted to type {name} without overflow (in aten::{op})")
+
+
+# Note [float64 on TPU]
+# XLA:TPU has no 64-bit float arithmetic: it emulates float64 (and complex128) with
+# pairs of float32 numbers. Inside float32's exponent range the values keep float64's
+# precision (on a v5e, ``(1/3) * 3`` and ``(2**60 + 1) * 3`` equal CPU's to 1e-15), but
+# the range is float32's: a magnitude below ~1.2e-38 becomes 0 and one above ~3.4e38 inf
+# in any computation (on a v5e ``1e-300 * 3`` gave 0). int64 is emulated exactly. torchjax
+# keeps the dtype, as JAX does (narrowing it would be a dtype lie, and most float64 values
+# in a model, such as rotary frequencies, lie well inside the range), and says so once
+# per process, when the first float64 or complex128 tensor is made on such a platform.
+# The platforms, in one table:
+EMULATED_FLOAT64 = {"tpu": "XLA:TPU emulates them with pairs of float32"}
+_WARNED: set[str] = set()
+
+
+def note_emulated_float64(arr, dtype) -> None:
+    """Warn once per process and platform when ``arr`` (float64 or complex128) lives on
+    a platform of EMULATED_FLOAT64 (Note [float64 on TPU]). Called where a tensor's
+    metadata is first computed for its (shape, dtype), so never on the hot path."""
+    if dtype not in (np.float64, np.complex128):
+        return
+    try:
+        platform = next(iter(arr.devices())).platform
+    except Exception:  # a tracer or an array without devices: nothing to say yet
+        return
+    how = EMULATED_FLOAT64.get(platform)
+    if how is None or platform in _WARNED:
+        return
+    _WARNED.add(platform)
+    import warnings
+
+    warnings.warn(
+        f"float64/complex128 tensors on {platform}: {how}, so they keep float64's "
+        "precision only inside float32's exponent range: magnitudes below ~1.2e-38 become "
+        "0 and above ~3.4e38 inf in any computation. Compute on CPU (.cpu()) where the "
+        "full float64 range matters (Note [float64 on TPU], docs/tpu.md).",
+        UserWarning,
+        stacklevel=3,
+    )
