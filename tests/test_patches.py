@@ -41,6 +41,9 @@ def test_uninstall_restores_every_original():
         import kernels
         from kernels.backends import CPU, TPU, _backend
         assert _backend() == CPU()
+        import safetensors.torch as st
+        from accelerate.utils.dataclasses import DynamoBackend
+        st_load_file = st.load_file
         accelerate_before = {
             "save_state": acc_accelerator.save_accelerator_state,
             "load_state": acc_accelerator.load_accelerator_state,
@@ -136,8 +139,18 @@ def test_uninstall_restores_every_original():
         assert nested_to_tpu_refusal().startswith("torchjax")
         buf.seek(0)
         assert torch.load(buf, map_location="tpu")["w"].device.type == "tpu"
+        assert st.load_file is not st_load_file
+        assert inspect.signature(st.load_file) == inspect.signature(st_load_file)
+        assert DynamoBackend("TPU").value == "TPU"
 
         torchjax.uninstall()
+        assert st.load_file is st_load_file
+        assert "_missing_" not in DynamoBackend.__dict__
+        try:
+            DynamoBackend("TPU")
+            raise AssertionError("DynamoBackend took TPU after uninstall")
+        except ValueError:
+            pass
         assert torchjax.patches() == []
         assert GenerationMixin.__dict__["generate"] is before["generate"]
         assert dlpack.to_dlpack is before["dlpack"]
@@ -234,6 +247,8 @@ def test_uninstall_restores_every_original():
         "transformers Trainer RNG state",
         "transformers GenerationMixin.generate",
         "torch.backends.tpu",
+        "accelerate DynamoBackend._missing_",
+        "safetensors.torch.load_file",
     }
     # transformers, accelerate and kernels were imported first: no import hook was needed.
     assert set(names) == expected, names
@@ -277,6 +292,8 @@ def _hooks_on_import() -> list:
         assert "sys.meta_path import hook for kernels" in names
         assert "sys.meta_path import hook for accelerate.state" in names
         assert "sys.meta_path import hook for transformers.trainer" in names
+        assert "sys.meta_path import hook for safetensors.torch" in names
+        assert "sys.meta_path import hook for accelerate.utils.dataclasses" in names
         from kernels.backends import CPU, TPU, _backend
         assert "torch.backends.tpu" in [p.name for p in torchjax.patches()]
         assert _backend() == TPU()
@@ -290,6 +307,12 @@ def _hooks_on_import() -> list:
         assert "transformers Trainer RNG state" in names
         assert PartialState().device == torch.device("tpu", 0)
         assert Trainer._save_rng_state.__wrapped__ is not None
+        from accelerate.utils.dataclasses import DynamoBackend
+        import safetensors.torch as st
+        names = [p.name for p in torchjax.patches()]
+        assert "accelerate DynamoBackend._missing_" in names
+        assert "safetensors.torch.load_file" in names
+        assert DynamoBackend("TPU").value == "TPU"
         print("accelerate patched", flush=True)
         torchjax.uninstall()
         assert not hasattr(torch.backends, "tpu") and _backend() == CPU()
@@ -297,6 +320,8 @@ def _hooks_on_import() -> list:
         # transformers adds a finder of its own (its legacy module aliases).
         assert not [f for f in sys.meta_path if type(f).__module__.startswith("torchjax")]
         assert not hasattr(Trainer._save_rng_state, "__wrapped__")
+        assert not hasattr(st.load_file, "__wrapped__")
+        assert "_missing_" not in DynamoBackend.__dict__
         print("accelerate undone", flush=True)
         """
     )

@@ -13,7 +13,9 @@ from torchjax._budget import set_cache_budget
 from torchjax._patches import UntestedVersionWarning
 from torchjax.compile import Jitted, RetraceWarning, bucketed, export, jit
 from torchjax.device._stats import reset_stats, stats
+from torchjax.integrations import _safetensors
 from torchjax.integrations.accelerate import _device as _accelerate_device
+from torchjax.integrations.accelerate import _dynamo as _accelerate_dynamo
 from torchjax.integrations.accelerate import _offload as _accelerate_offload
 from torchjax.integrations.accelerate import _saving as _accelerate_saving
 from torchjax.integrations.kernels import _backend as _kernels_backend
@@ -46,6 +48,11 @@ _hf_patches.install_loading_when_imported()
 _accelerate_device.install_when_imported()
 _accelerate_saving.install_when_imported()
 _accelerate_offload.install_when_imported()
+# torch_compile_backend="tpu" / dynamo_backend="tpu" name torchjax's backend in accelerate
+# (Note [accelerate's Dynamo backend names]); safetensors' load_file takes device="tpu"
+# (Note [safetensors' load_file onto tpu]).
+_accelerate_dynamo.install_when_imported()
+_safetensors.install_when_imported()
 _hf_trainer.install_when_imported()
 # generate that transformers would auto-compile on tpu runs as device programs (Note
 # [transformers' auto-compile on tpu]).

@@ -123,8 +123,9 @@ how it is undone.
   ``sys.meta_path import hook for accelerate.accelerator``,
   ``sys.meta_path import hook for accelerate.utils.offload``, ``sys.meta_path import hook
   for transformers.integrations.accelerate``, ``sys.meta_path import hook for
-  transformers.trainer``, ``sys.meta_path import hook for transformers.generation.utils``
-  and ``sys.meta_path import hook for kernels``
+  transformers.trainer``, ``sys.meta_path import hook for transformers.generation.utils``,
+  ``sys.meta_path import hook for accelerate.utils.dataclasses``, ``sys.meta_path import
+  hook for safetensors.torch`` and ``sys.meta_path import hook for kernels``
   (integrations/_after_import.py; no release): finders like the one above, one per
   module the patches below are applied to, so ``import torchjax`` imports none of these
   libraries; each removes itself when it fires. Undo: the finder is removed.
@@ -154,6 +155,18 @@ how it is undone.
   accelerate 1.16). A disk-offloaded weight for a tpu execution device is read on CPU
   and moved to tpu (safetensors' reader refuses device "tpu"; Note [Offloaded weights
   onto tpu]). Undo: the original method put back.
+- ``accelerate DynamoBackend._missing_`` (integrations/accelerate/_dynamo.py; accelerate
+  1.16). ``DynamoBackend("TPU")`` answers one extra member, so
+  ``torch_compile_backend="tpu"`` and ``Accelerator(dynamo_backend="tpu")`` reach
+  ``torch.compile(backend="tpu")`` instead of ``ValueError: 'TPU' is not a valid
+  DynamoBackend`` (Note [accelerate's Dynamo backend names]); other values get
+  accelerate's answer, the listed members are unchanged. Undo: the enum's own
+  ``_missing_`` again.
+- ``safetensors.torch.load_file`` (integrations/_safetensors.py; safetensors 0.8).
+  ``device="tpu"`` (or ``"tpu:N"``, a tpu ``torch.device``) reads the file with
+  ``torchjax.checkpoint.load_file`` instead of failing in safetensors' Rust reader (Note
+  [safetensors' load_file onto tpu]); same signature, every other device unchanged.
+  Undo: the original put back.
 - ``transformers Trainer RNG state`` (integrations/transformers/_trainer.py; transformers
   5.24). ``Trainer._save_rng_state`` / ``_load_rng_state`` wrapped: transformers' own run
   first, then the tpu RNG states are added to / restored from ``rng_state.pth`` (Note

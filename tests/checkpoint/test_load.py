@@ -101,3 +101,26 @@ def test_sharded_reads_on_eight_simulated_devices():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ALL SHARDED CHECKS PASSED" in result.stdout
+
+
+@pytest.mark.parametrize("device", ["tpu", "tpu:0", torch.device("tpu", 0)], ids=str)
+def test_safetensors_load_file_takes_device_tpu(tmp_path, device):
+    # CUDA's spelling: safetensors' Rust reader refused "tpu" (Note [safetensors'
+    # load_file onto tpu]); the result is the CPU load's, on tpu.
+    import safetensors.torch as st
+
+    path = tmp_path / "m.safetensors"
+    tensors = {
+        "z.weight": torch.randn(3, 4),
+        "a.ids": torch.arange(5),
+        "m.half": torch.randn(2, 2).bfloat16(),
+    }
+    st.save_file(tensors, path)
+    want = st.load_file(path)
+    got = st.load_file(path, device=device)
+    assert list(got) == list(want)
+    for name, w in want.items():
+        assert got[name].device == torch.device("tpu", 0)
+        assert got[name].dtype == w.dtype and torch.equal(got[name].cpu(), w)
+    with pytest.raises(Exception, match="device nonsense is invalid"):
+        st.load_file(path, device="nonsense")  # safetensors' own error for the rest

@@ -68,11 +68,20 @@ def test_torch_compile_matches_cpu():
     _assert_losses_close(cpu, tpu, **F32)
 
 
-def test_torch_compile_backend_tpu_is_refused_by_accelerate():
-    # accelerate validates the name against its DynamoBackend enum, which has no "tpu";
-    # torch_compile=True (above) is the way to compile a Trainer's model on tpu.
-    with pytest.raises(ValueError, match="'TPU' is not a valid DynamoBackend"):
-        runs.run("tpu", steps=1, torch_compile=True, torch_compile_backend="tpu")
+def test_torch_compile_backend_tpu_names_torchjaxs_backend():
+    # accelerate checks the name against its DynamoBackend enum, which has no "tpu"
+    # (ValueError before Note [accelerate's Dynamo backend names]); the Trainer's model is
+    # then compiled with backend="tpu" and trains as on CPU.
+    import accelerate
+
+    torch._dynamo.reset()
+    cpu, _, _ = runs.run("cpu", steps=3)
+    tpu, _, trainer = runs.run("tpu", steps=3, torch_compile=True, torch_compile_backend="tpu")
+    assert type(trainer.model_wrapped).__name__ == "OptimizedModule"
+    assert trainer.accelerator.state.dynamo_plugin.to_kwargs()["backend"] == "tpu"
+    _assert_losses_close(cpu, tpu, **F32)
+    with pytest.raises(ValueError, match="'NOT_A_BACKEND' is not a valid DynamoBackend"):
+        accelerate.utils.TorchDynamoPlugin(backend="not_a_backend")
 
 
 def test_fp16_is_refused_by_accelerate():
