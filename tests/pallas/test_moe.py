@@ -68,3 +68,25 @@ def test_tiny_qwen3_moe_generates_same_tokens_with_and_without_kernel(model, mon
     monkeypatch.setattr(_moe, "ragged_dot", counted)
     assert torch.equal(_greedy(model, ids), expected)  # tpu, with the kernel
     assert len(calls) == 4  # 2 steps x (gate_up, down)
+
+
+def test_compiles_with_fullgraph_as_one_graph(model):
+    # torchjax's files are skipped by Dynamo: the registered forward was refused under
+    # fullgraph=True ("function marked as skipped") and broke the graph at every layer.
+    torch.manual_seed(2)
+    ids = torch.randint(0, 128, (2, 5))
+    model.cpu()
+    model.set_experts_implementation("grouped_mm")
+    with torch.no_grad():
+        want = model(ids).logits
+    model.to("tpu")
+    register_experts()
+    model.set_experts_implementation(NAME)
+    torch._dynamo.reset()
+    before = torchjax.compile.dynamo_stats()
+    compiled = torch.compile(model, backend="tpu", fullgraph=True)
+    with torch.no_grad():
+        got = compiled(ids.to("tpu")).logits.cpu()
+    assert torchjax.compile.dynamo_stats()["graphs"] - before["graphs"] == 1
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
