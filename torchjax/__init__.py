@@ -23,6 +23,7 @@ from torchjax.integrations.transformers import _auto_compile as _hf_auto_compile
 from torchjax.integrations.transformers import _patch_records as _hf_patches
 from torchjax.integrations.transformers import _trainer as _hf_trainer
 from torchjax.interop import (
+    debug_print,
     from_jax,
     functional,
     jax_function,
@@ -91,6 +92,7 @@ __all__ = [
     "TraceError",
     "UntestedVersionWarning",
     "bucketed",
+    "debug_print",
     "eager_mode",
     "export",
     "fused",

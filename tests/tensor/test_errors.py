@@ -390,7 +390,18 @@ def _tolist(x):
     return torch.tensor(x.tolist())
 
 
+def _print(x):
+    print(x)
+    return x
+
+
+def _format(x):
+    return x * float(f"{x.sum():.1f}")
+
+
 TRACE_CASES = [
+    ("print", _print, "print(x)", "torchjax.debug_print"),
+    ("f-string", _format, 'f"{x.sum():.1f}"', "print(t.shape, t.dtype) works there"),
     ("if-on-a-value", _branch, "if x.sum() > 0:", "torch.where"),
     ("item", _item, "x.sum().item()", "torch.where"),
     ("int", _int, "int(x.argmax())", "outside the traced function"),
@@ -452,3 +463,21 @@ def test_shapes_that_do_not_broadcast_get_cpus_text(call):
     assert type(on_tpu) is type(on_cpu) is RuntimeError
     assert str(on_cpu).startswith("The size of tensor a")
     assert str(on_tpu).startswith(str(on_cpu) + " (in aten::"), str(on_tpu)
+
+
+def test_debug_print_prints_values_in_eager_and_at_every_compiled_run(capfd):
+    # Note [Printing inside a traced function]: the advice of the message above works.
+    import jax
+
+    @torchjax.jit
+    def step(x):
+        y = x * 2
+        torchjax.debug_print("y = {} mean {m}", y, m=y.mean())
+        return y
+
+    step(torch.arange(3.0, device="tpu"))
+    step(torch.ones(3, device="tpu"))  # same program: it prints again, the new values
+    torchjax.debug_print("eager {} {}", torch.tensor([1, 2], device="tpu"), "text")
+    jax.effects_barrier()
+    lines = capfd.readouterr().out.splitlines()
+    assert lines == ["y = [0. 2. 4.] mean 2.0", "y = [2. 2. 2.] mean 2.0", "eager [1 2] text"]

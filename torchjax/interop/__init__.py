@@ -5,6 +5,7 @@ from torchjax.interop._convert import from_jax as from_jax
 from torchjax.interop._convert import to_jax as to_jax
 from torchjax.interop._convert import tree_from_jax as tree_from_jax
 from torchjax.interop._convert import tree_to_jax as tree_to_jax
+from torchjax.interop._debug import debug_print as debug_print
 from torchjax.interop._dlpack import from_dlpack as from_dlpack
 from torchjax.interop._flax import FlaxModule as FlaxModule
 from torchjax.interop._flax import TorchModule as TorchModule

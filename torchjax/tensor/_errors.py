@@ -27,6 +27,7 @@ This runs only on the error path: the hot path is one ``try``.
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 
 import jax
@@ -294,10 +295,40 @@ def user_frame() -> str:
     return "(no caller outside torch, jax and torchjax)"
 
 
+_PRINTING = ("__repr__", "__str__", "__format__")
+_TENSOR_FILES = tuple(
+    os.path.join(*parts) for parts in [("torch", "_tensor_str.py"), ("torch", "_tensor.py")]
+) + (os.path.join("torchjax", "tensor", "_tensor.py"),)
+
+
+def _printing() -> bool:
+    """Whether the refused op runs for a tensor's printing (print, repr, str, format)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.endswith(_TENSOR_FILES) and (
+            code.co_name in _PRINTING or code.co_filename.endswith(_TENSOR_FILES[0])
+        ):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _data_dependent_message(func, error) -> str:
     name = op_name(func)
     at = user_frame()
     base = getattr(func, "_opname", "")
+    if _printing():
+        return (
+            f"printing a tensor's values (print, repr, str, an f-string) inside a traced "
+            f"function ({name}), called at {at}. Under a trace (torchjax.jit, jax.jit) the "
+            "function runs once to be traced and tensors have shapes and dtypes but no "
+            "values yet: print(t.shape, t.dtype) works there. To see values: "
+            'torchjax.debug_print("t = {}", t), which the compiled program prints each '
+            "time it runs (jax.debug.print); or return the tensor and print it outside; "
+            'or use torch.compile(fn, backend="tpu"), which runs the print on the value '
+            "(Note [Printing inside a traced function])."
+        )
     if base in _VALUE_SHAPED or isinstance(error, jax.errors.NonConcreteBooleanIndexError):
         return (
             f"{name} has an output shape that depends on tensor values (x[mask], "
