@@ -296,3 +296,64 @@ def test_one_new_token_with_a_mask_matches_cpu(cpu, auto):
     for n in (1, 2):
         want = _generate(cpu, max_new_tokens=n, **GREEDY)
         assert torch.equal(_generate(auto, max_new_tokens=n, **GREEDY), want), n
+
+
+def _where_experts(self, hidden_states, top_k_index, top_k_weights):
+    # A user's experts function as written for eager CUDA: value-dependent shapes.
+    out = torch.zeros_like(hidden_states)
+    for e in range(self.num_experts):
+        token, slot = torch.where(top_k_index == e)
+        if token.numel() == 0:
+            continue
+        gate, up = torch.nn.functional.linear(hidden_states[token], self.gate_up_proj[e]).chunk(
+            2, dim=-1
+        )
+        y = torch.nn.functional.linear(self.act_fn(gate) * up, self.down_proj[e])
+        out.index_add_(0, token, (y * top_k_weights[token, slot, None]).to(out.dtype))
+    return out
+
+
+def test_an_untraceable_model_generates_eagerly_with_one_warning():
+    # Note [Auto-compiled generate that cannot be traced]: plain generate compiled on its
+    # own and raised DataDependentError for code that runs eagerly.
+    import warnings
+
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register("test_where_experts", _where_experts)
+    cfg = transformers.Qwen3MoeConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3MoeForCausalLM(cfg).eval()
+    model.set_experts_implementation("test_where_experts")
+    batch = {"input_ids": torch.randint(0, 128, (1, 6))}
+    want = generate(model, batch, max_new_tokens=4, do_sample=False)
+    model.to("tpu")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        first = generate(model, batch, max_new_tokens=4, do_sample=False)
+        second = generate(model, batch, max_new_tokens=4, do_sample=False)
+    told = [str(w.message) for w in seen if "generate compiles on tpu by itself" in str(w.message)]
+    assert len(told) == 1, told
+    assert "aten::nonzero" in told[0] and "disable_compile=True" in told[0]
+    assert "TORCHJAX_AUTO_COMPILE_GENERATE=0" in told[0]
+    assert torch.equal(first, want) and torch.equal(second, want)
+    assert model.forward.last_fallback == "its trace failed"
+
+    # Compiled on purpose: the refusal is the user's to see.
+    fresh = transformers.Qwen3MoeForCausalLM(cfg).eval().to("tpu")
+    fresh.set_experts_implementation("test_where_experts")
+    compile_generate(fresh)
+    with pytest.raises(torchjax.DataDependentError, match="aten::nonzero"):
+        generate(fresh, batch, max_new_tokens=4, do_sample=False)

@@ -88,7 +88,6 @@ and streamers run in Python between compiled steps, each token, as in eager gene
 from __future__ import annotations
 
 import collections
-import contextvars
 import copy
 import functools
 import threading
@@ -99,6 +98,11 @@ import torch
 
 from torchjax.compile._jit import Jitted, jit
 from torchjax.integrations.transformers import _decode
+from torchjax.integrations.transformers._as_written import (
+    _AS_WRITTEN,
+    as_written,
+    refuse_auto_compile,
+)
 from torchjax.integrations.transformers._cache_identity import (
     layout,
     made_in_inference_mode,
@@ -113,6 +117,7 @@ from torchjax.integrations.transformers._cache_state import (
     _static_cache,
     cache_room,
 )
+from torchjax.tensor._errors import TraceError
 
 
 def compile_generate(model: torch.nn.Module, *, warn_after: int = 8, loop: bool = True) -> Jitted:
@@ -209,6 +214,7 @@ def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=N
     forward.lock = threading.RLock()  # held by a compiled generate call (shared caches)
     forward.positions = position_rows(model)  # a learned position table's rows, or None
     forward.last_fallback = None  # why the last generate ran transformers' loop, if it did
+    forward.untraceable = None  # why an auto-compiled model's trace failed, if it did
     model.forward = forward
     model.generate = _device_generate(model.generate)
     model.get_compiled_call = _get_compiled_call.__get__(model)
@@ -246,11 +252,6 @@ _MODE_SETTINGS = (
     "force_words_ids",
     "num_beam_groups",
 )
-
-
-# Set while a generate call of a model compiled under a rule runs as transformers wrote it
-# (the rule said no): the forward, get_compiled_call and the static cache are transformers'.
-_AS_WRITTEN = contextvars.ContextVar("torchjax_generate_as_written", default=False)
 
 
 def runs_as_written(model, kwargs) -> bool:
@@ -336,18 +337,29 @@ def _device_generate(generate):
             extra = static_default(model, seen)
         else:
             extra = wrapper.rule(model, seen)
+        failed_before = wrapper.rule is not None and wrapper.untraceable
+        if extra is not None and failed_before:
+            extra = None  # Note [Auto-compiled generate that cannot be traced]
         if extra is None:
-            wrapper.last_fallback = "the model is off tpu" if off_tpu else "not auto-compiled"
-            token = _AS_WRITTEN.set(True)
-            try:
-                return generate(*args, **kwargs)
-            finally:
-                _AS_WRITTEN.reset(token)
+            wrapper.last_fallback = (
+                "the model is off tpu"
+                if off_tpu
+                else ("its trace failed" if failed_before else "not auto-compiled")
+            )
+            return as_written(generate, args, kwargs, eager=bool(wrapper.untraceable))
+        called = args, kwargs
         args, kwargs = _with_settings(args, kwargs, extra)
         if not runs_as_written(model, call_settings(args, kwargs)):
             kwargs["custom_generate"] = _decode.device_sample
         with wrapper.lock:
-            return generate(*args, **kwargs)
+            if wrapper.rule is None:  # compile_generate asked for by the user
+                return generate(*args, **kwargs)
+            try:
+                return generate(*args, **kwargs)
+            except TraceError as error:
+                failed = error
+        refuse_auto_compile(model, wrapper, failed)
+        return as_written(generate, *called, eager=True)
 
     return device_generate
 
