@@ -345,3 +345,41 @@ def test_masked_put_of_a_device_value_of_another_dtype_refuses_as_cuda():
     t = torch.randn(4, 5).to("tpu")
     with pytest.raises(RuntimeError, match="got Float for the destination and Long for the source"):
         t[t > 0] = torch.tensor(1).to("tpu")
+
+
+@pytest.mark.parametrize(
+    "before, after", [(0, 2), (1, 1), (2, 0)], ids=["mask-first", "mask-middle", "mask-last"]
+)
+def test_index_put_of_a_cpu_scalar_places_the_mask_at_its_dims(before, after):
+    # masked_fill_ form of index_put_ (a one-element CPU value): the mask was broadcast
+    # from the right, so [None, mask, None] on (1, 2, 2, 1) asked for (1, 2, 2, 2).
+    shape = [1] * before + [2, 2] + [1] * after
+    mask = torch.tensor([[True, False], [False, True]])
+    indices = [None] * before + [mask] + [None] * after
+    want = torch.ops.aten.index_put_(torch.zeros(shape), indices, torch.tensor(5.0))
+    tpu_indices = [None] * before + [mask.to("tpu")] + [None] * after
+    got = torch.ops.aten.index_put_(torch.zeros(shape, device="tpu"), tpu_indices, torch.tensor(5))
+    assert got.shape == want.shape and torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize(
+    "call, text",
+    [
+        (
+            lambda t: t(torch.empty(10, 0))[:, [0, 1]],
+            "index is out of bounds for dimension with size 0",
+        ),
+        (
+            lambda t: torch.ops.aten.index.Tensor(t(torch.arange(3.0)), []),
+            "at least one index must be provided",
+        ),
+    ],
+    ids=["size-0-dim", "no-index"],
+)
+def test_index_refusals_known_from_shapes_match_cpu(call, text):
+    with pytest.raises(IndexError, match=text):
+        call(lambda x: x)
+    with pytest.raises(IndexError, match=text):
+        call(lambda x: x.to("tpu"))
+    empty = torch.empty(10, 0)
+    assert empty.to("tpu")[:, torch.tensor([], dtype=torch.long)].shape == (10, 0)

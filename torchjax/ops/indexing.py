@@ -118,6 +118,10 @@ def _advanced_index(self, indices, op):
             out.extend(jnp.nonzero(mask))  # data-dependent: eager only
             d += mask.ndim
             continue
+        if self.shape[d] == 0 and idx.size:
+            # Known from shapes alone: raised at the call, with CPU's text (JAX's gather
+            # refused the slice with a TypeError).
+            raise IndexError("index is out of bounds for dimension with size 0")
         _check_range(idx, self.shape[d], op, d)
         out.append(idx)
         d += 1
@@ -140,6 +144,8 @@ def index(self, indices):
     None keeps a dim; int tensors broadcast together (numpy placement rules, which torch
     shares); bool masks select their nonzero positions. Reference: torch.Tensor.__getitem__.
     """
+    if not indices:
+        raise IndexError("at least one index must be provided")  # CPU's check
     return self[_advanced_index(self, indices, "index.Tensor")]
 
 
@@ -182,7 +188,7 @@ def _cpu_scalar_mask(self, indices, values):
         return None
     if values.numel() != 1:
         return None
-    mask, n = None, 0
+    mask, lead, n = None, 0, 0
     for idx in indices:
         if idx is None:
             n += 1
@@ -192,11 +198,13 @@ def _cpu_scalar_mask(self, indices, values):
         if idx.dtype not in (torch.bool, torch.uint8):
             return None
         _check_mask(idx, self, n, "index_put_")
-        mask, n = idx, n + idx.dim()
+        mask, lead, n = idx, n, n + idx.dim()
     if mask is None:
         return None
     mask = mask if mask.dtype == torch.bool else aten._to_copy.default(mask, dtype=torch.bool)
-    return aten.view.default(mask, list(mask.shape) + [1] * (self.dim() - n))
+    # At its own dims: ones for the dims before it (leading None) and after it.
+    after = self.dim() - lead - mask.dim()
+    return aten.view.default(mask, [1] * lead + list(mask.shape) + [1] * after)
 
 
 @functools.cache
