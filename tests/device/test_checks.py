@@ -48,7 +48,7 @@ def test_first_failure_in_program_order_after_folding():
     for _ in range(_checks._FOLD_AT + 3):
         torch.index_select(w, 0, good)
     torch.index_select(w, 0, torch.tensor([-9], device=TPU))
-    x = torch.tensor([3], device=TPU) // torch.tensor([0], device=TPU)
+    x = torch.gather(w, 0, torch.tensor([[7, 0, 0]], device=TPU))
     for _ in range(_checks._FOLD_AT):
         torch.index_select(w, 0, good)
     assert _checks.pending() < _checks._FOLD_AT + 2
@@ -59,12 +59,28 @@ def test_first_failure_in_program_order_after_folding():
 def test_immediate_mode_raises_at_the_op():
     torch.tpu.set_sync_checks(True)
     try:
-        a = torch.tensor([4, 6], device=TPU)
-        with pytest.raises(RuntimeError, match="ZeroDivisionError.*aten::remainder"):
-            torch.remainder(a, torch.tensor([1, 0], device=TPU))
-        torch.remainder(a, torch.tensor([1, 2], device=TPU))  # valid: no raise
+        w = torch.randn(5, 3, device=TPU)
+        with pytest.raises(RuntimeError, match="index 7 is out of bounds.*aten::gather"):
+            torch.gather(w, 0, torch.tensor([[7, 0, 0]], device=TPU))
+        torch.gather(w, 0, torch.tensor([[4, 0, 0]], device=TPU))  # valid: no raise
     finally:
         torch.tpu.set_sync_checks(False)
+
+
+def test_a_check_made_at_the_op_raises_there_after_earlier_ones():
+    # Integer division by a zero tensor raises at the op, as on CPU (CUDA defers no such
+    # check); the read it makes is a synchronisation point, so a failure queued before
+    # it comes first, as a CUDA host read reports an earlier device assert.
+    a = torch.tensor([4, 6], device=TPU)
+    with pytest.raises(RuntimeError) as cpu:
+        torch.remainder(a.cpu(), torch.tensor([1, 0]))
+    with pytest.raises(RuntimeError) as got:
+        torch.remainder(a, torch.tensor([1, 0], device=TPU))
+    assert str(got.value) == str(cpu.value) == "ZeroDivisionError"
+    assert _checks.pending() == 0
+    torch.index_select(torch.randn(5, 3, device=TPU), 0, torch.tensor([8], device=TPU))
+    with pytest.raises(IndexError, match="index 8 is out of bounds"):
+        torch.remainder(a, torch.tensor([1, 0], device=TPU))
 
 
 def test_out_of_range_embedding_raises_at_the_end_of_backward():
