@@ -100,6 +100,17 @@ def test_histc_range_errors_are_cpus_raised_at_the_op(values, kwargs, dtype):
     assert _checks.pending() == 0
 
 
+def test_jitted_histc_of_data_not_finite_raises_by_the_call():
+    jitted = torchjax.jit(lambda a: torch.histc(a, bins=3))
+    x = torch.tensor([1.0, _INF])
+    with pytest.raises(RuntimeError) as cpu:
+        torch.histc(x, bins=3)
+    with pytest.raises(RuntimeError) as got:
+        jitted(x.to(TPU))
+    assert str(got.value) == str(cpu.value) == "torch.histc: range of [1, inf] is not finite"
+    torch.testing.assert_close(jitted(x[:1].to(TPU)).cpu(), torch.histc(x[:1], bins=3))
+
+
 def test_bincount_under_jit_raises_histc_traces():
     import jax
     import jax.numpy as jnp

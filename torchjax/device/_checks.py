@@ -22,11 +22,8 @@ function of the values. Nothing is read then:
 - immediate mode (``TORCHJAX_SYNC_CHECKS=1`` in the environment, or
   ``torch.tpu.set_sync_checks(True)``) reads the flag at the op and raises there: slower
   (one host read per checked op), for debugging;
-- under ``torchjax.jit`` / ``jax.jit`` (the arrays are tracers of a user's trace) there is
-  no eager op to report for: checks are not performed, and out-of-range indices follow
-  jax's rules (``jnp.take`` fills NaN, ``x[idx]`` gathers clamp, scatters drop). Check
-  the data eagerly, or inside the jitted function with ``jax.experimental.checkify``, if
-  it may be invalid.
+- under ``torchjax.jit`` and ``torch.compile(backend="tpu")`` the checks become outputs
+  of the compiled program (Note [Device checks of compiled programs]).
 
 Deferred only where CUDA defers. A check is deferred where CUDA's kernel makes it a
 device assert, so that a program written for CUDA sees the failure where it would
@@ -35,7 +32,8 @@ check CPU makes and CUDA does not make at all) the check is made at the op:
 ``require(..., deferred=False)`` queues it and synchronises at once (earlier pending
 checks first, as a CUDA host read would report an earlier device assert), with CPU
 torch's exception and text, word for word: the error layer adds no op name to it
-(``_errors.verbatim``). The audit of every check written with ``require``:
+(``_errors.verbatim``), so an op and a compiled call raise the same text. The audit of
+every check written with ``require``:
 
 - deferred (CUDA device asserts): indices of ``index``/``index_put``, ``gather``/
   ``scatter``, ``index_select``/``index_add``/``index_copy``/``index_fill``, ``take``/
@@ -71,6 +69,32 @@ of a model with checked ops (an embedding): the price of reporting there.
 
 The pending list is folded on the device every ``_FOLD_AT`` entries (one small
 executable), so a loop that never synchronises keeps a few arrays, not thousands.
+
+Note [Device checks of compiled programs]
+``torchjax.jit`` (and the ``torch.compile`` backend, which runs each graph through it)
+traces the function once; its ops see tracers, so no check can be read there. While the
+program is traced, every check its ops make (``require``, and the check outputs of the
+eager executables inlined into it) is collected (``carried``) instead, folded inside
+the program into one (failed, values, code) - the first failure in program order - and
+returned as four more outputs. After each call those join the pending list, exactly as
+an eager op's checks do: raised at the next synchronisation point, with the failing
+op's own message (``IndexError: ... (in aten::index.Tensor)``); in immediate mode, by
+the call. A program holding a check made at the op in eager (an integer division by a
+tensor, ``histc`` over the data's range) reads its flags when the call returns and
+raises there, as eager raises at that op: one host read per call of such a program,
+which then waits for the program to finish. So a compiled function raises what the
+same code raises eagerly, when eager would have raised it (at the latest at the same
+synchronisation point), and a program without checks costs nothing more. The state a
+call writes (parameters, buffers, donated or not) is written back before anything is
+raised, so the tensors stay usable after the error.
+
+Not carried: checks made inside a nested transformation of the trace (a ``lax.scan``
+or ``jax.vjp`` a lowering runs itself: their tracers belong to another trace), checks
+of the compiled backward program (it repeats the forward's index checks), programs
+handed to ``torchjax.export`` (no Python runs after them), and torch code traced by a
+user's own ``jax.jit`` through ``torchjax.interop`` (no call to report after; use
+``jax.experimental.checkify`` there). There, out-of-range indices follow jax's rules
+(``x[idx]`` clamps, ``jnp.take`` fills NaN, scatters drop).
 """
 
 from __future__ import annotations
@@ -82,6 +106,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from torchjax._compat.jax import trace_of
 from torchjax._compat.torch import graph_task_id, queue_engine_callback
 from torchjax.device import _stats
 from torchjax.tensor import _errors, _tensor
@@ -233,10 +258,15 @@ def _traced(entry) -> bool:
 
 
 def _report(entries) -> None:
-    """Checks ``[(bad, int values, float values, code)]`` made by an op: queued, and
-    raised now where one is made at the op."""
+    """Checks ``[(bad, int values, float values, code)]`` made by an op: carried by the
+    program being traced on this thread (Note [Device checks of compiled programs]), or
+    queued; raised now where one is made at the op."""
+    sink = getattr(_local, "sink", None)
+    if sink is not None:
+        sink.take(entries, at_op([e[3] for e in entries]))
+        return
     if _traced(entries[0]) or _traced(entries[-1]):
-        return  # a user's trace: not checked (documented above)
+        return  # a trace that carries no checks (Note [Device checks of compiled programs])
     add_pending(entries)
     if at_op([e[3] for e in entries]):
         raise_pending()
@@ -318,7 +348,7 @@ def raise_pending() -> None:
         values = [float(v) for v in fval] if isfloat else [int(v) for v in ival]
         error = exc(_message(template, values))
         # A check made at the op quotes CPU's text, with no op added (Note [Device-side
-        # checks]).
+        # checks]): the same from an op and from a compiled call.
         raise _errors.verbatim(error) if code in _AT_OP else error
 
 
@@ -375,8 +405,66 @@ def outputs(collected):
 
 def finish(result):
     """The result of an executable's ``(result, Outputs or None)``, its checks reported
-    (queued, or raised now)."""
+    (queued, carried by the program being traced, or raised now)."""
     out, checks = result
     if checks is not None:
         add_collected(checks.codes, checks.bads, checks.values)
     return out
+
+
+class Carried:
+    """The checks made while a user's program is traced on this thread (Note [Device
+    checks of compiled programs]): those whose arrays are concrete or tracers of
+    ``trace``; a nested transformation's tracers cannot leave it and are dropped.
+    ``at_op``: whether one of them is made at the op in eager."""
+
+    def __init__(self, trace):
+        self.trace = trace
+        self.entries: list = []
+        self.at_op = False
+
+    def take(self, entries, at_op: bool) -> None:
+        trace = self.trace
+        for e in entries:
+            if all(trace_of(x) in (None, trace) for x in e[:3]):
+                self.entries.append(e)
+                self.at_op = self.at_op or at_op
+
+    def __enter__(self):
+        self.prev = getattr(_local, "sink", None), getattr(_local, "collector", None)
+        _local.sink, _local.collector = self, None
+        return self
+
+    def __exit__(self, *exc):
+        _local.sink, _local.collector = self.prev
+
+    def outputs(self) -> list:
+        """The program's check outputs, ``[failed, int values, float values, code]``
+        (the first failure in program order), or ``[]`` when it makes no check."""
+        if not self.entries:
+            return []
+        return list(_folded(self.entries))
+
+
+def carried(trace) -> Carried:
+    """A context collecting the checks of the program traced in ``trace`` (a tracer's
+    ``_trace``), for ``Carried.outputs`` (Note [Device checks of compiled programs])."""
+    return Carried(trace)
+
+
+def report_program(outputs, at_call: bool) -> None:
+    """After a call of a compiled program: its check outputs (``Carried.outputs``'s)
+    queued, or carried by an enclosing trace; read now when ``at_call`` (the program
+    holds a check made at the op: Note [Device checks of compiled programs])."""
+    if not outputs:
+        return
+    entry = tuple(outputs)
+    sink = getattr(_local, "sink", None)
+    if sink is not None:
+        sink.take([entry], at_call)
+        return
+    if _traced(entry):
+        return
+    add_pending([entry])
+    if at_call:
+        raise_pending()

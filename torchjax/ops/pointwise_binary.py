@@ -5,7 +5,8 @@ min/max, clamp and where in comparison.py.
 Inputs arrive promoted to torch's computation dtype (``promote=``); lax wants equal
 shapes, so binary lowerings broadcast first (``bcast``, as ``torch/_refs``'
 ``_maybe_broadcast``). Integer division by zero raises ``RuntimeError: ZeroDivisionError``
-at the op, as torch's CPU kernels do (``zero_divisor``; Note [Device-side checks] in
+at the op, as torch's CPU kernels do (a device check made at the op; under
+``torchjax.jit`` it is raised by the call: Note [Device checks of compiled programs] in
 torchjax/device/_checks.py).
 """
 
