@@ -443,6 +443,10 @@ class Carried:
         (the first failure in program order), or ``[]`` when it makes no check."""
         if not self.entries:
             return []
+        if len(self.entries) == 1:  # nothing to fold: no argmax in the program
+            bad, ival, fval, code = self.entries[0]
+            with jax.enable_x64(True):
+                return [jnp.asarray(bad), ival, fval, jnp.asarray(code, jnp.int32)]
         return list(_folded(self.entries))
 
 
