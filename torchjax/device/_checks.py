@@ -86,7 +86,11 @@ which then waits for the program to finish. So a compiled function raises what t
 same code raises eagerly, when eager would have raised it (at the latest at the same
 synchronisation point), and a program without checks costs nothing more. The state a
 call writes (parameters, buffers, donated or not) is written back before anything is
-raised, so the tensors stay usable after the error.
+raised, so the tensors stay usable after the error. Cost (``python bench/checks.py``, a
+2-core CPU): a tiny Llama forward and train step ran at the same speed as with the
+checks dropped, within noise; a near-empty program paid about 5 us a call (four more
+outputs, one queue entry); a first call compiled 30 to 200 ms longer (the checks'
+reductions are no longer dead code).
 
 Not carried: checks made inside a nested transformation of the trace (a ``lax.scan``
 or ``jax.vjp`` a lowering runs itself: their tracers belong to another trace), checks
