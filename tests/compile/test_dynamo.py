@@ -301,3 +301,23 @@ def test_cpu_tensors_the_graph_writes_keep_the_writes():
         == run("eager", "cpu")
         == ([[2.0] * 2, [3.0] * 2, [4.0] * 2], 3.0, [3.0] * 2)
     )
+
+
+def test_out_of_range_indices_in_a_compiled_graph_raise_as_eager():
+    # Note [Device checks of compiled programs]: the graph's index checks are outputs of
+    # its program, raised at the next sync with eager's exception and text.
+    def f(w, x, ids, i):
+        return F.embedding(ids, w).sum(-1) + x[i]
+
+    compiled = torch.compile(f, backend="tpu", fullgraph=True)
+    w, x = torch.randn(4, 3, device="tpu"), torch.arange(5.0, device="tpu")
+    good = (torch.tensor([1, 3], device="tpu"), torch.tensor([4, 0], device="tpu"))
+    torch.testing.assert_close(compiled(w, x, *good).cpu(), f(w, x, *good).cpu())
+    for ids, i in [([1, 9], [4, 0]), ([1, 3], [7, 0])]:
+        args = (torch.tensor(ids, device="tpu"), torch.tensor(i, device="tpu"))
+        with pytest.raises(IndexError) as eager:
+            f(w, x, *args).cpu()
+        out = compiled(w, x, *args)
+        with pytest.raises(IndexError) as got:
+            out.cpu()
+        assert str(got.value) == str(eager.value)

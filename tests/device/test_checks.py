@@ -48,7 +48,7 @@ def test_first_failure_in_program_order_after_folding():
     for _ in range(_checks._FOLD_AT + 3):
         torch.index_select(w, 0, good)
     torch.index_select(w, 0, torch.tensor([-9], device=TPU))
-    x = torch.tensor([3], device=TPU) // torch.tensor([0], device=TPU)
+    x = torch.gather(w, 0, torch.tensor([[7, 0, 0]], device=TPU))
     for _ in range(_checks._FOLD_AT):
         torch.index_select(w, 0, good)
     assert _checks.pending() < _checks._FOLD_AT + 2
@@ -59,12 +59,28 @@ def test_first_failure_in_program_order_after_folding():
 def test_immediate_mode_raises_at_the_op():
     torch.tpu.set_sync_checks(True)
     try:
-        a = torch.tensor([4, 6], device=TPU)
-        with pytest.raises(RuntimeError, match="ZeroDivisionError.*aten::remainder"):
-            torch.remainder(a, torch.tensor([1, 0], device=TPU))
-        torch.remainder(a, torch.tensor([1, 2], device=TPU))  # valid: no raise
+        w = torch.randn(5, 3, device=TPU)
+        with pytest.raises(RuntimeError, match="index 7 is out of bounds.*aten::gather"):
+            torch.gather(w, 0, torch.tensor([[7, 0, 0]], device=TPU))
+        torch.gather(w, 0, torch.tensor([[4, 0, 0]], device=TPU))  # valid: no raise
     finally:
         torch.tpu.set_sync_checks(False)
+
+
+def test_a_check_made_at_the_op_raises_there_after_earlier_ones():
+    # Integer division by a zero tensor raises at the op, as on CPU (CUDA defers no such
+    # check); the read it makes is a synchronisation point, so a failure queued before
+    # it comes first, as a CUDA host read reports an earlier device assert.
+    a = torch.tensor([4, 6], device=TPU)
+    with pytest.raises(RuntimeError) as cpu:
+        torch.remainder(a.cpu(), torch.tensor([1, 0]))
+    with pytest.raises(RuntimeError) as got:
+        torch.remainder(a, torch.tensor([1, 0], device=TPU))
+    assert str(got.value) == str(cpu.value) == "ZeroDivisionError"
+    assert _checks.pending() == 0
+    torch.index_select(torch.randn(5, 3, device=TPU), 0, torch.tensor([8], device=TPU))
+    with pytest.raises(IndexError, match="index 8 is out of bounds"):
+        torch.remainder(a, torch.tensor([1, 0], device=TPU))
 
 
 def test_out_of_range_embedding_raises_at_the_end_of_backward():
@@ -139,17 +155,117 @@ def test_immediate_mode_from_the_environment():
     ), out.stderr[-2000:]
 
 
-def test_checks_are_not_performed_under_jit():
-    # Documented in Note [Device-side checks]: jax's out-of-bounds rules apply
-    # (index_select's jnp.take fills NaN).
-    @torchjax.jit
-    def f(w, i):
-        return torch.index_select(w, 0, i)
+def _eager_error(fn, *args):
+    with pytest.raises(Exception) as info:
+        fn(*args)
+        torch.tpu.synchronize()
+    return info.type, str(info.value)
 
+
+def test_jitted_index_out_of_range_raises_at_the_next_sync_as_eager():
+    # Note [Device checks of compiled programs]: the check is an output of the program,
+    # queued by the call and raised at the next sync, with eager's exception and text.
+    def f(x, i):
+        return x[i] * 2
+
+    jitted = torchjax.jit(f)
+    x = torch.arange(5.0, device=TPU)
+    bad = torch.tensor([7], device=TPU)
+    expected = _eager_error(f, x, bad)
+    assert expected[0] is IndexError
+    assert "index 7 is out of bounds for dimension 0 with size 5" in expected[1]
+    out = jitted(x, bad)  # no read, no raise: as eager, at the next sync
+    assert _checks.pending() == 1
+    with pytest.raises(IndexError) as info:
+        out.cpu()
+    assert (info.type, str(info.value)) == expected
+    # A good call raises nothing; the cached program still checks the next bad one.
+    assert jitted(x, torch.tensor([3], device=TPU)).cpu().tolist() == [6.0]
+    jitted(x, torch.tensor([-6], device=TPU))
+    assert jitted.trace_count == 1
+    with pytest.raises(IndexError, match="index -6 is out of bounds"):
+        torch.tpu.synchronize()
+
+
+def test_jitted_embedding_out_of_range_raises():
+    emb = nn.Embedding(4, 3).to(TPU)
+    ids = torch.tensor([[1, 9]], device=TPU)
+    expected = _eager_error(emb, ids)
+    jitted = torchjax.jit(emb)
+    with torch.no_grad():
+        out = jitted(ids)
+        with pytest.raises(IndexError) as info:
+            print(out)
+        assert (info.type, str(info.value)) == expected
+        good = jitted(torch.tensor([[1, 3]], device=TPU))
+    torch.testing.assert_close(good.cpu(), emb(torch.tensor([[1, 3]], device=TPU)).cpu())
+
+
+def test_jitted_check_raises_by_the_call_in_immediate_mode():
+    jitted = torchjax.jit(lambda w, i: torch.index_select(w, 0, i))
     w = torch.randn(5, 3, device=TPU)
-    out = f(w, torch.tensor([7], device=TPU))
-    assert _checks.pending() == 0
-    assert out.cpu().isnan().all()
+    torch.tpu.set_sync_checks(True)
+    try:
+        with pytest.raises(IndexError, match="index 7 is out of bounds.*aten::index_select"):
+            jitted(w, torch.tensor([7], device=TPU))
+        jitted(w, torch.tensor([4], device=TPU))
+    finally:
+        torch.tpu.set_sync_checks(False)
+
+
+def test_jitted_check_made_at_the_op_raises_by_the_call():
+    # Eager raises an integer division by zero at the op (CPU's text): the call of a
+    # program holding it reads its flags and raises there.
+    def f(a, b):
+        return torch.remainder(a, b) + 1
+
+    jitted = torchjax.jit(f)
+    a, zero = torch.tensor([4, 6], device=TPU), torch.tensor([1, 0], device=TPU)
+    expected = _eager_error(f, a, zero)
+    with pytest.raises(RuntimeError) as info:
+        jitted(a, zero)
+    assert (info.type, str(info.value)) == expected == (RuntimeError, "ZeroDivisionError")
+    assert jitted(a, torch.tensor([3, 4], device=TPU)).cpu().tolist() == [2, 3]
+
+
+def test_jitted_train_step_reports_its_checks_after_writing_its_state():
+    torch.manual_seed(0)
+    emb = nn.Embedding(5, 3).to(TPU)
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+
+    @torchjax.jit
+    def step(ids):
+        loss = emb(ids).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    step(torch.tensor([1, 2], device=TPU))
+    step(torch.tensor([1, 9], device=TPU))  # the weights' buffers are donated
+    with pytest.raises(IndexError, match=r"index out of range in self \(index 9, 5 rows\)"):
+        torch.tpu.synchronize()
+    # The weights the failed call wrote back (donated buffers replaced) stay usable.
+    assert emb.weight.detach().cpu().shape == (5, 3)
+    step(torch.tensor([0, 4], device=TPU)).item()
+
+
+def test_repeated_step_carries_the_first_failing_iteration():
+    @torchjax.jit
+    def step(buf, pos, idx):
+        p = pos.view(1)
+        buf.index_add_(0, p, idx.index_select(0, p).float())
+        pos.add_(1)
+
+    buf, pos = torch.zeros(5, device=TPU), torch.tensor(0, device=TPU)
+    idx = torch.tensor([5, 6, 7], device=TPU)
+    with torch.no_grad():
+        step.repeat(3, buf, pos, idx)
+        torch.tpu.synchronize()  # three valid iterations
+        assert buf.cpu().tolist() == [5.0, 6.0, 7.0, 0.0, 0.0]
+        step.repeat(2, buf, pos, idx)  # positions 3 and 4: both out of range
+    with pytest.raises(IndexError, match="index 3 is out of bounds.*aten::index_select"):
+        torch.tpu.synchronize()
 
 
 class _Tiny(nn.Module):

@@ -102,12 +102,17 @@ def test_assert_async_refuses_what_cpu_refuses(values):
     assert str(tpu.value).startswith(str(cpu.value))
 
 
-def test_assert_async_under_jit_is_not_checked():
-    # Under a trace there is no eager op to report for (Note [Device-side checks]).
-    @torchjax.jit
+def test_assert_async_under_jit_raises_at_the_next_sync_as_eager():
+    # The assert is an output of the compiled program (Note [Device checks of compiled
+    # programs] in torchjax/device/_checks.py), reported as eager reports it.
     def f(x):
         torch._assert_async(x > 10)
         return x + 1
 
-    out = f(torch.tensor(1).to(TPU))
-    assert out.item() == 2
+    with pytest.raises(RuntimeError) as eager:
+        f(torch.tensor(1).to(TPU)).item()
+    out = torchjax.jit(f)(torch.tensor(1).to(TPU))
+    with pytest.raises(RuntimeError) as got:
+        out.item()
+    assert str(got.value) == str(eager.value)
+    assert torchjax.jit(f)(torch.tensor(11).to(TPU)).item() == 12

@@ -380,6 +380,20 @@ def test_immediate_checks_raise_at_the_op_in_fused_mode():
         torch.tpu.set_sync_checks(False)
 
 
+def test_checks_made_at_the_op_raise_there_in_fused_mode():
+    # histc over the data's range is checked at the op in eager (Note [Device-side
+    # checks]): recorded, it runs its segment at once and raises there.
+    x = torch.tensor([1.0, float("inf")])
+    with pytest.raises(RuntimeError) as cpu:
+        torch.histc(x * 2, bins=3)
+    with torchjax.fused():
+        with pytest.raises(RuntimeError) as got:
+            torch.histc(x.to(TPU) * 2, bins=3)
+        assert str(got.value) == str(cpu.value)
+        good = torch.histc(x[:1].to(TPU) * 2, bins=3) + 1
+        assert good.cpu().tolist() == [1.0, 2.0, 1.0]
+
+
 @pytest.mark.parametrize("decimals", [1, 2, 3])
 def test_division_by_a_broadcast_scalar_keeps_cpus_rounding(decimals):
     # The CPU lowering of a division by a broadcast divisor hides it behind a

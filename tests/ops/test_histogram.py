@@ -7,6 +7,7 @@ import torch
 
 import torchjax
 from tests.ops.opinfo_cases import make_tests
+from torchjax.device import _checks
 from torchjax.testing import opinfo as oi
 
 OPS = ["searchsorted", "bucketize", "bincount", "histc"]
@@ -62,29 +63,52 @@ def test_histc_range_nan_and_edges():
     oi.same(lambda a: torch.histc(a, bins=4, min=0, max=3), x)
     oi.same(lambda a: torch.histc(a, bins=5), torch.full((3,), 2.0))
     oi.same(lambda a: torch.histc(a, bins=3), torch.empty(0))
-    # A range taken from the data is a device check, raised at the next sync; a given
-    # range is known at the op.
-    out = torch.histc(torch.tensor([1.0, float("inf")], device=TPU), bins=3)
-    with pytest.raises(RuntimeError, match="aten::histc: range of the data is not finite"):
-        out.cpu()
-    out = torch.histc(torch.tensor([1.0, float("nan")], device=TPU), bins=3)
-    with pytest.raises(RuntimeError, match="not finite"):
-        torch.tpu.synchronize()
-    with pytest.raises(RuntimeError, match="not finite"):
-        torch.histc(torch.tensor([1.0], device=TPU), bins=3, min=0, max=float("inf"))
-    with pytest.raises(RuntimeError, match="not finite"):
-        torch.histc(torch.tensor([1.0]), bins=3, min=0, max=float("inf"))
     # min == max (even inf) with data: torch takes the data's range, no error.
     oi.same(lambda a: torch.histc(a, bins=3, min=float("inf"), max=float("inf")), x[:4])
+    # An empty range too large to widen by 1 in float32 widens by one float32 step.
+    oi.same(lambda a: torch.histc(a, bins=4), torch.tensor([1e10]))
+    oi.same(lambda a: torch.histc(a, bins=4), torch.tensor([-3e38, -3e38]))
 
 
-def test_histc_data_range_checked_at_the_op_in_immediate_mode():
-    torch.tpu.set_sync_checks(True)
-    try:
-        with pytest.raises(RuntimeError, match="range of the data is not finite"):
-            torch.histc(torch.tensor([float("-inf"), 1.0], device=TPU), bins=3)
-    finally:
-        torch.tpu.set_sync_checks(False)
+_INF, _NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize(
+    "values, kwargs",
+    [
+        ([_INF], {}),
+        ([-_INF], {}),
+        ([1.0, _INF], {}),
+        ([-_INF, _INF], {}),
+        ([_NAN], {}),
+        ([_INF], {"min": 1, "max": 1}),
+        ([1.0], {"min": 0, "max": _INF}),
+        ([1.0], {"min": _NAN, "max": 1}),
+        ([], {"min": _INF, "max": _INF}),
+        ([1.0, 2.0], {"min": 3, "max": 1}),
+    ],
+)
+def test_histc_range_errors_are_cpus_raised_at_the_op(values, kwargs, dtype):
+    # Every torch backend reads the data's range back at the op: raised there, not at a
+    # later sync, with CPU's exception and text (Note [Device-side checks]).
+    with pytest.raises(RuntimeError) as cpu:
+        torch.histc(torch.tensor(values, dtype=dtype), bins=4, **kwargs)
+    with pytest.raises(RuntimeError) as got:
+        torch.histc(torch.tensor(values, dtype=dtype, device=TPU), bins=4, **kwargs)
+    assert str(got.value) == str(cpu.value)
+    assert _checks.pending() == 0
+
+
+def test_jitted_histc_of_data_not_finite_raises_by_the_call():
+    jitted = torchjax.jit(lambda a: torch.histc(a, bins=3))
+    x = torch.tensor([1.0, _INF])
+    with pytest.raises(RuntimeError) as cpu:
+        torch.histc(x, bins=3)
+    with pytest.raises(RuntimeError) as got:
+        jitted(x.to(TPU))
+    assert str(got.value) == str(cpu.value) == "torch.histc: range of [1, inf] is not finite"
+    torch.testing.assert_close(jitted(x[:1].to(TPU)).cpu(), torch.histc(x[:1], bins=3))
 
 
 def test_bincount_under_jit_raises_histc_traces():

@@ -95,13 +95,34 @@ def test_float_division_semantics():
         torch.floor_divide,
     ],
 )
-def test_int_division_by_zero_raises(fn):
+def test_int_division_by_zero_raises_at_the_op_as_cpu(fn):
+    # CPU raises at the op and CUDA checks nothing, so the check is not deferred
+    # (Note [Device-side checks]): CPU's exception and text, at the op.
     a, b = torch.tensor([5, -5]), torch.tensor([1, 0])
-    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+    with pytest.raises(RuntimeError) as cpu:
         fn(a, b)
-    out = fn(tpu(a), tpu(b))  # checked on the device: raised at the sync
-    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
-        out.cpu()
+    with pytest.raises(RuntimeError) as got:
+        fn(tpu(a), tpu(b))
+    assert str(got.value) == str(cpu.value)
+    with pytest.raises(RuntimeError) as cpu:
+        fn(a, 0)
+    with pytest.raises(RuntimeError) as got:
+        fn(tpu(a), 0)
+    assert str(got.value) == str(cpu.value)
+
+
+def test_zero_divisor_check_reads_only_a_tpu_divisor():
+    # A Python number or CPU tensor divisor is read on the host; a tpu tensor's check is
+    # one device read at the op (CPU raises there; CUDA would not check at all).
+    x = tpu(torch.tensor([4, 6]))
+    torch.tpu.synchronize()
+    torchjax.reset_stats()
+    x // 7, x % 3, torch.fmod(x, torch.tensor(5)), torch.div(x, 2, rounding_mode="trunc")
+    assert torchjax.stats()["host_reads"] == 0
+    x // tpu(torch.tensor([1, 2]))
+    assert torchjax.stats()["host_reads"] == 1
+    x.float() // tpu(torch.tensor([0.0, 2.0]))  # a float result: no check
+    assert torchjax.stats()["host_reads"] == 1
 
 
 def test_nan_propagation():

@@ -149,11 +149,11 @@ def test_integer_division_by_zero_raises_like_cpu(op, dtype):
     fn = _DIVISIONS.get(op, lambda x, y: x % 0)
     a = torch.tensor([7, 2, 0], dtype=dtype)
     z = torch.tensor([1, 0, 1], dtype=dtype)
-    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+    with pytest.raises(RuntimeError) as cpu:
         fn(a, z)
-    out = fn(a.to("tpu"), z.to("tpu"))  # checked on the device: raised at the sync
-    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
-        out.cpu()
+    with pytest.raises(RuntimeError) as got:  # at the op, as on CPU
+        fn(a.to("tpu"), z.to("tpu"))
+    assert str(got.value) == str(cpu.value)
 
 
 def test_float_division_by_zero_and_infinities():

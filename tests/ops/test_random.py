@@ -201,22 +201,45 @@ def test_multinomial():
     with pytest.raises(RuntimeError) as got:
         torch.multinomial(many.to("tpu"), 3)
     assert str(got.value) == f"{cpu.value} (in aten::multinomial.default)"
-    # The distribution checks are device checks: raised at the next sync, naming the
-    # op and the bad value, or at the op in immediate mode.
-    bad = torch.multinomial(w, 4)
-    with pytest.raises(RuntimeError, match="not enough non-negative category.*3 positive"):
-        bad.cpu()
-    bad = torch.multinomial(torch.tensor([1.0, -1.0], device="tpu"), 1)
+    # With replacement and several samples the distribution checks are CUDA's device
+    # asserts: raised at the next sync, naming the op and the bad value, or at the op in
+    # immediate mode.
+    bad = torch.multinomial(torch.tensor([1.0, -1.0], device="tpu"), 3, True)
     with pytest.raises(RuntimeError, match=r"element < 0 \(in aten::multinomial: got -1.0"):
         bad.cpu()
-    with pytest.raises(RuntimeError, match="element < 0"):
-        torch.multinomial(torch.tensor([1.0, float("nan")]), 1)  # CPU refuses alike
     torch.tpu.set_sync_checks(True)
     try:
         with pytest.raises(RuntimeError, match="sum of probabilities <= 0"):
-            torch.multinomial(torch.zeros(2, 3, device="tpu"), 1)
+            torch.multinomial(torch.zeros(2, 3, device="tpu"), 2, True)
     finally:
         torch.tpu.set_sync_checks(False)
+
+
+_INF, _NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize(
+    "probs", [[1.0, -1.0], [1.0, _INF], [1.0, _NAN], [0.0, 0.0], [[1.0, 1.0], [0.0, 0.0]]]
+)
+@pytest.mark.parametrize("num_samples, replacement", [(1, False), (2, False), (1, True)])
+def test_multinomial_checks_every_backend_reads_raise_at_the_op(probs, num_samples, replacement):
+    # ATen's device-generic path reads these back at the op (Note [Device-side checks]):
+    # raised there, with CPU's exception and text.
+    with pytest.raises(RuntimeError) as cpu:
+        torch.multinomial(torch.tensor(probs), num_samples, replacement)
+    with pytest.raises(RuntimeError) as got:
+        torch.multinomial(torch.tensor(probs, device="tpu"), num_samples, replacement)
+    assert str(got.value) == str(cpu.value)
+
+
+def test_multinomial_without_replacement_draws_zero_weights_last_as_cpu():
+    # Fewer positive weights than samples is no error for torch: the zero-weight
+    # categories come after the positive ones.
+    w = torch.tensor([[0.0, 2.0, 0.0, 1.0]] * 4)
+    cpu = torch.multinomial(w, 3)
+    got = torch.multinomial(w.to("tpu"), 3).cpu()
+    assert got.shape == cpu.shape == (4, 3)
+    assert all(set(r[:2]) == {1, 3} and r[2] in (0, 2) for r in got.tolist())
 
 
 def test_like_factories():

@@ -18,11 +18,10 @@ Randomness: every random op in the trace draws ``fold_in(call_key, i)``; ``call_
 an input, drawn per call from the device's RNG state (torchjax/tensor/random.py), so each
 call gives new values and ``torch.manual_seed`` replays them.
 
-Value checks: the eager engine's device checks (index out of range, integer division by
-zero; Note [Device-side checks] in torchjax/device/_checks.py) are not performed inside
-the traced program: an out-of-range index follows jax's rules (``x[idx]`` clamps,
-``index_select``/``embedding`` gathers fill, scatters drop) and an integer division by
-zero gives XLA's value. Run the step once eagerly, or check the data, if it may be invalid.
+Value checks: the device checks the traced ops make (index out of range, integer division
+by zero; Note [Device-side checks] in torchjax/device/_checks.py) become outputs of the
+program, reported after each call as eager reports them: Note [Device checks of compiled
+programs] in the same file.
 
 Note [User tensor subclasses under torchjax.jit]
 A tpu tensor of a user's ``torch.Tensor`` subclass (Note [User tensor subclasses on
@@ -60,6 +59,7 @@ from torchjax.compile._call import (
 )
 from torchjax.compile._stop_gradient import stopping
 from torchjax.compile._vjp import VJPCall, VJPProgram
+from torchjax.device import _checks
 from torchjax.interop._jax_function import _VJP
 from torchjax.ops import layouts
 from torchjax.tensor import random as _rng
@@ -255,6 +255,16 @@ class _Entry:
         lr_assigned: list = []  # Note [Learning rates assigned while tracing]
 
         def pure(state_arrays, key, arrays, hypers):
+            # Note [Device checks of compiled programs]: the checks are outputs too.
+            with _checks.carried(trace_of(key)) as carried:
+                outs, written, created, args_written, residuals = body(
+                    state_arrays, key, arrays, hypers
+                )
+            checks = carried.outputs()
+            info["checks"] = (len(checks), carried.at_op)
+            return outs, written, created, args_written, checks, residuals
+
+        def body(state_arrays, key, arrays, hypers):
             stream = _rng.TracedStream(key)
             with bound(storages, state_arrays):
                 old = _rng.set_traced_stream(stream)
@@ -367,6 +377,9 @@ class _Entry:
         self.refs = [weakref.ref(s) for s in storages]
         self.aliases = info["aliases"]
         self.n_out = len(self.out_pos) + info["n_bases"]  # the bases follow the outputs
+        # The check outputs follow the written arguments (before the residuals).
+        self.n_checks, self.checks_at_call = info["checks"]
+        self.checks_at = len(self.written) + len(self.created) + len(self.args_written)
         in_use = {id(a) for a in call.arrays}
         donate = (
             tuple(i for i in self.written if id(call.state_arrays[i]) not in in_use)
@@ -400,7 +413,16 @@ class _Entry:
         finally:
             x64_exit(token)
         self.write_back(call, outs[self.n_out :])
+        self.report_checks(outs[self.n_out :])
         return self.unflatten(self.laid_out([wrap(a) for a in outs[: self.n_out]]), call)
+
+    def report_checks(self, rest) -> None:
+        """Report the check outputs among ``rest`` (the program's outputs after the
+        first ``n_out``), after the call's state is written back (Note [Device checks
+        of compiled programs] in torchjax/device/_checks.py)."""
+        if self.n_checks:
+            at = self.checks_at
+            _checks.report_program(rest[at : at + self.n_checks], self.checks_at_call)
 
     def laid_out(self, tensors):
         """The program's outputs at the strides the traced ones had (Note [Strides of

@@ -18,6 +18,8 @@ optimizer state: run the step once first), no autograd through it (grad mode off
 ``until``) is one more program, kept with the step's cache entry (and evicted with it).
 The Python code of the step runs only at trace time: anything it would do between
 iterations (a Python counter, a host read) happens once, as in any torchjax.jit call.
+The step's device checks ride in the carry, the first failing iteration's kept, and are
+reported after the loop as after one call (Note [Device checks of compiled programs]).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import jax.numpy as jnp
 from jax.extend.core import jaxpr_as_fun
 
 from torchjax._compat.jax import x64_enter, x64_exit
+from torchjax.device import _checks
 
 
 def run(entry, call, times: int, until) -> None:
@@ -57,33 +60,40 @@ def run(entry, call, times: int, until) -> None:
         program = loops[stop] = _program(entry, stop)
     token = x64_enter()
     try:
-        written, args_written = program(
+        written, args_written, checks = program(
             call.state_arrays, entry.key(), call.arrays, call.hypers.values, times
         )
     finally:
         x64_exit(token)
     entry.write_back(call, [*written, *args_written])
+    _checks.report_program(checks, entry.checks_at_call)
 
 
 def _program(entry, stop):
     fun = jaxpr_as_fun(entry.closed)
     state_w, args_w, n_out = entry.written, entry.args_written, entry.n_out
     n_written = len(state_w)
+    at, n_checks = entry.checks_at, entry.n_checks
 
     def loop(state, key, arrays, hypers, times):
         def step(carry):
-            i, ws, wa = carry
+            i, ws, wa, first = carry
             st, ar = list(state), list(arrays)
             for j, v in zip(state_w, ws):
                 st[j] = v
             for j, v in zip(args_w, wa):
                 ar[j] = v
             rest = fun(*st, jax.random.fold_in(key, i), *ar, *hypers)[n_out:]
-            ends = n_written + len(args_w)  # the saved tensors' values follow
-            return i + 1, tuple(rest[:n_written]), tuple(rest[n_written:ends])
+            ends = n_written + len(args_w)  # the check outputs, saved tensors follow
+            if n_checks:  # the first failing iteration's check is kept
+                failed = first[0]
+                first = tuple(
+                    jnp.where(failed, old, new) for old, new in zip(first, rest[at : at + n_checks])
+                )
+            return i + 1, tuple(rest[:n_written]), tuple(rest[n_written:ends]), first
 
         def more(carry):
-            i, _, wa = carry
+            i, _, wa, _ = carry
             go = i < times
             if stop is not None:
                 flag = wa[args_w.index(stop)] if stop in args_w else arrays[stop]
@@ -94,10 +104,22 @@ def _program(entry, stop):
             jnp.int32(0),
             tuple(state[j] for j in state_w),
             tuple(arrays[j] for j in args_w),
+            _no_failure() if n_checks else (),
         )
-        _, ws, wa = jax.lax.while_loop(more, step, start)
-        return list(ws), list(wa)
+        _, ws, wa, first = jax.lax.while_loop(more, step, start)
+        return list(ws), list(wa), list(first)
 
     # Nothing is donated: inside the loop XLA updates the carry in place, so the written
     # state costs one copy per repeat() call, not per iteration.
     return jax.jit(loop)
+
+
+def _no_failure():
+    # The check outputs of a program that found nothing (Note [Device checks of
+    # compiled programs] in torchjax/device/_checks.py).
+    return (
+        jnp.bool_(False),
+        jnp.zeros((2,), jnp.int64),
+        jnp.zeros((2,), jnp.float64),
+        jnp.int32(0),
+    )

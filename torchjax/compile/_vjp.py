@@ -205,6 +205,7 @@ class VJPCall:
                 call.state_arrays, entry.key(), call.arrays, call.hypers.values
             )
         entry.write_back(call, aux)
+        entry.report_checks(aux)
         return outs, pullback
 
     def pull(self, pullback, cotangents):

@@ -14,11 +14,12 @@ value checks with ``torchjax.device._checks.require`` (Note [Device-side checks]
 this module's ``jax.jit`` its arrays are tracers, which ``require`` would drop as a user's
 trace, so a call without gradient traces ``f`` collecting its checks: they come back as
 extra outputs of the one executable and are queued (or raised, in immediate mode) as an
-eager op's are; no host read. Inside ``torchjax.jit`` they are tracers of the user's
-trace and are dropped, as documented there. The differentiable path (``jax.vjp``) does
-not collect them: a check made inside ``jax.vjp``'s trace cannot leave it. The collector
-is not strict: torch ops that ``f`` runs op by op skip a check needing values
-(``_checks.concrete``), as in a user's trace, since a jax function has no op-by-op path.
+eager op's are; no host read. Inside ``torchjax.jit`` they are outputs of that
+program (Note [Device checks of compiled programs] in torchjax/device/_checks.py). The
+differentiable path (``jax.vjp``) does not collect them: a check made inside
+``jax.vjp``'s trace cannot leave it. The collector is not strict: torch ops that ``f``
+runs op by op skip a check needing values (``_checks.concrete``), as in a user's trace,
+since a jax function has no op-by-op path.
 """
 
 from __future__ import annotations

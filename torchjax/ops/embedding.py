@@ -2,10 +2,10 @@
 
 ``F.embedding`` reaches ``aten::embedding``; its backward is ``embedding_dense_backward``
 (``sparse=True`` gradients are not supported on tpu: there is no sparse layout).
-Out-of-range indices raise ``IndexError`` in eager, checked on the device and raised at
-the next synchronisation point (or at the op with ``TORCHJAX_SYNC_CHECKS=1``; Note
-[Device-side checks] in torchjax/device/_checks.py); under jit the check cannot run and
-jax clamps the gather instead.
+Out-of-range indices raise ``IndexError``, checked on the device and raised at the next
+synchronisation point (or at the op with ``TORCHJAX_SYNC_CHECKS=1``; Note [Device-side
+checks] in torchjax/device/_checks.py), after a ``torchjax.jit``/``torch.compile`` call
+too (Note [Device checks of compiled programs]).
 """
 
 from __future__ import annotations

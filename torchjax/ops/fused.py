@@ -58,7 +58,8 @@ executable records the call instead, and a *segment* of such calls runs later as
 - Errors. Shape and dtype errors are raised at the op (``eval_shape`` traces the op
   when it is recorded). Device checks (an index out of range) are raised at the next
   synchronisation point, as in eager; in immediate mode (``TORCHJAX_SYNC_CHECKS=1``)
-  nothing is recorded, so they raise at the op.
+  nothing is recorded, so they raise at the op. An op whose check eager makes at the op
+  (``histc`` over the data's range) ends its segment, which runs and raises there.
 """
 
 from __future__ import annotations
@@ -311,7 +312,13 @@ def record(run, dyn):
             out = _append(seg, run.__wrapped__, dyn, leaves, tree, codes, isolated, cuts)
             if seg.keep:  # consumed by this node now
                 seg.keep = [k for k in seg.keep if all(k is not d for d in dyn)]
-            return out
+        if _checks.at_op(codes):
+            # A check eager makes at the op: the segment runs now (keeping this op's
+            # outputs, which no storage holds yet) and raises it here (Note [Device-side
+            # checks]).
+            seg.keep.extend(tree_util.tree_leaves(out))
+            flush(seg)
+        return out
 
 
 def _append(seg, fn, dyn, leaves, tree, codes, isolated, cuts):

@@ -23,6 +23,7 @@ import torch
 
 from torchjax.device import _checks
 from torchjax.ops.registry import lowering
+from torchjax.tensor import _errors
 
 aten = torch.ops.aten
 
@@ -167,18 +168,35 @@ def bincount(self, weights=None, minlength=0):
     return jnp.zeros((length,), dtype=dtype).at[self].add(weights.astype(dtype))
 
 
-def _require_finite_data_range(lo, hi) -> None:
-    """torch raises a RuntimeError for an inf/NaN histogram range. Taken from the data
-    (``min == max``), the range is on the device: a device check, raised at the next sync
-    (Note [Device-side checks]), so histc stays one executable without a host read."""
-    _checks.require(
-        ~(jnp.isfinite(lo) & jnp.isfinite(hi)),
-        jnp.where(jnp.isfinite(lo), hi, lo),
-        RuntimeError,
-        "aten::histc: range of the data is not finite (a bound is {value}): with min == max"
-        " histc takes the range from the input, which holds inf or NaN; pass finite min and"
-        " max, or drop non-finite values",
-    )
+def _cpp_double(v: float) -> str:
+    """``v`` as C++'s ``operator<<`` prints a double (6 significant digits, glibc's
+    ``-nan`` for a NaN with its sign bit set): torch's messages quote values so."""
+    if math.isnan(v):
+        return "-nan" if math.copysign(1.0, v) < 0 else "nan"
+    return "%g" % v
+
+
+def _not_finite(lo: float, hi: float) -> str:
+    # CPU's text (ATen's histc_select_outer_bin_edges).
+    return f"torch.histc: range of [{_cpp_double(lo)}, {_cpp_double(hi)}] is not finite"
+
+
+def _widened(lo, hi, dtype, xp):
+    """The histogram's edges (float64 scalars of ``xp``, NumPy or jax.numpy) with an empty
+    range (``lo == hi``) widened as ATen's ``bins_edges_correction`` does: for float32 and
+    float64 inputs to one step of the input's type or 1 further, whichever is wider
+    (``1e10`` cannot move by 1 in float32), else by 1."""
+    if dtype in (np.float32, np.float64):
+        info = np.finfo(dtype)
+        down = xp.nextafter(lo.astype(dtype), xp.asarray(info.min, dtype)).astype(np.float64)
+        up = xp.nextafter(hi.astype(dtype), xp.asarray(info.max, dtype)).astype(np.float64)
+        # std::min(down, lo - 1) and std::max(up, hi + 1), NaN handling included.
+        new_lo = xp.where(lo - 1 < down, lo - 1, down)
+        new_hi = xp.where(up < hi + 1, hi + 1, up)
+    else:
+        new_lo, new_hi = lo - 1, hi + 1
+    same = lo == hi
+    return xp.where(same, new_lo, lo), xp.where(same, new_hi, hi)
 
 
 @lowering(aten.histc)
@@ -188,9 +206,12 @@ def histc(self, bins=100, min=0, max=0):
     Shapes: any input; result (bins,). Dtypes: floating, and integers as on CUDA; result
     in the input dtype.
     Elements outside [min, max] (and NaN) are ignored; ``max`` falls in the last bin. With
-    ``min == max`` the range is the data's min/max, widened by 1 each side if still equal.
+    ``min == max`` the range is the data's min/max, widened if still equal (``_widened``).
     The bin of x is ``floor((x - min) * bins / (max - min))`` in the input dtype, the CPU
-    kernel's linear interpolation. Reference: torch.histc; ATen/native/cpu/HistogramKernel.cpp.
+    kernel's linear interpolation. A range that is not finite raises CPU's error at the
+    op: every torch backend reads the data's range back there (Note [Device-side checks]
+    in torchjax/device/_checks.py). Reference: torch.histc; ATen/native/Histogram.cpp and
+    cpu/HistogramKernel.cpp.
     """
     out_dtype = self.dtype
     if jnp.issubdtype(self.dtype, jnp.integer):
@@ -200,26 +221,25 @@ def histc(self, bins=100, min=0, max=0):
     elif not jnp.issubdtype(self.dtype, jnp.floating):
         raise NotImplementedError(f'aten::histc: "histogram" not implemented for {self.dtype}')
     torch._check(bins > 0, lambda: f"aten::histc: bins must be > 0, but got {bins}")
-    torch._check(
-        not (min > max), lambda: f"aten::histc: max must be larger than min, got {min} and {max}"
-    )
     x = self.reshape(-1)
-    from_data = min == max and x.size > 0
-    # A given range is Python scalars, checked now (widening an equal pair by 1 keeps it
-    # finite or not); one taken from the data is checked on the device, below.
-    torch._check(
-        from_data or bool(np.isfinite(min) and np.isfinite(max)),
-        lambda: f"aten::histc: range of [{min}, {max}] is not finite: pass finite min and max",
-    )
-    # Edges are chosen in float64, then rounded to the input dtype, as torch does.
-    if from_data:
-        lo, hi = x.min().astype(jnp.float64), x.max().astype(jnp.float64)
+    if min == max and x.size > 0:
+        # The data's range, on the device: a check at the op (Note [Device-side checks]).
+        lo, hi = _widened(x.min().astype(jnp.float64), x.max().astype(jnp.float64), out_dtype, jnp)
+        _checks.require(
+            ~(jnp.isfinite(lo) & jnp.isfinite(hi)),
+            (lo, hi),
+            RuntimeError,
+            _not_finite,
+            deferred=False,
+        )
     else:
-        lo, hi = jnp.asarray(min, dtype=jnp.float64), jnp.asarray(max, dtype=jnp.float64)
-    same = lo == hi
-    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
-    if from_data:
-        _require_finite_data_range(lo, hi)
+        # A given range: Python numbers, checked now as ATen checks them.
+        lo, hi = (float(v) for v in _widened(np.float64(min), np.float64(max), out_dtype, np))
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise _errors.verbatim(RuntimeError(_not_finite(lo, hi)))
+        if not lo < hi:
+            raise _errors.verbatim(RuntimeError("torch.histc: max must be larger than min"))
+        lo, hi = jnp.asarray(lo, jnp.float64), jnp.asarray(hi, jnp.float64)
     lo, hi = lo.astype(self.dtype), hi.astype(self.dtype)
     pos = jnp.floor((x - lo) * np.asarray(bins, dtype=self.dtype) / (hi - lo)).astype(jnp.int64)
     pos = jnp.where(pos == bins, bins - 1, pos)

@@ -10,10 +10,11 @@ Data-dependent behaviour:
   index values on the op: the range check runs on the device and raises at the next
   synchronisation point (``.item()``, ``.cpu()``, ``print``, ``torch.tpu.synchronize()``),
   or at the op in immediate mode (``TORCHJAX_SYNC_CHECKS=1``); Note [Device-side checks]
-  in torchjax/device/_checks.py. Under ``torchjax.jit``/``jax.jit`` (traced indices)
-  there is no check and jax's gather/scatter semantics apply: ``x[idx]`` clamps,
-  ``index_select``/``take`` fill NaN (jnp.take), scatters
-  drop out-of-range updates.
+  in torchjax/device/_checks.py. Under ``torchjax.jit`` and ``torch.compile`` the check
+  is an output of the program, raised the same way after the call (Note [Device checks
+  of compiled programs]); only where no Python runs after the program (a user's own
+  ``jax.jit``) do jax's gather/scatter semantics apply unchecked: ``x[idx]`` clamps,
+  ``index_select``/``take`` fill NaN (jnp.take), scatters drop out-of-range updates.
 - Bool masks in ``index``/``index_put``, ``masked_select``, ``nonzero`` and
   ``repeat_interleave`` (layout.py) have data-dependent output shapes: eager only; under
   jit they raise DataDependentError (Note [One error layer]; ``torch.where(mask, ...)``

@@ -5,8 +5,9 @@ min/max, clamp and where in comparison.py.
 Inputs arrive promoted to torch's computation dtype (``promote=``); lax wants equal
 shapes, so binary lowerings broadcast first (``bcast``, as ``torch/_refs``'
 ``_maybe_broadcast``). Integer division by zero raises ``RuntimeError: ZeroDivisionError``
-as torch's CPU kernels do; that check reads the divisor, so it runs in eager only (under
-``jax.jit`` the divisor is a tracer and integer division by zero gives XLA's result).
+at the op, as torch's CPU kernels do (a device check made at the op; under
+``torchjax.jit`` it is raised by the call: Note [Device checks of compiled programs] in
+torchjax/device/_checks.py).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from jax import lax
 
 from torchjax.device import _checks
 from torchjax.ops import complex_math, functional, registry, writeback
-from torchjax.ops.registry import Kind, functional_handler, handler, lowering
-from torchjax.tensor import dtypes
+from torchjax.ops.registry import Kind, functional_handler, handler, lowering, precheck
+from torchjax.tensor import _errors, dtypes
+from torchjax.tensor._tensor import JaxTensor
 from torchjax.tensor.dtypes import aten_type_name
 
 aten = torch.ops.aten
@@ -50,24 +52,33 @@ def type_name(x) -> str:
     return aten_type_name(x.dtype)
 
 
-# One executable op by op; inlined into the op's own executable when traced.
+# One executable; inlined into the program when traced.
 _any_zero = jax.jit(lambda x: jnp.any(x == 0))
+_ZERO_DIVISION = "ZeroDivisionError"
 
 
-def _check_divisor(op: str, other) -> None:
-    """torch's integer kernels raise on a zero divisor; XLA returns garbage instead. A
-    device check, raised at the next sync (Note [Device-side checks])."""
-    if isinstance(other, (int, np.integer)) or (isinstance(other, np.ndarray) and other.ndim == 0):
-        # A Python/NumPy scalar: known now, no device work.
-        if np.asarray(other) == 0:
-            raise RuntimeError(f"ZeroDivisionError (in aten::{op}: integer division by zero)")
+def _integral(x) -> bool:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return isinstance(x, (bool, int))
+    return not (dtype.is_floating_point or dtype.is_complex)
+
+
+@precheck(aten.floor_divide, aten.remainder, aten.fmod)
+def zero_divisor(args, kwargs) -> None:
+    """CPU's integer kernels raise ``RuntimeError: ZeroDivisionError`` for a zero divisor;
+    XLA returns garbage, CUDA checks nothing. So it is checked at the op, with CPU's text
+    (Note [Device-side checks]), before the division: a divisor on the host (a Python
+    number, a CPU tensor) is read there, a tpu tensor's is a device check read at once."""
+    self = args[0] if args else kwargs["self"]
+    other = args[1] if len(args) > 1 else kwargs["other"]
+    if not (_integral(self) and _integral(other)):
         return
-    _checks.require(
-        _any_zero(other),
-        0,
-        RuntimeError,
-        f"ZeroDivisionError (in aten::{op}: integer division by zero)",
-    )
+    if isinstance(other, JaxTensor):
+        found = _any_zero(other._value())
+        _checks.require(found, 0, RuntimeError, _ZERO_DIVISION, deferred=False)
+    elif bool((other == 0).any()) if isinstance(other, torch.Tensor) else other == 0:
+        raise _errors.verbatim(RuntimeError(_ZERO_DIVISION))
 
 
 def _require(op: str, x, kinds) -> None:
@@ -239,11 +250,11 @@ def floor_divide(self, other):
     """aten::floor_divide (and div rounding_mode='floor') - quotient rounded toward -inf.
 
     Ints: exact integer floor division; a zero divisor raises ZeroDivisionError as in
-    torch (jax would return a value). Floats: torch's fmod-based algorithm (inf/NaN for a
-    zero divisor). Reference: torch.floor_divide; ATen div_floor_floating."""
+    torch (``zero_divisor``; jax would return a value). Floats: torch's fmod-based
+    algorithm (inf/NaN for a zero divisor). Reference: torch.floor_divide; ATen
+    div_floor_floating."""
     _require("floor_divide", self, ("int", "float", "bool"))
     if kind_of(self) in ("int", "bool"):
-        _check_divisor("floor_divide", other)
         if kind_of(self) == "bool":
             return self
         return lax2(jnp.floor_divide)(self, other)
@@ -252,7 +263,6 @@ def floor_divide(self, other):
 
 def _div_trunc(self, other, *, rounding_mode="trunc"):
     if kind_of(self) in ("int", "bool"):
-        _check_divisor("div", other)
         if kind_of(self) == "bool":
             return self
         return lax2(lax.div)(self, other)  # C integer division truncates
@@ -282,6 +292,7 @@ def div_mode(args, kwargs):
     if mode == "floor":
         return (aten.floor_divide.Scalar if scalar else aten.floor_divide.default)(self, other)
     if mode == "trunc":
+        zero_divisor((self, other), {})
         ov = aten.div.Scalar_mode if scalar else aten.div.Tensor_mode
         return _DIV_TRUNC[ov]((self, other), {})
     raise RuntimeError(
@@ -294,11 +305,11 @@ def div_mode(args, kwargs):
 def remainder(self, other):
     """aten::remainder - Python-style modulus: the sign follows the divisor.
 
-    Ints: zero divisor raises ZeroDivisionError. Floats: ``fmod`` then shifted by the
-    divisor when signs differ (torch's algorithm), NaN for a zero divisor."""
+    Ints: zero divisor raises ZeroDivisionError (``zero_divisor``). Floats: ``fmod``
+    then shifted by the divisor when signs differ (torch's algorithm), NaN for a zero
+    divisor."""
     _require("remainder", self, ("int", "float"))
     if kind_of(self) == "int":
-        _check_divisor("remainder", other)
         return lax2(jnp.remainder)(self, other)
     a, b = bcast(self, other)
     zero = jnp.zeros((), a.dtype)
@@ -308,10 +319,9 @@ def remainder(self, other):
 
 @lowering(aten.fmod, promote=Kind.DEFAULT)
 def fmod(self, other):
-    """aten::fmod - C ``fmod``: the sign follows the dividend; int zero divisor raises."""
+    """aten::fmod - C ``fmod``: the sign follows the dividend; an int zero divisor
+    raises (``zero_divisor``)."""
     _require("fmod", self, ("int", "float"))
-    if kind_of(self) == "int":
-        _check_divisor("fmod", other)
     return lax2(lax.rem)(self, other)
 
 

@@ -409,7 +409,8 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
 
     Shapes: (n,) -> (num_samples,); (m, n) -> (m, num_samples). Dtype int64. Without
     replacement we take the top ``num_samples`` of log(w) + Gumbel noise (equivalent to
-    sequential sampling). Reference: torch.multinomial.
+    sequential sampling); as in torch, zero weights are drawn last when fewer than
+    ``num_samples`` are positive. Reference: torch.multinomial.
     """
     op = "aten::multinomial"
     if self.ndim not in (1, 2):
@@ -426,33 +427,28 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
             f"replacement (n_sample={num_samples}, size={n}, in {op})"
         )
     w = jnp.atleast_2d(self).astype(jnp.float64 if self.dtype == jnp.float64 else jnp.float32)
-    # On the device, raised at the next sync (Note [Device-side checks]); one value
-    # each: the first bad weight, the first row sum, the first row's positive count.
+    # Without replacement, or for one sample, every torch backend reads these checks back
+    # at the op (ATen's device-generic path), with these texts; CUDA's kernel for the
+    # rest asserts on the device, so there they wait for the next sync, naming the op
+    # and the first bad weight or row sum (Note [Device-side checks]).
+    at_op = not replacement or num_samples == 1
+    suffix = "" if at_op else f" (in {op}: got {{value}})"
     bad = ~jnp.isfinite(w) | (w < 0)
     _checks.require(
         jnp.any(bad),
         w.reshape(-1)[jnp.argmax(bad.reshape(-1))],
         RuntimeError,
-        f"probability tensor contains either `inf`, `nan` or element < 0 (in {op}: got {{value}})",
+        "probability tensor contains either `inf`, `nan` or element < 0" + suffix,
+        deferred=not at_op,
     )
     sums = jnp.sum(w, axis=-1)
     _checks.require(
         jnp.any(sums <= 0),
         sums[jnp.argmax(sums <= 0)],
         RuntimeError,
-        f"invalid multinomial distribution (sum of probabilities <= 0) (in {op}: a row sums "
-        "to {value})",
+        "invalid multinomial distribution (sum of probabilities <= 0)" + suffix,
+        deferred=not at_op,
     )
-    if not replacement:
-        positive = jnp.sum(w > 0, axis=-1)
-        _checks.require(
-            jnp.any(positive < num_samples),
-            positive[jnp.argmax(positive < num_samples)],
-            RuntimeError,
-            "invalid multinomial distribution (with replacement=False, not enough "
-            f"non-negative category to sample) (in {op}: a row has {{value}} positive weights "
-            f"for {num_samples} samples)",
-        )
     logits = jnp.log(w)
     key = _key(self)
     if replacement:

@@ -216,6 +216,40 @@ def functional_handler(
     return functional.make_handler(func, entry)
 
 
+# overload -> checks run before its handler (``precheck``).
+_PRECHECKS: dict[OpOverload, list[Callable]] = {}
+
+
+def precheck(*ops):
+    """Register ``fn(args, kwargs)``, run before the handler of ``ops`` (overloads or whole
+    packets) on every call, and so before the in-place overloads that run a functional
+    sibling's handler: a torch-level check of the arguments (a divisor that is a Python
+    number is read on the host), the lowering left to compute. Costs one dict lookup per
+    overload when its handler is built; none for other ops."""
+
+    def deco(fn):
+        for op in ops:
+            for ov in _overloads(op):
+                _PRECHECKS.setdefault(ov, []).append(fn)
+                _HANDLERS.pop(ov, None)
+        return fn
+
+    return deco
+
+
+def _prechecked(func, h):
+    checks = _PRECHECKS.get(func)
+    if not checks:
+        return h
+
+    def prechecked_handler(args, kwargs):
+        for check in checks:
+            check(args, kwargs)
+        return h(args, kwargs)
+
+    return prechecked_handler
+
+
 def register_pointwise(op, fn, *, promote: Kind) -> None:
     """Register a 1:1 elementwise op family (``op`` packet) lowered to ``fn``."""
     _register([op], Lowering(lambda *a, **k: fn(*a, **k), promote))
@@ -226,10 +260,7 @@ def register_pointwise(op, fn, *, promote: Kind) -> None:
 
 
 def dispatch(func, args, kwargs):
-    h = _HANDLERS.get(func)
-    if h is None:
-        h = _HANDLERS[func] = dtype_refusals.guarded(func, _routed(func))
-    return h(args, kwargs)
+    return _handler_for(func)(args, kwargs)
 
 
 _tensor._dispatch = dispatch
@@ -283,7 +314,7 @@ def _resolve(func):
 def _handler_for(func):
     h = _HANDLERS.get(func)
     if h is None:
-        h = _HANDLERS[func] = dtype_refusals.guarded(func, _routed(func))
+        h = _HANDLERS[func] = _prechecked(func, dtype_refusals.guarded(func, _routed(func)))
     return h
 
 

@@ -40,8 +40,9 @@ anything (vLLM pads with 0 or -1).
 Invalid values: a used page-table entry outside [0, num_pages) raises IndexError, a
 length outside [0, S_max] ValueError. Both depend on data, so they are device checks
 (Note [Device-side checks]): raised at the next synchronisation point, or at the call
-with ``TORCHJAX_SYNC_CHECKS=1``, never read on the call's own path; under a user's
-``jax.jit``/``torchjax.jit`` they are not performed. The kernel still clips both (a page
+with ``TORCHJAX_SYNC_CHECKS=1``, never read on the call's own path; after the call of a
+``torchjax.jit`` program holding the kernel too (Note [Device checks of compiled
+programs]), but not under a user's own ``jax.jit``. The kernel still clips both (a page
 index to the pool, a length to S_max), so an invalid call reads no memory outside the
 cache; its result is undefined, as after CUDA's device assert, and the error says so.
 Why not clip silently, as before: a clipped page index reads another page's keys, and a

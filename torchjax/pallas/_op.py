@@ -64,10 +64,11 @@ int64 (uint64) argument is narrowed to int32 (uint32) before the function sees i
 device-side check (Note [Device-side checks]) that every value survives: one past 2**31
 raises a RuntimeError naming the op, its argument and the value at the next
 synchronisation, as an index out of range does, not a wrapped number (as with every
-device check, a call inside ``torchjax.jit``, inside ``torch.compile`` training, or one
-keeping its backward is not checked). Integer arithmetic inside the function is JAX's
-32-bit arithmetic too: its integer outputs are int32 and wrap at 2**31, as the function
-would in JAX; a Python int argument past the int32 range is refused (TypeError).
+device check; inside ``torchjax.jit`` and ``torch.compile`` after the call, while an
+eager call keeping its backward makes it inside ``jax.vjp``, where it is not checked).
+Integer arithmetic inside the function is JAX's 32-bit arithmetic too: its integer
+outputs are int32 and wrap at 2**31, as the function would in JAX; a Python int
+argument past the int32 range is refused (TypeError).
 A float64 or complex128 argument is refused with a TypeError naming it and the two ways
 out (cast it, or register the op with ``x64=True``): a float narrowed would round
 silently. torchjax's own kernel ops are registered with ``x64=True`` and trace each

@@ -8,7 +8,9 @@ that say nothing about the torch call. Every exception leaving ``__torch_dispatc
 PrivateUse1 kernel passes through ``translate``:
 
 - Errors raised on purpose, by torchjax or torch code (``RuntimeError`` with our message,
-  a device-side check, torch's own checks in decompositions), pass unchanged.
+  a device-side check, torch's own checks in decompositions), pass unchanged, their
+  text naming the op where it does not yet (``verbatim`` ones, torch's exact text for
+  the call, excepted).
 - An error raised inside JAX or numpy is replaced by what torch raises for the same call:
   the op runs again on meta tensors of the same sizes, strides and dtypes; torch's meta
   kernels make the shape, dim and dtype checks of the real ones, so their exception gives
@@ -162,6 +164,8 @@ def _name_the_op(func, error: BaseException) -> None:
         return
     if "aten::" in args[0] or not hasattr(func, "_opname"):
         return
+    if getattr(error, "_torchjax_verbatim", False):
+        return
     error.args = (f"{args[0]} (in {op_name(func)})",)
 
 
@@ -200,6 +204,15 @@ def deliberate(error: BaseException) -> BaseException:
     ``translate`` keeps it (unmarked, one raised inside torchjax's code is taken for a
     Python slip and replaced by torch's own refusal of the call)."""
     error._torchjax_deliberate = True
+    return error
+
+
+def verbatim(error: BaseException) -> BaseException:
+    """Mark an error whose text is torch's own for the call, word for word (CPU's
+    ``ZeroDivisionError``): ``translate`` passes it without adding the op's name, so the
+    text is the same whether an op, a synchronisation point or a compiled call raises it
+    (Note [Device-side checks] in torchjax/device/_checks.py)."""
+    error._torchjax_verbatim = True
     return error
 
 
