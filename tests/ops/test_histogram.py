@@ -156,3 +156,26 @@ def test_searchsorted_empty_batched(seq_shape, values_shape, right):
     # An empty boundary row or batch once failed in the lowering's reshape (JAX refused it).
     seq, values = torch.randn(seq_shape), torch.randn(values_shape)
     oi.same(lambda s, v: torch.searchsorted(s, v, right=right), seq, values)
+
+
+def test_searchsorted_warns_once_for_non_contiguous_operands_as_cpu(monkeypatch):
+    import warnings
+
+    from torchjax.ops import histogram
+
+    monkeypatch.setattr(histogram, "_WARNED_NON_CONTIGUOUS", set())
+    boundaries, values = torch.arange(10.0)[::2], torch.tensor([3.0, 7.0])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        tpu_boundaries = torch.arange(10.0, device="tpu")[::2]
+        got = torch.searchsorted(tpu_boundaries, values.to("tpu"))
+        torch.searchsorted(tpu_boundaries, values.to("tpu"))  # once per program
+        torch.searchsorted(boundaries.to("tpu"), values.to("tpu"))  # contiguous: nothing
+    texts = [str(w.message) for w in seen if "searchsorted" in str(w.message)]
+    assert texts == [
+        "torch.searchsorted(): boundary tensor is non-contiguous, this will lower the "
+        "performance due to extra data copy when converting non-contiguous tensor to "
+        "contiguous, please use contiguous boundary tensor if possible. This message will "
+        "only appear once per program."
+    ]
+    assert torch.equal(got.cpu(), torch.searchsorted(boundaries, values))

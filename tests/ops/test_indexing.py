@@ -383,3 +383,29 @@ def test_index_refusals_known_from_shapes_match_cpu(call, text):
         call(lambda x: x.to("tpu"))
     empty = torch.empty(10, 0)
     assert empty.to("tpu")[:, torch.tensor([], dtype=torch.long)].shape == (10, 0)
+
+
+def test_index_fill_of_a_complex_scalar_on_a_real_tensor_has_cpus_text():
+    text = "index_fill_\\(\\): Converting complex Scalar to non-complex type is not supported"
+    for device in ("cpu", "tpu"):
+        for value in (1 + 2j, torch.tensor(1 + 2j)):
+            with pytest.raises(RuntimeError, match=text):
+                x = torch.zeros(3, device=device)
+                x.index_fill_(0, torch.tensor([0], device=device), value)
+
+
+def test_uint8_indices_warn_as_deprecated_as_on_cpu():
+    import warnings
+
+    mask = torch.tensor([1, 0, 1], dtype=torch.uint8)
+    for device in ("cpu", "tpu"):
+        x = torch.arange(3.0, device=device)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            got = x[mask.to(device)]
+            x[mask.to(device)] = torch.tensor([5.0, 6.0], device=device)
+        texts = [str(w.message) for w in seen if "torch.uint8 is now deprecated" in str(w.message)]
+        assert len(texts) == 2, (device, texts)  # one per indexing call, as ATen's
+        assert got.tolist() == [0.0, 2.0] and x.tolist() == [5.0, 1.0, 6.0]
+    with pytest.raises(RuntimeError, match="masked_fill_ only supports boolean masks"):
+        torch.ops.aten.index_put_(torch.arange(3.0).to("tpu"), [mask.to("tpu")], torch.tensor(0.0))

@@ -278,3 +278,17 @@ _SELECTION_REFUSALS = {
 def test_selection_refuses_as_cpu(name):
     error = oi.same_or_refused(_SELECTION_REFUSALS[name], name)
     assert error is not None, f"{name}: CPU accepts it; the case checks nothing"
+
+
+@pytest.mark.parametrize(
+    "values_dtype, indices_dtype",
+    [(torch.float32, torch.int32), (torch.float64, torch.int32), (torch.bfloat16, torch.int64)],
+)
+def test_mode_out_of_the_wrong_dtype_has_cpus_text(values_dtype, indices_dtype):
+    x = torch.tensor([1.0, 2.0, 2.0])
+    outs = (torch.empty(0, dtype=values_dtype), torch.empty(0, dtype=indices_dtype))
+    with pytest.raises(RuntimeError) as cpu:
+        torch.mode(x, out=outs)
+    with pytest.raises(RuntimeError) as tpu:
+        torch.mode(x.to("tpu"), out=tuple(o.to("tpu") for o in outs))
+    assert str(tpu.value).startswith(str(cpu.value)), (tpu.value, cpu.value)

@@ -15,6 +15,7 @@ the data's range, as torch does.
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from torchjax.device import _checks
-from torchjax.ops.registry import lowering
+from torchjax.ops.registry import lowering, precheck
 from torchjax.tensor import _errors
 
 aten = torch.ops.aten
@@ -41,6 +42,28 @@ def _binary_search(seq, values, right: bool):
         start = jnp.where(active & go_right, mid + 1, start)
         end = jnp.where(active & ~go_right, mid, end)
     return start
+
+
+_WARNED_NON_CONTIGUOUS: set[str] = set()
+
+
+@precheck(aten.searchsorted)
+def _non_contiguous_warnings(args, kwargs):
+    """ATen's once-per-program performance warnings for non-contiguous operands (its
+    kernel copies them; the jax program reads any layout, but the warning is torch's)."""
+    for what, t in (("boundary", args[0]), ("input value", args[1] if len(args) > 1 else None)):
+        if isinstance(t, torch.Tensor) and not t.is_contiguous():
+            if what in _WARNED_NON_CONTIGUOUS:
+                continue
+            _WARNED_NON_CONTIGUOUS.add(what)
+            warnings.warn(
+                f"torch.searchsorted(): {what} tensor is non-contiguous, this will lower the "
+                "performance due to extra data copy when converting non-contiguous tensor to "
+                f"contiguous, please use contiguous {what} tensor if possible. This message "
+                "will only appear once per program.",
+                UserWarning,
+                stacklevel=4,
+            )
 
 
 @lowering(aten.searchsorted)

@@ -25,6 +25,7 @@ Data-dependent behaviour:
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 
 from torchjax.device import _checks
-from torchjax.ops.registry import functional_handler, handler, lowering
+from torchjax.ops.registry import functional_handler, handler, lowering, precheck
 from torchjax.ops.view_ops import _dim
 from torchjax.tensor import dtypes
 from torchjax.tensor._memory_format import restrided
@@ -138,6 +139,19 @@ def _advanced_index(self, indices, op):
     return tuple(out)
 
 
+@precheck(aten.index.Tensor, aten.index_put, aten._index_put_impl)
+def _uint8_masks_are_deprecated(args, kwargs):
+    """ATen's warning (at every such call, as its TORCH_WARN) for a uint8 index."""
+    indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+    if any(isinstance(i, torch.Tensor) and i.dtype == torch.uint8 for i in indices or ()):
+        warnings.warn(
+            "indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+            "torch.bool instead.",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 @lowering(aten.index.Tensor, cpu_tensors=True)
 def index(self, indices):
     """aten::index.Tensor - ``self[indices]`` with a list of optional index tensors.
@@ -202,7 +216,10 @@ def _cpu_scalar_mask(self, indices, values):
         mask, lead, n = idx, n, n + idx.dim()
     if mask is None:
         return None
-    mask = mask if mask.dtype == torch.bool else aten._to_copy.default(mask, dtype=torch.bool)
+    if mask.dtype != torch.bool:  # ATen's masked_fill_ then refuses it
+        raise RuntimeError(
+            "masked_fill_ only supports boolean masks, but got mask with dtype unsigned char"
+        )
     # At its own dims: ones for the dims before it (leading None) and after it.
     after = self.dim() - lead - mask.dim()
     return aten.view.default(mask, [1] * lead + list(mask.shape) + [1] * after)
@@ -471,6 +488,10 @@ def index_copy(self, dim, index, source):
 @lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, cpu_tensors=True)
 def index_fill(self, dim, index, value):
     """aten::index_fill - ``self[..., index, ...] = value`` (scalar or 0-d tensor)."""
+    if jnp.iscomplexobj(value) and not jnp.iscomplexobj(self):
+        raise RuntimeError(  # CPU's kernel text, ahead of the range check
+            "index_fill_(): Converting complex Scalar to non-complex type is not supported"
+        )
     dtypes.check_scalar_fits(value, self.dtype, "index_fill")
     return _index_update(
         self, dim, index, jnp.asarray(value).astype(self.dtype), "set", "index_fill"

@@ -189,6 +189,42 @@ def check_out_on_meta(func, args, kwargs, out_names, meta_like) -> bool:
     return True
 
 
+_SCALAR_TYPES = {
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int64: "Long",
+    torch.int32: "Int",
+    torch.int16: "Short",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.bool: "Bool",
+    torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
+}
+
+
+def _scalar_type(dt) -> str:
+    """c10's ScalarType name ('Float', 'Long', 'BFloat16'), as ATen's kernels print it."""
+    return _SCALAR_TYPES.get(dt, str(dt).removeprefix("torch."))
+
+
+def check_kernel_out_dtype_first(func, args, outs) -> None:
+    """Out dtype checks CPU's kernels make before anything their meta functions check:
+    mode's values must have the input's dtype and its indices int64."""
+    if func._opname == "mode" and args and len(outs) == 2:
+        for out, want, what in (
+            (outs[0], args[0].dtype, "values"),
+            (outs[1], torch.long, "indices"),
+        ):
+            if out.dtype != want:
+                raise RuntimeError(
+                    f"expected scalar type '{_scalar_type(want)}' but got "
+                    f"'{_scalar_type(out.dtype)}' for {what} output"
+                )
+
+
 def check_kernel_out_dtype(func, args, outs) -> None:
     """The out dtype checks CPU's kernels make that their meta functions do not: amax and
     amin write only their input's dtype; any and all a bool (or uint8) result."""
@@ -397,6 +433,7 @@ def out_handler(func, functional):
                 f"{func._opname} does not support non-boolean outputs. "
                 f"(in aten::{func._opname}.{func._overloadname})"
             )
+        check_kernel_out_dtype_first(func, args, outs)
         if func._opname == "abs" and args[0].is_complex():
             meta_ok = _complex_abs_out(func, args[0], outs[0])
         else:
