@@ -618,3 +618,44 @@ def test_cpu_tensors_in_the_state_are_guarded_and_writes_repeat():
             jitted(torch.ones(1, 2, device="tpu"))
     assert model.calls.device.type == "cpu" and model.calls.item() == 3.0
     assert jitted.trace_count == 3
+
+
+def test_backward_inside_fills_and_accumulates_argument_grads_as_eager():
+    # Note [Gradients of arguments]: the traced stand-in got the .grad and the caller's
+    # argument kept None, silently.
+    def run(device, compile_):
+        w = torch.ones(3, device=device, requires_grad=True)
+        x = torch.arange(3.0, device=device, requires_grad=True)
+
+        def step(x):
+            loss = (w * x * x).sum()
+            loss.backward()
+            return loss
+
+        fn = torchjax.jit(step) if compile_ else step
+        grads = []
+        for _ in range(3):  # created, then accumulated
+            fn(x)
+            grads.append((w.grad.cpu().clone(), x.grad.cpu().clone()))
+        return grads
+
+    for (tw, tx), (cw, cx) in zip(run("tpu", True), run("cpu", False)):
+        assert torch.equal(tw, cw) and torch.equal(tx, cx)
+
+
+def test_a_leaf_argument_updated_under_no_grad_inside_stays_a_leaf():
+    def sgd(y):
+        (y * y).sum().backward()
+        with torch.no_grad():
+            y -= 0.1 * y.grad
+        return (y * y).sum()
+
+    y = torch.arange(3.0, device="tpu", requires_grad=True)
+    ye = torch.arange(3.0, requires_grad=True)
+    step = torchjax.jit(sgd)
+    for _ in range(2):
+        got, want = step(y), sgd(ye)
+        assert y.is_leaf and y.grad_fn is None
+        torch.testing.assert_close(got.cpu(), want.detach())
+        torch.testing.assert_close(y.detach().cpu(), ye.detach())
+        torch.testing.assert_close(y.grad.cpu(), ye.grad)

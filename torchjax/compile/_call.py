@@ -73,9 +73,13 @@ class Call:
                 roots.append(x)
                 static.append(x if _hashable_by_value(x) else Ref(x))
         roots.extend(static_kwargs.values())
+        grads = not jitted._is_module
+        if grads:  # Note [Gradients of arguments]: an argument's existing .grad is state
+            roots.extend(
+                t.grad for t in tensors if t.requires_grad and t.is_leaf and t.grad is not None
+            )
         self.roots = roots
         self.static, self.pos, self.tensors = static, pos, tensors
-        grads = not jitted._is_module
         walk = _state.walk(roots, grads)
         if any(make_capturable(o) for o in walk.optimizers):
             walk = _state.walk(roots, grads)

@@ -278,6 +278,8 @@ class _Entry:
                             w.requires_grad_()
                             if not t.is_leaf:  # in-place ops on it are allowed, as on CPU
                                 w = _NonLeaf.apply(w)
+                            elif t.grad is not None and not jitted._is_module:
+                                w.grad = t.grad  # Note [Gradients of arguments]
                         if user_class(type(t)) is not None:
                             # Note [User tensor subclasses under torchjax.jit]: a fresh
                             # wrapper takes the made class, as alias_as gives an alias.
@@ -297,6 +299,7 @@ class _Entry:
                         saved.hooks() if saved is not None else contextlib.nullcontext(),
                     ):
                         out = jitted.fn(*args, **kwargs)
+                    arg_grads = _argument_grads(call.tensors, leaves)
                 finally:
                     _rng.set_traced_stream(old)
                 out_flat, out_spec = pytree.tree_flatten(out)
@@ -333,6 +336,7 @@ class _Entry:
                     for s in after.storages
                     if id(s) not in known and isinstance(s.arr, jax.core.Tracer)
                 ]
+                created += [s for s in arg_grads if id(s) not in known]
                 # Arguments written in place (x.add_(1), BatchNorm's running stats when
                 # Dynamo passes buffers as graph inputs) are written back as in eager.
                 args_written = [
@@ -477,6 +481,33 @@ class _Entry:
             # Note [Arguments written in place get the program's history]
             call.tensors[k].copy_(new)
         return self.unflatten(list(outs[:n]), call)
+
+
+# Note [Gradients of arguments]
+# ``loss.backward()`` inside the function fills, in eager, the ``.grad`` of every leaf
+# argument that requires grad. The trace sees each argument as a fresh tensor over a
+# tracer, so the backward filled that stand-in's ``.grad`` and the caller's argument kept
+# None: a silent loss of the gradient. An argument's existing ``.grad`` is state of the
+# call of a function (a root of its walk, as parameters' ``.grad`` are; a module's
+# forward calls no backward) and is the stand-in's ``.grad`` while tracing, so
+# accumulation writes it (written back as any state); a ``.grad`` the backward creates
+# is given to the argument after the trace and made a created output of the program
+# (filled after each call, as a parameter's new ``.grad`` is). A ``.grad`` accumulated
+# out of place (a new tensor) is copied into the existing one.
+def _argument_grads(tensors, leaves) -> list:
+    """Give each leaf argument requiring grad the ``.grad`` its stand-in got while
+    tracing (Note [Gradients of arguments]); the storages of those newly created."""
+    created = []
+    for t, w in zip(tensors, leaves):
+        if not (t.requires_grad and t.is_leaf) or w.grad is None or w.grad is t.grad:
+            continue
+        if t.grad is None:
+            t.grad = w.grad
+            created.append(root(w.grad))
+        else:
+            with torch.no_grad():
+                t.grad.copy_(w.grad)
+    return created
 
 
 # Note [Leaves made inside a compiled function]

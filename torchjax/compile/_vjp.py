@@ -125,7 +125,10 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
     rebased = [
         m
         for m, k in enumerate(entry.args_written)
-        if differentiable(call.tensors[k]) and wrapped[k].requires_grad
+        if differentiable(call.tensors[k])
+        and wrapped[k].requires_grad
+        # a leaf written under no_grad (an SGD update) stays a leaf without history
+        and not (call.tensors[k].is_leaf and wrapped[k].grad_fn is None)
     ]
     for i, m in enumerate(rebased):
         k = entry.args_written[m]
