@@ -286,3 +286,24 @@ def test_a_matmul_precision_reaches_a_custom_vjp_backward_traced_later():
         ), got
     plain = precisions(jax.grad(lambda x, y: in_32bit_mode(product)(x, y).sum()))
     assert plain and all(p is None for p in plain), plain
+
+
+@tp.op("torchjax_test::sum_list", schema="(Tensor[] xs, float scale=1.0) -> Tensor")
+def sum_list(xs, scale=1.0):
+    return sum(x * scale for x in xs)
+
+
+def test_tensor_list_arguments_run_refuse_float64_and_gradients_clearly():
+    a, b = torch.randn(3), torch.randn(3)
+    got = sum_list([a.to("tpu"), b.to("tpu")], 2.0)
+    torch.testing.assert_close(got.cpu(), (a + b) * 2.0)
+    # A float64 element was rounded to float32 silently (32-bit mode), dtype and all.
+    wide = torch.tensor([1 / 3, 1e-20], dtype=torch.float64).to("tpu")
+    with pytest.raises(TypeError, match=r"argument 'xs\[1\]' is a \(2,\) torch.float64"):
+        sum_list([a[:2].to("tpu"), wide])
+    # Gradients through a Tensor[] argument crashed inside autograd's backward.
+    x = a.to("tpu").requires_grad_()
+    with pytest.raises(NotImplementedError, match="'xs' is a list of tensors"):
+        sum_list([x, x * 2])
+    with torch.no_grad():
+        torch.testing.assert_close(sum_list([x, x * 2]).cpu(), a * 3)

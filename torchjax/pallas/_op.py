@@ -416,14 +416,30 @@ class KernelOp:
                     "register the op with torchjax.pallas.op(..., x64=True) to trace it "
                     "with 64-bit types"
                 )
-            if isinstance(t, torch.Tensor) and t.dtype in _WIDE_FLOATS:
-                narrow = _WIDE_FLOATS[t.dtype]
-                raise TypeError(
-                    f"{self.qualname}: argument {name!r} is a {tuple(t.shape)} {t.dtype} "
-                    f"tensor, but the op runs its JAX function in JAX's default 32-bit mode, "
-                    f"which would round it to {narrow}; pass {name}.to({narrow}), or "
-                    f"register the op with torchjax.pallas.op(..., x64=True) to trace it "
-                    f"with 64-bit types"
+            listed = isinstance(t, (list, tuple))
+            for i, x in enumerate(t if listed else [t]):  # a Tensor[] argument's too
+                if isinstance(x, torch.Tensor) and x.dtype in _WIDE_FLOATS:
+                    narrow = _WIDE_FLOATS[x.dtype]
+                    arg = f"{name}[{i}]" if listed else name
+                    raise TypeError(
+                        f"{self.qualname}: argument {arg!r} is a {tuple(x.shape)} {x.dtype} "
+                        f"tensor, but the op runs its JAX function in JAX's default 32-bit "
+                        f"mode, which would round it to {narrow}; pass {arg}.to({narrow}), or "
+                        f"register the op with torchjax.pallas.op(..., x64=True) to trace it "
+                        f"with 64-bit types"
+                    )
+
+    def _no_list_gradients(self, inputs):
+        """A Tensor[] argument needing a gradient is refused at the call (autograd's
+        ``setup_context``): the backward computes gradients of Tensor arguments only,
+        and failed inside autograd's backward."""
+        for name, t in zip(self._names, inputs):
+            if isinstance(t, (list, tuple)) and any(_differentiable(x) for x in t):
+                raise NotImplementedError(
+                    f"{self.qualname}: argument {name!r} is a list of tensors and one of them "
+                    "requires grad; a torchjax.pallas.op computes gradients for Tensor "
+                    "arguments only. Pass those tensors as separate Tensor arguments, or "
+                    "call the op under torch.no_grad() (or on detached tensors)"
                 )
 
     def _forward_keeping_vjp(self, args, kwargs):
@@ -537,6 +553,7 @@ class KernelOp:
         torch.library.register_fake(f"{ns}::{bname}", fake_backward, lib=self._lib)
 
         def setup_context(ctx, inputs, output):
+            self._no_list_gradients(inputs)
             first = output[0] if isinstance(output, (tuple, list)) else output
             ctx.vjp = first.__dict__.pop(_VJP_ATTR, None)
             if ctx.vjp is not None:
