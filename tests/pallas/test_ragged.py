@@ -150,3 +150,24 @@ def test_kernel_bfloat16_accumulates_in_float32():
     assert out.dtype == jnp.bfloat16
     ref = kernels.ragged_dot_reference(lhs, rhs, sizes)
     assert jnp.allclose(out.astype(jnp.float32), ref, atol=0.1, rtol=2e-2)
+
+
+def test_float64_runs_xlas_ragged_dot_with_grads_and_other_dtypes_are_refused():
+    # The kernels trace in 32-bit mode and have no float64 products: float64 failed in
+    # the kernel ("Invalid dtype for swap").
+    torch.manual_seed(3)
+    lhs, rhs = torch.randn(8, 4, dtype=torch.float64), torch.randn(2, 4, 3, dtype=torch.float64)
+    sizes = torch.tensor([3, 4])
+    cpu = [lhs.clone().requires_grad_(), rhs.clone().requires_grad_()]
+    tpu = [lhs.to("tpu").requires_grad_(), rhs.to("tpu").requires_grad_()]
+    want = torch.cat([cpu[0][:3] @ cpu[1][0], cpu[0][3:7] @ cpu[1][1], cpu[0][7:] * 0 @ cpu[1][1]])
+    got = tp.ragged_dot(*tpu, sizes.to("tpu"))
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got.cpu(), want.detach())
+    want.sum().backward()
+    got.sum().backward()
+    for t, c in zip(tpu, cpu):
+        assert t.grad.dtype == torch.float64
+        torch.testing.assert_close(t.grad.cpu(), c.grad)
+    with pytest.raises(ValueError, match="the kernels take float32, bfloat16 or float16"):
+        tp.ragged_dot(lhs.long().to("tpu"), rhs.long().to("tpu"), sizes.to("tpu"))

@@ -146,7 +146,8 @@ def ragged_dot(lhs, rhs, group_sizes, *, transpose_rhs: bool = False, blocks=Non
     """Grouped matmul with the Pallas kernels: ``jax.lax.ragged_dot`` semantics.
 
     Args:
-        lhs: (M, K) float32/bfloat16/float16, rows sorted by group.
+        lhs: (M, K) float32/bfloat16/float16 (float64: XLA's ragged_dot, no kernel),
+            rows sorted by group.
         rhs: (G, K, N), or (G, N, K) with ``transpose_rhs=True`` (the layout of
             ``nn.Linear``-style expert weights, used without a transposed copy).
         group_sizes: (G,) integer, rows per group; ``sum <= M``.
@@ -160,7 +161,7 @@ def ragged_dot(lhs, rhs, group_sizes, *, transpose_rhs: bool = False, blocks=Non
         ``sum(group_sizes)`` are 0. Differentiable in ``lhs`` and ``rhs``.
 
     Raises:
-        ValueError: mismatched shapes or dtypes.
+        ValueError: mismatched shapes or dtypes, or a dtype other than these.
     """
     from torchjax.pallas._op import interpret_default
 
@@ -176,6 +177,15 @@ def ragged_dot(lhs, rhs, group_sizes, *, transpose_rhs: bool = False, blocks=Non
         raise ValueError(
             f"torchjax.pallas.ragged_dot: lhs and rhs dtypes differ ({lhs.dtype} vs "
             f"{rhs.dtype}); cast one first"
+        )
+    if lhs.dtype == jnp.float64:
+        # The kernels' platforms have no float64 products (Mosaic, Triton): XLA's
+        # ragged_dot computes it, in float64 (emulated on TPU: Note [float64 on TPU]).
+        return ragged_dot_reference(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs)
+    if lhs.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        raise ValueError(
+            f"torchjax.pallas.ragged_dot: lhs and rhs are {lhs.dtype}; the kernels take "
+            "float32, bfloat16 or float16 (float64 runs XLA's ragged_dot)"
         )
     interpret = interpret_default() if interpret is None else interpret
     plat = _tiling.platform(interpret)
