@@ -292,3 +292,18 @@ def test_mode_out_of_the_wrong_dtype_has_cpus_text(values_dtype, indices_dtype):
     with pytest.raises(RuntimeError) as tpu:
         torch.mode(x.to("tpu"), out=tuple(o.to("tpu") for o in outs))
     assert str(tpu.value).startswith(str(cpu.value)), (tpu.value, cpu.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_kthvalue_of_complex_as_cpu(dtype):
+    # A 0-d complex tensor is its own kthvalue on CPU; longer ones are refused with
+    # NotImplementedError (was a RuntimeError for both).
+    x = torch.tensor(1 + 2j, dtype=dtype)
+    want, got = torch.kthvalue(x, 1), torch.kthvalue(x.to("tpu"), 1)
+    assert torch.equal(got.values.cpu(), want.values) and got.indices.item() == 0
+    v = torch.tensor([1 + 2j, 3j], dtype=dtype)
+    with pytest.raises(NotImplementedError) as cpu:
+        torch.kthvalue(v, 1)
+    with pytest.raises(NotImplementedError) as tpu:
+        torch.kthvalue(v.to("tpu"), 1)
+    assert str(tpu.value).startswith(str(cpu.value))
