@@ -76,6 +76,7 @@ def test_uninstall_restores_every_original():
             "acc_memory_stats": torch.accelerator.memory.memory_stats,
             "acc_synchronize": torch.accelerator.synchronize,
             "saved_enter": torch.autograd.graph.saved_tensors_hooks.__dict__["__enter__"],
+            "run_backward": torch.autograd.graph._engine_run_backward,
         }
         meta_path = list(sys.meta_path)
         skip_dirs = list(trace_rules.SKIP_DIRS)
@@ -111,6 +112,7 @@ def test_uninstall_restores_every_original():
         assert torch.load is not before["torch_load"]
         saved_hooks = torch.autograd.graph.saved_tensors_hooks
         assert saved_hooks.__dict__["__enter__"] is not before["saved_enter"]
+        assert torch.autograd._engine_run_backward is not before["run_backward"]
         assert torch.accelerator.empty_cache is not before["acc_empty_cache"]
         assert torch.accelerator.memory.memory_stats is not before["acc_memory_stats"]
         assert inspect.signature(torch.accelerator.memory.memory_stats) == inspect.signature(
@@ -156,6 +158,8 @@ def test_uninstall_restores_every_original():
         assert dlpack.to_dlpack is before["dlpack"]
         assert torch.to_dlpack is before["torch_dlpack"]
         assert torch.utils.swap_tensors is before["swap"]
+        assert torch.autograd.graph._engine_run_backward is before["run_backward"]
+        assert torch.autograd._engine_run_backward is before["run_backward"]
         assert torch.nn.Module.__dict__["_apply"] is before["apply"]
         assert torch.__future__.get_swap_module_params_on_conversion is before["swap_flag"]
         assert torch.load is torch.serialization.load is before["torch_load"]
@@ -219,6 +223,8 @@ def test_uninstall_restores_every_original():
         "torch.to_dlpack",
         "torch.utils.swap_tensors",
         "torch.autograd.graph.saved_tensors_hooks.__enter__",
+        "torch.autograd.graph._engine_run_backward",
+        "torch.autograd._engine_run_backward",
         "torch.nn.Module._apply",
         "torch.__future__.get_swap_module_params_on_conversion",
         "torch.load",

@@ -116,8 +116,22 @@ def _t5gemma():
     )  # fmt: skip
 
 
+def _qwen3_next():
+    # Gated delta-net (linear attention) and gated full attention. Dense MLPs in both
+    # layers: a bfloat16 MoE router ties experts often, and tpu breaks ties unlike CPU
+    # (docs/numerics.md, topk ties), which moves a token's logits by a whole expert.
+    return tf.Qwen3NextConfig(
+        **{**_DECODER, "head_dim": 16}, linear_conv_kernel_dim=4, linear_key_head_dim=8,
+        linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=["linear_attention", "full_attention"], mlp_only_layers=[0, 1],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.5},
+    )  # fmt: skip
+
+
 # Not in ARCHITECTURES (each of those runs every architecture test): used where named.
 T5GEMMA = (tf.AutoModelForSeq2SeqLM, _t5gemma, "eager")
+QWEN3_NEXT = (tf.AutoModelForCausalLM, _qwen3_next, "sdpa")
 
 # name -> (Auto class, config factory, attn_implementation)
 ARCHITECTURES = {

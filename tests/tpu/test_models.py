@@ -5,7 +5,8 @@ bfloat16 run does.
 
 Tiny models from configs with seeded weights (scaled up so greedy decoding is decisive;
 tests/integrations/tiny_models.py), saved with ``save_pretrained``: a Llama, Qwen3,
-Qwen3-MoE and Gemma 3 (a sliding-window layer and a global one).
+Qwen3-MoE, Gemma 3 (a sliding-window layer and a global one) and Qwen3-Next (a gated
+delta-net layer and a gated attention layer, run through transformers' torch fallbacks).
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import torchjax  # noqa: E402
 from examples import tiny_llama_generate as tl  # noqa: E402
 from tests.integrations import tiny_models  # noqa: E402
 
-MODELS = ["llama", "qwen3", "qwen3_moe", "gemma3"]
+MODELS = ["llama", "qwen3", "qwen3_moe", "gemma3", "qwen3_next"]
 NEW_TOKENS = 16
 
 
 def _save(name, path):
     if name == "llama":
         tl.save_tiny_llama(path)
+    elif name == "qwen3_next":
+        tiny_models.save_tiny(name, path, architectures={name: tiny_models.QWEN3_NEXT})
     else:
         tiny_models.save_tiny(name, path)
 

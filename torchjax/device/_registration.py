@@ -23,6 +23,7 @@ from torchjax.device import (
     _accelerator,
     _autocast,
     _dataloader,
+    _engine_queues,
     _factory,
     _fork,
     _layouts,
@@ -68,6 +69,7 @@ def _register() -> None:
     _serialization.register()
     _accelerator.register()
     _backward_errors.install_saved_hooks_guard()
+    _engine_queues.register()
     install_swap_tensors(_involves_tpu)
     install_module_moves(_holds_tpu_params)
 
