@@ -25,8 +25,8 @@ from tests.integrations import tiny_models  # noqa: E402
 
 MODELS = ["llama", "qwen3", "qwen3_moe", "gemma3"]
 # bfloat16 only: the hybrid's padded bfloat16 batch is its question (tests/integrations/
-# test_bfloat16_decode.py); one more float32 generate would cost the tier a minute of
-# compiles for the same answer as the four above.
+# test_bfloat16_decode.py); one more float32 generate would add its compiles to the
+# tier's time for the answer the four above give.
 BF16_MODELS = MODELS + ["qwen3_next"]
 NEW_TOKENS = 16
 
