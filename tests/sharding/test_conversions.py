@@ -16,6 +16,10 @@ def _mixtral(experts: int):
     return tf.MixtralConfig(**tiny._DECODER, num_local_experts=experts, num_experts_per_tok=2)
 
 
+def _never(key):
+    raise AssertionError(f"{key} read while only grouping keys")
+
+
 def _saved_keys(config) -> list[str]:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as path:
@@ -61,6 +65,19 @@ def test_model_names_read_as_they_are():
     with torch.device("meta"):
         model = tf.AutoModelForCausalLM.from_config(config)
     keys = list(model.state_dict())
-    layout = checkpoint_layout(model, keys, read=None)
+    layout = checkpoint_layout(model, keys, read=_never)
     assert layout.direct == {k: k for k in keys} and not layout.converted
     assert layout.targets == set(keys)
+
+
+def test_key_mapping_renames_first():
+    # from_pretrained(key_mapping=...) reaches the layout: the user's renaming applies
+    # before the model's own conversions.
+    config = tiny._qwen3_moe()
+    with torch.device("meta"):
+        model = tf.AutoModelForCausalLM.from_config(config)
+    keys = [f"backbone.{k}" for k in _saved_keys(config)]
+    layout = checkpoint_layout(model, keys, read=_never, key_mapping={r"^backbone\.": ""})
+    assert layout.direct["model.norm.weight"] == "backbone.model.norm.weight"
+    assert "model.layers.1.mlp.experts.down_proj" in layout.converted
+    assert set(layout.shapes) <= layout.targets
