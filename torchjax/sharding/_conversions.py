@@ -30,7 +30,9 @@ expert 9), grouped per target as transformers groups them. Then:
   converted parameter whole.
 
 Checkpoint keys that no parameter or buffer takes are left unread, as ``from_pretrained``
-reports them as unexpected and goes on.
+reports them as unexpected and goes on. Written against transformers 5.24
+(``rename_source_key``, ``WeightConverter.add_tensor``/``convert``);
+tests/sharding/test_conversions.py fails if those move.
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ def checkpoint_layout(model, keys, read, key_mapping=None) -> CheckpointLayout:
         if converter is None:
             converter = converted[target] = copy.deepcopy(by_pattern[pattern])
             first = converter.target_patterns[0]
-            targets.update(target.replace(first, t, 1) for t in converter.target_patterns)
+            names = (target.replace(first, t, 1) for t in converter.target_patterns)
+            targets.update(name for name in names if name in meta)
         converter.add_tensor(target, key, pattern, functools.partial(read, key))
     shapes = {name: tuple(t.shape) for name, t in meta.items()}
     used = [t for t in mapping if t.was_used()]
