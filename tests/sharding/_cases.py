@@ -24,6 +24,7 @@ import torch
 
 import torchjax
 import torchjax.sharding as ts
+from tests.sharding import _moe_cases
 from torchjax.sharding import P
 
 CASES: dict = {}
@@ -414,6 +415,9 @@ def dp_fsdp_jit_train_step():
         w = net[0].weight
         assert ts.sharding_of(w).spec == P("fsdp"), ts.sharding_of(w)
         assert bytes_per_device(w) * 4 == w.numel() * 4
+
+
+CASES.update(_moe_cases.CASES)  # Hub-layout MoE checkpoints under tensor parallelism
 
 
 def main() -> None:

@@ -6,7 +6,11 @@ the plan (torchjax/sharding/_plan.py), then reads each parameter from the safete
 files block by block with ``torchjax.checkpoint.load(path, sharding=...)``: every
 device's block is read from the file on its own and placed on that device, so neither
 host memory nor any device ever holds the whole model. Under ``jax.distributed`` each
-process reads only the blocks of its own devices.
+process reads only the blocks of its own devices. Checkpoint names become parameter
+names through transformers' own conversion mapping, as in ``from_pretrained``; a
+parameter built from several tensors (one MoE layer's per-expert weights) is built on
+the host and then placed (Note [Checkpoint layouts in tensor-parallel loading] in
+torchjax/sharding/_conversions.py).
 
 This is transformers' ``from_pretrained(path, distributed_config=DistributedConfig(
 tp_plan="auto", tp_size=4))`` (``tp_plan="auto"`` in older spellings) for torchjax: the
@@ -26,7 +30,10 @@ import torch
 from jax.sharding import Mesh, NamedSharding
 
 from torchjax import checkpoint
+from torchjax.checkpoint import SafetensorsFile
 from torchjax.device._mesh import get_mesh, make_mesh
+from torchjax.sharding._conversions import checkpoint_layout, run_converter
+from torchjax.sharding._placement import shard
 from torchjax.sharding._plan import plan_shardings
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import wrap
@@ -66,7 +73,13 @@ class TensorParallelConfig:
 
 
 def load_pretrained(
-    model_class, path: str, tp: TensorParallelConfig | None = None, *, dtype=None, **config_kwargs
+    model_class,
+    path: str,
+    tp: TensorParallelConfig | None = None,
+    *,
+    dtype=None,
+    key_mapping: dict | None = None,
+    **config_kwargs,
 ) -> torch.nn.Module:
     """A transformers model from ``path``, its parameters sharded by ``tp`` on "tpu".
 
@@ -74,10 +87,16 @@ def load_pretrained(
         model_class: a ``PreTrainedModel`` class or an Auto class
             (``AutoModelForCausalLM``).
         path: a directory written by ``save_pretrained`` (config.json and
-            model.safetensors, or a sharded checkpoint with its index json).
+            model.safetensors, or a sharded checkpoint with its index json), tensors
+            under the model's names or under those transformers' conversion mapping
+            turns into them (per-expert MoE
+            weights, older module names; Note [Checkpoint layouts in tensor-parallel
+            loading] in torchjax/sharding/_conversions.py).
         tp: the sharding (default ``TensorParallelConfig()``: the model's plan over all
             devices or the active mesh's "tp" axis).
         dtype: a torch dtype for floating parameters (default: as stored).
+        key_mapping: ``{regex: replacement}`` renaming checkpoint keys first, as
+            ``from_pretrained(key_mapping=...)``.
         config_kwargs: passed to ``AutoConfig.from_pretrained``.
 
     Returns:
@@ -88,7 +107,8 @@ def load_pretrained(
 
     Raises:
         FileNotFoundError: no safetensors in ``path``. KeyError: a parameter missing from
-        the checkpoint (other than tied ones). ValueError: as ``parallelize``.
+        the checkpoint (other than tied ones). ValueError: as ``parallelize``. An error of
+        a transformers conversion operation, as ``from_pretrained`` raises it.
     """
     from transformers import AutoConfig
 
@@ -103,28 +123,30 @@ def load_pretrained(
     shardings = plan_shardings(model, tp.plan, mesh, tp.axis)
     files = checkpoint.read_index(path)
     tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+    with _HostReader(files) as host:
+        layout = checkpoint_layout(model, files, host.read, key_mapping)
 
-    # Each parameter's checkpoint name (a tied one is saved under one of its names) and
-    # the sharding to read it with; everything else in the file is read replicated.
-    key_of, key_sharding = {}, {}
-    names_of: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names_of.setdefault(id(p), []).append(name)
-    for name, p in model.named_parameters(remove_duplicate=False):
-        key = next((n for n in names_of[id(p)] if n in files), None)
-        if key is None:
-            raise KeyError(
-                f"torchjax.sharding.load_pretrained: parameter {name!r} is not in the "
-                f"checkpoint at {path} (tied: {name in tied})"
-            )
-        key_of[name] = key
-        key_sharding.setdefault(key, shardings[name])
-    replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
-    tensors = checkpoint.load(
-        path,
-        dtype=dtype,
-        sharding=lambda key: key_sharding.get(key, replicated),
-    )
+        # Each parameter's state-dict name that the checkpoint fills (a tied one is saved
+        # under one of its names) and the sharding to read it with; buffers replicated.
+        key_of, target_sharding = {}, {}
+        names_of: dict[int, list[str]] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            names_of.setdefault(id(p), []).append(name)
+        for name, p in model.named_parameters(remove_duplicate=False):
+            key = next((n for n in names_of[id(p)] if n in layout.targets), None)
+            if key is None:
+                raise KeyError(
+                    f"torchjax.sharding.load_pretrained: parameter {name!r} is not in the "
+                    f"checkpoint at {path}, under its own name or any transformers' conversion "
+                    f"mapping gives it (tied: {name in tied})"
+                )
+            key_of[name] = key
+            target_sharding.setdefault(key, shardings[name])
+        replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
+        tensors = _read_layout(
+            layout, files, model, dtype, lambda n: target_sharding.get(n, replicated)
+        )
+    model._weight_conversions = layout.used  # as from_pretrained: save_pretrained reverts them
 
     loaded: dict[str, torch.nn.Parameter] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -142,6 +164,66 @@ def load_pretrained(
 
         model.generation_config = GenerationConfig.from_pretrained(path)
     return model.eval()
+
+
+class _HostReader:
+    """Checkpoint tensors as CPU torch tensors, for transformers' conversion operations;
+    each file opened once, all closed on exit."""
+
+    def __init__(self, files: dict[str, str]):
+        self._files, self._open = files, {}
+
+    def read(self, key: str) -> torch.Tensor:
+        path = self._files[key]
+        file = self._open.get(path)
+        if file is None:
+            file = self._open[path] = SafetensorsFile(path)
+        return dtypes.numpy_to_cpu_tensor(file.read(key))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for file in self._open.values():
+            file.close()
+
+
+def _read_layout(layout, files, model, dtype, sharding_of) -> dict[str, torch.Tensor]:
+    """``{state-dict name: tpu tensor}`` for every target of ``layout``, placed with
+    ``sharding_of(name)``: tensors under their own (or a renamed) key read block by block
+    from the files, converted ones built on the host and placed block by block (Note
+    [Checkpoint layouts in tensor-parallel loading])."""
+    by_file: dict[str, dict[str, str]] = {}
+    for target, key in layout.direct.items():
+        by_file.setdefault(files[key], {})[key] = target
+    out = {}
+    for file, target_of in by_file.items():
+        read = checkpoint.load_file(
+            file,
+            dtype=dtype,
+            sharding=lambda key, target_of=target_of: sharding_of(target_of[key]),
+            keys=list(target_of),
+        )
+        for key, t in read.items():
+            out[target_of[key]] = _check_shape(t, target_of[key], key, layout)
+    for first, converter in layout.converted.items():
+        for name, value in run_converter(converter, first, model).items():
+            if name not in layout.targets:
+                continue
+            _check_shape(value, name, first, layout)
+            if dtype is not None and value.is_floating_point():
+                value = value.to(dtype)
+            out[name] = shard(value, sharding_of(name))
+    return out
+
+
+def _check_shape(t: torch.Tensor, name: str, key: str, layout) -> torch.Tensor:
+    if tuple(t.shape) != layout.shapes[name]:
+        raise ValueError(
+            f"torchjax.sharding.load_pretrained: the checkpoint's {key!r} gives {name!r} the "
+            f"shape {tuple(t.shape)}, but the model's is {layout.shapes[name]}"
+        )
+    return t
 
 
 # Note [Buffers a checkpoint lacks]

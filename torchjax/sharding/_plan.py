@@ -20,11 +20,22 @@ parameter's blocks live*:
   second-to-last dim), bias on its only dim;
 - rowwise (and rowwise_rep, rowwise_split_input, packed_rowwise): weight sharded on
   ``in`` (``P(None, axis)``), bias replicated;
+- packed_colwise / packed_rowwise hold two weights fused on the sharded dim (an MoE's
+  gate and up). transformers gives each rank a block of each (a strided shard); a jax
+  sharding splits a dim into contiguous blocks only, so here a device holds a block of
+  the fused dim and XLA moves what splitting it into gate and up needs: the same
+  numbers, some more communication;
 - embedding_rowwise (vocab-parallel, transformers' default for ``embed_tokens``): weight
   ``[vocab, hidden]`` sharded on vocab; embedding_colwise: on hidden;
 - replicate, replicated_with_grad_allreduce, sequence_parallel, all_reduce,
-  local_params: parameters replicated (the gradient all-reduce of
-  replicated_with_grad_allreduce is what XLA does for any replicated parameter).
+  local_params, mla_kv_a_proj, moe_identity_expert: parameters replicated (the gradient
+  all-reduce of replicated_with_grad_allreduce is what XLA does for any replicated
+  parameter; the others only change activations or gradients in transformers);
+- moe_tp_experts, on an MoE block's experts module: in transformers it places no
+  parameter itself (the experts' 3-D weights take their own entries, e.g.
+  ``experts.gate_up_proj: packed_colwise``, ``experts.down_proj: rowwise``, each expert
+  split over the axis) and all-reduces the experts' partial outputs, which XLA inserts
+  here; an expert parameter without its own entry (a bias) stays replicated, as there.
 
 The numbers are those of the unsharded model whatever the plan says; the plan decides
 memory per device and communication. With ``activation_constraints=True`` the output
@@ -57,6 +68,9 @@ _REPLICATED = (
     "sequence_parallel",
     "all_reduce",
     "local_params",
+    "mla_kv_a_proj",
+    "moe_identity_expert",
+    "moe_tp_experts",
 )
 STYLES = frozenset(_COLWISE + _ROWWISE + _REPLICATED + ("embedding_rowwise", "embedding_colwise"))
 
