@@ -550,3 +550,13 @@ def conv_memory_format(x, w, b, stride, padding, dilation, transposed, output_pa
 # by the dtype-refusal survey (torchjax/testing/dtype_refusals.py) to see the ATen
 # overload each CPU call reaches.
 from torch.utils._python_dispatch import TorchDispatchMode as TorchDispatchMode  # noqa: E402
+
+
+def dynamo_traced(fn):
+    """``fn`` wrapped so that Dynamo traces into it although its file is in Dynamo's skip
+    list (torchjax's files are: Note [Process-wide changes]); for model code torchjax
+    provides, such as a registered experts forward. Private API
+    (``torch._dynamo.dont_skip_tracing``); imports torch._dynamo when called."""
+    import torch._dynamo
+
+    return torch._dynamo.dont_skip_tracing(fn)

@@ -155,7 +155,7 @@ def kthvalue(self, k, dim=-1, keepdim=False):
         return self, jnp.zeros((), _LONG)
     if jnp.iscomplexobj(self):  # CPU's kernel has no complex path (the dtype table's text)
         name = "ComplexFloat" if self.dtype == jnp.complex64 else "ComplexDouble"
-        raise NotImplementedError(f'"kthvalue_cpu" not implemented for \'{name}\'')
+        raise NotImplementedError(f"\"kthvalue_cpu\" not implemented for '{name}'")
     values, indices = _sorted(self, axis)
     return _select(values, indices, k - 1, axis, keepdim)
 

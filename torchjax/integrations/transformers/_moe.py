@@ -71,13 +71,14 @@ def ragged_dot_experts_forward(
 def register_experts() -> str:
     """Register :func:`ragged_dot_experts_forward` in transformers' ``ExpertsInterface``
     as ``"torchjax_ragged_dot"`` (idempotent) and return that name."""
-    import torch._dynamo
     from transformers.integrations.moe import ExpertsInterface
+
+    from torchjax._compat.torch import dynamo_traced
 
     # torchjax's files are in Dynamo's skip list (Note [Process-wide changes]), which
     # made this forward a graph break at every MoE layer and refused it under
     # fullgraph=True; it is model code, to be traced as transformers' own experts are.
-    ExpertsInterface.register(NAME, torch._dynamo.dont_skip_tracing(ragged_dot_experts_forward))
+    ExpertsInterface.register(NAME, dynamo_traced(ragged_dot_experts_forward))
     _patches.record(
         "transformers ExpertsInterface entry",
         why="models select the ragged-dot experts forward by name",
