@@ -193,3 +193,27 @@ def test_nll_loss_takes_a_uint8_target_as_cpu():
     x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
     t = torch.tensor([0, 1, 2, 1], dtype=torch.uint8)
     torch.testing.assert_close(F.nll_loss(x.to("tpu"), t.to("tpu")).cpu(), F.nll_loss(x, t))
+
+
+@pytest.mark.parametrize("mode", ["grad", "inference"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_ctc_loss_takes_cpu_length_tensors_as_cuda_does(reduction, mode):
+    # Note [ctc_loss with CPU lengths]: "mean" divided the tpu loss by the CPU
+    # target_lengths and raised a mixed-device error.
+    torch.manual_seed(0)
+    log_probs = torch.randn(6, 2, 4).log_softmax(2)
+    targets = torch.tensor([[1, 2], [3, 3]])
+    lengths = (torch.tensor([6, 5]), torch.tensor([2, 1]))
+    cpu = log_probs.clone().requires_grad_()
+    tpu = log_probs.to("tpu").requires_grad_()
+    want = F.ctc_loss(cpu, targets, *lengths, reduction=reduction)
+    if mode == "inference":
+        with torch.inference_mode():
+            got = F.ctc_loss(tpu.detach(), targets.to("tpu"), *lengths, reduction=reduction)
+        torch.testing.assert_close(got.cpu(), want.detach())
+        return
+    got = F.ctc_loss(tpu, targets.to("tpu"), *lengths, reduction=reduction)
+    torch.testing.assert_close(got.cpu(), want.detach())
+    want.sum().backward()
+    got.sum().backward()
+    torch.testing.assert_close(tpu.grad.cpu(), cpu.grad)

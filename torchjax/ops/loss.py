@@ -348,3 +348,40 @@ for _nll, _kernel in (
     (aten.nll_loss2d_forward.default, "nll_loss2d_forward_out_frame"),
 ):
     handler(_nll)(_nll_target_check(decomposition_table[_nll], _kernel))
+
+
+# Note [ctc_loss with CPU lengths]
+# ``aten::ctc_loss.Tensor`` is CompositeImplicitAutograd. For plain tensors it turns the
+# length tensors into integer lists and calls the IntList overload (what CUDA users rely
+# on: CPU length tensors beside device log-probs); for a tensor subclass it keeps them
+# as tensors and divides the device loss by the CPU ``target_lengths`` under "mean",
+# which torch refuses as a mixed-device op. Above that decomposition, tpu log-probs with
+# CPU lengths take the IntList overload, as plain tensors do (the lengths are host
+# values already: nothing is read from the device); other calls decompose as before.
+def _ctc_loss_autograd(
+    log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1, zero_infinity=False
+):
+    if input_lengths.device.type == "cpu" and target_lengths.device.type == "cpu":
+        return aten.ctc_loss.IntList(
+            log_probs,
+            targets,
+            input_lengths.tolist(),
+            target_lengths.tolist(),
+            blank,
+            reduction,
+            zero_infinity,
+        )
+    return aten.ctc_loss.Tensor.decompose(
+        log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity
+    )
+
+
+_CTC_LIB = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
+_CTC_LIB.impl("ctc_loss.Tensor", _ctc_loss_autograd)
+
+
+@handler(aten.ctc_loss.Tensor)
+def _ctc_loss_tensor(args, kwargs):
+    # Under torch.inference_mode the Autograd keys are skipped and the op reaches
+    # __torch_dispatch__ whole: the same rule (Note [ctc_loss with CPU lengths]).
+    return _ctc_loss_autograd(*args, **kwargs)
