@@ -481,3 +481,15 @@ def test_debug_print_prints_values_in_eager_and_at_every_compiled_run(capfd):
     jax.effects_barrier()
     lines = capfd.readouterr().out.splitlines()
     assert lines == ["y = [0. 2. 4.] mean 2.0", "y = [2. 2. 2.] mean 2.0", "eager [1 2] text"]
+
+
+def test_indexing_with_a_0d_tensor_under_jit_says_how_to_index_on_the_device():
+    # torch's x[i] reads a 0-d integer index with .item() in C++: the user wrote no read.
+    def pick(x, i):
+        return x[i]
+
+    x, i = torch.arange(5.0, device="tpu"), torch.tensor(2, device="tpu")
+    with pytest.raises(DataDependentError, match=r"x\[i.reshape\(1\)\]"):
+        torchjax.jit(pick)(x, i)
+    fixed = torchjax.jit(lambda x, i: x[i.reshape(1)])
+    assert fixed(x, i).cpu().tolist() == [2.0]

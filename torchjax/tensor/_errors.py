@@ -353,7 +353,11 @@ def _data_dependent_message(func, error) -> str:
             "which runs that part eagerly."
         )
     if base in _READS:
-        what = "reads a tensor's value into Python (if t:, bool(t), .item(), int(t), .tolist())"
+        what = (
+            "reads a tensor's value into Python (if t:, bool(t), .item(), int(t), "
+            ".tolist(); torch's x[i] with a 0-d integer tensor i reads i too: write "
+            "x[i.reshape(1)] or x.index_select(0, i.reshape(1)) to index on the device)"
+        )
     else:
         what = "needs concrete tensor values"
     return (
