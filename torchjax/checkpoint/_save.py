@@ -155,7 +155,7 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A host NumPy copy of a tpu or CPU tensor, dtype exact, gathered if sharded."""
     if not isinstance(t, JaxTensor):
         return dtypes.cpu_tensor_to_numpy(t)
-    arr = t._value()
+    arr = t._value_uncached()  # one view at a time: no copy of each kept by its view
     if not arr.is_fully_addressable:
         # A multi-process array: every process takes part, each gets the whole value.
         from jax.experimental import multihost_utils
