@@ -43,7 +43,8 @@ def test_uninstall_restores_every_original():
         assert _backend() == CPU()
         import safetensors.torch as st
         from accelerate.utils.dataclasses import DynamoBackend
-        st_load_file = st.load_file
+        from huggingface_hub.serialization import _torch as hub_torch
+        st_load_file, st_save_file = st.load_file, st.save_file
         accelerate_before = {
             "save_state": acc_accelerator.save_accelerator_state,
             "load_state": acc_accelerator.load_accelerator_state,
@@ -58,7 +59,9 @@ def test_uninstall_restores_every_original():
             "dlpack": dlpack.to_dlpack, "torch_dlpack": torch.to_dlpack,
             "load": cls.__dict__["_load_pretrained_model"],
             "from_pretrained": cls.__dict__["from_pretrained"],
-            "tied": modeling_utils.remove_tied_weights_from_state_dict,
+            "safe_save_file": modeling_utils.safe_save_file,
+            "hub_size": hub_torch.get_torch_storage_size,
+            "hub_id": hub_torch.get_torch_storage_id,
             "default_device": PartialState.__dict__["default_device"],
             "save_rng": Trainer.__dict__["_save_rng_state"],
             "generate": GenerationMixin.__dict__["generate"],
@@ -143,10 +146,12 @@ def test_uninstall_restores_every_original():
         assert torch.load(buf, map_location="tpu")["w"].device.type == "tpu"
         assert st.load_file is not st_load_file
         assert inspect.signature(st.load_file) == inspect.signature(st_load_file)
+        assert st.save_file is not st_save_file
+        assert inspect.signature(st.save_file) == inspect.signature(st_save_file)
         assert DynamoBackend("TPU").value == "TPU"
 
         torchjax.uninstall()
-        assert st.load_file is st_load_file
+        assert st.load_file is st_load_file and st.save_file is st_save_file
         assert "_missing_" not in DynamoBackend.__dict__
         try:
             DynamoBackend("TPU")
@@ -171,7 +176,9 @@ def test_uninstall_restores_every_original():
         # _loading.uninstall() re-wraps the original function in a new staticmethod.
         assert cls.__dict__["_load_pretrained_model"].__func__ is before["load"].__func__
         assert cls.__dict__["from_pretrained"] is before["from_pretrained"]
-        assert modeling_utils.remove_tied_weights_from_state_dict is before["tied"]
+        assert modeling_utils.safe_save_file is before["safe_save_file"]
+        assert hub_torch.get_torch_storage_size is before["hub_size"]
+        assert hub_torch.get_torch_storage_id is before["hub_id"]
         assert PartialState.__dict__["default_device"] is before["default_device"]
         assert Trainer.__dict__["_save_rng_state"] is before["save_rng"]
         assert Trainer.__dict__["_load_rng_state"] is before["load_rng"]
@@ -255,6 +262,7 @@ def test_uninstall_restores_every_original():
         "torch.backends.tpu",
         "accelerate DynamoBackend._missing_",
         "safetensors.torch.load_file",
+        "safetensors.torch.save_file",
     }
     # transformers, accelerate and kernels were imported first: no import hook was needed.
     assert set(names) == expected, names

@@ -116,9 +116,11 @@ how it is undone.
   Undo: the finder is removed.
 - ``transformers loading functions`` (same modules; transformers 5.24, the ``PATCHED_FOR``
   of _loading.py). ``PreTrainedModel._load_pretrained_model``, ``from_pretrained`` and
-  ``modeling_utils.remove_tied_weights_from_state_dict`` wrapped: Note [Patching
-  transformers' loading and saving]. Undo: ``_loading.uninstall()`` puts the originals
-  back.
+  ``modeling_utils.safe_save_file`` (the ``save_file`` that ``save_pretrained`` writes
+  each shard with, bound at import) wrapped, and huggingface_hub's
+  ``serialization._torch.get_torch_storage_size`` and ``get_torch_storage_id`` (a tpu
+  tensor answered from its own storage): Note [Patching transformers' loading and
+  saving]. Undo: ``_loading.uninstall()`` puts the originals back.
 - ``jax persistent compilation cache`` (_compilation_cache.py, at import unless
   ``TORCHJAX_COMPILATION_CACHE=0`` or the user set a JAX cache directory or turned the
   cache off; jax 0.10). ``jax_compilation_cache_dir`` set to the user's cache directory
@@ -175,6 +177,11 @@ how it is undone.
   ``torchjax.checkpoint.load_file`` instead of failing in safetensors' Rust reader (Note
   [safetensors' load_file onto tpu]); same signature, every other device unchanged.
   Undo: the original put back.
+- ``safetensors.torch.save_file`` (integrations/_safetensors.py; safetensors 0.8). A dict
+  holding tpu tensors is checked by safetensors' own ``_evaluate_tensors_for_save`` and
+  written one tensor at a time by torchjax.checkpoint's writer, the same bytes (Note
+  [safetensors' save_file of tpu tensors]); ``save_model`` reaches it through the module.
+  Same signature; CPU tensors go to safetensors unchanged. Undo: the original put back.
 - ``transformers Trainer RNG state`` (integrations/transformers/_trainer.py; transformers
   5.24). ``Trainer._save_rng_state`` / ``_load_rng_state`` wrapped: transformers' own run
   first, then the tpu RNG states are added to / restored from ``rng_state.pth`` (Note

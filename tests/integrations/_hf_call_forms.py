@@ -46,7 +46,7 @@ def _signatures() -> dict:
         "from_pretrained": modeling_utils.PreTrainedModel.from_pretrained,
         "save_pretrained": modeling_utils.PreTrainedModel.save_pretrained,
         "_load_pretrained_model": modeling_utils.PreTrainedModel._load_pretrained_model,
-        "remove_tied_weights_from_state_dict": modeling_utils.remove_tied_weights_from_state_dict,
+        "safe_save_file": modeling_utils.safe_save_file,
         "LlamaForCausalLM.from_pretrained": tf.LlamaForCausalLM.from_pretrained,
         "AutoModel.from_pretrained": tf.AutoModel.from_pretrained,
         "AutoConfig.from_pretrained": tf.AutoConfig.from_pretrained,

@@ -2,6 +2,7 @@
 safetensors through torchjax.checkpoint (no CPU torch copy), save_pretrained works on tpu
 models, tied weights stay tied, bf16 stays bf16; logits equal CPU."""
 
+import copy
 import inspect
 import json
 import os
@@ -64,11 +65,11 @@ def test_patches_target_this_transformers(cpu_model_and_dir):
     # functions or changes their signatures fails here, not somewhere in a model load.
     assert transformers.__version__.startswith(_loading.PATCHED_FOR)
     load = modeling_utils.PreTrainedModel._load_pretrained_model
-    remove = modeling_utils.remove_tied_weights_from_state_dict
-    assert hasattr(load, "__torchjax_patch__") and hasattr(remove, "__torchjax_patch__")
+    save = modeling_utils.safe_save_file
+    assert hasattr(load, "__torchjax_patch__") and hasattr(save, "__torchjax_patch__")
     params = list(inspect.signature(load.__torchjax_patch__).parameters)
     assert params[:4] == ["model", "state_dict", "checkpoint_files", "load_config"]
-    assert list(inspect.signature(remove.__torchjax_patch__).parameters) == ["state_dict", "model"]
+    assert list(inspect.signature(save).parameters) == ["tensors", "filename", "metadata"]
     from_pretrained = modeling_utils.PreTrainedModel.from_pretrained
     assert hasattr(from_pretrained, "__torchjax_patch__")
     source = inspect.getsource(from_pretrained.__torchjax_patch__.__func__)
@@ -77,7 +78,7 @@ def test_patches_target_this_transformers(cpu_model_and_dir):
     for kwarg in ("distributed_config", "tp_plan", "tp_size"):
         assert f'kwargs.pop("{kwarg}"' in source, kwarg
     source = inspect.getsource(modeling_utils.PreTrainedModel.save_pretrained)
-    assert "remove_tied_weights_from_state_dict(state_dict, model_to_save)" in source
+    assert "safe_save_file(shard_state_dict, filename, metadata=metadata)" in source
 
 
 def test_fast_path_reads_every_tensor_and_matches_cpu(cpu_model_and_dir, reads, monkeypatch):
@@ -199,8 +200,24 @@ def test_import_torchjax_keeps_transformers_call_forms_and_signatures(tmp_path):
     functions = {
         "from_pretrained": modeling_utils.PreTrainedModel.from_pretrained,
         "_load_pretrained_model": modeling_utils.PreTrainedModel._load_pretrained_model,
-        "remove_tied_weights_from_state_dict": modeling_utils.remove_tied_weights_from_state_dict,
+        "safe_save_file": modeling_utils.safe_save_file,
     }
     for name, f in functions.items():
         assert hasattr(f, "__torchjax_patch__"), name
         assert [str(inspect.signature(f)), f.__name__, f.__doc__] == plain["signatures"][name]
+
+
+@pytest.mark.parametrize("max_shard_size", [None, "40KB"])
+def test_save_pretrained_from_tpu_writes_cpus_files(cpu_model_and_dir, tmp_path, max_shard_size):
+    # The shard files and index of a tpu model are byte for byte those of the same model
+    # on CPU (tied lm_head left out, written one tensor at a time).
+    cpu, _ = cpu_model_and_dir
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    cpu.save_pretrained(tmp_path / "cpu", **kwargs)
+    copy.deepcopy(cpu).to("tpu").save_pretrained(tmp_path / "tpu", **kwargs)
+    names = sorted(os.listdir(tmp_path / "cpu"))
+    assert names == sorted(os.listdir(tmp_path / "tpu"))
+    assert len([n for n in names if n.endswith(".safetensors")]) > (max_shard_size is not None)
+    for name in names:
+        if name.endswith((".safetensors", ".json")) and name != "config.json":
+            assert (tmp_path / "cpu" / name).read_bytes() == (tmp_path / "tpu" / name).read_bytes()

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import x64
-from torchjax.checkpoint._reader import SafetensorsFile
+from torchjax.checkpoint._reader import SafetensorsFile, host_buffer
 from torchjax.device._mesh import get_mesh
 from torchjax.device._module import jax_device
 from torchjax.tensor import dtypes
@@ -76,7 +76,11 @@ def read_array(
 
     def read(index=None) -> np.ndarray:
         arr = file.read(name, index)
-        return arr if arr.dtype == target else arr.astype(target)
+        if arr.dtype == target:
+            return arr
+        out = host_buffer(arr.shape, target)  # Note [Read buffers go back to the system]
+        np.copyto(out, arr, casting="unsafe")
+        return out
 
     with x64(True):  # int64/float64 stay 64-bit (Note [x64 without touching the user's JAX])
         if sharding is None:

@@ -1,12 +1,11 @@
 """tpu tensors (sharded or not) -> ordinary safetensors files, and back into a module.
 
-Files are written by safetensors itself (``safetensors.serialize_file``, the writer behind
-``safetensors.numpy``/``torch``): each tensor is gathered to one host NumPy array (a
+Files are written one tensor at a time (Note [Streaming safetensors writes] in
+torchjax/checkpoint/_writer.py): each tensor is gathered to one host NumPy array (a
 sharded array is assembled from its device pieces; across processes with
-``multihost_utils.process_allgather``) and handed over as a pointer, so a file written
-from tpu tensors is byte-for-byte what ``safetensors.torch.save_file`` writes from the
-same values on CPU. Host memory holds every tensor of the file at once while writing, as
-with safetensors.torch.
+``multihost_utils.process_allgather``), written and dropped before the next, so host
+memory holds one tensor, and the file is byte-for-byte what ``safetensors.torch.
+save_file`` writes from the same values on CPU.
 
 Shared storage follows safetensors.torch: ``save_file`` refuses tensors that share memory
 (a tied ``lm_head.weight``/``embed_tokens.weight``), ``save_model`` keeps one name per
@@ -21,9 +20,9 @@ import os
 
 import jax
 import numpy as np
-import safetensors
 import torch
 
+from torchjax.checkpoint import _writer
 from torchjax.checkpoint._load import load_file
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import JaxTensor
@@ -67,15 +66,7 @@ def save_file(
             "the others in the metadata (see https://huggingface.co/docs/safetensors/"
             "torch_shared_tensors)."
         )
-    arrays = {name: to_numpy(t) for name, t in tensors.items()}
-    specs = {
-        name: safetensors.TensorSpec(
-            dtype=arr.dtype.name, shape=arr.shape, data_ptr=arr.ctypes.data, data_len=arr.nbytes
-        )
-        for name, arr in arrays.items()
-    }
-    # `arrays` keeps every buffer alive while safetensors reads the pointers.
-    safetensors.serialize_file(specs, os.fspath(path), metadata=metadata)
+    _writer.write(path, tensors, metadata, to_numpy)
 
 
 def save_model(
@@ -164,7 +155,7 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A host NumPy copy of a tpu or CPU tensor, dtype exact, gathered if sharded."""
     if not isinstance(t, JaxTensor):
         return dtypes.cpu_tensor_to_numpy(t)
-    arr = t._value()
+    arr = t._value_uncached()  # one view at a time: no copy of each kept by its view
     if not arr.is_fully_addressable:
         # A multi-process array: every process takes part, each gets the whole value.
         from jax.experimental import multihost_utils

@@ -42,7 +42,7 @@ from torchjax._compat.torch import (
 )
 from torchjax.device._module import device_count, jax_device
 from torchjax.tensor import dtypes
-from torchjax.tensor._host_storage import host_backed, host_of, loaded
+from torchjax.tensor._host_storage import host_backed, host_of, loaded, loaded_of
 from torchjax.tensor._protocols import math_bits_loaded
 from torchjax.tensor._reinterpret import interpret
 
@@ -122,6 +122,15 @@ def storage_for(storage, dtype: torch.dtype, device: torch.device, make_storage)
             f'different device "{storage.device}".  This is no longer allowed; the devices '
             "must match."
         )
+    table = loaded_of(storage)
+    st = table.get(dtype)
+    if st is not None:
+        return st
+    if table:  # the same bytes seen as another dtype alias them (a dtype view)
+        root = next(iter(table.values()))
+        st = table[dtype] = interpret(root, dtypes.to_jax_dtype(dtype))
+        return st
+    # Neither loaded nor a snapshot (whose root is in the table): the bytes are needed.
     host = host_of(storage)
     if host is None:
         raise RuntimeError(
@@ -130,13 +139,6 @@ def storage_for(storage, dtype: torch.dtype, device: torch.device, make_storage)
             "tensor.set_(other_tensor), or build the tensor on CPU and move it with .to('tpu')"
         )
     table = loaded(storage)
-    st = table.get(dtype)
-    if st is not None:
-        return st
-    if table:  # the same bytes seen as another dtype alias them (a dtype view)
-        root = next(iter(table.values()))
-        st = table[dtype] = interpret(root, dtypes.to_jax_dtype(dtype))
-        return st
     itemsize = torch.empty((), dtype=dtype).element_size()
     flat = torch.empty(0, dtype=dtype).set_(host, 0, (host.nbytes() // itemsize,))
     st = table[dtype] = make_storage(flat)

@@ -29,7 +29,7 @@ from torchjax.ops.registry import handler, lowering
 from torchjax.ops.writeback import write_into
 from torchjax.tensor import _fake, dtypes
 from torchjax.tensor._addresses import root_of, storage_view
-from torchjax.tensor._host_storage import host_view
+from torchjax.tensor._host_storage import host_view, is_host_backed
 from torchjax.tensor._memory_format import (
     in_row_major_order,
     laid_out,
@@ -243,7 +243,8 @@ def set_source_storage(args, kwargs):
         stride = tuple(args[4]) if len(args) > 4 and args[4] else contiguous_strides(size)
     else:
         offset, size, stride = 0, None, None
-    view = storage_view(self, untyped_storage_of(source), offset, size, stride)
+    untyped = untyped_storage_of(source)
+    view = None if is_host_backed(untyped) else storage_view(self, untyped, offset, size, stride)
     if view is not None:
         self._rebind(*view, self.dtype)
         return self

@@ -86,6 +86,16 @@ def address(storage) -> int:
     return addr
 
 
+def reserve(size: int) -> int:
+    """A fresh fake address range of ``size`` bytes that no root owns: the address of a
+    storage standing for data held elsewhere (Note [Host-backed tpu storages] in
+    torchjax/tensor/_host_storage.py), never resolved to a root."""
+    with _LOCK:
+        addr = _NEXT[0]
+        _NEXT[0] += (size + 127) // 64 * 64
+    return addr
+
+
 def nbytes(root) -> int:
     """The root's size in bytes, without making an array not made yet."""
     lazy = root.lazy

@@ -11,9 +11,17 @@ a jax array once per storage (``_LOADED``, per dtype), so tensors that shared a 
 share one again.
 
 Pickling a tpu tensor (Note [Saving tpu tensors] in torchjax/tensor/_protocols.py) makes
-such a storage from a host snapshot of the tensor's root ``Storage`` and records that
-root in ``_LOADED``: ``copy.copy`` rebuilds over the same storage object and so aliases
-the original, as on CPU; a file keeps only the bytes, so a load gets new arrays.
+a *snapshot* of the tensor's root ``Storage`` and records that root in ``_LOADED``:
+``copy.copy`` rebuilds over the same storage object and so aliases the original, as on
+CPU; a file keeps only the bytes, so a load gets new arrays. A snapshot holds the root's
+jax array of that moment (immutable: later writes to the root make new arrays), not its
+bytes: torch.save pickles every tensor first and writes the storages after, each with
+``storage.cpu()``, so bytes copied at pickling sat on the host for the whole model at
+once (a tpu model's ``torch.save`` peaked at more than twice its size). The snapshot's
+``cpu()`` copies its array to the host when torch writes it, one storage at a time, and
+the copy is dropped once written. Its address is a fake one of its own (``reserve`` in
+torchjax/tensor/_addresses.py); torch's C++ readers of its bytes (the legacy writer,
+through ``host_view``) get them copied to the host once, kept with the snapshot.
 
 Once a JaxTensor is bound to a host-backed storage, the data lives in that tensor's jax
 array (torch's storage copies, ``storage.cpu()`` and ``clone()``, reach it through
@@ -32,7 +40,7 @@ import weakref
 import torch
 
 from torchjax._compat.torch import storage_from_pointer, untyped_storage_of
-from torchjax.tensor._addresses import storage_view
+from torchjax.tensor._addresses import reserve, storage_view
 
 DEVICE_TYPE = "tpu"
 # Attributes set on a host-backed tpu UntypedStorage: the CPU storage owning its bytes,
@@ -74,6 +82,18 @@ def loaded(storage) -> dict:
     return table
 
 
+def is_host_backed(storage: torch.UntypedStorage) -> bool:
+    """Whether ``storage`` (any Python object for it) is a live host-backed tpu storage
+    or snapshot, known by its address."""
+    address = storage.data_ptr() if storage.device.type == DEVICE_TYPE else 0
+    return bool(address) and address in _ADDRESSES
+
+
+def loaded_of(storage) -> dict:
+    """``loaded(storage)`` if it was ever made, else an empty dict (nothing set)."""
+    return getattr(storage, _LOADED, None) or {}
+
+
 def host_view(t: torch.Tensor, *, reading: bool) -> torch.Tensor:
     """``t`` itself, or for a plain (non-JaxTensor) tpu tensor over a host-backed storage
     the CPU tensor viewing its bytes at the same size, stride and offset (over a tpu
@@ -86,22 +106,25 @@ def host_view(t: torch.Tensor, *, reading: bool) -> torch.Tensor:
     untyped = t.untyped_storage()
     if untyped.nbytes() == 0:  # nothing to read or write (an empty tensor's storage)
         return torch.empty(0, dtype=t.dtype).set_(torch.UntypedStorage(0), 0, t.size(), t.stride())
-    view = storage_view(t, untyped, t.storage_offset(), t.size(), t.stride())
-    if view is not None:  # a tpu tensor's own storage (Note [torch storages of tpu tensors])
-        from torchjax.tensor._tensor import make
-
-        return make(*view, t.dtype, t.device.index or 0)
     address = untyped.data_ptr()
     # torch's C++ wraps the storage in a new Python object (no attributes): the
-    # host-backed storage is known by its address.
+    # host-backed storage (or snapshot) is known by its address.
     storage = _ADDRESSES.get(address) if address else None
     if storage is None:
+        view = storage_view(t, untyped, t.storage_offset(), t.size(), t.stride())
+        if view is not None:  # a tpu tensor's own storage (Note [torch storages of tpu tensors])
+            from torchjax.tensor._tensor import make
+
+            return make(*view, t.dtype, t.device.index or 0)
         raise RuntimeError(
             f"torchjax: torch copied a {t.device} storage with no data behind it; tpu "
             "data lives in jax arrays, not in torch storages: copy tensors instead "
             "(tensor.cpu(), torch.save of tensors)"
         )
-    host = getattr(storage, _HOST)
+    host = getattr(storage, _HOST, None)
+    if host is None:  # a snapshot's bytes, asked for by torch's C++: copied once, kept
+        host = storage.cpu()
+        setattr(storage, _HOST, host)
     if reading:
         _sync_to_host(storage, host)
     return torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
@@ -133,23 +156,36 @@ def root_on_host(root, device_index: int = 0) -> torch.Tensor:
 
 
 def snapshot(root, device: torch.device, device_index: int) -> torch.UntypedStorage:
-    """A host-backed tpu storage holding ``root``'s bytes now, with ``root`` recorded as
-    what it loads back to. Reused while ``root`` is unchanged and the last snapshot is
-    still alive (one torch.save)."""
+    """A tpu storage standing for ``root``'s data now, with ``root`` recorded as what it
+    loads back to; its bytes reach the host when ``cpu()`` is called (see the Note).
+    Reused while ``root`` is unchanged and the last snapshot is still alive (one
+    torch.save)."""
     arr = root.arr
     cached = _SNAPSHOTS.get(root)
     if cached is not None and cached[0] == id(arr) and cached[1] == root.version:
         storage = cached[2]()
         if storage is not None:
             return storage
-    cpu = root_on_host(root, device_index)
-    host = cpu.untyped_storage()
-    storage = host_backed(host, device)
-    loaded(storage)[cpu.dtype] = root
-    # torch.save calls storage.cpu() on each storage it writes; torch's own would copy
-    # the bytes through the device and back. A copy, as torch's (a closure over the CPU
-    # storage only, so no reference cycle through ``storage``).
-    storage.cpu = lambda: torch.UntypedStorage(host.nbytes()).copy_(host)
+    from torchjax.tensor import dtypes
+
+    size = root.numel * arr.dtype.itemsize
+    address = reserve(size)
+    storage = storage_from_pointer(address, device, size)
+    loaded(storage)[dtypes.to_torch_dtype(arr.dtype)] = root
+    # torch.save calls storage.cpu() on each storage it writes; torch's own would view
+    # this storage with a tpu tensor, which has no data behind it. A copy of the array
+    # (a closure over it only, so no reference cycle through ``storage``).
+    storage.cpu = lambda: _array_on_host(arr, device_index)
     setattr(storage, _IS_SNAPSHOT, True)
+    _ADDRESSES[address] = storage
     _SNAPSHOTS[root] = (id(arr), root.version, weakref.ref(storage))
     return storage
+
+
+def _array_on_host(arr, device_index: int) -> torch.UntypedStorage:
+    """A new CPU storage holding ``arr``'s bytes (through ``aten::_to_copy``, which
+    gathers a multi-host array)."""
+    from torchjax.tensor._tensor import wrap
+
+    with torch.no_grad():
+        return wrap(arr, device_index).cpu().untyped_storage()

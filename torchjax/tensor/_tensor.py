@@ -122,6 +122,15 @@ class JaxTensor(torch.Tensor):
         self._cache_version = storage.version
         return arr
 
+    def _value_uncached(self) -> jax.Array:
+        """``_value()`` without keeping a newly computed value in the read cache: for a
+        read made once (a save writing views one at a time), where the cache would keep
+        every view's copy alive in device memory as long as the views live."""
+        storage = self._storage
+        if self._cache_version == storage.version:
+            return self._cache
+        return storage.read(self._size, self._stride, self._offset)
+
     def _write(self, arr: jax.Array) -> None:
         """Store ``arr`` (exact shape and dtype of self) into this tensor's elements."""
         self._storage.write(self._size, self._stride, self._offset, arr)

@@ -19,15 +19,23 @@ for (an upgrade that moves them fails that test loudly):
    into a jax.Array, and the ``.to`` that follows is a no-op (or a device-side cast for
    ``dtype=``). transformers' own renaming, conversion ops, dtype plan and weight tying
    run unchanged.
-2. ``remove_tied_weights_from_state_dict(state_dict, model)`` (modeling_utils.py), the
-   first step of ``save_pretrained`` that needs storage pointers (``id_tensor_storage``
-   -> ``untyped_storage().data_ptr()``). Written when a tpu tensor's storage had no
-   pointer; tpu storages now have the root's address (Note [torch storages of tpu
-   tensors] in torchjax/tensor/_addresses.py), so transformers' own function finds tied
-   tpu weights too. The wrapper still moves tpu tensors to CPU first, one CPU storage per
-   tpu Storage with views kept as views, so tied weights still share a pointer and
-   transformers' dedup, sharding and ``safetensors.torch.save_file`` run as for a CPU
-   model.
+2. ``modeling_utils.safe_save_file``: ``save_pretrained`` writes each shard with it
+   (``safetensors.torch.save_file``, bound when modeling_utils is imported). Wrapped as
+   safetensors' own (Note [safetensors' save_file of tpu tensors] in
+   torchjax/integrations/_safetensors.py): a shard of tpu tensors is written one tensor
+   at a time, straight from the device, so a save holds one tensor on the host rather
+   than a CPU copy of the model (the earlier way: ``remove_tied_weights_from_state_dict``
+   wrapped to copy the state dict to CPU, 3.9x the weights at the peak). Everything
+   before the write is transformers' own on the tpu tensors: tied weights are found by
+   storage pointer (tpu storages have the root's address: Note [torch storages of tpu
+   tensors] in torchjax/tensor/_addresses.py), and the renaming, dedup, sharding and
+   index are as for a CPU model. For the sharding, huggingface_hub's
+   ``get_torch_storage_size`` and ``get_torch_storage_id``
+   (``huggingface_hub.serialization._torch``, which ``split_torch_state_dict_into_shards``
+   calls through its module) are wrapped too: they read a wrapper subclass through its
+   inner tensors, a tpu tensor's data-less stand-in (0 bytes, no address), so a whole
+   model went to one shard, and tensors of equal size counted as sharing storage. A tpu
+   tensor is answered from its own storage (address and size), as a CPU tensor is.
 
 3. ``PreTrainedModel.from_pretrained``: a tensor-parallel load on "tpu" -
    ``from_pretrained(path, device_map="tpu", tp_plan="auto", tp_size=4)``, or
@@ -218,7 +226,9 @@ def _wrap_from_pretrained(original):
 def tpu_state_dict_to_cpu(state_dict: dict) -> dict:
     """``state_dict`` with tpu tensors copied to CPU, sharing kept: tensors that share a
     tpu Storage become views of one CPU tensor (same size, stride and offset), so
-    pointer-based tied-weight detection sees them as shared. Other values are kept."""
+    pointer-based tied-weight detection sees them as shared. Other values are kept.
+    (accelerate's checkpoint saving uses it: Note [accelerate's safetensors save of tpu
+    tensors] in torchjax/integrations/accelerate/_saving.py.)"""
     from torchjax.ops.copy import to_cpu
     from torchjax.tensor import dtypes
     from torchjax.tensor._tensor import JaxTensor, wrap
@@ -240,18 +250,29 @@ def tpu_state_dict_to_cpu(state_dict: dict) -> dict:
     return out
 
 
-def _wrap_remove_tied_weights(original):
-    signature = inspect.signature(original)
+def _wrap_storage_size(original):
+    def get_torch_storage_size(tensor):
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == "tpu":
+            return tensor.untyped_storage().nbytes()
+        return original(tensor)
 
-    def remove_tied_weights_from_state_dict(*args, **kwargs):
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError:
-            return original(*args, **kwargs)  # transformers' own error
-        bound.arguments["state_dict"] = tpu_state_dict_to_cpu(bound.arguments["state_dict"])
-        return original(*bound.args, **bound.kwargs)
+    return _patched(original, get_torch_storage_size)
 
-    return _patched(original, remove_tied_weights_from_state_dict)
+
+def _wrap_storage_id(original):
+    def get_torch_storage_id(tensor):
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == "tpu":
+            storage = tensor.untyped_storage()
+            return tensor.device, storage.data_ptr(), storage.nbytes()
+        return original(tensor)
+
+    return _patched(original, get_torch_storage_id)
+
+
+_HUB_WRAPPERS = {
+    "get_torch_storage_size": _wrap_storage_size,
+    "get_torch_storage_id": _wrap_storage_id,
+}
 
 
 def install() -> None:
@@ -261,10 +282,15 @@ def install() -> None:
     cls = modeling_utils.PreTrainedModel
     if not hasattr(cls._load_pretrained_model, "__torchjax_patch__"):
         cls._load_pretrained_model = _wrap_load_pretrained_model(cls._load_pretrained_model)
-    if not hasattr(modeling_utils.remove_tied_weights_from_state_dict, "__torchjax_patch__"):
-        modeling_utils.remove_tied_weights_from_state_dict = _wrap_remove_tied_weights(
-            modeling_utils.remove_tied_weights_from_state_dict
-        )
+    if not hasattr(modeling_utils.safe_save_file, "__torchjax_patch__"):
+        from torchjax.integrations._safetensors import wrap_save_file
+
+        modeling_utils.safe_save_file = wrap_save_file(modeling_utils.safe_save_file)
+    from huggingface_hub.serialization import _torch as hub_torch
+
+    for name, wrap in _HUB_WRAPPERS.items():
+        if not hasattr(getattr(hub_torch, name), "__torchjax_patch__"):
+            setattr(hub_torch, name, wrap(getattr(hub_torch, name)))
     if not hasattr(cls.from_pretrained, "__torchjax_patch__"):
         cls.from_pretrained = _wrap_from_pretrained(cls.__dict__["from_pretrained"])
 
@@ -278,11 +304,14 @@ def uninstall() -> None:
     original = getattr(cls._load_pretrained_model, "__torchjax_patch__", None)
     if original is not None:
         cls._load_pretrained_model = staticmethod(original)
-    original = getattr(
-        modeling_utils.remove_tied_weights_from_state_dict, "__torchjax_patch__", None
-    )
+    original = getattr(modeling_utils.safe_save_file, "__torchjax_patch__", None)
     if original is not None:
-        modeling_utils.remove_tied_weights_from_state_dict = original
+        modeling_utils.safe_save_file = original
+    hub_torch = sys.modules.get("huggingface_hub.serialization._torch")
+    for name in _HUB_WRAPPERS:
+        original = getattr(getattr(hub_torch, name, None), "__torchjax_patch__", None)
+        if original is not None:
+            setattr(hub_torch, name, original)
     original = getattr(cls.from_pretrained, "__torchjax_patch__", None)
     if original is not None:
         cls.from_pretrained = original
