@@ -18,6 +18,7 @@ import transformers  # noqa: E402
 
 import torchjax  # noqa: E402
 from examples import tiny_llama_generate as tl  # noqa: E402
+from tests.integrations import tiny_models  # noqa: E402
 from tests.integrations.tiny_models import generate  # noqa: E402
 from torchjax.integrations.transformers import compile_generate  # noqa: E402
 
@@ -321,19 +322,7 @@ def test_an_untraceable_model_generates_eagerly_with_one_warning():
     from transformers.integrations.moe import ExpertsInterface
 
     ExpertsInterface.register("test_where_experts", _where_experts)
-    cfg = transformers.Qwen3MoeConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        moe_intermediate_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        num_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=64,
-    )
+    cfg = tiny_models.ARCHITECTURES["qwen3_moe"][1]()
     torch.manual_seed(0)
     model = transformers.Qwen3MoeForCausalLM(cfg).eval()
     model.set_experts_implementation("test_where_experts")
