@@ -132,5 +132,5 @@ def install_when_imported() -> None:
     _after_import.when_imported(
         _TARGET_MODULE,
         install,
-        why="patch safetensors' load_file right after safetensors.torch is imported",
+        why="patch safetensors' load_file and save_file right after safetensors.torch is imported",
     )
