@@ -3,7 +3,11 @@
 ``python -m bench.tpu`` on a TPU machine runs, each section bounded in time:
 
 - ``tier``: ``pytest tests/tpu`` (Note [The TPU tier] in tests/tpu/conftest.py) in a child
-  process: its summary line, wall time and slowest tests;
+  process: its summary line, wall time, slowest tests and failures (its whole output in
+  ``<out>.tier.log``);
+- ``pallas``: ``pytest tests/pallas`` the same way (every kernel test, on the chip);
+- ``precision``: float32 attention and ``exp`` on the chip against float64 on CPU
+  (bench/tpu_precision.py);
 - ``seed``: a 1.1B-parameter Llama (hidden 2048, 16 layers, 32/8 heads, MLP 8192, vocab
   32768, seeded weights) saved with ``save_pretrained`` in float32, loaded with
   ``from_pretrained(dir, device_map="tpu")`` with no setting changed, and greedy
@@ -24,9 +28,10 @@
   attention (``jax.nn.dot_product_attention``), jax's Pallas TPU flash attention at
   512-wide blocks, ``jax.lax.ragged_dot``, and the FLOP limit (197 TFLOP/s).
 
-Writes the report (markdown) to ``--out`` (default bench/results_tpu.md) and prints it.
+Writes the report (markdown) to ``--out`` (default bench/results_tpu.md) and prints it; a
+run of some sections replaces those sections of an existing report and keeps the others.
 
-Run:  python -m bench.tpu [--sections tier,seed,numerics,decode,kernels] [--out PATH]
+Run:  python -m bench.tpu [--sections tier,pallas,precision,seed,...] [--out PATH]
       python -m bench.tpu --small     (a small model, to check the script off the chip)
 """
 
@@ -61,7 +66,7 @@ from bench.common import block_torch, header  # noqa: E402
 
 HBM_BYTES_PER_S = 819e9
 FLOPS_PER_S = 197e12
-SECTIONS = ("tier", "seed", "numerics", "decode", "kernels")
+SECTIONS = ("tier", "pallas", "precision", "seed", "numerics", "decode", "kernels")
 
 
 def llama_config(small: bool) -> tf.LlamaConfig:
@@ -93,26 +98,35 @@ def _prompt(batch, length, vocab, seed=0):
 # -- sections --------------------------------------------------------------------------
 
 
-def tier(ctx) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "tests/tpu",
-        "-q",
-        "--durations=8",
-        "-p",
-        "no:cacheprovider",
-    ]
+def _pytest(ctx, name: str, path: str) -> dict:
+    """``pytest path`` in a child process: its summary, wall time, slowest tests and
+    failures; its whole output goes to ``<out>.<name>.log``."""
+    cmd = [sys.executable, "-m", "pytest", path, "-q", "-rf", "--tb=short", "--durations=8"]
+    cmd += ["-p", "no:cacheprovider"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=ctx.timeout)
     wall = time.perf_counter() - t0
+    ctx.out.with_suffix(f".{name}.log").write_text(proc.stdout + proc.stderr)
     lines = proc.stdout.strip().splitlines()
     summary = lines[-1] if lines else proc.stderr[-500:]
     slow = [ln for ln in lines if " call " in ln or " setup " in ln][:8]
     failed = [ln for ln in lines if ln.startswith("FAILED") or ln.startswith("ERROR")]
     return {"rc": proc.returncode, "wall_s": round(wall, 1), "summary": summary,
             "slowest": slow, "failed": failed}  # fmt: skip
+
+
+def tier(ctx) -> dict:
+    return _pytest(ctx, "tier", "tests/tpu")
+
+
+def pallas(ctx) -> dict:
+    return _pytest(ctx, "pallas", "tests/pallas")
+
+
+def precision(ctx) -> dict:
+    from bench import tpu_precision
+
+    return tpu_precision.precision(ctx)
 
 
 def seed(ctx) -> dict:
@@ -316,8 +330,14 @@ def kernels(ctx) -> dict:
 # -- report ----------------------------------------------------------------------------
 
 
-def report(results: dict, title: str) -> str:
-    lines = [title, ""]
+def report(results: dict, title: str, earlier: str = "") -> str:
+    """The report of ``results``, after the sections of an ``earlier`` report that this
+    run did not measure (kept as they were)."""
+    kept = []
+    for chunk in earlier.split("\n## ")[1:]:
+        if chunk.split("\n", 1)[0].strip() not in results:
+            kept.append("## " + chunk.rstrip() + "\n")
+    lines = [title, ""] + kept
     for name, value in results.items():
         lines += [f"## {name}", "", "```json", json.dumps(value, indent=1), "```", ""]
     return "\n".join(lines)
@@ -331,6 +351,8 @@ def main(argv=None) -> None:
     parser.add_argument("--tier-timeout", type=int, default=480)
     args = parser.parse_args(argv)
     ctx = argparse.Namespace(small=args.small, timeout=args.tier_timeout, f32=None, bf16=None)
+    ctx.out = pathlib.Path(args.out)
+    earlier = ctx.out.read_text() if ctx.out.exists() else ""
     title = header("torchjax on the chip: bench/tpu.py")
     kind = next((d.device_kind for d in jax.devices()), "?")
     title += f"\ndevice: {kind}"
@@ -347,7 +369,7 @@ def main(argv=None) -> None:
             results[name]["section_s"] = round(time.perf_counter() - t0, 1)
             print(f"## {name}\n{json.dumps(results[name], indent=1)}", flush=True)
             # after every section: a run stopped by a time limit keeps what it measured
-            pathlib.Path(args.out).write_text(report(results, title))
+            ctx.out.write_text(report(results, title, earlier))
     print(f"written to {args.out}")
 
 

@@ -177,10 +177,12 @@ def _overflow(dt, op):
 
 # Note [float64 on TPU]
 # XLA:TPU has no 64-bit float arithmetic: it emulates float64 (and complex128) with
-# pairs of float32 numbers. Inside float32's exponent range the values keep float64's
-# precision (on a v5e, ``(1/3) * 3`` and ``(2**60 + 1) * 3`` equal CPU's to 1e-15), but
-# the range is float32's: a magnitude below ~1.2e-38 becomes 0 and one above ~3.4e38 inf
-# in any computation (on a v5e ``1e-300 * 3`` gave 0). int64 is emulated exactly. torchjax
+# pairs of float32 numbers: about 48 significant bits where float64 has 53, inside
+# float32's exponent range only. Measured on a v5e: ``(1/3) * 3`` equals CPU's to 1e-15,
+# ``1e30 * 3`` is 3e-15 from it, and near the bottom of the range the pair's low word
+# underflows, so ``1e-30 * 3`` is only 3.2e-9 from CPU's; a magnitude below ~1.2e-38
+# becomes 0 and one above ~3.4e38 inf in any computation (``1e-300 * 3`` gave 0).
+# int64 is emulated exactly. torchjax
 # keeps the dtype, as JAX does (narrowing it would be a dtype lie, and most float64 values
 # in a model, such as rotary frequencies, lie well inside the range), and says so once
 # per process, when the first float64 or complex128 tensor is made on such a platform.
@@ -206,8 +208,9 @@ def note_emulated_float64(arr, dtype) -> None:
     import warnings
 
     warnings.warn(
-        f"float64/complex128 tensors on {platform}: {how}, so they keep float64's "
-        "precision only inside float32's exponent range: magnitudes below ~1.2e-38 become "
+        f"float64/complex128 tensors on {platform}: {how}, so they keep about 48 of "
+        "float64's 53 significant bits, and only inside float32's exponent range: "
+        "precision falls toward float32's below ~1e-29, magnitudes below ~1.2e-38 become "
         "0 and above ~3.4e38 inf in any computation. Compute on CPU (.cpu()) where the "
         "full float64 range matters (Note [float64 on TPU], docs/tpu.md).",
         UserWarning,
