@@ -12,8 +12,9 @@ above the causal diagonal are skipped. Block sizes come from a per-platform tabl
 Note [Kernel platforms] (torchjax/pallas/_tiling.py) and docs/kernels.md.
 
 Interpret mode on CPU is tested against the reference; the Triton (GPU) and Mosaic (TPU)
-lowerings by cross-platform lowering (tests/pallas/test_lowering.py); neither has been
-compiled or run on a GPU/TPU here. Per-row statistics (log-sum-exp, ``delta``) are
+lowerings by cross-platform lowering (tests/pallas/test_lowering.py), and the Mosaic one
+on a TPU by the TPU tier (tests/tpu). Per-row statistics (the softmax's shift and
+``1 / sum``, Note [Flash residuals] in _flash_fwd.py; ``delta``) are
 (S, 1) columns so every block meets Mosaic's rule (last two block dims divisible by
 (8, 128) or equal to the array's). The jax-shipped kernels are not used because each is
 tied to one platform (``ops.tpu.flash_attention`` to Mosaic, ``ops.gpu.attention`` to
@@ -88,14 +89,14 @@ def _flash(q, k, v, mask, causal, scale, blocks, interpret, plat):
 
 
 def _flash_fwd(q, k, v, mask, causal, scale, blocks, interpret, plat):
-    o, lse = forward(q, k, v, mask, causal, scale, *blocks[:2], interpret, plat)
-    return o, (q, k, v, mask, o, lse)
+    o, m, inv = forward(q, k, v, mask, causal, scale, *blocks[:2], interpret, plat)
+    return o, (q, k, v, mask, o, (m, inv))
 
 
 def _flash_bwd(causal, scale, blocks, interpret, plat, res, do):
-    q, k, v, mask, o, lse = res
+    q, k, v, mask, o, stats = res
     do = do.astype(o.dtype)
-    dq, dk, dv = backward(q, k, v, mask, causal, scale, *blocks[2:], interpret, plat, o, lse, do)
+    dq, dk, dv = backward(q, k, v, mask, causal, scale, *blocks[2:], interpret, plat, o, stats, do)
     # The mask gets no gradient (the SDPA dispatch rule sends masks that require grad to
     # the jnp path).
     return dq, dk, dv, None if mask is None else jnp.zeros_like(mask)

@@ -1,7 +1,7 @@
 """Flash attention backward (the FlashAttention-2 split): ``dq`` and ``dk``/``dv`` kernels.
 
 ``delta = sum(dO * O)`` per query row is computed in jnp; each kernel rebuilds a tile's
-probabilities from the forward's log-sum-exp (:func:`probs`), so nothing (Sq, Sk)-sized
+probabilities from the forward's row statistics (:func:`probs`), so nothing (Sq, Sk)-sized
 is stored. Two forms, as the forward (Note [Kernel platforms] in
 torchjax/pallas/_tiling.py):
 
@@ -32,19 +32,20 @@ from torchjax.pallas._flash_fwd import F32, dot, last_key_block, masked_scores
 from torchjax.pallas._tiling import compiler_params, pallas_call, scratch
 
 
-def probs(q, k, lse, bias, scale, causal, q_start, k_start):
-    """Probabilities of one tile from the forward's lse (a (block_q, 1) column)."""
-    return jnp.exp(masked_scores(q, k, bias, scale, causal, q_start, k_start) - lse)
+def probs(q, k, m, inv, bias, scale, causal, q_start, k_start):
+    """Probabilities of one tile from the forward's row statistics, (block_q, 1) columns
+    (Note [Flash residuals])."""
+    return jnp.exp(masked_scores(q, k, bias, scale, causal, q_start, k_start) - m) * inv
 
 
-def dq_tile(q, k, v, bias, do, lse, delta, *, scale, causal, q_start, k_start):
-    p = probs(q, k, lse, bias, scale, causal, q_start, k_start)
+def dq_tile(q, k, v, bias, do, m, inv, delta, *, scale, causal, q_start, k_start):
+    p = probs(q, k, m, inv, bias, scale, causal, q_start, k_start)
     ds = p * (dot(do, v, trans_b=True) - delta) * scale
     return dot(ds.astype(k.dtype), k)
 
 
-def dkv_tile(q, k, v, bias, do, lse, delta, *, scale, causal, q_start, k_start):
-    p = probs(q, k, lse, bias, scale, causal, q_start, k_start)
+def dkv_tile(q, k, v, bias, do, m, inv, delta, *, scale, causal, q_start, k_start):
+    p = probs(q, k, m, inv, bias, scale, causal, q_start, k_start)
     dv = dot(p.astype(do.dtype), do, trans_a=True)
     ds = p * (dot(do, v, trans_b=True) - delta) * scale
     return dot(ds.astype(q.dtype), q, trans_a=True), dv
@@ -59,7 +60,7 @@ def first_query_block(j, block_q, block_k, n_q):
 def _split(refs, has_mask, n_out):
     refs = list(refs)
     mask_ref = refs.pop(3) if has_mask else None
-    return refs[:6], mask_ref, refs[6 : 6 + n_out], refs[6 + n_out :]
+    return refs[:7], mask_ref, refs[7 : 7 + n_out], refs[7 + n_out :]
 
 
 # -- grid form ----------------------------------------------------------------------------
@@ -67,8 +68,8 @@ def _split(refs, has_mask, n_out):
 
 def _load(ins, mask):
     """A grid program's blocks, in :func:`dq_tile`'s argument order."""
-    q, k, v, do, lse, delta = (r[...] for r in ins)
-    return q, k, v, None if mask is None else mask[...], do, lse, delta
+    q, k, v, do, m, inv, delta = (r[...] for r in ins)
+    return q, k, v, None if mask is None else mask[...], do, m, inv, delta
 
 
 def _dq_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
@@ -121,10 +122,10 @@ def _dkv_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
 
 def _inputs(arrays, q_block, q_map, kv_rows, kv_map, mask_spec):
     """The in_specs and arguments of a backward kernel, in the kernels' order: q, k, v,
-    the mask (``mask_spec``, when there is one), do, lse, delta. The query-side arrays
-    (q, do, lse, delta) take blocks of leading dims ``q_block`` by ``q_map``; k and v take
+    the mask (``mask_spec``, when there is one), do, m, inv, delta. The query-side arrays
+    (q, do, m, inv, delta) take blocks of leading dims ``q_block`` by ``q_map``; k and v take
     ``kv_rows`` rows by ``kv_map``."""
-    q, k, v, mask, do, lse, delta = arrays
+    q, k, v, mask, do, m, inv, delta = arrays
     d, dv = q.shape[-1], v.shape[-1]
     specs = [
         pl.BlockSpec((*q_block, d), q_map),
@@ -133,15 +134,18 @@ def _inputs(arrays, q_block, q_map, kv_rows, kv_map, mask_spec):
         pl.BlockSpec((*q_block, dv), q_map),
         pl.BlockSpec((*q_block, 1), q_map),
         pl.BlockSpec((*q_block, 1), q_map),
+        pl.BlockSpec((*q_block, 1), q_map),
     ]
-    args = [q, k, v, do, lse, delta]
+    args = [q, k, v, do, m, inv, delta]
     if mask is not None:
         specs.insert(3, mask_spec)
         args.insert(3, mask)
     return specs, args
 
 
-def _grid_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, lse, delta, do):
+def _grid_backward(
+    q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, stats, delta, do
+):
     b, hq, sq, d = q.shape
     hkv, sk, dv_dim = k.shape[1], k.shape[2], v.shape[-1]
     group = hq // hkv
@@ -161,7 +165,7 @@ def _grid_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pl
         (None, None, block_q, block_k),
         lambda b_, h, i, j: (b_ if mb else 0, h if mh else 0, i, kv_block(i, j)),
     )
-    arrays = (q, k, v, mask, do, lse, delta)
+    arrays = (q, k, v, mask, do, *stats, delta)
     specs, args = _inputs(arrays, (None, None, block_q), row, block_k, kv, mask_spec)
     dq = pallas_call(
         functools.partial(_dq_grid_kernel, **kernel_args),
@@ -213,11 +217,12 @@ def _grid_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pl
 
 
 def _dq_loop_kernel(*refs, scale, causal, block_q, block_k, seq_k, has_mask):
-    (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), mask_ref, (dq_ref,), _ = _split(
+    (q_ref, k_ref, v_ref, do_ref, m_ref, inv_ref, delta_ref), mask_ref, (dq_ref,), _ = _split(
         refs, has_mask, 1
     )
     i = pl.program_id(2)
-    q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+    q, do, delta = q_ref[...], do_ref[...], delta_ref[...]
+    m, inv = m_ref[...], inv_ref[...]
     n_blocks = seq_k // block_k
     if causal:
         n_blocks = jnp.minimum(n_blocks, last_key_block(i, block_q, block_k) + 1)
@@ -228,16 +233,16 @@ def _dq_loop_kernel(*refs, scale, causal, block_q, block_k, seq_k, has_mask):
         bias = mask_ref[:, cols] if has_mask else None
         k, v = k_ref[cols, :], v_ref[cols, :]
         starts = dict(q_start=i * block_q, k_start=start)
-        return acc + dq_tile(q, k, v, bias, do, lse, delta, scale=scale, causal=causal, **starts)
+        tile = dq_tile(q, k, v, bias, do, m, inv, delta, scale=scale, causal=causal, **starts)
+        return acc + tile
 
     dq = lax.fori_loop(0, n_blocks, body, jnp.zeros(dq_ref.shape, F32))
     dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
 def _dkv_loop_kernel(*refs, scale, causal, block_q, block_k, seq_q, group, mask_heads, has_mask):
-    (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), mask_ref, (dk_ref, dv_ref), _ = _split(
-        refs, has_mask, 2
-    )
+    ins, mask_ref, (dk_ref, dv_ref), _ = _split(refs, has_mask, 2)
+    q_ref, k_ref, v_ref, do_ref, m_ref, inv_ref, delta_ref = ins
     j = pl.program_id(2)
     k, v = k_ref[...], v_ref[...]
     n_q = seq_q // block_q
@@ -253,9 +258,11 @@ def _dkv_loop_kernel(*refs, scale, causal, block_q, block_k, seq_q, group, mask_
             rows = pl.ds(start, block_q)
             bias = mask_ref[h if mask_heads > 1 else 0, rows, :] if has_mask else None
             q, do = q_ref[h, rows, :], do_ref[h, rows, :]
-            lse, delta = lse_ref[h, rows, :], delta_ref[h, rows, :]
+            m, inv, delta = m_ref[h, rows, :], inv_ref[h, rows, :], delta_ref[h, rows, :]
             starts = dict(q_start=start, k_start=j * block_k)
-            ddk, ddv = dkv_tile(q, k, v, bias, do, lse, delta, scale=scale, causal=causal, **starts)
+            ddk, ddv = dkv_tile(
+                q, k, v, bias, do, m, inv, delta, scale=scale, causal=causal, **starts
+            )
             return carry[0] + ddk, carry[1] + ddv
 
         dk, dv = lax.fori_loop(first, n_q, body, (dk, dv))
@@ -263,7 +270,9 @@ def _dkv_loop_kernel(*refs, scale, causal, block_q, block_k, seq_q, group, mask_
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _loop_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, lse, delta, do):
+def _loop_backward(
+    q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, stats, delta, do
+):
     b, hq, sq, d = q.shape
     hkv, sk, dv_dim = k.shape[1], k.shape[2], v.shape[-1]
     group = hq // hkv
@@ -277,7 +286,7 @@ def _loop_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pl
     mask_spec = mask is not None and pl.BlockSpec(
         (None, None, block_q, sk), lambda b_, h, i: (b_ if mb else 0, h if mh > 1 else 0, i, 0)
     )
-    arrays = (q, k, v, mask, do, lse, delta)
+    arrays = (q, k, v, mask, do, *stats, delta)
     specs, args = _inputs(arrays, (None, None, block_q), row, sk, whole_kv, mask_spec)
     dq = pallas_call(
         functools.partial(_dq_loop_kernel, seq_k=sk, **common),
@@ -316,8 +325,9 @@ def _loop_backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pl
     return dq, dk, dv
 
 
-def backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, o, lse, do):
-    """``(dq, dk, dv)`` in the dtypes of q, k, v."""
+def backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, o, stats, do):
+    """``(dq, dk, dv)`` in the dtypes of q, k, v; ``stats`` the forward's row statistics
+    ``(m, inv_denom)`` (Note [Flash residuals])."""
     delta = jnp.sum(do.astype(F32) * o.astype(F32), axis=-1, keepdims=True)  # (B, Hq, Sq, 1)
     form = _loop_backward if plat == "gpu" else _grid_backward
-    return form(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, lse, delta, do)
+    return form(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, stats, delta, do)
