@@ -179,9 +179,10 @@ def ragged_dot(lhs, rhs, group_sizes, *, transpose_rhs: bool = False, blocks=Non
             f"{rhs.dtype}); cast one first"
         )
     if lhs.dtype == jnp.float64:
-        # The kernels' platforms have no float64 products (Mosaic, Triton): XLA's
-        # ragged_dot computes it, in float64 (emulated on TPU: Note [float64 on TPU]).
-        return ragged_dot_reference(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs)
+        # The kernels' platforms have no float64 products (Mosaic, Triton): XLA computes
+        # it (Note [float64 ragged dot]).
+        form = FLOAT64_FORMS.get(jax.default_backend(), ragged_dot_reference)
+        return form(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs)
     if lhs.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
         raise ValueError(
             f"torchjax.pallas.ragged_dot: lhs and rhs are {lhs.dtype}; the kernels take "
@@ -200,3 +201,33 @@ def ragged_dot_reference(lhs, rhs, group_sizes, *, transpose_rhs: bool = False):
         rhs = jnp.swapaxes(rhs, 1, 2)
     precision = _tiling.precision_of(lhs, rhs)
     return lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=precision)
+
+
+def ragged_dot_by_groups(lhs, rhs, group_sizes, *, transpose_rhs: bool = False):
+    """``ragged_dot`` as one dense product per group, each row kept by the group it
+    belongs to (rows past ``sum(group_sizes)`` belong to none: zeros, as ragged_dot):
+    G times the FLOPs, made of plain dots every XLA backend has."""
+    if transpose_rhs:
+        rhs = jnp.swapaxes(rhs, 1, 2)
+    ends = jnp.cumsum(group_sizes.astype(jnp.int32))
+    group = jnp.searchsorted(ends, jnp.arange(lhs.shape[0], dtype=jnp.int32), side="right")
+    precision = _tiling.precision_of(lhs, rhs)
+
+    def one(acc, g_rhs):
+        g, w = g_rhs
+        part = jnp.dot(lhs, w, precision=precision, preferred_element_type=lhs.dtype)
+        return acc + jnp.where((group == g)[:, None], part, 0), None
+
+    init = jnp.zeros((lhs.shape[0], rhs.shape[2]), lhs.dtype)
+    out, _ = lax.scan(one, init, (jnp.arange(rhs.shape[0], dtype=jnp.int32), rhs))
+    return out
+
+
+# Note [float64 ragged dot]
+# No kernel has float64 products, so a float64 ragged dot is XLA's ``lax.ragged_dot``,
+# except where XLA lacks it: XLA:TPU emulates float64 by rewriting each op into float32
+# pairs, and has no rewrite for ragged-dot ("UNIMPLEMENTED: While rewriting computation
+# to not contain X64 element types ... ragged-dot", seen on a v5e). There it is one
+# dense product per group (:func:`ragged_dot_by_groups`, tested on CPU against torch).
+# The platforms whose float64 ragged dot is not ``lax.ragged_dot``:
+FLOAT64_FORMS = {"tpu": ragged_dot_by_groups}
