@@ -430,6 +430,8 @@ def _initialize_early(model, cache, batch_size: int) -> None:
 
     if type(cache) is not cu.StaticCache or (getattr(model, "_tp_size", None) or 1) > 1:
         return
+    if torch.is_autocast_enabled(model.device.type):  # key states in autocast's dtype
+        return
     shape = getattr(model, "_get_static_cache_init_shape", lambda: None)()
     if shape is not None:
         num_heads, head_dim = shape
@@ -444,9 +446,10 @@ def _initialize_early(model, cache, batch_size: int) -> None:
 # 1.1B model, whose third call took under a second). A fresh cache is initialized before
 # its first step instead (``early_initialization``, with transformers' own
 # ``_get_static_cache_init_shape``: per-layer heads and head sizes, None where it cannot
-# say), so every call sees one structure. Not for tensor-parallel models: their layers
-# take the sharding of the first key states, which an early tensor would not have, nor
-# for encoder-decoder caches, as in transformers.
+# say), so every call sees one structure. Not for tensor-parallel models (their layers
+# take the sharding of the first key states, which an early tensor would not have),
+# under autocast (key states in autocast's dtype, not the model's), nor for
+# encoder-decoder caches, as in transformers.
 
 
 def _unslide(cache, max_cache_len: int) -> None:
