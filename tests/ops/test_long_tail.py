@@ -9,6 +9,7 @@ import torch
 
 import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import make_tests
+from torchjax.ops import cached_compute, executables
 from torchjax.testing import opinfo as oi
 
 WINDOWS = [
@@ -148,6 +149,34 @@ def test_index_reduce_inplace_on_view_and_errors():
             out.cpu()  # checked on the device: raised at the sync
     with pytest.raises(RuntimeError, match="aten::index_reduce"):
         t.index_reduce(0, torch.tensor([1], device=TPU), torch.ones(1, 3, device=TPU), "sum")
+
+
+def test_index_reduce_one_program_per_signature():
+    # The index is an argument of the executable, reduce and include_self its key: new
+    # index values, and the in-place and functional forms, reuse one program; only a new
+    # shape, dtype, reduce or include_self compiles (each compile costs seconds on a TPU).
+    op = torch.ops.aten.index_reduce.default
+    executables.clear_caches(op)
+    x = torch.randn(5, 3)
+    src = torch.randn(4, 3)
+    idx = [torch.tensor(i) for i in ([0, 4, 4, 1], [2, 2, 2, 2], [3, 0, 1, 4])]
+    t, s = x.to(TPU), src.to(TPU)
+    idx_t = [i.to(TPU) for i in idx]
+    torch.tpu.synchronize()
+    before = torchjax.stats()["compiles"]
+    for reduce in ("prod", "mean", "amax", "amin"):
+        for include_self in (True, False):
+            for i, it in zip(idx, idx_t):
+                expected = x.index_reduce(0, i, src, reduce, include_self=include_self)
+                got = t.index_reduce(0, it, s, reduce, include_self=include_self)
+                oi.compare(got, expected)
+                inplace = t.clone()
+                inplace.index_reduce_(0, it, s, reduce, include_self=include_self)
+                oi.compare(inplace, expected)
+    info = cached_compute.cache_info(op)
+    assert (info.keys, info.traces) == (8, 8)
+    # 8 programs of index_reduce, one of clone; the comparisons' reads compile nothing.
+    assert torchjax.stats()["compiles"] - before <= 9
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
