@@ -85,10 +85,9 @@ def fwd_finish(m, denom, acc):
     the shift ``m`` and ``1 / denom``; a row with every key masked gives 0 (as torch),
     shift 0 and ``1 / denom`` 0."""
     empty = denom == 0.0
-    out = acc / jnp.where(empty, 1.0, denom)
+    safe = jnp.where(empty, 1.0, denom)
     shift = jnp.where(m == -jnp.inf, 0.0, m)
-    inv_denom = jnp.where(empty, 0.0, 1.0 / jnp.where(empty, 1.0, denom))
-    return out, shift, inv_denom
+    return acc / safe, shift, jnp.where(empty, 0.0, 1.0 / safe)
 
 
 # Note [Flash residuals]

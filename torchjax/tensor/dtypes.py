@@ -182,10 +182,10 @@ def _overflow(dt, op):
 # ``1e30 * 3`` is 3e-15 from it, and near the bottom of the range the pair's low word
 # underflows, so ``1e-30 * 3`` is only 3.2e-9 from CPU's; a magnitude below ~1.2e-38
 # becomes 0 and one above ~3.4e38 inf in any computation (``1e-300 * 3`` gave 0).
-# int64 is emulated exactly. torchjax
-# keeps the dtype, as JAX does (narrowing it would be a dtype lie, and most float64 values
-# in a model, such as rotary frequencies, lie well inside the range), and says so once
-# per process, when the first float64 or complex128 tensor is made on such a platform.
+# int64 is emulated exactly. torchjax keeps the dtype, as JAX does (narrowing it would
+# be a dtype lie, and most float64 values in a model, such as rotary frequencies, lie
+# well inside the range), and says so once per process, when the first float64 or
+# complex128 tensor is made on such a platform.
 # The platforms, in one table:
 EMULATED_FLOAT64 = {"tpu": "XLA:TPU emulates them with pairs of float32"}
 _WARNED: set[str] = set()
