@@ -177,6 +177,27 @@ def test_randperm():
     assert torch.randperm(5, out=out) is out and out.shape == (5,)
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float64, torch.int32])
+def test_multinomial_out_dtype_refused_before_the_weights(out_dtype):
+    # CPU checks the out's dtype after the input's rank and dtype and before it reads a
+    # weight: valid, invalid and uninitialised weights all get the same refusal.
+    for weights in ([[1.0, 2.0]], [[0.0, 0.0]], [[-1.0, float("nan")]]):
+        w = torch.tensor(weights, dtype=torch.float64)
+        with pytest.raises(RuntimeError) as cpu:
+            torch.multinomial(w, 2, out=torch.empty(1, 2, dtype=out_dtype))
+        with pytest.raises(RuntimeError) as got:
+            torch.multinomial(w.to("tpu"), 2, out=torch.empty(1, 2, dtype=out_dtype, device="tpu"))
+        assert str(got.value).startswith(str(cpu.value)), (cpu.value, got.value)
+    # The rank check still comes first, as on CPU (in the words of torch's meta function).
+    with pytest.raises(RuntimeError, match="dimensions must be 1 or 2, but got 3"):
+        torch.multinomial(
+            torch.ones(1, 2, 3, device="tpu"), 2, out=torch.empty(2, dtype=out_dtype, device="tpu")
+        )
+    out = torch.empty(0, dtype=torch.long, device="tpu")
+    assert torch.multinomial(torch.ones(1, 2, device="tpu"), 2, out=out) is out
+    assert sorted(out.cpu().flatten().tolist()) == [0, 1]
+
+
 def test_multinomial():
     w = torch.tensor([1.0, 0.0, 3.0, 6.0], device="tpu")
     s = torch.multinomial(w, N, replacement=True)

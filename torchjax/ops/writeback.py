@@ -212,7 +212,16 @@ def _scalar_type(dt) -> str:
 
 def check_kernel_out_dtype_first(func, args, outs) -> None:
     """Out dtype checks CPU's kernels make before anything their meta functions check:
-    mode's values must have the input's dtype and its indices int64."""
+    mode's values must have the input's dtype and its indices int64; multinomial's
+    samples are int64, checked after its input's rank and dtype, before its weights."""
+    if func._opname == "multinomial" and args and outs[0].dtype != torch.long:
+        self = args[0]
+        if self.dim() in (1, 2) and self.is_floating_point():
+            raise RuntimeError(
+                f"multinomial expects Long tensor out, got: "
+                f"{dtypes.aten_type_name(outs[0].dtype)} (in aten::multinomial.out; "
+                f"pass an out tensor of dtype torch.int64)"
+            )
     if func._opname == "mode" and args and len(outs) == 2:
         for out, want, what in (
             (outs[0], args[0].dtype, "values"),
