@@ -212,8 +212,11 @@ def _scalar_type(dt) -> str:
 
 def check_kernel_out_dtype_first(func, args, outs) -> None:
     """Out dtype checks CPU's kernels make before anything their meta functions check:
-    mode's values must have the input's dtype and its indices int64; multinomial's
+    mode's values must have the input's dtype and its indices int64; complex and polar
+    exactly their parts' complex dtype; multinomial's
     samples are int64, checked after its input's rank and dtype, before its weights."""
+    if func._opname in ("complex", "polar") and len(args) == 2:
+        _check_complex_out(args, outs[0])
     if func._opname == "multinomial" and args and outs[0].dtype != torch.long:
         self = args[0]
         if self.dim() in (1, 2) and self.is_floating_point():
@@ -232,6 +235,22 @@ def check_kernel_out_dtype_first(func, args, outs) -> None:
                     f"expected scalar type '{_scalar_type(want)}' but got "
                     f"'{_scalar_type(out.dtype)}' for {what} output"
                 )
+
+
+def _check_complex_out(parts, out) -> None:
+    """complex and polar write exactly the complex dtype of their parts' (after CPU's
+    own checks that the parts are floating and of one dtype, which the call makes)."""
+    a, b = parts
+    if not (a.is_floating_point() and b.is_floating_point()) or a.dtype != b.dtype:
+        return
+    want = {torch.float16: torch.complex32, torch.float32: torch.complex64}.get(
+        a.dtype, torch.complex128
+    )
+    if out.dtype != want:
+        raise RuntimeError(
+            f"Expected object of scalar type {dtypes.aten_type_name(want)} but got scalar "
+            f"type {dtypes.aten_type_name(out.dtype)} for argument 'out'"
+        )
 
 
 def check_kernel_out_dtype(func, args, outs) -> None:
