@@ -87,6 +87,8 @@ def test_uninstall_restores_every_original():
         has_cpu_pin = torch._C._dispatch_has_kernel_for_dispatch_key(
             "aten::_pin_memory", "CPU")
         loaders = list(torch.serialization._package_registry)
+        from torch._dynamo.backends import registry as dynamo_registry
+        dynamo_backends = dict(dynamo_registry._COMPILER_FNS)
         import io
         buf = io.BytesIO()
         torch.save({"w": torch.arange(3.0)}, buf)
@@ -198,6 +200,7 @@ def test_uninstall_restores_every_original():
         assert not hasattr(torch.backends, "tpu") and "torch.backends.tpu" not in sys.modules
         assert _backend() == CPU()
         assert trace_rules.SKIP_DIRS == skip_dirs
+        assert dict(dynamo_registry._COMPILER_FNS) == dynamo_backends
         assert dict(ExpertsInterface._global_mapping) == experts
         assert torch._C._dispatch_has_kernel_for_dispatch_key(
             "aten::_pin_memory", "CPU") == has_cpu_pin
@@ -263,6 +266,7 @@ def test_uninstall_restores_every_original():
         "accelerate DynamoBackend._missing_",
         "safetensors.torch.load_file",
         "safetensors.torch.save_file",
+        "torch._dynamo backend 'tpu'",
     }
     # transformers, accelerate and kernels were imported first: no import hook was needed.
     assert set(names) == expected, names

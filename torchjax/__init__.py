@@ -13,7 +13,7 @@ from torchjax._budget import set_cache_budget
 from torchjax._patches import UntestedVersionWarning
 from torchjax.compile import Jitted, RetraceWarning, bucketed, export, jit
 from torchjax.device._stats import reset_stats, stats
-from torchjax.integrations import _safetensors
+from torchjax.integrations import _dynamo_backend, _safetensors
 from torchjax.integrations.accelerate import _device as _accelerate_device
 from torchjax.integrations.accelerate import _dynamo as _accelerate_dynamo
 from torchjax.integrations.accelerate import _offload as _accelerate_offload
@@ -58,6 +58,9 @@ _hf_trainer.install_when_imported()
 # generate that transformers would auto-compile on tpu runs as device programs (Note
 # [transformers' auto-compile on tpu]).
 _hf_auto_compile.install_when_imported()
+# torch.compile(backend="tpu") finds the backend without torchjax's package metadata
+# (Note [Finding the "tpu" Dynamo backend]).
+_dynamo_backend.install_when_imported()
 # The kernels library loads a repository's tpu build variant (Note [The Kernels Hub
 # backend on tpu]).
 _kernels_backend.install_when_imported()

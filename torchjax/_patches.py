@@ -135,7 +135,8 @@ how it is undone.
   for transformers.integrations.accelerate``, ``sys.meta_path import hook for
   transformers.trainer``, ``sys.meta_path import hook for transformers.generation.utils``,
   ``sys.meta_path import hook for accelerate.utils.dataclasses``, ``sys.meta_path import
-  hook for safetensors.torch`` and ``sys.meta_path import hook for kernels``
+  hook for safetensors.torch``, ``sys.meta_path import hook for kernels`` and
+  ``sys.meta_path import hook for torch._dynamo``
   (integrations/_after_import.py; no release): finders like the one above, one per
   module the patches below are applied to, so ``import torchjax`` imports none of these
   libraries; each removes itself when it fires. Undo: the finder is removed.
@@ -195,6 +196,13 @@ how it is undone.
   [transformers' auto-compile on tpu]); every other call, and every model off tpu, runs
   the original; same signature. ``TORCHJAX_AUTO_COMPILE_GENERATE=0`` turns the rule off.
   Undo: the original put back (models compiled by it keep their ``compile_generate``).
+- ``torch._dynamo backend 'tpu'`` (integrations/_dynamo_backend.py, right after
+  ``torch._dynamo`` is imported; torch 2.13). torchjax's Dynamo backend registered under
+  "tpu" with ``torch._dynamo.register_backend``, so ``torch.compile(backend="tpu")`` works
+  where torchjax is importable without its package's entry point (a checkout on
+  ``PYTHONPATH``; Note [Finding the "tpu" Dynamo backend]). Not made when a "tpu" backend
+  is registered already. Undo: the name taken off Dynamo's registry (through
+  _compat/torch.py); an installed entry point serves it again.
 - ``torch.backends.tpu`` (integrations/kernels/_backend.py, right after ``kernels`` is
   imported, unless something already set it; kernels 0.17). ``kernels`` selects its TPU
   backend, and so a kernel repository's ``torch-tpu`` build variant, only when

@@ -617,3 +617,19 @@ def test_active_proxy_mode_is_make_fxs_mode():
     assert ct.active_proxy_mode() is None
     make_fx(fn)(torch.ones(2))
     assert type(seen[0]).__name__ == "ProxyTorchDispatchMode"
+
+
+def test_dynamo_backend_register_and_unregister():
+    from torch._dynamo.backends.registry import lookup_backend
+    from torch._dynamo.exc import InvalidBackend
+
+    def compiler(gm, example_inputs):
+        return gm.forward
+
+    name = "torchjax_test_backend"
+    assert ct.register_dynamo_backend(name, compiler)
+    assert not ct.register_dynamo_backend(name, lambda gm, xs: gm.forward)
+    assert lookup_backend(name) is compiler
+    ct.unregister_dynamo_backend(name, compiler)
+    with pytest.raises(InvalidBackend):
+        lookup_backend(name)

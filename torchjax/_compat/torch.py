@@ -374,6 +374,31 @@ def install_inductor_route(route) -> None:
     )
 
 
+def register_dynamo_backend(name: str, compiler_fn) -> bool:
+    """Register ``compiler_fn`` as Dynamo's backend ``name`` (public
+    ``torch._dynamo.register_backend``) unless a function is registered under that name
+    already; whether it registered. The check reads the registry (private)."""
+    from torch._dynamo.backends import registry
+
+    if name in registry._COMPILER_FNS:
+        return False
+    registry.register_backend(compiler_fn=compiler_fn, name=name)
+    return True
+
+
+def unregister_dynamo_backend(name: str, compiler_fn) -> None:
+    """Take ``compiler_fn`` off Dynamo's registry under ``name`` (private: Dynamo has no
+    public unregister); an entry point of that name is found again at the next lookup."""
+    from torch._dynamo.backends import registry
+
+    if registry._COMPILER_FNS.get(name) is compiler_fn:
+        del registry._COMPILER_FNS[name]
+        if registry._BACKENDS.get(name) is None:
+            registry._BACKENDS.pop(name, None)
+        registry._discover_entrypoint_backends.cache_clear()
+        registry._lazy_import.cache_clear()
+
+
 def dataloader_worker_iter():
     """torch's iterator class that starts a DataLoader's worker processes (its
     ``__init__`` forks or spawns them: torch.utils.data.dataloader, private)."""

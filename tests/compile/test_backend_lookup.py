@@ -1,0 +1,73 @@
+"""``torch.compile(backend="tpu")`` finds torchjax's backend with or without the package's
+entry point (Note [Finding the "tpu" Dynamo backend])."""
+
+import pytest
+
+from tests._child import run_python
+
+# The child sees no "tpu" entry point, as when the checkout is on PYTHONPATH uninstalled.
+_HIDE_ENTRY_POINT = """
+import importlib.metadata as md
+_entry_points = md.entry_points
+def entry_points(**kw):
+    got = _entry_points(**kw)
+    if kw.get("group") == "torch_dynamo_backends":
+        return md.EntryPoints([e for e in got if e.name != "tpu"])
+    return got
+md.entry_points = entry_points
+assert not md.entry_points(group="torch_dynamo_backends").select(name="tpu")
+"""
+
+_COMPILE = """
+def f(x):
+    return (x * 2).sin().sum(0)
+
+x = torch.arange(6.0).reshape(2, 3)
+got = torch.compile(f, backend="tpu")(x.to("tpu"))
+assert got.device.type == "tpu", got.device
+torch.testing.assert_close(got.cpu(), f(x))
+from torch._dynamo.backends.registry import lookup_backend
+from torchjax.compile._dynamo import backend
+assert lookup_backend("tpu") is backend
+assert "torch._dynamo backend 'tpu'" in [p.name for p in torchjax.patches()]
+"""
+
+
+@pytest.mark.parametrize("dynamo_first", [False, True], ids=["torchjax-first", "dynamo-first"])
+def test_backend_found_without_the_entry_point(dynamo_first):
+    # Seen on a TPU VM, where the checkout is on PYTHONPATH: InvalidBackend: 'tpu'.
+    first = "import torch._dynamo\n" if dynamo_first else ""
+    code = (
+        _HIDE_ENTRY_POINT
+        + "import sys, torch\n"
+        + first
+        + "import torchjax\n"
+        + ("" if dynamo_first else "assert 'torch._dynamo' not in sys.modules\n")
+        + _COMPILE
+        + """
+torchjax.uninstall()
+from torch._dynamo.exc import InvalidBackend
+try:
+    lookup_backend("tpu")
+except InvalidBackend:
+    print("ok")
+"""
+    )
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_entry_point_and_registration_give_the_same_backend():
+    # Installed: the registration comes first; after uninstall the entry point serves.
+    out = run_python(
+        "import sys, torch, torchjax\n"
+        + _COMPILE
+        + """
+torchjax.uninstall()
+assert lookup_backend("tpu") is backend  # loaded from the installed entry point
+print("ok")
+"""
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")

@@ -1,0 +1,51 @@
+"""``torch.compile(backend="tpu")`` finds torchjax's backend without its package metadata.
+
+Note [Finding the "tpu" Dynamo backend]
+Dynamo looks a backend named by a string up in its registry, which holds its own backends
+and, at the first miss, the ``torch_dynamo_backends`` entry points of the installed
+distributions. pyproject.toml declares "tpu" there, so ``import torchjax`` never imports
+Dynamo. But a torchjax importable without its distribution's metadata (a checkout on
+``PYTHONPATH``, as the TPU VM's setup runs it; a vendored copy) had no "tpu" backend:
+``torch.compile(..., backend="tpu")`` raised ``InvalidBackend`` on the chip. So the same
+function is also registered with Dynamo's public ``register_backend`` right after
+``torch._dynamo`` is imported (or at ``import torchjax``, if it is loaded already), which
+costs nothing for a program that never compiles. Where the entry point exists as well,
+Dynamo takes the registered function first (a lookup loads an entry point only for a
+name with no function yet): the same ``torchjax.compile._dynamo.backend``. Undo: the
+name is taken off the registry, and the entry point (if any) serves it again.
+"""
+
+from __future__ import annotations
+
+from torchjax import _patches
+from torchjax._compat import torch as torch_compat
+from torchjax.integrations import _after_import
+
+NAME = "tpu"
+_RECORD = "torch._dynamo backend 'tpu'"
+
+
+def install() -> None:
+    """Register the "tpu" backend with Dynamo (Note [Finding the "tpu" Dynamo backend])."""
+    if _patches.is_recorded(_RECORD):
+        return
+    from torchjax.compile._dynamo import backend
+
+    if not torch_compat.register_dynamo_backend(NAME, backend):
+        return  # an entry point already loaded it (or another "tpu" backend exists)
+    _patches.record(
+        _RECORD,
+        why="torch.compile(backend='tpu') where torchjax has no installed entry point",
+        package="torch",
+        written_for="2.13",
+        undo=lambda: torch_compat.unregister_dynamo_backend(NAME, backend),
+    )
+
+
+def install_when_imported() -> None:
+    """``install()`` now if Dynamo is loaded, else right after ``torch._dynamo`` is."""
+    _after_import.when_imported(
+        "torch._dynamo",
+        install,
+        why="register the 'tpu' backend with Dynamo right after it is imported",
+    )
