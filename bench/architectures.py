@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from bench.common import fmt_us, header  # noqa: E402
+from bench.common import child_pythonpath, fmt_us, header  # noqa: E402
 
 SEQ = 16
 NEW_TOKENS = 8
@@ -193,7 +193,7 @@ def _child(name: str, path: str) -> dict:
 
 def run_one(name: str) -> dict:
     """One fresh process for ``name``: its figures, or {"error": last line of stderr}."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHJAX_COMPILATION_CACHE": "0"}
+    env = {**os.environ, "PYTHONPATH": child_pythonpath(), "TORCHJAX_COMPILATION_CACHE": "0"}
     with tempfile.TemporaryDirectory(prefix=f"torchjax-{name}-") as path:
         try:
             proc = subprocess.run(

@@ -10,6 +10,13 @@ import sys
 import time
 
 
+def child_pythonpath() -> str:
+    """PYTHONPATH for a benchmark's child process: the checkout first, then whatever the
+    parent had (a TPU VM's setup puts torch and the wheels there)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+
+
 def header(title: str) -> str:
     import jax
     import torch

@@ -28,6 +28,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import child_pythonpath  # noqa: E402
+
 _RSS = """
 import ctypes, gc, json, sys, time
 libc = ctypes.CDLL("libc.so.6")
@@ -123,7 +125,7 @@ def _child(code: str, timeout: float = 900) -> list:
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": child_pythonpath()},
         cwd=ROOT,
         timeout=timeout,
     )

@@ -120,15 +120,15 @@ def main() -> None:
         print("RESULT " + json.dumps(worker(args.worker[0], int(args.worker[1]))), flush=True)
         return
 
+    sys.path.insert(0, str(ROOT))
+    from bench.common import child_pythonpath, header
+
     env = dict(
         os.environ,
         XLA_FLAGS="--xla_force_host_platform_device_count=8",
         JAX_PLATFORMS="cpu",
-        PYTHONPATH=str(ROOT),
+        PYTHONPATH=child_pythonpath(),
     )
-    sys.path.insert(0, str(ROOT))
-    from bench.common import header
-
     print(header("bench/sharding.py: tensor-parallel loading (8 simulated CPU devices)"))
     with tempfile.TemporaryDirectory() as path:
         total = build(path, args.small)

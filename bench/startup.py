@@ -24,7 +24,7 @@ import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench.common import header  # noqa: E402
+from bench.common import child_pythonpath, header  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NEW_TOKENS = 64
@@ -73,7 +73,7 @@ def child(dtype: str, mode: str, cache_dir: str) -> dict:
     code = _CHILD.replace("PROMPT", repr(PROMPT)).replace("NEW", str(NEW_TOKENS))
     env = {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": child_pythonpath(),
         "TORCHJAX_COMPILATION_CACHE": cache_dir,
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
