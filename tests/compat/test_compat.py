@@ -633,3 +633,40 @@ def test_dynamo_backend_register_and_unregister():
     ct.unregister_dynamo_backend(name, compiler)
     with pytest.raises(InvalidBackend):
         lookup_backend(name)
+
+
+def test_host_copy_leaves_no_host_copy_cached_on_the_array():
+    # A read that copies (every read off a TPU; on CPU, an array of several shards) made
+    # jax keep the NumPy copy on the array: a model saved on the chip stayed in host
+    # memory. Two simulated CPU devices give a copying read here.
+    from tests._child import run_python
+
+    out = run_python(
+        """
+        import numpy as np, jax, torch
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        import torchjax
+        from torchjax import sharding as ts
+        from torchjax._compat.jax import host_copy
+
+        sharding = NamedSharding(jax.make_mesh((2,), ("x",)), P("x"))
+        a = jax.device_put(np.arange(8.0), sharding)
+        np.asarray(a)
+        assert a._npy_value is not None  # jax's cache: the premise
+        b = jax.device_put(np.arange(8.0), sharding)
+        got = host_copy(b)
+        assert got.tolist() == list(range(8)) and b._npy_value is None
+        assert not got.flags.writeable
+        one = jax.numpy.arange(3.0)  # one device: on CPU a view of the device buffer
+        assert not host_copy(one).flags.writeable
+        assert host_copy(a) is not None and a._npy_value is not None  # kept as it was
+        with torchjax.mesh((2,), ("x",)):
+            t = ts.shard(torch.arange(8.0).to("tpu"), P("x"))
+        assert t.cpu().tolist() == list(range(8)) and t.sum().item() == 28
+        assert t._value()._npy_value is None
+        print("ok")
+        """,
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")

@@ -100,6 +100,33 @@ def trace_of(x):
     return getattr(x, "_trace", None) if isinstance(x, jax.core.Tracer) else None
 
 
+def host_copy(arr: jax.Array) -> np.ndarray:
+    """``np.asarray(jax.device_get(arr))`` that leaves nothing cached on ``arr``.
+
+    ``np.asarray`` of a ``jax.Array`` keeps the NumPy copy on the array (``_npy_value``)
+    for later reads whenever the read had to copy, as every read off a TPU does;
+    torchjax reads a tensor's array for ``.cpu()``, ``.item()``, printing and every
+    save, so each tensor once read kept its bytes in host memory as long as it lived (a
+    model saved on the chip kept 1.0x its size on the host). This reads each buffer with
+    the private ``_single_device_array_to_np_array_did_copy`` that ``np.asarray`` uses,
+    without the cache; an array already cached, or not fully addressable, goes to
+    ``np.asarray`` (which raises for the latter, as before)."""
+    read = getattr(arr, "_single_device_array_to_np_array_did_copy", None)
+    if read is None or arr._npy_value is not None or not arr.is_fully_addressable:
+        return np.asarray(jax.device_get(arr))
+    if arr.is_fully_replicated:
+        out = read()[0]  # on CPU a view of the device buffer itself
+    else:
+        shards = arr.addressable_shards
+        for s in shards:
+            s.data.copy_to_host_async()
+        out = np.empty(arr.shape, arr.dtype)
+        for s in shards:
+            out[s.index] = s.data._single_device_array_to_np_array_did_copy()[0]
+    out.flags.writeable = False  # as np.asarray gives it: a jax array is immutable
+    return out
+
+
 def put_host(host, device=None) -> jax.Array:
     """``jax.device_put(host, device)`` for a NumPy array and a jax device (or None: the
     default device, uncommitted), through jax's own transfer call."""

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torchjax._compat.jax import x64
+from torchjax._compat.jax import host_copy, x64
 from torchjax._compat.torch import (
     active_fake_mode,
     active_proxy_mode,
@@ -53,7 +53,7 @@ def to_host(arr: jax.Array) -> np.ndarray:
         from jax.experimental import multihost_utils
 
         return np.asarray(multihost_utils.process_allgather(arr, tiled=True))
-    return np.asarray(jax.device_get(arr))
+    return host_copy(arr)  # no host copy left cached on ``arr``
 
 
 def to_cpu(t: JaxTensor) -> torch.Tensor:
