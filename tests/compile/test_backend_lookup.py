@@ -28,7 +28,8 @@ assert got.device.type == "tpu", got.device
 torch.testing.assert_close(got.cpu(), f(x))
 from torch._dynamo.backends.registry import lookup_backend
 from torchjax.compile._dynamo import backend
-assert lookup_backend("tpu") is backend
+from torchjax.integrations import _dynamo_backend
+assert lookup_backend("tpu") is _dynamo_backend.tpu  # hands each graph to backend
 assert "torch._dynamo backend 'tpu'" in [p.name for p in torchjax.patches()]
 """
 
@@ -58,8 +59,28 @@ except InvalidBackend:
     assert out.stdout.strip().endswith("ok")
 
 
+def test_importing_the_backend_module_before_dynamo():
+    # Importing torchjax.compile._dynamo imports Dynamo, which registers the backend while
+    # that module is half made: the registration must not import it (ImportError).
+    out = run_python(
+        """
+        import sys, torch, torchjax
+        assert "torch._dynamo" not in sys.modules
+        print(torchjax.compile.dynamo_stats())
+        import torchjax.compile._dynamo
+        x = torch.ones(3)
+        got = torch.compile(lambda a: a * 2, backend="tpu")(x.to("tpu"))
+        assert got.cpu().tolist() == [2.0, 2.0, 2.0]
+        print("ok")
+        """
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
+
+
 def test_entry_point_and_registration_give_the_same_backend():
-    # Installed: the registration comes first; after uninstall the entry point serves.
+    # Installed: the registration comes first; after uninstall the entry point serves
+    # torchjax.compile._dynamo.backend itself.
     out = run_python(
         "import sys, torch, torchjax\n"
         + _COMPILE

@@ -9,9 +9,11 @@ Dynamo. But a torchjax importable without its distribution's metadata (a checkou
 ``torch.compile(..., backend="tpu")`` raised ``InvalidBackend`` on the chip. So the same
 function is also registered with Dynamo's public ``register_backend`` right after
 ``torch._dynamo`` is imported (or at ``import torchjax``, if it is loaded already), which
-costs nothing for a program that never compiles. Where the entry point exists as well,
-Dynamo takes the registered function first (a lookup loads an entry point only for a
-name with no function yet): the same ``torchjax.compile._dynamo.backend``. Undo: the
+costs nothing for a program that never compiles. The registered function imports
+``torchjax.compile._dynamo.backend`` at its first graph and hands it the call: importing
+that module imports Dynamo, so registering it itself would be a circular import. Where
+the entry point exists as well, Dynamo takes the registered function first (a lookup
+loads an entry point only for a name with no function yet). Undo: the
 name is taken off the registry, and the entry point (if any) serves it again.
 """
 
@@ -25,20 +27,27 @@ NAME = "tpu"
 _RECORD = "torch._dynamo backend 'tpu'"
 
 
+def tpu(gm, example_inputs, **kwargs):
+    """The "tpu" backend, ``torchjax.compile._dynamo.backend``, imported at the first
+    graph: this registers while ``torch._dynamo`` finishes importing, which may be part
+    of importing that very module (``torchjax.compile.dynamo_stats()`` imports it)."""
+    from torchjax.compile._dynamo import backend
+
+    return backend(gm, example_inputs, **kwargs)
+
+
 def install() -> None:
     """Register the "tpu" backend with Dynamo (Note [Finding the "tpu" Dynamo backend])."""
     if _patches.is_recorded(_RECORD):
         return
-    from torchjax.compile._dynamo import backend
-
-    if not torch_compat.register_dynamo_backend(NAME, backend):
+    if not torch_compat.register_dynamo_backend(NAME, tpu):
         return  # an entry point already loaded it (or another "tpu" backend exists)
     _patches.record(
         _RECORD,
         why="torch.compile(backend='tpu') where torchjax has no installed entry point",
         package="torch",
         written_for="2.13",
-        undo=lambda: torch_compat.unregister_dynamo_backend(NAME, backend),
+        undo=lambda: torch_compat.unregister_dynamo_backend(NAME, tpu),
     )
 
 
