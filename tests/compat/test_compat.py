@@ -619,6 +619,20 @@ def test_active_proxy_mode_is_make_fxs_mode():
     assert type(seen[0]).__name__ == "ProxyTorchDispatchMode"
 
 
+def test_weak_float_promotes_as_a_python_float_inside_a_trace():
+    from torchjax._compat.jax import weak_float
+
+    @jax.jit
+    def f(x, s):
+        w = weak_float(s)
+        return x * w, w + 1.0, w
+
+    with jax.enable_x64(True):
+        y, w1, w = f(jnp.ones(3, jnp.bfloat16), np.float32(0.5))
+    assert y.dtype == jnp.bfloat16 and w1.dtype == jnp.float64 and w.dtype == jnp.float64
+    assert w.weak_type and float(w) == 0.5
+
+
 def test_dynamo_backend_register_and_unregister():
     from torch._dynamo.backends.registry import lookup_backend
     from torch._dynamo.exc import InvalidBackend

@@ -25,6 +25,7 @@ from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import pxla as _pxla
+from jax._src.lax import lax as _lax
 
 x64 = jax.enable_x64
 
@@ -93,6 +94,13 @@ def plain_eager() -> bool:
     it becomes a constant of the outer program; under a mesh it would carry the mesh's
     sharding). ``jax._src.core.trace_state_clean`` is private."""
     return _core.trace_state_clean() and jax.sharding.get_abstract_mesh().empty
+
+
+def weak_float(x) -> jax.Array:
+    """The float jax value ``x`` as a weakly typed float64 scalar: it promotes as a
+    Python float does (``bf16_array * w`` stays bfloat16). ``jax._src.lax.lax.
+    _convert_element_type`` (its ``weak_type`` flag) is private."""
+    return _lax._convert_element_type(x, np.dtype(np.float64), weak_type=True)
 
 
 def trace_of(x):

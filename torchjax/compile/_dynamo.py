@@ -23,6 +23,7 @@ import inspect
 import operator
 import sys
 
+import jax
 import torch
 
 from torchjax import _patches
@@ -33,6 +34,9 @@ from torchjax._compat.torch import (
 )
 from torchjax.compile import _custom_functions, _host_parts
 from torchjax.compile._jit import Jitted
+from torchjax.ops import traced_scalars
+from torchjax.tensor._errors import DataDependentError
+from torchjax.tensor._tensor import JaxTensor
 
 
 def _entry_point_codes():
@@ -128,9 +132,11 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
 
     Returns a function taking the graph's inputs (tpu tensors, and Python ints for
     symbolic sizes when Dynamo marks dimensions dynamic: each distinct size is then one
-    more compiled executable) and returning its outputs.
+    more compiled executable) and returning its outputs. ``run.static_floats`` is None
+    while the graph's Python floats are traced values, else why they are static
+    (Note [Traced Python floats] in torchjax/ops/traced_scalars.py).
     """
-    scalars = _scalars_as_values(gm, example_inputs)
+    scalars, floats = _scalars_as_values(gm, example_inputs)
     dynamo_gm = gm
     gm, host_attrs = _host_attributes_as_inputs(gm)
     host_attrs = [operator.attrgetter(t) for t in host_attrs]
@@ -143,13 +149,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
         parts = [call]
     _TOTALS["graphs"] += 1
 
-    def run(*args):
-        if scalars:
-            args = list(args)
-            for i in scalars:
-                args[i] = args[i].item()  # a CPU scalar: no device read
-        if host_attrs:
-            args = (*args, *(get(dynamo_gm) for get in host_attrs))
+    def counted(args):
         before = [(p.trace_count, p.cache_hits) for p in parts]
         try:
             return call(*args)
@@ -158,11 +158,52 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
                 _TOTALS["traces"] += p.trace_count - traces
                 _TOTALS["cache_hits"] += p.cache_hits - hits
 
+    def run(*args):
+        if scalars or floats:
+            args = list(args)
+            for i in scalars:
+                args[i] = args[i].item()  # a CPU scalar: no device read
+            if run.static_floats is not None:
+                for i in floats:
+                    args[i] = args[i].item()
+        if host_attrs:
+            args = (*args, *(get(dynamo_gm) for get in host_attrs))
+        if not floats or run.static_floats is not None:
+            return counted(args)
+        try:
+            return counted(args)
+        except _NEEDS_STATIC as error:
+            # Nothing ran: the trace failed. Traced again with the numbers as static
+            # values, as before (Note [Traced Python floats]).
+            run.static_floats = f"{type(error).__name__}: {error}"
+            args = list(args)
+            for i in floats:
+                args[i] = args[i].item()
+            return counted(args)
+
     # The trace counter, for tests and users who ask (of the first compiled part where
     # the graph was split; None where all of it runs on the host).
     run.jitted = parts[0] if parts else None
     run.parts = parts
+    run.static_floats = None
     return run
+
+
+# Trace failures that a graph of static numbers may not have: the number was read
+# (NeedsValue), or a lowering branched on it (a concretization error, raised as
+# DataDependentError). Both happen while tracing, before anything ran.
+_NEEDS_STATIC = (traced_scalars.NeedsValue, DataDependentError)
+
+
+def _item(x):
+    """``.item()`` of a graph's float input (Note [Traced Python floats]): under the
+    trace a SymFloat over its traced value; a number passed as a static value is itself."""
+    if isinstance(x, (float, int, bool)):
+        return x
+    value = x._value() if isinstance(x, JaxTensor) else None
+    if isinstance(value, jax.core.Tracer):
+        return traced_scalars.traced(value)
+    return x.item()
 
 
 # Note [Python floats Dynamo passes as tensors]
@@ -170,16 +211,18 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
 # (a module attribute such as attention's ``scaling`` once two models share the code,
 # a learning rate) comes back on the recompile as a 0-d float64 CPU tensor input whose
 # only use is ``.item()`` inside the graph; inductor's AOTAutograd pass rewrites those
-# into tensor ops. Traced by torchjax.jit, that input is a tracer and ``.item()`` cannot
-# give a Python number. Such inputs are handed to the graph as the Python number
-# itself, a static value of the jit key (Note [Typed keys for static values]): the
-# graph computes exactly what eager Python would with that float, and each new value
-# is one more compiled program (the jit's retrace warning says so when it repeats).
-def _scalars_as_values(gm: torch.fx.GraphModule, example_inputs) -> list[int]:
-    """Positions of the 0-d CPU tensor inputs used only through ``.item()``; the graph
-    is rewritten to take their numbers directly."""
+# into tensor ops. A float input stays an input of the program and its ``.item()`` a
+# traced value (Note [Traced Python floats] in torchjax/ops/traced_scalars.py): a new
+# learning rate every step compiles nothing. Any other such input (an int) is handed to
+# the graph as the Python number itself, a static value of the jit key (Note [Typed
+# keys for static values]), and so is a float whose graph needs its number: the graph
+# computes exactly what eager Python would with it, and each new value is one more
+# compiled program (the jit's retrace warning says so when it repeats).
+def _scalars_as_values(gm: torch.fx.GraphModule, example_inputs):
+    """Positions of the 0-d CPU tensor inputs used only through ``.item()``: those the
+    graph now takes as numbers, and the floats whose ``.item()`` is now ``_item``."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    positions = []
+    positions, floats = [], []
     for i, (node, example) in enumerate(zip(placeholders, example_inputs)):
         if not (
             isinstance(example, torch.Tensor)
@@ -190,13 +233,20 @@ def _scalars_as_values(gm: torch.fx.GraphModule, example_inputs) -> list[int]:
             and all(u.op == "call_method" and u.target == "item" for u in node.users)
         ):
             continue
+        traced = example.is_floating_point()
         for use in list(node.users):
-            use.replace_all_uses_with(node)
+            if traced:
+                with gm.graph.inserting_before(use):
+                    item = gm.graph.call_function(_item, (node,))
+                item.meta.update(use.meta)
+                use.replace_all_uses_with(item)
+            else:
+                use.replace_all_uses_with(node)
             gm.graph.erase_node(use)
-        positions.append(i)
-    if positions:
+        (floats if traced else positions).append(i)
+    if positions or floats:
         gm.recompile()
-    return positions
+    return positions, floats
 
 
 # Note [CPU attributes of a compiled graph]

@@ -300,6 +300,8 @@ class CompiledCompute:
             scalars.append(len(dyn))
             dyn.append(x)
             return ARRAY
+        if x.__class__ is torch.SymFloat:
+            raise NotCompilable  # a traced Python float: op by op, inside the trace
         if isinstance(x, (list, tuple)):
             return Seq(
                 SEQ,

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import put_host
-from torchjax.ops import cached_compute, fused, layouts, promotion
+from torchjax.ops import cached_compute, fused, layouts, promotion, traced_scalars
 from torchjax.ops.schema import out_names
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import JaxTensor, wrap
@@ -46,6 +46,8 @@ def unwrap(func, entry, x):
         raise device_error(func, x)
     if isinstance(x, (list, tuple)):
         return type(x)(unwrap(func, entry, y) for y in x)
+    if x.__class__ is torch.SymFloat:  # Note [Traced Python floats]
+        return traced_scalars.value_of(x)
     return x
 
 

@@ -97,7 +97,7 @@ def _scaled(op: str, x, alpha, *, bool_alpha_check=True):
     if isinstance(alpha, bool):
         if kind != "bool" and bool_alpha_check:
             raise RuntimeError(f"aten::{op}: Boolean alpha only supported for Boolean results.")
-    elif isinstance(alpha, float) and kind in ("int", "bool"):
+    elif isinstance(alpha, (float, jax.Array)) and kind in ("int", "bool"):
         raise RuntimeError(
             f"aten::{op}: For integral input tensors, argument alpha must not "
             f"be a floating point number (got alpha={alpha})."
@@ -110,6 +110,8 @@ def _scaled(op: str, x, alpha, *, bool_alpha_check=True):
     if kind == "complex" and not isinstance(alpha, bool):
         # Note [Complex special values]: CPU multiplies by alpha (1 included).
         return complex_math.scale(x, complex(alpha))
+    if isinstance(alpha, jax.Array):  # a traced Python float (Note [Traced Python floats])
+        return _mul(x, alpha.astype(x.dtype))
     if alpha is True or (not isinstance(alpha, bool) and alpha == 1):
         return x
     return _mul(x, np.asarray(alpha, dtype=x.dtype))

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from torchjax._compat.jax import plain_eager, put_host
+from torchjax._compat.jax import plain_eager, put_host, weak_float
 from torchjax._compat.torch import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 from torchjax.tensor import dtypes
 
@@ -29,6 +29,8 @@ _SCALAR_TYPES = (bool, int, float, complex)
 def _promotion_key(x):
     if isinstance(x, torch.Tensor):
         return (x.dtype, x.dim() == 0)
+    if x.__class__ is torch.SymFloat:  # a traced Python float (Note [Traced Python floats])
+        return float
     return type(x)
 
 
@@ -236,6 +238,8 @@ class Policy:
     def check_number(self, value, result) -> None:
         """torch's overflow error when the Python number ``value`` does not fit the result
         dtype ``result`` (a JAX dtype), for the types this op checks."""
+        if isinstance(value, jax.Array):
+            return  # a traced Python float: its number is not known (it is a float)
         if self.checked_half or not dtypes.is_half(result):
             dtypes.check_scalar_fits(value, result, self.opname)
 
@@ -260,11 +264,20 @@ class Policy:
         if self.rounded and inputs is not None:
             # c10 converts a double through float.
             for i, name in enumerate(names[: len(jargs)]):
-                if name in self.rounded and isinstance(jargs[i], float):
-                    jargs[i] = float(np.float32(jargs[i]).astype(inputs))
+                if name in self.rounded:
+                    jargs[i] = _rounded(jargs[i], inputs)
             for k in self.rounded & jkwargs.keys():
-                if isinstance(jkwargs[k], float):
-                    jkwargs[k] = float(np.float32(jkwargs[k]).astype(inputs))
+                jkwargs[k] = _rounded(jkwargs[k], inputs)
+
+
+def _rounded(x, inputs):
+    """A float read as a half type ``inputs`` through float, as c10 converts a double; a
+    traced Python float (a jax scalar) alike, kept weakly typed."""
+    if isinstance(x, float):
+        return float(np.float32(x).astype(inputs))
+    if isinstance(x, jax.Array) and x.ndim == 0 and jnp.issubdtype(x.dtype, jnp.floating):
+        return weak_float(x.astype(jnp.float32).astype(inputs))
+    return x
 
 
 def cast_out(x, dtype):
