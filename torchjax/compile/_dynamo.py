@@ -148,6 +148,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
         call = Jitted(gm, warn_after=16)
         parts = [call]
     _TOTALS["graphs"] += 1
+    static = _floats_stay_static(host, example_inputs) if floats else None
 
     def counted(args):
         before = [(p.trace_count, p.cache_hits) for p in parts]
@@ -185,14 +186,38 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
     # the graph was split; None where all of it runs on the host).
     run.jitted = parts[0] if parts else None
     run.parts = parts
-    run.static_floats = None
+    run.static_floats = static
     return run
 
 
+def _floats_stay_static(host, example_inputs) -> str | None:
+    """Why a graph's floats must be static values from the start (Note [Traced Python
+    floats]), or None: a traced value cannot leave its program, so a graph split around
+    host copies (a host part would compute with a dead tracer) and a graph whose inputs
+    require grad (autograd keeps the float for a backward traced later) take numbers."""
+    if host:
+        return "the graph has host parts (Note [Host copies in compiled graphs])"
+    # Dynamo guards on grad mode: a graph made under no_grad only runs under it
+    if torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
+    ):
+        return "an input requires grad: the backward would read the float"
+    return None
+
+
 # Trace failures that a graph of static numbers may not have: the number was read
-# (NeedsValue), or a lowering branched on it (a concretization error, raised as
-# DataDependentError). Both happen while tracing, before anything ran.
-_NEEDS_STATIC = (traced_scalars.NeedsValue, DataDependentError)
+# (NeedsValue), a lowering branched on it (a concretization error, raised as
+# DataDependentError), or torch's symbolic-number code met a node kind it did not expect
+# (TypeError, AttributeError, AssertionError from torch.fx.experimental). All are raised
+# while tracing, before anything ran; a real error of the graph is raised again by the
+# static trace.
+_NEEDS_STATIC = (
+    traced_scalars.NeedsValue,
+    DataDependentError,
+    TypeError,
+    AttributeError,
+    AssertionError,
+)
 
 
 def _item(x):

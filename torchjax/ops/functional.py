@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import torch
 
 from torchjax._compat.jax import put_host
+from torchjax.device import _checks
 from torchjax.ops import cached_compute, fused, layouts, promotion, traced_scalars
 from torchjax.ops.schema import out_names
 from torchjax.tensor import dtypes
@@ -35,6 +37,35 @@ def cpu_to_jax(t: torch.Tensor) -> jax.Array:
     # is jax.device_put's own transfer without its Python (Note [Host arrays onto a
     # device] in torchjax/_compat/jax.py).
     return put_host(dtypes.cpu_tensor_to_numpy(t))
+
+
+def _check_traced_numbers(policy, args, kwargs, result) -> None:
+    """A traced Python float where the op checks that the number fits its result dtype
+    (clamp's bounds, add's alpha; Note [Traced Python floats]): for a float result, the
+    check of ``dtypes.check_scalar_fits`` made on the device and raised when the program
+    returns, with its text; for an integer result the graph is traced with static
+    values (the conversion's rules need the number)."""
+    named = list(zip(policy.names, args)) + list(kwargs.items())
+    for name, v in named:
+        if name not in policy.checked or not traced_scalars.is_traced(v):
+            continue
+        dt = np.dtype(result)
+        if dt.kind == "c":
+            dt = np.dtype(np.float32 if dt == np.complex64 else np.float64)
+        if not (dt.kind == "f" or dt.name == "bfloat16"):  # ints, bool, float8 (no inf)
+            raise traced_scalars.NeedsValue(f"aten::{policy.opname} checks that {name} fits")
+        x = traced_scalars.value_of(v)
+        info = ml_dtypes.finfo(dt)
+        bad = jnp.isfinite(x) & ((x < float(info.min)) | (x > float(info.max)))
+        name_ = dtypes.cpp_type_name(dt)
+        _checks.require(
+            bad,
+            x,
+            RuntimeError,
+            f"value cannot be converted to type {name_} without overflow "
+            f"(in aten::{policy.opname})",
+            deferred=False,
+        )
 
 
 def unwrap(func, entry, x):
@@ -107,6 +138,8 @@ def make_eager_compute(func, entry, strip_out):
         vals = [args[i] for i in pidx if i < len(args) and args[i] is not None]
         vals += [v for k, v in kwargs.items() if k in pnames and v is not None]
         dts = promotion.promoted_dtypes(kind, vals)
+        if policy.checks_numbers_of(dts[1]):
+            _check_traced_numbers(policy, args, kwargs, dts[1])
         policy.cast_args(jargs, jkwargs, dts)
         return promotion.cast_out(fn(*jargs, **jkwargs), dts[1])
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from torchjax.ops import complex_math
+from torchjax.ops import complex_math, traced_scalars
 from torchjax.ops.pointwise_binary import bcast, kind_of, lax2
 from torchjax.ops.registry import Kind, functional_handler, handler, lowering
 from torchjax.tensor import dtypes
@@ -74,6 +74,10 @@ def pow_tensor_scalar(args, kwargs):
     """aten::pow.Tensor_Scalar at the torch level: a negative integer exponent of an
     integer tensor raises before promotion, which would wrap it (uint8 ** -2 is 254)."""
     self, exponent = args[0], args[1] if len(args) > 1 else kwargs["exponent"]
+    if traced_scalars.is_traced(exponent):
+        # ATen special-cases exponents by value (below): the number is needed (Note
+        # [Traced Python floats]); the graph is traced with static values
+        raise traced_scalars.NeedsValue("aten::pow's exponent selects ATen's kernel")
     if (
         isinstance(exponent, int)
         and not isinstance(exponent, bool)

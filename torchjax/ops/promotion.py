@@ -238,10 +238,12 @@ class Policy:
     def check_number(self, value, result) -> None:
         """torch's overflow error when the Python number ``value`` does not fit the result
         dtype ``result`` (a JAX dtype), for the types this op checks."""
-        if isinstance(value, jax.Array):
-            return  # a traced Python float: its number is not known (it is a float)
-        if self.checked_half or not dtypes.is_half(result):
+        if self.checks_numbers_of(result):
             dtypes.check_scalar_fits(value, result, self.opname)
+
+    def checks_numbers_of(self, result) -> bool:
+        """Whether numbers named in ``checked_scalars`` are checked for result ``result``."""
+        return bool(self.checked) and (self.checked_half or not dtypes.is_half(result))
 
     def cast_args(self, jargs, jkwargs, dts) -> None:
         """In place: numbers named in ``checked_scalars`` checked against the result dtype

@@ -23,6 +23,24 @@ value (a weakly typed float64 scalar, so it promotes as a Python float does):
 
 Each operation keeps Python's semantics: float64 arithmetic, ``int`` operands widened to
 float, comparisons giving a ``SymBool`` that refuses ``bool()`` the same way.
+
+Where a traced value would not be the number eager uses, the graph takes static numbers
+from the start or on its first trace:
+
+- a graph split around host copies (a host part would compute with a dead tracer: NaN),
+  and a graph built with grad mode on whose inputs require grad (autograd keeps the
+  float for a backward traced later) are static from the start (compile/_dynamo.py);
+- ``x ** s``: ATen picks sqrt, rsqrt, ``x * x``... by the exponent's value, which differ
+  from the general power at -inf and -0.0 (ops/power.py);
+- a number an op checks against its result dtype (clamp's bounds, add's alpha): for a
+  float result the check is made on the device and raised when the program returns,
+  with eager's text (``_checks.require``, at-op); for an integer result the conversion's
+  rules need the number (ops/functional.py);
+- any SymNode method this node lacks (``is_integer``, ``sym_and``, ``round(s, n)``).
+
+Known differences left: a float32-subnormal value (below 1.2e-38) made from the float
+inside the program is flushed to zero by XLA, and ``1.0 / s`` at ``s == 0.0`` gives inf
+where Python raises ZeroDivisionError (the division is the program's, not Python's).
 """
 
 from __future__ import annotations
@@ -37,6 +55,11 @@ class NeedsValue(RuntimeError):
     """A traced Python float was asked for its number (``float()``, ``bool()`` of a
     comparison, an op argument typed ``float``): the graph is traced with static values
     instead (Note [Traced Python floats])."""
+
+
+class _Missing(NeedsValue, AttributeError):
+    """A SymNode method ``TracedFloat`` lacks: ``hasattr`` answers False, a call falls
+    back to static values."""
 
 
 def _value(node_or_number):
@@ -56,6 +79,10 @@ class TracedFloat:
     def __init__(self, value, kind: str = "float"):
         self.value = value
         self.kind = kind
+
+    def __getattr__(self, name):
+        # Any other SymNode method (sym_and, is_integer, ...): the number is needed.
+        raise _Missing(f"a traced Python float was asked for {name!r}")
 
     # -- what torch asks of a node -------------------------------------------------------
     def is_int(self) -> bool:
@@ -219,7 +246,7 @@ class TracedFloat:
         return TracedFloat(jnp.logical_not(self.value), "bool")
 
     # Rounding to an int would make a SymInt: a shape or an index; refused.
-    def sym_int(self):
+    def sym_int(self, *args):
         _needs_value("int()")
 
     floor = ceil = trunc = round = sym_int

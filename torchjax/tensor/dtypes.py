@@ -170,8 +170,13 @@ def is_half(dtype) -> bool:
     return dtype.is_floating_point and dtype.itemsize <= 2
 
 
+def cpp_type_name(dt) -> str:
+    """c10's name for the C++ type of NumPy dtype ``dt``, as its overflow message says."""
+    return _CPP_NAMES.get(dt.name, dt.name)
+
+
 def _overflow(dt, op):
-    name = _CPP_NAMES.get(dt.name, dt.name)
+    name = cpp_type_name(dt)
     raise RuntimeError(f"value cannot be converted to type {name} without overflow (in aten::{op})")
 
 
