@@ -29,7 +29,7 @@ torch.testing.assert_close(got.cpu(), f(x))
 from torch._dynamo.backends.registry import lookup_backend
 from torchjax.compile._dynamo import backend
 from torchjax.integrations import _dynamo_backend
-assert lookup_backend("tpu") is _dynamo_backend.tpu  # hands each graph to backend
+assert lookup_backend("tpu") in (backend, _dynamo_backend.tpu)
 assert "torch._dynamo backend 'tpu'" in [p.name for p in torchjax.patches()]
 """
 
@@ -73,6 +73,28 @@ def test_importing_the_backend_module_before_dynamo():
         assert got.cpu().tolist() == [2.0, 2.0, 2.0]
         print("ok")
         """
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_a_function_compiled_for_cpu_then_recompiled_for_tpu():
+    # The backend's module must be imported before Dynamo traces tpu tensors (its
+    # import installs Dynamo's skip rules for torchjax): with Dynamo imported by a CPU
+    # compile first, the recompile for tpu failed inside Dynamo (InternalTorchDynamoError).
+    out = run_python(
+        _HIDE_ENTRY_POINT
+        + """
+import torch, torchjax
+
+def f(a):
+    return a + a.untyped_storage().nbytes()
+
+want = torch.compile(f, backend="eager")(torch.zeros(4)[1:])
+got = torch.compile(f, backend="tpu")(torch.zeros(4, device="tpu")[1:])
+assert got.cpu().tolist() == want.tolist() == [16.0] * 3
+print("ok")
+"""
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")

@@ -9,9 +9,11 @@ Dynamo. But a torchjax importable without its distribution's metadata (a checkou
 ``torch.compile(..., backend="tpu")`` raised ``InvalidBackend`` on the chip. So the same
 function is also registered with Dynamo's public ``register_backend`` right after
 ``torch._dynamo`` is imported (or at ``import torchjax``, if it is loaded already), which
-costs nothing for a program that never compiles. The registered function imports
-``torchjax.compile._dynamo.backend`` at its first graph and hands it the call: importing
-that module imports Dynamo, so registering it itself would be a circular import. Where
+costs nothing for a program that never compiles. The registered function is
+``torchjax.compile._dynamo.backend``, imported at registration as an entry point's lookup
+imports it (its import installs what Dynamo's tracing of tpu tensors needs); only when
+that module is the one importing Dynamo (half made: a circular import) is a function
+registered that imports it at the first graph, by when the module is complete. Where
 the entry point exists as well, Dynamo takes the registered function first (a lookup
 loads an entry point only for a name with no function yet). Undo: the
 name is taken off the registry, and the entry point (if any) serves it again.
@@ -19,11 +21,15 @@ name is taken off the registry, and the entry point (if any) serves it again.
 
 from __future__ import annotations
 
+import importlib
+import sys
+
 from torchjax import _patches
 from torchjax._compat import torch as torch_compat
 from torchjax.integrations import _after_import
 
 NAME = "tpu"
+_MODULE = "torchjax.compile._dynamo"
 _RECORD = "torch._dynamo backend 'tpu'"
 
 
@@ -40,14 +46,22 @@ def install() -> None:
     """Register the "tpu" backend with Dynamo (Note [Finding the "tpu" Dynamo backend])."""
     if _patches.is_recorded(_RECORD):
         return
-    if not torch_compat.register_dynamo_backend(NAME, tpu):
+    # The module's import installs what Dynamo's tracing of tpu tensors needs (its skip
+    # rules, the fake-tensor patches), so it is imported now, as an entry point's lookup
+    # would; only while that module is itself importing Dynamo (half made) is the
+    # function that imports it at the first graph registered instead.
+    module = sys.modules.get(_MODULE)
+    if module is None:
+        module = importlib.import_module(_MODULE)
+    fn = getattr(module, "backend", None) or tpu
+    if not torch_compat.register_dynamo_backend(NAME, fn):
         return  # an entry point already loaded it (or another "tpu" backend exists)
     _patches.record(
         _RECORD,
         why="torch.compile(backend='tpu') where torchjax has no installed entry point",
         package="torch",
         written_for="2.13",
-        undo=lambda: torch_compat.unregister_dynamo_backend(NAME, tpu),
+        undo=lambda: torch_compat.unregister_dynamo_backend(NAME, fn),
     )
 
 
