@@ -53,6 +53,45 @@ def test_host_copies_match_eager_in_one_graph(name):
     assert after["cache_hits"] > before["cache_hits"]  # and reused
 
 
+def _update_then_copy(p):
+    p.add_(1)  # no node uses its result: only its order puts it before the copy
+    return p * 10, p.cpu()
+
+
+def _update_through_a_view(p):
+    p[0:2].add_(1)
+    c = p.cpu()
+    p.mul_(2)
+    return p + 1, c
+
+
+def _copy_update_copy(p):
+    before = p.cpu()
+    p.add_(5)
+    return before, p.cpu(), p.sum()
+
+
+_UPDATES = {f.__name__.lstrip("_"): f for f in (_update_then_copy, _update_through_a_view,
+                                                 _copy_update_copy)}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(_UPDATES))
+def test_in_place_updates_and_host_copies_keep_the_functions_order(name):
+    # The parts of a split graph run in the graph's order: a copy to the host after an
+    # in-place update reads the updated value, on every call.
+    fn = _UPDATES[name]
+    compiled = torch.compile(fn, backend="tpu", fullgraph=True)
+    for step in range(2):
+        x = torch.arange(4.0, device="tpu") * (step + 1)
+        want_x, got_x = x.clone(), x.clone()
+        want, got = fn(want_x), compiled(got_x)
+        assert len(got) == len(want) >= 2
+        for w, g in zip(want, got):
+            assert g.device == w.device and g.dtype == w.dtype
+            torch.testing.assert_close(g.cpu(), w.cpu(), rtol=0, atol=0)
+        torch.testing.assert_close(got_x.cpu(), want_x.cpu(), rtol=0, atol=0)
+
+
 class _Regressor(torch.nn.Module):
     def __init__(self):
         super().__init__()

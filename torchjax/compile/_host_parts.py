@@ -10,9 +10,10 @@ needs the value itself and raised DataDependentError. So the backend splits such
 graph, in its order, with torch.fx's ``split_module``: a node whose value is a tensor
 off the device computed from a tpu value (a copy to the host), and every node that
 uses one, run as eager Python (the GraphModule of their part, called as written); each
-run of the other nodes is one torchjax.jit program. The results are eager's: a copy to
-the host reads the value there, as eager reads it. A graph with no such copy is one
-program, as before.
+run of the other nodes is one torchjax.jit program. The parts run in the graph's order, as the function's lines do (an in-place
+update whose result nothing uses still comes before the copy after it). The results are
+eager's: a copy to the host reads the value there, as eager reads it. A graph with no
+such copy is one program, as before.
 """
 
 from __future__ import annotations
@@ -73,7 +74,10 @@ def split(gm: torch.fx.GraphModule, host: set, compile_part) -> tuple:
             kinds.append(on_host)
             last = on_host
         part[node] = len(kinds) - 1
-    outer = split_module(gm, gm, lambda node: part[node])
+    # In the graph's order, not split_module's default of data dependence: a part whose
+    # only effect is an in-place update (``p.add_(1)`` before ``p.cpu()``) has no users
+    # and would otherwise run last.
+    outer = split_module(gm, gm, lambda node: part[node], keep_original_order=True)
     compiled = []
     for name, module in list(outer.named_children()):
         index = int(name.rsplit("_", 1)[1])
