@@ -172,6 +172,37 @@ def test_bool_errors():
         torch.clamp(b)
 
 
+_BOOL = torch.tensor([True, False])
+_INT = torch.tensor([3, 4])
+
+# Every spelling of a subtraction with a bool operand: CPU refuses each, though promotion
+# would compute ``1.0 - mask`` in float.
+_SUBTRACTIONS = {
+    "tensor_minus_int": lambda b, i: b - 1,
+    "tensor_minus_true": lambda b, i: b - True,
+    "int_tensor_minus_true": lambda b, i: i - True,
+    "true_minus_tensor": lambda b, i: True - b,
+    "float_minus_tensor": lambda b, i: 1.0 - b,
+    "true_minus_int_tensor": lambda b, i: True - i,
+    "rsub_two_bools": lambda b, i: torch.rsub(b, b),
+    "rsub_int_and_bool": lambda b, i: torch.rsub(i, b),
+    "rsub_scalar_true": lambda b, i: torch.ops.aten.rsub.Scalar(i, True),
+    "in_place": lambda b, i: b.clone().sub_(b),
+    "int_in_place": lambda b, i: i.clone().sub_(b),
+    "out": lambda b, i: torch.sub(i, b, out=torch.empty_like(i)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SUBTRACTIONS))
+def test_subtraction_with_a_bool_operand_raises_cpus_error(name):
+    fn = _SUBTRACTIONS[name]
+    with pytest.raises(RuntimeError) as cpu:
+        fn(_BOOL, _INT)
+    with pytest.raises(RuntimeError) as got:
+        fn(tpu(_BOOL), tpu(_INT))
+    assert str(cpu.value) in str(got.value)
+
+
 def test_inplace_and_out():
     base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     t = tpu(base)

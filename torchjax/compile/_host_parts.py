@@ -10,8 +10,9 @@ needs the value itself and raised DataDependentError. So the backend splits such
 graph, in its order, with torch.fx's ``split_module``: a node whose value is a tensor
 off the device computed from a tpu value (a copy to the host), and every node that
 uses one, run as eager Python (the GraphModule of their part, called as written); each
-run of the other nodes is one torchjax.jit program. The parts run in the graph's order, as the function's lines do (an in-place
-update whose result nothing uses still comes before the copy after it). The results are
+run of the other nodes is one torchjax.jit program. The parts run in the graph's order,
+as the function's lines do (an in-place update whose result nothing uses still comes
+before the copy after it). The results are
 eager's: a copy to the host reads the value there, as eager reads it. A graph with no
 such copy is one program, as before.
 """

@@ -171,18 +171,40 @@ _sub = {
 }
 
 
+def _is_bool(x) -> bool:
+    return isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool)
+
+
+def _sub_check(op: str):
+    def check(args, kwargs) -> None:
+        """torch's sub_check, on the operands as given: a bool operand (a tensor or a
+        Python bool) is refused, which promotion would hide from the lowering
+        (``1.0 - mask`` computes in float)."""
+        self = args[0] if args else kwargs["self"]
+        other = args[1] if len(args) > 1 else kwargs["other"]
+        if _is_bool(self) and _is_bool(other):
+            raise RuntimeError(
+                f"aten::{op}: Subtraction, the `-` operator, with two bool tensors is not "
+                "supported. Use the `^` or `logical_xor()` operator instead."
+            )
+        if _is_bool(self) or _is_bool(other):
+            raise RuntimeError(
+                f"aten::{op}: Subtraction, the `-` operator, with a bool tensor is not "
+                "supported. If you are trying to invert a mask, use the `~` or "
+                "`logical_not()` operator instead."
+            )
+
+    return check
+
+
+precheck(aten.sub)(_sub_check("sub"))
+precheck(aten.rsub)(_sub_check("rsub"))
+
+
 @handler(aten.sub.Tensor, aten.sub.Scalar)
 def sub_handler(args, kwargs, _ops=(aten.sub.Tensor, aten.sub.Scalar)):
-    """aten::sub at the torch level: torch's sub_check refuses a bool operand (tensor or
-    Python bool), which promotion would hide from the lowering."""
-    other = args[1]
-    if isinstance(other, bool) or (isinstance(other, torch.Tensor) and other.dtype == torch.bool):
-        raise RuntimeError(
-            "aten::sub: Subtraction, the `-` operator, with a bool tensor is not supported. "
-            "If you are trying to invert a mask, use the `~` or `logical_not()` operator "
-            "instead."
-        )
-    op = aten.sub.Scalar if not isinstance(other, torch.Tensor) else aten.sub.Tensor
+    """aten::sub at the torch level: a Python number as ``other`` lowers as sub.Scalar."""
+    op = aten.sub.Scalar if not isinstance(args[1], torch.Tensor) else aten.sub.Tensor
     return _sub[op](args, kwargs)
 
 
