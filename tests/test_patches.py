@@ -89,6 +89,8 @@ def test_uninstall_restores_every_original():
         loaders = list(torch.serialization._package_registry)
         from torch._dynamo.backends import registry as dynamo_registry
         dynamo_backends = dict(dynamo_registry._COMPILER_FNS)
+        from torch._dynamo.variables.optimizer import OptimizerVariable
+        set_capturable = OptimizerVariable.__dict__["_set_capturable"]
         import io
         buf = io.BytesIO()
         torch.save({"w": torch.arange(3.0)}, buf)
@@ -207,6 +209,7 @@ def test_uninstall_restores_every_original():
         from torch.utils.data import dataloader
         assert dataloader._MultiProcessingDataLoaderIter.__init__ is before["dl_init"]
         assert not hasattr(torch.UntypedStorage, "tpu")
+        assert OptimizerVariable.__dict__["_set_capturable"] is set_capturable
         assert "__new__" not in torch.UntypedStorage.__dict__
         assert not hasattr(torch.TypedStorage, "tpu")
         assert torch.nested.nested_tensor is before["nested_tensor"]
@@ -250,6 +253,7 @@ def test_uninstall_restores_every_original():
         "torch.accelerator memory functions and synchronize",
         "Dynamo skip rules for torchjax",
         "FakeTensorMode.may_turn_const",
+        "Dynamo OptimizerVariable._set_capturable",
         "torch._TorchCompileInductorWrapper.__call__",
         "optimizer capturable=True under jit",
         "transformers loading functions",

@@ -101,14 +101,21 @@ how it is undone.
   .to("tpu")``) is not folded into a constant FakeTensor, which the fake mode cannot make
   of a wrapper subclass (Note [No tpu constants in fake tracing]); every other tensor
   gets torch's answer. Same signature. Undo: torch's method put back.
+- ``Dynamo OptimizerVariable._set_capturable`` (compile/_dynamo.py, at the same time;
+  torch 2.13). Before Dynamo's own method, an optimizer whose parameters are all on tpu
+  is made capturable as CUDA's are, its state moved to the device (Note [Compiled
+  optimizers are capturable on tpu]); any other optimizer gets torch's answer. Same
+  signature. Undo: torch's method put back.
 - ``torch._TorchCompileInductorWrapper.__call__`` (compile/_default_backend.py through
   _compat/torch.py; torch 2.13). ``torch.compile(m)`` without ``backend=`` hands each
   graph to this wrapper; a graph on tpu tensors is compiled by the "tpu" backend instead
   of inductor's torch_tpu code generation (Note [The default torch.compile backend on
   tpu]); other graphs reach inductor unchanged. Undo: torch's method put back.
 - ``optimizer capturable=True under jit`` (compile/_capturable.py, per optimizer a jitted
-  function reaches; torch 2.13). The step counter must be a traced input, not a constant.
-  Undo: those param groups back to ``capturable=False``, their step counters on CPU.
+  function or a Dynamo-traced step reaches; torch 2.13). The step counter must be a
+  traced input, not a constant; the state a non-capturable step made moves to the device.
+  Undo: those param groups back to ``capturable=False``, their step counters and the
+  state moved back on CPU.
 - ``sys.meta_path import hook`` (integrations/transformers/_loading.py, recorded by
   _patch_records.py; no release). A finder at ``sys.meta_path[0]`` that applies the
   transformers patches right after ``transformers.modeling_utils`` executes, so

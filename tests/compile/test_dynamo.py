@@ -275,9 +275,64 @@ def test_optimizers_keeping_their_step_on_cpu_train_as_on_cpu(opt_cls):
         return losses, w.detach().cpu(), opt.state[w]["step"]
 
     cpu, tpu = train("cpu", "eager"), train("tpu", "tpu")
-    assert tpu[2].device.type == "cpu" and tpu[2].item() == cpu[2].item() == 4
+    # Made capturable, as on CUDA (Note [Compiled optimizers are capturable on tpu]).
+    assert tpu[2].device.type == "tpu" and tpu[2].item() == cpu[2].item() == 4
     torch.testing.assert_close(tpu[0], cpu[0])
     torch.testing.assert_close(tpu[1], cpu[1])
+
+
+_SCHEDULED = {
+    "Adam": {"betas": lambda i: (0.9 - 0.02 * i, 0.999)},
+    "AdamW": {"betas": lambda i: (0.9 - 0.02 * i, 0.99)},
+    "NAdam": {"betas": lambda i: (0.9 - 0.02 * i, 0.999)},
+    "RAdam": {"betas": lambda i: (0.9 - 0.02 * i, 0.999)},
+    "Adamax": {"betas": lambda i: (0.9 - 0.02 * i, 0.999)},
+    "RMSprop": {"alpha": lambda i: 0.99 - 0.01 * i},
+    "Adadelta": {"rho": lambda i: 0.9 - 0.02 * i},
+    "Rprop": {},
+}
+
+
+@pytest.mark.parametrize("compiler", ["torch.compile", "torchjax.jit"])
+@pytest.mark.parametrize("eager_first", [False, True], ids=["compiled", "eager_step_first"])
+@pytest.mark.parametrize("name", sorted(_SCHEDULED))
+def test_optimizers_under_a_schedule_train_as_on_cpu(name, eager_first, compiler):
+    # The learning rate and momentum change every step (OneCycleLR's pattern): NAdam's
+    # CPU ``mu_product`` met a tpu ``mu`` on the recompile (Note [Compiled optimizers
+    # are capturable on tpu]); a state made by an eager step first moves to the device.
+    # The reference is CPU torch running the same compiled step (Dynamo's "eager"
+    # backend): Dynamo traces an optimizer's capturable branch, whose bias corrections
+    # are float32 tensor arithmetic where eager's are Python floats (up to 6e-5 apart).
+    def train(device, backend):
+        torch._dynamo.reset()
+        w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5], device=device))
+        opt = getattr(torch.optim, name)([w], lr=0.05)
+
+        def step(x):
+            loss = (w * x).square().sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        if backend == "tpu" and compiler == "torchjax.jit":
+            run = torchjax.jit(step)
+        else:
+            run = torch.compile(step, backend=backend)
+        x = torch.tensor([1.0, 3.0, -1.0], device=device)
+        losses = [step(x).item()] if eager_first else []
+        for i in range(4):
+            for group in opt.param_groups:
+                group["lr"] = 0.05 * (i + 2)
+                for key, value in _SCHEDULED[name].items():
+                    group[key] = value(i)
+            losses.append(run(x).item())
+        return losses, w.detach().cpu()
+
+    cpu, tpu = train("cpu", "eager"), train("tpu", "tpu")
+    assert len(tpu[0]) == len(cpu[0]) >= 4
+    torch.testing.assert_close(tpu[0], cpu[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tpu[1], cpu[1], rtol=1e-5, atol=1e-6)
 
 
 def test_cpu_tensors_the_graph_writes_keep_the_writes():

@@ -496,6 +496,14 @@ def fake_tensor_mode_class():
     return FakeTensorMode
 
 
+def dynamo_optimizer_variable_class():
+    """``torch._dynamo.variables.optimizer.OptimizerVariable``: how Dynamo traces an
+    optimizer's ``step`` (imported on first use, with Dynamo)."""
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+
+    return OptimizerVariable
+
+
 def active_fake_mode():
     """The FakeTensorMode this thread is dispatching under, or None (torch keeps it in a
     slot of its own, apart from the other dispatch modes)."""

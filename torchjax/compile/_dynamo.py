@@ -29,10 +29,12 @@ import torch
 from torchjax import _patches
 from torchjax._compat.torch import (
     dynamo_never_trace,
+    dynamo_optimizer_variable_class,
     dynamo_skip_package,
     fake_tensor_mode_class,
 )
 from torchjax.compile import _custom_functions, _host_parts
+from torchjax.compile._capturable import make_capturable
 from torchjax.compile._jit import Jitted
 from torchjax.ops import traced_scalars
 from torchjax.tensor._errors import DataDependentError
@@ -114,6 +116,40 @@ def _install_constant_rule() -> None:
 
 
 _install_constant_rule()
+
+
+# Note [Compiled optimizers are capturable on tpu]
+# Dynamo traces an optimizer's step as capturable always (its traced param groups say
+# ``capturable=True``), and switches the real groups to capturable only where every
+# parameter is on CUDA or XPU and the state is not made yet, so that the state is made
+# on the device. On tpu the state stayed a non-capturable one on CPU while the traced code
+# took the capturable branch; on a recompile Dynamo moves ``step`` to the parameters'
+# device and NAdam's ``mu_product *= mu`` mixed a CPU tensor with a tpu one (a crash of
+# every NAdam whose learning rate or betas change). An optimizer whose parameters are all
+# on tpu is switched as CUDA's are, its existing state moved to the device with it
+# (compile/_capturable.py), as ``torchjax.jit`` does.
+def _install_capturable_rule() -> None:
+    OptimizerVariable = dynamo_optimizer_variable_class()
+    original = OptimizerVariable.__dict__["_set_capturable"]
+
+    def _set_capturable(self, tx):
+        params = [p for group in self.value.param_groups for p in group.get("params", [])]
+        if params and all(isinstance(p, JaxTensor) for p in params):
+            make_capturable(self.value)
+        return original(self, tx)
+
+    _patches.replace_attr(
+        OptimizerVariable,
+        "_set_capturable",
+        _set_capturable,
+        name="Dynamo OptimizerVariable._set_capturable",
+        why="an optimizer of tpu parameters is made capturable, as one of CUDA parameters",
+        package="torch",
+        written_for="2.13",
+    )
+
+
+_install_capturable_rule()
 
 # Note [Backend counters outlive their graphs]
 # ``stats`` is read before and after a piece of code to count what it compiled. Graphs
