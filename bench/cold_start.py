@@ -131,7 +131,7 @@ print("RESULT " + json.dumps({"import_s": import_s, "load_s": load_s, "first_s":
 )
 
 
-def _child(code: str, ckpt: str, new: int, cache: str) -> dict:
+def _child(code: str, ckpt: str, new, cache: str) -> dict:
     env = {
         **os.environ,
         "PYTHONPATH": child_pythonpath(),
@@ -153,16 +153,20 @@ def _child(code: str, ckpt: str, new: int, cache: str) -> dict:
     raise RuntimeError(f"bench/cold_start.py: the child failed:\n{out.stderr[-3000:]}")
 
 
+_CHECKPOINT = """
+import json, sys, torch
+from bench.tpu import llama_config
+import transformers as tf
+torch.manual_seed(0)
+model = tf.LlamaForCausalLM(llama_config(sys.argv[2] == "small")).to(torch.bfloat16)
+model.save_pretrained(sys.argv[1])
+print("RESULT " + json.dumps({"params": sum(p.numel() for p in model.parameters())}))
+"""
+
+
 def _checkpoint(path: str, small: bool) -> int:
-    import torch
-    import transformers as tf
-
-    from bench.tpu import llama_config
-
-    torch.manual_seed(0)
-    model = tf.LlamaForCausalLM(llama_config(small)).to(torch.bfloat16)
-    model.save_pretrained(path)
-    return sum(p.numel() for p in model.parameters())
+    """Written by a child process: this one never opens the chip, which has one holder."""
+    return _child(_CHECKPOINT, path, "small" if small else "full", "0")["params"]
 
 
 def run(small: bool, new: int) -> dict:
