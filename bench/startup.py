@@ -1,16 +1,22 @@
 """Cold start: the tiny Llama's first greedy ``generate`` in a fresh process.
 
 The tiny Llama of bench/compiled.py (hidden 256, 4 layers, vocab 1024), an 8-token
-prompt, ``generate(max_new_tokens=64, do_sample=False)``, in float32 and bfloat16, two
-ways: as written (on tpu: a static cache and compile_generate's decode programs, Note [A
-static cache by default on tpu]) and eager with transformers' ``DynamicCache``
-(``disable_compile=True``: every op on every new length is a new program). Each figure
+prompt, ``generate(max_new_tokens=64, do_sample=False)``, in float32 and bfloat16, by
+default three ways: as written (on tpu: a static cache and compile_generate's decode
+programs, Note [A static cache by default on tpu]), eager (``disable_compile=True``: the
+forward op by op, with a static cache, Note [A static cache for eager generate on tpu]),
+and eager with transformers' ``DynamicCache`` (the rules off: every op on every new
+length is a new program). Each figure
 comes from its own child process: the first with an empty persistent compilation cache
 (cold), the second with the cache the first one filled (warm). Reported per run: the
 wall time of the first ``generate`` call, the XLA compiles it made
 (``torchjax.stats()["compiles"]``) and the cache files after it.
 
-Run:  python bench/startup.py  [--by-op]  (--by-op: the traces of each overload, most first)
+Two more modes on request: ``generate`` with processors that read the growing ids
+(``repetition_penalty``, ``no_repeat_ngram_size``), and without a cache.
+
+Run:  python bench/startup.py [--by-op] [--modes default,eager,eager-dynamic,processors,no-cache]
+      [--dtypes float32,bfloat16]  (--by-op: the traces of each overload, most first)
 """
 
 from __future__ import annotations
@@ -30,7 +36,16 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 NEW_TOKENS = 64
 PROMPT = [[1, 17, 42, 99, 5, 6, 7, 8]]
 DTYPES = ("float32", "bfloat16")
-MODES = ("default", "eager")
+# mode -> (generate's extra settings, extra environment of the child)
+_MODES = {
+    "default": ({}, {}),
+    "eager": ({"disable_compile": True}, {}),
+    # the eager path before it took a static cache: transformers' DynamicCache
+    "eager-dynamic": ({"disable_compile": True}, {"TORCHJAX_AUTO_COMPILE_GENERATE": "0"}),
+    "processors": ({"repetition_penalty": 1.3, "no_repeat_ngram_size": 3}, {}),
+    "no-cache": ({"use_cache": False}, {}),
+}
+MODES = ("default", "eager", "eager-dynamic")
 
 _CHILD = """
 import json, os, sys, time
@@ -42,7 +57,7 @@ t_import = time.perf_counter() - t_start
 from bench.compiled import llama
 
 dtype = getattr(torch, sys.argv[1])
-extra = {"disable_compile": True} if sys.argv[2] == "eager" else {}
+extra = MODE_SETTINGS[sys.argv[2]]
 model = llama().to(dtype).to("tpu")
 ids = torch.tensor(PROMPT, device="tpu")
 torch.tpu.synchronize()
@@ -71,12 +86,14 @@ def child(dtype: str, mode: str, cache_dir: str) -> dict:
     written ("default") or eager, with the persistent compilation cache in ``cache_dir``
     ("0": cache off)."""
     code = _CHILD.replace("PROMPT", repr(PROMPT)).replace("NEW", str(NEW_TOKENS))
+    code = code.replace("MODE_SETTINGS", repr({m: v[0] for m, v in _MODES.items()}))
     env = {
         **os.environ,
         "PYTHONPATH": child_pythonpath(),
         "TORCHJAX_COMPILATION_CACHE": cache_dir,
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+        **_MODES[mode][1],
     }
     out = subprocess.run(
         [sys.executable, "-c", code, dtype, mode],
@@ -110,7 +127,13 @@ def report(r) -> str:
         "XLA compiles | cache files | target |",
         "|---|---:|---:|---:|---|",
     ]
-    names = {"default": "generate", "eager": "eager, DynamicCache"}
+    names = {
+        "default": "generate",
+        "eager": "eager (`disable_compile=True`), static cache",
+        "eager-dynamic": "eager, DynamicCache (`TORCHJAX_AUTO_COMPILE_GENERATE=0`)",
+        "processors": "generate, `repetition_penalty` + `no_repeat_ngram_size`",
+        "no-cache": "generate, `use_cache=False`",
+    }
     for (dtype, mode), runs in r.items():
         for which, target in (("cold", "<= 5 s, <= 100 compiles"), ("warm", "<= 1 s")):
             x = runs[which]
@@ -132,7 +155,13 @@ def by_op(r, top: int = 25) -> str:
 
 def main() -> None:
     print(header("cold start"))
-    r = run()
+    modes = MODES
+    if "--modes" in sys.argv:
+        modes = tuple(sys.argv[sys.argv.index("--modes") + 1].split(","))
+    dtypes = DTYPES
+    if "--dtypes" in sys.argv:
+        dtypes = tuple(sys.argv[sys.argv.index("--dtypes") + 1].split(","))
+    r = run(dtypes, modes)
     print(report(r))
     if "--by-op" in sys.argv:
         print(by_op(r))

@@ -78,7 +78,7 @@ def test_calls_transformers_would_not_compile_run_as_written(cpu, auto):
     kwargs = dict(GREEDY, max_new_tokens=4)
     eager = transformers.CompileConfig(backend="eager")
     settings = (
-        {"disable_compile": True},  # transformers' DynamicCache, eager
+        {"disable_compile": True},  # eager, with a static cache (tested below)
         {"use_cache": False},
         {"cache_implementation": "dynamic"},
         {"cache_implementation": "static", "disable_compile": True},
@@ -119,6 +119,42 @@ def test_no_cache_asked_for_gets_a_static_cache(cpu, llama_dir):
     assert type(out.past_key_values) is transformers.DynamicCache
     assert model.forward.last_fallback == "not auto-compiled"
     assert torch.equal(out.sequences.cpu(), _generate(cpu, **dict(kwargs, max_new_tokens=3)))
+
+
+def _sdpa_traces() -> int:
+    return torchjax.stats()["ops"].get("aten::scaled_dot_product_attention.default", {}).get(
+        "traces", 0
+    )
+
+
+def test_eager_generate_asking_for_no_cache_gets_a_static_cache(cpu, llama_dir, monkeypatch):
+    # Note [A static cache for eager generate on tpu]: the forward's shapes stay the same
+    # from step to step, so a 16-token eager generate traces attention for the prefill
+    # and one decode shape, not once per token.
+    model = _load(llama_dir)
+    kwargs = dict(GREEDY, max_new_tokens=16, disable_compile=True)
+    made = []
+    original = transformers.StaticCache.__init__
+
+    def init(self, *args, **kw):
+        made.append(self)
+        original(self, *args, **kw)
+
+    monkeypatch.setattr(transformers.StaticCache, "__init__", init)
+    torchjax.reset_stats()
+    assert torch.equal(_generate(model, **kwargs), _generate(cpu, **kwargs))
+    assert "forward" not in vars(model) and len(made) == 1  # eager, with a static cache
+    assert _sdpa_traces() <= 2
+    # Where the cache reaches the caller, transformers' DynamicCache is kept.
+    batch = {k: v.to("tpu") for k, v in tl.prompts().items()}
+    with torch.no_grad():
+        out = model.generate(**batch, **dict(kwargs, max_new_tokens=3), return_dict_in_generate=True)
+    assert type(out.past_key_values) is transformers.DynamicCache and len(made) == 1
+    assert torch.equal(out.sequences.cpu(), _generate(cpu, **dict(kwargs, max_new_tokens=3)))
+    # So is it with the rules off.
+    monkeypatch.setenv("TORCHJAX_AUTO_COMPILE_GENERATE", "0")
+    assert torch.equal(_generate(model, **kwargs), _generate(cpu, **kwargs))
+    assert len(made) == 1
 
 
 def test_off_switch_keeps_transformers_loop(cpu, llama_dir, monkeypatch):
