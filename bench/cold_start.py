@@ -41,13 +41,18 @@ PHASES = {"/jax/core/compile/jaxpr_trace_duration": "trace",
           "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
           "/jax/core/compile/backend_compile_duration": "compile"}
 seconds, counts = collections.Counter(), collections.Counter()
+by_program = collections.Counter()  # XLA compile seconds by program name
 def _on(event, duration, **kw):
     if event in PHASES:
         seconds[PHASES[event]] += duration
         counts[PHASES[event]] += 1
+        if PHASES[event] == "compile":
+            by_program[kw.get("fun_name", "?")] += duration
 jax.monitoring.register_event_duration_secs_listener(_on)
 def phases():
     return {k: {"s": round(seconds[k], 2), "n": counts[k]} for k in ("trace", "lower", "compile")}
+def top_programs(n=8):
+    return [(name, round(s, 2)) for name, s in by_program.most_common(n)]
 """
 
 _TORCHJAX = (
@@ -85,6 +90,7 @@ print("RESULT " + json.dumps({"import_s": import_s, "load_s": load_s, "first_s":
     "second_s": second_s, "phases": {k: {"s": round(first[k]["s"] - before[k]["s"], 2),
     "n": first[k]["n"] - before[k]["n"]} for k in first},
     "programs": s["compiles"], "persistent_hits": s["persistent_cache_hits"],
+    "top_programs": top_programs(),
     "tokens": out[0, PROMPT:].tolist()}))
 """
 )
@@ -126,7 +132,7 @@ second_s = time.perf_counter() - t0
 print("RESULT " + json.dumps({"import_s": import_s, "load_s": load_s, "first_s": first_s,
     "second_s": second_s, "phases": {k: {"s": round(first[k]["s"] - before[k]["s"], 2),
     "n": first[k]["n"] - before[k]["n"]} for k in first},
-    "tokens": np.asarray(out)[0].tolist()}))
+    "top_programs": top_programs(), "tokens": np.asarray(out)[0].tolist()}))
 """
 )
 
@@ -203,6 +209,9 @@ def report(rows: dict) -> str:
                 f"{r.get('programs', '-')} | {r['second_s']:.2f} s |"
             )
     lines.append(f"\ntokens equal to the pure-JAX model's: {rows['tokens_equal_jax']}")
+    for name in ("torchjax", "jax"):
+        top = ", ".join(f"{n} {s} s" for n, s in rows[name]["cold"]["top_programs"])
+        lines.append(f"{name}, cold: the longest XLA compiles: {top}")
     return "\n".join(lines)
 
 
@@ -212,8 +221,10 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
-    print(header("cold start of generate: where the time goes"))
+    # The header after the children: it asks jax for its devices, which opens the chip,
+    # and a chip has one holder.
     rows = run(args.small, args.new)
+    print(header("cold start of generate: where the time goes"))
     print(report(rows))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
