@@ -122,8 +122,10 @@ def test_no_cache_asked_for_gets_a_static_cache(cpu, llama_dir):
 
 
 def _sdpa_traces() -> int:
-    return torchjax.stats()["ops"].get("aten::scaled_dot_product_attention.default", {}).get(
-        "traces", 0
+    return (
+        torchjax.stats()["ops"]
+        .get("aten::scaled_dot_product_attention.default", {})
+        .get("traces", 0)
     )
 
 
@@ -148,7 +150,9 @@ def test_eager_generate_asking_for_no_cache_gets_a_static_cache(cpu, llama_dir, 
     # Where the cache reaches the caller, transformers' DynamicCache is kept.
     batch = {k: v.to("tpu") for k, v in tl.prompts().items()}
     with torch.no_grad():
-        out = model.generate(**batch, **dict(kwargs, max_new_tokens=3), return_dict_in_generate=True)
+        out = model.generate(
+            **batch, **dict(kwargs, max_new_tokens=3), return_dict_in_generate=True
+        )
     assert type(out.past_key_values) is transformers.DynamicCache and len(made) == 1
     assert torch.equal(out.sequences.cpu(), _generate(cpu, **dict(kwargs, max_new_tokens=3)))
     # So is it with the rules off.
