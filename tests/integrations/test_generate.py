@@ -75,19 +75,20 @@ def test_compile_generate_traces_the_prefill_and_one_decode_step(llama_dir, cpu)
     kwargs = dict(GREEDY, max_new_tokens=16, cache_implementation="static")
     expected = _generate(cpu, batch, **kwargs)
     assert torch.equal(_generate(model, batch, **kwargs), expected)
-    # The prefill is the compiled forward; the first token's choice and the first decode
-    # step are calls of the decode-step program, the other 14 steps one loop over it
+    # The prefill is the compiled forward; the first token's choice is a call of the
+    # decode-step program, the 15 steps one loop over it, traced but never run on its own
     # (Note [Decode steps as one program]): two traces.
     assert jitted.trace_count == 1
     assert (step.trace_count, step.cache_hits) == (2, 0)
     # A second call reuses the cache (sized for the longest call so far, so a shorter
     # call has the same layout), made before the first prefill (Note [A static cache
     # initialized before its first step]): nothing traces again; the token buffer spans
-    # the cache, so the decode step is a cache hit too.
+    # the cache, so the decode step is a cache hit too (the first token's choice; the
+    # loop's step is found traced).
     short = dict(kwargs, max_new_tokens=8)
     assert torch.equal(_generate(model, batch, **short), expected[:, :15])
     assert (jitted.trace_count, jitted.cache_hits) == (1, 1)
-    assert (step.trace_count, step.cache_hits) == (2, 2)
+    assert (step.trace_count, step.cache_hits) == (2, 1)
     # Without a static cache the forward runs eagerly.
     assert torch.equal(_generate(model, batch, **GREEDY, max_new_tokens=1), expected[:, :8])
     assert jitted.trace_count == 1 and step.trace_count == 2

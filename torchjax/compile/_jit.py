@@ -159,6 +159,14 @@ class Jitted:
             return entry.run_differentiable(call)
         return entry.run(call)
 
+    def trace(self, *args, **kwargs) -> None:
+        """Trace this call's signature without running it: its Python code runs now (with
+        whatever it does to Python state), its program compiles at its first run, or
+        inside ``repeat``'s loop only, where the step is never run on its own."""
+        call, entry = self._lookup(args, kwargs)
+        if entry is None:
+            self._trace(call)
+
     def repeat(self, times: int, *args, until=None, **kwargs) -> None:
         """Run the function up to ``times`` times with these arguments as one program (a
         ``lax.while_loop`` over its trace), stopping early once the 0-d tensor argument

@@ -22,12 +22,14 @@ program, or all of them one loop:
 - the prompt runs through transformers' own ``_prefill`` (the compiled prefill of
   Note [Compiled generation with a static cache]), and its first token through the same
   selection code as a second program;
-- the first decode step is one call of the step program; when it leaves the cache's
-  Python state as it found it (static layers: their positions are tensors), the other
-  steps run as one program, ``decode_step.repeat`` (Note [Repeating a traced step in one
+- the decode step is traced first, without running; when its trace leaves the cache's
+  Python state as it found it (static layers: their positions are tensors), every step
+  runs as one program, ``decode_step.repeat`` (Note [Repeating a traced step in one
   program] in torchjax/compile/_repeat.py): a ``lax.while_loop`` that stops at the
   maximum length or once every sequence has finished, then one host read of the length.
-  So a whole ``generate`` is four program calls whatever its length;
+  So a whole ``generate`` is three program calls whatever its length, and the step's
+  forward compiles once, inside the loop (run once on its own first, it compiled twice:
+  a third of a first call's compile time);
 - with ``compile_generate(model, loop=False)``, or a cache whose Python state moves per
   token (guarded, so that would retrace per token), each token is one call of the step
   program, and the host reads the finish length every ``CHECK_EVERY`` (16) tokens, not
@@ -261,25 +263,28 @@ def device_sample(
         loop = wrapper.loop
         while length < max_length:
             guard = _python_state(cache)
-            before = _python_state(cache, values=True) if loop else None
+            if loop:
+                before = _python_state(cache, values=True)
+                # Traced, not run: a step that leaves the cache's Python state as it
+                # found it runs only inside the loop, so its forward compiles once.
+                step.trace(*state, cache, None, settings=settings, _torchjax_guard=guard)
+                if wrapper.after[("decode", guard)] == before:
+                    # Nothing in the cache's Python state moves per token: every step
+                    # runs as one program, up to the end or until every sequence finished.
+                    step.repeat(
+                        max_length - length,
+                        *state,
+                        cache,
+                        None,
+                        settings=settings,
+                        _torchjax_guard=guard,
+                        until=stopped,
+                    )
+                    length = int(pos)
+                    break
             step(*state, cache, None, settings=settings, _torchjax_guard=guard)
-            after = wrapper.after[("decode", guard)]
-            _replay(cache, after)
+            _replay(cache, wrapper.after[("decode", guard)])
             length += 1
-            if loop and after == before and length < max_length:
-                # Nothing in the cache's Python state moves per token: the other steps
-                # run as one program, up to the end or until every sequence finished.
-                step.repeat(
-                    max_length - length,
-                    *state,
-                    cache,
-                    None,
-                    settings=settings,
-                    _torchjax_guard=guard,
-                    until=stopped,
-                )
-                length = int(pos)
-                break
             if (length - prompt) % CHECK_EVERY == 0 and int(done_at) < size:
                 break
     finally:
