@@ -26,6 +26,29 @@ def test_repeat_carries_argument_and_state_writes():
     assert int(n) == 7 and step.trace_count == 1
 
 
+def test_trace_runs_the_python_code_but_not_the_program():
+    seen = []
+
+    @torchjax.jit
+    def step(x, n):
+        seen.append(tuple(x.shape))  # Python runs at trace time only
+        x.mul_(2)
+        n.add_(1)
+
+    x, n = torch.ones(3, device="tpu"), torch.zeros((), dtype=torch.long, device="tpu")
+    torchjax.reset_stats()
+    step.trace(x, n)
+    # Traced, not run: the arguments are untouched and no program was compiled.
+    assert seen == [(3,)] and step.trace_count == 1 and step.cache_hits == 0
+    assert torch.equal(x.cpu(), torch.ones(3)) and int(n) == 0
+    assert torchjax.stats()["compiles"] == 0
+    step.trace(x, n)  # already traced: nothing happens
+    assert seen == [(3,)] and step.trace_count == 1
+    step.repeat(3, x, n)  # the loop is the only program compiled
+    assert torch.equal(x.cpu(), torch.full((3,), 8.0)) and int(n) == 3
+    assert seen == [(3,)] and step.trace_count == 1
+
+
 def test_repeat_stops_when_until_is_set():
     @torchjax.jit
     def step(x, stop):
