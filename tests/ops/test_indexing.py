@@ -398,6 +398,7 @@ def test_uint8_indices_warn_as_deprecated_as_on_cpu():
     import warnings
 
     mask = torch.tensor([1, 0, 1], dtype=torch.uint8)
+    by_device = {}
     for device in ("cpu", "tpu"):
         x = torch.arange(3.0, device=device)
         with warnings.catch_warnings(record=True) as seen:
@@ -407,5 +408,19 @@ def test_uint8_indices_warn_as_deprecated_as_on_cpu():
         texts = [str(w.message) for w in seen if "torch.uint8 is now deprecated" in str(w.message)]
         assert len(texts) == 2, (device, texts)  # one per indexing call, as ATen's
         assert got.tolist() == [0.0, 2.0] and x.tolist() == [5.0, 1.0, 6.0]
+        by_device[device] = texts
+    # The same text, trailing space included (CPU's may end with where it was raised).
+    assert by_device["tpu"] == [t.split("(Triggered internally")[0] for t in by_device["cpu"]]
+    # Two uint8 masks in one index: one warning each, as ATen's expandTensors.
+    v = torch.randn(5, 7, 3)
+    masks = (torch.tensor([1, 0, 1, 1, 0], dtype=torch.uint8), torch.ones(3, dtype=torch.uint8))
+    counts = []
+    for device in ("cpu", "tpu"):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            shape = v.to(device)[masks[0].to(device), :, masks[1].to(device)].shape
+        assert shape == (3, 7)
+        counts.append(sum("torch.uint8 is now deprecated" in str(w.message) for w in seen))
+    assert counts == [2, 2]
     with pytest.raises(RuntimeError, match="masked_fill_ only supports boolean masks"):
         torch.ops.aten.index_put_(torch.arange(3.0).to("tpu"), [mask.to("tpu")], torch.tensor(0.0))

@@ -141,15 +141,17 @@ def _advanced_index(self, indices, op):
 
 @precheck(aten.index.Tensor, aten.index_put, aten._index_put_impl)
 def _uint8_masks_are_deprecated(args, kwargs):
-    """ATen's warning (at every such call, as its TORCH_WARN) for a uint8 index."""
+    """ATen's warning for a uint8 index: at every such call, once per uint8 index tensor,
+    with its text (trailing space included), as its TORCH_WARN in expandTensors."""
     indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-    if any(isinstance(i, torch.Tensor) and i.dtype == torch.uint8 for i in indices or ()):
-        warnings.warn(
-            "indexing with dtype torch.uint8 is now deprecated, please use a dtype "
-            "torch.bool instead.",
-            UserWarning,
-            stacklevel=4,
-        )
+    for i in indices or ():
+        if isinstance(i, torch.Tensor) and i.dtype == torch.uint8:
+            warnings.warn(
+                "indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+                "torch.bool instead. ",
+                UserWarning,
+                stacklevel=4,
+            )
 
 
 @lowering(aten.index.Tensor, cpu_tensors=True)
