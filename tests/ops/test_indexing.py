@@ -424,3 +424,22 @@ def test_uint8_indices_warn_as_deprecated_as_on_cpu():
     assert counts == [2, 2]
     with pytest.raises(RuntimeError, match="masked_fill_ only supports boolean masks"):
         torch.ops.aten.index_put_(torch.arange(3.0).to("tpu"), [mask.to("tpu")], torch.tensor(0.0))
+
+
+@pytest.mark.parametrize(
+    "value, part",
+    [([], 4), ([1, 2, 3], 4), ([1, 2, 3], 1), ([1.0, 2.0], 4), ([1.0, 2.0, 3.0, 4.0], 4)],
+    ids=["empty_float", "three_ints", "three_into_one", "two_floats", "four_floats"],
+)
+def test_index_put_checks_the_shape_before_the_dtype_as_cpu(value, part):
+    # A float value into an int tensor at a mask: CPU names the shape mismatch first
+    # (PyTorch's test_boolean_assignment_value_mismatch), the dtype only if it fits.
+    def put(device):
+        a = torch.arange(0, 4, device=device)[:part]
+        a[a > -1] = torch.tensor(value).to(device)
+
+    with pytest.raises(RuntimeError) as cpu:
+        put("cpu")
+    with pytest.raises(RuntimeError) as got:
+        put("tpu")
+    assert str(cpu.value).split(" (Triggered")[0] in str(got.value)

@@ -174,7 +174,10 @@ def index_put(self, indices, values, accumulate=False, unsafe=False):
     check). Duplicate indices without accumulate: one of the writes wins, as in torch.
     """
     if values.dtype != self.dtype:
-        raise RuntimeError(
+        arrays = (self, values, *(i for i in indices if i is not None))
+        if not any(isinstance(a, jax.core.Tracer) for a in arrays):
+            _check_put_shape(self, _advanced_index(self, indices, "index_put"), values)
+        raise RuntimeError(  # after the shape, as CPU checks them
             f"Index put requires the source and destination dtypes match, got "
             f"{dtypes.aten_type_name(self.dtype)} for the destination and "
             f"{dtypes.aten_type_name(values.dtype)} for the source. (in aten::index_put)"
@@ -183,6 +186,12 @@ def index_put(self, indices, values, accumulate=False, unsafe=False):
     if masked is not None:
         return masked
     index = _advanced_index(self, indices, "index_put")
+    _check_put_shape(self, index, values)
+    return _update(self, index, values, "add" if accumulate else "set")
+
+
+def _check_put_shape(self, index, values) -> None:
+    """ATen's check that ``values`` broadcasts to the indexed shape."""
     indexed = jax.eval_shape(lambda a: a[index], jax.ShapeDtypeStruct(self.shape, self.dtype))
     try:
         fits = np.broadcast_shapes(values.shape, indexed.shape) == indexed.shape
@@ -193,7 +202,6 @@ def index_put(self, indices, values, accumulate=False, unsafe=False):
             f"shape mismatch: value tensor of shape {list(values.shape)} cannot be "
             f"broadcast to indexing result of shape {list(indexed.shape)} (in aten::index_put)"
         )
-    return _update(self, index, values, "add" if accumulate else "set")
 
 
 def _cpu_scalar_mask(self, indices, values):
