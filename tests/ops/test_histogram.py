@@ -179,3 +179,15 @@ def test_searchsorted_warns_once_for_non_contiguous_operands_as_cpu(monkeypatch)
         "only appear once per program."
     ]
     assert torch.equal(got.cpu(), torch.searchsorted(boundaries, values))
+
+
+def test_searchsorted_refusals_have_cpus_text():
+    # A scalar (or 0-d) value needs 1-d boundaries; otherwise the leading dims must match.
+    boundaries = torch.tensor([[1, 2, 3], [2, 3, 4]])
+    for value in (1, torch.tensor(1), torch.tensor([1])):
+        with pytest.raises(RuntimeError) as cpu:
+            torch.searchsorted(boundaries, value)
+        tpu_value = value.to("tpu") if isinstance(value, torch.Tensor) else value
+        with pytest.raises(RuntimeError) as got:
+            torch.searchsorted(boundaries.to("tpu"), tpu_value)
+        assert str(cpu.value) in str(got.value)

@@ -335,3 +335,24 @@ def test_nansum_of_floats_into_an_integer_out_refuses_as_cpu():
     out = torch.empty((), dtype=torch.long, device="tpu")
     torch.nansum(torch.tensor([1, 2], device="tpu"), 0, out=out)
     assert out.item() == 3
+
+
+def test_reductions_over_a_dim_of_more_than_64_dims_raise_as_cpu():
+    # torch keeps the reduced dims in a 64-bit mask: a dim given on a 65-dim tensor is
+    # refused (argmax, max.dim and hash_tensor included), a full reduction is not.
+    cpu = torch.randn([1] * 64 + [2])
+    x = cpu.to("tpu")  # NumPy holds at most 64 dims: the transfer goes flat
+    assert x.shape == cpu.shape
+    ops = {
+        "sum": lambda t: torch.sum(t, 0),
+        "argmax": lambda t: torch.argmax(t, 0),
+        "argmin": lambda t: torch.argmin(t, 1),
+        "max.dim": lambda t: torch.max(t, 0),
+        "hash_tensor": lambda t: torch.hash_tensor(t, dim=0),
+    }
+    for op in ops.values():
+        for t in (cpu, x):  # both devices refuse each
+            with pytest.raises(RuntimeError, match="only tensors with up to 64 dims are supported"):
+                op(t)
+    for full in (torch.sum, torch.amax, torch.mean):
+        torch.testing.assert_close(full(x).cpu(), full(cpu))

@@ -114,8 +114,9 @@ def host_copy(arr: jax.Array) -> np.ndarray:
     ``np.asarray`` of a ``jax.Array`` keeps the NumPy copy on the array (``_npy_value``)
     for later reads whenever the read had to copy, as every read off a TPU does;
     torchjax reads a tensor's array for ``.cpu()``, ``.item()``, printing and every
-    save, so each tensor once read kept its bytes in host memory as long as it lived (a
-    model saved on the chip kept 1.0x its size on the host). This reads each buffer with
+    save, so each tensor once read kept its bytes in host memory as long as it lived.
+    (A model saved on the chip still keeps about 1.0x its size on the host afterwards:
+    that memory has another holder, not found yet; docs/tpu.md.) This reads each buffer with
     the private ``_single_device_array_to_np_array_did_copy`` that ``np.asarray`` uses,
     without the cache; an array already cached, or not fully addressable, goes to
     ``np.asarray`` (which raises for the latter, as before)."""

@@ -36,6 +36,8 @@ def cpu_to_jax(t: torch.Tensor) -> jax.Array:
     # A transfer compiles nothing (jnp.asarray compiles a copy per new shape); put_host
     # is jax.device_put's own transfer without its Python (Note [Host arrays onto a
     # device] in torchjax/_compat/jax.py).
+    if t.dim() > 64:  # NumPy's limit, not XLA's: moved flat, shaped on the device
+        return put_host(dtypes.cpu_tensor_to_numpy(t.reshape(-1))).reshape(t.shape)
     return put_host(dtypes.cpu_tensor_to_numpy(t))
 
 

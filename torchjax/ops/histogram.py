@@ -93,9 +93,18 @@ def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=No
         )
         right = side == "right"
     torch._check(
+        seq.ndim == 1 or not (scalar or self.ndim == 0),
+        lambda: (
+            "aten::searchsorted: torch.searchsorted(): input value can be a scalar only when "
+            f"boundaries tensor dimension is 1, but we got boundaries tensor dim({seq.ndim}) "
+            "and input value's dim(0) numel(1)"
+        ),
+    )
+    torch._check(
         seq.ndim == 1 or (not scalar and seq.shape[:-1] == self.shape[:-1]),
         lambda: (
-            "aten::searchsorted: boundaries tensor should be 1 dimension or the first N-1 "
+            "aten::searchsorted: torch.searchsorted(): boundaries tensor should be 1 dimension "
+            "or the first N-1 "
             "dimensions of boundaries tensor and input value tensor must match, but we got "
             f"boundaries tensor {list(seq.shape)} and input value tensor "
             f"{[] if scalar else list(self.shape)}"

@@ -26,6 +26,7 @@ from jax import lax
 
 from torchjax.device import _checks
 from torchjax.device._layouts import unsupported_layout
+from torchjax.ops import reduction
 from torchjax.ops.indexing import require_in_range
 from torchjax.ops.promotion import astype
 from torchjax.ops.registry import describe_args, handler, lowering
@@ -467,6 +468,8 @@ def hash_tensor(self, dim=(), *, keepdim=False, mode=0):
             "aten::hash_tensor: Expected reduction dim to be specified for input.numel() == 0. "
             "Specify the reduction dim with the 'dim' argument."
         )
+    if dim:
+        reduction.check_rank(self.ndim)
     for d in dim if self.ndim else ():
         if self.shape[d] == 0:
             raise IndexError(

@@ -50,16 +50,21 @@ def wrap_dim(dim: int, ndim: int) -> int:
     return dim % rank
 
 
+def check_rank(ndim: int) -> None:
+    """torch's limit for reductions over given dims (a 64-bit mask of dims)."""
+    if ndim > 64:
+        raise RuntimeError("only tensors with up to 64 dims are supported")
+
+
 def reduce_dims(ndim: int, dim, *, empty_is_all: bool = True) -> tuple[int, ...]:
     """The axes a reduction over ``dim`` (None, an int or a list) runs over.
 
     ``dim=[]`` means every axis unless ``empty_is_all`` is False (any/all). On a 0-d
     tensor every valid dim reduces nothing.
     """
-    if ndim > 64:  # torch's limit for reductions (a 64-bit mask of dims)
-        raise RuntimeError("only tensors with up to 64 dims are supported")
     if dim is None or (empty_is_all and isinstance(dim, (list, tuple)) and not dim):
-        return tuple(range(ndim))
+        return tuple(range(ndim))  # a full reduction has no limit, as on CPU
+    check_rank(ndim)
     dims = [dim] if isinstance(dim, int) else list(dim)
     axes = [wrap_dim(d, ndim) for d in dims]
     seen = set()
@@ -219,6 +224,7 @@ def _arg_extreme(op: str, jfn, self, dim, keepdim):
             )
         idx = jfn(self.reshape(-1))
         return (idx.reshape((1,) * self.ndim) if keepdim else idx).astype(_LONG)
+    check_rank(self.ndim)
     axis = wrap_dim(dim, self.ndim)
     if self.ndim == 0:
         return jnp.zeros((), _LONG)
@@ -247,6 +253,7 @@ def _full_extreme(op, jfn, self):
 
 
 def _dim_extreme(op, vfn, ifn, self, dim, keepdim):
+    check_rank(self.ndim)
     axis = wrap_dim(dim, self.ndim)
     if self.ndim == 0:
         return self, jnp.zeros((), _LONG)
