@@ -133,14 +133,6 @@ def _mul(a, b):
     return lax.bitwise_and(a, b) if a.dtype == jnp.bool_ else lax.mul(a, b)
 
 
-def _check_sub_bool(op: str, x) -> None:
-    if x.dtype == jnp.bool_:
-        raise RuntimeError(
-            f"aten::{op}: Subtraction, the `-` operator, with two bool tensors is not "
-            "supported. Use the `^` or `logical_xor()` operator instead."
-        )
-
-
 # add / sub / rsub: promotion over self and other; alpha read as CPU's kernels read it.
 _ALPHA_POLICY = dict(
     promote=Kind.DEFAULT,
@@ -159,8 +151,8 @@ def add(self, other, alpha=1):
 
 
 def sub(self, other, alpha=1):
-    """aten::sub - ``self - alpha * other``; bool raises as in torch. Reference: torch.sub."""
-    _check_sub_bool("sub", self)
+    """aten::sub - ``self - alpha * other``; a bool operand is refused before (``_sub_check``).
+    Reference: torch.sub."""
     if kind_of(other) == "complex":
         return _add(self, _scaled("sub", other, _negated(other, alpha)))
     return lax2(lax.sub)(self, _scaled("sub", other, alpha))
@@ -210,8 +202,8 @@ def sub_handler(args, kwargs, _ops=(aten.sub.Tensor, aten.sub.Scalar)):
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar, **_ALPHA_POLICY)
 def rsub(self, other, alpha=1):
-    """aten::rsub - ``other - alpha * self``; bool raises. Reference: torch.rsub."""
-    _check_sub_bool("rsub", self)
+    """aten::rsub - ``other - alpha * self``; a bool operand is refused before
+    (``_sub_check``). Reference: torch.rsub."""
     if kind_of(self) == "complex":
         return _add(other, _scaled("rsub", self, _negated(self, alpha)))
     return lax2(lax.sub)(other, _scaled("rsub", self, alpha))
