@@ -51,23 +51,14 @@ def _check_traced_numbers(policy, args, kwargs, result) -> None:
     for name, v in named:
         if name not in policy.checked or not traced_scalars.is_traced(v):
             continue
-        dt = np.dtype(result)
-        if dt.kind == "c":
-            dt = np.dtype(np.float32 if dt == np.complex64 else np.float64)
+        dt = dtypes.component_dtype(np.dtype(result))
         if not (dt.kind == "f" or dt.name == "bfloat16"):  # ints, bool, float8 (no inf)
             raise traced_scalars.NeedsValue(f"aten::{policy.opname} checks that {name} fits")
         x = traced_scalars.value_of(v)
         info = ml_dtypes.finfo(dt)
         bad = jnp.isfinite(x) & ((x < float(info.min)) | (x > float(info.max)))
-        name_ = dtypes.cpp_type_name(dt)
-        _checks.require(
-            bad,
-            x,
-            RuntimeError,
-            f"value cannot be converted to type {name_} without overflow "
-            f"(in aten::{policy.opname})",
-            deferred=False,
-        )
+        text = dtypes.overflow_text(np.dtype(result), policy.opname)  # names the result type
+        _checks.require(bad, x, RuntimeError, text, deferred=False)
 
 
 def unwrap(func, entry, x):

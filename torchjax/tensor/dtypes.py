@@ -139,8 +139,7 @@ def check_scalar_fits(value, dtype, op: str) -> None:
     if isinstance(value, complex) and kind != "c":
         _overflow(dt, op)
     parts = (value.real, value.imag) if isinstance(value, complex) else (value,)
-    if kind == "c":  # each part against the component type
-        dt = np.dtype(np.float32 if dt == np.complex64 else np.float64)
+    dt = component_dtype(dt)  # a complex type: each part against its component type
     for v in parts:
         if kind in "iu":
             info = np.iinfo(dt)
@@ -175,9 +174,21 @@ def cpp_type_name(dt) -> str:
     return _CPP_NAMES.get(dt.name, dt.name)
 
 
-def _overflow(dt, op):
+def overflow_text(dt, op: str) -> str:
+    """c10's text for a number that does not fit ``dt`` (a NumPy dtype) in ``op``."""
     name = cpp_type_name(dt)
-    raise RuntimeError(f"value cannot be converted to type {name} without overflow (in aten::{op})")
+    return f"value cannot be converted to type {name} without overflow (in aten::{op})"
+
+
+def component_dtype(dt):
+    """The real type each part of a complex ``dt`` is checked against (``dt`` if real)."""
+    if dt.kind != "c":
+        return dt
+    return np.dtype(np.float32 if dt == np.complex64 else np.float64)
+
+
+def _overflow(dt, op):
+    raise RuntimeError(overflow_text(dt, op))
 
 
 # Note [float64 on TPU]
