@@ -53,6 +53,21 @@ def phases():
     return {k: {"s": round(seconds[k], 2), "n": counts[k]} for k in ("trace", "lower", "compile")}
 def top_programs(n=8):
     return [(name, round(s, 2)) for name, s in by_program.most_common(n)]
+# gen() twice: its output, and the first call's wall, phases and after_first(), the
+# second call's wall.
+def first_and_second(gen, after_first=dict):
+    before = phases()
+    t0 = time.perf_counter()
+    out = gen()
+    first_s = time.perf_counter() - t0
+    first, extra = phases(), after_first()
+    t0 = time.perf_counter()
+    gen()
+    second_s = time.perf_counter() - t0
+    diff = {k: {"s": round(first[k]["s"] - before[k]["s"], 2), "n": first[k]["n"] - before[k]["n"]}
+            for k in first}
+    return out, {"first_s": first_s, "second_s": second_s, "phases": diff,
+                 "top_programs": top_programs(), **extra}
 """
 
 _TORCHJAX = (
@@ -76,21 +91,12 @@ def gen():
     with torch.no_grad():
         return block_torch(model.generate(ids, attention_mask=torch.ones_like(ids),
             max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0))
-before = phases()
+def counters():
+    s = torchjax.stats()
+    return {"programs": s["compiles"], "persistent_hits": s["persistent_cache_hits"]}
 torchjax.reset_stats()
-t0 = time.perf_counter()
-out = gen()
-first_s = time.perf_counter() - t0
-s = torchjax.stats()
-first = phases()
-t0 = time.perf_counter()
-gen()
-second_s = time.perf_counter() - t0
-print("RESULT " + json.dumps({"import_s": import_s, "load_s": load_s, "first_s": first_s,
-    "second_s": second_s, "phases": {k: {"s": round(first[k]["s"] - before[k]["s"], 2),
-    "n": first[k]["n"] - before[k]["n"]} for k in first},
-    "programs": s["compiles"], "persistent_hits": s["persistent_cache_hits"],
-    "top_programs": top_programs(),
+out, row = first_and_second(gen, counters)
+print("RESULT " + json.dumps({"import_s": import_s, "load_s": load_s, **row,
     "tokens": out[0, PROMPT:].tolist()}))
 """
 )
@@ -121,18 +127,10 @@ ids = torch.randint(3, hf.vocab_size, (1, PROMPT), generator=torch.Generator().m
 ids = jnp.asarray(ids.numpy())
 new = int(sys.argv[2])
 fn = jax_llama.jitted(cfg, new)
-before = phases()
-t0 = time.perf_counter()
-out = jax.block_until_ready(fn(params, ids, jnp.ones_like(ids)))
-first_s = time.perf_counter() - t0
-first = phases()
-t0 = time.perf_counter()
-jax.block_until_ready(fn(params, ids, jnp.ones_like(ids)))
-second_s = time.perf_counter() - t0
-print("RESULT " + json.dumps({"import_s": import_s, "load_s": load_s, "first_s": first_s,
-    "second_s": second_s, "phases": {k: {"s": round(first[k]["s"] - before[k]["s"], 2),
-    "n": first[k]["n"] - before[k]["n"]} for k in first},
-    "top_programs": top_programs(), "tokens": np.asarray(out)[0].tolist()}))
+out, row = first_and_second(
+    lambda: jax.block_until_ready(fn(params, ids, jnp.ones_like(ids))))
+print("RESULT " + json.dumps({"import_s": import_s, "load_s": load_s, **row,
+    "tokens": np.asarray(out)[0].tolist()}))
 """
 )
 
