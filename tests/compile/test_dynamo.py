@@ -250,6 +250,19 @@ def test_backend_counters_never_fall_when_a_graph_is_collected():
     assert torchjax.compile.dynamo_stats() == during
 
 
+def _train_step(w, opt):
+    """A least-squares step of one parameter ``w`` with optimizer ``opt``."""
+
+    def step(x):
+        loss = (w * x).square().sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    return step
+
+
 @pytest.mark.parametrize(
     "opt_cls",
     [torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adamax],
@@ -262,15 +275,7 @@ def test_optimizers_keeping_their_step_on_cpu_train_as_on_cpu(opt_cls):
         torch._dynamo.reset()
         w = torch.nn.Parameter(torch.tensor([1.0, -2.0], device=device))
         opt = opt_cls([w], lr=0.1)
-
-        def step(x):
-            loss = (w * x).square().sum()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.detach()
-
-        compiled = torch.compile(step, backend=backend)
+        compiled = torch.compile(_train_step(w, opt), backend=backend)
         losses = [compiled(torch.tensor([1.0, 3.0], device=device)).item() for _ in range(4)]
         return losses, w.detach().cpu(), opt.state[w]["step"]
 
@@ -307,13 +312,7 @@ def test_optimizers_under_a_schedule_train_as_on_cpu(name, eager_first, compiler
         torch._dynamo.reset()
         w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5], device=device))
         opt = getattr(torch.optim, name)([w], lr=0.05)
-
-        def step(x):
-            loss = (w * x).square().sum()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.detach()
+        step = _train_step(w, opt)
 
         if backend == "tpu" and compiler == "torchjax.jit":
             run = torchjax.jit(step)
