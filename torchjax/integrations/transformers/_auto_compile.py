@@ -122,18 +122,15 @@ def eager_static(model, kwargs) -> dict:
 def _wrap_generate(original):
     @functools.wraps(original)
     def generate(self, *args, **kwargs):
-        if (
-            len(args) <= 2
-            and type(self).generate is generate
-            and "forward" not in vars(self)
-            and plan(self, _generate.call_settings(args, kwargs)) is not None
-        ):
-            # Each new set of generation settings traces the decode step twice; a user who
-            # never asked for compilation gets the RetraceWarning later than one who did.
-            _generate.compile_generate_as(self, rule=plan, warn_after=32)
-            return self.generate(*args, **kwargs)
         if len(args) <= 2 and type(self).generate is generate and "forward" not in vars(self):
-            extra = eager_static(self, _generate.call_settings(args, kwargs))
+            settings = _generate.call_settings(args, kwargs)
+            if plan(self, settings) is not None:
+                # Each new set of generation settings traces the decode step twice; a user
+                # who never asked for compilation gets the RetraceWarning later than one
+                # who did.
+                _generate.compile_generate_as(self, rule=plan, warn_after=32)
+                return self.generate(*args, **kwargs)
+            extra = eager_static(self, settings)
             args, kwargs = _generate._with_settings(args, kwargs, extra)
         return original(self, *args, **kwargs)
 
