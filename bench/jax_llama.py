@@ -5,7 +5,8 @@ SwiGLU MLP) as pure functions of a parameter dict taken from the torch model's
 ``state_dict``, so both run the same weights:
 
 - ``forward(params, cfg, ids)``: logits of a whole sequence (no cache), the model as
-  torch runs a prompt; call it plain for op-by-op jax.numpy or under ``jax.jit``.
+  torch runs a prompt; call it plain for op-by-op jax.numpy or under ``jax.jit``;
+  ``causal_lm_loss`` of its logits is transformers' ``labels=ids`` loss, for training.
 - ``greedy(params, cfg, ids, new_tokens)``: greedy decoding over a static KV cache, the
   whole loop one ``lax.fori_loop`` (run it under ``jax.jit``: the decode limit);
   ``greedy_step`` is one token of it, for a jitted step called from a Python loop.
@@ -126,15 +127,35 @@ def _logits(cfg: Config, p, x):
     return x @ head.T
 
 
-def forward(params: dict, cfg: Config, ids) -> jax.Array:
-    """Logits (B, S, vocab) of ``ids`` (B, S), causal, no cache."""
+def forward(
+    params: dict, cfg: Config, ids, *, remat: bool = False, logits_to_keep: int = 0
+) -> jax.Array:
+    """Logits (B, S, vocab) of ``ids`` (B, S), causal, no cache.
+
+    ``remat``: each layer under ``jax.checkpoint`` (only its input is kept for the
+    backward, the rest recomputed), as transformers' activation checkpointing does per
+    decoder layer. ``logits_to_keep``: as transformers', logits of the last that many
+    positions only (B, logits_to_keep, vocab); 0 keeps all."""
     x = params["model.embed_tokens.weight"][ids]
     b, s = ids.shape
     cos, sin = _rope(cfg, jnp.broadcast_to(jnp.arange(s), (b, s)), x.dtype)
     mask = jnp.tril(jnp.ones((s, s), bool))[None, None]
+
+    def layer(x, p, i):
+        return _layer(cfg, p, i, x, cos, sin, mask)[0]
+
+    if remat:
+        layer = jax.checkpoint(layer, static_argnums=(2,))
     for i in range(cfg.layers):
-        x, _ = _layer(cfg, params, i, x, cos, sin, mask)
-    return _logits(cfg, params, x)
+        x = layer(x, params, i)
+    return _logits(cfg, params, x[:, -logits_to_keep:])
+
+
+def causal_lm_loss(logits, ids) -> jax.Array:
+    """transformers' causal LM loss (``model(ids, labels=ids).loss``): cross entropy of
+    each position's float32 logits against the next token, mean over B * (S - 1)."""
+    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1))
 
 
 def _cached_step(params, cfg: Config, cache, x_ids, pos, positions, keep):
