@@ -90,6 +90,60 @@ def test_reads_at_many_offsets_share_one_executable(shape, size, stride):
     assert len(offsets) > 4 and torchjax.stats()["compiles"] == before
 
 
+@pytest.mark.parametrize(
+    "shape,size,stride",
+    [
+        ((8, 5), (5,), (1,)),  # a row: contiguous
+        ((6, 4), (3, 2), (4, 1)),  # a block: slice plan
+        ((2, 8), (2, 4), (8, 1)),  # a half row: the window runs past the end
+        ((30,), (2, 2), (7, 3)),  # no slice plan: gather
+    ],
+)
+def test_writes_at_many_offsets_share_one_executable(shape, size, stride):
+    # Note [View offsets as arguments]: a write takes its offset as an argument too, so
+    # ``x[i] = row`` over every ``i`` compiles one write, each landing where NumPy's does.
+    import torchjax
+
+    base = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    span = sum((n - 1) * s for n, s in zip(size, stride)) + 1
+    offsets = range(0, base.size - span + 1)
+    with x64(True):
+        st = Storage(jnp.asarray(base))
+        # Two writes first: the storage's array from outside is not committed to a
+        # device, the written one is (another executable for the first write).
+        for offset in offsets[-2:]:
+            st.write(size, stride, offset, jnp.zeros(size, jnp.int64))
+        expected = np.asarray(st.arr).copy()
+        values = [jnp.full(size, -1 - k, jnp.int64) for k in range(len(offsets))]
+        before = torchjax.stats()["compiles"]
+        for k, offset in enumerate(offsets):
+            _np_view(expected, size, stride, offset)[...] = -1 - k
+            st.write(size, stride, offset, values[k])
+            np.testing.assert_array_equal(np.asarray(st.arr), expected)
+    assert len(offsets) > 4 and torchjax.stats()["compiles"] == before
+
+
+def test_setitem_in_a_loop_compiles_once_and_matches_cpu():
+    import torchjax
+
+    cpu = torch.zeros(50, 4, 3)
+    src = torch.randn(50, 4, 3)
+    x = cpu.to("tpu")
+    s = src.to("tpu")
+    x[:, 0, :] = s[:, 0, :]  # the first write and read of each layout compile
+    cpu[:, 0, :] = src[:, 0, :]
+    before = torchjax.stats()["compiles"]
+    for i in range(1, 4):
+        x[:, i, :] = s[:, i, :]
+        cpu[:, i, :] = src[:, i, :]
+    for i in range(50):
+        x[i, 1:3, :] = s[49 - i, 1:3, :] * 2
+        cpu[i, 1:3, :] = src[49 - i, 1:3, :] * 2
+    torch.testing.assert_close(x.cpu(), cpu, rtol=0, atol=0)
+    # The row loop compiles its read/write/mul layouts once, not once per row.
+    assert torchjax.stats()["compiles"] - before <= 4
+
+
 def test_window_past_the_end_reads_at_a_dynamic_offset():
     # A slice window that runs past the storage's end (the right half of the last row)
     # is read through the padded flat storage, at the offset given at run time.

@@ -198,7 +198,8 @@ class Storage:
         if self.covers(size, stride, offset) and stride == contiguous_strides(size):
             self.arr = _keep_placement(value, self.arr)
         else:
-            new = _plan(self.numel, size, stride, offset).write_array(self.arr, value)
+            plan = _plan(self.numel, size, stride, offset)
+            new = plan.write_array(self.arr, value, offset if plan.dynamic else None)
             self.arr = _keep_placement(new, self.arr)
         self.version += 1
 
@@ -350,7 +351,9 @@ class _ContiguousPlan:
         )
         return run.reshape(self.size)
 
-    def write(self, flat, value):
+    def write(self, flat, value, offset=None):
+        if offset is not None:  # Note [View offsets as arguments]
+            return lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
         if self.offset == 0 and self.numel == flat.shape[0]:
             return value.reshape(-1)
         return lax.dynamic_update_slice(flat, value.reshape(-1), (np.int32(self.offset),))
@@ -410,13 +413,18 @@ class _SlicePlan:
         part = part.reshape(self.keep_shape)
         return jnp.broadcast_to(part, self.size) if self.expand else part
 
-    def write(self, flat, value):
+    def write(self, flat, value, offset=None):
         if self.expand:
             raise _NoPlan
         value = value.reshape(self.real_size)
         inv = tuple(np.argsort(self.perm))
         value = jnp.transpose(value, inv) if inv != tuple(range(len(inv))) else value
-        window = self._window(flat).at[self.index].set(value).reshape(-1)
+        window = self._window(flat, offset).at[self.index].set(value).reshape(-1)
+        if offset is not None:  # Note [View offsets as arguments]
+            # The window as read: past the end by up to ``tail`` padded elements.
+            n = flat.shape[0]
+            padded = jnp.pad(flat, (0, self.tail)) if self.tail else flat
+            return lax.dynamic_update_slice(padded, window, (offset,))[:n]
         if self.pad:
             head = lax.slice(flat, (0,), (self.offset,))
             body = lax.slice(window, (0,), (flat.shape[0] - self.offset,))
@@ -442,7 +450,7 @@ class _GatherPlan:
             return flat[(self.idx - self.offset) + offset]
         return flat[self.idx]
 
-    def write(self, flat, value):
+    def write(self, flat, value, offset=None):
         if self.overlapping:
             # torch's text for a zero stride. CPU runs other overlapping views (rows
             # of an as_strided window) element by element, each write seeing the last
@@ -454,7 +462,8 @@ class _GatherPlan:
                 "at once, so a write through a view whose elements share memory has no "
                 "defined result; CPU applies it element by element in memory order.)"
             )
-        return flat.at[self.idx.reshape(-1)].set(value.reshape(-1))
+        idx = self.idx if offset is None else (self.idx - self.offset) + offset
+        return flat.at[idx.reshape(-1)].set(value.reshape(-1))
 
 
 class _NoPlan(Exception):
@@ -511,8 +520,11 @@ class _Plan:
             _budget.hit(read)
         return read(arr)
 
-    def write_array(self, arr, value):
-        """The storage array ``arr`` with ``value`` written at the view."""
+    def write_array(self, arr, value, offset=None):
+        """The storage array ``arr`` with ``value`` written at the view. ``offset``: this
+        plan's layout written at that offset (a ``dynamic`` plan)."""
+        if offset is not None:
+            return _offset_writer(self._layout)(arr, value, np.int32(offset))
         write = self._write
         if write is None:
             write = self._write = jax.jit(
@@ -527,13 +539,13 @@ class _Plan:
         if getattr(self, name) is program:
             setattr(self, name, None)
 
-    def write(self, flat, value):
+    def write(self, flat, value, offset=None):
         if self.kind == "empty":
             return flat
         try:
-            return self.impl.write(flat, value)
+            return self.impl.write(flat, value, offset)
         except _NoPlan:
-            return _GatherPlan(self.size, self.stride, self.offset).write(flat, value)
+            return _GatherPlan(self.size, self.stride, self.offset).write(flat, value, offset)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -553,7 +565,9 @@ def _plan(storage_numel, size, stride, offset) -> _Plan:
 # run past the end, so the window must lie inside the array: a slice plan's window can
 # run past the view's last element by ``tail`` elements (a row-major block of a wider
 # storage), so its dynamic read pads the flat storage by that constant first (XLA fuses
-# the pad into the slice). Writes keep constant offsets.
+# the pad into the slice). Writes take the offset the same way (``x[i] = row`` in a loop
+# is one program per layout, not one per ``i``): dynamic_update_slice of the window read
+# at the offset, into the storage padded by the same ``tail``, then cut back.
 def layout_plan(storage_numel, size, stride) -> _Plan:
     """The read plan of a layout at any offset (built at offset 0: the kind, window
     shape and permutation do not depend on the offset)."""
@@ -579,3 +593,24 @@ def _offset_reader(layout):
 
     _budget.admit(read, evict)
     return read
+
+
+_OFFSET_WRITERS: dict = {}
+
+
+def _offset_writer(layout):
+    write = _OFFSET_WRITERS.get(layout)
+    if write is not None:
+        _budget.hit(write)
+        return write
+    plan = layout_plan(*layout)
+    write = _OFFSET_WRITERS[layout] = jax.jit(
+        lambda arr, v, offset: plan.write(arr.reshape(-1), v, offset).reshape(arr.shape)
+    )
+
+    def evict():
+        if _OFFSET_WRITERS.get(layout) is write:
+            del _OFFSET_WRITERS[layout]
+
+    _budget.admit(write, evict)
+    return write
