@@ -1,9 +1,11 @@
 """Whole workflows on the chip against CPU: a diffusers pipeline with a compiled
 transformer called twice, ten Trainer steps, a ``torch.compile`` train step, checkpoints
-through ``torch.save`` and safetensors, and a Kernels Hub kernel through ``kernelize``."""
+through ``torch.save`` and safetensors (and the host memory they leave held), and a
+Kernels Hub kernel through ``kernelize``."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 import safetensors.torch
@@ -112,6 +114,33 @@ def test_checkpoints_round_trip(tmp_path):
     back = safetensors.torch.load_file(tmp_path / "ckpt.safetensors")
     for k, v in state.items():
         assert torch.equal(back[k], v), k
+
+
+def _resident_bytes() -> int:
+    import ctypes
+    import gc
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed memory back: what stays is held
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_host_reads_and_saves_leave_no_host_copy_of_the_weights(tmp_path):
+    # A read off the chip copies, and jax keeps that copy on the array for as long as it
+    # lives: a model saved on the chip kept its whole size in host memory (1.0x).
+    weights = {f"w{i}": torch.randn(2048, 1024, device="tpu") for i in range(32)}
+    nbytes = sum(t.numel() * t.element_size() for t in weights.values())  # 256 MiB
+    jax.block_until_ready([torchjax.to_jax(t) for t in weights.values()])
+    base = _resident_bytes()
+    sums = [float(t.cpu().sum()) for t in weights.values()]
+    torch.save(weights, tmp_path / "w.pt")
+    safetensors.torch.save_file(weights, tmp_path / "w.safetensors")
+    torchjax.checkpoint.save_file(weights, tmp_path / "w.ckpt.safetensors")
+    kept = (_resident_bytes() - base) / nbytes
+    assert kept < 0.25, f"{kept:.2f}x the weights stayed in host memory"
+    back = safetensors.torch.load_file(tmp_path / "w.safetensors")
+    assert [float(back[k].sum()) for k in weights] == sums
 
 
 def test_a_kernels_hub_kernel_through_kernelize():

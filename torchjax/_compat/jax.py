@@ -108,30 +108,48 @@ def trace_of(x):
     return getattr(x, "_trace", None) if isinstance(x, jax.core.Tracer) else None
 
 
-def host_copy(arr: jax.Array) -> np.ndarray:
-    """``np.asarray(jax.device_get(arr))`` that leaves nothing cached on ``arr``.
+# Arrays up to this size are read in place: the host copy jax keeps on them is small.
+_READ_IN_PLACE_BYTES = 1 << 16
 
-    ``np.asarray`` of a ``jax.Array`` keeps the NumPy copy on the array (``_npy_value``)
-    for later reads whenever the read had to copy, as every read off a TPU does;
-    torchjax reads a tensor's array for ``.cpu()``, ``.item()``, printing and every
-    save, so each tensor once read kept its bytes in host memory as long as it lived.
-    (A model saved on the chip still keeps about 1.0x its size on the host afterwards:
-    that memory has another holder, not found yet; docs/tpu.md.) This reads each buffer with
-    the private ``_single_device_array_to_np_array_did_copy`` that ``np.asarray`` uses,
-    without the cache; an array already cached, or not fully addressable, goes to
-    ``np.asarray`` (which raises for the latter, as before)."""
-    read = getattr(arr, "_single_device_array_to_np_array_did_copy", None)
-    if read is None or arr._npy_value is not None or not arr.is_fully_addressable:
+
+def _fresh(shard: jax.Array) -> jax.Array:
+    """A new ``jax.Array`` over the same device buffer (no copy, public API): the host
+    copy a read leaves on it goes when it goes."""
+    return jax.make_array_from_single_device_arrays(shard.shape, shard.sharding, [shard])
+
+
+def host_copy(arr: jax.Array) -> np.ndarray:
+    """``np.asarray(jax.device_get(arr))`` that leaves no host copy held by ``arr``.
+
+    A read of a ``jax.Array`` that has to copy (every read off a TPU) keeps the NumPy
+    copy for later reads in two places: the Python attribute ``_npy_value`` and, below
+    it, the array's C++ storage (jaxlib's ``PyArray`` host value, filled by
+    ``_single_device_array_to_np_array_did_copy`` and ``copy_to_host_async``), both for
+    as long as the array lives. torchjax reads a tensor's array for ``.cpu()``,
+    ``.item()``, printing and every save, so a model saved on the chip kept its whole
+    size in host memory afterwards (1.0x, measured). A large buffer is therefore read
+    through a new ``jax.Array`` over the same device buffer, made for the read and
+    dropped with its copy; a small one (up to ``_READ_IN_PLACE_BYTES``) is read in
+    place. An array already cached, or not fully addressable, goes to ``np.asarray``
+    (which raises for the latter, as before)."""
+    if (
+        not hasattr(arr, "_single_device_array_to_np_array_did_copy")
+        or arr._npy_value is not None
+        or not arr.is_fully_addressable
+    ):
         return np.asarray(jax.device_get(arr))
+    fresh = arr.nbytes > _READ_IN_PLACE_BYTES
     if arr.is_fully_replicated:
-        out = read()[0]  # on CPU a view of the device buffer itself
+        shard = _fresh(arr.addressable_shards[0].data) if fresh else arr
+        out = shard._single_device_array_to_np_array_did_copy()[0]
     else:
         shards = arr.addressable_shards
-        for s in shards:
-            s.data.copy_to_host_async()
+        datas = [_fresh(s.data) if fresh else s.data for s in shards]
+        for d in datas:
+            d.copy_to_host_async()
         out = np.empty(arr.shape, arr.dtype)
-        for s in shards:
-            out[s.index] = s.data._single_device_array_to_np_array_did_copy()[0]
+        for s, d in zip(shards, datas):
+            out[s.index] = d._single_device_array_to_np_array_did_copy()[0]
     out.flags.writeable = False  # as np.asarray gives it: a jax array is immutable
     return out
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import os
 
-import jax
 import numpy as np
 import torch
 
+from torchjax._compat.jax import host_copy
 from torchjax.checkpoint import _writer
 from torchjax.checkpoint._load import load_file
 from torchjax.tensor import dtypes
@@ -161,7 +161,8 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
         from jax.experimental import multihost_utils
 
         return np.asarray(multihost_utils.process_allgather(arr, tiled=True))
-    return np.asarray(jax.device_get(arr), order="C")  # ascontiguousarray would make 0-d 1-d
+    # No host copy left held by the array (a model saved on the chip kept 1.0x its size).
+    return np.asarray(host_copy(arr), order="C")  # ascontiguousarray would make 0-d 1-d
 
 
 def _storage_groups(tensors: dict[str, torch.Tensor]) -> list[set[str]]:
