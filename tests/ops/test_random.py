@@ -414,3 +414,78 @@ def test_normal_out_without_a_generator():
     assert torch.ops.aten.normal.out(self, 2.0, 0.5, out=out) is out
     c = _cpu(out)
     assert out.shape == (50, 200) and abs(c.mean() - 2) < 0.05 and abs(c.std() - 0.5) < 0.05
+
+
+# ---------------------------------------------------------------------------------------
+# Note [Random draws in size buckets]: same values as a draw at the exact shape
+
+_DRAWS = {
+    "uniform_": lambda x: x.uniform_(-2, 3),
+    "uniform": lambda x: torch.ops.aten.uniform(x, -1.0, 2.0),
+    "normal_": lambda x: x.normal_(1.5, 2.0),
+    "normal_functional": lambda x: torch.ops.aten.normal_functional(x, 0.5, 3.0),
+    "bernoulli_": lambda x: x.bernoulli_(0.3),
+    "bernoulli.p": lambda x: torch.ops.aten.bernoulli.p(x, 0.7),
+    "random_": lambda x: x.random_(),
+    "random_.from": lambda x: x.random_(-3, 1000),
+    "random_.to": lambda x: x.random_(7),
+    "random.from": lambda x: (
+        torch.ops.aten.random.from_(x, 2, 90)
+        if hasattr(torch.ops.aten.random, "from_")
+        else getattr(torch.ops.aten.random, "from")(x, 2, 90)
+    ),
+    "exponential_": lambda x: x.exponential_(2.0),
+    "geometric_": lambda x: x.geometric_(0.2),
+    "cauchy_": lambda x: x.cauchy_(0.5, 2.0),
+    "log_normal_": lambda x: x.log_normal_(0.1, 0.5),
+}
+_INTEGER_DRAWS = {"random_", "random_.from", "random_.to", "random.from", "bernoulli_"}
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 7), (2, 3, 5), (1,), (300,)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize("op", list(_DRAWS))
+def test_bucketed_draws_equal_draws_at_the_exact_shape(op, dtype, shape, monkeypatch):
+    from torchjax.ops import _seeded
+
+    if dtype == torch.int64 and op not in _INTEGER_DRAWS:
+        pytest.skip("a floating-point sampler: CPU refuses integer tensors too")
+    assert _seeded.bucket(torch.ops.aten.uniform_.default, shape) is not None or shape == (1,)
+
+    def draw():
+        torch.manual_seed(7)
+        x = torch.zeros(shape, dtype=dtype, device="tpu")
+        out = _DRAWS[op](x)
+        return out.cpu(), x.cpu(), torch.rand(3, device="tpu").cpu()  # the state after
+
+    bucketed = draw()
+    monkeypatch.setattr(_seeded, "BUCKET_LIMIT", 0)
+    exact = draw()
+    for got, want in zip(bucketed, exact):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_complex_draws_are_bucketed_with_the_same_values(monkeypatch):
+    from torchjax.ops import _seeded
+
+    def draw():
+        torch.manual_seed(3)
+        return torch.randn(3, 5, dtype=torch.complex64, device="tpu").cpu()
+
+    bucketed = draw()
+    monkeypatch.setattr(_seeded, "BUCKET_LIMIT", 0)
+    torch.testing.assert_close(bucketed, draw(), rtol=0, atol=0)
+
+
+def test_draws_at_many_sizes_compile_one_sampler_per_bucket():
+    from torchjax.ops import cached_compute
+
+    torch.manual_seed(0)  # every size below lands in the 64 bucket
+    info = cached_compute.cache_info(torch.ops.aten.uniform_.default)
+    torch.empty(33, device="tpu").uniform_(-1, 1)
+    before = info.traces
+    for n in range(34, 65):
+        t = torch.empty(n, device="tpu").uniform_(-1, 1)
+        assert t.shape == (n,) and -1 <= t.cpu().min() and t.cpu().max() <= 1
+    assert before > 0 and info.traces == before  # 31 sizes, no new sampler program

@@ -11,6 +11,23 @@ one-draw op gives the same numbers on either path; a lowering that draws more th
 folds the draw number into that key for each later draw. One counter value is reserved
 per call, so the state advances by one per op and ``torch.manual_seed`` replays it.
 
+Note [Random draws in size buckets]
+A sampler's program is slow to compile (XLA expands threefry: 0.1-0.4 s on XLA:CPU,
+where a slice takes 15-30 ms), and eager code draws at many sizes: a loop over lengths,
+``torch.testing.make_tensor``, a sequence that grows. Each size was a program of its own.
+The samplers in ``BUCKETED`` draw every element from the key and its flat index alone
+(jax's threefry is "partitionable", its default: element i's bits do not depend on the
+shape), so the first n elements of a draw of B >= n elements are exactly the draw of n
+elements laid out in row-major order. A draw of up to ``BUCKET_LIMIT`` elements is
+therefore compiled at the next power of two and cut to its shape by a small cached
+program: one sampler program per (op, bucket, dtype, arguments), one cut per shape, and
+the same values as a draw at the exact shape (tests/ops/test_random.py compares every
+sampler with bucketing off). Larger draws keep their shape: their compile is amortised
+and a draw twice the size would cost device time. Not bucketed: fused eager's recorded
+segments (their shapes are the segment's), a ``jax_threefry_partitionable=False``
+setting (then a draw depends on its shape) and samplers whose draw reads another
+tensor (``bernoulli.Tensor``'s ``p``).
+
 Not compiled (op by op, as before): a call passing a CPU ``generator=`` (it draws on CPU,
 Note [CPU generators on tpu]), and a call inside an outer trace (``torchjax.jit`` or
 ``torchjax.functional``), whose own key stream the draw must use.
@@ -18,12 +35,85 @@ Note [CPU generators on tpu]), and a call inside an outer trace (``torchjax.jit`
 
 from __future__ import annotations
 
+import math
+
 import jax
 import numpy as np
 import torch
 
+from torchjax import _budget
 from torchjax.tensor import random as _rng
 from torchjax.tensor._tensor import JaxTensor
+
+aten = torch.ops.aten
+
+
+def _overloads(name: str) -> tuple:
+    """``name`` ("op" or "op.overload"): the overload, and for a functional op its
+    in-place twin (``uniform`` and ``uniform_``), as eager calls reach them."""
+    op, _, overload = name.partition(".")
+    ops = [op] if op.endswith("_") else [op, op + "_"]
+    return tuple(
+        getattr(getattr(aten, o), overload or "default")
+        for o in ops
+        if hasattr(aten, o) and hasattr(getattr(aten, o), overload or "default")
+    )
+
+
+# Samplers whose n-th element depends on the key and n alone (Note [Random draws in size
+# buckets]); each lowering takes ``self``'s shape only.
+BUCKETED = frozenset(
+    f
+    for name in (
+        "uniform",
+        "normal_functional",
+        "normal_",
+        "bernoulli.p",
+        "bernoulli_.float",
+        "random",
+        "random.from",
+        "random.to",
+        "exponential",
+        "geometric",
+        "cauchy",
+        "log_normal",
+    )
+    for f in _overloads(name)
+)
+BUCKET_LIMIT = 1 << 16
+
+
+def bucket(func, size) -> int | None:
+    """The element count to draw ``func``'s sample of ``size`` at, or None: its own."""
+    if func not in BUCKETED or not jax.config.jax_threefry_partitionable:
+        return None
+    n = math.prod(size)
+    if n == 0 or n > BUCKET_LIMIT:
+        return None
+    b = 1 << (n - 1).bit_length()
+    return None if b == n and len(size) == 1 else b
+
+
+_CUTS: dict = {}
+
+
+def cut(arr: jax.Array, size) -> jax.Array:
+    """The first ``prod(size)`` elements of the flat draw ``arr``, shaped ``size``: one
+    cached program per (draw, size), an entry of the process-wide budget."""
+    key = (arr.shape, arr.dtype, tuple(size))
+    run = _CUTS.get(key)
+    if run is not None:
+        _budget.hit(run)
+        return run(arr)
+    n = math.prod(size)
+    run = _CUTS[key] = jax.jit(lambda a: a[:n].reshape(size))
+
+    def evict():
+        if _CUTS.get(key) is run:
+            del _CUTS[key]
+
+    _budget.admit(run, evict)
+    return run(arr)
 
 
 class _CallStream(_rng.TracedStream):

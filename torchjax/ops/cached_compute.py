@@ -416,9 +416,19 @@ class CompiledCompute:
             shape_only = (
                 self.shape_only_self and args and isinstance(args[0], JaxTensor) and 0 not in pidx
             )
+            # A small draw at its power-of-two bucket (Note [Random draws in size buckets]).
+            drawn = (
+                _seeded.bucket(self.func, args[0]._size)
+                if shape_only and self.seeded and not _fused.ACTIVE[0]
+                else None
+            )
             tmpl = tuple(
                 [
-                    Shape(SHAPE, a._size, dtypes.to_jax_dtype(a.dtype))
+                    Shape(
+                        SHAPE,
+                        a._size if drawn is None else (drawn,),
+                        dtypes.to_jax_dtype(a.dtype),
+                    )
                     if shape_only and i == 0
                     else entry(a, dyn, psig, scalars, i in pidx, rv)
                     for i, a in enumerate(args)
@@ -475,7 +485,8 @@ class CompiledCompute:
         self.info.calls += 1
         if run.nbytes is None:
             self._measure(run, dyn)
-        return _checks.finish(out)
+        out = _checks.finish(out)
+        return out if drawn is None else _seeded.cut(out, args[0]._size)
 
     def _varying_view_shapes(self, key, tmpl, kwtmpl) -> bool:
         """Whether a new input signature of ``key`` (which may read views inside) should
