@@ -343,6 +343,8 @@ def test_reductions_over_a_dim_of_more_than_64_dims_raise_as_cpu():
     cpu = torch.randn([1] * 64 + [2])
     x = cpu.to("tpu")  # NumPy holds at most 64 dims: the transfer goes flat
     assert x.shape == cpu.shape
+    back = x.cpu()  # and back
+    assert back.shape == cpu.shape and torch.equal(back, cpu) and x.tolist() == cpu.tolist()
     ops = {
         "sum": lambda t: torch.sum(t, 0),
         "argmax": lambda t: torch.argmax(t, 0),

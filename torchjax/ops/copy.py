@@ -58,7 +58,10 @@ def to_host(arr: jax.Array) -> np.ndarray:
 
 def to_cpu(t: JaxTensor) -> torch.Tensor:
     """A CPU tensor holding a copy of ``t``'s data (blocks until it is computed)."""
-    return dtypes.numpy_to_cpu_tensor(to_host(t._value()))
+    arr = t._value()
+    if arr.ndim > 64:  # NumPy's limit, not torch's: read flat, shaped on the host
+        return dtypes.numpy_to_cpu_tensor(to_host(arr.reshape(-1))).reshape(t.shape)
+    return dtypes.numpy_to_cpu_tensor(to_host(arr))
 
 
 @handler(aten.copy_.default)
