@@ -204,7 +204,8 @@ def clone(args, kwargs):
 @handler(aten._local_scalar_dense.default, aten.item.default)
 def _local_scalar_dense(args, kwargs):
     """aten::_local_scalar_dense - ``.item()``: the Python number (blocks)."""
-    return to_host(args[0]._value()).item()
+    arr = args[0]._value()
+    return to_host(arr.reshape(-1) if arr.ndim > 64 else arr).item()  # NumPy's 64 dims
 
 
 def _local_scalar_dense_below_python(self):
