@@ -191,3 +191,25 @@ def test_searchsorted_refusals_have_cpus_text():
         with pytest.raises(RuntimeError) as got:
             torch.searchsorted(boundaries.to("tpu"), tpu_value)
         assert str(cpu.value) in str(got.value)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.int32, torch.int64])
+@pytest.mark.parametrize("out_int32", [False, True])
+@pytest.mark.parametrize("op", ["searchsorted", "bucketize"])
+def test_out_dtype_refusal_has_bucketizations_text(op, out_int32, out_dtype):
+    b, v = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.5, 3.5])
+
+    def call(dev):
+        out = torch.empty(2, dtype=out_dtype, device=dev)
+        if op == "searchsorted":
+            return torch.searchsorted(b.to(dev), v.to(dev), out=out, out_int32=out_int32)
+        return torch.bucketize(v.to(dev), b.to(dev), out=out, out_int32=out_int32)
+
+    try:
+        want = call("cpu")
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError) as got:
+            call("tpu")
+        assert str(got.value).startswith(str(e))
+    else:
+        assert torch.equal(call("tpu").cpu(), want)

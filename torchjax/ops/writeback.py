@@ -316,6 +316,14 @@ def exact_dtype_error(func, expected, got) -> RuntimeError:
             f"nonzero: Expected out tensor to have scalar type {want} but got scalar type"
             f"{have} (in aten::nonzero.out; pass an out tensor of dtype {expected})"
         )
+    if func._opname in ("searchsorted", "bucketize"):
+        # Bucketization.cpp's check, shared by both ops, word for word.
+        flag = "True" if expected == torch.int32 else "False"
+        return RuntimeError(
+            "torch.searchsorted(): output tensor's dtype is wrong, it can only be Int(int32) "
+            "or Long(int64) depending on whether out_int32 flag is True, but we got output "
+            f"tensor's dtype {dtypes.aten_type_name(got)} and out_int32 flag is {flag}"
+        )
     return RuntimeError(
         f"Expected out tensor to have dtype {dtype_name(expected)}, but got "
         f"{dtype_name(got)} instead (in aten::{func._opname}.{func._overloadname}; pass an "
