@@ -489,3 +489,20 @@ def test_draws_at_many_sizes_compile_one_sampler_per_bucket():
         t = torch.empty(n, device="tpu").uniform_(-1, 1)
         assert t.shape == (n,) and -1 <= t.cpu().min() and t.cpu().max() <= 1
     assert before > 0 and info.traces == before  # 31 sizes, no new sampler program
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_draws_stay_below_their_upper_bound(dtype):
+    # Drawn in float32 and rounded to nearest, one bfloat16 draw in about 500 was the
+    # excluded bound itself (CPU never gives it): rand == 1.0, uniform_(-2, 3) == 3,
+    # randint(0, 5000) == 5000 in float16, exponential_ == inf.
+    n = 1 << 20
+    torch.manual_seed(0)
+    assert torch.rand(n, dtype=dtype, device="tpu").max().item() < 1
+    u = torch.empty(n, dtype=dtype, device="tpu").uniform_(-2, 3).cpu()
+    assert u.max().item() < 3 and u.min().item() >= -2
+    r = torch.randint(0, 5000, (n,), dtype=dtype, device="tpu").cpu()
+    assert r.max().item() < 5000 and r.min().item() >= 0
+    assert torch.isfinite(torch.empty(n, dtype=dtype, device="tpu").exponential_().cpu()).all()
+    small = torch.rand(n, dtype=dtype, device="tpu").cpu()
+    assert (small == 0).sum().item() < 16 and small.unique().numel() > 256  # not a coarse grid

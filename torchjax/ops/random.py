@@ -100,9 +100,19 @@ def _fill_real_view(self, draw):
     return lax.complex(parts[..., 0], parts[..., 1]).astype(self.dtype)
 
 
+def _round_down(x, dtype):
+    """float32 ``x`` in the half type ``dtype``, rounded toward -inf (never above ``x``)."""
+    h = x.astype(dtype)
+    return jnp.where(h.astype(x.dtype) > x, jnp.nextafter(h, jnp.asarray(-jnp.inf, dtype)), h)
+
+
 def _uniform01(key, shape, dtype):
-    """Uniform in [0, 1), drawn in float32 for f16/bf16 (then possibly rounding to 1)."""
-    return jax.random.uniform(key, shape, dtype=_opmath(dtype))
+    """Uniform in [0, 1) in ``_opmath(dtype)``. For f16/bf16 drawn in float32 and rounded
+    down to the half type, as CPU's draws stay below 1 (rounded to nearest, one bfloat16
+    draw in 500 was 1.0: ``log(1 - u)`` infinite, ``randint`` past its bound)."""
+    if dtype not in (jnp.float16, jnp.bfloat16):
+        return jax.random.uniform(key, shape, dtype=dtype)
+    return _round_down(jax.random.uniform(key, shape, dtype=jnp.float32), dtype).astype(jnp.float32)
 
 
 # ---------------------------------------------------------------------------------------
@@ -114,8 +124,8 @@ def uniform(self, from_=0.0, to=1.0, *, generator=None, **kw):
     """aten::uniform_ - fill with U[from, to).
 
     Dtypes: floating and complex (torch raises for integers); a complex tensor gets real
-    and imaginary parts each in [from, to). f16/bf16 drawn in float32 and rounded, as
-    torch's CPU kernel does (a draw may round up to ``to``).
+    and imaginary parts each in [from, to). f16/bf16 drawn in float32 and rounded down,
+    so a draw stays below ``to`` as CPU's do (rounded to nearest, it reached ``to``).
     Reference: torch.Tensor.uniform_ (ATen uniform_impl_).
     """
     from_ = kw.pop("from", from_)  # "from" is a Python keyword: by position or in **kw
@@ -126,6 +136,10 @@ def uniform(self, from_=0.0, to=1.0, *, generator=None, **kw):
             f"from={from_} > to={to} (in aten::uniform_)"
         )
     key = _key(self)
+    if self.dtype in (jnp.float16, jnp.bfloat16):
+        # In float32, rounded down: below ``to`` as on CPU (Note on _uniform01).
+        x = jax.random.uniform(key, self.shape, dtype=jnp.float32)
+        return _round_down(x * (np.float32(to) - np.float32(from_)) + np.float32(from_), self.dtype)
     return _fill_real_view(
         self, lambda shape, ct: jax.random.uniform(key, shape, dtype=ct, minval=from_, maxval=to)
     )
@@ -302,7 +316,13 @@ def _random_range(op, self, lo: int, hi: int):
     if span < 2**64:
         bits = bits % np.uint64(span)
     vals = lax.bitcast_convert_type(bits + np.uint64(lo % 2**64), jnp.int64)
-    return vals.astype(self.dtype)
+    out = vals.astype(self.dtype)
+    if jnp.issubdtype(self.dtype, jnp.floating):
+        # An integer the float type cannot hold may round up to ``hi``: the result stays
+        # in [lo, hi), as on CPU (4999 in float16 is 5000, past ``randint(0, 5000)``).
+        up = out.astype(jnp.float64) >= np.float64(hi)
+        out = jnp.where(up, jnp.nextafter(out, jnp.asarray(-jnp.inf, self.dtype)), out)
+    return out
 
 
 @lowering(aten.random_.default, aten.random.default, self_values=False, cpu_generator=True)
