@@ -341,3 +341,17 @@ def test_bool_index_reduce_computes_or_refuses_as_cpu(reduce, include_self, shap
         ),
         f"index_reduce_ {reduce}",
     )
+
+
+@pytest.mark.filterwarnings("ignore:index_reduce")
+@pytest.mark.parametrize("shape", [(1, 3), (2, 3, 4), (3,)], ids=str)
+def test_index_reduce_mean_divides_as_cpu(shape):
+    # (-2 + -3 + 0) / 3: a divisor broadcast along the other dims became a product with
+    # its reciprocal in XLA, one unit in the last place from CPU's division.
+    def run(d):
+        x = torch.full(shape, -2.0, device=d)
+        src = torch.full((2,) + shape[1:], -3.0, device=d)
+        src[1] = 0.0
+        return x.index_reduce_(0, torch.tensor([0, 0], device=d), src, "mean")
+
+    torch.testing.assert_close(run("tpu").cpu(), run("cpu"), rtol=0, atol=0)

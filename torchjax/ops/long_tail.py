@@ -220,7 +220,9 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
         out = at.min(src)
     else:
         out = at.add(src)
-        count = jnp.zeros((n,), x.dtype).at[index].add(1).reshape(hit.shape)
+        # Counted at full shape: a divisor broadcast along the other dims is rewritten by
+        # XLA into a product with its reciprocal (one unit in the last place off CPU).
+        count = jnp.zeros(x.shape, x.dtype).at[index].add(jnp.ones_like(src))
         if include_self:
             count = count + 1
         count = jnp.where(count == 0, jnp.ones((), x.dtype), count)
