@@ -201,3 +201,58 @@ def test_real_inputs_still_run(name):
         list(want) if isinstance(want, tuple) else want,
         equal_nan=True,
     )
+
+
+# Refusals made inside CPU's composite kernels or by ATen's own argument checks, which
+# the op_db survey does not see; each compared with CPU on the same call.
+_HAND_CHECKED = {
+    "dropout": lambda d, dt: F.dropout(torch.ones(4, dtype=dt, device=d), 0.5),
+    "soft_margin_loss": lambda d, dt: F.soft_margin_loss(
+        torch.ones(3, dtype=dt, device=d), torch.ones(3, dtype=dt, device=d)
+    ),
+    "embedding_bag": lambda d, dt: F.embedding_bag(
+        torch.tensor([0, 1], device=d),
+        torch.arange(6, device=d).reshape(2, 3).to(dt),
+        torch.tensor([0], device=d),
+    ),
+    "polar": lambda d, dt: torch.polar(
+        torch.ones(2, dtype=dt, device=d), torch.zeros(2, dtype=dt, device=d)
+    ),
+    "randint_like": lambda d, dt: torch.randint_like(torch.zeros(3, dtype=dt, device=d), 300),
+    "random_.from": lambda d, dt: torch.zeros(3, dtype=dt, device=d).random_(-1, 2),
+    "random_.to": lambda d, dt: torch.zeros(3, dtype=dt, device=d).random_(200),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.int8, torch.bool])
+@pytest.mark.parametrize("op", list(_HAND_CHECKED))
+def test_refusals_inside_composites_and_argument_checks_match_cpu(op, dtype):
+    def outcome(device):
+        try:
+            out = _HAND_CHECKED[op](device, dtype)
+        except (RuntimeError, NotImplementedError) as e:
+            return type(e), str(e)
+        return None, out.dtype
+
+    want, got = outcome("cpu"), outcome("tpu")
+    assert got[0] is want[0], (got, want)
+    if want[0] is None:
+        assert got[1] == want[1]
+    elif op != "soft_margin_loss" or dtype != torch.bool:  # neg's text, its op named first
+        assert got[1].startswith(want[1]), (got, want)
+
+
+@pytest.mark.parametrize(
+    "dtype,lo,hi",
+    [(torch.float16, 0, 5000), (torch.bfloat16, -300, 0), (torch.float32, 0, 2**25)],
+)
+def test_random_bounds_past_exact_integers_warn_as_cpu(dtype, lo, hi):
+    with pytest.warns(UserWarning, match="out of bounds") as cpu:
+        torch.zeros(3, dtype=dtype).random_(lo, hi)
+    with pytest.warns(UserWarning, match="out of bounds") as tpu:
+        out = torch.zeros(3, dtype=dtype, device="tpu").random_(lo, hi)
+    texts = [str(w.message) for w in cpu if "out of bounds" in str(w.message)]
+    ours = [str(w.message) for w in tpu if "out of bounds" in str(w.message)]
+    # CPU's ends with where in ATen it was triggered.
+    assert len(texts) == len(ours) == 1 and texts[0].startswith(ours[0])
+    assert lo <= out.cpu().min().item() and out.cpu().max().item() < hi

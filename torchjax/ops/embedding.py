@@ -16,7 +16,7 @@ import torch
 from jax import lax
 
 from torchjax.ops.indexing import require_in_range
-from torchjax.ops.registry import functional_handler, handler, lowering
+from torchjax.ops.registry import functional_handler, handler, lowering, precheck
 
 aten = torch.ops.aten
 
@@ -348,3 +348,24 @@ def _embedding_bag_per_sample_weights_backward(
     if padding_idx >= 0:
         valid = valid & (indices != padding_idx)
     return jnp.where(valid, out, jnp.zeros((), out.dtype))
+
+
+_BAG_WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@precheck(aten.embedding_bag, aten._embedding_bag, aten._embedding_bag_forward_only)
+def _embedding_bag_weight_dtype(args, kwargs):
+    """EmbeddingBag.cpp's ``checkScalarTypes`` of the weight, with its text."""
+    weight = args[0] if args else kwargs["weight"]
+    if weight.dtype not in _BAG_WEIGHT_DTYPES:
+        # ATen's legacy type name; for bool it is "CPUBoolType", word for word.
+        name = (
+            "CPUBoolType"
+            if weight.dtype == torch.bool
+            else torch.empty(0, dtype=weight.dtype).type()
+        )
+        raise RuntimeError(
+            "Expected tensor for argument #1 'weight' to have one of the following scalar "
+            f"types: Half, BFloat16, Float, Double; but got {name} instead (while checking "
+            "arguments for embedding_bag)"
+        )

@@ -77,6 +77,14 @@ def polar(abs, angle):
     Dtypes as ``complex``. The decomposition assigns ``result.real``/``.imag``, which
     cannot write through tpu storage (see torchjax/ops/view_ops.py), so it is lowered here.
     Reference: torch.polar."""
+    floats = (jnp.float16, jnp.float32, jnp.float64)
+    if abs.dtype not in floats or angle.dtype not in floats:
+        names = (dtypes.aten_type_name(dtypes.to_torch_dtype(a.dtype)) for a in (abs, angle))
+        raise RuntimeError(
+            "Expected both inputs to be Half, Float or Double tensors but got {} and {}".format(
+                *names
+            )
+        )
     return complex(abs * jnp.cos(angle), abs * jnp.sin(angle))
 
 
