@@ -512,3 +512,59 @@ def test_half_precision_draws_stay_below_their_upper_bound(dtype):
     assert torch.isfinite(torch.empty(n, dtype=dtype, device="tpu").exponential_().cpu()).all()
     small = torch.rand(n, dtype=dtype, device="tpu").cpu()
     assert (small == 0).sum().item() < 16 and small.unique().numel() > 256  # not a coarse grid
+
+
+# Arguments CPU refuses before drawing: the same exception and text on tpu.
+_REFUSED_DRAWS = {
+    "randperm int8 past 127": lambda d: torch.randperm(129, dtype=torch.int8, device=d),
+    "randperm int8 at 127": lambda d: torch.randperm(128, dtype=torch.int8, device=d),
+    "randperm uint8 past 255": lambda d: torch.randperm(257, dtype=torch.uint8, device=d),
+    "randperm float16 past 2049": lambda d: torch.randperm(2050, dtype=torch.float16, device=d),
+    "randperm bool": lambda d: torch.randperm(3, dtype=torch.bool, device=d),
+    "normal negative std tensor": lambda d: torch.normal(
+        torch.zeros(4, device=d), torch.full((4,), -1.0, device=d)
+    ).cpu(),
+    "normal nan std tensor": lambda d: torch.normal(
+        torch.zeros(4, device=d), torch.full((4,), float("nan"), device=d)
+    ).cpu(),
+    "normal_ nan std": lambda d: torch.zeros(4, device=d).normal_(0, float("nan")).cpu(),
+    "uniform_ to inf": lambda d: torch.zeros(4, device=d).uniform_(0, float("inf")),
+    "uniform_ from -inf float64": lambda d: torch.zeros(4, dtype=torch.float64, device=d).uniform_(
+        float("-inf"), 0
+    ),
+    "uniform_ float16 span past max": lambda d: torch.zeros(
+        4, dtype=torch.float16, device=d
+    ).uniform_(-6e4, 6e4),
+    "uniform_ float32 span past max": lambda d: torch.zeros(4, device=d).uniform_(-1e38, 3e38),
+    "uniform_ complex64 to inf": lambda d: torch.zeros(4, dtype=torch.complex64, device=d).uniform_(
+        0, float("inf")
+    ),
+    "bernoulli_ int64 p": lambda d: torch.empty(4, device=d).bernoulli_(
+        torch.tensor([0, 1, 1, 0], device=d)
+    ),
+    "bernoulli_ bool p": lambda d: torch.empty(4, device=d).bernoulli_(
+        torch.tensor([False, True, True, False], device=d)
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_REFUSED_DRAWS))
+def test_draw_arguments_cpu_refuses_are_refused_with_its_text(case):
+    def outcome(device):
+        try:
+            out = _REFUSED_DRAWS[case](device)
+        except (RuntimeError, NotImplementedError) as e:
+            return type(e), str(e)
+        return None, (out.shape, out.dtype)
+
+    want, got = outcome("cpu"), outcome("tpu")
+    assert got[0] is want[0], (got, want)
+    assert got[1] == want[1] if want[0] is None else got[1].startswith(want[1]), (got, want)
+
+
+def test_bfloat16_uniform_stays_inside_bounds_it_cannot_hold():
+    # -6e4 lies between two bfloat16 values: rounding down went below it.
+    torch.manual_seed(0)
+    x = torch.zeros(1 << 20, dtype=torch.bfloat16, device="tpu").uniform_(-6e4, 6e4)
+    x = x.cpu().double()
+    assert x.min().item() >= -6e4 and x.max().item() < 6e4

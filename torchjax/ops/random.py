@@ -106,6 +106,18 @@ def _round_down(x, dtype):
     return jnp.where(h.astype(x.dtype) > x, jnp.nextafter(h, jnp.asarray(-jnp.inf, dtype)), h)
 
 
+def _half_at_least(value: float, dtype) -> np.ndarray:
+    """The least value of the half type ``dtype`` that is >= ``value`` (on the host)."""
+    h = np.asarray(value, dtype=dtype)  # to nearest
+    if float(h) >= value:
+        return h
+    if float(h) == 0:
+        h = np.zeros((), dtype=dtype)
+    bits = h.view(np.uint16)
+    # One step up: a larger magnitude for a positive value, a smaller for a negative one.
+    return (bits + np.uint16(1) if float(h) >= 0 else bits - np.uint16(1)).view(dtype)
+
+
 def _uniform01(key, shape, dtype):
     """Uniform in [0, 1) in ``_opmath(dtype)``. For f16/bf16 drawn in float32 and rounded
     down to the half type, as CPU's draws stay below 1 (rounded to nearest, one bfloat16
@@ -130,16 +142,30 @@ def uniform(self, from_=0.0, to=1.0, *, generator=None, **kw):
     """
     from_ = kw.pop("from", from_)  # "from" is a Python keyword: by position or in **kw
     _check_float_or_complex("uniform_", self)
+    real = jnp.finfo(self.dtype).dtype  # a complex tensor draws its real view
+    top = float(jnp.finfo(real).max)
+    for value, what in ((from_, "from"), (to, "to")):
+        if not -top <= value <= top:  # ATen's CHECK_OUT_OF_BOUNDS, infinities included
+            name = _DTYPE_NAMES[jnp.dtype(real)]
+            raise RuntimeError(f"{what} is out of bounds for {name} (in aten::uniform_)")
     if not from_ <= to:
         raise RuntimeError(
             f"uniform_ expects to return a [from, to) range, but found "
             f"from={from_} > to={to} (in aten::uniform_)"
         )
+    if to - from_ > top:
+        name = dtypes.aten_type_name(dtypes.to_torch_dtype(real))
+        raise RuntimeError(
+            f"uniform_ expects to-from <= std::numeric_limits<{name}>::max(), but found "
+            f"to={to:g} and from={from_:g} which result in to-from to exceed the limit"
+        )
     key = _key(self)
     if self.dtype in (jnp.float16, jnp.bfloat16):
         # In float32, rounded down: below ``to`` as on CPU (Note on _uniform01).
         x = jax.random.uniform(key, self.shape, dtype=jnp.float32)
-        return _round_down(x * (np.float32(to) - np.float32(from_)) + np.float32(from_), self.dtype)
+        out = _round_down(x * (np.float32(to) - np.float32(from_)) + np.float32(from_), self.dtype)
+        # Never below ``from``: a bound between two half values is rounded up first.
+        return jnp.maximum(out, _half_at_least(from_, self.dtype))
     return _fill_real_view(
         self, lambda shape, ct: jax.random.uniform(key, shape, dtype=ct, minval=from_, maxval=to)
     )
@@ -181,11 +207,20 @@ def normal_out(args, kwargs):
 
 
 def _check_std(op, std):
-    if not isinstance(std, jax.Array) and std < 0:
-        raise RuntimeError(f"normal expects std >= 0.0, but found std {std} (in aten::{op})")
-    if isinstance(std, jax.Array) and not isinstance(std, jax.core.Tracer):
-        if bool(jnp.any(std < 0)):
+    if not isinstance(std, jax.Array):
+        if not std >= 0:  # NaN too, as CPU
+            raise RuntimeError(f"normal expects std >= 0.0, but found std {std} (in aten::{op})")
+        return
+    bad = jnp.any(~(std >= 0))
+    if not isinstance(bad, jax.core.Tracer):
+        if bool(bad):
             raise RuntimeError(f"normal expects all elements of std >= 0.0 (in aten::{op})")
+        return
+    # Inside a compiled lowering: CPU and CUDA both read the check at the op.
+    _checks.require(
+        bad, jnp.zeros((), std.dtype), RuntimeError,
+        f"normal expects all elements of std >= 0.0 (in aten::{op})", deferred=False,
+    )  # fmt: skip
 
 
 def _normal(op, mean, std):
@@ -269,6 +304,9 @@ def _p_outside(p):
 
 
 def _bernoulli(op, self, p):
+    if not jnp.issubdtype(p.dtype, jnp.floating):
+        name = dtypes.aten_type_name(dtypes.to_torch_dtype(p.dtype))
+        raise NotImplementedError(f"\"bernoulli_tensor_cpu_p_\" not implemented for '{name}'")
     if p.size:
         # On the device, raised at the next sync (Note [Device-side checks]).
         bad, value = _p_outside(p)
@@ -284,6 +322,12 @@ def _bernoulli(op, self, p):
     return (u < jnp.broadcast_to(p.astype(ct), self.shape)).astype(self.dtype)
 
 
+_DTYPE_NAMES = {
+    jnp.dtype(jnp.float16): "c10::Half",
+    jnp.dtype(jnp.bfloat16): "c10::BFloat16",
+    jnp.dtype(jnp.float32): "float",
+    jnp.dtype(jnp.float64): "double",
+}
 _FLOAT_DIGITS = {
     jnp.dtype(jnp.float16): 11,
     jnp.dtype(jnp.bfloat16): 8,
@@ -415,11 +459,32 @@ def randperm_out(args, kwargs):
     n, out = args[0], kwargs["out"]
     if n < 0:
         raise RuntimeError(f"n must be non-negative, got {n} (in aten::randperm)")
+    _check_randperm(n, out.dtype)
     perm = jax.random.permutation(_rng.next_key(out._device_index), n)
     arr = perm.astype(dtypes.to_jax_dtype(out.dtype))
     return write_into(
         aten.randperm.out, out, wrap(arr, out._device_index), check_cast=False, resize=True
     )
+
+
+# ATen's names of the integer types whose range ``randperm`` checks n - 1 against.
+_C_INTS = {torch.int8: "int8_t", torch.uint8: "uint8_t", torch.int16: "int16_t"}
+# Floating types whose integers stop being exact: n at most 2**digits + 1 (ATen names
+# float16 only; bfloat16 has no check there).
+_EXACT_UP_TO = {
+    torch.float16: (2**11 + 1, "2049 for Half"),
+    torch.float32: (2**24 + 1, "2^24+1 for Float"),
+}
+
+
+def _check_randperm(n: int, dtype) -> None:
+    """CPU's checks of ``randperm(n, dtype=)``: a permutation the dtype cannot hold."""
+    if dtype == torch.bool:
+        raise NotImplementedError("\"randperm\" not implemented for 'Bool'")
+    if dtype in _C_INTS and n - 1 > torch.iinfo(dtype).max:
+        raise RuntimeError(f"value cannot be converted to type {_C_INTS[dtype]} without overflow")
+    if dtype in _EXACT_UP_TO and n > _EXACT_UP_TO[dtype][0]:
+        raise RuntimeError(f"n cannot be greater than {_EXACT_UP_TO[dtype][1]} type.")
 
 
 @lowering(aten.multinomial.default, cpu_generator=True)
