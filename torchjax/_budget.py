@@ -175,6 +175,23 @@ def admit(token, evict, nbytes: int = 0) -> None:
     BUDGET.admit(token, evict, nbytes)
 
 
+def cached(table: dict, key, build):
+    """``table[key]``: made by ``build()`` and admitted on first use, marked on a hit.
+    Evicted, the entry leaves ``table`` and is built again on its next use."""
+    token = table.get(key)
+    if token is not None:
+        hit(token)
+        return token
+    token = table[key] = build()
+
+    def evict():
+        if table.get(key) is token:
+            del table[key]
+
+    admit(token, evict)
+    return token
+
+
 def forget(token) -> None:
     BUDGET.forget(token)
 

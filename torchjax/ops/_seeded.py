@@ -100,11 +100,9 @@ _CUTS: dict = {}
 def cut(arr: jax.Array, size) -> jax.Array:
     """The first ``prod(size)`` elements of the flat draw ``arr``, shaped ``size``: one
     cached program per (draw, size), an entry of the process-wide budget."""
-    key = (arr.shape, arr.dtype, tuple(size))
-    run = _CUTS.get(key)
-    if run is not None:
-        _budget.hit(run)
-        return run(arr)
+    n, size = math.prod(size), tuple(size)
+    key = (arr.shape, arr.dtype, size)
+    return _budget.cached(_CUTS, key, lambda: jax.jit(lambda a: a[:n].reshape(size)))(arr)
     n = math.prod(size)
     run = _CUTS[key] = jax.jit(lambda a: a[:n].reshape(size))
 

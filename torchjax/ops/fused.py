@@ -375,12 +375,7 @@ def flush(seg) -> None:
             tuple([(n[0], n[1], n[3], n[4]) for n in nodes]),
             tuple([(p.node, p.leaf) for p in live]),
         )
-        program = _PROGRAMS.get(key)
-        if program is None:
-            program = _PROGRAMS[key] = _program(nodes, key[1])
-            _budget.admit(program, lambda: _PROGRAMS.pop(key, None))
-        else:
-            _budget.hit(program)
+        program = _budget.cached(_PROGRAMS, key, lambda: _program(nodes, key[1]))
         # x64 on, as in dispatch: the nodes were traced so (a flush may come from
         # outside an op: a sync point, a thread).
         with x64(True):

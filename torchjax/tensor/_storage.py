@@ -286,12 +286,7 @@ def _filled(shape, dtype, fill, device) -> jax.Array:
                 return put_host(host)
             return put_host(host, device)
     key = (shape, dtype, type(fill), fill)
-    run = _FILLS.get(key)
-    if run is None:
-        run = _FILLS[key] = jax.jit(lambda: jnp.full(shape, fill, dtype))
-        _budget.admit(run, lambda: _FILLS.pop(key, None))
-    else:
-        _budget.hit(run)
+    run = _budget.cached(_FILLS, key, lambda: jax.jit(lambda: jnp.full(shape, fill, dtype)))
     with x64(True):
         arr = run()
         if isinstance(arr, jax.core.Tracer):
@@ -580,37 +575,21 @@ _OFFSET_READERS: dict = {}
 
 
 def _offset_reader(layout):
-    read = _OFFSET_READERS.get(layout)
-    if read is not None:
-        _budget.hit(read)
-        return read
-    plan = layout_plan(*layout)
-    read = _OFFSET_READERS[layout] = jax.jit(lambda arr, offset: plan.read(arr.reshape(-1), offset))
+    def build():
+        plan = layout_plan(*layout)
+        return jax.jit(lambda arr, offset: plan.read(arr.reshape(-1), offset))
 
-    def evict():
-        if _OFFSET_READERS.get(layout) is read:
-            del _OFFSET_READERS[layout]
-
-    _budget.admit(read, evict)
-    return read
+    return _budget.cached(_OFFSET_READERS, layout, build)
 
 
 _OFFSET_WRITERS: dict = {}
 
 
 def _offset_writer(layout):
-    write = _OFFSET_WRITERS.get(layout)
-    if write is not None:
-        _budget.hit(write)
-        return write
-    plan = layout_plan(*layout)
-    write = _OFFSET_WRITERS[layout] = jax.jit(
-        lambda arr, v, offset: plan.write(arr.reshape(-1), v, offset).reshape(arr.shape)
-    )
+    def build():
+        plan = layout_plan(*layout)
+        return jax.jit(
+            lambda arr, v, offset: plan.write(arr.reshape(-1), v, offset).reshape(arr.shape)
+        )
 
-    def evict():
-        if _OFFSET_WRITERS.get(layout) is write:
-            del _OFFSET_WRITERS[layout]
-
-    _budget.admit(write, evict)
-    return write
+    return _budget.cached(_OFFSET_WRITERS, layout, build)
