@@ -103,15 +103,6 @@ def cut(arr: jax.Array, size) -> jax.Array:
     n, size = math.prod(size), tuple(size)
     key = (arr.shape, arr.dtype, size)
     return _budget.cached(_CUTS, key, lambda: jax.jit(lambda a: a[:n].reshape(size)))(arr)
-    n = math.prod(size)
-    run = _CUTS[key] = jax.jit(lambda a: a[:n].reshape(size))
-
-    def evict():
-        if _CUTS.get(key) is run:
-            del _CUTS[key]
-
-    _budget.admit(run, evict)
-    return run(arr)
 
 
 class _CallStream(_rng.TracedStream):
