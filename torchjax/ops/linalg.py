@@ -40,6 +40,7 @@ from jax import lax
 
 from torchjax._compat.torch import OpOverload, pytree
 from torchjax.ops.registry import functional_handler, handler
+from torchjax.ops.schema import arg
 from torchjax.tensor._tensor import JaxTensor, wrap
 
 aten = torch.ops.aten
@@ -81,10 +82,6 @@ def _checked(op, *, meta=True, use_A_T=None, post=None):
         return fn
 
     return deco
-
-
-def _arg(args, kwargs, i, name, default):
-    return args[i] if len(args) > i else kwargs.get(name, default)
 
 
 def _raise_on_info(api_name, info_index=-1):
@@ -407,7 +404,7 @@ def linalg_cholesky_ex(self, *, upper=False, check_errors=False):
 def cholesky(args, kwargs):
     """aten::cholesky - legacy Cholesky: linalg_cholesky_ex, then torch's error for a
     non-positive-definite input (named "cholesky")."""
-    self, upper = args[0], _arg(args, kwargs, 1, "upper", False)
+    self, upper = args[0], arg(args, kwargs, 1, "upper", False)
     factor, info = aten.linalg_cholesky_ex.default(self, upper=upper)
     _raise_if(info._value(), "cholesky", self.dim() == 2)
     return factor

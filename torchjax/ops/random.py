@@ -46,7 +46,7 @@ from jax import lax
 
 from torchjax.device import _checks
 from torchjax.ops.registry import handler, lowering
-from torchjax.ops.writeback import write_into
+from torchjax.ops.writeback import dtype_name, write_into
 from torchjax.tensor import dtypes
 from torchjax.tensor import random as _rng
 from torchjax.tensor._tensor import wrap
@@ -146,7 +146,7 @@ def uniform(self, from_=0.0, to=1.0, *, generator=None, **kw):
     top = float(jnp.finfo(real).max)
     for value, what in ((from_, "from"), (to, "to")):
         if not -top <= value <= top:  # ATen's CHECK_OUT_OF_BOUNDS, infinities included
-            name = _DTYPE_NAMES[jnp.dtype(real)]
+            name = dtype_name(dtypes.to_torch_dtype(real))
             raise RuntimeError(f"{what} is out of bounds for {name} (in aten::uniform_)")
     if not from_ <= to:
         raise RuntimeError(
@@ -322,12 +322,6 @@ def _bernoulli(op, self, p):
     return (u < jnp.broadcast_to(p.astype(ct), self.shape)).astype(self.dtype)
 
 
-_DTYPE_NAMES = {
-    jnp.dtype(jnp.float16): "c10::Half",
-    jnp.dtype(jnp.bfloat16): "c10::BFloat16",
-    jnp.dtype(jnp.float32): "float",
-    jnp.dtype(jnp.float64): "double",
-}
 _FLOAT_DIGITS = {
     jnp.dtype(jnp.float16): 11,
     jnp.dtype(jnp.bfloat16): 8,

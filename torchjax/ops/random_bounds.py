@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import warnings
 
+import jax.numpy as jnp
 import torch
 
+from torchjax.ops.random import _FLOAT_DIGITS, _dtype_max
 from torchjax.ops.registry import precheck
+from torchjax.ops.schema import arg
 from torchjax.ops.writeback import dtype_name
+from torchjax.tensor.dtypes import to_jax_dtype
 
 aten = torch.ops.aten
-
-_DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
 
 
 def _bounds(dtype):
@@ -45,7 +47,7 @@ def check_from_to(dtype, lo: int, to_inc: int) -> None:
     for value, what in ((lo, "from"), (to_inc, "to - 1")):
         if not low <= value <= high:
             raise RuntimeError(f"{what} is out of bounds for {name}")
-    digits = _DIGITS.get(dtype)
+    digits = _FLOAT_DIGITS.get(jnp.dtype(to_jax_dtype(dtype)))
     if digits is None:
         return
     for value, what in ((lo, "from"), (to_inc, "to - 1")):
@@ -60,24 +62,17 @@ def check_from_to(dtype, lo: int, to_inc: int) -> None:
             )
 
 
-def _arg(args, kwargs, i, name, default=None):
-    return args[i] if len(args) > i else kwargs.get(name, default)
-
-
 @precheck(getattr(aten.random_, "from"), getattr(aten.random, "from"))
 def _random_from(args, kwargs):
-    self, lo, to = args[0], _arg(args, kwargs, 1, "from"), _arg(args, kwargs, 2, "to")
-    if to is not None:
-        if lo < to:  # else the lowering raises ATen's "from < to" first
-            check_from_to(self.dtype, lo, to - 1)
-    elif self.dtype.is_floating_point:
-        check_from_to(self.dtype, lo, 1 << _DIGITS.get(self.dtype, 53))
-    else:
-        check_from_to(self.dtype, lo, _bounds(self.dtype)[1])
+    self, lo, to = args[0], arg(args, kwargs, 1, "from"), arg(args, kwargs, 2, "to")
+    if to is None:  # up to random_()'s own bound: 2**digits, the type's max, 1 for bool
+        check_from_to(self.dtype, lo, _dtype_max(to_jax_dtype(self.dtype)))
+    elif lo < to:  # else the lowering raises ATen's "from < to" first
+        check_from_to(self.dtype, lo, to - 1)
 
 
 @precheck(aten.random_.to, aten.random.to)
 def _random_to(args, kwargs):
-    self, to = args[0], _arg(args, kwargs, 1, "to")
+    self, to = args[0], arg(args, kwargs, 1, "to")
     if 0 < to:
         check_from_to(self.dtype, 0, to - 1)

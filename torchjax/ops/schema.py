@@ -9,6 +9,11 @@ import torch
 aten = torch.ops.aten
 
 
+def arg(args, kwargs, i: int, name: str, default=None):
+    """Argument ``i`` (keyword ``name``) of a call as a handler or precheck gets it."""
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
 def out_names(schema) -> list[str]:
     return [
         a.name
