@@ -11,7 +11,8 @@ import torch
 
 from torchjax.ops.random import _bernoulli_mask, _key, _opmath
 from torchjax.ops.registry import Kind, lowering
-from torchjax.tensor.dtypes import aten_type_name, to_torch_dtype
+from torchjax.ops.writeback import check_castable
+from torchjax.tensor.dtypes import to_torch_dtype
 
 aten = torch.ops.aten
 
@@ -30,12 +31,8 @@ def native_dropout(input, p, train=None):
         )
     if train is False or input.size == 0:
         return jnp.array(input, copy=True), jnp.ones(input.shape, dtype=jnp.bool_)
-    if not jnp.issubdtype(input.dtype, jnp.inexact):
-        # CPU scales the kept values in place, in the input's dtype: a float scale refused.
-        raise RuntimeError(
-            "result type Float can't be cast to the desired output type "
-            f"{aten_type_name(to_torch_dtype(input.dtype))}"
-        )
+    # CPU scales the kept values in place, in the input's dtype: a float scale refused.
+    check_castable(aten.native_dropout.default, torch.float32, to_torch_dtype(input.dtype))
     p1m = 1.0 - p
     scale = 0.0 if p1m == 0 else 1.0 / p1m
     mask = _bernoulli_mask(_key(input), input.shape, p1m)  # Note [One Bernoulli draw]

@@ -17,6 +17,7 @@ from jax import lax
 
 from torchjax.ops.indexing import require_in_range
 from torchjax.ops.registry import functional_handler, handler, lowering, precheck
+from torchjax.ops.schema import arg
 
 aten = torch.ops.aten
 
@@ -356,7 +357,7 @@ _BAG_WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float6
 @precheck(aten.embedding_bag, aten._embedding_bag, aten._embedding_bag_forward_only)
 def _embedding_bag_weight_dtype(args, kwargs):
     """EmbeddingBag.cpp's ``checkScalarTypes`` of the weight, with its text."""
-    weight = args[0] if args else kwargs["weight"]
+    weight = arg(args, kwargs, 0, "weight")
     if weight.dtype not in _BAG_WEIGHT_DTYPES:
         # ATen's legacy type name; for bool it is "CPUBoolType", word for word.
         name = (

@@ -20,6 +20,8 @@ from jax import lax
 from torchjax._compat.torch import decomposition_table
 from torchjax.ops.indexing import require_in_range
 from torchjax.ops.registry import handler, lowering, precheck
+from torchjax.ops.schema import arg
+from torchjax.ops.writeback import check_castable
 from torchjax.tensor._tensor import JaxTensor
 from torchjax.tensor.dtypes import aten_type_name
 
@@ -391,8 +393,6 @@ def _ctc_loss_tensor(args, kwargs):
 def _soft_margin_loss_dtype(args, kwargs):
     """CPU computes ``log1p(exp(-input * target))`` in place in the input's dtype: an
     integer input refuses the float result (a bool one fails at the negation, as here)."""
-    x = args[0] if args else kwargs["self"]
-    if x.dtype != torch.bool and not (x.is_floating_point() or x.is_complex()):
-        raise RuntimeError(
-            f"result type Float can't be cast to the desired output type {aten_type_name(x.dtype)}"
-        )
+    x = arg(args, kwargs, 0, "self")
+    if x.dtype != torch.bool:
+        check_castable(aten.soft_margin_loss.default, torch.float32, x.dtype)
