@@ -30,13 +30,13 @@ how it is undone.
   ``pack_hook`` / ``unpack_hook`` attributes keep the user's functions. Undo: torch's
   method put back.
 - ``torch.autograd.graph._engine_run_backward`` and ``torch.autograd._engine_run_backward``
-  (device/_engine_queues.py through _compat/torch_engine.py; torch 2.13). A backward run
-  before ``import torchjax`` sized the engine's device queues without tpu, and every
-  later backward reaching a tpu node stopped at torch's internal assert; the first
-  backward after import probes the engine for a tpu queue, and where it has none every
-  backward runs with autograd multithreading off, tpu nodes on the calling thread (Note
-  [Autograd device queues]). Where it has one (the usual order) the wrapper only passes
-  the call on. Same signature. Undo: both names get torch's function back.
+  (device/_engine_queues.py through _compat/torch_engine.py; torch 2.13). tpu nodes on
+  torch's tpu engine thread failed two ways: a backward run before ``import torchjax``
+  left the engine without a tpu queue (every later tpu backward stopped at torch's
+  internal assert), and that thread, which runs Python, could abort the process at exit.
+  Every backward now runs with autograd multithreading off, every node on the calling
+  thread (Note [Autograd device queues]). Same signature. Undo: both names get torch's
+  function back.
 - ``torch.nn.Module._apply`` and ``torch.__future__.get_swap_module_params_on_conversion``
   (device/_registration.py through _compat/torch.py; torch 2.13). Moving a module off
   tpu (``model.cpu()``) made a new Parameter per module, untying tied weights and

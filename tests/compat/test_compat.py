@@ -229,37 +229,16 @@ def test_graph_task_id_and_engine_callback():
 def test_backward_entry_wraps_torchs_for_backward_and_grad():
     from torch.autograd import graph
 
-    from torchjax._compat import torch_engine as ce
-
     # backward() and autograd.grad call torch.autograd's name; both names hold the wrapper.
     entry = torch.autograd._engine_run_backward
     assert entry is graph._engine_run_backward
     original = entry.__wrapped__
     assert original.__module__ == "torch.autograd.graph"
-    # grad_of: torch's entry with autograd.grad's arguments (grad_outputs = the root).
+    # The wrapper passes torch's entry its arguments, with multithreading off.
     x = torch.ones(2, requires_grad=True)
-    (g,) = ce.grad_of(original, (x * 3).sum(), x)
-    assert g.tolist() == [18.0, 18.0] and x.grad is None
-
-
-def test_engine_queue_assert_and_modes_off():
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-
-    from torchjax._compat import torch_engine as ce
-
-    # The text of Engine::ready_queue's assert (a child process hits the real one:
-    # tests/device/test_engine_queues.py).
-    assert ce.lacks_device_queue(
-        RuntimeError(
-            "0 <= device.index() && device.index() < static_cast<c10::DeviceIndex>"
-            "(device_ready_queues_.size()) INTERNAL ASSERT FAILED"
-        )
-    )
-    assert not ce.lacks_device_queue(RuntimeError("element 0 of tensors does not require grad"))
-    with FakeTensorMode():
-        assert isinstance(torch.ones(1), FakeTensor)
-        with ce.without_dispatch_modes():
-            assert not isinstance(torch.ones(1), FakeTensor)
+    (g,) = torch.autograd.grad((x * 3).sum(), x)
+    assert g.tolist() == [3.0, 3.0] and x.grad is None
+    assert torch.autograd.is_multithreading_enabled()
 
 
 def test_current_autograd_node():

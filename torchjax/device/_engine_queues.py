@@ -1,84 +1,45 @@
-"""Backward on tpu after a backward that ran before ``import torchjax``.
+"""Every backward runs its tpu nodes on the thread that called it.
 
 Note [Autograd device queues]
 torch's autograd engine gives every device index of a non-CPU device type a ready queue
-and a worker thread. It sizes them once, at the process's first backward, from the
-device count of each device guard registered then (``Engine::start_device_threads``,
-run under a ``call_once``). A backward run before ``import torchjax`` registered the tpu
-device guard therefore leaves no queue for tpu, for good, and every later backward that
-reaches a tpu node stopped at torch's internal assert ("device_ready_queues_ ... INTERNAL
-ASSERT FAILED"); torch has no way to size them again. The queues are used only while
-autograd multithreading is on: with it off (``torch.autograd.set_multithreading_enabled
-(False)``, thread-local) the engine runs every node on the calling thread's CPU queue,
-as fused eager mode already does for its own reasons.
+and a worker thread, and runs each node on the queue of its device while autograd
+multithreading is on (the default). Two things go wrong when tpu nodes run on such a
+thread:
 
-So the first backward after ``import torchjax`` (``backward()`` or ``autograd.grad``,
-any device) first asks the engine for a tpu queue with a probe: a graph of one tpu
-tensor (a plain PrivateUse1 tensor with no memory: no JAX work) whose backward does
-nothing. Where the engine has the queue (the usual order, where its threads start in
-this very call), the probe's backward runs on the tpu thread and nothing changes. Where
-it has none, every backward from then on runs with multithreading off in its calling
-thread, so tpu nodes run where CPU nodes run (and CUDA's, in a process that has CUDA).
-The probe waits for the first backward because probing at import would start the
-engine's threads, and JAX (the engine asks the tpu guard for its device count), at
-import: torch refuses autograd in a child forked after the threads start, torchjax tpu
-work after JAX starts. It runs with the dispatch modes of the caller's stack off (a
-backward traced by make_fx or under a fake mode must not record it) and with
-multithreading on (off, the CPU queue would answer for the tpu one).
+- The engine sizes the queues once, at the process's first backward, from the device
+  count of each device guard registered then (``Engine::start_device_threads``, under a
+  ``call_once``). A backward run before ``import torchjax`` leaves no tpu queue, for
+  good, and every later backward reaching a tpu node stopped at torch's internal assert
+  ("device_ready_queues_ ... INTERNAL ASSERT FAILED"); torch cannot size them again.
+- A tpu tensor is a Python object, so the tpu thread runs Python: the lowerings, the
+  user's hooks, and the release of the pass's tensors and nodes, which it finishes after
+  the caller already holds its result. When the caller's script ended in that window,
+  the interpreter was finalizing when that thread next took the GIL; CPython ends such a
+  thread with ``pthread_exit``, whose unwinding through a ``noexcept`` C++ destructor
+  aborted the process at exit ("terminate called without an active exception",
+  SIGABRT), about once in a few thousand processes on a loaded machine (the pattern of
+  pytorch#38228: a C++ thread calling Python at shutdown).
+
+So every ``backward()`` and ``torch.autograd.grad`` after ``import torchjax`` runs with
+multithreading off (``torch.autograd.set_multithreading_enabled(False)``, thread-local,
+set for the call): the engine runs every node on the calling thread's CPU queue and
+never asks for a tpu queue, whichever came first, backward or import. CPU nodes run
+there in any case, so CPU results and the order of hooks do not change; tpu nodes lose
+nothing, as a JAX dispatch is asynchronous on any thread. ``torchjax.jit``,
+``torch.compile(backend="tpu")`` and fused eager mode run their backward this way for
+their own reasons. In a process that also has CUDA, its nodes run on the calling thread
+too while torchjax is installed (torch's own multithreading-off mode, same results);
+``torchjax.uninstall()`` gives torch's entry back.
 """
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
-from torchjax._compat.torch import create_empty_tensor
-from torchjax._compat.torch_engine import (
-    grad_of,
-    install_backward_entry,
-    lacks_device_queue,
-    without_dispatch_modes,
-)
-
-_LOCK = threading.Lock()
-# Whether the engine has a tpu queue: None until the first backward after import asks.
-HAS_QUEUE: list = [None]
-
-
-class _Probe(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, leaf):
-        return create_empty_tensor((0,), torch.float32)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return None
-
-
-def _probe(original) -> bool:
-    with _LOCK:
-        if HAS_QUEUE[0] is None:
-            with without_dispatch_modes(), torch.inference_mode(False), torch.enable_grad():
-                leaf = torch.zeros((), requires_grad=True)
-                root = _Probe.apply(leaf)
-                try:
-                    with torch.autograd.set_multithreading_enabled(True):
-                        grad_of(original, root, leaf)
-                    HAS_QUEUE[0] = True
-                except RuntimeError as e:
-                    if not lacks_device_queue(e):
-                        raise
-                    HAS_QUEUE[0] = False
-        return HAS_QUEUE[0]
+from torchjax._compat.torch_engine import install_backward_entry
 
 
 def _run_backward(original, *args, **kwargs):
-    has_queue = HAS_QUEUE[0]
-    if has_queue is None:
-        has_queue = _probe(original)
-    if has_queue:
-        return original(*args, **kwargs)
     with torch.autograd.set_multithreading_enabled(False):
         return original(*args, **kwargs)
 
