@@ -80,6 +80,8 @@ def test_uninstall_restores_every_original():
             "acc_synchronize": torch.accelerator.synchronize,
             "saved_enter": torch.autograd.graph.saved_tensors_hooks.__dict__["__enter__"],
             "run_backward": torch.autograd.graph._engine_run_backward,
+            "ckpt_inputs": torch.utils.checkpoint._CheckpointFrame.__dict__["get_inputs"],
+            "ckpt_detach": torch.utils.checkpoint.detach_variable,
         }
         meta_path = list(sys.meta_path)
         skip_dirs = list(trace_rules.SKIP_DIRS)
@@ -120,6 +122,9 @@ def test_uninstall_restores_every_original():
         saved_hooks = torch.autograd.graph.saved_tensors_hooks
         assert saved_hooks.__dict__["__enter__"] is not before["saved_enter"]
         assert torch.autograd._engine_run_backward is not before["run_backward"]
+        frame = torch.utils.checkpoint._CheckpointFrame
+        assert frame.__dict__["get_inputs"] is not before["ckpt_inputs"]
+        assert torch.utils.checkpoint.detach_variable is not before["ckpt_detach"]
         assert torch.accelerator.empty_cache is not before["acc_empty_cache"]
         assert torch.accelerator.memory.memory_stats is not before["acc_memory_stats"]
         assert inspect.signature(torch.accelerator.memory.memory_stats) == inspect.signature(
@@ -169,6 +174,9 @@ def test_uninstall_restores_every_original():
         assert torch.utils.swap_tensors is before["swap"]
         assert torch.autograd.graph._engine_run_backward is before["run_backward"]
         assert torch.autograd._engine_run_backward is before["run_backward"]
+        frame = torch.utils.checkpoint._CheckpointFrame
+        assert frame.__dict__["get_inputs"] is before["ckpt_inputs"]
+        assert torch.utils.checkpoint.detach_variable is before["ckpt_detach"]
         assert torch.nn.Module.__dict__["_apply"] is before["apply"]
         assert torch.__future__.get_swap_module_params_on_conversion is before["swap_flag"]
         assert torch.load is torch.serialization.load is before["torch_load"]
@@ -238,6 +246,8 @@ def test_uninstall_restores_every_original():
         "torch.autograd.graph.saved_tensors_hooks.__enter__",
         "torch.autograd.graph._engine_run_backward",
         "torch.autograd._engine_run_backward",
+        "torch.utils.checkpoint._CheckpointFrame.get_inputs",
+        "torch.utils.checkpoint.detach_variable",
         "torch.nn.Module._apply",
         "torch.__future__.get_swap_module_params_on_conversion",
         "torch.load",

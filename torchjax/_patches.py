@@ -37,6 +37,13 @@ how it is undone.
   Every backward now runs with autograd multithreading off, every node on the calling
   thread (Note [Autograd device queues]). Same signature. Undo: both names get torch's
   function back.
+- ``torch.utils.checkpoint._CheckpointFrame.get_inputs`` and
+  ``torch.utils.checkpoint.detach_variable`` (compile/_remat.py through
+  _compat/torch_checkpoint.py; torch 2.13). In a compiled program XLA merged a
+  checkpointed region's recomputation with its forward, so checkpointing saved no memory;
+  the inputs the recomputation starts from pass through an optimization barrier when
+  they are traced (Note [Checkpointed regions in compiled programs]). Eager and CPU
+  inputs pass unchanged. Same signatures. Undo: torch's method and function put back.
 - ``torch.nn.Module._apply`` and ``torch.__future__.get_swap_module_params_on_conversion``
   (device/_registration.py through _compat/torch.py; torch 2.13). Moving a module off
   tpu (``model.cpu()``) made a new Parameter per module, untying tied weights and

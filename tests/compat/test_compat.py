@@ -226,6 +226,22 @@ def test_graph_task_id_and_engine_callback():
     assert seen[0] != -1 and seen[1:] == ["end"]
 
 
+def test_checkpoint_recompute_inputs_pass_through_the_barrier_hook():
+    import torch.utils.checkpoint as tuc
+
+    # Both places torch 2.13 reads a checkpointed region's inputs hold the wrappers.
+    assert tuc._CheckpointFrame.get_inputs.__wrapped__.__qualname__ == (
+        "_CheckpointFrame.get_inputs"
+    )
+    assert tuc.detach_variable.__wrapped__.__module__ == "torch.utils.checkpoint"
+    # Outside a trace the wrappers give torch's values: a CPU region's gradients.
+    for reentrant in (False, True):
+        x = torch.ones(3, requires_grad=True)
+        y = tuc.checkpoint(lambda t: (t * 2).sin(), x, use_reentrant=reentrant)
+        y.sum().backward()
+        torch.testing.assert_close(x.grad, 2 * torch.cos(torch.full((3,), 2.0)))
+
+
 def test_backward_entry_wraps_torchs_for_backward_and_grad():
     from torch.autograd import graph
 

@@ -5,7 +5,7 @@ tracers inside tpu tensors; ``torch.compile(backend="tpu")`` runs Dynamo's FX gr
 same way.
 """
 
-from torchjax.compile import _default_backend
+from torchjax.compile import _default_backend, _remat
 from torchjax.compile._buckets import bucketed as bucketed
 from torchjax.compile._export import export as export
 from torchjax.compile._jit import Jitted as Jitted
@@ -15,6 +15,9 @@ from torchjax.compile._jit import jit as jit
 # torch.compile's default backend sends tpu graphs to the "tpu" backend (Note [The
 # default torch.compile backend on tpu] in _default_backend.py).
 _default_backend.install()
+# A checkpointed region is recomputed in a compiled program, not merged with its forward
+# (Note [Checkpointed regions in compiled programs] in _remat.py).
+_remat.install()
 
 
 def dynamo_stats() -> dict:
