@@ -443,3 +443,62 @@ def test_index_put_checks_the_shape_before_the_dtype_as_cpu(value, part):
     with pytest.raises(RuntimeError) as got:
         put("tpu")
     assert str(cpu.value).split(" (Triggered")[0] in str(got.value)
+
+
+_L = torch.long
+# index larger than self (or src) off dim: CPU refuses; jax's gather clamps and its
+# scatter drops, so these returned values on tpu (gather: the last row repeated).
+_SHAPE_CASES = {
+    "gather": lambda a, d: a.gather(1, torch.zeros(5, 2, dtype=_L, device=d)),
+    "gather_dim_larger_ok": lambda a, d: a.gather(1, torch.zeros(2, 7, dtype=_L, device=d)),
+    "gather_0d_self": lambda a, d: a[0, 0].gather(0, torch.zeros(1, dtype=_L, device=d)),
+    "scatter_value": lambda a, d: a.scatter(1, torch.zeros(5, 2, dtype=_L, device=d), 1.0),
+    "scatter_value_": lambda a, d: a.clone().scatter_(
+        1, torch.zeros(5, 2, dtype=_L, device=d), 2.0
+    ),
+    "scatter_src": lambda a, d: a.scatter(
+        1, torch.zeros(5, 2, dtype=_L, device=d), torch.ones(5, 2, device=d)
+    ),
+    "scatter_src_smaller": lambda a, d: a.scatter(
+        1, torch.zeros(2, 2, dtype=_L, device=d), torch.ones(1, 2, device=d)
+    ),
+    "scatter_dim_larger_ok": lambda a, d: a.scatter(
+        1, torch.zeros(2, 7, dtype=_L, device=d), torch.ones(2, 7, device=d)
+    ),
+    "scatter_src_fewer_dims": lambda a, d: a.scatter(
+        1, torch.zeros(2, 2, dtype=_L, device=d), torch.ones(2, device=d)
+    ),
+    "scatter_src_fewer_dims_and_smaller": lambda a, d: a.scatter(
+        1, torch.zeros(3, 2, dtype=_L, device=d), torch.ones(2, device=d)
+    ),
+    "scatter_reduce_arg": lambda a, d: a.scatter(
+        1, torch.zeros(5, 2, dtype=_L, device=d), torch.ones(5, 2, device=d), reduce="add"
+    ),
+    "scatter_add": lambda a, d: a.scatter_add(
+        1, torch.zeros(2, 2, dtype=_L, device=d), torch.ones(2, 1, device=d)
+    ),
+    "scatter_reduce": lambda a, d: a.scatter_reduce(
+        1, torch.zeros(5, 2, dtype=_L, device=d), torch.ones(5, 2, device=d), "sum"
+    ),
+    "scatter_reduce_exclude_self": lambda a, d: a.scatter_reduce(
+        -1, torch.zeros(5, 2, dtype=_L, device=d), torch.ones(5, 2, device=d), "amax", False
+    ),
+    "gather_out": lambda a, d: torch.gather(
+        a, 1, torch.zeros(5, 2, dtype=_L, device=d), out=torch.empty(5, 2, device=d)
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_SHAPE_CASES))
+def test_gather_scatter_index_shapes_checked_as_cpu(case):
+    from torchjax.testing.opinfo import same_or_refused
+
+    call = _SHAPE_CASES[case]
+    a = torch.arange(12.0).reshape(3, 4)
+    error = same_or_refused(lambda d: call(a.to(d), d), case)
+    if error is None:
+        return
+    try:
+        call(a.to("tpu"), "tpu")
+    except Exception as got:  # noqa: BLE001 - CPU's text, then the op's name
+        assert str(got).startswith(str(error).splitlines()[0]), (got, error)

@@ -35,6 +35,7 @@ from torchjax.ops import rearrange as _rearrange  # noqa: F401
 from torchjax.ops import reduction as _reduction  # noqa: F401
 from torchjax.ops import rnn as _rnn  # noqa: F401
 from torchjax.ops import sampling as _sampling  # noqa: F401
+from torchjax.ops import scatter_gather as _scatter_gather  # noqa: F401
 from torchjax.ops import sort as _sort  # noqa: F401
 from torchjax.ops import special as _special  # noqa: F401
 from torchjax.ops import transformer as _transformer  # noqa: F401

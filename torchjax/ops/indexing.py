@@ -1,5 +1,5 @@
-"""Indexing: advanced indexing (``x[idx]``, ``x[idx] = v``), gather/scatter, index_*,
-masked_*, nonzero, take.
+"""Indexing: advanced indexing (``x[idx]``, ``x[idx] = v``), index_*, masked_*, nonzero,
+take (gather and scatter: scatter_gather.py).
 
 Index tensors may be int64/int32 (or bool masks for ``index``/``index_put``) and may live
 on CPU (torch allows CPU indices for a device tensor): these lowerings are registered
@@ -286,45 +286,6 @@ def _masked_put(self, indices, values, accumulate):
     return jnp.where(full, values, self)
 
 
-def _scatter_index(index, dim):
-    """Full coordinates for gather/scatter: ``index`` along ``dim``, iota elsewhere."""
-    coords = []
-    for d in range(index.ndim):
-        if d == dim:
-            coords.append(index)
-        else:
-            shape = [1] * index.ndim
-            shape[d] = index.shape[d]
-            coords.append(jnp.arange(index.shape[d], dtype=np.int64).reshape(shape))
-    return tuple(coords)
-
-
-def _as_nd(self, index, op, dim):
-    self = self.reshape(1) if self.ndim == 0 else self
-    index = index.reshape(1) if index.ndim == 0 else index
-    if index.ndim != self.ndim:
-        raise RuntimeError(
-            f"Index tensor must have the same number of dimensions as input "
-            f"tensor (got {index.ndim} and {self.ndim}) (in aten::{op})"
-        )
-    if not jnp.issubdtype(index.dtype, jnp.integer):
-        raise RuntimeError(f"{op}(): Expected dtype int64 for index (got {index.dtype})")
-    dim = _dim(dim, self.ndim, op)
-    _check_range(index, self.shape[dim], op, dim, RuntimeError, negative=False)
-    return self, index, dim
-
-
-@lowering(aten.gather.default, cpu_tensors=True)
-def gather(self, dim, index, sparse_grad=False):
-    """aten::gather - ``out[i][j] = self[index[i][j]][j]`` (for dim=0); out has index's
-    shape (index may be smaller than self off ``dim``)."""
-    out_shape = index.shape
-    if index.size == 0:  # torch skips every check for an empty index
-        return jnp.zeros(out_shape, dtype=self.dtype)
-    arr, index, dim = _as_nd(self, index, "gather", dim)
-    return arr[_scatter_index(index, dim)].reshape(out_shape)
-
-
 _AT_METHODS = {
     "set": "set",
     "add": "add",
@@ -344,87 +305,6 @@ def _update(arr, index, values, how):
         out = getattr(arr.astype(np.int32).at[index], method)(values.astype(np.int32))
         return out != 0
     return getattr(arr.at[index], method)(values)
-
-
-def _scatter(self, dim, index, src, how, op):
-    shape = self.shape
-    if index.size == 0:  # torch skips every check for an empty index
-        return self
-    # A tensor source (not the fills this module passes as numpy scalars).
-    if isinstance(src, jax.Array) and src.dtype != self.dtype:
-        raise RuntimeError(f"{op}(): Expected self.dtype to be equal to src.dtype (in aten::{op})")
-    arr, index, dim = _as_nd(self, index, op, dim)
-    if isinstance(src, (jax.Array, np.ndarray)) and src.ndim:
-        src = src[tuple(slice(0, n) for n in index.shape)]
-    elif isinstance(src, (jax.Array, np.ndarray)):
-        src = jnp.broadcast_to(src, index.shape)
-    src = jnp.asarray(src).astype(arr.dtype)
-    src = jnp.broadcast_to(src, index.shape)
-    return _update(arr, _scatter_index(index, dim), src, how).reshape(shape)
-
-
-@lowering(
-    aten.scatter.src,
-    aten.scatter.value,
-    aten.scatter.reduce,
-    aten.scatter.value_reduce,
-    cpu_tensors=True,
-)
-def scatter(self, dim, index, src=None, value=None, reduce=None):
-    """aten::scatter - ``self[index[i][j]][j] = src[i][j]`` (dim=0); ``reduce`` 'add' /
-    'multiply' combines instead. Overloads: src tensor or scalar value."""
-    src = value if src is None else src  # .value overloads pass the number positionally
-    dtypes.check_scalar_fits(src, self.dtype, "scatter")
-    return _scatter(self, dim, index, src, reduce or "set", "scatter")
-
-
-@lowering(aten.scatter_add.default, cpu_tensors=True)
-def scatter_add(self, dim, index, src):
-    """aten::scatter_add - ``self[index[i][j]][j] += src[i][j]`` (dim=0)."""
-    return _scatter(self, dim, index, src, "add", "scatter_add")
-
-
-@lowering(aten.scatter_reduce.two, cpu_tensors=True)
-def scatter_reduce(self, dim, index, src, reduce, include_self=True):
-    """aten::scatter_reduce.two - combine ``src`` into ``self`` at ``index`` with sum /
-    prod / mean / amax / amin; ``include_self=False`` ignores self's old values at the
-    scattered positions. Integer mean rounds down (torch's floor division)."""
-    if not include_self:
-        ident = {"sum": 0, "mean": 0, "prod": 1}.get(reduce)
-        if ident is None:
-            info = jnp.finfo if jnp.issubdtype(self.dtype, jnp.inexact) else jnp.iinfo
-            info = info(self.dtype) if self.dtype != np.bool_ else None
-            ident = (
-                (True if reduce == "amin" else False)
-                if info is None
-                else (info.max if reduce == "amin" else info.min)
-            )
-            if jnp.issubdtype(self.dtype, jnp.floating):
-                ident = np.inf if reduce == "amin" else -np.inf
-        base = _scatter(self, dim, index, np.asarray(ident), "set", "scatter_reduce")
-    else:
-        base = self
-    if reduce != "mean":
-        return _scatter(base, dim, index, src, reduce, "scatter_reduce")
-    if self.dtype == jnp.bool_:
-        raise NotImplementedError(
-            'aten::scatter_reduce: "scatter_gather_tensor_cpu_reduce_mean" not '
-            "implemented for 'Bool'"
-        )
-    total = _scatter(base, dim, index, src, "sum", "scatter_reduce")
-    ones = np.ones((), dtype=self.dtype)
-    count = _scatter(
-        jnp.full(self.shape, 1 if include_self else 0, dtype=self.dtype),
-        dim,
-        index,
-        ones,
-        "add",
-        "scatter_reduce",
-    )
-    count = jnp.where(count == 0, jnp.ones((), self.dtype), count)
-    if jnp.issubdtype(self.dtype, jnp.inexact):
-        return total / count
-    return jnp.floor_divide(total, count)
 
 
 def _index_1d(self, dim, index, op, negative=False):
