@@ -273,3 +273,36 @@ def test_clamp_of_complex_refuses_as_cpu(call):
     with pytest.raises(NotImplementedError) as got:
         call(x.to("tpu"))
     assert str(got.value).startswith(str(want.value))
+
+
+# isin runs as torch's decomposition, which took bool and complex inputs CPU refuses.
+_ISIN_CASES = {
+    "bool_both": lambda d: torch.isin(
+        torch.tensor([True, False], device=d), torch.tensor([True], device=d)
+    ),
+    "bool_elements": lambda d: torch.isin(
+        torch.tensor([True], device=d), torch.tensor([1], device=d)
+    ),
+    "bool_test": lambda d: torch.isin(torch.tensor([1], device=d), torch.tensor([True], device=d)),
+    "bool_scalar_test": lambda d: torch.isin(torch.tensor([1, 0], device=d), True),
+    "bool_scalar_element": lambda d: torch.isin(True, torch.tensor([1], device=d)),
+    "complex": lambda d: torch.isin(torch.tensor([1j], device=d), torch.tensor([1j], device=d)),
+    "complex_scalar": lambda d: torch.isin(torch.tensor([1.0], device=d), 1j),
+    "keywords": lambda d: torch.isin(
+        elements=torch.tensor([1], device=d), test_elements=torch.tensor([True], device=d)
+    ),
+    "float_ok": lambda d: torch.isin(
+        torch.tensor([1.0, 2.0], device=d), torch.tensor([2.0], device=d)
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_ISIN_CASES))
+def test_isin_refuses_bool_and_complex_as_cpu(case):
+    from torchjax.testing.opinfo import same_or_refused
+
+    error = same_or_refused(_ISIN_CASES[case], case)
+    assert (error is None) == (case == "float_ok")
+    if error is not None:
+        with pytest.raises(RuntimeError, match=str(error).replace("(", r"\(").replace(")", r"\)")):
+            _ISIN_CASES[case]("tpu")

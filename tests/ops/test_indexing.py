@@ -489,11 +489,53 @@ _SHAPE_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(_SHAPE_CASES))
-def test_gather_scatter_index_shapes_checked_as_cpu(case):
+def _t(d, *x, **k):
+    return torch.tensor(*x, device=d, **k)
+
+
+# CPU's checks of put / index_copy / masked_scatter, in its order; several ran on tpu
+# (an int32 index, a source of another dtype, a scalar source with two indices).
+_ARGUMENT_CASES = {
+    "put_dtype_then_numel": lambda a, d: a.put(
+        _t(d, [0, 1]), torch.ones(3, dtype=torch.float64, device=d)
+    ),
+    "put_int32_index": lambda a, d: a.put(
+        _t(d, [0, 1], dtype=torch.int32), torch.ones(2, device=d)
+    ),
+    "put_numel": lambda a, d: a.put(_t(d, [0, 1]), torch.ones(3, device=d)),
+    "put_into_empty": lambda a, d: a[:0].put(_t(d, [0]), torch.ones(1, device=d)),
+    "put_2d_source": lambda a, d: a.put(_t(d, [[0, 1]]), torch.ones(2, 1, device=d)),
+    "put_bf16_f32_source": lambda a, d: a.bfloat16().put_(_t(d, [0]), _t(d, [9.0])),
+    "index_copy_2d_index": lambda a, d: a.index_copy(
+        0, _t(d, [[0, 1]]), torch.ones(2, 4, device=d)
+    ),
+    "index_copy_scalar_source": lambda a, d: a.index_copy(0, _t(d, [0, 1]), _t(d, 1.0)),
+    "index_copy_dims": lambda a, d: a.index_copy(0, _t(d, [0, 1]), torch.ones(2, 4, 1, device=d)),
+    "index_copy_int32": lambda a, d: a.index_copy(
+        0, _t(d, [0, 1], dtype=torch.int32), torch.ones(2, 4, device=d)
+    ),
+    "index_copy_slices": lambda a, d: a.index_copy(0, _t(d, [0, 1]), torch.ones(2, 3, device=d)),
+    "index_copy_slices_3d": lambda a, d: a.reshape(1, 3, 4).index_copy(
+        1, _t(d, [0, 1]), torch.ones(1, 2, 3, device=d)
+    ),
+    "index_copy_count": lambda a, d: a.index_copy(0, _t(d, [0, 1]), torch.ones(3, 4, device=d)),
+    "index_copy_ok": lambda a, d: a.index_copy(1, _t(d, [0, 1]), torch.ones(3, 2, device=d)),
+    "masked_scatter_dtype_first": lambda a, d: a.masked_scatter(
+        (a > 2).int(), torch.ones(6, dtype=torch.float64, device=d)
+    ),
+    "masked_scatter_int_mask": lambda a, d: a.masked_scatter(
+        (a > 2).int(), torch.ones(9, device=d)
+    ),
+    "masked_scatter_ok": lambda a, d: a.masked_scatter(a > 2, torch.ones(9, device=d)),
+}
+_CASES = {**_SHAPE_CASES, **_ARGUMENT_CASES}
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_gather_scatter_put_index_copy_arguments_checked_as_cpu(case):
     from torchjax.testing.opinfo import same_or_refused
 
-    call = _SHAPE_CASES[case]
+    call = _CASES[case]
     a = torch.arange(12.0).reshape(3, 4)
     error = same_or_refused(lambda d: call(a.to(d), d), case)
     if error is None:

@@ -543,3 +543,19 @@ def test_complex_division_is_c10s_at_infinities_and_nans(dtype):
     z = torch.tensor([complex(-501, -501)] * 64, dtype=dtype)
     got = torch._refs.sigmoid(z.to("tpu")).cpu()
     assert torch.equal(got.isnan(), torch._refs.sigmoid(z).isnan())
+
+
+@pytest.mark.parametrize(
+    "op", [torch.floor_divide, torch.remainder, torch.fmod], ids=lambda f: f.__name__
+)
+def test_bool_division_refused_by_dtype_before_the_zero_divisor_check(op):
+    # A False divisor made the zero-divisor check answer first (RuntimeError
+    # "ZeroDivisionError"); CPU has no bool kernel at all (NotImplementedError).
+    a, b = torch.tensor([True, False, True]), torch.tensor([True, True, False])
+    with pytest.raises(NotImplementedError) as cpu:
+        op(a, b)
+    with pytest.raises(NotImplementedError, match=str(cpu.value).split(" not ")[0]):
+        op(a.to("tpu"), b.to("tpu"))
+    # An integer result still checks its divisor.
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        op(a.to("tpu").int(), b.to("tpu"))

@@ -16,7 +16,7 @@ from jax import lax
 
 from torchjax.ops import registry
 from torchjax.ops.pointwise_binary import bcast, kind_of, lax2, type_name
-from torchjax.ops.registry import Kind, lowering
+from torchjax.ops.registry import Kind, lowering, precheck
 from torchjax.tensor import dtypes
 
 aten = torch.ops.aten
@@ -279,3 +279,21 @@ def where(condition, self, other):
         )
     c, a, b = bcast(condition, self, other)
     return lax.select(c.astype(jnp.bool_), a, b)
+
+
+@precheck(aten.isin)
+def isin_types(args, kwargs) -> None:
+    """isin runs as torch's decomposition, which takes any dtype; CPU's kernel refuses
+    bool and complex elements or test elements (tensors or numbers), with this text."""
+    for i, name in ((0, "elements"), (1, "test_elements")):
+        x = args[i] if len(args) > i else kwargs.get(name, kwargs.get(name.rstrip("s")))
+        if isinstance(x, torch.Tensor):
+            dtype = x.dtype
+        elif isinstance(x, (bool, complex)):
+            dtype = torch.bool if isinstance(x, bool) else torch.complex128
+        else:
+            continue
+        if dtype == torch.bool or dtype.is_complex:
+            raise RuntimeError(
+                f"Unsupported input type encountered for isin(): {dtypes.aten_type_name(dtype)}"
+            )

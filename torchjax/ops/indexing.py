@@ -365,12 +365,47 @@ def index_add(self, dim, index, source, alpha=1):
 @lowering(aten.index_copy.default, cpu_tensors=True)
 def index_copy(self, dim, index, source):
     """aten::index_copy - ``self[..., index[i], ...] = source[..., i, ...]``; ``source``
-    of ``self``'s dtype, as CPU requires."""
+    of ``self``'s dtype, as CPU requires (its checks in its order, with its texts)."""
+    if index.ndim >= 2:
+        raise IndexError(f"index_copy_(): Index should have dimension 1 or 0 (got {index.ndim})")
+    if source.ndim == 0 and index.size != 1:
+        raise IndexError(
+            "index_copy_(): When source is scalar, index should have one element "
+            f"(got {index.size})"
+        )
+    if source.ndim != self.ndim and source.ndim and self.ndim:
+        raise IndexError(
+            "index_copy_(): When source and destination are not scalars, their "
+            f"dimensionality must match. Source dimensionality ({source.ndim}), "
+            f"destination dimensionality ({self.ndim})"
+        )
+    if index.dtype != np.int64:
+        raise RuntimeError(
+            "index_copy_(): Expected a long tensor for index, but got "
+            f"{dtypes.aten_type_name(index.dtype)}"
+        )
     if source.dtype != self.dtype:
         raise RuntimeError(
             "index_copy_(): self and source expected to have the same dtype, but got (self) "
             f"{dtypes.aten_type_name(self.dtype)} and (source) "
             f"{dtypes.aten_type_name(source.dtype)}"
+        )
+    d = _dim(dim, max(self.ndim, 1), "index_copy")
+    mine, theirs = list(self.shape), list(source.shape)
+    if mine:
+        del mine[d]
+    if theirs:
+        del theirs[d]
+    if mine != theirs:
+        raise RuntimeError(
+            "index_copy_(): Source/destination tensor must have same slice shapes. "
+            f"Destination slice shape: {' '.join(map(str, mine))} at dimension {d} and "
+            f"source slice shape: {' '.join(map(str, theirs))} at dimension 0."
+        )
+    if source.ndim and index.size != source.shape[d]:
+        raise IndexError(
+            f"index_copy_(): Number of indices ({index.size}) should be equal to "
+            f"source.size(dim) ({source.shape[d]})"
         )
     return _index_update(self, dim, index, source, "set", "index_copy")
 
@@ -425,10 +460,15 @@ def masked_fill(self, mask, value):
 def masked_scatter(self, mask, source):
     """aten::masked_scatter - positions where ``mask`` is true (row-major) take
     consecutive elements of ``source``. Not data-dependent: works under jit."""
+    if source.dtype != self.dtype:
+        raise RuntimeError(
+            "masked_scatter: expected self and source to have same dtypes but got"
+            f"{dtypes.aten_type_name(self.dtype)} and {dtypes.aten_type_name(source.dtype)}"
+        )
     if mask.dtype != np.bool_:
         raise RuntimeError(
             "masked_scatter_ only supports boolean masks, but got mask with dtype "
-            f"{mask.dtype} (in aten::masked_scatter)"
+            f"{dtypes.aten_type_name(mask.dtype)} (in aten::masked_scatter)"
         )
     shape = jnp.broadcast_shapes(self.shape, mask.shape)
     arr, mask = jnp.broadcast_to(self, shape), jnp.broadcast_to(mask, shape)
@@ -517,7 +557,23 @@ def masked_scatter_backward(grad_output, mask, sizes):
 @lowering(aten.put.default, cpu_tensors=True)
 def put(self, index, source, accumulate=False):
     """aten::put - ``self.flatten()[index] = source`` (``+=`` when ``accumulate``);
-    negative indices wrap. The backward of ``take``."""
+    negative indices wrap. The backward of ``take``. CPU's checks, in its order."""
+    if index.dtype != np.int64:
+        got = dtypes.aten_type_name(index.dtype)
+        raise RuntimeError(f"put_(): Expected a long tensor for index, but got {got}")
+    if source.dtype != self.dtype:
+        raise RuntimeError(
+            "put_(): self and source expected to have the same dtype, but got self.dtype = "
+            f"{dtypes.aten_type_name(self.dtype)} and source.dtype = "
+            f"{dtypes.aten_type_name(source.dtype)}"
+        )
+    if source.size != index.size:
+        raise IndexError(
+            "put_(): Expected source and index to have the same number of elements, but got "
+            f"source.numel() = {source.size}, index.numel() = {index.size}"
+        )
+    if self.size == 0 and index.size:
+        raise IndexError("put_(): Tried to put elements into an empty tensor")
     flat = self.reshape(-1)
     _check_range(index, flat.shape[0], "put", 0)
     how = "add" if accumulate else "set"
