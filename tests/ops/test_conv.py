@@ -73,3 +73,33 @@ def test_conv3d_and_transpose3d():
     _grads_match(lambda x, w: F.conv3d(x, w, stride=(1, 2, 1), padding=1, groups=2), x, w)
     wt = torch.randn(2, 3, 2, 2, 2, generator=g, dtype=torch.float64)
     _grads_match(lambda x, w: F.conv_transpose3d(x, w, stride=2, output_padding=1), x, wt)
+
+
+_A = torch.ops.aten.convolution.default
+_SHAPE_REFUSALS = {
+    "2d_weight": lambda x, d: torch.nn.functional.conv1d(x[0], x[0]),
+    "aten_2d_weight": lambda x, d: _A(
+        x, torch.randn(4, 7).to(d), None, [1], [0], [1], False, [0], 1
+    ),
+    "ndim_mismatch": lambda x, d: _A(
+        x, torch.randn(4, 7, 3, 3).to(d), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1
+    ),
+    "transposed_channels": lambda x, d: torch.nn.functional.conv_transpose1d(
+        x, torch.randn(4, 3, 4).to(d)
+    ),
+    "groups_channels": lambda x, d: torch.nn.functional.conv1d(
+        x, torch.randn(4, 3, 4).to(d), groups=2
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_SHAPE_REFUSALS))
+def test_convolution_shape_refusals_have_cpus_text(case):
+    x = torch.randn(4, 7, 33)
+    with pytest.raises(RuntimeError) as cpu:
+        torch.manual_seed(0)
+        _SHAPE_REFUSALS[case](x, "cpu")
+    with pytest.raises(RuntimeError) as tpu:
+        torch.manual_seed(0)
+        _SHAPE_REFUSALS[case](x.to("tpu"), "tpu")
+    assert str(tpu.value).startswith(str(cpu.value)), (tpu.value, cpu.value)

@@ -544,3 +544,52 @@ def test_gather_scatter_put_index_copy_arguments_checked_as_cpu(case):
         call(a.to("tpu"), "tpu")
     except Exception as got:  # noqa: BLE001 - CPU's text, then the op's name
         assert str(got).startswith(str(error).splitlines()[0]), (got, error)
+
+
+_F32_INDEX = {"float": torch.float32, "int32": torch.int32, "int16": torch.int16}
+# Per op, CPU's exception and text for an index dtype it refuses (index_fill takes int64
+# only: an int32 index ran on tpu), and a 2-d index.
+_INDEX_DTYPE_CASES = {
+    f"{op}_{name}": (op, dt)
+    for op in ("gather", "scatter", "scatter_add", "index_select", "index_add", "index_fill")
+    for name, dt in _F32_INDEX.items()
+}
+
+
+def _index_call(op, a, index):
+    d = a.device
+    if op == "gather":
+        return a.gather(1, index.reshape(3, 1))
+    if op == "scatter":
+        return a.scatter(1, index.reshape(3, 1), 1.0)
+    if op == "scatter_add":
+        return a.scatter_add(1, index.reshape(3, 1), torch.ones(3, 1, device=d))
+    if op == "index_select":
+        return a.index_select(0, index)
+    if op == "index_add":
+        return a.index_add(0, index, torch.ones(3, 4, device=d))
+    return a.index_fill(0, index, 1.0)
+
+
+@pytest.mark.parametrize("case", sorted(_INDEX_DTYPE_CASES))
+def test_index_dtypes_refused_with_cpus_type_and_text(case):
+    from torchjax.testing.opinfo import same_or_refused
+
+    op, dt = _INDEX_DTYPE_CASES[case]
+    a = torch.arange(12.0).reshape(3, 4)
+    index = torch.zeros(3, dtype=dt)
+    error = same_or_refused(lambda d: _index_call(op, a.to(d), index.to(d)), case)
+    if error is not None:
+        with pytest.raises(type(error)) as got:
+            _index_call(op, a.to("tpu"), index.to("tpu"))
+        assert str(got.value).startswith(str(error)), (got.value, error)
+
+
+@pytest.mark.parametrize("op", ["index_select", "index_add", "index_fill"])
+def test_two_dim_index_refused_with_cpus_type_and_text(op):
+    a, index = torch.arange(12.0).reshape(3, 4), torch.zeros(1, 1, dtype=torch.long)
+    with pytest.raises(Exception) as cpu:
+        _index_call(op, a, index)
+    with pytest.raises(type(cpu.value)) as got:
+        _index_call(op, a.to("tpu"), index.to("tpu"))
+    assert str(got.value).startswith(str(cpu.value)), (got.value, cpu.value)

@@ -212,3 +212,15 @@ def test_grouped_mm_asks_no_precision_of_half_precision_ragged_dot(dtype, want):
     dots = re.findall(r'"chlo.ragged_dot".*?precision_config = \[([^\]]*)\]', text)
     assert len(dots) == 1, text
     assert dots[0] == f"#chlo<precision {want}>, #chlo<precision {want}>"
+
+
+@pytest.mark.parametrize("op", ["dot", "vdot", "mm", "matmul"])
+def test_mixed_dtype_products_refused_with_cpus_text(op):
+    a = torch.ones(3) if op in ("dot", "vdot") else torch.ones(2, 3)
+    b = torch.ones(3, dtype=torch.float64) if op in ("dot", "vdot") else torch.ones(3, 2).double()
+    fn = getattr(torch, op)
+    with pytest.raises(RuntimeError) as cpu:
+        fn(a, b)
+    with pytest.raises(RuntimeError) as got:
+        fn(a.to("tpu"), b.to("tpu"))
+    assert str(got.value).startswith(str(cpu.value)), (got.value, cpu.value)

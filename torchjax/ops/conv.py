@@ -111,17 +111,22 @@ def _check_kernel_fits(input, weight, padding, dilation):
 
 
 def _check(input, weight, transposed, groups):
+    # check_shape_forward's checks and texts (ATen's Convolution.cpp).
+    if weight.ndim < 3:
+        raise RuntimeError("weight should have at least three dimensions")
     if input.ndim != weight.ndim:
         raise RuntimeError(
-            f"aten::convolution: expected {weight.ndim}D input for {weight.ndim}D weight "
-            f"{list(weight.shape)}, but got input of size {list(input.shape)}"
+            f"Expected {weight.ndim}-dimensional input for {weight.ndim}-dimensional weight "
+            f"{list(weight.shape)}, but got {input.ndim}-dimensional input of size "
+            f"{list(input.shape)} instead"
         )
     cin = weight.shape[0] if transposed else weight.shape[1] * groups
     if input.shape[1] != cin:
+        given = "transposed=1" if transposed else f"groups={groups}"
         raise RuntimeError(
-            f"aten::convolution: given groups={groups}, weight of size {list(weight.shape)}, "
-            f"expected input{list(input.shape)} to have {cin} channels, but got "
-            f"{input.shape[1]} channels instead"
+            f"Given {given}, weight of size {list(weight.shape)}, expected "
+            f"input{list(input.shape)} to have {cin} channels, but got {input.shape[1]} "
+            "channels instead"
         )
     if input.dtype != weight.dtype:
         raise RuntimeError(

@@ -307,15 +307,45 @@ def _update(arr, index, values, how):
     return getattr(arr.at[index], method)(values)
 
 
+def _index_1d_texts(op, index):
+    """CPU's (exception, text) for an index of more than one dim, and for one of a
+    dtype it refuses, per op; and the index dtypes it takes."""
+    name = dtypes.aten_type_name(index.dtype)
+    if op == "index_select":
+        return (
+            (IndexError, "index_select(): Index is supposed to be a vector"),
+            (RuntimeError, "index_select(): Expected dtype int32 or int64 for index"),
+            (np.int32, np.int64),
+        )
+    if op == "index_add":
+        return (
+            (
+                IndexError,
+                f"index_add_(): Index is supposed to be a vector, but got dim: {index.ndim} "
+                f"with type: {name} and size: {list(index.shape)}",
+            ),
+            (RuntimeError, f"index_add_(): Expected dtype int32/int64 for index but got: {name}"),
+            (np.int32, np.int64),
+        )
+    if op == "index_fill":
+        return (
+            (RuntimeError, "Index has to be a vector/scalar"),
+            (IndexError, "index_fill_(): Expected dtype int64 for index."),
+            (np.int64,),
+        )
+    return (
+        (IndexError, f"{op}(): Index is supposed to be a vector, got {index.ndim}-d"),
+        (IndexError, f"{op}(): Expected dtype int32/int64 for index, got {index.dtype}"),
+        (np.int32, np.int64),
+    )
+
+
 def _index_1d(self, dim, index, op, negative=False):
+    vector, dtype, takes = _index_1d_texts(op, index)
     if index.ndim > 1:
-        raise IndexError(
-            f"{op}(): Index is supposed to be a vector, got {index.ndim}-d (in aten::{op})"
-        )
-    if not jnp.issubdtype(index.dtype, jnp.integer):
-        raise IndexError(
-            f"{op}(): Expected dtype int32/int64 for index, got {index.dtype} (in aten::{op})"
-        )
+        raise vector[0](vector[1])
+    if index.dtype not in takes:
+        raise dtype[0](dtype[1])
     arr = self.reshape(1) if self.ndim == 0 else self
     dim = _dim(dim, arr.ndim, op)
     index = index.reshape(-1)

@@ -33,6 +33,7 @@ from jax import lax
 
 from torchjax.ops.registry import functional_handler, handler, lowering
 from torchjax.ops.writeback import write_into
+from torchjax.tensor import dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
 
 aten = torch.ops.aten
@@ -128,11 +129,40 @@ def accumulating_dot(a: jax.Array, b: jax.Array, dims, precision) -> jax.Array:
     return lax.platform_dependent(a, b, cpu=cast_up, default=native)
 
 
+# CPU's texts for two operands of different dtypes, where one rule words them; the others
+# (addmv's, baddbmm's) name internal buffers, and ours lists the operands instead.
+_CPU_MIXED_DTYPE_TEXTS = {
+    "dot": lambda a, b: (
+        "dot : expected both vectors to have same dtype, but found "
+        f"{dtypes.aten_type_name(a)} and {dtypes.aten_type_name(b)}"
+    ),
+    "vdot": lambda a, b: (
+        "dot : expected both vectors to have same dtype, but found "
+        f"{dtypes.aten_type_name(a)} and {dtypes.aten_type_name(b)}"
+    ),
+    "mm": lambda a, b: (
+        f"expected m1 and m2 to have the same dtype, but got: {_TYPE_META[a.name]} != "
+        f"{_TYPE_META[b.name]}"
+        if a.name in _TYPE_META and b.name in _TYPE_META
+        else None
+    ),
+}
+# caffe2's TypeMeta names, as mm's text prints the dtypes (the ones known for certain).
+_TYPE_META = {"float32": "float", "float64": "double"}
+
+
 def _check_dtypes(name, *arrs):
     dts = {a.dtype for a in arrs if a is not None}
     if np.dtype(np.bool_) in dts:
         # CPU has no bool kernel for the matrix products (CUDA neither).
         raise NotImplementedError(f"\"{name}\" not implemented for 'Bool'")
+    text = (
+        _CPU_MIXED_DTYPE_TEXTS[name](*(a.dtype for a in arrs))
+        if name in _CPU_MIXED_DTYPE_TEXTS and len(dts) > 1
+        else None
+    )
+    if text is not None:
+        raise RuntimeError(text)
     if len(dts) > 1:
         got = ", ".join(str(a.dtype) for a in arrs if a is not None)
         raise RuntimeError(

@@ -97,8 +97,9 @@ def _as_nd(self, index, op, dim, src=None):
             f"Index tensor must have the same number of dimensions as input "
             f"tensor (got {index.ndim} and {self.ndim}) (in aten::{op})"
         )
-    if not jnp.issubdtype(index.dtype, jnp.integer):
-        raise RuntimeError(f"{op}(): Expected dtype int64 for index (got {index.dtype})")
+    if index.dtype not in (np.int32, np.int64):
+        family = "gather" if op == "gather" else "scatter"  # CPU's text names the family
+        raise RuntimeError(f"{family}(): Expected dtype int32/int64 for index")
     dim = _dim(dim, self.ndim, op)
     if op == "gather":
         _gather_shape_check(self, index, dim)
