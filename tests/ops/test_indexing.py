@@ -593,3 +593,13 @@ def test_two_dim_index_refused_with_cpus_type_and_text(op):
     with pytest.raises(type(cpu.value)) as got:
         _index_call(op, a.to("tpu"), index.to("tpu"))
     assert str(got.value).startswith(str(cpu.value)), (got.value, cpu.value)
+
+
+def test_masked_fill_broadcast_refusal_names_the_mask_first_as_cpu():
+    # CPU expands the mask against self (tensor a is the mask); the text had them swapped.
+    a, mask = torch.arange(12.0).reshape(3, 4), torch.ones(2, 4, dtype=torch.bool)
+    with pytest.raises(RuntimeError) as cpu:
+        a.masked_fill(mask, 1.0)
+    with pytest.raises(RuntimeError) as got:
+        a.to("tpu").masked_fill(mask.to("tpu"), 1.0)
+    assert str(got.value).startswith(str(cpu.value)), (got.value, cpu.value)
