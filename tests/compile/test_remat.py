@@ -95,3 +95,39 @@ def test_eager_checkpoint_inputs_pass_unchanged():
     x = torch.ones(3, device="tpu", requires_grad=True)
     values = [x, 2, None]
     assert barrier(values, connected=True) is values
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointed_dropout_replays_its_mask_in_a_jitted_step(reentrant):
+    # The recomputation drew new keys inside the trace: the backward's mask was another
+    # one than the forward's (Note [RNG states inside a trace] in torchjax/tensor/random.py).
+    def step(x):
+        y = checkpoint(lambda t: torch.nn.functional.dropout(t, 0.5), x, use_reentrant=reentrant)
+        y.sum().backward()
+        return y.detach()
+
+    torch.manual_seed(0)
+    x = torch.ones(1000, device="tpu", requires_grad=True)
+    y = torchjax.jit(step)(x)
+    kept, grad = y.cpu() != 0, x.grad.cpu()
+    assert 300 < int(kept.sum()) < 700
+    assert torch.equal(grad != 0, kept)
+    torch.testing.assert_close(grad[kept], torch.full((int(kept.sum()),), 2.0))
+
+
+def test_rng_state_inside_a_trace_is_the_streams_position():
+    from torchjax.tensor import random as tjr
+
+    def fn(x):
+        state = torch.tpu.get_rng_state()
+        a = torch.rand(3, device="tpu")
+        torch.tpu.set_rng_state(state)
+        b = torch.rand(3, device="tpu")
+        return a + x, b + x
+
+    a, b = torchjax.jit(fn)(torch.zeros(3, device="tpu"))
+    assert torch.equal(a.cpu(), b.cpu())
+    # Outside a trace the state is the device's (seed, counter).
+    torch.manual_seed(3)
+    seed, _ = tjr.get_state().numpy().view("uint64").tolist()
+    assert seed == 3

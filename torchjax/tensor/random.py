@@ -12,6 +12,7 @@ thread's eager ``torch.rand``.
 from __future__ import annotations
 
 import contextvars
+import itertools
 import threading
 
 import jax
@@ -56,17 +57,33 @@ def _state(index: int) -> _State:
     return st
 
 
+# Note [RNG states inside a trace]
+# torch.utils.checkpoint replays a region's randomness by saving the device RNG state
+# before the forward (``get_rng_state``) and restoring it before the recomputation, inside
+# ``fork_rng`` (which restores the state of its entry when it ends). Inside a trace every
+# draw comes from the trace's stream, not the device state, so the state read and written
+# there was the eager one and the recomputation drew new keys: a dropout inside a
+# checkpointed region of a ``torchjax.jit`` train step got a backward mask other than its
+# forward's, with no error (eager was right). So while a stream is active, ``get_state``
+# returns the stream's position (the 16-byte layout, its token in the seed field) and
+# ``set_state`` of such a state moves the stream back there: the recomputation draws the
+# forward's keys, and ``fork_rng``'s exit puts the stream where it was, as on CPU. A state
+# that is not the running stream's is the eager state, set as always.
+_STREAM_TOKENS = itertools.count(0xA11CE5EED0000000)
+
+
 class TracedStream:
     """The keys of one traced call (torchjax.jit): draw ``i`` of the call uses
     ``fold_in(key, i)`` where ``key`` is an input of the compiled function, derived per
     call from the device's (seed, counter). So a jitted function draws new values on each
     call and replays the same sequence after ``torch.manual_seed``."""
 
-    __slots__ = ("key", "draws")
+    __slots__ = ("key", "draws", "token")
 
     def __init__(self, key):
         self.key = key
         self.draws = 0
+        self.token = next(_STREAM_TOKENS)
 
     def next(self):
         n = self.draws
@@ -132,7 +149,12 @@ def initial_seed(index: int = 0) -> int:
 
 
 def get_state(index: int = 0) -> torch.Tensor:
-    """The state as a CPU uint8 tensor (16 bytes: seed, counter), as torch RNG states are."""
+    """The state as a CPU uint8 tensor (16 bytes: seed, counter), as torch RNG states are;
+    inside a trace, the trace's stream position (Note [RNG states inside a trace])."""
+    traced = _traced.get()
+    if traced is not None:
+        raw = np.array([traced.token, traced.draws], dtype=np.uint64).view(np.uint8)
+        return torch.from_numpy(raw.copy())
     st = _state(index)
     raw = np.array([st.seed, st.counter], dtype=np.uint64).view(np.uint8)
     return torch.from_numpy(raw.copy())
@@ -146,6 +168,10 @@ def set_state(state: torch.Tensor, index: int = 0) -> None:
             + (f"[{state.dtype}, {tuple(state.shape)}]" if isinstance(state, torch.Tensor) else "")
         )
     seed, counter = state.cpu().numpy().view(np.uint64).tolist()
+    traced = _traced.get()
+    if traced is not None and seed == traced.token:
+        traced.draws = int(counter)
+        return
     st = _State(int(seed))
     st.counter = int(counter)
     _STATES[index] = st
