@@ -152,7 +152,7 @@ def get_state(index: int = 0) -> torch.Tensor:
     """The state as a CPU uint8 tensor (16 bytes: seed, counter), as torch RNG states are;
     inside a trace, the trace's stream position (Note [RNG states inside a trace])."""
     traced = _traced.get()
-    if traced is not None:
+    if isinstance(traced, TracedStream):  # not a stream that refuses draws
         raw = np.array([traced.token, traced.draws], dtype=np.uint64).view(np.uint8)
         return torch.from_numpy(raw.copy())
     st = _state(index)
@@ -169,7 +169,7 @@ def set_state(state: torch.Tensor, index: int = 0) -> None:
         )
     seed, counter = state.cpu().numpy().view(np.uint64).tolist()
     traced = _traced.get()
-    if traced is not None and seed == traced.token:
+    if isinstance(traced, TracedStream) and seed == traced.token:
         traced.draws = int(counter)
         return
     st = _State(int(seed))
