@@ -659,3 +659,36 @@ def test_a_leaf_argument_updated_under_no_grad_inside_stays_a_leaf():
         torch.testing.assert_close(got.cpu(), want.detach())
         torch.testing.assert_close(y.detach().cpu(), ye.detach())
         torch.testing.assert_close(y.grad.cpu(), ye.grad)
+
+
+def test_write_to_a_tensor_outside_the_state_is_refused_and_the_tensor_kept():
+    # Note [Writes that escape a trace]: a plain module attribute is not state; its
+    # in-place write stored a tracer in it, and every later read failed.
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            self.count += 1
+            return self.lin(x)
+
+    m = Counter().to("tpu")
+    m.count = torch.full((), 5.0, device="tpu")
+    with pytest.raises(RuntimeError, match="register_buffer") as refused:
+        torchjax.jit(m)(torch.ones(3, device="tpu"))
+    assert "shape (), float32" in str(refused.value)
+    assert m.count.item() == 5.0
+    m.count += 1  # still an ordinary tensor
+    assert m.count.item() == 6.0
+    # A lazily filled tensor (torch.zeros) comes back unfilled, and reads as zeros.
+    m.count = torch.zeros(2, device="tpu")
+    with pytest.raises(RuntimeError, match="register_buffer"):
+        torchjax.jit(lambda x: m.count.add_(x) * 1)(torch.ones(2, device="tpu"))
+    assert m.count.cpu().tolist() == [0.0, 0.0]
+    # Registered, the same write is state: written back after the call.
+    m.register_buffer("steps", torch.zeros((), device="tpu"))
+    step = torchjax.jit(lambda x: m.steps.add_(1) * x)
+    step(torch.ones((), device="tpu"))
+    step(torch.ones((), device="tpu"))
+    assert m.steps.item() == 2.0 and step.trace_count == 1

@@ -64,6 +64,7 @@ from torchjax.interop._jax_function import _VJP
 from torchjax.ops import layouts
 from torchjax.tensor import random as _rng
 from torchjax.tensor._binding import bound, trace_lock
+from torchjax.tensor._storage import escapes_watched, restore_escapes
 from torchjax.tensor._tensor import JaxTensor, make, wrap
 from torchjax.tensor._user_subclass import user_class
 
@@ -368,8 +369,16 @@ class _Entry:
         # RNG only when the program turned out to use one (``key()``), so tracing never
         # moves the RNG: a seeded call gives the same values whether it traced or not.
         key = _unused_key()
-        with x64(True):
-            closed = jax.make_jaxpr(pure)(call.state_arrays, key, call.arrays, call.hypers.values)
+        # Note [Writes that escape a trace] in torchjax/tensor/_storage.py.
+        with x64(True), escapes_watched() as escaped:
+            try:
+                closed = jax.make_jaxpr(pure)(
+                    call.state_arrays, key, call.arrays, call.hypers.values
+                )
+            finally:
+                restore_escapes(escaped)
+        if escaped:
+            raise RuntimeError(_ESCAPED.format(_name(jitted.fn), _described(escaped[0][0])))
         self.closed = closed
         self.out_spec, out_flat, self.out_pos = info["out"]
         self.out_grad = info["out_grad"]
@@ -603,3 +612,20 @@ def _unused_key():
     # Programs that draw nothing still take a key input (one signature for all).
     with x64(True):
         return jax.random.key(0, impl="threefry2x32")
+
+
+_ESCAPED = (
+    "torchjax.jit({}) wrote in place to a tpu tensor that is not part of its state ({}): "
+    "a tensor the function reaches only as a plain attribute of a module (not a "
+    "parameter or a registered buffer) is read as a constant of the program, so the write "
+    "would be lost. The tensor is left as it was before the call. Register it with "
+    "module.register_buffer(name, tensor), or pass it as an argument or in a container "
+    "the function takes (Note [State of a jitted function])."
+)
+
+
+def _described(storage) -> str:
+    """Shape and dtype of a storage, as a user would recognise the tensor."""
+    lazy = storage.lazy
+    dtype = lazy[1] if isinstance(lazy, list) else storage.arr.dtype
+    return f"shape {tuple(storage.shape)}, {dtype}"

@@ -20,8 +20,10 @@ stride, storage_offset) exactly as PyTorch reports them, so view metadata is PyT
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import threading
 import weakref
 
 import jax
@@ -53,6 +55,67 @@ def _strides(size) -> tuple[int, ...]:
 _cached_strides = functools.lru_cache(maxsize=8192)(_strides)
 
 
+# Note [Writes that escape a trace]
+# A compiled function's state is what its walk finds (Note [State of a jitted function]
+# in torchjax/compile/_state.py); those storages are bound to tracers while it traces. A
+# tensor the walk cannot see (a plain module attribute, not a registered buffer) is read
+# as a constant, and an in-place write to it stored the trace's tracer in the user's own
+# storage: the write was lost and every later read of the tensor failed. While a
+# ``torchjax.jit`` trace runs (``escapes_watched``), a write of a traced value into a plain
+# storage made before the trace (``born``: the epoch it was made in) is noted with what
+# the storage held; the trace puts those back and refuses the function with an error
+# naming the tensor and what to do, instead of corrupting it.
+_EPOCH = [0]  # bumped when a trace starts watching
+_WATCHERS = [0]  # traces watching, any thread
+_ESCAPES = threading.local()
+
+
+@contextlib.contextmanager
+def escapes_watched():
+    """Within the block, this thread's traced writes into storages made before it are
+    collected (Note [Writes that escape a trace]); yields the list of (storage, what it
+    held) entries, to put back with ``restore_escapes``."""
+    previous = getattr(_ESCAPES, "found", None)
+    found = _ESCAPES.found = []
+    _EPOCH[0] += 1
+    _ESCAPES.epoch = _EPOCH[0]
+    _WATCHERS[0] += 1
+    try:
+        yield found
+    finally:
+        _WATCHERS[0] -= 1
+        _ESCAPES.found = previous
+
+
+def _note_escape(storage, value) -> None:
+    found = getattr(_ESCAPES, "found", None)
+    if found is None or storage.born >= _ESCAPES.epoch:
+        return
+    if not isinstance(value, jax.core.Tracer) or any(s is storage for s, *_ in found):
+        return
+    try:
+        arr = _ARR.__get__(storage)
+    except AttributeError:
+        arr = None
+    if isinstance(arr, jax.core.Tracer):
+        return
+    found.append((storage, arr, storage.lazy))
+
+
+def restore_escapes(found) -> None:
+    """Give each storage ``escapes_watched`` collected what it held before the trace."""
+    for storage, arr, lazy in found:
+        if arr is None:
+            try:
+                _ARR.__delete__(storage)
+            except AttributeError:
+                pass
+        else:
+            _ARR.__set__(storage, arr)
+        storage.lazy = lazy
+        storage.version += 1  # no tensor's read cache keeps the traced value
+
+
 class Storage:
     """A jax array that tensors alias; ``version`` counts writes."""
 
@@ -71,6 +134,7 @@ class Storage:
         "interpretations",
         "lazy",
         "torch_storage",
+        "born",
         "__weakref__",
     )
 
@@ -78,6 +142,7 @@ class Storage:
         # shape/numel: precomputed by callers that have them (wrap), to save the work.
         self.arr = arr
         self.version = 0
+        self.born = _EPOCH[0]
         self.shape = tuple(arr.shape) if shape is None else shape
         self.numel = math.prod(self.shape) if numel is None else numel
         self.interpretations = None
@@ -90,6 +155,7 @@ class Storage:
         order (Note [Storages in memory order, made on first read])."""
         self = cls.__new__(cls)
         self.version = 0
+        self.born = _EPOCH[0]
         self.shape = tuple(shape)
         self.numel = math.prod(self.shape)
         self.interpretations = None
@@ -172,6 +238,8 @@ class Storage:
 
     def write(self, size, stride, offset, value: jax.Array) -> None:
         """Store ``value`` (shape ``size``, storage dtype) at the strided view."""
+        if _WATCHERS[0] and self.__class__ is Storage:
+            _note_escape(self, value)
         lazy = self.lazy
         if lazy is not None and lazy.__class__ is not list:
             # A pending value (Note [Fused eager]): a whole write needs none of it.
@@ -213,6 +281,8 @@ class Storage:
 
     def replace(self, arr: jax.Array) -> None:
         """Swap in a new array of the same shape and dtype (a whole-storage write)."""
+        if _WATCHERS[0] and self.__class__ is Storage:
+            _note_escape(self, arr)
         lazy = self.lazy
         if lazy.__class__ is not list and lazy is not None:  # pending (Note [Fused eager])
             self.arr = arr
@@ -593,3 +663,6 @@ def _offset_writer(layout):
         )
 
     return _budget.cached(_OFFSET_WRITERS, layout, build)
+
+
+_ARR = Storage.__dict__["arr"]  # the slot itself, read without filling a lazy storage
