@@ -692,3 +692,26 @@ def test_write_to_a_tensor_outside_the_state_is_refused_and_the_tensor_kept():
     step(torch.ones((), device="tpu"))
     step(torch.ones((), device="tpu"))
     assert m.steps.item() == 2.0 and step.trace_count == 1
+
+
+@pytest.mark.parametrize("op", ["t_", "unsqueeze_", "squeeze_", "resize_", "transpose_"])
+def test_in_place_metadata_change_of_an_argument_is_refused(op):
+    # The caller's tensor kept its shape while the function's result was another tensor
+    # (Note [Arguments restrided in place] in torchjax/compile/_jit.py).
+    calls = {
+        "t_": lambda x: x.t_(),
+        "unsqueeze_": lambda x: x.unsqueeze_(0),
+        "squeeze_": lambda x: x[:1].squeeze_(0) * 1 + x.squeeze_(),
+        "resize_": lambda x: x.resize_(3),
+        "transpose_": lambda x: x.transpose_(0, 1),
+    }
+    x = torch.arange(6.0, device="tpu").view(2, 3)
+    if op == "squeeze_":
+        x = x.view(1, 2, 3)
+    shape = tuple(x.shape)
+    with pytest.raises(RuntimeError, match="sizes or strides of tensor argument 0"):
+        torchjax.jit(calls[op])(x)
+    assert tuple(x.shape) == shape
+    # Views made inside the function and changed in place are fine.
+    out = torchjax.jit(lambda x: x[0].unsqueeze_(0) * 2)(x)
+    assert tuple(out.shape) == (1,) + shape[1:]

@@ -299,6 +299,7 @@ class _Entry:
                     flat = [x.obj if isinstance(x, Ref) else x for x in flat]
                     args, kwargs = unflatten_args(flat, call.spec)
                     kwargs = {**kwargs, **call.static_kwargs}
+                    layouts_in = [_layout(w) for w in wrapped]
                     with (
                         torch.autograd.set_multithreading_enabled(False),
                         _hyper.bound(call.hypers.slots, hypers, lr_assigned),
@@ -308,6 +309,11 @@ class _Entry:
                         saved.hooks() if saved is not None else contextlib.nullcontext(),
                     ):
                         out = jitted.fn(*args, **kwargs)
+                    for k, (w, before) in enumerate(zip(wrapped, layouts_in)):
+                        if _layout(w) != before:
+                            raise RuntimeError(
+                                _RESTRIDED.format(_name(jitted.fn), k, before[0], tuple(w.shape))
+                            )
                     arg_grads = _argument_grads(call.tensors, leaves)
                 finally:
                     _rng.set_traced_stream(old)
@@ -629,3 +635,19 @@ def _described(storage) -> str:
     lazy = storage.lazy
     dtype = lazy[1] if isinstance(lazy, list) else storage.arr.dtype
     return f"shape {tuple(storage.shape)}, {dtype}"
+
+
+# Note [Arguments restrided in place]: a program's outputs are new tensors, so an in-place
+# change of an argument's sizes or strides (``x.t_()``, ``unsqueeze_``, ``resize_``,
+# ``as_strided_``) cannot reach the caller's tensor; it was dropped without a word (the
+# caller's ``x`` kept its shape, the result was another tensor). It is refused instead.
+_RESTRIDED = (
+    "torchjax.jit({}) changed the sizes or strides of tensor argument {} in place (shape "
+    "{} became {}: t_, transpose_, unsqueeze_, squeeze_, resize_ or as_strided_); a "
+    "compiled function cannot change its caller's tensor metadata. Use the out-of-place "
+    "op (x = x.t()) and return the result, or run this outside torchjax.jit."
+)
+
+
+def _layout(t) -> tuple:
+    return tuple(t.shape), t.stride(), t.storage_offset()
