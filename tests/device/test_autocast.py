@@ -72,3 +72,30 @@ def test_mixed_inputs_are_promoted_to_the_widest(name):
         out = _PROMOTED[name](x, y)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.cpu(), _PROMOTED[name](x.float(), y).cpu())
+
+
+def test_binary_cross_entropy_is_refused_as_cuda_does():
+    # CUDA's policy bans it inside autocast (it returned bfloat16 silently here).
+    x, y = torch.rand(4, device="tpu"), torch.rand(4, device="tpu")
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError, match="unsafe to autocast"):
+            torch.nn.functional.binary_cross_entropy(x, y)
+        # The logits form is the safe one, computed in float32.
+        out = torch.nn.functional.binary_cross_entropy_with_logits(x, y)
+    assert out.dtype == torch.float32
+    assert torch.nn.functional.binary_cross_entropy(x, y).dtype == torch.float32
+
+
+@pytest.mark.parametrize("cell", [torch.nn.LSTMCell, torch.nn.GRUCell, torch.nn.RNNCell])
+def test_recurrent_cells_run_in_the_autocast_dtype(cell):
+    # On CUDA's lower-precision list (they ran in float32 here).
+    torch.manual_seed(0)
+    layer = cell(3, 4).to("tpu")
+    x = torch.rand(2, 3, device="tpu")
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        out = layer(x)
+    out = out[0] if isinstance(out, tuple) else out
+    assert out.dtype == torch.bfloat16
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        v = torch.linalg.vecdot(x, x)
+    assert v.dtype == torch.bfloat16

@@ -44,7 +44,25 @@ LOWER_PRECISION = (
     "bmm",
     "chain_matmul",
     "linalg_multi_dot",
+    "linalg_vecdot",
+    "_convolution",
+    "_thnn_fused_lstm_cell",
+    "_thnn_fused_gru_cell",
+    "lstm_cell",
+    "gru_cell",
+    "rnn_tanh_cell",
+    "rnn_relu_cell",
     "scaled_dot_product_attention",
+)
+# aten op names CUDA's autocast refuses outright, with its text.
+BANNED = ("binary_cross_entropy",)
+_BANNED_TEXT = (
+    "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
+    "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
+    "In this case, combine the two layers using "
+    "torch.nn.functional.binary_cross_entropy_with_logits\n"
+    "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
+    "safe to autocast."
 )
 # aten op names run in float32 (lower-precision float inputs are upcast).
 FP32 = (
@@ -197,6 +215,13 @@ def _promote_kernel(op):
     return kernel
 
 
+def _banned_kernel(op):
+    def kernel(*args, **kwargs):
+        raise RuntimeError(_BANNED_TEXT)
+
+    return kernel
+
+
 def register() -> None:
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(torch.library.fallthrough_kernel, _KEY)
@@ -207,6 +232,7 @@ def register() -> None:
         (FP32_SET_OPT_DTYPE, _set_opt_dtype_kernel),
         (FP32_APPEND_DTYPE, _append_dtype_kernel),
         (PROMOTE, _promote_kernel),
+        (BANNED, _banned_kernel),
     )
     for names, make in policies:
         for name in names:
