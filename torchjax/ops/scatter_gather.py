@@ -97,7 +97,9 @@ def _as_nd(self, index, op, dim, src=None):
             f"Index tensor must have the same number of dimensions as input "
             f"tensor (got {index.ndim} and {self.ndim}) (in aten::{op})"
         )
-    if index.dtype not in (np.int32, np.int64):
+    # Any integer index is taken: torch's decompositions gather with the index they get
+    # (nll_loss's uint8 target, which CPU's own kernel takes); a float one is refused.
+    if not jnp.issubdtype(index.dtype, jnp.integer):
         family = "gather" if op == "gather" else "scatter"  # CPU's text names the family
         raise RuntimeError(f"{family}(): Expected dtype int32/int64 for index")
     dim = _dim(dim, self.ndim, op)
