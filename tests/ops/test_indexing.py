@@ -603,3 +603,13 @@ def test_masked_fill_broadcast_refusal_names_the_mask_first_as_cpu():
     with pytest.raises(RuntimeError) as got:
         a.to("tpu").masked_fill(mask.to("tpu"), 1.0)
     assert str(got.value).startswith(str(cpu.value)), (got.value, cpu.value)
+
+
+def test_in_place_masked_fill_broadcast_refusal_names_self_first_as_cpu():
+    # The in-place form checks self against the mask, in the schema's order.
+    a, mask = torch.arange(12.0).reshape(3, 4), torch.ones(2, 4, dtype=torch.bool)
+    with pytest.raises(RuntimeError) as cpu:
+        a.clone().masked_fill_(mask, 1.0)
+    with pytest.raises(RuntimeError) as got:
+        a.to("tpu").masked_fill_(mask.to("tpu"), 1.0)
+    assert str(got.value).startswith(str(cpu.value)), (got.value, cpu.value)

@@ -276,22 +276,22 @@ def _torch_refusal(func, args, kwargs) -> BaseException | None:
 
 
 # Ops whose CPU kernel broadcasts its operands in another order than the schema's
-# (masked_fill expands the mask against self: ``expand_outplace(mask, self)``).
+# (masked_fill expands the mask against self: ``expand_outplace(mask, self)``; its
+# in-place form names self first, as the schema does).
 _BROADCAST_ORDER = {"masked_fill": (1, 0)}
 
 
 def _eager_text(refusal: BaseException, args, kwargs, func=None) -> str:
     """The refusal's text as CPU gives it. The meta kernels of pointwise ops are torch's
     Python references, whose broadcast check words it otherwise ("Attempting to
-    broadcast a dimension ..."), and a ``copy_`` or in-place op whose operands do not
-    broadcast at all says the output does not match; eager's TensorIterator first folds
-    the operands' shapes in order, as ``infer_size`` does, and says which sizes differ."""
+    broadcast a dimension ..."); eager's TensorIterator folds the operands' shapes in
+    order, as ``infer_size`` does, and says which sizes differ."""
     text = str(refusal)
-    if not text.startswith(("Attempting to broadcast a dimension", "output with shape")):
+    if not text.startswith("Attempting to broadcast a dimension"):
         return text
     leaves = pytree.arg_tree_leaves(*args, **kwargs)
     shapes = [torch.Size(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
-    order = _BROADCAST_ORDER.get(getattr(func, "_opname", "").rstrip("_"))
+    order = _BROADCAST_ORDER.get(getattr(func, "_opname", ""))
     if order is not None and len(shapes) >= len(order):
         shapes = [shapes[i] for i in order] + shapes[len(order) :]
     try:
