@@ -715,3 +715,24 @@ def test_in_place_metadata_change_of_an_argument_is_refused(op):
     # Views made inside the function and changed in place are fine.
     out = torchjax.jit(lambda x: x[0].unsqueeze_(0) * 2)(x)
     assert tuple(out.shape) == (1,) + shape[1:]
+
+
+def test_escape_watches_nest_each_with_its_own_epoch():
+    # A watch inside another gave the outer one the inner's epoch: a storage made in the
+    # outer trace before the inner one began counted as made before the outer trace.
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from torchjax.tensor._storage import Storage, escapes_watched
+
+    def traced(x):
+        with escapes_watched() as outer:
+            made_in_outer = Storage(np.zeros(2, np.float32))  # a concrete array
+            with escapes_watched() as inner:
+                pass
+            made_in_outer.replace(x)  # a traced write to the outer trace's own storage
+        assert outer == [] and inner == []
+        return x
+
+    jax.make_jaxpr(traced)(jnp.ones(2, jnp.float32))

@@ -75,21 +75,26 @@ def escapes_watched():
     """Within the block, this thread's traced writes into storages made before it are
     collected (Note [Writes that escape a trace]); yields the list of (storage, what it
     held) entries, to put back with ``restore_escapes``."""
-    previous = getattr(_ESCAPES, "found", None)
-    found = _ESCAPES.found = []
+    # (found, epoch) per thread; a watch inside another (a trace within a trace) gives
+    # the outer one back, its own epoch with it.
+    previous = getattr(_ESCAPES, "watch", None)
     _EPOCH[0] += 1
-    _ESCAPES.epoch = _EPOCH[0]
+    found = []
+    _ESCAPES.watch = (found, _EPOCH[0])
     _WATCHERS[0] += 1
     try:
         yield found
     finally:
         _WATCHERS[0] -= 1
-        _ESCAPES.found = previous
+        _ESCAPES.watch = previous
 
 
 def _note_escape(storage, value) -> None:
-    found = getattr(_ESCAPES, "found", None)
-    if found is None or storage.born >= _ESCAPES.epoch:
+    watch = getattr(_ESCAPES, "watch", None)
+    if watch is None:
+        return
+    found, epoch = watch
+    if storage.born >= epoch:
         return
     if not isinstance(value, jax.core.Tracer) or any(s is storage for s, *_ in found):
         return
