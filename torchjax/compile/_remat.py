@@ -2,8 +2,8 @@
 
 Note [Checkpointed regions in compiled programs]
 ``torch.utils.checkpoint`` keeps a region's inputs instead of its activations and runs
-the region again in backward. Under ``torchjax.jit`` (and the Dynamo backend's compiled
-backward) both runs are traced into one program, and the second computes the same
+the region again in backward. In a ``torchjax.jit`` function that runs ``backward()``
+both runs are traced into one program, and the second computes the same
 operations on the same arrays as the first: XLA's common-subexpression elimination
 merged each recomputed value with its forward twin, so every activation stayed live
 from forward to backward and checkpointing saved no memory at all (measured: the

@@ -17,6 +17,7 @@ from jax import lax
 from torchjax.ops import registry
 from torchjax.ops.pointwise_binary import bcast, kind_of, lax2, type_name
 from torchjax.ops.registry import Kind, lowering, precheck
+from torchjax.ops.schema import arg
 from torchjax.tensor import dtypes
 
 aten = torch.ops.aten
@@ -286,7 +287,8 @@ def isin_types(args, kwargs) -> None:
     """isin runs as torch's decomposition, which takes any dtype; CPU's kernel refuses
     bool and complex elements or test elements (tensors or numbers), with this text."""
     for i, name in ((0, "elements"), (1, "test_elements")):
-        x = args[i] if len(args) > i else kwargs.get(name, kwargs.get(name.rstrip("s")))
+        # The Scalar overloads name the number in the singular ("element").
+        x = arg(args, kwargs, i, name, kwargs.get(name.removesuffix("s")))
         if isinstance(x, torch.Tensor):
             dtype = x.dtype
         elif isinstance(x, (bool, complex)):

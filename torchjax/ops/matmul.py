@@ -131,15 +131,16 @@ def accumulating_dot(a: jax.Array, b: jax.Array, dims, precision) -> jax.Array:
 
 # CPU's texts for two operands of different dtypes, where one rule words them; the others
 # (addmv's, baddbmm's) name internal buffers, and ours lists the operands instead.
+def _dot_text(a, b):
+    return (
+        "dot : expected both vectors to have same dtype, but found "
+        f"{dtypes.aten_type_name(a)} and {dtypes.aten_type_name(b)}"
+    )
+
+
 _CPU_MIXED_DTYPE_TEXTS = {
-    "dot": lambda a, b: (
-        "dot : expected both vectors to have same dtype, but found "
-        f"{dtypes.aten_type_name(a)} and {dtypes.aten_type_name(b)}"
-    ),
-    "vdot": lambda a, b: (
-        "dot : expected both vectors to have same dtype, but found "
-        f"{dtypes.aten_type_name(a)} and {dtypes.aten_type_name(b)}"
-    ),
+    "dot": _dot_text,
+    "vdot": _dot_text,  # CPU's vdot words it as dot
     "mm": lambda a, b: (
         f"expected m1 and m2 to have the same dtype, but got: {_TYPE_META[a.name]} != "
         f"{_TYPE_META[b.name]}"
@@ -156,14 +157,11 @@ def _check_dtypes(name, *arrs):
     if np.dtype(np.bool_) in dts:
         # CPU has no bool kernel for the matrix products (CUDA neither).
         raise NotImplementedError(f"\"{name}\" not implemented for 'Bool'")
-    text = (
-        _CPU_MIXED_DTYPE_TEXTS[name](*(a.dtype for a in arrs))
-        if name in _CPU_MIXED_DTYPE_TEXTS and len(dts) > 1
-        else None
-    )
-    if text is not None:
-        raise RuntimeError(text)
     if len(dts) > 1:
+        cpu_text = _CPU_MIXED_DTYPE_TEXTS.get(name)
+        text = cpu_text(*(a.dtype for a in arrs)) if cpu_text else None
+        if text is not None:
+            raise RuntimeError(text)
         got = ", ".join(str(a.dtype) for a in arrs if a is not None)
         raise RuntimeError(
             f"aten::{name}: expected all operands to have the same dtype, got {got}; "

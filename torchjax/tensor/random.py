@@ -153,11 +153,11 @@ def get_state(index: int = 0) -> torch.Tensor:
     inside a trace, the trace's stream position (Note [RNG states inside a trace])."""
     traced = _traced.get()
     if isinstance(traced, TracedStream):  # not a stream that refuses draws
-        raw = np.array([traced.token, traced.draws], dtype=np.uint64).view(np.uint8)
-        return torch.from_numpy(raw.copy())
-    st = _state(index)
-    raw = np.array([st.seed, st.counter], dtype=np.uint64).view(np.uint8)
-    return torch.from_numpy(raw.copy())
+        pair = [traced.token, traced.draws]
+    else:
+        st = _state(index)
+        pair = [st.seed, st.counter]
+    return torch.from_numpy(np.array(pair, dtype=np.uint64).view(np.uint8).copy())
 
 
 def set_state(state: torch.Tensor, index: int = 0) -> None:
