@@ -131,3 +131,58 @@ def test_rng_state_inside_a_trace_is_the_streams_position():
     torch.manual_seed(3)
     seed, _ = tjr.get_state().numpy().view("uint64").tolist()
     assert seed == 3
+
+
+def _weighted(x, w):
+    return (x * w).sin() * w
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_of_inputs_with_and_without_grad_matches_cpu(reentrant):
+    # One region input requires grad, the other not: the recomputation's inputs keep
+    # that split, or the product saves both operands where the forward saved one and
+    # torch's checkpoint refuses the recomputation.
+    def step(x, w):
+        y = checkpoint(_weighted, x, w, use_reentrant=reentrant)
+        y.sum().backward()
+        return y.detach()
+
+    torch.manual_seed(0)
+    x, w = torch.randn(8), torch.randn(8)
+    cpu_w = w.clone().requires_grad_()
+    want = step(x, cpu_w)
+    tpu_w = w.to("tpu").requires_grad_()
+    got = torchjax.jit(step)(x.to("tpu"), tpu_w)
+    torch.testing.assert_close(got.cpu(), want)
+    torch.testing.assert_close(tpu_w.grad.cpu(), cpu_w.grad)
+
+
+def test_torch_compile_of_checkpointed_blocks_matches_cpu():
+    # Under Dynamo the blocks' parameters are inputs of the checkpointed region beside
+    # an activation; the first block's input requires no grad.
+    def train(device, compiler):
+        torch.manual_seed(0)
+        model = Stack("none").to(device)  # its blocks; the step checkpoints every one
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        x = torch.randn(S, H).to(device)
+
+        def step(x):
+            h = x
+            for block in model.blocks:
+                h = checkpoint(block, h, use_reentrant=False)
+            loss = h.square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        run = compiler(step)
+        losses = [run(x).item() for _ in range(2)]
+        return losses, [p.detach().cpu() for p in model.parameters()]
+
+    want, want_params = train("cpu", lambda f: f)
+    got, got_params = train("tpu", lambda f: torch.compile(f, backend="tpu"))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert len(got_params) == 4 * BLOCKS
+    for g, w in zip(got_params, want_params):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)

@@ -47,7 +47,13 @@ class _Barrier(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *tensors):
         arrays = lax.optimization_barrier(tuple(t._value() for t in tensors))
-        return tuple(wrap(a, t._device_index) for a, t in zip(arrays, tensors))
+        outs = tuple(wrap(a, t._device_index) for a, t in zip(arrays, tensors))
+        # A Function's outputs all require grad when one input does; an input that did
+        # not must come back without, or the recomputation saves tensors the forward
+        # did not (a product with a constant input saves one operand, not both) and
+        # torch's checkpoint refuses it.
+        ctx.mark_non_differentiable(*(o for o, n in zip(outs, ctx.needs_input_grad) if not n))
+        return outs
 
     @staticmethod
     def backward(ctx, *grads):
