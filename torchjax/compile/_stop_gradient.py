@@ -16,8 +16,10 @@ array, with the argument's size, stride and offset, so
 values, layouts and the forward program are unchanged (``stop_gradient`` is the
 identity), and the VJP is zero through exactly the tensors torch's graph leaves out.
 Not replaced: arguments the op writes or returns a view of (an alias in the op's
-schema: ``add_``'s self, ``t``'s input), and ``_unsafe_view``'s input (it shares its
-storage), so every write and view still reaches the tensor itself; constants (no
+schema: ``add_``'s self, ``t``'s input), ``_unsafe_view``'s input (it shares its
+storage) and ``set_``'s source (self takes its storage; set to a stand-in, later
+writes through self reached a copy), so every write and view still reaches the tensor
+itself; constants (no
 tracer), and dtype or conj views (their stored array is not read directly), which
 keep their value. A few ops write an argument their schema does not mark
 (``native_batch_norm``'s running stats): a stand-in written by the op hands its new
@@ -38,7 +40,7 @@ from torchjax.tensor import _tensor
 from torchjax.tensor._storage import Storage
 from torchjax.tensor._tensor import JaxTensor, make
 
-_SHARES_STORAGE = frozenset({"_unsafe_view"})
+_SHARES_STORAGE = frozenset({"_unsafe_view", "set_"})
 
 
 @functools.lru_cache(maxsize=None)
