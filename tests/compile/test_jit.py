@@ -2,6 +2,7 @@
 one trace per signature, randomness threaded through calls."""
 
 import copy
+import functools
 import os
 import warnings
 
@@ -768,3 +769,56 @@ def test_escape_watches_nest_each_with_its_own_epoch():
         return x
 
     jax.make_jaxpr(traced)(jnp.ones(2, jnp.float32))
+
+
+def test_leaves_behind_a_partial_or_a_keyword_default_are_state():
+    # functools.partial keeps its function and arguments in slots, not its __dict__:
+    # the walk missed them and the leaf's gradient was lost. Keyword-only defaults too.
+    def train(device, wrap):
+        w = torch.arange(3.0).to(device).requires_grad_()
+        scaled = functools.partial(lambda h, w: (h * w).sin(), w=w)
+
+        def by_default(h, *, k=w):
+            return h * k
+
+        def step(x):
+            (scaled(x) + by_default(x)).sum().backward()
+
+        wrap(step)(torch.ones(3).to(device))
+        return w.grad
+
+    want = train("cpu", lambda f: f)
+    got = train("tpu", torchjax.jit)
+    torch.testing.assert_close(got.cpu(), want)
+
+
+def test_backward_into_a_leaf_the_walk_cannot_see_is_refused():
+    # A leaf reached through a container the function builds around a closure's closure
+    # is a constant of the program: backward assigned it the trace's value, a tracer
+    # (Note [Gradients that escape a trace] in torchjax/compile/_escaped_grads.py).
+    w = torch.ones(3, device="tpu", requires_grad=True)
+
+    def make():
+        def inner(h):
+            return h * w
+
+        return lambda h: inner(h)
+
+    hidden = make()
+
+    def step(x):
+        calls = [hidden]
+        y = (lambda h: calls[0](h))(x)
+        y.sum().backward()
+        return y.detach()
+
+    with pytest.raises(RuntimeError, match=r"\.grad of a tpu tensor that is not part of its state"):
+        torchjax.jit(step)(torch.ones(3, device="tpu"))
+    assert w.grad is None  # as before the call, and readable
+    (w * 2).sum().backward()
+    assert w.grad.cpu().tolist() == [2.0, 2.0, 2.0]
+    # torch.autograd.grad accumulates nothing: not refused.
+    out = torchjax.jit(lambda x: torch.autograd.grad((hidden(x) * x).sum(), x)[0])(
+        torch.ones(3, device="tpu", requires_grad=True)
+    )
+    assert out.cpu().tolist() == [2.0, 2.0, 2.0]

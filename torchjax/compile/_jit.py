@@ -57,6 +57,7 @@ from torchjax.compile._call import (
     traced_argument,
     unflatten_args,
 )
+from torchjax.compile._escaped_grads import grads_watched, restore_grads
 from torchjax.compile._stop_gradient import stopping
 from torchjax.compile._vjp import VJPCall, VJPProgram
 from torchjax.device import _checks
@@ -376,15 +377,20 @@ class _Entry:
         # moves the RNG: a seeded call gives the same values whether it traced or not.
         key = _unused_key()
         # Note [Writes that escape a trace] in torchjax/tensor/_storage.py.
-        with x64(True), escapes_watched() as escaped:
+        # Note [Gradients that escape a trace] in torchjax/compile/_escaped_grads.py.
+        with x64(True), escapes_watched() as escaped, grads_watched() as grads:
             try:
                 closed = jax.make_jaxpr(pure)(
                     call.state_arrays, key, call.arrays, call.hypers.values
                 )
             finally:
                 restore_escapes(escaped)
+                lost = restore_grads(grads)
         if escaped:
             raise RuntimeError(_ESCAPED.format(_name(jitted.fn), _described(escaped[0][0])))
+        if lost is not None:
+            described = f"shape {tuple(lost.shape)}, {lost.dtype}"
+            raise RuntimeError(_ESCAPED_GRAD.format(_name(jitted.fn), described))
         self.closed = closed
         self.out_spec, out_flat, self.out_pos = info["out"]
         self.out_grad = info["out_grad"]
@@ -627,6 +633,16 @@ _ESCAPED = (
     "would be lost. The tensor is left as it was before the call. Register it with "
     "module.register_buffer(name, tensor), or pass it as an argument or in a container "
     "the function takes (Note [State of a jitted function])."
+)
+
+
+_ESCAPED_GRAD = (
+    "torchjax.jit({}) ran a backward that accumulates into the .grad of a tpu tensor "
+    "that is not part of its state ({}): a tensor the function reaches only through a "
+    "functools.partial, a closure's closure or a container it does not take is a "
+    "constant of the program, so its gradient would be lost. Its .grad is left as it was "
+    "before the call. Pass the tensor as an argument, or make it a parameter of a module "
+    "the function uses (Note [State of a jitted function])."
 )
 
 

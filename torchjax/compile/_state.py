@@ -29,11 +29,14 @@ tpu to compile it once.
 What the walk cannot see (a tensor kept as a plain module attribute rather than a
 registered buffer, one reachable only through a C extension, or a global read by a
 callee but not named by the function itself) is read at trace time and baked into the
-program as a constant, as jax.jit does with closed-over arrays.
+program as a constant, as jax.jit does with closed-over arrays. A write to such a
+tensor, or a backward that would fill its ``.grad``, is refused instead (Note [Writes
+that escape a trace], Note [Gradients that escape a trace]).
 """
 
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -165,8 +168,13 @@ class StateWalk:
         elif isinstance(obj, types.FunctionType):
             if depth <= 2:  # helpers the function calls; not whole libraries
                 self.add_function(obj, depth + 1)
+        elif isinstance(obj, functools.partial):
+            # Its function and bound arguments are slots, not in its __dict__.
+            self.add(obj.func, depth + 1)
+            for v in (*obj.args, *obj.keywords.values()):
+                self._add_value(v, depth + 1)
         elif hasattr(obj, "__dict__"):
-            # Plain objects (an HF cache, a config holding tensors, a functools.partial).
+            # Plain objects (an HF cache, a config holding tensors).
             for v in vars(obj).values():
                 self.add(v, depth + 1)
 
@@ -179,7 +187,7 @@ class StateWalk:
             except ValueError:  # an empty cell
                 continue
             self._add_value(v, depth + 1)
-        for d in fn.__defaults__ or ():
+        for d in (*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()):
             self._add_value(d, depth + 1)
         g = fn.__globals__
         for name in _global_names(fn.__code__):

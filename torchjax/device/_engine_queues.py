@@ -34,12 +34,22 @@ too while torchjax is installed (torch's own multithreading-off mode, same resul
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from torchjax._compat.torch_engine import install_backward_entry
 
+# A callable ``(args, kwargs)`` per thread, shown every backward's arguments before it
+# runs: a compiled function's trace notes the leaves it accumulates into (Note
+# [Gradients that escape a trace] in torchjax/compile/_escaped_grads.py).
+BEFORE_BACKWARD = threading.local()
+
 
 def _run_backward(original, *args, **kwargs):
+    observe = getattr(BEFORE_BACKWARD, "fn", None)
+    if observe is not None:
+        observe(args, kwargs)
     with torch.autograd.set_multithreading_enabled(False):
         return original(*args, **kwargs)
 

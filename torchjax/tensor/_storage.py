@@ -107,6 +107,13 @@ def _note_escape(storage, value) -> None:
     found.append((storage, arr, storage.lazy))
 
 
+def made_before_watch(storage) -> bool:
+    """Whether ``storage`` was made before this thread's watching trace began (False
+    outside a watch)."""
+    watch = getattr(_ESCAPES, "watch", None)
+    return watch is not None and storage.born < watch[1]
+
+
 def restore_escapes(found) -> None:
     """Give each storage ``escapes_watched`` collected what it held before the trace."""
     for storage, arr, lazy in found:
