@@ -2,6 +2,7 @@
 compiled programs] in torchjax/compile/_remat.py): the region is recomputed in the
 program instead of merged with its forward, and the gradients stay CPU's."""
 
+import copy
 import re
 
 import jax
@@ -186,3 +187,52 @@ def test_torch_compile_of_checkpointed_blocks_matches_cpu():
     assert len(got_params) == 4 * BLOCKS
     for g, w in zip(got_params, want_params):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, scale, p, reentrant):
+        super().__init__()
+        self.lin, self.scale, self.p, self.reentrant = torch.nn.Linear(4, 4), scale, p, reentrant
+
+    def region(self, h):
+        h = torch.nn.functional.dropout(h, self.p, training=self.p > 0)
+        return torch.tanh(self.lin(h) * self.scale)
+
+    def forward(self, x):
+        return checkpoint(self.region, x, use_reentrant=self.reentrant)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_torch_compile_of_a_region_reading_a_changing_float_matches_cpu(reentrant):
+    # A float attribute that changed between calls comes back from Dynamo as a 0-d CPU
+    # tensor input whose .item() is inside the checkpointed region's subgraph: that read
+    # was not seen, and the trace refused the value (Note [Python floats Dynamo passes
+    # as tensors]).
+    results = 0
+    for scale, p in ((0.5, 0.0), (1.5, 0.0), (2.5, 0.0)):
+        torch.manual_seed(0)
+        cpu = _Scaled(scale, p, reentrant)
+        tpu = copy.deepcopy(cpu).to("tpu")
+        x = torch.randn(8, 4, requires_grad=True)
+        xt = x.detach().to("tpu").requires_grad_()
+        cpu(x).sum().backward()
+        torch.compile(tpu, backend="tpu")(xt).sum().backward()
+        torch.testing.assert_close(xt.grad.cpu(), x.grad)
+        torch.testing.assert_close(tpu.lin.weight.grad.cpu(), cpu.lin.weight.grad)
+        results += 1
+    assert results == 3
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_torch_compile_of_a_region_with_a_changing_dropout_rate(reentrant):
+    # The rate reaches the region as the float above; each call drops at its own rate:
+    # a row of x's gradient is zero where all four of its inputs were dropped (p ** 4).
+    torch.manual_seed(0)
+    zero_rows = []
+    for p in (0.2, 0.6):
+        m = _Scaled(1.0, p, reentrant).to("tpu")
+        x = torch.ones(4000, 4, device="tpu", requires_grad=True)
+        torch.compile(m, backend="tpu")(x).sum().backward()
+        zero_rows.append(float((x.grad == 0).all(1).float().mean()))
+    assert zero_rows[0] < 0.01
+    assert 0.10 < zero_rows[1] < 0.16  # 0.6 ** 4 = 0.13

@@ -271,7 +271,8 @@ def _item(x):
 # With torch's default ``specialize_float=False``, a float that changed between calls
 # (a module attribute such as attention's ``scaling`` once two models share the code,
 # a learning rate) comes back on the recompile as a 0-d float64 CPU tensor input whose
-# only use is ``.item()`` inside the graph; inductor's AOTAutograd pass rewrites those
+# only use is ``.item()`` inside the graph (or inside a checkpointed region's subgraph,
+# which takes it as an operand); inductor's AOTAutograd pass rewrites those
 # into tensor ops. A float input stays an input of the program and its ``.item()`` a
 # traced value (Note [Traced Python floats] in torchjax/ops/traced_scalars.py): a new
 # learning rate every step compiles nothing. Any other such input (an int) is handed to
@@ -283,31 +284,77 @@ def _scalars_as_values(gm: torch.fx.GraphModule, example_inputs):
     """Positions of the 0-d CPU tensor inputs used only through ``.item()``: those the
     graph now takes as numbers, and the floats whose ``.item()`` is now ``_item``."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    positions, floats = [], []
+    positions, floats, changed = [], [], set()
     for i, (node, example) in enumerate(zip(placeholders, example_inputs)):
         if not (
             isinstance(example, torch.Tensor)
             and type(example) is torch.Tensor
             and example.device.type == "cpu"
             and example.dim() == 0
-            and node.users
-            and all(u.op == "call_method" and u.target == "item" for u in node.users)
         ):
             continue
+        items = _item_uses(gm, node)
+        if not items:
+            continue
         traced = example.is_floating_point()
-        for use in list(node.users):
+        for owner, use in items:
+            graph, value = owner.graph, use.args[0]
             if traced:
-                with gm.graph.inserting_before(use):
-                    item = gm.graph.call_function(_item, (node,))
+                with graph.inserting_before(use):
+                    item = graph.call_function(_item, (value,))
                 item.meta.update(use.meta)
                 use.replace_all_uses_with(item)
             else:
-                use.replace_all_uses_with(node)
-            gm.graph.erase_node(use)
+                use.replace_all_uses_with(value)
+            graph.erase_node(use)
+            changed.add(owner)
         (floats if traced else positions).append(i)
-    if positions or floats:
-        gm.recompile()
+    for owner in changed:
+        owner.recompile()
     return positions, floats
+
+
+# Higher-order ops that call a subgraph (their first argument) with the operands after
+# it, one placeholder each: a float read inside a checkpointed region is read there.
+def _region_ops() -> frozenset:
+    hops = torch.ops.higher_order
+    return frozenset(
+        getattr(hops, name) for name in ("tag_activation_checkpoint", "wrap") if hasattr(hops, name)
+    )
+
+
+def _item_uses(gm: torch.fx.GraphModule, node) -> list | None:
+    """The ``.item()`` calls that are ``node``'s only uses, as (graph module, node),
+    followed into the subgraphs of checkpointed regions; None where it has another use."""
+    if not node.users:
+        return None
+    found = []
+    for use in node.users:
+        if use.op == "call_method" and use.target == "item":
+            found.append((gm, use))
+            continue
+        inner = _region_placeholder(gm, use, node)
+        more = None if inner is None else _item_uses(*inner)
+        if more is None:
+            return None
+        found.extend(more)
+    return found
+
+
+def _region_placeholder(gm, use, node):
+    """(subgraph, its placeholder) that ``node`` reaches as an operand of ``use``, a
+    region op that takes it once; else None."""
+    if use.op != "call_function" or use.target not in _region_ops() or not use.args:
+        return None
+    body, operands = use.args[0], use.args[1:]
+    if getattr(body, "op", None) != "get_attr" or node in use.kwargs.values():
+        return None
+    at = [k for k, a in enumerate(operands) if a is node]
+    sub = getattr(gm, body.target, None)
+    if len(at) != 1 or not isinstance(sub, torch.fx.GraphModule):
+        return None
+    inner = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    return (sub, inner[at[0]]) if at[0] < len(inner) else None
 
 
 # Note [CPU attributes of a compiled graph]
