@@ -2,12 +2,13 @@
 torchjax/ops/writeback.py): dtype refusals, resizing with torch's warning, tuple outputs,
 overlapping memory. Each case runs on CPU and on "tpu"."""
 
+import re
 import warnings
 
 import pytest
 import torch
 
-import torchjax  # noqa: F401
+import torchjax
 
 
 def _e(dev, *shape, dtype=torch.float32):
@@ -143,6 +144,97 @@ def test_overlapping_writes_match_cpu(case):
         return
     assert not isinstance(tpu, Exception), repr(tpu)
     torch.testing.assert_close(tpu, cpu)
+
+
+def _intermediate(write):
+    def run(x):
+        y = x * 2
+        write(y)
+        return y
+
+    return run
+
+
+# Overlap decided while tracing (the storage, offsets, sizes and strides of every tensor
+# are known then): views of an argument and of a tensor made inside the function.
+_TRACED_OVERLAPS = {
+    # refused: partial overlap of an input and the written tensor
+    "copy_shifted": lambda x: x[1:].copy_(x[:-1]),
+    "setitem_shifted": lambda x: x.__setitem__(slice(1, None), x[:-1]),
+    "copy_transposed": lambda x: x[:4].view(2, 2).t().copy_(x[:4].view(2, 2)),
+    "add_out_shifted": lambda x: torch.add(x[:-1], 1, out=x[1:]),
+    "mul_out_shifted": lambda x: torch.mul(x[1:], 2, out=x[:-1]),
+    "add_inplace_shifted": lambda x: x[1:].add_(x[:-1]),
+    "index_select_out_self": lambda x: torch.index_select(
+        x, 0, torch.tensor([4, 3, 2, 1, 0], device=x.device), out=x
+    ),
+    "intermediate_copy_shifted": _intermediate(lambda y: y[1:].copy_(y[:-1])),
+    "intermediate_add_out_shifted": _intermediate(lambda y: torch.add(y[:-1], 1, out=y[1:])),
+    # refused: the written tensor's elements overlap each other
+    "add_out_expanded": lambda x: torch.add(x, 1, out=x[:1].expand(5)),
+    "intermediate_add_out_expanded": _intermediate(lambda y: torch.add(y, 1, out=y[:1].expand(5))),
+    # allowed: disjoint or identical memory
+    "copy_disjoint": lambda x: x[1:3].copy_(x[3:5]),
+    "copy_self": lambda x: x.copy_(x),
+    "copy_strided": lambda x: x[::2][:2].copy_(x[1::2]),
+    "add_out_fresh": lambda x: torch.add(x, 1, out=torch.empty(5, device=x.device)),
+    "add_out_self": lambda x: torch.add(x, 1, out=x),
+    "add_inplace_self": lambda x: x.add_(x),
+    "intermediate_copy_disjoint": _intermediate(lambda y: y[:2].copy_(y[3:])),
+}
+
+
+def _call(fn, dev):
+    try:
+        return fn(torch.arange(5.0, device=dev))
+    except RuntimeError as error:
+        return error
+
+
+def _fake_error_text(error) -> str:
+    # Dynamo's text names the fake tensors of its device; the op's own error is the rest.
+    return re.search(r"got (.*)\n", str(error)).group(1)
+
+
+@pytest.mark.parametrize("mode", ["eager", "jit", "compile"])
+@pytest.mark.parametrize("case", sorted(_TRACED_OVERLAPS))
+def test_overlap_checks_hold_eager_and_compiled(case, mode):
+    # Compiled modes check overlap while tracing, as eager does per op, with CPU's
+    # exception and text. Compiled, the reference is CPU's torch.compile with the backend
+    # that runs each op as eager (CPU's inductor computes a partial overlap silently);
+    # an overlap Dynamo's fake tensors refuse raises its TorchRuntimeError on both devices.
+    write = _TRACED_OVERLAPS[case]
+
+    def fn(x):
+        out = write(x)
+        return out if isinstance(out, torch.Tensor) and out.shape == x.shape else x
+
+    torch._dynamo.reset()
+    try:
+        if mode == "compile":
+            cpu = _call(torch.compile(fn, backend="eager"), "cpu")
+            before = torchjax.compile.dynamo_stats()["traces"]
+            tpu = _call(torch.compile(fn, backend="tpu"), "tpu")
+            traced = torchjax.compile.dynamo_stats()["traces"] - before
+        else:
+            cpu = _call(fn, "cpu")
+            jitted = torchjax.jit(fn)
+            tpu = _call(fn if mode == "eager" else jitted, "tpu")
+            traced = jitted.trace_count
+    finally:
+        torch._dynamo.reset()
+    if isinstance(cpu, torch._dynamo.exc.TorchDynamoException):
+        assert type(tpu) is type(cpu), f"CPU raised {cpu!r}, tpu gave {tpu!r}"
+        assert _fake_error_text(tpu) == _fake_error_text(cpu)
+        return
+    # The compiled modes ran a trace: the check fired there, not in an eager fallback.
+    assert traced == (0 if mode == "eager" else 1)
+    if isinstance(cpu, Exception):
+        assert type(tpu) is type(cpu), f"CPU raised {cpu!r}, tpu gave {tpu!r}"
+        assert str(tpu).startswith(str(cpu))
+        return
+    assert not isinstance(tpu, Exception), repr(tpu)
+    torch.testing.assert_close(tpu.cpu(), cpu)
 
 
 def test_nonzero_out_dtype_error_has_torchs_text():

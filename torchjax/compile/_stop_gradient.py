@@ -23,8 +23,11 @@ itself; constants (no
 tracer), and dtype or conj views (their stored array is not read directly), which
 keep their value. A few ops write an argument their schema does not mark
 (``native_batch_norm``'s running stats): a stand-in written by the op hands its new
-array to the tensor's own storage after the op. The hook is per thread and only while
-torchjax.jit traces.
+array to the tensor's own storage after the op. The stand-in storage is a ``StandIn``
+whose ``root`` is the tensor's storage, so the op's checks of memory see the tensor's:
+``x[1:].copy_(x[:-1])`` or ``torch.add(x[:-1], 1, out=x[1:])`` is refused for partial
+overlap as in eager (torchjax/ops/writeback.py), also when ``x`` is an argument or an
+intermediate of the trace. The hook is per thread and only while torchjax.jit traces.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import torch
 from jax import lax
 
 from torchjax.tensor import _tensor
-from torchjax.tensor._storage import Storage
+from torchjax.tensor._storage import StandIn, Storage
 from torchjax.tensor._tensor import JaxTensor, make
 
 _SHARES_STORAGE = frozenset({"_unsafe_view", "set_"})
@@ -65,7 +68,7 @@ def _stopped(t, pairs):
     arr = s.arr
     if not isinstance(arr, jax.core.Tracer):
         return t
-    stand_in = Storage(lax.stop_gradient(arr), s.shape, s.numel)
+    stand_in = StandIn(lax.stop_gradient(arr), s)
     pairs.append((s, stand_in))
     return make(stand_in, t._size, t._stride, t._offset, t.dtype, t._device_index)
 

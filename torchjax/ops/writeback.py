@@ -38,7 +38,7 @@ from torchjax.ops.promotion import astype
 from torchjax.ops.schema import out_names
 from torchjax.ops.views import meta_like
 from torchjax.tensor import dtypes
-from torchjax.tensor._reinterpret import Interpretation
+from torchjax.tensor._addresses import root_of
 from torchjax.tensor._tensor import JaxTensor
 
 _OVERLAP_MESSAGE = (
@@ -52,10 +52,6 @@ _OVERLAP_MESSAGE = (
 _INDEX_VALUED = frozenset(
     {"nonzero", "argmax", "argmin", "searchsorted", "bucketize", "argsort", "argwhere"}
 )
-
-
-def _root(storage):
-    return storage.root if storage.__class__ is Interpretation else storage
 
 
 def _non_overlapping_and_dense(size, stride) -> bool:
@@ -72,7 +68,7 @@ def overlap_status(a: JaxTensor, b: JaxTensor) -> str:
     """ATen's get_overlap_status: "full", "partial", "no" or "too_hard"."""
     if a is b:
         return "full"
-    if _root(a._storage) is not _root(b._storage):
+    if root_of(a._storage) is not root_of(b._storage):
         return "no"
     na, nb = math.prod(a._size), math.prod(b._size)
     if na == 0 or nb == 0:
@@ -126,10 +122,10 @@ def check_no_partial_overlap(func, written, args, kwargs) -> None:
     for w in written:
         if not isinstance(w, JaxTensor):
             continue
-        root = _root(w._storage)
+        root = root_of(w._storage)
         for x in (*args, *kwargs.values()):
             for t in _tensors(x):
-                if _root(t._storage) is not root or (t is w and "full" not in refused):
+                if root_of(t._storage) is not root or (t is w and "full" not in refused):
                     continue
                 if overlap_status(t, w) in refused:
                     raise RuntimeError(

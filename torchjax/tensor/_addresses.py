@@ -53,6 +53,7 @@ import torch
 from torchjax._compat.torch import storage_from_pointer
 from torchjax.tensor import dtypes
 from torchjax.tensor._reinterpret import Interpretation, interpret
+from torchjax.tensor._storage import StandIn
 
 # root Storage -> (address, bytes of address range); address -> root (every address a
 # live root ever had, so a storage made before the root grew still resolves).
@@ -66,8 +67,10 @@ _MAX_ITEMSIZE = 16
 
 
 def root_of(storage):
-    """The root Storage under a Storage or an Interpretation (a dtype view of one)."""
-    return storage.root if storage.__class__ is Interpretation else storage
+    """The root Storage under a Storage, an Interpretation (a dtype view of one) or a
+    StandIn (another array for one while an op runs)."""
+    cls = storage.__class__
+    return storage.root if cls is Interpretation or cls is StandIn else storage
 
 
 def address(storage) -> int:

@@ -307,6 +307,19 @@ class Storage:
         self.version += 1
 
 
+class StandIn(Storage):
+    """Another array holding the elements of ``root`` (a Storage) while one op runs:
+    what the op writes or reads through it concerns ``root``'s memory, so checks that
+    compare memory (overlap, addresses) see ``root`` (Note [Stopped gradients in
+    compiled programs] in torchjax/compile/_stop_gradient.py)."""
+
+    __slots__ = ("root",)
+
+    def __init__(self, arr: jax.Array, root: Storage):
+        super().__init__(arr, root.shape, root.numel)
+        self.root = root
+
+
 # Note [Storages filled on first read]
 # ``torch.empty(n, device="tpu")``, ``x.to("tpu")`` and every factory start from a new
 # storage. jax arrays are immutable, so a storage made as an array of zeros and then
