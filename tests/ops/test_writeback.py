@@ -172,6 +172,7 @@ _TRACED_OVERLAPS = {
     "intermediate_add_out_shifted": _intermediate(lambda y: torch.add(y[:-1], 1, out=y[1:])),
     # refused: the written tensor's elements overlap each other
     "add_out_expanded": lambda x: torch.add(x, 1, out=x[:1].expand(5)),
+    "add_inplace_expanded": lambda x: x[:1].expand(5).add_(1),
     "intermediate_add_out_expanded": _intermediate(lambda y: torch.add(y, 1, out=y[:1].expand(5))),
     # allowed: disjoint or identical memory
     "copy_disjoint": lambda x: x[1:3].copy_(x[3:5]),
