@@ -43,6 +43,13 @@ train 6 * N * T + 12 * L * H * D * S^2 * B / 2 (causal: half the scores); prefil
 2 * (N - lm_head) * T + 2 * lm_head * B (one position's logits) + 4 * L * H * D * S^2 * B / 2.
 Recomputation by remat and the masked half of the scores are not counted.
 
+``--memory`` adds, per row, XLA's memory analysis of the step's program (arguments,
+outputs, the part of the outputs aliasing donated arguments, temporaries; compiled once
+more from the traced program, so it costs one more compile), for the ``torchjax.jit``
+and pure-JAX rows, and the donation counts of the ``torchjax.jit`` row (buffers written,
+donated, copied before donation). Every row reports the distinct warnings its process
+raised (JAX's "donated buffers were not usable" among them).
+
 Each row runs in its own process, so peak HBM and compile counts are the row's alone,
 memory is freed between rows, and a chip (one holder) is opened by one process at a time.
 
@@ -60,6 +67,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -127,6 +135,29 @@ def _timed(call, warmup: int, steps: int) -> dict:
             "xla_compiles": _COMPILES[0] - before}  # fmt: skip
 
 
+def _memory(compiled) -> dict:
+    """XLA's memory analysis of a compiled program, in bytes."""
+    m = compiled.memory_analysis()
+    names = ("argument", "output", "alias", "temp")
+    return {n: getattr(m, f"{n}_size_in_bytes", None) for n in names}
+
+
+def _jit_memory(run) -> dict:
+    """``_memory`` of a torchjax.jit function's latest program, compiled again from its
+    trace, and its donation counts."""
+    import jax
+
+    from torchjax._compat.jax import x64
+
+    entry = list(run._entries.values())[-1]  # the steady state's program
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in entry.closed.jaxpr.invars]
+    with x64(True):  # as the call lowers it
+        row = _memory(entry.compiled.lower(*avals).compile())
+    row.update(written=len(entry.written), donated=len(entry.donated))
+    row["donation_copies"] = run.donation_copies
+    return row
+
+
 def _torch_train(args, compiler: str) -> dict:
     import torch
 
@@ -157,6 +188,8 @@ def _torch_train(args, compiler: str) -> dict:
     row["losses"] = [t.item() for t in row.pop("results")]
     if compiler == "jit":
         row["traces"] = run.trace_count
+        if args.memory:
+            row["memory"] = _jit_memory(run)
     else:
         row["traces"] = torchjax.compile.dynamo_stats()["traces"]
     return row
@@ -212,6 +245,8 @@ def _jax_train(args) -> dict:
 
     row = _timed(call, args.warmup, args.steps)
     row["losses"] = [float(x) for x in row.pop("results")]
+    if args.memory:
+        row["memory"] = _memory(step.lower(box["params"], box["state"], ids).compile())
     return row
 
 
@@ -261,16 +296,19 @@ def child(args) -> dict:
 
     jax.monitoring.register_event_duration_secs_listener(on_event)
     kind, engine = args.child.split("-")
-    try:
-        if kind == "prefill":
-            row = _prefill(args, engine)
-        elif engine == "jax":
-            row = _jax_train(args)
-        else:
-            row = _torch_train(args, engine)
-    except Exception as e:  # noqa: BLE001 - a failed row is reported, the others run
-        tail = "".join(traceback.format_exc().splitlines(keepends=True)[-30:])
-        return {"error": f"{type(e).__name__}: {e}"[:300], "traceback_tail": tail}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            if kind == "prefill":
+                row = _prefill(args, engine)
+            elif engine == "jax":
+                row = _jax_train(args)
+            else:
+                row = _torch_train(args, engine)
+        except Exception as e:  # noqa: BLE001 - a failed row is reported, the others run
+            tail = "".join(traceback.format_exc().splitlines(keepends=True)[-30:])
+            return {"error": f"{type(e).__name__}: {e}"[:300], "traceback_tail": tail}
+    row["warnings"] = sorted({f"{w.category.__name__}: {str(w.message)[:300]}" for w in seen})
     stats = jax.local_devices()[0].memory_stats() or {}
     row["peak_hbm_bytes"] = stats.get("peak_bytes_in_use")
     return row
@@ -358,6 +396,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--memory", action="store_true", help="XLA's memory analysis per row")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     small = args.small
@@ -374,6 +413,7 @@ def main() -> None:
     argv = ["--batch", str(args.batch), "--prefill-batch", str(args.prefill_batch)]
     argv += ["--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup)]
     argv += ["--remat" if args.remat else "--no-remat"] + (["--small"] if small else [])
+    argv += ["--memory"] if args.memory else []
     t0 = time.perf_counter()
     rows = {}
     for name in names:
@@ -395,6 +435,16 @@ def main() -> None:
     print(_table(rows, args, cfg))
     for line in _checks(rows):
         print(line)
+    for name, r in rows.items():
+        if "memory" in r:
+            mem = ", ".join(
+                f"{k} {v / 2**30:.2f} GiB" if k in ("argument", "output", "alias", "temp") else
+                f"{k} {v}" for k, v in r["memory"].items() if v is not None
+            )  # fmt: skip
+            print(f"{name} program memory: {mem}")
+    for name, r in rows.items():
+        for w in r.get("warnings", ()):
+            print(f"{name} warned: {w}")
     for name, r in rows.items():
         if "error" in r:
             print(f"\n{name} failed:\n{r['traceback_tail']}")
