@@ -730,7 +730,7 @@ def test_write_to_a_tensor_outside_the_state_is_refused_and_the_tensor_kept():
 @pytest.mark.parametrize("op", ["t_", "unsqueeze_", "squeeze_", "resize_", "transpose_"])
 def test_in_place_metadata_change_of_an_argument_is_refused(op):
     # The caller's tensor kept its shape while the function's result was another tensor
-    # (Note [Arguments restrided in place] in torchjax/compile/_jit.py).
+    # (Note [Arguments restrided in place] in torchjax/compile/_refusals.py).
     calls = {
         "t_": lambda x: x.t_(),
         "unsqueeze_": lambda x: x.unsqueeze_(0),

@@ -58,6 +58,7 @@ from torchjax.compile._call import (
     unflatten_args,
 )
 from torchjax.compile._escaped_grads import grads_watched, restore_grads
+from torchjax.compile._refusals import escaped_grad, escaped_write, restrided
 from torchjax.compile._stop_gradient import stopping
 from torchjax.compile._vjp import VJPCall, VJPProgram
 from torchjax.device import _checks
@@ -312,9 +313,7 @@ class _Entry:
                         out = jitted.fn(*args, **kwargs)
                     for k, (w, before) in enumerate(zip(wrapped, layouts_in)):
                         if _layout(w) != before:
-                            raise RuntimeError(
-                                _RESTRIDED.format(_name(jitted.fn), k, before[0], tuple(w.shape))
-                            )
+                            raise restrided(_name(jitted.fn), k, before[0], tuple(w.shape))
                     arg_grads = _argument_grads(call.tensors, leaves)
                 finally:
                     _rng.set_traced_stream(old)
@@ -387,10 +386,9 @@ class _Entry:
                 restore_escapes(escaped)
                 lost = restore_grads(grads)
         if escaped:
-            raise RuntimeError(_ESCAPED.format(_name(jitted.fn), _described(escaped[0][0])))
+            raise escaped_write(_name(jitted.fn), escaped[0][0])
         if lost is not None:
-            described = f"shape {tuple(lost.shape)}, {lost.dtype}"
-            raise RuntimeError(_ESCAPED_GRAD.format(_name(jitted.fn), described))
+            raise escaped_grad(_name(jitted.fn), lost)
         self.closed = closed
         self.out_spec, out_flat, self.out_pos = info["out"]
         self.out_grad = info["out_grad"]
@@ -624,45 +622,6 @@ def _unused_key():
     # Programs that draw nothing still take a key input (one signature for all).
     with x64(True):
         return jax.random.key(0, impl="threefry2x32")
-
-
-_ESCAPED = (
-    "torchjax.jit({}) wrote in place to a tpu tensor that is not part of its state ({}): "
-    "a tensor the function reaches only as a plain attribute of a module (not a "
-    "parameter or a registered buffer) is read as a constant of the program, so the write "
-    "would be lost. The tensor is left as it was before the call. Register it with "
-    "module.register_buffer(name, tensor), or pass it as an argument or in a container "
-    "the function takes (Note [State of a jitted function])."
-)
-
-
-_ESCAPED_GRAD = (
-    "torchjax.jit({}) ran a backward that accumulates into the .grad of a tpu tensor "
-    "that is not part of its state ({}): a tensor the function reaches only through a "
-    "functools.partial, a closure's closure or a container it does not take is a "
-    "constant of the program, so its gradient would be lost. Its .grad is left as it was "
-    "before the call. Pass the tensor as an argument, or make it a parameter of a module "
-    "the function uses (Note [State of a jitted function])."
-)
-
-
-def _described(storage) -> str:
-    """Shape and dtype of a storage, as a user would recognise the tensor."""
-    lazy = storage.lazy
-    dtype = lazy[1] if isinstance(lazy, list) else storage.arr.dtype
-    return f"shape {tuple(storage.shape)}, {dtype}"
-
-
-# Note [Arguments restrided in place]: a program's outputs are new tensors, so an in-place
-# change of an argument's sizes or strides (``x.t_()``, ``unsqueeze_``, ``resize_``,
-# ``as_strided_``) cannot reach the caller's tensor; it was dropped without a word (the
-# caller's ``x`` kept its shape, the result was another tensor). It is refused instead.
-_RESTRIDED = (
-    "torchjax.jit({}) changed the sizes or strides of tensor argument {} in place (shape "
-    "{} became {}: t_, transpose_, unsqueeze_, squeeze_, resize_ or as_strided_); a "
-    "compiled function cannot change its caller's tensor metadata. Use the out-of-place "
-    "op (x = x.t()) and return the result, or run this outside torchjax.jit."
-)
 
 
 def _layout(t) -> tuple:
