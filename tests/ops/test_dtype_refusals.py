@@ -43,7 +43,7 @@ def test_entry_refused_as_cpu(key, index, dtype):
     entry = REFUSED[key][index]
     ref = entry["samples"][dtype]
     (opinfo,) = oi.opinfos([ref[0]])
-    fn = opinfo.get_op()
+    fn = survey.op(ref)
     found, _ = survey.run(fn, survey.sample(ref))
     message = entry["message"].replace("{type}", aten_type_name(getattr(torch, dtype)))
     # The sample still reaches this overload on CPU and is refused as the table says.
@@ -53,6 +53,158 @@ def test_entry_refused_as_cpu(key, index, dtype):
     assert want[1] == message
     got = _outcome(_call(fn), oi.to_tpu(survey.sample(ref), opinfo))
     assert got == want
+
+
+# Binary kernels refuse the dtype their arguments promote to (TensorIterator's common
+# dtype), whatever dtypes the arguments hold: hypot of int8 and int16 refuses 'Short'.
+MIXED_BINARY = {
+    "hypot": torch.hypot,
+    "atan2": torch.atan2,
+    "copysign": torch.copysign,
+    "nextafter": torch.nextafter,
+    "fmod": torch.fmod,
+    "remainder": torch.remainder,
+    "floor_divide": torch.floor_divide,
+    "logaddexp": torch.logaddexp,
+    "logaddexp2": torch.logaddexp2,
+    "xlogy": torch.xlogy,
+    "xlog1py": torch.special.xlog1py,
+    "igamma": torch.igamma,
+    "igammac": torch.igammac,
+    "zeta": torch.special.zeta,
+    "gcd": torch.gcd,
+    "lcm": torch.lcm,
+    "lshift": torch.bitwise_left_shift,
+    "rshift": torch.bitwise_right_shift,
+    "pow": torch.pow,
+}
+_INTEGRAL = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+
+
+def _values(dtype, shape):
+    return torch.tensor([True, False, True] if dtype == torch.bool else [3, 5, 1], dtype=dtype)[
+        : 1 if shape == () else 3
+    ].reshape(shape)
+
+
+def _same_outcome(fn, *args):
+    """``fn`` on CPU and on tpu: the same exception (type and text) or the same result."""
+    try:
+        want = fn(*args)
+    except (RuntimeError, NotImplementedError) as e:
+        want = e
+    tpu = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
+    if isinstance(want, Exception):
+        with pytest.raises(type(want)) as got:
+            fn(*tpu)
+        assert str(got.value).split(" (in aten::")[0] == str(want)
+        return True
+    torch.testing.assert_close(fn(*tpu).cpu(), want, equal_nan=True)
+    return False
+
+
+@pytest.mark.parametrize("name", sorted(MIXED_BINARY))
+def test_mixed_dtypes_refused_by_their_common_dtype(name):
+    fn = MIXED_BINARY[name]
+    ran = 0
+    for a in _INTEGRAL:
+        for b in _INTEGRAL:
+            if a == b:
+                continue
+            for shapes in [((3,), (3,)), ((3,), ()), ((), (3,))]:
+                x, y = _values(a, shapes[0]), _values(b, shapes[1])
+                _same_outcome(fn, x, y)
+                ran += 1
+    assert ran == 90
+
+
+@pytest.mark.parametrize(
+    "dtypes", [(torch.int8, torch.int16), (torch.bool, torch.uint8), (torch.uint8, torch.int8)]
+)
+def test_hypot_of_mixed_integers_refused(dtypes):
+    x, y = torch.tensor([3, 5], dtype=dtypes[0]), torch.tensor([4, 12], dtype=dtypes[1])
+    assert _same_outcome(torch.hypot, x, y)
+    # out= and in-place: refused alike, or, where the promoted dtype does not cast to the
+    # written tensor (a bool one), CPU's cast check answers first.
+    for dtype in (torch.result_type(x, y), torch.bool):
+        out = torch.empty(2, dtype=dtype)
+        assert _same_outcome(lambda x, y, out: torch.hypot(x, y, out=out), x, y, out)
+    assert _same_outcome(lambda x, y: x.clone().hypot_(y), x, y)
+    assert _same_outcome(lambda x, y: y.clone().hypot_(x), x, y)
+
+
+# Python numbers reach other overloads (``remainder.Scalar``, ``clamp_min.default``,
+# ``__lshift__.Scalar``) or stand in a Tensor argument (``t // True``); CPU reads them in
+# the call's dtype (Note [Python numbers in binary ops]).
+_B = torch.tensor([True, False, True])
+
+
+def _inplace(method, *rest):
+    return lambda t: getattr(t.clone(), method)(*rest)
+
+
+NUMBER_FORMS = {
+    "floordiv": lambda t: t // True,
+    "rfloordiv": lambda t: True // t,
+    "floor_divide_number_self": lambda t: torch.floor_divide(True, t),
+    "floor_divide_": _inplace("floor_divide_", True),
+    "div_floor": lambda t: torch.div(t, True, rounding_mode="floor"),
+    "clamp_min": lambda t: t.clamp_min(True),
+    "clamp_max": lambda t: t.clamp_max(True),
+    "clamp_min_": _inplace("clamp_min_", True),
+    "clamp_max_": _inplace("clamp_max_", False),
+    "clamp_min_out": lambda t: torch.clamp_min(t, True, out=torch.empty_like(t)),
+    "rpow": lambda t: True**t,
+    "pow_number_self": lambda t: torch.pow(False, t),
+    "lshift": lambda t: t << True,
+    "rshift": lambda t: t >> True,
+    "lshift_tensor": lambda t: t << t,
+    "rshift_tensor": lambda t: t >> t,
+    "ilshift": _inplace("__ilshift__", True),
+    "irshift": _inplace("__irshift__", True),
+    "bitwise_left_shift_number_self": lambda t: torch.bitwise_left_shift(True, t),
+    "bitwise_right_shift_number_other": lambda t: torch.bitwise_right_shift(t, True),
+    "mod": lambda t: t % True,
+    "rmod": lambda t: True % t,
+    "fmod": lambda t: torch.fmod(t, True),
+}
+# The same calls with a number of a higher kind run on CPU (int64, or float), and these
+# special cases: ``t ** True`` copies, ``1 ** t`` fills ones.
+NUMBER_FORMS_ACCEPTED = {
+    "floordiv_int": lambda t: t // 2,
+    "clamp_min_int": lambda t: t.clamp_min(1),
+    "clamp_max_float": lambda t: t.clamp_max(0.5),
+    "rpow_int": lambda t: 2**t,
+    "pow_true": lambda t: t**True,
+    "pow_one": lambda t: torch.pow(1, t),
+    "lshift_int": lambda t: t << 1,
+    "rshift_int": lambda t: t >> 1,
+    "mod_int": lambda t: t % 2,
+    "bitwise_left_shift_int": lambda t: torch.bitwise_left_shift(2, t),
+}
+
+
+def test_bool_with_python_numbers_match_cpu():
+    """Every form of NUMBER_FORMS refused as on CPU; NUMBER_FORMS_ACCEPTED's run."""
+    refused = [name for name, fn in NUMBER_FORMS.items() if _same_outcome(fn, _B)]
+    assert refused == list(NUMBER_FORMS)
+    accepted = [n for n, fn in NUMBER_FORMS_ACCEPTED.items() if not _same_outcome(fn, _B)]
+    assert accepted == list(NUMBER_FORMS_ACCEPTED)
+
+
+@pytest.mark.parametrize("dtype", _INTEGRAL[1:], ids=str)
+def test_integers_with_python_numbers_match_cpu(dtype):
+    """hypot of an int8 tensor and 2 refuses 'Char' (2 promotes into int8); the integer
+    calls of NUMBER_FORMS run as on CPU."""
+    t = _values(dtype, (3,))
+    assert _same_outcome(lambda t: torch.hypot(t, torch.tensor(2)), t)
+    assert _same_outcome(lambda t: torch.logaddexp(t, torch.tensor(2)), t)
+    ran = 0
+    for name, fn in NUMBER_FORMS.items():
+        if name not in ("rpow", "pow_number_self"):  # True ** int_t is int
+            _same_outcome(fn, t)
+            ran += 1
+    assert ran == len(NUMBER_FORMS) - 2
 
 
 # The calls reported refused on CPU and answered on tpu: softmax of int64 gave zeros.

@@ -10,7 +10,16 @@ import pytest
 import torchjax  # noqa: F401
 from torchjax.testing import dtype_refusals as survey
 
-SURVEYED = ["softmax", "div.trunc_rounding", "kthvalue", "sort", "abs", "bucketize"]
+SURVEYED = [
+    "softmax",
+    "div.trunc_rounding",
+    "kthvalue",
+    "sort",
+    "abs",
+    "bucketize",
+    "hypot",
+    "remainder",
+]
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +40,30 @@ def test_a_deciding_argument_is_recorded(table):
     (trunc,) = table["refused"]["div.Tensor_mode"]
     assert trunc["when"] == {"rounding_mode": "trunc"}
     assert trunc["args"] == ["other", "self"]
+
+
+def test_refusals_of_the_promoted_dtype_are_common(table):
+    """hypot of int8 and int16 refuses 'Short': the entry reads the arguments' promoted
+    dtype; softmax's one argument, and bool alone, cannot tell."""
+    (hypot,) = table["refused"]["hypot.default"]
+    assert hypot["common"] is True and hypot["args"] == ["other", "self"]
+    assert "int16" in hypot["samples"]
+    (softmax,) = table["refused"]["_softmax.default"]
+    assert "common" not in softmax
+
+
+def test_python_number_forms_are_surveyed(table):
+    """``t % True`` reaches remainder.Scalar, ``True % t`` remainder.Scalar_Tensor, and
+    ``t % u`` the same kernel: bool refused in each, a number counted as an argument."""
+    refused = table["refused"]
+    for key, form in [
+        ("remainder.Scalar", "number_other"),
+        ("remainder.Scalar_Tensor", "number_self"),
+    ]:
+        (entry,) = refused[key]
+        assert entry["args"] == ["other", "self"]
+        assert entry["message"] == "\"remainder_cpu\" not implemented for '{type}'"
+        assert entry["samples"]["bool"][-1] == form
 
 
 def test_shapes_cpu_answers_pass(table):

@@ -9,11 +9,15 @@ raises NotImplementedError. dtype_refusals.json holds, per ATen overload, CPU to
 refusals: the refused dtype, the arguments that must all hold it (``nll_loss`` refuses a
 Long ``self`` with its Long ``target``, not a Float ``self``), the values of non-tensor
 arguments the refusal depends on (``div``'s ``rounding_mode``), the shapes CPU answers
-anyway (softmax of an empty tensor), and torch's exception type and message. The handler
-of a listed overload (and of the in-place and ``out=`` overloads derived from it) checks
-its arguments before any lowering or decomposition runs: a dict lookup by the first
-argument's dtype per call. Every other overload's handler is its lowering, unwrapped: the
-table costs nothing off it.
+anyway (softmax of an empty tensor), whether the refused dtype is the one the arguments
+promote to (``common``: TensorIterator kernels dispatch on it, so ``hypot`` of int8 and
+int16 refuses 'Short', and ``t // True`` of a bool tensor 'Bool'; otherwise every listed
+argument must hold it, a Python number holding the dtypes it promotes into), and torch's
+exception type and message. The handler of a listed overload (and of the in-place and
+``out=`` overloads derived from it) checks its arguments before any lowering or
+decomposition runs: a dict lookup by the first tensor argument's dtype per call (by the
+promoted dtype where the arguments' dtypes differ and the entry is ``common``). Every
+other overload's handler is its lowering, unwrapped: the table costs nothing off it.
 
 The file is generated, not written: ``python -m torchjax.testing.dtype_refusals`` runs
 op_db's samples on CPU in every dtype and records the refusals (Note [Surveying dtype
@@ -40,7 +44,7 @@ import pathlib
 
 import torch
 
-from torchjax.ops import schema
+from torchjax.ops import promotion, schema, writeback
 from torchjax.tensor.dtypes import aten_type_name
 
 _FILE = pathlib.Path(__file__).with_name("dtype_refusals.json")
@@ -59,14 +63,18 @@ def _entries(func):
     found = REFUSED.get(_key(func))
     if found is None:
         sibling = schema.functional_sibling(func)
+        if sibling is None and func._opname.startswith("__i"):
+            # Python's ``<<=``: __ilshift__.Scalar is __lshift__.Scalar in place
+            packet = getattr(torch.ops.aten, f"__{func._opname[3:]}", None)
+            sibling = getattr(packet, func._overloadname, None)
         found = None if sibling is None else REFUSED.get(_key(sibling))
     return found
 
 
 def _checks(func, entries):
-    """{place: {dtype: [(other places, [(place, value)], shapes that pass, exception type,
-    message)]}}: the refusals of ``func``, found from the dtype of their first argument; a
-    place is (position, name, default) in ``func``'s schema."""
+    """[((places, common), {dtype: [(when, shapes that pass, exception type, message)]})]:
+    the refusals of ``func`` by the arguments they read; a place is (position, name,
+    default) in ``func``'s schema, ``when`` lists (place, value)."""
     places = {
         a.name: (i, a.name, a.default_value if a.has_default_value() else None)
         for i, a in enumerate(func._schema.arguments)
@@ -75,15 +83,16 @@ def _checks(func, entries):
     for entry in entries:
         if any(n not in places for n in (*entry["args"], *entry.get("when", ()))):
             continue
-        first, *others = (places[n] for n in entry["args"])
+        held = tuple(places[n] for n in entry["args"])
         when = tuple((places[n], v) for n, v in entry.get("when", {}).items())
+        by_dtype = checks.setdefault((held, bool(entry.get("common"))), {})
         for name in entry["samples"]:
             dtype = getattr(torch, name)
             message = entry["message"].replace("{type}", aten_type_name(dtype))
             passes = frozenset(entry.get("passes", ()))
-            row = (tuple(others), when, passes, _ERRORS[entry["error"]], message)
-            checks.setdefault(first, {}).setdefault(dtype, []).append(row)
-    return checks
+            row = (when, passes, _ERRORS[entry["error"]], message)
+            by_dtype.setdefault(dtype, []).append(row)
+    return list(checks.items())
 
 
 def _value(args, kwargs, place):
@@ -91,39 +100,88 @@ def _value(args, kwargs, place):
     return args[i] if i < len(args) else kwargs.get(name, default)
 
 
-def _dtypes(value):
+_NUMBERS = (bool, int, float, complex)
+
+
+def _kind(dtype) -> int:
+    if dtype.is_complex:
+        return 3
+    return 2 if dtype.is_floating_point else 0 if dtype == torch.bool else 1
+
+
+_NUMBER_KINDS = {bool: 0, int: 1, float: 2, complex: 3}
+
+
+def _holds(value, dtype) -> bool:
+    """Whether an argument holds ``dtype``: a tensor (or list of tensors) of it, or a Python
+    number that promotes into it (no higher kind: ``t // True`` of a bool tensor runs in
+    bool, ``t // 2`` in int64)."""
     if isinstance(value, torch.Tensor):
-        return (value.dtype,)
+        return value.dtype == dtype
     if isinstance(value, (list, tuple)):
-        return {t.dtype for t in value if isinstance(t, torch.Tensor)}
-    return ()
+        return any(isinstance(t, torch.Tensor) and t.dtype == dtype for t in value)
+    kind = _NUMBER_KINDS.get(type(value))
+    return kind is not None and kind <= _kind(dtype)
+
+
+def _tensors(values):
+    return [t for v in values for t in (v if isinstance(v, (list, tuple)) else (v,))]
+
+
+def _looked_up(values, common):
+    """The dtypes a refusal is looked up by: its tensors' (usually one), or for an entry
+    refusing the common dtype of its arguments (a TensorIterator kernel's dispatch dtype:
+    ``hypot`` of int8 and int16 refuses 'Short'), that one."""
+    dtypes = {t.dtype: None for t in _tensors(values) if isinstance(t, torch.Tensor)}
+    if not common or not dtypes:
+        return dtypes
+    if len(dtypes) == 1 and all(isinstance(v, torch.Tensor) for v in values):
+        return dtypes  # the one dtype is the common one
+    if any(not isinstance(v, (torch.Tensor, *_NUMBERS)) for v in values):
+        return ()  # a list or None: no promotion to read
+    return (promotion.common_dtype(values),)
 
 
 def _shape(values) -> str:
     """The shape class of the refused arguments (Note [Surveying dtype refusals])."""
-    tensors = [t for v in values for t in (v if isinstance(v, (list, tuple)) else (v,))]
-    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+    tensors = [t for t in _tensors(values) if isinstance(t, torch.Tensor)]
     if any(t.numel() == 0 for t in tensors):
         return "empty"
     return "0-dim" if all(t.dim() == 0 for t in tensors) else "full"
 
 
-def _refusal(checks, args, kwargs):
-    for first, by_dtype in checks.items():
-        value = _value(args, kwargs, first)
-        # A tensor of a dtype no entry refuses, the common case: one lookup (about half
-        # a microsecond a call, on the listed overloads only).
-        dtype = getattr(value, "dtype", None)
-        if dtype is not None and dtype not in by_dtype:
-            continue
-        for dtype in _dtypes(value):
-            for others, when, passes, error, message in by_dtype.get(dtype, ()):
-                if not all(dtype in _dtypes(_value(args, kwargs, p)) for p in others):
-                    continue
+def _written(func):
+    """The place of the tensor an in-place or ``out=`` overload writes, or None."""
+    names = [a.name for a in func._schema.arguments]
+    outs = schema.out_names(func._schema)
+    if not outs and not schema.is_inplace(func._schema):
+        return None
+    name = outs[0] if outs else names[0]
+    return (names.index(name), name, None)
+
+
+def _refusal(func, checks, args, kwargs, written=None):
+    for (places, common), by_dtype in checks:
+        values = [_value(args, kwargs, p) for p in places]
+        # A tensor of a dtype no entry refuses, the common case: a lookup (about half a
+        # microsecond a call, on the listed overloads only).
+        for dtype in _looked_up(values, common):
+            rows = by_dtype.get(dtype)
+            if rows is None:
+                continue
+            if not common and not all(_holds(v, dtype) for v in values):
+                continue
+            if common and written is not None:
+                # TensorIterator checks that the common dtype casts to the written tensor
+                # before its kernel runs: ``bool_t.hypot_(uint8_t)`` raises "result type
+                # Byte can't be cast to the desired output type Bool".
+                out = _value(args, kwargs, written)
+                if isinstance(out, torch.Tensor):
+                    writeback.check_castable(func, dtype, out.dtype)
+            for when, passes, error, message in rows:
                 if not all(_value(args, kwargs, p) == v for p, v in when):
                     continue
-                places = (first, *others)
-                if passes and _shape([_value(args, kwargs, p) for p in places]) in passes:
+                if passes and _shape(values) in passes:
                     continue
                 return error(message)
     return None
@@ -136,8 +194,10 @@ def guarded(func, handler):
     if not checks:
         return handler
 
+    written = _written(func)
+
     def guarded_handler(args, kwargs):
-        error = _refusal(checks, args, kwargs)
+        error = _refusal(func, checks, args, kwargs, written)
         if error is not None:
             raise error
         return handler(args, kwargs)

@@ -57,6 +57,19 @@ def _promotion_example(key):
     return key(0)
 
 
+def common_dtype(vals):
+    """The torch dtype elementwise kernels compute ``vals`` (tensors and Python numbers)
+    in without opmath: TensorIterator's common dtype, which CPU kernels dispatch on."""
+    key = ("common", torch.get_default_dtype()) + tuple(_promotion_key(v) for v in vals)
+    hit = _PROMOTION_CACHE.get(key)
+    if hit is None:
+        examples = [_promotion_example(_promotion_key(v)) for v in vals]
+        hit = _PROMOTION_CACHE[key] = elementwise_dtypes(
+            *examples, type_promotion_kind=Kind.NO_OPMATH
+        )[0]
+    return hit
+
+
 def promoted_dtypes(kind, vals):
     key = (kind, torch.get_default_dtype()) + tuple(_promotion_key(v) for v in vals)
     hit = _PROMOTION_CACHE.get(key)

@@ -27,6 +27,10 @@ refusals of a kernel, and stay out. An entry records:
 - ``when``: the non-tensor arguments whose other value (default, None, the other bool)
   makes CPU accept the refused call, probed on each refusal: ``div`` with
   ``rounding_mode="trunc"`` refuses bool tensors, with None divides them;
+- ``common``: CPU refuses the dtype the arguments promote to, as a TensorIterator
+  kernel dispatches on its common dtype (``hypot`` of int8 and int16 refuses 'Short'):
+  probed on each refusal of two or more tensors by making each of them bool in turn
+  (which promotes to the refused dtype with the others), CPU refusing each alike;
 - ``passes``: the shapes (empty, 0-dim) in which CPU accepted the overload with the same
   argument dtypes, answered before the kernel's dtype dispatch (``kthvalue`` of a 0-dim
   complex tensor returns it);
@@ -37,7 +41,8 @@ A sample generator may make nothing, or only empty tensors, in a dtype CPU refus
 (bucketize sorts its boundaries, and CPU sorts no complex tensor): in a dtype its entry
 does not claim, ``CAST_FROM``'s samples also run, cast to the dtype. A candidate is left
 out, with the reason in the file's ``excluded`` part, when
-- CUDA accepts it: the OpInfo lists the dtype among its CUDA dtypes (abs and trace of
+- CUDA accepts it: the OpInfo lists the dtype among its CUDA dtypes for its own call
+  (not one with a Python number, Note [Python numbers in binary ops]; abs and trace of
   bool, histc of integers, half-precision avg_pool3d, upsampling and margin losses,
   nansum of complex), or the message says the refusal is CPU's ("Sort does not support
   complex dtypes on CPU", topk likewise). tpu answers as CUDA does;
@@ -53,6 +58,7 @@ import argparse
 import collections
 import json
 import multiprocessing
+import operator
 import pathlib
 import re
 import sys
@@ -94,14 +100,93 @@ EMPTY, ZERO_DIM, FULL = "empty", "0-dim", "full"
 
 
 def sample(ref):
-    """The op_db sample ``ref`` names: [entry, dtype, index] or, for a sample cast from
-    ``CAST_FROM``, [entry, dtype, index, source dtype]."""
+    """The op_db sample ``ref`` names: [entry, dtype, index], then, for a sample cast from
+    ``CAST_FROM``, the source dtype, and for a sample in another form (``FORMS``), the
+    form's name; called with ``op(ref)``."""
     from torchjax.testing import opinfo as oi
 
-    name, dtype, index, *source = ref
+    name, dtype, index, *rest = ref
+    source = [r for r in rest if r not in FORMS]
     (entry,) = oi.opinfos([name])
     made = oi.samples(entry, getattr(torch, (source or [dtype])[0]), limit=index + 1)[index]
-    return _cast(made, getattr(torch, dtype)) if source else made
+    made = _cast(made, getattr(torch, dtype)) if source else made
+    form = _form(ref)
+    return made if form is None else FORMS[form][1](made)
+
+
+def op(ref):
+    """The function the sample ``ref`` names is called with: its op_db entry's, or its
+    form's (a Python operator)."""
+    from torchjax.testing import opinfo as oi
+
+    (entry,) = oi.opinfos([ref[0]])
+    form = _form(ref)
+    return entry.get_op() if form is None else FORMS[form][0](entry)
+
+
+def _form(ref):
+    return next((r for r in ref[3:] if r in FORMS), None)
+
+
+# Note [Python numbers in binary ops]
+# op_db's binary samples hold tensors only, but a Python number reaches other overloads
+# (``remainder.Scalar``, ``pow.Scalar``, ``clamp_min.default``, ``__lshift__.Scalar``)
+# or the same one with a number in a Tensor argument (``t // True`` is
+# ``floor_divide.default(t, True)``), and Python's operators (``t << u``) reach the
+# dunder overloads. So each two-tensor sample of a binary entry (op_db's
+# BinaryUfuncInfo) also runs with its second tensor, or its first, replaced by a Python
+# number (its first element), and through the entry's Python operator where it has one.
+# A number in an operand (``_operand``) holds a refused dtype when it promotes into it
+# (its kind, bool < integer < float < complex, is no higher), as CPU's kernel reads it in
+# the call's common dtype: ``t // True`` of a bool tensor is refused, ``t // 2`` is not.
+def _number(t):
+    return t.flatten()[0].item()
+
+
+def _pair(s):
+    return (
+        isinstance(s.input, torch.Tensor)
+        and s.input.numel() > 0
+        and len(s.args) == 1
+        and isinstance(s.args[0], torch.Tensor)
+        and s.args[0].numel() > 0
+        and not s.kwargs
+    )
+
+
+def _with(input, other):
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    return SampleInput(input, args=(other,))
+
+
+_OPERATORS = {
+    "floor_divide": operator.floordiv,
+    "remainder": operator.mod,
+    "pow": operator.pow,
+    "bitwise_left_shift": operator.lshift,
+    "bitwise_right_shift": operator.rshift,
+}
+
+# form: (the function of the op_db entry it calls, the sample made from a two-tensor one)
+FORMS = {
+    "number_other": (lambda e: e.get_op(), lambda s: _with(s.input, _number(s.args[0]))),
+    "number_self": (lambda e: e.get_op(), lambda s: _with(_number(s.input), s.args[0])),
+    "operator": (lambda e: _OPERATORS[e.name], lambda s: s),
+    "operator_number": (
+        lambda e: _OPERATORS[e.name],
+        lambda s: _with(s.input, _number(s.args[0])),
+    ),
+}
+
+
+def _forms(entry):
+    if not hasattr(entry, "supports_rhs_python_scalar"):  # not a BinaryUfuncInfo
+        return ()
+    forms = ["number_other", "number_self"]
+    if entry.name in _OPERATORS and not entry.variant_test_name:
+        forms += ["operator", "operator_number"]
+    return forms
 
 
 def _cast(made, dtype):
@@ -118,16 +203,21 @@ def _samples(entry, dtype):
     non-empty tensor (searchsorted's first 24 are empty), those made before the sample
     generator fails; and where the entry does not claim ``dtype`` on CPU, as many of
     ``CAST_FROM``'s, cast to ``dtype``: a generator may make nothing in a dtype CPU
-    refuses (bucketize sorts its boundaries, and CPU sorts no complex tensor)."""
+    refuses (bucketize sorts its boundaries, and CPU sorts no complex tensor); and each
+    two-tensor sample of a binary entry in its other forms (Note [Python numbers in
+    binary ops])."""
     from torchjax.testing import opinfo as oi
 
     name = oi.full_name(entry)
     found = [([name, _short(dtype), i], s) for i, s in enumerate(_made(entry, dtype))]
-    if dtype == CAST_FROM or dtype in entry.supported_dtypes("cpu"):
-        return found
-    source = _short(CAST_FROM)
-    cast = enumerate(_made(entry, CAST_FROM))
-    return found + [([name, _short(dtype), i, source], _cast(s, dtype)) for i, s in cast]
+    if dtype != CAST_FROM and dtype not in entry.supported_dtypes("cpu"):
+        source = _short(CAST_FROM)
+        cast = enumerate(_made(entry, CAST_FROM))
+        found += [([name, _short(dtype), i, source], _cast(s, dtype)) for i, s in cast]
+    forms = _forms(entry)
+    return found + [
+        ([*ref, form], FORMS[form][1](s)) for ref, s in found if _pair(s) for form in forms
+    ]
 
 
 def _made(entry, dtype):
@@ -162,18 +252,100 @@ def _named(func, args, kwargs):
     return named + list(kwargs.items())
 
 
-def _tensor_args(func, args, kwargs):
-    """(schema argument name, tensor) for every tensor argument, list elements included."""
+NUMBER_DTYPES = {
+    bool: torch.bool,
+    int: torch.int64,
+    float: torch.float64,
+    complex: torch.complex128,
+}
+
+
+def holds(value, dtype) -> bool:
+    """Whether an operand holds ``dtype``: a tensor (or list of tensors) of it, or a Python
+    number that promotes into it (Note [Python numbers in binary ops])."""
+    if isinstance(value, type):  # the survey's record of a number
+        return _category(NUMBER_DTYPES[value]) <= _category(dtype)
+    return value == dtype
+
+
+def _category(dtype) -> int:
+    if dtype.is_complex:
+        return 3
+    if dtype.is_floating_point:
+        return 2
+    return 0 if dtype == torch.bool else 1
+
+
+_TENSOR_TYPES = ("Tensor", "Optional[Tensor]")
+
+
+def _operand(arg) -> bool:
+    """Whether a Python number in schema argument ``arg`` is an operand of the kernel: in
+    a Tensor argument, or in a Scalar one without a default (``remainder.Scalar``'s
+    ``other``, not ``softplus``'s ``beta`` or ``add``'s ``alpha``, which the kernel reads
+    in the tensor's dtype)."""
+    if str(arg.type) in _TENSOR_TYPES:
+        return True
+    return str(arg.type) == "number" and not arg.has_default_value()
+
+
+def _operands(func, args, kwargs):
+    """(schema argument name, dtype, shape class) of every tensor argument (list elements
+    included), and (name, Python type, 0-dim) of every Python number that is an operand
+    (``_operand``)."""
+    operands = {a.name for a in func._schema.arguments if _operand(a)}
     found = []
     for name, a in _named(func, args, kwargs):
+        if type(a) in NUMBER_DTYPES and name in operands:
+            found.append((name, type(a), ZERO_DIM))
+            continue
         for t in a if isinstance(a, (list, tuple)) else (a,):
             if isinstance(t, torch.Tensor):
-                found.append((name, t))
+                found.append((name, t.dtype, _shape(t)))
     return found
 
 
 def _shape(t) -> str:
     return EMPTY if t.numel() == 0 else ZERO_DIM if t.dim() == 0 else FULL
+
+
+def _as_bool(func, args, kwargs, name):
+    """The call with argument ``name``'s tensors (or number) made bool."""
+
+    def cast(v):
+        if isinstance(v, torch.Tensor):
+            return v.to(torch.bool)
+        if isinstance(v, (list, tuple)):
+            return type(v)(cast(t) for t in v)
+        return bool(v) if type(v) in NUMBER_DTYPES else v
+
+    names = [a.name for a in func._schema.arguments]
+    a, k = list(args), dict(kwargs)
+    i = names.index(name) if name in names else len(a)
+    if i < len(a):
+        a[i] = cast(a[i])
+    else:
+        k[name] = cast(k[name])
+    return a, k
+
+
+def _common(func, args, kwargs, dtype, names, error):
+    """Whether CPU refuses ``dtype`` as the common dtype of the arguments ``names``
+    (Note [Surveying dtype refusals]): the call still refused alike with any one of
+    them made bool, which promotes to ``dtype`` with the others; None where that cannot
+    tell (one argument, a Python number among them, or bool refused)."""
+    numbers = [n for n, a in _named(func, args, kwargs) if n in names and type(a) in NUMBER_DTYPES]
+    if len(names) < 2 or dtype == torch.bool or numbers:
+        return None
+    for name in names:
+        a, k = _as_bool(func, args, kwargs, name)
+        try:
+            func(*a, **k)
+        except Exception as e:  # noqa: BLE001 - the same refusal, or anything else
+            if type(e) is type(error) and str(e) == str(error):
+                continue
+        return False
+    return True
 
 
 def shape_class(shapes) -> str:
@@ -235,15 +407,18 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        tensors = _tensor_args(func, args, kwargs)
+        operands = _operands(func, args, kwargs)
         try:
             out = func(*args, **kwargs)
         except (NotImplementedError, RuntimeError) as e:
-            found = _refusal(tensors, e)
+            found = _refusal(operands, e)
             if found is not None:
-                self.refused.append((func, e, *found, _deciding_args(func, args, kwargs)))
+                dtype, names = found[:2]
+                common = _common(func, args, kwargs, dtype, names, e) if dtype else None
+                deciding = _deciding_args(func, args, kwargs)
+                self.refused.append((func, e, *found, deciding, common))
             raise
-        sig = {(n, t.dtype, _shape(t)) for n, t in tensors}
+        sig = {(n, d, shape) for n, d, shape in operands}
         sig |= {(n, "=", v) for n, v in _named(func, args, kwargs) if _plain(v)}
         self.accepted.add((_key(func), frozenset(sig)))
         return out
@@ -259,55 +434,57 @@ def _type_name(dtype) -> str:
     return aten_type_name(dtype)
 
 
-def _refusal(tensors, error):
+def _refusal(operands, error):
     """(refused dtype, argument names holding it, their shape class, message template)
     when ``error`` is a dtype refusal (Note [Surveying dtype refusals]), else None; dtype
     None when no tensor argument holds the dtype the message names."""
     message = str(error)
     named = _KERNEL.search(message)
     if named is not None:
-        matches = lambda t: _type_name(t.dtype) == named.group(1)  # noqa: E731
+        matches = lambda d: _type_name(d) == named.group(1)  # noqa: E731
     elif _COMPLEX.search(message):
-        matches = lambda t: t.is_complex()  # noqa: E731
+        matches = lambda d: d.is_complex  # noqa: E731
     else:
         return None
-    held = [(n, t) for n, t in tensors if matches(t)]
-    dtypes = {t.dtype for _, t in held}
+    dtypes = {d for _, d, _ in operands if not isinstance(d, type) and matches(d)}
     if len(dtypes) != 1:  # none held it, or complex64 and complex128 together
         return (None, (), FULL, message) if not dtypes else None
     (dtype,) = dtypes
+    held = [(n, d, shape) for n, d, shape in operands if holds(d, dtype)]
     template = message.replace(f"'{_type_name(dtype)}'", "'{type}'")
-    names = tuple(sorted({n for n, _ in held}))
-    return dtype, names, shape_class(_shape(t) for _, t in held), template
+    names = tuple(sorted({n for n, _, _ in held}))
+    return dtype, names, shape_class(shape for _, _, shape in held), template
 
 
 def survey_entry(name):
     """(accepted, refusals) of one op_db entry over ``DTYPES``: ``accepted`` holds
     (overload, signature) of every call CPU accepted, ``refusals`` one row per refused
     sample: (overload, dtype, args, when, error type, template, CUDA accepts, sample
-    ref); dtype None where no tensor argument held the refused dtype."""
+    ref, common); dtype None where no tensor argument held the refused dtype."""
     from torchjax.testing import opinfo as oi
 
     (entry,) = oi.opinfos([name])
-    fn = entry.get_op()
     cuda = entry.supported_dtypes("cuda")
     accepted, refusals = set(), []
     for sample_dtype in DTYPES:
         for ref, s in _samples(entry, sample_dtype):
-            found, seen = run(fn, s)
+            found, seen = run(op(ref), s)
             accepted |= seen
             if found is not None:
-                key, dtype, args, _, when, error, template = found
-                cuda_accepts = dtype in cuda or bool(_CPU_ONLY.search(template))
+                key, dtype, args, _, when, error, template, common = found
+                # OpInfo's CUDA dtypes are those of its own two-tensor call.
+                listed = dtype in cuda and _form(ref) is None
+                cuda_accepts = listed or bool(_CPU_ONLY.search(template))
                 dtype = None if dtype is None else _short(dtype)
-                refusals.append((key, dtype, args, when, error, template, cuda_accepts, ref))
+                row = (key, dtype, args, when, error, template, cuda_accepts, ref, common)
+                refusals.append(row)
     return accepted, refusals
 
 
 def run(fn, sample):
     """``fn`` on ``sample`` on CPU: (refusal, accepted calls). The refusal is None when
     ``fn`` returned or raised something else, else (overload, dtype, args, shape class,
-    when, exception type name, message template) of the overload that refused."""
+    when, exception type name, message template, common) of the overload that refused."""
     rec = _Recorder()
     try:
         with rec:
@@ -315,10 +492,9 @@ def run(fn, sample):
     except Exception as error:  # noqa: BLE001 - a refusal when the recorder saw one
         found = [r for r in rec.refused if r[1] is error]
         if found:
-            func, _, dtype, args, shape, template, when = found[-1]
-            return (_key(func), dtype, args, shape, when, type(error).__name__, template), (
-                rec.accepted
-            )
+            func, _, dtype, args, shape, template, when, common = found[-1]
+            name = type(error).__name__
+            return (_key(func), dtype, args, shape, when, name, template, common), rec.accepted
     return None, rec.accepted
 
 
@@ -336,6 +512,7 @@ def build_table(surveys):
         for key, dtype, *rest in refusals:
             found[key, dtype].append(rest)
     groups, excluded = collections.defaultdict(dict), collections.defaultdict(dict)
+    commons = {}
     for (key, dtype), rows in sorted(found.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         if dtype is None:
             excluded[key]["-"] = "no tensor argument holds the refused dtype"
@@ -344,6 +521,7 @@ def build_table(surveys):
             excluded[key][dtype] = "CUDA accepts it (OpInfo's CUDA dtypes, or a CPU-only message)"
             continue
         args = sorted(set.intersection(*(set(r[0]) for r in rows)))
+        commons[key, dtype] = {r[6] for r in rows}
         by_when = collections.defaultdict(list)
         for r in rows:
             by_when[json.dumps(r[1], sort_keys=True)].append(r)
@@ -368,6 +546,8 @@ def build_table(surveys):
             entry.update({"when": json.loads(when)} if when != "{}" else {})
             entry.update({"passes": passes} if passes else {})
             entry.update({"others": others} if others else {})
+            probed = set().union(*(commons[key, d] for d in samples)) - {None}
+            entry.update({"common": True} if probed == {True} else {})
             refused[key].append(entry)
     return {
         "torch": torch.__version__.split("+")[0],
@@ -384,7 +564,7 @@ def _accepted_shapes(accepted, args, dtype, when) -> set:
     for sig in accepted:
         if not all((n, "=", v) in sig for n, v in when.items()):
             continue
-        held = [[s for n, d, s in _tensor_triples(sig) if n == a and d == dtype] for a in args]
+        held = [[s for n, d, s in _tensor_triples(sig) if n == a and holds(d, dtype)] for a in args]
         if all(held):
             shapes.add(shape_class(s for h in held for s in h))
     return shapes
