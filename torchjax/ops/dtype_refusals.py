@@ -135,8 +135,15 @@ def _looked_up(values, common):
     dtypes = {t.dtype: None for t in _tensors(values) if isinstance(t, torch.Tensor)}
     if not common or not dtypes:
         return dtypes
-    if len(dtypes) == 1 and all(isinstance(v, torch.Tensor) for v in values):
-        return dtypes  # the one dtype is the common one
+    if len(dtypes) == 1:
+        (dtype,) = dtypes
+        kind = _kind(dtype)
+        # One tensor dtype and numbers of no higher kind (``i // 3``): the common dtype is
+        # the tensors' own, with no promotion to compute.
+        if all(
+            isinstance(v, torch.Tensor) or _NUMBER_KINDS.get(type(v), 9) <= kind for v in values
+        ):
+            return dtypes
     if any(not isinstance(v, (torch.Tensor, *_NUMBERS)) for v in values):
         return ()  # a list or None: no promotion to read
     return (promotion.common_dtype(values),)
