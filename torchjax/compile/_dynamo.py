@@ -19,6 +19,7 @@ The backend is found by name through the ``torch_dynamo_backends`` entry point
 
 from __future__ import annotations
 
+import functools
 import inspect
 import operator
 import sys
@@ -316,6 +317,7 @@ def _scalars_as_values(gm: torch.fx.GraphModule, example_inputs):
 
 # Higher-order ops that call a subgraph (their first argument) with the operands after
 # it, one placeholder each: a float read inside a checkpointed region is read there.
+@functools.cache
 def _region_ops() -> frozenset:
     hops = torch.ops.higher_order
     return frozenset(

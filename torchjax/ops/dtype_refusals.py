@@ -103,7 +103,8 @@ def _value(args, kwargs, place):
 _NUMBERS = (bool, int, float, complex)
 
 
-def _kind(dtype) -> int:
+def kind_of(dtype) -> int:
+    """bool 0 < integer 1 < floating 2 < complex 3: the kinds of torch's promotion."""
     if dtype.is_complex:
         return 3
     return 2 if dtype.is_floating_point else 0 if dtype == torch.bool else 1
@@ -121,7 +122,7 @@ def _holds(value, dtype) -> bool:
     if isinstance(value, (list, tuple)):
         return any(isinstance(t, torch.Tensor) and t.dtype == dtype for t in value)
     kind = _NUMBER_KINDS.get(type(value))
-    return kind is not None and kind <= _kind(dtype)
+    return kind is not None and kind <= kind_of(dtype)
 
 
 def _tensors(values):
@@ -137,7 +138,7 @@ def _looked_up(values, common):
         return dtypes
     if len(dtypes) == 1:
         (dtype,) = dtypes
-        kind = _kind(dtype)
+        kind = kind_of(dtype)
         # One tensor dtype and numbers of no higher kind (``i // 3``): the common dtype is
         # the tensors' own, with no promotion to compute.
         if all(

@@ -65,6 +65,7 @@ import sys
 import torch
 
 from torchjax._compat.torch import TorchDispatchMode
+from torchjax.ops.dtype_refusals import kind_of
 from torchjax.testing._binary_forms import FORMS, forms_of, two_tensors
 
 DATA_FILE = pathlib.Path(__file__).resolve().parents[1] / "ops" / "dtype_refusals.json"
@@ -203,16 +204,8 @@ def holds(value, dtype) -> bool:
     """Whether an operand holds ``dtype``: a tensor (or list of tensors) of it, or a Python
     number that promotes into it (Note [Python numbers in binary ops])."""
     if isinstance(value, type):  # the survey's record of a number
-        return _category(NUMBER_DTYPES[value]) <= _category(dtype)
+        return kind_of(NUMBER_DTYPES[value]) <= kind_of(dtype)
     return value == dtype
-
-
-def _category(dtype) -> int:
-    if dtype.is_complex:
-        return 3
-    if dtype.is_floating_point:
-        return 2
-    return 0 if dtype == torch.bool else 1
 
 
 _TENSOR_TYPES = ("Tensor", "Optional[Tensor]")
