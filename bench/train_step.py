@@ -47,8 +47,11 @@ Recomputation by remat and the masked half of the scores are not counted.
 outputs, the part of the outputs aliasing donated arguments, temporaries; compiled once
 more from the traced program, so it costs one more compile), for the ``torchjax.jit``
 and pure-JAX rows, and the donation counts of the ``torchjax.jit`` row (buffers written,
-donated, copied before donation). Every row reports the distinct warnings its process
-raised (JAX's "donated buffers were not usable" among them).
+donated, copied before donation; the first call's program too, when it differs). Every
+row reports the distinct warnings its process raised (JAX's "donated buffers were not
+usable" among them) and, on TPU, the chip's bytes in use and peak before its first call
+and after each of its first three, which places the peak in setup, the first call's
+program or the steady state's.
 
 Each row runs in its own process, so peak HBM and compile counts are the row's alone,
 memory is freed between rows, and a chip (one holder) is opened by one process at a time.
@@ -126,13 +129,26 @@ def _timed(call, warmup: int, steps: int) -> dict:
     second, and the median of ``steps`` after ``warmup`` calls (the first two included);
     the XLA compiles during the calls; the calls' results."""
     out, times, before = [], [], _COMPILES[0]
-    for _ in range(max(warmup, 2) + steps):
+    peaks = [_hbm()]  # before the first call, then after each of the first three
+    for i in range(max(warmup, 2) + steps):
         t0 = time.perf_counter()
         out.append(call())
         times.append(time.perf_counter() - t0)
+        if i < 3:
+            peaks.append(_hbm())
     return {"first_s": times[0], "second_s": times[1],
             "step_s": statistics.median(times[-steps:]), "results": out,
-            "xla_compiles": _COMPILES[0] - before}  # fmt: skip
+            "xla_compiles": _COMPILES[0] - before, "hbm_by_call": peaks}  # fmt: skip
+
+
+def _hbm() -> tuple | None:
+    """(bytes in use, peak bytes in use) of the chip in GiB; None off TPU."""
+    import jax
+
+    stats = jax.local_devices()[0].memory_stats()
+    if not stats or "peak_bytes_in_use" not in stats:
+        return None
+    return (round(stats["bytes_in_use"] / 2**30, 2), round(stats["peak_bytes_in_use"] / 2**30, 2))
 
 
 def _memory(compiled) -> dict:
@@ -143,18 +159,26 @@ def _memory(compiled) -> dict:
 
 
 def _jit_memory(run) -> dict:
-    """``_memory`` of a torchjax.jit function's latest program, compiled again from its
-    trace, and its donation counts."""
+    """``_memory`` of a torchjax.jit function's latest program (the steady state's),
+    compiled again from its trace, and its donation counts; ``first``: the same of the
+    first call's program when there were two (the first call creates AdamW's state)."""
     import jax
 
     from torchjax._compat.jax import x64
 
-    entry = list(run._entries.values())[-1]  # the steady state's program
-    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in entry.closed.jaxpr.invars]
-    with x64(True):  # as the call lowers it
-        row = _memory(entry.compiled.lower(*avals).compile())
-    row.update(written=len(entry.written), donated=len(entry.donated))
+    def of(entry) -> dict:
+        invars = entry.closed.jaxpr.invars
+        avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in invars]
+        with x64(True):  # as the call lowers it
+            row = _memory(entry.compiled.lower(*avals).compile())
+        row.update(written=len(entry.written), donated=len(entry.donated))
+        return row
+
+    entries = list(run._entries.values())
+    row = of(entries[-1])
     row["donation_copies"] = run.donation_copies
+    if len(entries) > 1:
+        row["first"] = of(entries[0])
     return row
 
 
@@ -435,13 +459,21 @@ def main() -> None:
     print(_table(rows, args, cfg))
     for line in _checks(rows):
         print(line)
+
+    def gib(memory: dict) -> str:
+        return ", ".join(
+            f"{k} {v / 2**30:.2f} GiB" if k in ("argument", "output", "alias", "temp") else
+            f"{k} {v}" for k, v in memory.items() if v is not None and k != "first"
+        )  # fmt: skip
+
     for name, r in rows.items():
         if "memory" in r:
-            mem = ", ".join(
-                f"{k} {v / 2**30:.2f} GiB" if k in ("argument", "output", "alias", "temp") else
-                f"{k} {v}" for k, v in r["memory"].items() if v is not None
-            )  # fmt: skip
-            print(f"{name} program memory: {mem}")
+            print(f"{name} program memory: {gib(r['memory'])}")
+            if "first" in r["memory"]:
+                print(f"{name} first call's program memory: {gib(r['memory']['first'])}")
+        if r.get("hbm_by_call") and r["hbm_by_call"][0] is not None:
+            calls = "; ".join(f"{u} / {p}" for u, p in r["hbm_by_call"])
+            print(f"{name} HBM in use / peak (GiB) before the first call, after calls 1-3: {calls}")
     for name, r in rows.items():
         for w in r.get("warnings", ()):
             print(f"{name} warned: {w}")
