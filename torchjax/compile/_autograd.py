@@ -58,7 +58,7 @@ from torchjax.tensor import random as _rng
 from torchjax.tensor._binding import bound
 from torchjax.tensor._errors import LeakedTracerError, TraceError
 from torchjax.tensor._memory_format import is_dense_permutation
-from torchjax.tensor._storage import Storage, contiguous_strides
+from torchjax.tensor._storage import Storage, contiguous_strides, traced_fills
 from torchjax.tensor._tensor import JaxTensor, make, wrap
 from torchjax.tensor.dtypes import to_jax_dtype
 
@@ -268,7 +268,7 @@ class Backward:
         self.error = self.program = None
         self.absent = [False] * len(inputs)
         try:
-            with x64(True):
+            with x64(True), traced_fills():
                 closed = jax.make_jaxpr(backward)(values, residual_avals, cts)
         except (jax.errors.UnexpectedTracerError, LeakedTracerError, _Unreplayable):
             return None

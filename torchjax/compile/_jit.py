@@ -66,7 +66,8 @@ from torchjax.interop._jax_function import _VJP
 from torchjax.ops import layouts
 from torchjax.tensor import random as _rng
 from torchjax.tensor._binding import bound, trace_lock
-from torchjax.tensor._storage import escapes_watched, restore_escapes
+from torchjax.tensor._fills import traced_fill
+from torchjax.tensor._storage import escapes_watched, restore_escapes, traced_fills
 from torchjax.tensor._tensor import JaxTensor, make, wrap
 from torchjax.tensor._user_subclass import user_class
 
@@ -346,10 +347,15 @@ class _Entry:
                 ]
                 after = _state.walk(call.roots, not jitted._is_module)
                 known = {id(s) for s in storages}
+                # A storage made here and never written keeps its fill, unmade (Note
+                # [Fills of storages made inside a trace]): not an output.
                 created = [
                     s
                     for s in after.storages
-                    if id(s) not in known and isinstance(s.arr, jax.core.Tracer)
+                    if id(s) not in known
+                    and s.lazy.__class__ is not list
+                    and isinstance(s.arr, jax.core.Tracer)
+                    and not traced_fill(s)
                 ]
                 created += [s for s in arg_grads if id(s) not in known]
                 # Arguments written in place (x.add_(1), BatchNorm's running stats when
@@ -377,7 +383,7 @@ class _Entry:
         key = _unused_key()
         # Note [Writes that escape a trace] in torchjax/tensor/_storage.py.
         # Note [Gradients that escape a trace] in torchjax/compile/_escaped_grads.py.
-        with x64(True), escapes_watched() as escaped, grads_watched() as grads:
+        with x64(True), escapes_watched() as escaped, grads_watched() as grads, traced_fills():
             try:
                 closed = jax.make_jaxpr(pure)(
                     call.state_arrays, key, call.arrays, call.hypers.values

@@ -33,7 +33,13 @@ from jax import lax
 from jax.sharding import NamedSharding
 
 from torchjax import _budget
-from torchjax._compat.jax import put_host, x64
+from torchjax._compat.jax import x64
+from torchjax.tensor._fills import (
+    _filled,
+    _on_device,
+    fill_of,
+    fills_traced,
+)
 
 
 def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
@@ -105,6 +111,13 @@ def _note_escape(storage, value) -> None:
     if isinstance(arr, jax.core.Tracer):
         return
     found.append((storage, arr, storage.lazy))
+
+
+def traced_fills():
+    """A block within which storages made in it and first read in it get traced fills
+    (Note [Fills of storages made inside a trace] in torchjax/tensor/_fills.py)."""
+    _EPOCH[0] += 1
+    return fills_traced(_EPOCH[0])
 
 
 def made_before_watch(storage) -> bool:
@@ -193,7 +206,9 @@ class Storage:
             self.lazy = None
             return arr
         fill, dtype, device = lazy
-        arr = _filled(self.shape, dtype, fill, device)
+        arr = fill_of(self)
+        if arr is None:
+            arr = _filled(self.shape, dtype, fill, device)
         self.arr = arr
         self.lazy = None
         return arr
@@ -335,7 +350,7 @@ class StandIn(Storage):
 # - anything else (a read, a partial write, a view of another dtype) makes the array:
 #   ``jnp.full(shape, fill, dtype)`` as one executable per (shape, dtype, fill), an entry
 #   of the cache budget (Note [Executable cache budget] in torchjax/_budget.py).
-# Every factory uses it. A small storage (up to HOST_FILL_BYTES) read before any write
+# Every factory uses it. A small storage (up to _fills.HOST_FILL_BYTES) read before any write
 # gets its array as host values put on the device instead: a transfer compiles nothing,
 # where an on-device fill would compile once per new shape (30-50 ms, most of a model's
 # time to first result; Note [Zeros for new tensors] in torchjax/device/_factory.py).
@@ -345,7 +360,6 @@ class StandIn(Storage):
 # ``torch.tpu.memory_allocated()`` counts a tensor from its creation, as CUDA's does: the
 # arrays that exist plus the bytes of storages whose array is not made yet
 # (``unfilled_bytes``, from a weak set of the storages ``filled`` made).
-_FILLS: dict = {}
 _UNFILLED: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -361,52 +375,6 @@ def unfilled_bytes(device) -> int:
         if lazy.__class__ is list and lazy[2] == device:
             total += s.numel * lazy[1].itemsize
     return total
-
-
-HOST_FILL_BYTES = 1 << 20
-
-
-def _filled(shape, dtype, fill, device) -> jax.Array:
-    # Under a mesh (torchjax.mesh, jax.set_mesh) the fill executable places the array
-    # as every other op's output is placed there; host values would sit on one device.
-    if (
-        math.prod(shape) * dtype.itemsize <= HOST_FILL_BYTES
-        and jax.sharding.get_abstract_mesh().empty
-    ):
-        with x64(True), jax.ensure_compile_time_eval():
-            host = np.full(shape, fill, dtype)
-            # Uncommitted on the default device, as an executable's output from no
-            # committed input is: it may then join a computation over a mesh's devices.
-            if device == jax.devices()[0] or not _local(device):
-                return put_host(host)
-            return put_host(host, device)
-    key = (shape, dtype, type(fill), fill)
-    run = _budget.cached(_FILLS, key, lambda: jax.jit(lambda: jnp.full(shape, fill, dtype)))
-    with x64(True):
-        arr = run()
-        if isinstance(arr, jax.core.Tracer):
-            # First read inside a trace (torchjax.jit reading a tensor made outside it):
-            # the storage outlives the trace, so its array must be concrete. (Evaluated
-            # this way outside a trace, the fill would take twice the memory.)
-            with jax.ensure_compile_time_eval():
-                arr = run()
-        return _on_device(arr, device)
-
-
-def _on_device(arr, device):
-    """``arr`` on ``device`` (a jax device), if it is a concrete array elsewhere. With
-    several processes (jax.distributed) tpu:N names a global device that may belong to
-    another process: an array stays on this process's device then, as an op's output
-    does."""
-    if isinstance(arr, jax.Array) and not isinstance(arr, jax.core.Tracer):
-        devices = arr.devices()
-        if len(devices) == 1 and device not in devices and _local(device):
-            return jax.device_put(arr, device)
-    return arr
-
-
-def _local(device) -> bool:
-    return device.process_index == jax.process_index()
 
 
 # Note [Writes keep the placement]
