@@ -242,6 +242,25 @@ def test_checkpoint_recompute_inputs_pass_through_the_barrier_hook():
         torch.testing.assert_close(x.grad, 2 * torch.cos(torch.full((3,), 2.0)))
 
 
+def test_newest_traced_values_are_the_newest_equations_inputs():
+    from torchjax._compat.jax import newest_traced_values
+
+    seen = []
+
+    def f(x, y):
+        a = jnp.sin(x)
+        b = a * y
+        seen.append(newest_traced_values(equations=1))
+        seen.append(newest_traced_values(equations=2))
+        return b
+
+    jax.make_jaxpr(f)(jnp.ones(3), jnp.ones(3))
+    newest, two = seen
+    assert [v.aval.shape for v in newest] == [(3,), (3,)]  # mul's a and y
+    assert len(two) == 3  # and sin's x
+    assert newest_traced_values() == []  # outside a trace
+
+
 def test_backward_entry_wraps_torchs_for_backward_and_grad():
     from torch.autograd import graph
 

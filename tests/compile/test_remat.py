@@ -90,6 +90,34 @@ def test_checkpointed_regions_are_recomputed_not_merged(mode):
     assert _optimized_sines(checkpointed) >= _optimized_sines(plain) + (BLOCKS - 1)
 
 
+def _barrier_dependencies(jitted) -> list[set]:
+    """For each optimization barrier of the step's program, in program order, the
+    earlier barriers its operands depend on."""
+    (entry,) = jitted._entries.values()
+    deps, barriers = {}, []
+    for eqn in entry.closed.jaxpr.eqns:
+        d = set().union(*(deps.get(v, set()) for v in eqn.invars if not hasattr(v, "val")))
+        if eqn.primitive.name == "optimization_barrier":
+            barriers.append(set(d))
+            d.add(len(barriers) - 1)
+        for v in eqn.outvars:
+            deps[v] = d
+    return barriers
+
+
+@pytest.mark.parametrize("mode", ["nonreentrant", "reentrant"])
+def test_each_recomputation_waits_for_the_backward_of_the_region_after_it(mode):
+    # A recomputation whose barrier reads forward values only may run anywhere after
+    # the forward: XLA's TPU scheduler ran them all there, every region's activations
+    # live at once. Each barrier reads the backward's newest values, so the
+    # recomputation of a region waits for the one after it.
+    _, _, jitted = _train(mode, "tpu", steps=1)
+    barriers = _barrier_dependencies(jitted)
+    assert len(barriers) == BLOCKS - 1  # the first block is not checkpointed
+    for i, earlier in enumerate(barriers):
+        assert earlier == set(range(i)), (i, earlier)
+
+
 def test_eager_checkpoint_inputs_pass_unchanged():
     from torchjax.compile._remat import barrier
 

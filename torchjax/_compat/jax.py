@@ -19,6 +19,8 @@ setting, so a kernel traced with x64 on is never reused with x64 off.
 
 from __future__ import annotations
 
+import weakref
+
 import jax
 import numpy as np
 from jax._src import config as _config
@@ -106,6 +108,27 @@ def weak_float(x) -> jax.Array:
 def trace_of(x):
     """The trace a tracer belongs to (``Tracer._trace``), None for a concrete value."""
     return getattr(x, "_trace", None) if isinstance(x, jax.core.Tracer) else None
+
+
+def newest_traced_values(equations: int = 4) -> list:
+    """The traced values that the newest ``equations`` equations of the program this
+    thread is tracing read (``make_jaxpr``/``jit`` tracing), newest first; [] outside a
+    trace or when jax's trace keeps no such record. Private: ``jax._src.core.trace_ctx``
+    and the jaxpr trace's ``frame.tracing_eqns`` (entries or weak references to them,
+    each with ``in_tracers``; jax 0.10)."""
+    trace = _core.trace_ctx.trace
+    eqns = getattr(getattr(trace, "frame", None), "tracing_eqns", None)
+    if not eqns:
+        return []
+    out, seen = [], set()
+    for item in reversed(eqns[-equations:]):
+        eqn = item() if isinstance(item, weakref.ReferenceType) else item
+        for t in getattr(eqn, "in_tracers", ()):
+            if isinstance(t, _core.Tracer) and getattr(t, "_trace", None) is trace:
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    out.append(t)
+    return out
 
 
 # Arrays up to this size are read in place: the host copy jax keeps on them is small.
