@@ -434,3 +434,41 @@ def test_retain_grad_on_a_returned_tensor_warns_under_jit_and_fills_under_compil
     assert y.retains_grad
     assert torch.equal(y.grad.cpu(), torch.full((2,), 3.0))
     assert torch.equal(xt.grad.cpu(), torch.full((2,), 6.0))
+
+
+# Note [Outputs the backward saved] (torchjax/compile/_autograd.py)
+_COMPILERS = {"jit": torchjax.jit, "compile": lambda f: torch.compile(f, backend="tpu")}
+
+
+@pytest.mark.parametrize("compiler", sorted(_COMPILERS))
+def test_writing_an_output_the_backward_saved_raises_as_eager(compiler):
+    ran = 0
+    for write in (lambda y: y.add_(1), lambda y: y[:1].mul_(2)):  # the output, a view of it
+        for device in ("cpu", "tpu"):
+            x = torch.tensor([1.0, 2.0], device=device, requires_grad=True)
+            f = (lambda t: t.exp()) if device == "cpu" else _COMPILERS[compiler](lambda t: t.exp())
+            y = f(x)
+            write(y)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                y.sum().backward()
+            ran += 1
+    assert ran == 4
+
+
+@pytest.mark.parametrize("compiler", sorted(_COMPILERS))
+def test_writing_an_output_the_backward_did_not_save_keeps_cpus_gradient(compiler):
+    grads = []
+    for device in ("cpu", "tpu"):
+        x = torch.tensor([1.0, 2.0], device=device, requires_grad=True)
+        f = (lambda t: t.sin()) if device == "cpu" else _COMPILERS[compiler](lambda t: t.sin())
+        y = f(x)
+        y.add_(1)  # sin saves its input, not its output
+        y.sum().backward()
+        grads.append(x.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0])
+    # Without a write, an output the backward saved differentiates twice with retain_graph.
+    x = torch.tensor([1.0, 2.0], device="tpu", requires_grad=True)
+    y = _COMPILERS[compiler](lambda t: t.exp())(x)
+    y.sum().backward(retain_graph=True)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), 2 * torch.tensor([1.0, 2.0]).exp())

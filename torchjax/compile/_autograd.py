@@ -20,6 +20,17 @@ As in eager, a saved tensor written in place after it was saved makes the backwa
 raise torch's "modified by an inplace operation" error (hooks bypass torch's own
 version check, so the handle checks the version itself).
 
+Note [Outputs the backward saved]
+A saved tensor may be what the function returns (``exp`` saves its result) or view its
+storage. In eager, writing that output in place before ``backward()`` (``y =
+x.exp(); y.add_(1)``) makes the backward raise, since the gradient would read the
+written values. A compiled call returns new tensors over the program's outputs, and
+its backward reads residuals of its own, so the write went unnoticed and the backward
+silently gave the gradient of the values before the write. The trace records which
+outputs a saved tensor shares storage with (``outputs_saved``), and the call saves
+those outputs on its autograd node, whose backward unpacks them: torch's version check
+then raises the same error as eager, naming the compiled call's node.
+
 The backward is traced as ``backward()`` accumulating into the leaves (``grad(inputs=)``
 would refuse reentrant activation checkpointing), each leaf's ``.grad`` and hooks set
 aside meanwhile: its hooks (``p.register_hook``) run once, when ``backward()`` hands the
@@ -106,6 +117,20 @@ class Saved:
             out = layouts.apply_layout(wrap(replay.arrays[h.index], t._device_index), h.layout)
             replay[h] = out
         return out
+
+    def outputs_saved(self, outputs, root) -> list[int]:
+        """Positions of ``outputs`` (traced tensors the function returns) whose storage
+        (``root``) a saved tensor of the graph views: in eager an in-place write to one
+        of them before the backward bumps a saved tensor's version, and the backward
+        raises (Note [Outputs the backward saved])."""
+        storages = set()
+        for ref in self._handles:
+            h = ref()
+            if h is not None and isinstance(h.tensor, JaxTensor):
+                storages.add(id(root(h.tensor)))
+        return [
+            j for j, t in enumerate(outputs) if isinstance(t, JaxTensor) and id(root(t)) in storages
+        ]
 
     def residuals(self, trace) -> list:
         """The values of the saved tensors the graph still holds, made by ``trace``

@@ -366,6 +366,8 @@ class _Entry:
                 info["written"], info["created"] = written, created
                 info["args_written"] = args_written
                 info["draws"] = stream.draws
+                outs = [out_flat[i] for i in out_pos]
+                info["saved_outputs"] = [] if saved is None else saved.outputs_saved(outs, root)
                 residuals = [] if saved is None else saved.residuals(trace_of(key))
                 info["n_res"] = len(residuals)
                 info["graph"] = ([out_flat[i] for i in out_pos], bases, leaves, wrapped, arrays)
@@ -398,6 +400,7 @@ class _Entry:
         self.closed = closed
         self.out_spec, out_flat, self.out_pos = info["out"]
         self.out_grad = info["out_grad"]
+        self.saved_outputs = info["saved_outputs"]
         self.new_leaves = info["new_leaves"]
         self.retains = info["retains"]
         self.constant = frozenset(j for j, grad in enumerate(self.out_grad) if not grad)

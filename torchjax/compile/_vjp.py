@@ -195,6 +195,11 @@ class VJPCall:
         a function of constants): as on CPU, they come back without a grad_fn."""
         return self.entry.constant
 
+    def saved_outputs(self):
+        """Positions of outputs a saved tensor of the traced graph shares storage with
+        (Note [Outputs the backward saved] in torchjax/compile/_autograd.py)."""
+        return self.entry.saved_outputs
+
     def wrap_outputs(self, outs):
         return self.entry.laid_out([wrap(o) for o in outs])
 

@@ -185,10 +185,16 @@ class _VJP(torch.autograd.Function):
         # second backward() raises once the graph is freed, as on CPU; the residuals
         # themselves live in the pullback, the saved tensor only marks it.
         ctx.frees = bool(jax.tree_util.tree_leaves(pullback))
-        if ctx.frees:  # a tensor of its own: the inputs may be written after the call
-            ctx.save_for_backward(torch.empty(0))
         wrap_outputs = getattr(call, "wrap_outputs", None)
         results = tuple(wrap_outputs(outs) if wrap_outputs else (wrap(o) for o in outs))
+        saved_outputs = getattr(call, "saved_outputs", None)
+        kept = [results[j] for j in saved_outputs()] if saved_outputs else []
+        ctx.checks_saved = ctx.frees or bool(kept)
+        if ctx.checks_saved:
+            # A tensor of its own marks the pullback (the inputs may be written after the
+            # call); outputs the traced graph saved are saved as eager saves them, so a
+            # write to one before backward() raises (Note [Outputs the backward saved]).
+            ctx.save_for_backward(torch.empty(0), *kept)
         constant = getattr(call, "constant_outputs", None)
         constant = constant() if constant else ()
         ctx.mark_non_differentiable(
@@ -202,8 +208,8 @@ class _VJP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        if ctx.frees:
-            ctx.saved_tensors  # noqa: B018 - raises after the graph was freed
+        if ctx.checks_saved:
+            ctx.saved_tensors  # noqa: B018 - raises after the graph was freed or a write
         cts = []
         for g, (shape, dtype) in zip(grads, ctx.avals):
             if not jnp.issubdtype(dtype, jnp.inexact):
