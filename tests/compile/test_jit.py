@@ -694,9 +694,76 @@ def test_a_leaf_argument_updated_under_no_grad_inside_stays_a_leaf():
         torch.testing.assert_close(y.grad.cpu(), ye.grad)
 
 
+class _Slots:
+    __slots__ = ("count",)  # no __dict__: the state walk does not see inside
+
+
 def test_write_to_a_tensor_outside_the_state_is_refused_and_the_tensor_kept():
-    # Note [Writes that escape a trace]: a plain module attribute is not state; its
-    # in-place write stored a tracer in it, and every later read failed.
+    # Note [Writes that escape a trace]: a tensor the state walk cannot see is not
+    # state; its in-place write stored a tracer in it, and every later read failed.
+    hidden = _Slots()
+    hidden.count = torch.full((), 5.0, device="tpu")
+    m = torch.nn.Linear(3, 3).to("tpu")
+
+    def forward(x):
+        hidden.count += 1
+        return m(x)
+
+    with pytest.raises(RuntimeError, match="register_buffer") as refused:
+        torchjax.jit(forward)(torch.ones(3, device="tpu"))
+    assert "shape (), float32" in str(refused.value)
+    assert hidden.count.item() == 5.0
+    hidden.count += 1  # still an ordinary tensor
+    assert hidden.count.item() == 6.0
+    # A lazily filled tensor (torch.zeros) comes back unfilled, and reads as zeros.
+    hidden.count = torch.zeros(2, device="tpu")
+    with pytest.raises(RuntimeError, match="register_buffer"):
+        torchjax.jit(lambda x: hidden.count.add_(x) * 1)(torch.ones(2, device="tpu"))
+    assert hidden.count.cpu().tolist() == [0.0, 0.0]
+    # Registered, the same write is state: written back after the call.
+    m.register_buffer("steps", torch.zeros((), device="tpu"))
+    step = torchjax.jit(lambda x: m.steps.add_(1) * x)
+    step(torch.ones((), device="tpu"))
+    step(torch.ones((), device="tpu"))
+    assert m.steps.item() == 2.0 and step.trace_count == 1
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.scale = torch.tensor(2.0)  # a plain attribute, not a buffer
+        self.table = [torch.ones(2)]  # a list of tensors, too
+
+    def forward(self, x):
+        return self.lin(x) * self.scale + self.table[0]
+
+
+def test_plain_tensor_attributes_of_modules_are_state_as_in_eager():
+    # Note [Tensors kept as plain module attributes] (torchjax/compile/_state.py): they
+    # were constants of the program, and a change to them after the trace was not seen.
+    torch.manual_seed(0)
+    m = _Scaled().to("tpu")
+    m.scale, m.table = m.scale.to("tpu"), [m.table[0].to("tpu")]
+    x = torch.ones(1, 2, device="tpu")
+    for jm in (torchjax.jit(m), torchjax.jit(lambda x: m(x))):
+        checks = 0
+        m.scale.fill_(2.0)
+        torch.testing.assert_close(jm(x).cpu(), m(x).cpu())
+        m.scale.fill_(100.0)  # in place: a new value of the same input
+        m.table[0].mul_(3)
+        torch.testing.assert_close(jm(x).cpu(), m(x).cpu())
+        assert jm.trace_count == 1
+        checks += 1
+        m.scale = torch.tensor(7.0, device="tpu")  # reassigned: traced again
+        torch.testing.assert_close(jm(x).cpu(), m(x).cpu())
+        assert jm.trace_count == 2
+        checks += 1
+        assert checks == 2
+        m.table[0].fill_(1.0)
+
+
+def test_a_plain_attribute_written_inside_is_written_back_as_in_eager():
     class Counter(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -708,23 +775,12 @@ def test_write_to_a_tensor_outside_the_state_is_refused_and_the_tensor_kept():
 
     m = Counter().to("tpu")
     m.count = torch.full((), 5.0, device="tpu")
-    with pytest.raises(RuntimeError, match="register_buffer") as refused:
-        torchjax.jit(m)(torch.ones(3, device="tpu"))
-    assert "shape (), float32" in str(refused.value)
-    assert m.count.item() == 5.0
+    run = torchjax.jit(m)
+    run(torch.ones(3, device="tpu"))
+    run(torch.ones(3, device="tpu"))
+    assert m.count.item() == 7.0 and run.trace_count == 1
     m.count += 1  # still an ordinary tensor
-    assert m.count.item() == 6.0
-    # A lazily filled tensor (torch.zeros) comes back unfilled, and reads as zeros.
-    m.count = torch.zeros(2, device="tpu")
-    with pytest.raises(RuntimeError, match="register_buffer"):
-        torchjax.jit(lambda x: m.count.add_(x) * 1)(torch.ones(2, device="tpu"))
-    assert m.count.cpu().tolist() == [0.0, 0.0]
-    # Registered, the same write is state: written back after the call.
-    m.register_buffer("steps", torch.zeros((), device="tpu"))
-    step = torchjax.jit(lambda x: m.steps.add_(1) * x)
-    step(torch.ones((), device="tpu"))
-    step(torch.ones((), device="tpu"))
-    assert m.steps.item() == 2.0 and step.trace_count == 1
+    assert m.count.item() == 8.0
 
 
 @pytest.mark.parametrize("op", ["t_", "unsqueeze_", "squeeze_", "resize_", "transpose_"])

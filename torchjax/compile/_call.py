@@ -83,6 +83,7 @@ class Call:
         walk = _state.walk(roots, grads)
         if any(make_capturable(o) for o in walk.optimizers):
             walk = _state.walk(roots, grads)
+        walk.add_attributes(jitted.attributes)
         self.walk = walk
         self.hypers = _hyper.Hypers(walk.optimizers)
         self.storages = walk.storages

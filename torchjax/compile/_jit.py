@@ -139,6 +139,9 @@ class Jitted:
         self.last_retrace_reason = None
         self.donation_copies = 0
         self._entries: dict = {}
+        # Note [Tensors kept as plain module attributes] in torchjax/compile/_state.py
+        self.attributes: list = []
+        self._attribute_keys: set = set()
         weakref.finalize(self, _forget_entries, self._entries)
         self._last_sig = None
         self._is_module = isinstance(fn, torch.nn.Module) or isinstance(
@@ -187,7 +190,21 @@ class Jitted:
         flat, spec = flatten_args(args, kwargs)
         call = Call(self, flat, spec, static_kwargs)
         entry = self._entries.get(call.key)
+        if (entry is None or not entry.alive()) and self._new_attributes(call.walk.modules):
+            call = Call(self, flat, spec, static_kwargs)  # with what they hold
+            entry = self._entries.get(call.key)
         return call, (entry if entry is not None and entry.alive() else None)
+
+    def _new_attributes(self, modules) -> bool:
+        """Remember the plain tensor attributes of ``modules`` not seen before (Note
+        [Tensors kept as plain module attributes]); whether there were any."""
+        new = False
+        for mod, name in _state.plain_attributes(modules):
+            if (id(mod), name) not in self._attribute_keys:
+                self._attribute_keys.add((id(mod), name))
+                self.attributes.append((weakref.ref(mod), name))
+                new = True
+        return new
 
     def _trace(self, call: Call) -> _Entry:
         with trace_lock:
@@ -346,6 +363,7 @@ class _Entry:
                     i for i, (s, a) in enumerate(zip(storages, state_arrays)) if s.arr is not a
                 ]
                 after = _state.walk(call.roots, not jitted._is_module)
+                after.add_attributes(jitted.attributes)
                 known = {id(s) for s in storages}
                 # A storage made here and never written keeps its fill, unmade (Note
                 # [Fills of storages made inside a trace]): not an output.

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 _ESCAPED = (
     "torchjax.jit({}) wrote in place to a tpu tensor that is not part of its state ({}): "
-    "a tensor the function reaches only as a plain attribute of a module (not a "
-    "parameter or a registered buffer) is read as a constant of the program, so the write "
-    "would be lost. The tensor is left as it was before the call. Register it with "
-    "module.register_buffer(name, tensor), or pass it as an argument or in a container "
-    "the function takes (Note [State of a jitted function])."
+    "a tensor the function reaches only where its state walk does not look (an object "
+    "with __slots__, a C extension, a global that only a callee names) is read as a "
+    "constant of the program, so the write would be lost. The tensor is left as it was "
+    "before the call. Keep it on a module (module.register_buffer(name, tensor)), or pass "
+    "it as an argument or in a container the function takes (Note [State of a jitted "
+    "function])."
 )
 
 _ESCAPED_GRAD = (

@@ -26,10 +26,21 @@ function that writes one in place traces on every call, which repeats the write 
 eager does. The first such trace warns (torchjax/compile/_jit.py): keep such state on
 tpu to compile it once.
 
-What the walk cannot see (a tensor kept as a plain module attribute rather than a
-registered buffer, one reachable only through a C extension, or a global read by a
-callee but not named by the function itself) is read at trace time and baked into the
-program as a constant, as jax.jit does with closed-over arrays. A write to such a
+Note [Tensors kept as plain module attributes]
+A tensor kept as a plain attribute of a module (``self.scale = torch.tensor(2.0)``,
+transformers' ``original_inv_freq``), not registered as a buffer, is state too: eager
+code sees it change (``m.scale.fill_(3)``, ``m.scale = t``). Scanning every module's
+``__dict__`` on every call would cost more than a small model's forward, so it is done
+when a call is about to trace: each module the walk reached is scanned once for tensor
+attributes (and lists, tuples and dicts holding tensors), and the (module, name) pairs
+found are remembered by the compiled function. Every later call's walk reads those
+attributes (a ``getattr`` each) and adds what they hold: an in-place change is an
+input's new value, a reassignment a new storage, which traces again as a new buffer
+does; a write inside the function is written back.
+
+What the walk cannot see even so (a tensor reachable only through a C extension, or a
+global read by a callee but not named by the function itself) is read at trace time
+and baked into the program as a constant, as jax.jit does with closed-over arrays. A write to such a
 tensor, or a backward that would fill its ``.grad``, is refused instead (Note [Writes
 that escape a trace], Note [Gradients that escape a trace]).
 """
@@ -125,6 +136,14 @@ class StateWalk:
                     self.add_tensor(b)
             stack.extend(reversed(mod._modules.values()))
 
+    def add_attributes(self, attributes) -> None:
+        """What the remembered plain attributes hold now (Note [Tensors kept as plain
+        module attributes]); ``attributes``: (weak reference to a module, name) pairs."""
+        for ref, name in attributes:
+            mod = ref()
+            if mod is not None:
+                self.add(mod.__dict__.get(name))
+
     def training_flags(self) -> tuple[bool, ...]:
         """``module.training`` of every module seen: tracing depends on them."""
         return tuple(m.training for m in self.modules)
@@ -218,3 +237,19 @@ def walk(roots, grads: bool = True) -> StateWalk:
     for r in roots:
         w.add(r)
     return w
+
+
+def plain_attributes(modules) -> list[tuple]:
+    """(module, name) of each plain attribute of ``modules`` holding a tensor, or a
+    list, tuple or dict with one (Note [Tensors kept as plain module attributes])."""
+    found = []
+    for mod in modules:
+        for name, v in vars(mod).items():
+            if isinstance(v, torch.Tensor) or (
+                isinstance(v, (list, tuple, dict))
+                and any(
+                    isinstance(x, torch.Tensor) for x in (v.values() if isinstance(v, dict) else v)
+                )
+            ):
+                found.append((mod, name))
+    return found
