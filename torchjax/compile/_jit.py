@@ -49,6 +49,7 @@ from torchjax._compat.jax import trace_of, x64, x64_enter, x64_exit
 from torchjax._compat.torch import pytree, saved_tensors_hooks_enabled
 from torchjax.compile import _aliases, _autograd, _donate, _hyper, _repeat, _state
 from torchjax.compile._aliases import root
+from torchjax.compile._arg_grads import argument_grads
 from torchjax.compile._call import (
     Call,
     Ref,
@@ -58,7 +59,14 @@ from torchjax.compile._call import (
     unflatten_args,
 )
 from torchjax.compile._escaped_grads import grads_watched, restore_grads
-from torchjax.compile._refusals import escaped_grad, escaped_write, restrided
+from torchjax.compile._refusals import (
+    HOST_WRITES,
+    LR_ASSIGNED,
+    RETAINED,
+    escaped_grad,
+    escaped_write,
+    restrided,
+)
 from torchjax.compile._stop_gradient import stopping
 from torchjax.compile._vjp import VJPCall, VJPProgram
 from torchjax.device import _checks
@@ -231,14 +239,14 @@ class Jitted:
             self._last_sig = call.sig
             entry = _Entry.trace(self, call)
             if entry.lr_assigned:  # Note [Learning rates assigned while tracing]
-                raise RuntimeError(_LR_ASSIGNED.format(_name(self.fn)))
+                raise RuntimeError(LR_ASSIGNED.format(_name(self.fn)))
             if entry.retains:
-                warnings.warn(_RETAINED, UserWarning, stacklevel=3)
+                warnings.warn(RETAINED, UserWarning, stacklevel=3)
             if call.walk.host_versions() != call.sig[-2]:  # Note [CPU tensors in the state]
                 entry.single_use = True  # its key names versions that are gone now
                 if not self._warned_host:
                     self._warned_host = True
-                    warnings.warn(_HOST_WRITES.format(_name(self.fn)), UserWarning, stacklevel=3)
+                    warnings.warn(HOST_WRITES.format(_name(self.fn)), UserWarning, stacklevel=3)
             if not entry.single_use:
                 key = call.key
                 old = self._entries.get(key)
@@ -332,7 +340,7 @@ class _Entry:
                     for k, (w, before) in enumerate(zip(wrapped, layouts_in)):
                         if _layout(w) != before:
                             raise restrided(_name(jitted.fn), k, before[0], tuple(w.shape))
-                    arg_grads = _argument_grads(call.tensors, leaves)
+                    arg_grads = argument_grads(call.tensors, leaves)
                 finally:
                     _rng.set_traced_stream(old)
                 out_flat, out_spec = pytree.tree_flatten(out)
@@ -537,33 +545,6 @@ class _Entry:
         return self.unflatten(list(outs[:n]), call)
 
 
-# Note [Gradients of arguments]
-# ``loss.backward()`` inside the function fills, in eager, the ``.grad`` of every leaf
-# argument that requires grad. The trace sees each argument as a fresh tensor over a
-# tracer, so the backward filled that stand-in's ``.grad`` and the caller's argument kept
-# None: a silent loss of the gradient. An argument's existing ``.grad`` is state of the
-# call of a function (a root of its walk, as parameters' ``.grad`` are; a module's
-# forward calls no backward) and is the stand-in's ``.grad`` while tracing, so
-# accumulation writes it (written back as any state); a ``.grad`` the backward creates
-# is given to the argument after the trace and made a created output of the program
-# (filled after each call, as a parameter's new ``.grad`` is). A ``.grad`` accumulated
-# out of place (a new tensor) is copied into the existing one.
-def _argument_grads(tensors, leaves) -> list:
-    """Give each leaf argument requiring grad the ``.grad`` its stand-in got while
-    tracing (Note [Gradients of arguments]); the storages of those newly created."""
-    created = []
-    for t, w in zip(tensors, leaves):
-        if not (t.requires_grad and t.is_leaf) or w.grad is None or w.grad is t.grad:
-            continue
-        if t.grad is None:
-            t.grad = w.grad
-            created.append(root(w.grad))
-        else:
-            with torch.no_grad():
-                t.grad.copy_(w.grad)
-    return created
-
-
 # Note [Leaves made inside a compiled function]
 # ``x.detach().requires_grad_()`` or ``torch.zeros(n).requires_grad_()`` returned by the
 # function is, in eager, a new leaf: no grad_fn, its own ``.grad`` filled by a backward
@@ -572,39 +553,6 @@ def _argument_grads(tensors, leaves) -> list:
 # without history and is made a leaf requiring grad; one aliasing an argument or state
 # is rebuilt as a view of that tensor's detached self (Note [Aliased outputs of a
 # compiled function]), so no gradient reaches the argument through it.
-
-
-# Note [Outputs that retain their gradient]
-# ``y.retain_grad()`` inside the function, on a tensor it returns, asks in eager that a
-# backward through ``y`` fill ``y.grad`` with everything that flows into ``y``, the
-# function's own later uses of it included. Outside the program, ``y`` and what the
-# function computed from it (a loss) are sibling outputs of one call: no gradient flows
-# from one into the other, so ``y.grad`` could only hold what flows in from outside.
-# Rather than fill it with part of the gradient, or leave it silently None, the trace
-# warns; torch.compile(backend="tpu") breaks its graph at ``retain_grad`` and fills it.
-_RETAINED = (
-    "torchjax.jit: a tensor the function returns called retain_grad() inside it; its "
-    ".grad is not filled by a backward through the compiled program. Call "
-    "retain_grad() outside, on a tensor that the loss is computed from after the call, "
-    "or use torch.compile(backend='tpu'), which runs retain_grad() between graphs."
-)
-
-# Note [Learning rates assigned while tracing] (torchjax/compile/_hyper.py).
-_LR_ASSIGNED = (
-    "torchjax.jit({}): the function sets an optimizer's lr (scheduler.step() inside "
-    "it); a compiled step cannot repeat a schedule that advances in Python, and the "
-    "traced lr would be lost. Call scheduler.step() after the jitted call: the lr is an "
-    "input of the compiled step, so the schedule then costs no retrace."
-)
-
-# What a trace that wrote a CPU tensor of the state says (Note [CPU tensors in the
-# state] in torchjax/compile/_state.py).
-_HOST_WRITES = (
-    "torchjax.jit({}): the function writes a CPU tensor in place (a counter, a CPU "
-    "buffer); a compiled program cannot repeat a CPU write, so every call traces the "
-    "function again, which repeats it. Keep that tensor on tpu (.to('tpu')) to compile "
-    "the function once (Note [CPU tensors in the state])."
-)
 
 
 # Note [CPU tensors a compiled call writes]

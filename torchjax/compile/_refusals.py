@@ -53,3 +53,36 @@ def escaped_grad(name: str, tensor) -> RuntimeError:
 
 def restrided(name: str, position: int, before, after) -> RuntimeError:
     return RuntimeError(_RESTRIDED.format(name, position, before, after))
+
+
+# Note [Outputs that retain their gradient]
+# ``y.retain_grad()`` inside the function, on a tensor it returns, asks in eager that a
+# backward through ``y`` fill ``y.grad`` with everything that flows into ``y``, the
+# function's own later uses of it included. Outside the program, ``y`` and what the
+# function computed from it (a loss) are sibling outputs of one call: no gradient flows
+# from one into the other, so ``y.grad`` could only hold what flows in from outside.
+# Rather than fill it with part of the gradient, or leave it silently None, the trace
+# warns; torch.compile(backend="tpu") breaks its graph at ``retain_grad`` and fills it.
+RETAINED = (
+    "torchjax.jit: a tensor the function returns called retain_grad() inside it; its "
+    ".grad is not filled by a backward through the compiled program. Call "
+    "retain_grad() outside, on a tensor that the loss is computed from after the call, "
+    "or use torch.compile(backend='tpu'), which runs retain_grad() between graphs."
+)
+
+# Note [Learning rates assigned while tracing] (torchjax/compile/_hyper.py).
+LR_ASSIGNED = (
+    "torchjax.jit({}): the function sets an optimizer's lr (scheduler.step() inside "
+    "it); a compiled step cannot repeat a schedule that advances in Python, and the "
+    "traced lr would be lost. Call scheduler.step() after the jitted call: the lr is an "
+    "input of the compiled step, so the schedule then costs no retrace."
+)
+
+# What a trace that wrote a CPU tensor of the state says (Note [CPU tensors in the
+# state] in torchjax/compile/_state.py).
+HOST_WRITES = (
+    "torchjax.jit({}): the function writes a CPU tensor in place (a counter, a CPU "
+    "buffer); a compiled program cannot repeat a CPU write, so every call traces the "
+    "function again, which repeats it. Keep that tensor on tpu (.to('tpu')) to compile "
+    "the function once (Note [CPU tensors in the state])."
+)

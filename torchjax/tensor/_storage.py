@@ -65,8 +65,9 @@ _cached_strides = functools.lru_cache(maxsize=8192)(_strides)
 # A compiled function's state is what its walk finds (Note [State of a jitted function]
 # in torchjax/compile/_state.py); those storages are bound to tracers while it traces. A
 # tensor the walk cannot see (held by an object with ``__slots__``, a global only a
-# callee names) is read as a constant, and an in-place write to it stored the trace's tracer in the user's own
-# storage: the write was lost and every later read of the tensor failed. While a
+# callee names) is read as a constant, and an in-place write to it stored the trace's
+# tracer in the user's own storage: the write was lost and every later read of the
+# tensor failed. While a
 # ``torchjax.jit`` trace runs (``escapes_watched``), a write of a traced value into a plain
 # storage made before the trace (``born``: the epoch it was made in) is noted with what
 # the storage held; the trace puts those back and refuses the function with an error
