@@ -356,6 +356,68 @@ def test_addcmul_addcdiv_bit_for_bit(op, dtype):
     assert checked == 3
 
 
+_INTEGER_ADDCDIV = {
+    "int tensors, float self": (torch.tensor([1.0]), torch.tensor([1]), torch.tensor([2]), {}),
+    "int tensors, int self": (torch.tensor([1]), torch.tensor([3]), torch.tensor([2]), {}),
+    "bool and int8": (
+        torch.tensor([1.0]),
+        torch.tensor([True]),
+        torch.tensor([2], dtype=torch.int8),
+        dict(value=2),
+    ),
+    "in place": (torch.tensor([1.0]), torch.tensor([1]), torch.tensor([2]), dict(inplace=True)),
+    "out=": (torch.tensor([1.0]), torch.tensor([1]), torch.tensor([2]), dict(out=True)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_INTEGER_ADDCDIV))
+def test_addcdiv_refuses_integer_tensors_as_cpu(name):
+    # Checked on the tensors' own dtypes, before promotion makes them float: CPU's
+    # RuntimeError and text, eager and under torchjax.jit. Under torch.compile what CPU's
+    # torch.compile does: torch's meta check refuses it while Dynamo traces, except
+    # where Dynamo rewrites the call as div, mul and add first (a bool tensor1).
+    s, t1, t2, kw = _INTEGER_ADDCDIV[name]
+    kw = dict(kw)
+    inplace, to_out = kw.pop("inplace", False), kw.pop("out", False)
+
+    def fn(s, t1, t2):
+        if inplace:
+            return s.addcdiv_(t1, t2, **kw)
+        if to_out:
+            return torch.addcdiv(s, t1, t2, out=torch.empty_like(s), **kw)
+        return torch.addcdiv(s, t1, t2, **kw)
+
+    with pytest.raises(RuntimeError) as cpu:
+        fn(s.clone(), t1, t2)
+    text = str(cpu.value)
+    assert text.startswith("Integer division with addcdiv is no longer supported")
+    checked = 0
+    for run in (fn, torchjax.jit(fn)):
+        with pytest.raises(RuntimeError) as got:
+            run(s.to("tpu"), t1.to("tpu"), t2.to("tpu"))
+        assert str(got.value).startswith(text), str(got.value)
+        checked += 1
+    compiled = {}
+    for backend, device in (("eager", "cpu"), ("tpu", "tpu")):
+        torch._dynamo.reset()
+        try:
+            got = torch.compile(fn, backend=backend)(s.to(device), t1.to(device), t2.to(device))
+            compiled[backend] = got.cpu().tolist()
+        except RuntimeError as error:
+            compiled[backend] = "Integer division with addcdiv" in str(error)
+    assert compiled["tpu"] == compiled["eager"], compiled
+    assert checked == 2
+
+
+def test_addcdiv_with_one_float_tensor_divides_as_cpu():
+    s, t1, t2 = torch.tensor([1.0, 2.0]), torch.tensor([3, 4]), torch.tensor([2.0, 8.0])
+    for a, b in ((t1, t2), (t2, t1)):
+        want = torch.addcdiv(s, a, b, value=0.5)
+        got = torch.addcdiv(s.to("tpu"), a.to("tpu"), b.to("tpu"), value=0.5)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu(), want)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_lerp_bit_for_bit(dtype):
     # CPU's vectorised lerp is one FMA from the nearer end (an optimizer's

@@ -21,6 +21,7 @@ from jax import lax
 from torchjax.device import _checks
 from torchjax.ops import complex_math, functional, registry, writeback
 from torchjax.ops.registry import Kind, functional_handler, handler, lowering, precheck
+from torchjax.ops.schema import arg
 from torchjax.tensor import _errors, dtypes
 from torchjax.tensor._tensor import JaxTensor
 from torchjax.tensor.dtypes import aten_type_name
@@ -532,16 +533,31 @@ def fma(x, y, z):
     return lax.platform_dependent(x, y, z, cpu=exact, default=lambda x, y, z: x * y + z)
 
 
+_ADDCDIV_INTEGER = (
+    "Integer division with addcdiv is no longer supported, and in a future  release addcdiv "
+    "will perform a true division of tensor1 and tensor2. The historic addcdiv behavior can "
+    "be implemented as (input + value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for "
+    "integer inputs and as (input + value * tensor1 / tensor2) for float inputs. The future "
+    "addcdiv behavior is just the latter implementation: (input + value * tensor1 / tensor2), "
+    "for all dtypes."
+)
+
+
+@precheck(aten.addcdiv)
+def _addcdiv_integer_division(args, kwargs) -> None:
+    """ATen refuses integer (or bool) ``tensor1`` and ``tensor2`` whatever ``self`` is,
+    before any promotion (PointwiseOps.cpp, CPU's text word for word, the double space
+    included): checked on the torch dtypes, since promotion would make them float."""
+    t1 = arg(args, kwargs, 1, "tensor1")
+    t2 = arg(args, kwargs, 2, "tensor2")
+    if _integral(t1) and _integral(t2):
+        raise RuntimeError(_ADDCDIV_INTEGER)
+
+
 @lowering(aten.addcdiv, promote=Kind.DEFAULT, promote_args=("self", "tensor1", "tensor2"))
 def addcdiv(self, tensor1, tensor2, *, value=1):
-    """aten::addcdiv - ``self + value * tensor1 / tensor2``; integer inputs raise as in
-    torch (its historic integer division was removed)."""
-    if kind_of(tensor1) in ("int", "bool") and kind_of(tensor2) in ("int", "bool"):
-        raise RuntimeError(
-            "aten::addcdiv: Integer division with addcdiv is no longer supported, and in a "
-            "future release addcdiv will perform a true division of tensor1 and tensor2. "
-            "Use (input + value * tensor1 / tensor2) instead."
-        )
+    """aten::addcdiv - ``self + value * tensor1 / tensor2``; integer ``tensor1`` and
+    ``tensor2`` are refused before promotion (``_addcdiv_integer_division``)."""
     # CPU's order: (value * tensor1) / tensor2, then the sum.
     scaled = _scaled("addcdiv", tensor1, value, bool_alpha_check=False)
     return _add(self, exact_div(scaled, tensor2))
