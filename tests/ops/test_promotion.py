@@ -3,9 +3,10 @@
 import math
 
 import jax
+import pytest
 import torch
 
-import torchjax  # noqa: F401
+import torchjax
 from torchjax.ops import promotion
 
 
@@ -49,3 +50,41 @@ def test_many_distinct_numbers_stay_correct_past_the_bound():
     got = [(t * float(k)).item() for k in range(n)]
     assert got == [2.0 * k for k in range(n)]
     assert len(promotion._SCALAR_ARRAYS) <= promotion._MAX_SCALAR_ARRAYS
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_a_complex32_result_is_refused_naming_op_dtypes_and_fix():
+    # CPU gives complex32 (ComplexHalf); jax has no such dtype, so a tpu tensor cannot
+    # hold it. The refusal is a NotImplementedError (a TypeError would be swallowed by
+    # Tensor.__mul__ into "unsupported operand type(s)"), naming the op, the operands'
+    # dtypes and what to do, eager and under torchjax.jit.
+    x = torch.ones(2, dtype=torch.float16)
+    assert (x * 1j).dtype == torch.complex32
+    tpu = x.to("tpu")
+    calls = {
+        "aten::mul.Tensor": lambda t: t * 1j,
+        "aten::add.Tensor": lambda t: 1j + t,
+        "aten::mul_.Tensor": lambda t: t.clone().mul_(1j),
+    }
+    checked = 0
+    for op, fn in calls.items():
+        for run in (fn, torchjax.jit(fn)):
+            with pytest.raises(NotImplementedError) as info:
+                run(tpu)
+            text = str(info.value)
+            assert op in text and "torch.complex32" in text, text
+            assert "a torch.float16 tensor and a Python complex" in text, text
+            assert "x.float()" in text, text
+            checked += 1
+    assert checked == 6
+    # float32 operands: complex64, as on CPU.
+    want = x.float() * 1j
+    got = tpu.float() * 1j
+    assert got.dtype == want.dtype == torch.complex64
+    torch.testing.assert_close(got.cpu(), want)
+
+
+def test_complex_of_float16_is_refused_with_the_same_advice():
+    h = torch.ones(2, dtype=torch.float16, device="tpu")
+    with pytest.raises(NotImplementedError, match=r"two torch\.float16 tensors.*x\.float\(\)"):
+        torch.complex(h, h)

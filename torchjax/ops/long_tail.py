@@ -54,7 +54,8 @@ def complex(real, imag):
     """aten::complex - ``real + 1j * imag``, elementwise.
 
     Shapes: broadcast. Dtypes: both float16/float32/float64 and equal (torch's check);
-    result the matching complex dtype. float16 (ComplexHalf) has no jax dtype: raises.
+    result the matching complex dtype. float16 (ComplexHalf) has no jax dtype: raises
+    NotImplementedError (``dtypes.complex32_error``).
     Reference: torch.complex; torch/_refs complex."""
     if real.dtype != imag.dtype or not jnp.issubdtype(real.dtype, jnp.floating):
         raise RuntimeError(
@@ -62,10 +63,7 @@ def complex(real, imag):
             f"dtype, got {real.dtype} and {imag.dtype}"
         )
     if real.dtype not in (np.float32, np.float64):
-        raise TypeError(
-            f"aten::complex: complex32 (from {real.dtype} inputs) has no jax dtype; use "
-            "float32 inputs"
-        )
+        raise dtypes.complex32_error(f"two torch.{real.dtype} tensors")
     real, imag = jnp.broadcast_arrays(real, imag)
     return lax.complex(real, imag)
 

@@ -98,12 +98,24 @@ _HALF_TYPES = (torch.float16, torch.bfloat16)
 
 def _promotion(kind, vals):
     compute, result = elementwise_dtypes(*vals, type_promotion_kind=kind)
+    if result == torch.complex32:
+        raise _complex32_result(vals)
     inputs = None
     if compute == torch.float32:
         common, _ = elementwise_dtypes(*vals, type_promotion_kind=Kind.NO_OPMATH)
         if common in _HALF_TYPES:
             inputs = dtypes.to_jax_dtype(common)
     return (dtypes.to_jax_dtype(compute), dtypes.to_jax_dtype(result), inputs)
+
+
+def _complex32_result(vals) -> NotImplementedError:
+    # Why NotImplementedError: torch's refusal of a dtype a kernel lacks; a TypeError
+    # would be swallowed by ``Tensor.__mul__``, which turns it into "unsupported operand".
+    names = [
+        f"a {v.dtype} tensor" if isinstance(v, torch.Tensor) else f"a Python {type(v).__name__}"
+        for v in vals
+    ]
+    return dtypes.complex32_error(", ".join(names[:-1]) + " and " + names[-1])
 
 
 # str() of the schema types Tensor, Scalar, Tensor?, Scalar?

@@ -55,6 +55,19 @@ def to_jax_dtype(dtype: torch.dtype) -> np.dtype:
         ) from None
 
 
+def complex32_error(operands: str) -> NotImplementedError:
+    """The refusal of a computation whose result would be complex32 (ComplexHalf), from
+    ``operands`` (words: "a torch.float16 tensor and a Python complex"): JAX has no
+    complex32, so no tpu tensor can hold one. NotImplementedError, as torch refuses a
+    dtype a kernel lacks; the error layer adds the op's name."""
+    return NotImplementedError(
+        f"torchjax: the result dtype of {operands} is torch.complex32 (ComplexHalf), "
+        "which JAX does not have, so a tpu tensor cannot hold it. Do the complex math in "
+        "complex64: make the float16 operands float32 first (x.float()), or run this step "
+        "on CPU (.cpu())."
+    )
+
+
 def to_torch_dtype(dtype) -> torch.dtype:
     """The torch dtype of a NumPy/JAX ``dtype``; raises TypeError if unsupported."""
     try:
