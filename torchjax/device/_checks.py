@@ -39,10 +39,13 @@ every check written with ``require``:
   ``scatter``, ``index_select``/``index_add``/``index_copy``/``index_fill``, ``take``/
   ``put``/``take_along_dim``, ``scatter_reduce``/``index_reduce``, ``embedding``,
   ``embedding_bag`` (CUDA_KERNEL_ASSERT in each kernel); ``nll_loss``'s targets;
-  ``one_hot``'s classes (ATen skips its host check for CUDA and PrivateUse1 and relies
-  on scatter's assert); ``torch._assert_async``; ``bernoulli``'s probability tensor and
-  ``poisson``'s rates (asserts in the CUDA samplers); ``multinomial`` with replacement
-  and more than one sample (asserts in CUDA's sampling kernel);
+  ``multi_margin_loss``'s targets (LossMultiMargin.cu); ``binary_cross_entropy``'s input
+  and target outside [0, 1] or NaN (Loss.cu asserts both; CPU's text names the first
+  bad element's); ``one_hot``'s classes (ATen skips its host check for CUDA and
+  PrivateUse1 and relies on scatter's assert); ``torch._assert_async``; ``bernoulli``'s
+  probability tensor and ``poisson``'s rates (asserts in the CUDA samplers);
+  ``multinomial`` with replacement and more than one sample (asserts in CUDA's sampling
+  kernel);
 - at the op (no CUDA device assert; CPU raises at the op): integer ``div``/
   ``floor_divide``/``remainder``/``fmod`` by zero (CPU raises ``ZeroDivisionError``, CUDA
   checks nothing; ``zero_divisor`` in torchjax/ops/pointwise_binary.py reads a divisor
@@ -53,6 +56,11 @@ every check written with ``require``:
   tensor contains ...``/``sum of probabilities <= 0`` checks back). The ``with
   replacement=False, not enough non-negative category`` check is gone: that path of
   torch does not make it (it samples zero-weight categories last);
+  ``ctc_loss``'s lengths (LossCTC.cpp and LossCTC.cu check them on the host: lengths
+  given as lists, CPU tensors or concrete arrays are read there, tpu tensors on the
+  device, at the op); ``multilabel_margin_loss``'s targets (CPU reads their min and max
+  back, CUDA checks nothing: a host read per call, and per call of a compiled program
+  holding it, where CUDA reads nothing);
 - torchjax's own (no torch counterpart), deferred: the Pallas kernel ops' checks on
   their arguments (``lengths`` and ``page_table`` entries of decode attention, integers
   narrowed to 32 bits), bounds of positions a kernel indexes with, the kind of check a

@@ -7,18 +7,26 @@ them all. Backward ops here are the ``jax.vjp`` of the forward lowering, except 
 ATen gradient has an extra term (see ``_ctc_loss_backward``).
 
 Under jit: nothing reads values, except that ``_ctc_loss.Tensor`` sizes its alpha table
-from the concrete max target length in eager (the targets' width while tracing).
+from the concrete max target length in eager (the targets' width while tracing). Values
+torch refuses (targets out of range, CTC lengths that do not fit, probabilities outside
+[0, 1]) are checked in loss_checks.py, where torch checks them.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
 from torchjax._compat.torch import decomposition_table
 from torchjax.ops.indexing import require_in_range
+from torchjax.ops.loss_checks import (
+    check_ctc_lengths,
+    check_multi_margin_target,
+    check_multilabel_target,
+)
 from torchjax.ops.registry import handler, lowering, precheck
 from torchjax.ops.schema import arg
 from torchjax.ops.writeback import check_castable
@@ -76,8 +84,11 @@ def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=_MEAN)
 
     Shapes: self (N, C) or (C,), target (N,) or () -> per-sample (N,) / () under
     reduction 'none', else a scalar. p is 1 or 2. Dtypes: self's.
+    A target outside [0, C) raises at the next synchronisation point (a device check).
     Reference: ATen LossMultiMargin.cpp.
     """
+    if target.size:
+        check_multi_margin_target(target, self.shape[-1] if self.ndim else 1)
     return _multi_margin(self, target, p, margin, weight, reduction)
 
 
@@ -115,8 +126,10 @@ def multilabel_margin_loss_forward(self, target, reduction):
 
     loss = sum_{j in targets, k not in targets} max(0, 1 - (x[j] - x[k])) / C, the targets
     of a row being its target entries before the first -1. Shapes: self, target (N, C) or
-    (C,); is_target like self (0/1 in self's dtype). Reference: LossMultiLabelMargin.cpp.
+    (C,); is_target like self (0/1 in self's dtype). A target outside [-1, C) raises at
+    the op, as on CPU. Reference: LossMultiLabelMargin.cpp.
     """
+    check_multilabel_target(self, target)
     return _multilabel_margin(self, target, reduction)
 
 
@@ -198,7 +211,9 @@ def _ctc_args(op, log_probs, targets, input_lengths, target_lengths):
     elif isinstance(target_lengths, jax.core.Tracer):
         s_max = targets.shape[1] if targets.ndim == 2 else targets.shape[0]
     else:
-        s_max = int(jnp.max(target_lengths, initial=0))
+        # Concrete values (op by op, or a constant of a trace): read on the host, since
+        # jnp.max inside a trace would give a tracer even of a constant.
+        s_max = int(np.max(np.asarray(target_lengths), initial=0))
     il = jnp.asarray(input_lengths, dtype=jnp.int64).reshape(-1)
     tl = jnp.asarray(target_lengths, dtype=jnp.int64).reshape(-1)
     return il, tl, s_max
@@ -211,9 +226,12 @@ def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_i
     The CTC forward recursion in log space (``lax.scan`` over time). Shapes: log_probs
     (T, N, C); targets (N, S) padded or concatenated 1-D; lengths as int lists or int
     tensors. Impossible alignments give inf (zero_infinity is applied by aten::ctc_loss
-    above us). Dtypes: log_probs'. Reference: ATen LossCTC.cpp.
+    above us). Dtypes: log_probs'. Lengths that do not fit (an input length above T, a
+    target length above the targets' width) raise at the op with CPU's text
+    (``check_ctc_lengths``). Reference: ATen LossCTC.cpp.
     """
     il, tl, s_max = _ctc_args("aten::_ctc_loss", log_probs, targets, input_lengths, target_lengths)
+    check_ctc_lengths(log_probs, targets, input_lengths, target_lengths, blank)
     nll, alpha = _ctc_alpha(log_probs, targets, il, tl, blank, s_max)
     half = _neg(log_probs.dtype) / 2
     nll = jnp.where(nll > -half, jnp.inf, nll).astype(log_probs.dtype)
