@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 import torchjax  # noqa: F401
 from tests.ops.opinfo_cases import make_tests
+from tests.ops.value_checks import MODES, assert_computes_as_cpu, assert_refused_as_cpu
 from torchjax.testing.opinfo import grads_match
 
 OPS = ["nn.functional.embedding", "nn.functional.embedding_bag"]
@@ -143,3 +144,56 @@ def test_embedding_bag_per_sample_weights():
         w,
         psw,
     )
+
+
+# CPU reads offsets[0] and offsets[-1] back and raises at the op (EmbeddingBag.cpp's
+# check_arguments); CUDA checks neither, so tpu raises at the op, CPU's text.
+_BAD_OFFSETS = {
+    "first offset not 0": (torch.tensor([0, 1]), torch.tensor([1, 0]), {}),
+    "negative first offset": (torch.tensor([0, 1]), torch.tensor([-1, 0]), {}),
+    "int32 first offset": (
+        torch.tensor([0, 1], dtype=torch.int32),
+        torch.tensor([1, 0], dtype=torch.int32),
+        {},
+    ),
+    # Mixed index types print as their common type, Long.
+    "int32 offsets, int64 indices": (
+        torch.tensor([0, 1]),
+        torch.tensor([2, 1], dtype=torch.int32),
+        {},
+    ),
+    "last offset past the input": (torch.tensor([0, 1]), torch.tensor([0, 5]), {}),
+    "last offset, max mode": (torch.tensor([0, 1]), torch.tensor([0, 3]), dict(mode="max")),
+    "include_last_offset": (
+        torch.tensor([0, 1]),
+        torch.tensor([0, 1, 3]),
+        dict(include_last_offset=True, mode="mean"),
+    ),
+    # The offsets are checked before the indices, as on CPU.
+    "bad offsets and index": (torch.tensor([0, 7]), torch.tensor([1, 0]), {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BAD_OFFSETS))
+def test_embedding_bag_refuses_offsets_at_the_op_as_cpu(name):
+    idx, offsets, kw = _BAD_OFFSETS[name]
+    weight = torch.randn(3, 2, generator=torch.Generator().manual_seed(0))
+    fn = lambda i, w, o: F.embedding_bag(i, w, o, **kw)  # noqa: E731
+    assert assert_refused_as_cpu(fn, idx, weight, offsets) == len(MODES)
+
+
+def test_embedding_bag_valid_offsets_compute_as_cpu():
+    weight = torch.randn(4, 2, generator=torch.Generator().manual_seed(0))
+    compared = assert_computes_as_cpu(
+        lambda i, w, o: F.embedding_bag(i, w, o, include_last_offset=True),
+        torch.tensor([0, 1, 3, 2]),
+        weight,
+        torch.tensor([0, 1, 4]),  # offsets[-1] == len(indices) is valid
+    )
+    compared += assert_computes_as_cpu(
+        lambda i, w, o: F.embedding_bag(i, w, o, mode="max"),
+        torch.tensor([0, 1, 3, 2]),
+        weight,
+        torch.tensor([0, 2, 2]),
+    )
+    assert compared == 2 * len(MODES)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from torchjax.device import _checks
 from torchjax.ops.indexing import require_in_range
 from torchjax.ops.registry import functional_handler, handler, lowering, precheck
 from torchjax.ops.schema import arg
@@ -129,7 +130,9 @@ def sparse_coo_tensor(args, kwargs):
 # embedding_bag
 #
 # Under jit: bag membership is computed with jnp (searchsorted over the offsets), nothing
-# reads values.
+# reads values. Offsets CPU refuses (``offsets[0] != 0``, ``offsets[-1]`` past the input)
+# raise at the op, as on CPU; indices out of range at the next synchronisation point, as
+# CUDA's device assert (``_check_offsets``, Note [Device-side checks]).
 
 _SUM, _MEAN, _MAX = 0, 1, 2
 
@@ -159,6 +162,37 @@ def _bags(indices, offsets, include_last_offset, padding_idx, stop_at_last=False
         # Out of every sum, still counted in the last bag's size (the Note above).
         valid = valid & (pos < offsets[n_bags])
     return offset2bag, valid, counted, n_bags
+
+
+# CPU's text prints offsets[0] as a 0-d tensor of the indices' and offsets' common type.
+_TENSOR_TYPES = {jnp.dtype(jnp.int64): "LongTensor", jnp.dtype(jnp.int32): "IntTensor"}
+
+
+def _check_offsets(indices, offsets):
+    """EmbeddingBag.cpp's ``check_arguments``: ``offsets[0]`` is 0 and ``offsets[-1]`` at
+    most ``len(indices)``, read back on the host by CPU; CUDA checks neither (its kernels
+    take the first bag from 0), so a check at the op (Note [Device-side checks] in
+    torchjax/device/_checks.py), with CPU's text."""
+    if offsets.size == 0:
+        return
+    kind = _TENSOR_TYPES.get(jnp.promote_types(indices.dtype, offsets.dtype), "LongTensor")
+    _checks.require(
+        offsets[0] != 0,
+        offsets[0],
+        RuntimeError,
+        "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start "
+        "from position 0. However, got {value}\n[ torch." + kind + "{{}} ]",
+        deferred=False,
+    )
+    n = indices.shape[0]
+    _checks.require(
+        offsets[-1] > n,
+        (offsets[-1], n),
+        RuntimeError,
+        "offsets[-1] can not be greater than input's length {value2} but got offsets[-1] of "
+        "{value}",
+        deferred=False,
+    )
 
 
 @lowering(aten._embedding_bag, aten._embedding_bag_forward_only)
@@ -191,6 +225,7 @@ def _embedding_bag(
         raise NotImplementedError(
             "aten::_embedding_bag: per_sample_weights only supported with mode='sum'"
         )
+    _check_offsets(indices, offsets)
     # torch's range check (a clipped index would silently read the last row).
     require_in_range(
         indices,
