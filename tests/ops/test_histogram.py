@@ -7,6 +7,7 @@ import torch
 
 import torchjax
 from tests.ops.opinfo_cases import make_tests
+from tests.ops.value_checks import MODES, assert_computes_as_cpu, assert_refused_as_cpu
 from torchjax.device import _checks
 from torchjax.testing import opinfo as oi
 
@@ -37,6 +38,29 @@ def test_searchsorted_errors():
         torch.searchsorted(seq, seq, right=True, side="left")
     with pytest.raises(RuntimeError, match="first N-1 dimensions"):
         torch.searchsorted(seq.reshape(2, 2), torch.zeros(3, 2, device=TPU))
+
+
+_BAD_SORTERS = {
+    "index past the end": torch.tensor([0, 5]),
+    "negative index": torch.tensor([0, -1]),
+    "batched": torch.tensor([[0, 1], [2, 0]]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BAD_SORTERS))
+def test_searchsorted_refuses_a_sorter_out_of_range_at_the_op_as_cpu(name):
+    # ATen's searchsorted_pre_check reads the sorter's min and max back on CPU and CUDA.
+    sorter = _BAD_SORTERS[name]
+    seq = torch.ones(sorter.shape)
+    fn = lambda s, v, o: torch.searchsorted(s, v, sorter=o)  # noqa: E731
+    assert assert_refused_as_cpu(fn, seq, torch.ones(sorter.shape), sorter) == len(MODES)
+
+
+def test_searchsorted_valid_sorter_computes_as_cpu():
+    seq = torch.tensor([[3.0, 1.0, 2.0], [0.0, -1.0, 5.0]])
+    fn = lambda s, v, o: torch.searchsorted(s, v, sorter=o, right=True)  # noqa: E731
+    values = torch.tensor([[2.0, 0.0], [4.0, -2.0]])
+    assert assert_computes_as_cpu(fn, seq, values, torch.argsort(seq)) == len(MODES)
 
 
 def test_bucketize_int64_large():

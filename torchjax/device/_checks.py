@@ -58,11 +58,12 @@ every check written with ``require``:
   torch does not make it (it samples zero-weight categories last);
   ``ctc_loss``'s lengths (LossCTC.cpp and LossCTC.cu check them on the host: lengths
   given as lists, CPU tensors or concrete arrays are read there, tpu tensors on the
-  device, at the op); ``multilabel_margin_loss``'s targets (CPU reads their min and max
-  back, CUDA checks nothing); ``embedding_bag``'s ``offsets[0] == 0`` and ``offsets[-1]
-  <= len(indices)`` (CPU's ``check_arguments``; CUDA's kernels start the first bag at 0
-  and check neither). The last two cost a host read per call, and per call of a
-  compiled program holding them, where CUDA reads nothing;
+  device, at the op); ``searchsorted``'s ``sorter`` (``searchsorted_pre_check`` reads
+  its min and max back on CPU and CUDA); ``multilabel_margin_loss``'s targets (CPU reads
+  their min and max back, CUDA checks nothing); ``embedding_bag``'s ``offsets[0] == 0``
+  and ``offsets[-1] <= len(indices)`` (CPU's ``check_arguments``; CUDA's kernels start
+  the first bag at 0 and check neither). The last two cost a host read per call, and
+  per call of a compiled program holding them, where CUDA reads nothing;
 - torchjax's own (no torch counterpart), deferred: the Pallas kernel ops' checks on
   their arguments (``lengths`` and ``page_table`` entries of decode attention, integers
   narrowed to 32 bits), bounds of positions a kernel indexes with, the kind of check a

@@ -66,6 +66,11 @@ def _non_contiguous_warnings(args, kwargs):
             )
 
 
+@jax.jit
+def _sorter_outside(sorter, n):
+    return (jnp.min(sorter) < 0) | (jnp.max(sorter) >= n)
+
+
 @lowering(aten.searchsorted)
 def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
     """aten::searchsorted - index where each value of ``self`` would be inserted into the
@@ -118,6 +123,16 @@ def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=No
                 f"boundary tensor {list(seq.shape)} and sorter tensor {list(sorter.shape)}"
             ),
         )
+        if sorter.size:
+            # ATen's searchsorted_pre_check reads sorter's min and max back on CPU and
+            # CUDA alike (BucketizationUtils.h): a check at the op, with its text.
+            _checks.require(
+                _sorter_outside(sorter, seq.shape[-1]),
+                0,
+                RuntimeError,
+                "torch.searchsorted(): sorter index out of range",
+                deferred=False,
+            )
         seq = jnp.take_along_axis(seq, sorter.astype(jnp.int64), axis=-1)
     # Only the comparison dtype: the result is an index, so no promote= (it would cast it).
     values = jnp.asarray(self, dtype=jnp.result_type(seq, self)) if scalar else self
