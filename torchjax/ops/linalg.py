@@ -13,8 +13,12 @@ work. Numerical failures follow torch: the ``_ex`` ops return LAPACK-style ``inf
 (1-based index of the first zero pivot of U; order of the first non-positive-definite
 leading minor for Cholesky) and ``_linalg_check_errors`` turns a nonzero code into torch's
 ``LinAlgError`` naming the public function ("linalg.inv: The diagonal element 2 is zero").
-Reading ``info`` is data-dependent: in eager it is read concretely; under ``jax.jit``
-(tracers) the check is skipped and the result holds inf/NaN, as torch's ``_ex`` variants.
+CPU and CUDA read ``info`` back on the host and raise at the op, so these checks (and the
+ones torch's kernels make themselves: the ``_ex`` ops with ``check_errors=True``,
+``cholesky_inverse``'s zero diagonal, ``_linalg_svd`` of a matrix holding NaN) are device
+checks made at the op (``_require_info``; Note [Device-side checks] in
+torchjax/device/_checks.py): eager raises at the op, ``torchjax.jit`` and
+``torch.compile(backend="tpu")`` when the call returns, with torch's exception and text.
 
 Pivots are LAPACK's: 1-based int32 row swaps, so torch's ``pivots`` is jax's plus one.
 
@@ -32,16 +36,18 @@ which XLA implements on CPU only.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from jax import lax
 
 from torchjax._compat.torch import OpOverload, pytree
-from torchjax.ops.registry import functional_handler, handler
+from torchjax.device import _checks
+from torchjax.ops.registry import functional_handler, handler, lowering
 from torchjax.ops.schema import arg
-from torchjax.tensor._tensor import JaxTensor, wrap
 
 aten = torch.ops.aten
 
@@ -84,19 +90,6 @@ def _checked(op, *, meta=True, use_A_T=None, post=None):
     return deco
 
 
-def _raise_on_info(api_name, info_index=-1):
-    """A ``post`` hook for the ``_ex`` ops: with ``check_errors=True`` a nonzero info
-    raises torch's LinAlgError for ``api_name``."""
-
-    def post(result, args, kwargs):
-        if kwargs.get("check_errors", False):
-            info = result[info_index]
-            _raise_if(info._value(), api_name, info.dim() == 0)
-        return result
-
-    return post
-
-
 # ---------------------------------------------------------------------------------------
 # helpers
 
@@ -135,13 +128,7 @@ def _lu(a):
     ``A = P L U`` with ``A[perm] = L U``; info is the 1-based index of the first exact
     zero on U's diagonal (LAPACK getrf), 0 if none."""
     lu, piv, perm = lax.linalg.lu(a)
-    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
-    if diag.shape[-1] == 0:
-        info = jnp.zeros(diag.shape[:-1], dtype=jnp.int32)
-    else:
-        zero = diag == 0
-        info = jnp.where(jnp.any(zero, -1), jnp.argmax(zero, -1) + 1, 0).astype(jnp.int32)
-    return lu, (piv + 1).astype(jnp.int32), perm, info
+    return lu, (piv + 1).astype(jnp.int32), perm, _zero_diagonal_info(lu)
 
 
 def _perm_from_pivots(pivots, m):
@@ -184,62 +171,111 @@ def _unpack(lu, perm, dtype):
     return p, lower, upper
 
 
-def _cholesky_info(lower_factor):
-    """LAPACK potrf's info, traceable: 1 + the index of the first non-finite pivot. jax's
-    CPU Cholesky returns all-NaN on failure, so this is 1 there; ``_exact_cholesky_info``
-    refines it in eager."""
-    diag = jnp.diagonal(lower_factor, axis1=-2, axis2=-1)
-    if diag.shape[-1] == 0:
-        return jnp.zeros(diag.shape[:-1], dtype=jnp.int32)
-    bad = ~jnp.isfinite(diag)
-    return jnp.where(jnp.any(bad, -1), jnp.argmax(bad, -1) + 1, 0).astype(jnp.int32)
+def _cholesky_fails(factor):
+    # A factor with a non-finite diagonal failed: jax fills a failed factor with NaN on
+    # CPU and GPU. On TPU XLA's own Cholesky runs, whose result XLA leaves undefined for
+    # such input (the square root of a non-positive pivot is NaN; not measured on a chip).
+    return ~jnp.all(jnp.isfinite(jnp.diagonal(factor, axis1=-2, axis2=-1)), -1)
 
 
-def _exact_cholesky_info(src, info):
-    """potrf's info (order of the first leading minor that is not positive definite),
-    found in eager by factoring the leading minors of the failed matrices."""
-    if not _concrete(info) or not bool(jnp.any(info)):
-        return info
-    info = jnp.zeros_like(info)
-    for k in range(src.shape[-1], 0, -1):
-        minor = lax.linalg.cholesky(src[..., :k, :k], symmetrize_input=False)
-        fails = ~jnp.all(jnp.isfinite(jnp.diagonal(minor, axis1=-2, axis2=-1)), -1)
-        info = jnp.where(fails, k, info).astype(jnp.int32)
-    return info
+def _cholesky_info(src, factor):
+    """LAPACK potrf's info, traceable: 0 where ``factor`` (jax's Cholesky of ``src``, the
+    lower triangle read) succeeded, else the order of the first leading minor of ``src``
+    that is not positive definite. Minors of a failed matrix fail from that order on, so
+    the order is bisected: a minor of order k is factored as ``src`` with everything
+    outside its leading k x k block replaced by the identity (its factor is finite exactly
+    when the minor's is), about log2(n) factorizations, made only when one failed."""
+    n = src.shape[-1]
+    failed = _cholesky_fails(factor)
+    if n == 0:
+        return jnp.zeros(src.shape[:-2], dtype=jnp.int32)
+    idx = jnp.arange(n)
+    eye = jnp.eye(n, dtype=src.dtype)
+
+    def step(_, bounds):
+        lo, hi = bounds  # the order is in [lo, hi]; the minor of order hi fails
+        mid = (lo + hi) // 2
+        inside = idx < mid[..., None]
+        minor = jnp.where(inside[..., :, None] & inside[..., None, :], src, eye)
+        fails = _cholesky_fails(lax.linalg.cholesky(minor, symmetrize_input=False))
+        open_ = lo < hi
+        return jnp.where(open_ & ~fails, mid + 1, lo), jnp.where(open_ & fails, mid, hi)
+
+    def bisect():
+        ones = jnp.ones(failed.shape, dtype=jnp.int32)
+        _, hi = lax.fori_loop(0, n.bit_length(), step, (ones, ones * n))
+        return jnp.where(failed, hi, 0).astype(jnp.int32)
+
+    return lax.cond(jnp.any(failed), bisect, lambda: jnp.zeros(failed.shape, jnp.int32))
 
 
 # ---------------------------------------------------------------------------------------
 # errors
 
 
-@handler(aten._linalg_check_errors.default)
-def _linalg_check_errors(args, kwargs):
-    """aten::_linalg_check_errors - raise torch's LinAlgError for a nonzero ``info``.
-
-    In eager the codes are read and handed to torch's own CPU kernel, so the messages
-    ("linalg.inv: (Batch element 1): The diagonal element 2 is zero ...") are torch's.
-    Under tracing nothing is checked (see module docstring)."""
-    info, api_name = args[0], args[1] if len(args) > 1 else kwargs["api_name"]
-    is_matrix = kwargs.get("is_matrix", args[2] if len(args) > 2 else False)
-    value = info._value() if isinstance(info, JaxTensor) else info
-    if isinstance(value, jax.core.Tracer):
-        return None
-    cpu = value if isinstance(value, torch.Tensor) else torch.from_numpy(np.array(value))
-    aten._linalg_check_errors(cpu, api_name, is_matrix=is_matrix)
-    return None
+def _torch_error(api_name, is_matrix, batch, info):
+    """The error torch's own CPU ``_linalg_check_errors`` raises for ``info`` in batch
+    element ``batch``: its type and its text, word for word."""
+    if is_matrix:
+        codes = torch.tensor(info, dtype=torch.int32)
+    else:
+        codes = torch.zeros(batch + 1, dtype=torch.int32)
+        codes[batch] = info
+    try:
+        aten._linalg_check_errors(codes, api_name, is_matrix=is_matrix)
+    except RuntimeError as error:  # LinAlgError, or RuntimeError for lu_factor and ldl
+        return error
+    raise AssertionError(f"torch accepts info {info} for {api_name}")
 
 
-def _raise_if(info, api_name, is_matrix):
-    if _concrete(info) and bool(jnp.any(info)):
-        cpu = torch.from_numpy(np.array(info))
-        aten._linalg_check_errors(cpu, api_name, is_matrix=is_matrix)
+@functools.cache
+def _error_type(api_name, sample):
+    return type(_torch_error(api_name, True, 0, sample))
+
+
+@dataclasses.dataclass(frozen=True)
+class _InfoText:
+    """The message of ``_require_info`` for (batch element, info); hashable by value, so
+    a check has one code per (api_name, is_matrix) (torchjax/device/_checks.py)."""
+
+    api_name: str
+    is_matrix: bool
+
+    def __call__(self, batch, info):
+        return str(_torch_error(self.api_name, self.is_matrix, batch, info))
+
+
+def _require_info(info, api_name, is_matrix, sample=1):
+    """Raise torch's error for the first nonzero entry of the LAPACK-style ``info`` (an
+    array, flattened as torch counts batch elements), at the op: CPU and CUDA read info
+    back there (Note [Device-side checks]). Under tracing the check is carried to the
+    end of the compiled call. ``sample``: the sign of the codes, which picks the type."""
+    flat = info.reshape(-1)
+    if flat.size == 0:
+        return
+    first = jnp.argmax(flat != 0)
+    _checks.require(
+        jnp.any(flat != 0),
+        (first, flat[first]),
+        _error_type(api_name, sample),
+        _InfoText(api_name, bool(is_matrix)),
+        deferred=False,
+    )
+
+
+@lowering(aten._linalg_check_errors.default)
+def _linalg_check_errors(info, api_name, *, is_matrix):
+    """aten::_linalg_check_errors - raise torch's LinAlgError for a nonzero ``info``, with
+    torch's own messages ("linalg.inv: (Batch element 1): The diagonal element 2 is zero
+    ..."), at the op in eager and when a compiled call returns (``_require_info``)."""
+    _require_info(info, api_name, is_matrix)
 
 
 # ---------------------------------------------------------------------------------------
 # LU family
 
 
-@_checked(aten.linalg_lu_factor_ex, post=_raise_on_info("torch.linalg.lu_factor_ex"))
+@_checked(aten.linalg_lu_factor_ex)
 def linalg_lu_factor_ex(A, *, pivot=True, check_errors=False):
     """aten::linalg_lu_factor_ex - packed LU with partial pivoting, LAPACK getrf style.
 
@@ -251,6 +287,8 @@ def linalg_lu_factor_ex(A, *, pivot=True, check_errors=False):
             "(aten::linalg_lu_factor_ex on tpu follows CPU torch); use pivot=True"
         )
     lu, pivots, _, info = _lu(A)
+    if check_errors:
+        _require_info(info, "torch.linalg.lu_factor_ex", A.ndim == 2)
     return lu, pivots, info
 
 
@@ -325,7 +363,7 @@ def _linalg_slogdet(A, use_A_T=False):
     return sign, jnp.sum(jnp.log(absdiag), -1), lu, pivots
 
 
-@_checked(aten._linalg_solve_ex, post=_raise_on_info("torch.linalg.solve_ex"))
+@_checked(aten._linalg_solve_ex)
 def _linalg_solve_ex(A, B, *, left=True, check_errors=False):
     """aten::_linalg_solve_ex - solve A X = B (or X A = B) by LU, numpy's vector rule for B.
 
@@ -333,6 +371,8 @@ def _linalg_solve_ex(A, B, *, left=True, check_errors=False):
     broadcast. Returns (X, LU, pivots, info), LU of A itself (unlike det).
     Reference: torch.linalg.solve_ex; ATen linalg_solve_ex_out."""
     lu, pivots, perm, info = _lu(A)
+    if check_errors:
+        _require_info(info, "torch.linalg.solve_ex", A.ndim == 2)
     vector = B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])
     b = B[..., None] if vector else B
     if left:
@@ -342,11 +382,13 @@ def _linalg_solve_ex(A, B, *, left=True, check_errors=False):
     return (x[..., 0] if vector else x), lu, pivots, info
 
 
-@_checked(aten.linalg_inv_ex, post=_raise_on_info("torch.linalg.inv_ex"))
+@_checked(aten.linalg_inv_ex)
 def linalg_inv_ex(A, *, check_errors=False):
     """aten::linalg_inv_ex - inverse by LU; info as getrf (singular: inf/NaN entries).
     Shapes: (*, n, n) -> (*, n, n), info (*) int32. Reference: torch.linalg.inv_ex."""
     lu, _, perm, info = _lu(A)
+    if check_errors:
+        _require_info(info, "linalg.inv_ex", A.ndim == 2)
     eye = jnp.broadcast_to(jnp.eye(A.shape[-1], dtype=A.dtype), A.shape)
     return _lu_solve(lu, perm, eye), info
 
@@ -380,24 +422,17 @@ def _cholesky_src(A, upper):
     return _mH(A) if upper else A
 
 
-def _cholesky_post(result, args, kwargs):
-    factor, info = result
-    upper = kwargs.get("upper", False)
-    exact = _exact_cholesky_info(_cholesky_src(args[0]._value(), upper), info._value())
-    if exact is not info._value():
-        info = wrap(exact, info._device_index)
-    if kwargs.get("check_errors", False):
-        _raise_if(info._value(), "torch.linalg.cholesky_ex", args[0].dim() == 2)
-    return factor, info
-
-
-@_checked(aten.linalg_cholesky_ex, post=_cholesky_post)
+@_checked(aten.linalg_cholesky_ex)
 def linalg_cholesky_ex(self, *, upper=False, check_errors=False):
     """aten::linalg_cholesky_ex - Cholesky factor of a Hermitian positive-definite matrix
     and potrf's info. On failure the factor holds NaN (LAPACK leaves a partial factor).
     Shapes: (*, n, n) -> (*, n, n), info (*) int32. Reference: torch.linalg.cholesky_ex."""
-    lower = lax.linalg.cholesky(_cholesky_src(self, upper), symmetrize_input=False)
-    return (_mH(lower) if upper else lower), _cholesky_info(lower)
+    src = _cholesky_src(self, upper)
+    lower = lax.linalg.cholesky(src, symmetrize_input=False)
+    info = _cholesky_info(src, lower)
+    if check_errors:
+        _require_info(info, "linalg.cholesky_ex", self.ndim == 2)
+    return (_mH(lower) if upper else lower), info
 
 
 @handler(aten.cholesky.default)
@@ -406,8 +441,17 @@ def cholesky(args, kwargs):
     non-positive-definite input (named "cholesky")."""
     self, upper = args[0], arg(args, kwargs, 1, "upper", False)
     factor, info = aten.linalg_cholesky_ex.default(self, upper=upper)
-    _raise_if(info._value(), "cholesky", self.dim() == 2)
+    aten._linalg_check_errors.default(info, "cholesky", is_matrix=self.dim() == 2)
     return factor
+
+
+def _zero_diagonal_info(a):
+    # LAPACK trtri's info: 1 + the index of the first exact zero on the diagonal, 0 if none.
+    diag = jnp.diagonal(a, axis1=-2, axis2=-1)
+    if diag.shape[-1] == 0:
+        return jnp.zeros(diag.shape[:-1], dtype=jnp.int32)
+    zero = diag == 0
+    return jnp.where(jnp.any(zero, -1), jnp.argmax(zero, -1) + 1, 0).astype(jnp.int32)
 
 
 def _cho_solve(factor, b, upper):
@@ -427,8 +471,10 @@ def cholesky_solve(self, input2, upper=False):
 
 @_checked(aten.cholesky_inverse)
 def cholesky_inverse(self, upper=False):
-    """aten::cholesky_inverse - inverse of A from its Cholesky factor. Reference:
-    torch.cholesky_inverse."""
+    """aten::cholesky_inverse - inverse of A from its Cholesky factor. A zero on the
+    factor's diagonal raises torch's LinAlgError at the op, as LAPACK potri's info does
+    on CPU. Reference: torch.cholesky_inverse."""
+    _require_info(_zero_diagonal_info(self), "cholesky_inverse", self.ndim == 2)
     eye = jnp.broadcast_to(jnp.eye(self.shape[-1], dtype=self.dtype), self.shape)
     return _cho_solve(self, eye, upper)
 
@@ -455,10 +501,21 @@ def linalg_eig(self):
     return w.astype(cdt), v.astype(cdt)
 
 
+def _require_svd_finite(A):
+    # LAPACK gesdd returns info -4 (its argument A is invalid) when A's largest magnitude
+    # is NaN, i.e. A holds a NaN (infinities alone pass, and give NaN), and ATen raises
+    # "linalg.svd: The algorithm failed to converge because the input matrix contained
+    # non-finite values." for it.
+    nan = jnp.any(jnp.isnan(A), axis=(-2, -1))
+    _require_info(jnp.where(nan, -4, 0).astype(jnp.int32), "linalg.svd", A.ndim == 2, -4)
+
+
 @_checked(aten._linalg_svd)
 def _linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
     """aten::_linalg_svd - A = U diag(S) Vh, S descending in the real dtype. Without
-    ``compute_uv`` U and Vh are empty tensors, as torch. Reference: torch.linalg.svd."""
+    ``compute_uv`` U and Vh are empty tensors, as torch. A matrix holding NaN raises
+    torch's LinAlgError at the op (``_require_svd_finite``). Reference: torch.linalg.svd."""
+    _require_svd_finite(A)
     if not compute_uv:
         return _empty(A.dtype), jnp.linalg.svd(A, compute_uv=False), _empty(A.dtype)
     u, s, vh = jnp.linalg.svd(A, full_matrices=full_matrices)
@@ -496,6 +553,7 @@ def linalg_pinv(self, atol=None, rtol=None, hermitian=False):
         max_val = jnp.max(s_abs, -1, keepdims=True)
         vh_h = u
     else:
+        _require_svd_finite(self)  # ATen's pinv calls linalg.svd
         u, s, vh = jnp.linalg.svd(self, full_matrices=False)
         s_abs = s
         max_val = s[..., :1]

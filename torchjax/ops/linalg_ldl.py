@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from torchjax.ops.linalg import _broadcast_batch, _checked, _raise_on_info
+from torchjax.ops.linalg import _broadcast_batch, _checked, _require_info
 
 aten = torch.ops.aten
 
@@ -141,7 +141,7 @@ def _sytf2(a, hermitian):
     return jnp.tril(a), ipiv, info
 
 
-@_checked(aten.linalg_ldl_factor_ex, post=_raise_on_info("torch.linalg.ldl_factor_ex"))
+@_checked(aten.linalg_ldl_factor_ex)
 def linalg_ldl_factor_ex(self, *, hermitian=False, check_errors=False):
     """aten::linalg_ldl_factor_ex - Bunch-Kaufman LDL of a symmetric (``hermitian``:
     Hermitian) matrix from its lower triangle, in LAPACK's packed format (Note [LDL in
@@ -155,7 +155,10 @@ def linalg_ldl_factor_ex(self, *, hermitian=False, check_errors=False):
     fn = lambda a: _sytf2(a, hermitian)  # noqa: E731
     for _ in batch:
         fn = jax.vmap(fn)
-    return fn(self)
+    ld, pivots, info = fn(self)
+    if check_errors:
+        _require_info(info, "torch.linalg.ldl_factor_ex", self.ndim == 2)
+    return ld, pivots, info
 
 
 def _swap_rows(b, i, j):
