@@ -64,6 +64,13 @@ every check written with ``require``:
   and ``offsets[-1] <= len(indices)`` (CPU's ``check_arguments``; CUDA's kernels start
   the first bag at 0 and check neither). The last two cost a host read per call, and
   per call of a compiled program holding them, where CUDA reads nothing;
+- at the op, linear algebra (CPU and CUDA read LAPACK's ``info`` back and raise there):
+  ``_linalg_check_errors`` behind ``linalg.inv``/``inverse``/``matrix_power`` (negative
+  powers)/``tensorinv``, ``linalg.solve``/``tensorsolve``, ``linalg.cholesky``/
+  ``cholesky``, ``linalg.lu_factor``, ``linalg.ldl_factor``; the ``_ex`` ops with
+  ``check_errors=True``; ``cholesky_inverse`` of a factor with a zero on its diagonal;
+  ``_linalg_svd`` (``linalg.svd``, ``svdvals``, ``pinv``, ``matrix_rank``...) of a matrix
+  holding NaN. Texts are torch's, batch element included (torchjax/ops/linalg.py);
 - torchjax's own (no torch counterpart), deferred: the Pallas kernel ops' checks on
   their arguments (``lengths`` and ``page_table`` entries of decode attention, integers
   narrowed to 32 bits), bounds of positions a kernel indexes with, the kind of check a
