@@ -4,8 +4,9 @@ algebra functions, plus what OpInfo misses (errors, batching, float64, gradients
 import pytest
 import torch
 
-import torchjax  # noqa: F401
+import torchjax
 from tests.ops.opinfo_cases import make_tests
+from torchjax.device import _checks
 from torchjax.testing.opinfo import same
 
 OPS = [
@@ -226,3 +227,112 @@ def test_matrix_rank_out_tensor_tolerances():
     out = torch.empty(0, dtype=torch.long, device="tpu")
     torch.linalg.matrix_rank(a.to("tpu"), atol=atol.to("tpu"), rtol=rtol.to("tpu"), out=out)
     torch.testing.assert_close(out.cpu(), expected)
+
+
+# ---------------------------------------------------------------------------------------
+# LAPACK info errors: raised at the op in eager and by a compiled call, as CPU raises them
+
+
+def _ones(a, *shape):
+    return torch.ones(*shape, dtype=a.dtype, device=a.device)
+
+
+_SINGULAR = torch.tensor([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [1.0, 0.0, 1.0]])
+_SINGULAR_BATCH = torch.stack([torch.eye(3), _SINGULAR])  # batch element 1 fails
+_NOT_PD = torch.tensor([[1.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]])  # minor of order 2
+_NOT_PD_BATCH = torch.stack([torch.eye(3), -torch.eye(3), _NOT_PD])
+_ZERO_DIAGONAL = torch.stack([torch.eye(3), torch.diag(torch.tensor([1.0, 0.0, 1.0]))])
+_NAN_BATCH = torch.stack([torch.eye(3), torch.eye(3).index_fill(1, torch.tensor([2]), torch.nan)])
+
+# (id, function, input CPU refuses)
+_FAILING = [
+    ("inv", torch.linalg.inv, _SINGULAR),
+    ("inv_batched", torch.linalg.inv, _SINGULAR_BATCH),
+    ("inverse", torch.inverse, _SINGULAR_BATCH),
+    ("inv_ex", lambda a: torch.linalg.inv_ex(a, check_errors=True).inverse, _SINGULAR_BATCH),
+    ("matrix_power", lambda a: torch.linalg.matrix_power(a, -1), _SINGULAR),
+    ("tensorinv", lambda a: torch.linalg.tensorinv(a, 1), _SINGULAR),
+    ("solve", lambda a: torch.linalg.solve(a, _ones(a, 2, 3)), _SINGULAR_BATCH),
+    ("solve_ex", lambda a: torch.linalg.solve_ex(a, _ones(a, 3), check_errors=True)[0], _SINGULAR),
+    ("lu_factor", lambda a: torch.linalg.lu_factor(a).LU, _SINGULAR_BATCH),
+    ("lu_factor_ex", lambda a: torch.linalg.lu_factor_ex(a, check_errors=True).LU, _SINGULAR),
+    ("cholesky", torch.linalg.cholesky, _NOT_PD),
+    ("cholesky_upper_batched", lambda a: torch.linalg.cholesky(a, upper=True), _NOT_PD_BATCH),
+    ("cholesky_legacy", torch.cholesky, _NOT_PD_BATCH),
+    ("cholesky_ex", lambda a: torch.linalg.cholesky_ex(a, check_errors=True).L, _NOT_PD_BATCH),
+    ("cholesky_inverse", torch.cholesky_inverse, _ZERO_DIAGONAL),
+    ("cholesky_inverse_upper", lambda a: torch.cholesky_inverse(a, upper=True), _ZERO_DIAGONAL[1]),
+    ("svd", lambda a: torch.linalg.svd(a).S, _NAN_BATCH),
+    ("svdvals", torch.linalg.svdvals, _NAN_BATCH[1]),
+    ("svd_legacy", lambda a: torch.svd(a).S, _NAN_BATCH),
+    ("pinv", torch.linalg.pinv, _NAN_BATCH),
+    ("matrix_rank", torch.linalg.matrix_rank, _NAN_BATCH[1]),
+]
+
+_MODES = {
+    "eager": lambda fn: fn,
+    "jit": torchjax.jit,
+    "compile": lambda fn: torch.compile(fn, backend="tpu"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:torch.cholesky is deprecated")
+@pytest.mark.parametrize("mode", list(_MODES))
+@pytest.mark.parametrize("case", _FAILING, ids=[c[0] for c in _FAILING])
+def test_linalg_errors_are_cpus_in_eager_and_compiled(case, mode):
+    # CPU (eager and inductor) reads LAPACK's info back at the op and raises; eager tpu
+    # raises there, a compiled call when it returns, never a result of NaN or inf.
+    _, fn, bad = case
+    with pytest.raises(RuntimeError) as cpu:
+        fn(bad)
+    run = _MODES[mode](fn)
+    with pytest.raises(RuntimeError) as got:
+        run(bad.to("tpu"))
+    assert type(got.value) is type(cpu.value)
+    assert str(got.value) == str(cpu.value)
+    assert _checks.pending() == 0
+    good = _spd(3, *bad.shape[:-2], dtype=bad.dtype)
+    torch.testing.assert_close(run(good.to("tpu")).cpu(), fn(good))
+
+
+# (id, function, input): inputs CPU answers without an error (NaN or inf in the result).
+_NOT_FAILING = [
+    (
+        "triangular_solve",
+        lambda a: torch.linalg.solve_triangular(a, _ones(a, 3, 1), upper=True),
+        _SINGULAR,
+    ),
+    ("cholesky_solve", lambda a: torch.cholesky_solve(_ones(a, 3, 1), a), _ZERO_DIAGONAL),
+    ("inv_ex", lambda a: torch.linalg.inv_ex(a).info, _SINGULAR_BATCH),
+    ("cholesky_ex", lambda a: torch.linalg.cholesky_ex(a).info, _NOT_PD_BATCH),
+    ("lu_factor_ex", lambda a: torch.linalg.lu_factor_ex(a).info, _SINGULAR_BATCH),
+    ("svd_of_inf", torch.linalg.svdvals, torch.full((2, 2), torch.inf)),
+    # (CPU raises for 3 x 3 and larger, with syevd's count of unconverged elements)
+    ("eigvalsh_of_nan", torch.linalg.eigvalsh, torch.full((2, 2, 2), torch.nan)),
+    ("pinv_hermitian_of_nan", lambda a: torch.linalg.pinv(a, hermitian=True), _NAN_BATCH),
+    ("det", torch.linalg.det, _SINGULAR_BATCH),
+]
+
+
+@pytest.mark.parametrize("mode", list(_MODES))
+@pytest.mark.parametrize("case", _NOT_FAILING, ids=[c[0] for c in _NOT_FAILING])
+def test_linalg_without_cpu_errors_does_not_raise(case, mode):
+    _, fn, a = case
+    got = _MODES[mode](fn)(a.to("tpu"))
+    torch.testing.assert_close(got.cpu(), fn(a), equal_nan=True)
+    assert _checks.pending() == 0
+
+
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_cholesky_info_is_the_first_failing_minor(mode):
+    # potrf's info under tracing too: every position of the failing pivot, in a batch.
+    fn = _MODES[mode](lambda a: torch.linalg.cholesky_ex(a).info)
+    checked = 0
+    for n in (1, 2, 5, 8, 17, 33):
+        a = torch.eye(n, dtype=torch.float64).repeat(n + 1, 1, 1)
+        a[torch.arange(n), torch.arange(n), torch.arange(n)] = -1.0
+        r = torch.randn(4, n, n, dtype=torch.float64)
+        for x in (a, r + r.mT + 2 * torch.eye(n, dtype=torch.float64)):
+            assert fn(x.to("tpu")).cpu().tolist() == torch.linalg.cholesky_ex(x).info.tolist()
+            checked += 1
+    assert checked == 12
