@@ -111,7 +111,23 @@ def _logits(model):
     return lambda x: model(input_ids=x).logits
 
 
-def test_kernelize_swaps_llama_rmsnorm_in_eager_jit_and_compile(kernel, hub_rmsnorm):
+@pytest.fixture
+def no_jax_cache_clears():
+    """Trace counts are what these tests measure. A turnover of the executable cache
+    budget (Note [Executable cache budget] in torchjax/_budget.py), brought on by
+    whatever ran before in this process, clears jax's staging caches, and the kernel's
+    jax function is then traced again mid-call; so no clears while they count."""
+    from torchjax import _budget
+
+    old = _budget.BUDGET.clear_jax
+    torchjax.set_cache_budget(clear_jax_caches=False)
+    yield
+    torchjax.set_cache_budget(clear_jax_caches=old)
+
+
+def test_kernelize_swaps_llama_rmsnorm_in_eager_jit_and_compile(
+    kernel, hub_rmsnorm, no_jax_cache_clears
+):
     model = _tiny_llama()
     g = torch.Generator().manual_seed(0)
     ids = {n: torch.randint(3, 128, (1, n), generator=g) for n in (6, 7, 8)}
@@ -185,7 +201,7 @@ def registered_experts(kernel):
 
 
 def test_experts_forward_as_transformers_experts_implementation(
-    kernel, registered_experts, tmp_path
+    kernel, registered_experts, tmp_path, no_jax_cache_clears
 ):
     tiny_models.save_tiny("qwen3_moe", str(tmp_path))
     ids = torch.tensor([[1, 5, 9, 17, 33, 60, 7, 3]])
