@@ -763,6 +763,19 @@ def test_plain_tensor_attributes_of_modules_are_state_as_in_eager():
         m.table[0].fill_(1.0)
 
 
+def test_a_modules_own_registries_are_not_remembered_as_plain_attributes():
+    # Parameters and buffers are walked already: remembering ``_parameters`` and
+    # ``_buffers`` too would walk every module's dicts once more on every call.
+    m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)).to("tpu").eval()
+    run = torchjax.jit(m)
+    run(torch.ones(3, 2, device="tpu"))
+    assert run.trace_count == 1 and run.attributes == {}
+    m.scale = torch.ones((), device="tpu")  # a plain attribute of the Sequential
+    run = torchjax.jit(m)
+    run(torch.ones(3, 2, device="tpu"))
+    assert [name for _, name in run.attributes.values()] == ["scale"]
+
+
 def test_a_plain_attribute_written_inside_is_written_back_as_in_eager():
     class Counter(torch.nn.Module):
         def __init__(self):

@@ -148,8 +148,8 @@ class Jitted:
         self.donation_copies = 0
         self._entries: dict = {}
         # Note [Tensors kept as plain module attributes] in torchjax/compile/_state.py
-        self.attributes: list = []
-        self._attribute_keys: set = set()
+        # (id(module), name) -> (weak reference to the module, name)
+        self.attributes: dict = {}
         weakref.finalize(self, _forget_entries, self._entries)
         self._last_sig = None
         self._is_module = isinstance(fn, torch.nn.Module) or isinstance(
@@ -208,9 +208,9 @@ class Jitted:
         [Tensors kept as plain module attributes]); whether there were any."""
         new = False
         for mod, name in _state.plain_attributes(modules):
-            if (id(mod), name) not in self._attribute_keys:
-                self._attribute_keys.add((id(mod), name))
-                self.attributes.append((weakref.ref(mod), name))
+            known = self.attributes.get((id(mod), name))
+            if known is None or known[0]() is not mod:  # a freed module's id reused
+                self.attributes[id(mod), name] = (weakref.ref(mod), name)
                 new = True
         return new
 
@@ -392,11 +392,10 @@ class _Entry:
                 info["written"], info["created"] = written, created
                 info["args_written"] = args_written
                 info["draws"] = stream.draws
-                outs = [out_flat[i] for i in out_pos]
                 info["saved_outputs"] = [] if saved is None else saved.outputs_saved(outs, root)
                 residuals = [] if saved is None else saved.residuals(trace_of(key))
                 info["n_res"] = len(residuals)
-                info["graph"] = ([out_flat[i] for i in out_pos], bases, leaves, wrapped, arrays)
+                info["graph"] = (outs, bases, leaves, wrapped, arrays)
                 return (
                     [out_flat[i]._value() for i in out_pos] + [b.arr for b in bases],
                     [storages[i].arr for i in written],

@@ -138,8 +138,9 @@ class StateWalk:
 
     def add_attributes(self, attributes) -> None:
         """What the remembered plain attributes hold now (Note [Tensors kept as plain
-        module attributes]); ``attributes``: (weak reference to a module, name) pairs."""
-        for ref, name in attributes:
+        module attributes]); ``attributes``: a compiled function's, (weak reference to a
+        module, name) pairs by (id(module), name)."""
+        for ref, name in attributes.values():
             mod = ref()
             if mod is not None:
                 self.add(mod.__dict__.get(name))
@@ -239,12 +240,18 @@ def walk(roots, grads: bool = True) -> StateWalk:
     return w
 
 
+# A module's own registries: what they hold the walk's ``add_module`` already adds.
+_REGISTRIES = frozenset({"_parameters", "_buffers", "_modules"})
+
+
 def plain_attributes(modules) -> list[tuple]:
     """(module, name) of each plain attribute of ``modules`` holding a tensor, or a
     list, tuple or dict with one (Note [Tensors kept as plain module attributes])."""
     found = []
     for mod in modules:
         for name, v in vars(mod).items():
+            if name in _REGISTRIES:
+                continue
             if isinstance(v, torch.Tensor) or (
                 isinstance(v, (list, tuple, dict))
                 and any(

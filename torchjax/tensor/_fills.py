@@ -55,12 +55,12 @@ def fill_of(storage):
     block = getattr(_LOCAL, "block", None)
     if block is None or storage.born < block[0]:
         return None
-    fill, dtype, device = storage.lazy
+    lazy = storage.lazy
     with x64(True):
-        arr = jnp.full(storage.shape, fill, dtype)
+        arr = jnp.full(storage.shape, lazy[0], lazy[1])
     if not isinstance(arr, jax.core.Tracer):  # evaluated eagerly (compile-time eval)
         return None
-    block[1][id(storage)] = (storage, arr, [fill, dtype, device])
+    block[1][id(storage)] = (storage, arr, lazy)
     return arr
 
 
