@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from torchjax.device import _checks
+from torchjax.ops.indexing import require_in_range
 from torchjax.ops.registry import lowering, precheck
 from torchjax.tensor import _errors
 
@@ -64,11 +65,6 @@ def _non_contiguous_warnings(args, kwargs):
                 UserWarning,
                 stacklevel=4,
             )
-
-
-@jax.jit
-def _sorter_outside(sorter, n):
-    return (jnp.min(sorter) < 0) | (jnp.max(sorter) >= n)
 
 
 @lowering(aten.searchsorted)
@@ -126,13 +122,8 @@ def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=No
         if sorter.size:
             # ATen's searchsorted_pre_check reads sorter's min and max back on CPU and
             # CUDA alike (BucketizationUtils.h): a check at the op, with its text.
-            _checks.require(
-                _sorter_outside(sorter, seq.shape[-1]),
-                0,
-                RuntimeError,
-                "torch.searchsorted(): sorter index out of range",
-                deferred=False,
-            )
+            text = "torch.searchsorted(): sorter index out of range"
+            require_in_range(sorter, 0, seq.shape[-1], RuntimeError, text, deferred=False)
         seq = jnp.take_along_axis(seq, sorter.astype(jnp.int64), axis=-1)
     # Only the comparison dtype: the result is an index, so no promote= (it would cast it).
     values = jnp.asarray(self, dtype=jnp.result_type(seq, self)) if scalar else self

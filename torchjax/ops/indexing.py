@@ -55,13 +55,14 @@ def _outside(idx, lo, hi):
     return (mn < lo) | (mx >= hi), jnp.where(mx >= hi, mx, mn)
 
 
-def require_in_range(idx, lo, hi, exc, template) -> None:
+def require_in_range(idx, lo, hi, exc, template, *, deferred: bool = True) -> None:
     """A device check (Note [Device-side checks]) that every index is in [lo, hi);
-    ``template`` names the op and has ``{value}`` for the offending index."""
+    ``template`` names the op and may have ``{value}`` for the offending index;
+    ``deferred=False``: made at the op."""
     if idx.size == 0:
         return
     bad, value = _outside(jnp.asarray(idx), lo, hi)
-    _checks.require(bad, value, exc, template)
+    _checks.require(bad, value, exc, template, deferred=deferred)
 
 
 def _check_range(idx, n, op, dim, exc=IndexError, negative=True):
