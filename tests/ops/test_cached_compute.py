@@ -528,3 +528,28 @@ def test_a_mask_or_a_view_in_an_index_list_takes_the_template(slow):
         got_view = tpu[:, cols.to(TPU).t()]
     assert torch.equal(got_mask.cpu(), base[mask])
     assert torch.equal(got_view.cpu(), base[:, cols.t()])
+
+
+def test_reads_of_a_growing_storage_share_one_program_per_length():
+    # Note [Views of a growing storage]: generate's loop appends a token to the ids, then
+    # reads the last one as the model's input, in the end-of-sequence check (isin) and for
+    # the next position (+ 1). After two lengths the three share one read program per
+    # length; with the cat, two compiles per token (a key per length compiled isin's
+    # comparison and the add with the read fused in, per length: four). One row, as in a
+    # one-prompt generate: with more rows the view's row stride is the length, a new key.
+    ids = torch.arange(7, dtype=torch.int16).reshape(1, 7)  # shapes no other test uses
+    eos = torch.tensor([3, 11], dtype=torch.int16)
+    t_ids, t_eos = ids.to("tpu"), eos.to("tpu")
+    per_step = []
+    for step in range(10):
+        token = (ids[:, -1:] * 3 + step) % 50
+        t_token = token.to("tpu")
+        before = torchjax.stats()["compiles"]
+        t_ids = torch.cat([t_ids, t_token], dim=-1)
+        got = (t_ids[:, -1:].clone(), torch.isin(t_ids[:, -1:], t_eos), t_ids[:, -1:] + 1)
+        per_step.append(torchjax.stats()["compiles"] - before)
+        ids = torch.cat([ids, token], dim=-1)
+        want = (ids[:, -1:].clone(), torch.isin(ids[:, -1:], eos), ids[:, -1:] + 1)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.cpu(), w)
+    assert max(per_step[4:]) <= 2, per_step

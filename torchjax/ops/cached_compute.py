@@ -56,6 +56,17 @@ signatures seen so far keep their fused executables. The read is exact, so the v
 are the same. (A 64-token greedy ``generate`` of the tiny Llama: two compiles fewer per
 token.)
 
+Note [Views of a growing storage]
+A view read inside an executable at an offset given as an argument is keyed by its size
+and strides alone: the storage's numel is its array's shape, which the input signature
+holds, and the stride of a size-1 dimension, which moves no read, is keyed as the
+contiguous one (``read_strides``). ``ids[:, -1:]`` of ``generate``'s ids, one longer each
+step, is then one key with a new signature per step, so Note [Views in keys whose shapes
+vary] applies after two steps: its read is the one program per length that every read of
+the last token shares (the model's input, the end-of-sequence check), where a key per
+length compiled the op with its read fused, per length, for the first ``MAX_VIEW_KEYS``
+lengths.
+
 Every dtype is compiled: float32/64, bfloat16, float16, float8, every int, bool and
 complex. Value checks of integer inputs (index out of range, division by zero) are device
 checks (Note [Device-side checks], torchjax/device/_checks.py): traced, they become two
@@ -124,7 +135,7 @@ from torchjax.ops.templates import (
     static_entry,
 )
 from torchjax.tensor import dtypes
-from torchjax.tensor._storage import _plan, contiguous_strides
+from torchjax.tensor._storage import _plan, contiguous_strides, read_strides
 from torchjax.tensor._tensor import JaxTensor
 
 # Keys of one overload that read a view inside (their layouts are part of the key): a
@@ -284,7 +295,8 @@ class CompiledCompute:
             dyn.append(_array(storage))
             if _plan(storage.numel, size, stride, offset).dynamic:
                 dyn.append(np.int32(offset))
-                return View(VIEW, storage.numel, size, stride, None)
+                # Keyed by the layout alone (Note [Views of a growing storage]).
+                return View(VIEW, None, size, read_strides(size, stride), None)
             return View(VIEW, storage.numel, size, stride, offset)
         if isinstance(x, torch.Tensor):
             if x.dim() != 0 and not self.cpu_ok:

@@ -282,10 +282,37 @@ def where(condition, self, other):
     return lax.select(c.astype(jnp.bool_), a, b)
 
 
+@lowering(aten.isin.Tensor_Tensor, aten.isin.Tensor_Tensor_out, promote=Kind.ALWAYS_BOOL)
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    """aten::isin(elements, test_elements) - whether each element occurs in test_elements.
+
+    Shapes: the result has elements' shape; test_elements is flattened. Dtypes: both in
+    their promoted dtype (``uint8`` 1 is not in ``[257]``), bool result; bool and complex
+    are refused (``isin_types``). A few test elements are compared with every element; many
+    are sorted and searched, the choice torch's decomposition makes
+    (``test.numel() < 10 * elements.numel() ** 0.145``). Both give equality's answer (NaN
+    is in nothing, ``-0.0`` in ``[0.0]``), so ``assume_unique`` changes nothing. One
+    program where the decomposition was several: ``generate``'s end-of-sequence check
+    (``isin(ids[:, -1:], eos)``) then reads its view of the growing ids with the same
+    program as the next step's input (Note [Views in keys whose shapes vary]).
+    Reference: torch.isin; torch/_decomp ``isin``."""
+    del assume_unique
+    test = jnp.ravel(test_elements)
+    n = test.shape[0]
+    if n == 0 or n < 10.0 * pow(max(elements.size, 1), 0.145):
+        found = jnp.any(elements[..., None] == test, axis=-1)
+    else:
+        ordered = jnp.sort(test)
+        at = jnp.clip(jnp.searchsorted(ordered, elements), 0, n - 1)
+        found = ordered[at] == elements
+    return ~found if invert else found
+
+
 @precheck(aten.isin)
 def isin_types(args, kwargs) -> None:
-    """isin runs as torch's decomposition, which takes any dtype; CPU's kernel refuses
-    bool and complex elements or test elements (tensors or numbers), with this text."""
+    """CPU's kernel refuses bool and complex elements or test elements (tensors or
+    numbers), with this text; the lowering and the decompositions of the Scalar overloads
+    would take them."""
     for i, name in ((0, "elements"), (1, "test_elements")):
         # The Scalar overloads name the number in the singular ("element").
         x = arg(args, kwargs, i, name, kwargs.get(name.removesuffix("s")))

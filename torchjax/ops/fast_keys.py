@@ -67,7 +67,7 @@ def key(args, tmpl, pidx):
             sig.append(a._size)
         elif cls is JaxTensor and e.__class__ is View:
             sig.append(a.dtype)
-            sig.append((a._size, a._stride, e.offset, e.numel))
+            sig.append((a._size, a._stride, e.offset, a._storage.numel))
         elif cls in FAST_SCALARS and i in pidx and e is ARRAY:
             sig.append(cls)
             sig.append(None)

@@ -128,8 +128,8 @@ def rebuild(entry, it):
         return jnp.zeros(entry.size, entry.dtype)
     if kind == VIEW:
         flat = next(it).reshape(-1)
-        if entry.offset is None:  # the offset is the next argument
-            return layout_plan(entry.numel, entry.size, entry.stride).read(flat, next(it))
+        if entry.offset is None:  # the offset is the next argument, the numel the array's
+            return layout_plan(flat.shape[0], entry.size, entry.stride).read(flat, next(it))
         return _plan(entry.numel, entry.size, entry.stride, entry.offset).read(flat)
     return entry.cls(rebuild(e, it) for e in entry.entries)
 

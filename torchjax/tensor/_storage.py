@@ -50,6 +50,18 @@ def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
         return _strides(size)
 
 
+def read_strides(size, stride) -> tuple[int, ...]:
+    """``stride`` with each size-1 dimension's stride made the contiguous one: the strides
+    that decide a read (a size-1 dimension's stride moves nothing), so views that read the
+    same elements have one layout key (Note [Views of a growing storage] in
+    torchjax/ops/cached_compute.py)."""
+    if 1 not in size:
+        return tuple(stride)
+    return tuple(
+        c if n == 1 else s for n, s, c in zip(size, stride, contiguous_strides(tuple(size)))
+    )
+
+
 def _strides(size) -> tuple[int, ...]:
     strides, acc = [], 1
     for n in reversed(size):
