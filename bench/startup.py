@@ -12,10 +12,13 @@ comes from its own child process: the first with an empty persistent compilation
 wall time of the first ``generate`` call, the XLA compiles it made
 (``torchjax.stats()["compiles"]``) and the cache files after it.
 
-Two more modes on request: ``generate`` with processors that read the growing ids
-(``repetition_penalty``, ``no_repeat_ngram_size``), and without a cache.
+More modes on request: ``generate`` with processors that read the growing ids
+(``repetition_penalty``, ``no_repeat_ngram_size``), and without a cache, each as written
+and eager. Each row also gives the same call made again in that process (its wall time
+and compiles: none expected).
 
-Run:  python bench/startup.py [--by-op] [--modes default,eager,eager-dynamic,processors,no-cache]
+Run:  python bench/startup.py [--by-op] [--modes default,eager,eager-dynamic,processors,no-cache,
+      eager-processors,eager-no-cache]
       [--dtypes float32,bfloat16]  (--by-op: the traces of each overload, most first)
 """
 
@@ -44,6 +47,11 @@ _MODES = {
     "eager-dynamic": ({"disable_compile": True}, {"TORCHJAX_AUTO_COMPILE_GENERATE": "0"}),
     "processors": ({"repetition_penalty": 1.3, "no_repeat_ngram_size": 3}, {}),
     "no-cache": ({"use_cache": False}, {}),
+    "eager-processors": (
+        {"disable_compile": True, "repetition_penalty": 1.3, "no_repeat_ngram_size": 3},
+        {},
+    ),
+    "eager-no-cache": ({"disable_compile": True, "use_cache": False}, {}),
 }
 MODES = ("default", "eager", "eager-dynamic")
 
@@ -62,18 +70,23 @@ model = llama().to(dtype).to("tpu")
 ids = torch.tensor(PROMPT, device="tpu")
 torch.tpu.synchronize()
 torchjax.reset_stats()
-t0 = time.perf_counter()
-with torch.no_grad():
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW,
-                         min_new_tokens=NEW, do_sample=False, pad_token_id=0, **extra)
-out.cpu()
-wall = time.perf_counter() - t0
+def generate():
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW,
+                             min_new_tokens=NEW, do_sample=False, pad_token_id=0, **extra)
+    out.cpu()
+    return out, time.perf_counter() - t0
+out, wall = generate()
 s = torchjax.stats()
+_, second = generate()
+second_compiles = torchjax.stats()["compiles"] - s["compiles"]
 cache = os.environ.get("TORCHJAX_COMPILATION_CACHE", "")
 files = sum(len(f) for _, _, f in os.walk(cache)) if os.path.isdir(cache) else 0
 ops = sorted(((v["traces"], k) for k, v in s["ops"].items() if v["traces"]), reverse=True)
 print("RESULT " + json.dumps({
     "wall_s": wall, "import_s": t_import, "compiles": s["compiles"],
+    "second_s": second, "second_compiles": second_compiles,
     "persistent_hits": s["persistent_cache_hits"],
     "traces": sum(t for t, _ in ops), "cache_files": files, "ops": ops,
     "tokens": out.shape[1] - len(PROMPT[0]), "head": out[0, -8:].tolist(),
@@ -124,8 +137,8 @@ def run(dtypes=DTYPES, modes=MODES) -> dict:
 def report(r) -> str:
     lines = [
         f"| tiny Llama first generate ({NEW_TOKENS} tokens), fresh process | wall | "
-        "XLA compiles | cache files | target |",
-        "|---|---:|---:|---:|---|",
+        "XLA compiles | cache files | target | second call (compiles) |",
+        "|---|---:|---:|---:|---|---:|",
     ]
     names = {
         "default": "generate",
@@ -133,13 +146,16 @@ def report(r) -> str:
         "eager-dynamic": "eager, DynamicCache (`TORCHJAX_AUTO_COMPILE_GENERATE=0`)",
         "processors": "generate, `repetition_penalty` + `no_repeat_ngram_size`",
         "no-cache": "generate, `use_cache=False`",
+        "eager-processors": "eager, `repetition_penalty` + `no_repeat_ngram_size`",
+        "eager-no-cache": "eager, `use_cache=False`",
     }
     for (dtype, mode), runs in r.items():
         for which, target in (("cold", "<= 5 s, <= 100 compiles"), ("warm", "<= 1 s")):
             x = runs[which]
             lines.append(
                 f"| {dtype}, {names[mode]}, {which} cache | {x['wall_s']:.2f} s | "
-                f"{x['compiles']} | {x['cache_files']} | {target} |"
+                f"{x['compiles']} | {x['cache_files']} | {target} | "
+                f"{x['second_s']:.2f} s ({x['second_compiles']}) |"
             )
     return "\n".join(lines)
 
