@@ -11,7 +11,7 @@ from torchjax import ops as _ops  # noqa: F401  (fills the op table)
 from torchjax import pallas as pallas  # after ops: kernels register into its table
 from torchjax._budget import set_cache_budget
 from torchjax._patches import UntestedVersionWarning
-from torchjax.compile import Jitted, RetraceWarning, bucketed, export, jit
+from torchjax.compile import DynamicShapesWarning, Jitted, RetraceWarning, bucketed, export, jit
 from torchjax.device._stats import reset_stats, stats
 from torchjax.integrations import _dynamo_backend, _safetensors
 from torchjax.integrations.accelerate import _device as _accelerate_device
@@ -88,6 +88,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DataDependentError",
+    "DynamicShapesWarning",
     "JaxTensor",
     "Jitted",
     "LeakedTracerError",

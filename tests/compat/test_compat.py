@@ -698,3 +698,22 @@ def test_host_copy_leaves_no_host_copy_cached_on_the_array():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def test_dynamo_frame_id_names_the_compiled_function():
+    # One id per function, the same over its recompiles.
+    from torchjax._compat.torch import dynamo_frame_id
+
+    ids = []
+
+    def backend(gm, example_inputs):
+        ids.append(dynamo_frame_id(gm))
+        return gm.forward
+
+    def f(x):
+        return x * 2
+
+    compiled = torch.compile(f, backend=backend)
+    compiled(torch.ones(2))
+    compiled(torch.ones(2, dtype=torch.float64))  # a dtype guard fails: a recompile
+    assert len(ids) == 2 and ids[0] is not None and ids[0] == ids[1]

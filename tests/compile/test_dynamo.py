@@ -375,3 +375,30 @@ def test_out_of_range_indices_in_a_compiled_graph_raise_as_eager():
         with pytest.raises(IndexError) as got:
             out.cpu()
         assert str(got.value) == str(eager.value)
+
+
+def test_dynamic_shapes_reuse_one_graph_and_warn_once_per_function():
+    # Note [Dynamic shapes compile one program per shape]: one Dynamo graph with symbolic
+    # sizes (two: Dynamo specializes a first size of 1), one XLA program per batch size,
+    # and one DynamicShapesWarning for the function, not one per call or per size.
+    import warnings
+
+    def fn(x, w):
+        return torch.relu(x @ w).sum(-1) * x.shape[0]
+
+    compiled = torch.compile(fn, backend="tpu", dynamic=True)
+    w = torch.randn(4, 3)
+    before = torchjax.compile.dynamo_stats()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for b in range(1, 12):
+            x = torch.randn(b, 4)
+            torch.testing.assert_close(compiled(x.to("tpu"), w.to("tpu")).cpu(), fn(x, w))
+        compiled(torch.randn(5, 4).to("tpu"), w.to("tpu"))  # a size seen before
+    after = torchjax.compile.dynamo_stats()
+    assert after["graphs"] - before["graphs"] == 2
+    assert after["traces"] - before["traces"] == 11
+    told = [w for w in seen if issubclass(w.category, torchjax.DynamicShapesWarning)]
+    assert len(told) == 1
+    assert "pad_to_multiple_of" in str(told[0].message)
+    assert "one program per distinct input shape" in str(told[0].message)

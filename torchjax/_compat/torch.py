@@ -593,3 +593,10 @@ def dynamo_traced(fn):
     import torch._dynamo
 
     return torch._dynamo.dont_skip_tracing(fn)
+
+
+def dynamo_frame_id(gm) -> int | None:
+    """The id of the Python frame (function) whose graph ``gm`` Dynamo captured: one per
+    function, shared by its recompiles (None where Dynamo set none). Private API: the
+    ``dynamo_compile_id`` entry (a ``torch._guards.CompileId``) of ``gm.meta``."""
+    return getattr(gm.meta.get("dynamo_compile_id"), "frame_id", None)

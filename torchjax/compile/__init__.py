@@ -8,6 +8,7 @@ same way.
 from torchjax.compile import _default_backend, _remat
 from torchjax.compile._buckets import bucketed as bucketed
 from torchjax.compile._export import export as export
+from torchjax.compile._jit import DynamicShapesWarning as DynamicShapesWarning
 from torchjax.compile._jit import Jitted as Jitted
 from torchjax.compile._jit import RetraceWarning as RetraceWarning
 from torchjax.compile._jit import jit as jit

@@ -23,12 +23,14 @@ import functools
 import inspect
 import operator
 import sys
+import warnings
 
 import jax
 import torch
 
 from torchjax import _patches
 from torchjax._compat.torch import (
+    dynamo_frame_id,
     dynamo_never_trace,
     dynamo_optimizer_variable_class,
     dynamo_skip_package,
@@ -36,7 +38,7 @@ from torchjax._compat.torch import (
 )
 from torchjax.compile import _custom_functions, _host_parts
 from torchjax.compile._capturable import make_capturable
-from torchjax.compile._jit import Jitted
+from torchjax.compile._jit import DynamicShapesWarning, Jitted
 from torchjax.ops import traced_scalars
 from torchjax.tensor._errors import DataDependentError
 from torchjax.tensor._tensor import JaxTensor
@@ -186,6 +188,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
         parts = [call]
     _TOTALS["graphs"] += 1
     static = _floats_stay_static(host, example_inputs) if floats else None
+    frame = dynamo_frame_id(dynamo_gm) if _has_symbolic_sizes(example_inputs) else None
 
     def counted(args):
         before = [(p.trace_count, p.cache_hits) for p in parts]
@@ -195,6 +198,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
             for p, (traces, hits) in zip(parts, before):
                 _TOTALS["traces"] += p.trace_count - traces
                 _TOTALS["cache_hits"] += p.cache_hits - hits
+            if frame is not None and frame not in _WARNED_FRAMES:
+                _warn_per_shape(frame, parts)
 
     def run(*args):
         if scalars or floats:
@@ -225,6 +230,45 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
     run.parts = parts
     run.static_floats = static
     return run
+
+
+# Note [Dynamic shapes compile one program per shape]
+# ``torch.compile(dynamic=True)``, or Dynamo's automatic dynamic shapes after a second
+# size, gives the backend one graph with symbolic sizes: Dynamo does not trace again for
+# a new size, and the backend receives the sizes as Python ints. An XLA program has static
+# shapes, so the graph's jax trace and XLA compile run once per distinct set of sizes (the
+# jit key holds the shapes and the ints); the graph itself is reused. Eleven batch sizes
+# are one Dynamo graph (two where the first size is 1, which Dynamo specializes) and
+# eleven XLA programs. Users who expect dynamic=True to mean one program are told, once
+# per compiled function (the frame Dynamo captured, over its recompiles), when the second
+# program of a symbolic graph is compiled: a ``DynamicShapesWarning``.
+_WARNED_FRAMES: set = set()
+_DYNAMIC_SHAPES = (
+    'torch.compile(backend="tpu") with dynamic shapes: the graph Dynamo traced with '
+    "symbolic sizes is reused, but XLA compiles one program per distinct input shape, and "
+    "this call compiled another (each new batch size or sequence length is a full XLA "
+    "compile). To bound compiles, pad inputs to a few fixed sizes: a tokenizer's "
+    "pad_to_multiple_of=64, batches padded to a power of two, or "
+    "torchjax.bucketed(fn, buckets=(...), dim=...); dynamic=True does not avoid them. "
+    "Shown once per compiled function."
+)
+
+
+def _has_symbolic_sizes(example_inputs) -> bool:
+    """Whether Dynamo traced the graph with symbolic sizes (a SymInt input, or a tensor
+    input whose shape holds one)."""
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt):
+            return True
+        if isinstance(x, torch.Tensor) and any(isinstance(n, torch.SymInt) for n in x.shape):
+            return True
+    return False
+
+
+def _warn_per_shape(frame, parts) -> None:
+    if any(p.trace_count > 1 for p in parts):
+        _WARNED_FRAMES.add(frame)
+        warnings.warn(_DYNAMIC_SHAPES, DynamicShapesWarning, stacklevel=4)
 
 
 def _floats_stay_static(host, example_inputs) -> str | None:

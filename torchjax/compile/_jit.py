@@ -84,6 +84,12 @@ class RetraceWarning(UserWarning):
     """A jitted function traced more often than its ``warn_after`` allows."""
 
 
+class DynamicShapesWarning(UserWarning):
+    """``torch.compile(backend="tpu")`` of a graph with symbolic sizes compiled a second
+    XLA program, for new input sizes (Note [Dynamic shapes compile one program per shape]
+    in torchjax/compile/_dynamo.py)."""
+
+
 def jit(fn=None, *, static_argnames=(), donate: bool = True, warn_after: int = 8):
     """Compile PyTorch code on tpu tensors into one jax.jit program per signature.
 
