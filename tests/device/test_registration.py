@@ -158,7 +158,7 @@ def _fresh_import() -> list:
         assert f(torch.ones(2)).tolist() == [3.0, 3.0]
         print("ok", flush=True)
         x = torch.ones(2).to("tpu")
-        print("tensor:", type(x).__name__, x.device)
+        print("tensor:", type(x).__qualname__, x.device)
         """
     )
     return out.strip().splitlines()

@@ -110,6 +110,56 @@ def test_data_assignment():
     assert p.requires_grad
 
 
+def test_data_assignment_of_a_non_tensor_is_cpus_type_error():
+    for value in ("a", None, 3):
+        raised = []
+        for device in ("cpu", "tpu"):
+            with pytest.raises(TypeError) as info:
+                torch.zeros(2).to(device).data = value
+            raised.append(str(info.value))
+        assert (
+            raised[0]
+            == raised[1]
+            == (f"Variable data has to be a tensor, but got {type(value).__name__}")
+        )
+
+
+_WRONG_ARGUMENTS = {
+    "x + str": lambda t: t + "a",
+    "str + x": lambda t: "a" + t,
+    "x @ str": lambda t: t @ "a",
+    "x < str": lambda t: t < "a",
+    "x ** str": lambda t: t ** "a",
+    "divmod": lambda t: divmod(t, "a"),
+    "format": lambda t: format(t, "d"),
+    "torch.where": lambda t: torch.where(t > 0, t, "a"),
+    "masked_fill": lambda t: t.masked_fill(t > 0, "a"),
+    "torch.add": lambda t: torch.add(t, "a"),
+    "view": lambda t: t.view("a"),
+    "unknown attribute": lambda t: t.foo,
+}
+
+
+@pytest.mark.parametrize("case", sorted(_WRONG_ARGUMENTS))
+def test_wrong_argument_messages_name_the_class_tensor_as_cpu(case):
+    # Note [The class name in Python's messages]: Python and torch's argument parser
+    # name the object's class; a tpu tensor's is Tensor there, as a CPU tensor's.
+    fn = _WRONG_ARGUMENTS[case]
+    raised = []
+    for device in ("cpu", "tpu"):
+        with pytest.raises((TypeError, AttributeError)) as info:
+            fn(torch.ones(3).to(device))
+        raised.append((type(info.value), str(info.value)))
+    assert raised[0] == raised[1]
+    assert "JaxTensor" not in raised[1][1]
+
+
+def test_class_keeps_its_qualified_name():
+    t = torch.ones(2).to("tpu")
+    assert type(t) is JaxTensor and type(t).__qualname__ == "JaxTensor"
+    assert "JaxTensor" in repr(type(t))
+
+
 def test_set_():
     a = torch.zeros(4).to("tpu")
     b = torch.arange(6.0).to("tpu")

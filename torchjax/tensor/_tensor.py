@@ -264,6 +264,8 @@ class JaxTensor(torch.Tensor):
 
     @data.setter
     def data(self, new):
+        if not isinstance(new, torch.Tensor):
+            raise TypeError(f"Variable data has to be a tensor, but got {type(new).__name__}")
         if not isinstance(new, JaxTensor):
             raise RuntimeError(
                 f"torchjax: cannot assign .data of a tpu tensor from a {new.device} tensor; "
@@ -358,6 +360,16 @@ class JaxTensor(torch.Tensor):
 
 
 _protocols.register_forking_reduction(JaxTensor)
+
+# Note [The class name in Python's messages]
+# Python names an object's class by its type's ``__name__`` in the TypeErrors and
+# AttributeErrors it raises itself ("unsupported operand type(s) for +: 'Tensor' and
+# 'str'", "'Tensor' object has no attribute 'foo'"), and torch's argument parser does the
+# same in "got (Tensor, str)" and marks an argument whose class is not named ``Tensor`` as
+# mismatched. A tpu tensor is a plain torch.Tensor to its users, so those messages say
+# ``Tensor``, as on CPU. ``__qualname__`` stays ``JaxTensor``: ``repr(type(t))``, pickling
+# by reference and the import path still name this class.
+JaxTensor.__name__ = "Tensor"
 
 
 # (shape, jax dtype) -> (size, contiguous strides, numel, torch dtype): the metadata of a
