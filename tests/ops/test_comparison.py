@@ -5,7 +5,7 @@ where, equal / isclose / allclose; and the ``<<``/``>>`` dunders
 import pytest
 import torch
 
-import torchjax  # noqa: F401
+import torchjax
 from tests.ops.opinfo_cases import make_tests
 
 OPS = [
@@ -276,6 +276,51 @@ def test_clamp_of_complex_refuses_as_cpu(call):
     with pytest.raises(NotImplementedError) as got:
         call(x.to("tpu"))
     assert str(got.value).startswith(str(want.value))
+
+
+_CLAMP_OUTPUT_REFUSALS = {
+    "clamp_min_": lambda t, f: t.clamp_min_(0.5),
+    "clamp_max_": lambda t, f: t.clamp_max_(0.5),
+    "clamp_": lambda t, f: t.clamp_(0.5),
+    "clamp_max_only": lambda t, f: t.clamp_(max=0.5),
+    "clamp_min_and_max": lambda t, f: t.clamp_(-1, 0.5),
+    "clamp_complex_bound": lambda t, f: t.clamp_(1j),
+    "clamp_out": lambda t, f: torch.clamp(f, 0.5, out=t),
+    "clamp_min_out": lambda t, f: torch.clamp_min(f, 0.5, out=t),
+    "clamp_max_out": lambda t, f: torch.clamp_max(t, 0.5, out=t.clone()),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+@pytest.mark.parametrize(
+    "dtype", [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64], ids=str
+)
+@pytest.mark.parametrize("name", sorted(_CLAMP_OUTPUT_REFUSALS))
+def test_clamp_to_numbers_refuses_an_output_type_as_cpu(name, dtype, mode):
+    # An in-place clamp of an integer tensor by a float bound names the C++ type ("bool",
+    # "long int"), as CPU's meta function prints it; an out= tensor needs the result type.
+    fn = _CLAMP_OUTPUT_REFUSALS[name]
+    t, f = torch.ones(2, dtype=dtype), torch.ones(2)
+    with pytest.raises(RuntimeError) as cpu:
+        fn(t, f)
+    with pytest.raises(RuntimeError) as got:
+        (torchjax.jit(fn) if mode == "jit" else fn)(t.to("tpu"), f.to("tpu"))
+    assert str(got.value) == str(cpu.value)
+
+
+def test_clamp_out_of_another_float_type_refused_as_cpu():
+    x = torch.tensor([0.25, 2.0])
+    for out_dtype in (torch.float16, torch.float64):
+        with pytest.raises(RuntimeError) as cpu:
+            torch.clamp(x, 0.5, out=torch.empty(2, dtype=out_dtype))
+        with pytest.raises(RuntimeError) as got:
+            torch.clamp(x.to("tpu"), 0.5, out=torch.empty(2, dtype=out_dtype, device="tpu"))
+        assert str(got.value) == str(cpu.value)
+    # a tensor bound casts into out=, as on CPU
+    out = torch.empty(2, dtype=torch.float16, device="tpu")
+    torch.clamp(x.to("tpu"), torch.tensor(0.5).to("tpu"), out=out)
+    want = torch.clamp(x, torch.tensor(0.5), out=torch.empty(2, dtype=torch.float16))
+    assert torch.equal(out.cpu(), want)
 
 
 # isin runs as torch's decomposition, which took bool and complex inputs CPU refuses.

@@ -157,19 +157,48 @@ def test_int64_past_2_31():
 
 
 def test_bool_errors():
-    b = tpu(torch.tensor([True, False]))
-    with pytest.raises(RuntimeError, match="aten::sub.*bool"):
-        b - b
-    with pytest.raises(RuntimeError, match="aten::add: For integral input tensors"):
-        torch.add(tpu(torch.tensor([1])), tpu(torch.tensor([1])), alpha=0.5)
-    with pytest.raises(RuntimeError, match="aten::add: Boolean alpha"):
-        torch.add(tpu(torch.tensor([1])), tpu(torch.tensor([1])), alpha=True)
     with pytest.raises(NotImplementedError, match="aten::bitwise_and"):
         torch.bitwise_and(tpu(torch.tensor([1.0])), tpu(torch.tensor([1.0])))
-    with pytest.raises(RuntimeError, match="aten::div.*rounding_mode"):
-        torch.div(b, b, rounding_mode="bad")
-    with pytest.raises(RuntimeError, match="aten::clamp"):
-        torch.clamp(b)
+
+
+_I, _F, _B, _C = (
+    torch.tensor([1, 2]),
+    torch.tensor([1.5, 2.0]),
+    torch.tensor([True, False]),
+    torch.tensor([1 + 1j, 2]),
+)
+
+# add/sub/rsub's own refusals (BinaryOps.cpp: sub_check, alpha_check, TensorIterator's
+# cast to out=) and div's and clamp's argument checks: CPU's text, word for word.
+_ARGUMENT_REFUSALS = {
+    "add_int_float_alpha": lambda i, f, b, c: torch.add(i, i, alpha=0.5),
+    "add_scalar_float_alpha": lambda i, f, b, c: torch.add(i, 2, alpha=0.5),
+    "add_int_complex_alpha": lambda i, f, b, c: torch.add(i, i, alpha=1j),
+    "add_float_complex_alpha": lambda i, f, b, c: torch.add(f, i, alpha=1j),
+    "add_complex_bool_alpha": lambda i, f, b, c: torch.add(c, c, alpha=True),
+    "add_int_bool_alpha": lambda i, f, b, c: torch.add(i, i, alpha=True),
+    "add_out_float_alpha": lambda i, f, b, c: torch.add(i, i, alpha=0.5, out=f.clone()),
+    "add_out_cast_before_alpha": lambda i, f, b, c: torch.add(f, i, alpha=0.5, out=i.clone()),
+    "sub_int_float_alpha": lambda i, f, b, c: torch.sub(i, i, alpha=0.5),
+    "sub_bool_float_alpha": lambda i, f, b, c: torch.sub(b, b, alpha=0.5),
+    "rsub_int_complex_alpha": lambda i, f, b, c: torch.rsub(i, i, alpha=1j),
+    "rsub_scalar_complex_alpha": lambda i, f, b, c: torch.rsub(f, 2, alpha=1j),
+    "div_rounding_mode": lambda i, f, b, c: torch.div(b, b, rounding_mode="bad"),
+    "clamp_no_bound": lambda i, f, b, c: torch.clamp(b),
+    "clamp_complex_no_bound": lambda i, f, b, c: torch.clamp(c),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+@pytest.mark.parametrize("name", sorted(_ARGUMENT_REFUSALS))
+def test_argument_refusals_are_cpus_word_for_word(name, mode):
+    fn = _ARGUMENT_REFUSALS[name]
+    with pytest.raises(RuntimeError) as cpu:
+        fn(_I.clone(), _F.clone(), _B.clone(), _C.clone())
+    args = [tpu(t) for t in (_I, _F, _B, _C)]
+    with pytest.raises(RuntimeError) as got:
+        (torchjax.jit(fn) if mode == "jit" else fn)(*args)
+    assert str(got.value) == str(cpu.value)
 
 
 _BOOL = torch.tensor([True, False])
@@ -200,7 +229,7 @@ def test_subtraction_with_a_bool_operand_raises_cpus_error(name):
         fn(_BOOL, _INT)
     with pytest.raises(RuntimeError) as got:
         fn(tpu(_BOOL), tpu(_INT))
-    assert str(cpu.value) in str(got.value)
+    assert str(got.value) == str(cpu.value)
 
 
 def test_inplace_and_out():
@@ -540,6 +569,27 @@ def test_false_times_inf_is_nan(name, mode):
 
 
 _ADDCMUL_VALUES = [0.5, 1.7, -1.5, 2, True]
+
+
+@pytest.mark.parametrize(
+    "op, dtype",
+    [
+        (torch.addcmul, torch.float32),
+        (torch.addcmul, torch.float64),
+        (torch.addcmul, torch.int64),
+        (torch.addcdiv, torch.float32),  # addcdiv refuses integer tensors first
+        (torch.addcdiv, torch.float64),
+    ],
+    ids=str,
+)
+def test_complex_value_of_a_real_addcmul_addcdiv_overflows_as_cpu(op, dtype):
+    # CPU reads value as the result type (c10's checked conversion); no alpha check.
+    t = torch.tensor([1.0, 2.0]).to(dtype)
+    with pytest.raises(RuntimeError) as cpu:
+        op(t, t, t, value=1j)
+    with pytest.raises(RuntimeError) as got:
+        op(tpu(t), tpu(t), tpu(t), value=1j)
+    assert str(got.value).split(" (in aten::")[0] == str(cpu.value)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.int32, torch.bool], ids=str)

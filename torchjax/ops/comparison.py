@@ -14,11 +14,11 @@ import numpy as np
 import torch
 from jax import lax
 
-from torchjax.ops import registry
+from torchjax.ops import registry, writeback
 from torchjax.ops.pointwise_binary import bcast, kind_of, lax2, type_name
 from torchjax.ops.registry import Kind, lowering, precheck
 from torchjax.ops.schema import arg
-from torchjax.tensor import dtypes
+from torchjax.tensor import _errors, dtypes
 
 aten = torch.ops.aten
 
@@ -198,12 +198,18 @@ def _no_complex_bound(name, self, bound):
             raise NotImplementedError(f"\"{name}\" not implemented for '{type_name(x)}'")
 
 
-def _clamp(self, min, max, low, high):
-    _no_complex_clamp(self, min, max)
-    if min is None and max is None:
-        raise RuntimeError(
-            "aten::clamp: torch.clamp: At least one of 'min' or 'max' must not be None"
+@precheck(aten.clamp, aten.clamp_)
+def _clamp_bound_given(args, kwargs) -> None:
+    """CPU's first check of clamp, before any dtype's (a complex ``self`` included)."""
+    if arg(args, kwargs, 1, "min") is None and arg(args, kwargs, 2, "max") is None:
+        raise _errors.verbatim(
+            RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
         )
+
+
+def _clamp(self, min, max, low, high):
+    # no bound at all is refused before (``_clamp_bound_given``)
+    _no_complex_clamp(self, min, max)
     out = self
     if min is not None:
         out = low(out, min)
@@ -213,6 +219,64 @@ def _clamp(self, min, max, low, high):
 
 
 _CLAMP_POLICY = dict(promote=Kind.DEFAULT, checked_scalars=("min", "max"))
+
+_NUMBER_KINDS = {bool: True, int: 1, float: 0.5, complex: 1j, torch.SymFloat: 0.5}
+
+
+def _clamp_scalar_output_check(ov):
+    """The output checks of CPU's clamp, clamp_min and clamp_max with number bounds
+    (TensorCompare.cpp's meta functions), in its order and words: an integer or bool
+    ``self`` promoted by a bound (``int_t.clamp_(0.5)``) cannot be clamped in place,
+    named by its C++ type (``long int``); an ``out=`` tensor must have the result type
+    exactly (a unary TensorIterator), where a cast would do for other ops. The bounds'
+    other refusals (none given, a complex one) are the lowering's."""
+    inplace = ov._schema.is_mutable and "out" not in [a.name for a in ov._schema.arguments]
+    names = {"clamp": ("min", "max"), "clamp_min": ("min",), "clamp_max": ("max",)}[
+        ov._opname.rstrip("_")
+    ]
+
+    def check(args, kwargs) -> None:
+        self = arg(args, kwargs, 0, "self")
+        bounds = [arg(args, kwargs, 1 + i, n) for i, n in enumerate(names)]
+        bounds = [b for b in bounds if b is not None]
+        if not bounds or self.dtype.is_complex:
+            return
+        if len(names) == 1 and isinstance(bounds[0], complex):
+            return
+        result = self.dtype
+        if not result.is_floating_point:
+            for b in bounds:
+                result = torch.result_type(
+                    torch.empty(0, dtype=result), _NUMBER_KINDS.get(type(b), b)
+                )
+            if inplace and result != self.dtype:
+                raise _errors.verbatim(
+                    RuntimeError(
+                        f"result type {dtypes.aten_type_name(result)} can't be cast to the "
+                        f"desired output type {writeback.dtype_name(self.dtype)}"
+                    )
+                )
+        out = None if inplace else kwargs.get("out")
+        if out is not None and not result.is_complex and out.dtype != result:
+            raise _errors.verbatim(
+                RuntimeError(
+                    f"Found dtype {dtypes.aten_type_name(out.dtype)} but expected "
+                    f"{dtypes.aten_type_name(result)}"
+                )
+            )
+
+    return check
+
+
+for _ov in (
+    aten.clamp_.default,
+    aten.clamp.out,
+    aten.clamp_min_.default,
+    aten.clamp_min.out,
+    aten.clamp_max_.default,
+    aten.clamp_max.out,
+):
+    precheck(_ov)(_clamp_scalar_output_check(_ov))
 
 
 @lowering(aten.clamp.default, **_CLAMP_POLICY)

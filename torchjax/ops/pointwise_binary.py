@@ -93,23 +93,13 @@ def _require(op: str, x, kinds) -> None:
 # add / sub / mul / div
 
 
-def _scaled(op: str, x, alpha, *, bool_alpha_check=True):
-    """``alpha * x`` with torch's checks on alpha's type against the tensor dtype
-    (addcmul/addcdiv accept ``value=True`` for any dtype: ``bool_alpha_check=False``)."""
+def _scaled(op: str, x, alpha, *, value_check=False):
+    """``alpha * x``. add/sub/rsub's alpha is checked against the result type before
+    (``_alpha_check``); addcmul/addcdiv read ``value`` as the result type with c10's
+    conversion (``value_check=True``): a complex value into a real type overflows."""
     kind = kind_of(x)
-    if isinstance(alpha, bool):
-        if kind != "bool" and bool_alpha_check:
-            raise RuntimeError(f"aten::{op}: Boolean alpha only supported for Boolean results.")
-    elif isinstance(alpha, (float, jax.Array)) and kind in ("int", "bool"):
-        raise RuntimeError(
-            f"aten::{op}: For integral input tensors, argument alpha must not "
-            f"be a floating point number (got alpha={alpha})."
-        )
-    elif isinstance(alpha, complex) and kind != "complex":
-        raise RuntimeError(
-            f"aten::{op}: For non-complex input tensors, argument alpha must "
-            f"not be a complex number (got alpha={alpha})."
-        )
+    if value_check and isinstance(alpha, complex) and kind != "complex":
+        dtypes.check_scalar_fits(alpha, x.dtype, op)
     if kind == "complex" and not isinstance(alpha, bool):
         # Note [Complex special values]: CPU multiplies by alpha (1 included).
         return complex_math.scale(x, complex(alpha))
@@ -170,30 +160,92 @@ def _is_bool(x) -> bool:
     return isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool)
 
 
-def _sub_check(op: str):
+_TWO_BOOLS = (
+    "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or "
+    "`logical_xor()` operator instead."
+)
+_ONE_BOOL = (
+    "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying "
+    "to invert a mask, use the `~` or `logical_not()` operator instead."
+)
+
+
+def _sub_check(self, other) -> None:
+    """torch's sub_check, on the operands as given: a bool operand (a tensor or a Python
+    bool) is refused, which promotion would hide from the lowering (``1.0 - mask``
+    computes in float). CPU's text, word for word."""
+    if _is_bool(self) and _is_bool(other):
+        raise _errors.verbatim(RuntimeError(_TWO_BOOLS))
+    if _is_bool(self) or _is_bool(other):
+        raise _errors.verbatim(RuntimeError(_ONE_BOOL))
+
+
+_SYMBOLIC_KINDS = {torch.SymFloat: 0.5, torch.SymInt: 1, torch.SymBool: True}
+
+
+def _number_kind(x):
+    """``x``, or a number of its kind for a symbolic one (a traced Python float: Note
+    [Traced Python floats] in torchjax/ops/traced_scalars.py), for ``torch.result_type``."""
+    return _SYMBOLIC_KINDS.get(type(x), x)
+
+
+def _alpha_check(ov):
+    """The checks CPU's add/sub/rsub make before computing, in its order (``sub_check``,
+    then TensorIterator's cast of the result type to ``out=`` or ``self``, then
+    ``alpha_check`` on the result type), word for word: made on torch dtypes, before
+    promotion reads alpha as the result type (a complex alpha would overflow there)."""
+    names = [a.name for a in ov._schema.arguments]
+    has_out = "out" in names
+    inplace = ov._schema.is_mutable and not has_out
+    is_sub = ov._opname in ("sub", "rsub", "sub_")
+
     def check(args, kwargs) -> None:
-        """torch's sub_check, on the operands as given: a bool operand (a tensor or a
-        Python bool) is refused, which promotion would hide from the lowering
-        (``1.0 - mask`` computes in float)."""
-        self = args[0] if args else kwargs["self"]
-        other = args[1] if len(args) > 1 else kwargs["other"]
-        if _is_bool(self) and _is_bool(other):
-            raise RuntimeError(
-                f"aten::{op}: Subtraction, the `-` operator, with two bool tensors is not "
-                "supported. Use the `^` or `logical_xor()` operator instead."
+        self = arg(args, kwargs, 0, "self")
+        other = arg(args, kwargs, 1, "other")
+        if is_sub:
+            _sub_check(self, other)
+        alpha = arg(args, kwargs, 2, "alpha", 1)
+        if type(alpha) is int:
+            return  # passes every result type's check; the write-back checks the cast
+        out = kwargs.get("out") if has_out else self if inplace else None
+        result = torch.result_type(self, _number_kind(other))
+        if out is not None and not torch.can_cast(result, out.dtype):
+            raise _errors.verbatim(
+                RuntimeError(
+                    f"result type {aten_type_name(result)} can't be cast to the desired "
+                    f"output type {aten_type_name(out.dtype)}"
+                )
             )
-        if _is_bool(self) or _is_bool(other):
-            raise RuntimeError(
-                f"aten::{op}: Subtraction, the `-` operator, with a bool tensor is not "
-                "supported. If you are trying to invert a mask, use the `~` or "
-                "`logical_not()` operator instead."
+        alpha = _number_kind(alpha)
+        if isinstance(alpha, bool):
+            if result != torch.bool:
+                raise _errors.verbatim(
+                    RuntimeError("Boolean alpha only supported for Boolean results.")
+                )
+        elif isinstance(alpha, (float, complex)) and not (
+            result.is_floating_point or result.is_complex
+        ):
+            raise _errors.verbatim(
+                RuntimeError(
+                    "For integral input tensors, argument alpha must not be a floating "
+                    "point number."
+                )
+            )
+        elif isinstance(alpha, complex) and not result.is_complex:
+            raise _errors.verbatim(
+                RuntimeError(
+                    "For non-complex input tensors, argument alpha must not be a complex number."
+                )
             )
 
     return check
 
 
-precheck(aten.sub)(_sub_check("sub"))
-precheck(aten.rsub)(_sub_check("rsub"))
+for _packet in (aten.add, aten.sub, aten.rsub, aten.add_, aten.sub_):
+    for _name in _packet.overloads():
+        _ov = getattr(_packet, _name)
+        if str(_ov._schema.arguments[0].type) == "Tensor":  # not TorchScript's list/str adds
+            precheck(_ov)(_alpha_check(_ov))
 
 
 @handler(aten.sub.Tensor, aten.sub.Scalar)
@@ -314,9 +366,10 @@ def div_mode(args, kwargs):
         zero_divisor((self, other), {})
         ov = aten.div.Scalar_mode if scalar else aten.div.Tensor_mode
         return _DIV_TRUNC[ov]((self, other), {})
-    raise RuntimeError(
-        f"aten::div: div expected rounding_mode to be one of None, 'trunc', "
-        f"or 'floor' but found '{mode}'"
+    raise _errors.verbatim(
+        RuntimeError(
+            f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{mode}'"
+        )
     )
 
 
@@ -514,7 +567,7 @@ def addcmul(self, tensor1, tensor2, *, value=1):
     if isinstance(value, float) and kind_of(tensor1) == "int":
         dtypes.check_scalar_fits(value, tensor1.dtype, "addcmul")
         value = int(value)
-    scaled = _scaled("addcmul", tensor1, value, bool_alpha_check=False)
+    scaled = _scaled("addcmul", tensor1, value, value_check=True)
     if kind_of(self) == "float" and jnp.result_type(self, scaled, tensor2) == jnp.float32:
         return fma(*bcast(scaled, tensor2, self))
     return _add(self, _mul(scaled, tensor2))
@@ -559,7 +612,7 @@ def addcdiv(self, tensor1, tensor2, *, value=1):
     """aten::addcdiv - ``self + value * tensor1 / tensor2``; integer ``tensor1`` and
     ``tensor2`` are refused before promotion (``_addcdiv_integer_division``)."""
     # CPU's order: (value * tensor1) / tensor2, then the sum.
-    scaled = _scaled("addcdiv", tensor1, value, bool_alpha_check=False)
+    scaled = _scaled("addcdiv", tensor1, value, value_check=True)
     return _add(self, exact_div(scaled, tensor2))
 
 
