@@ -218,3 +218,43 @@ def test_adaptive_avg_pool_to_an_empty_output():
         assert got.shape == want.shape and got.dtype == want.dtype
         checked += 1
     assert checked == 3
+
+
+# An index outside its channel's plane of the output: CPU's kernels refuse it ("Found an
+# invalid max index"); the decomposition would write it into another channel's plane (the
+# batched case below) or index_put would refuse it with its own IndexError.
+_UNPOOL_BAD_INDICES = {
+    "1d": (lambda x, i: F.max_unpool1d(x, i, 2), (1, 1, 4), [[[0, 9, 2, 3]]]),
+    "1d_next_channel": (lambda x, i: F.max_unpool1d(x, i, 2), (1, 2, 2), [[[0, 5], [0, 1]]]),
+    "2d": (lambda x, i: F.max_unpool2d(x, i, 2), (1, 1, 2, 2), [[[[0, 99], [2, 3]]]]),
+    "2d_negative": (lambda x, i: F.max_unpool2d(x, i, 2), (1, 1, 2, 2), [[[[0, -3], [2, 3]]]]),
+    "2d_unbatched": (lambda x, i: F.max_unpool2d(x, i, 2), (1, 2, 2), [[[0, 16], [2, 3]]]),
+    "3d": (
+        lambda x, i: F.max_unpool3d(x, i, (1, 2, 2)),
+        (1, 1, 1, 2, 2),
+        [[[[[0, 999], [2, 3]]]]],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_UNPOOL_BAD_INDICES))
+def test_max_unpool_out_of_range_index_refused_as_cpu(case):
+    from tests.ops.value_checks import MODES, assert_refused_as_cpu
+
+    fn, shape, indices = _UNPOOL_BAD_INDICES[case]
+    x, idx = torch.randn(shape), torch.tensor(indices)
+    op = "max_unpool3d" if case.startswith("3d") else "max_unpool2d"
+    assert assert_refused_as_cpu(fn, x, idx, deferred_in=op) == len(MODES)
+
+
+def test_max_unpool_refused_arguments_leave_no_check_pending():
+    # The decomposition's own argument checks refuse first; the index check is not made,
+    # so nothing is raised later.
+    x = torch.randn(1, 1, 2, 2).to("tpu")
+    with pytest.raises(RuntimeError, match="elements in indices should be type int64"):
+        torch.ops.aten.max_unpool2d(
+            x, torch.full((1, 1, 2, 2), 99, dtype=torch.int32).to("tpu"), [4, 4]
+        )
+    torch.tpu.synchronize()
+    ok = torch.ops.aten.max_unpool2d(x, torch.tensor([[[[0, 5], [10, 15]]]]).to("tpu"), [4, 4])
+    assert ok.cpu().flatten()[[0, 5, 10, 15]].tolist() == x.cpu().flatten().tolist()

@@ -38,7 +38,8 @@ every check written with ``require``:
 - deferred (CUDA device asserts): indices of ``index``/``index_put``, ``gather``/
   ``scatter``, ``index_select``/``index_add``/``index_copy``/``index_fill``, ``take``/
   ``put``/``take_along_dim``, ``scatter_reduce``/``index_reduce``, ``embedding``,
-  ``embedding_bag`` (CUDA_KERNEL_ASSERT in each kernel); ``nll_loss``'s targets;
+  ``embedding_bag``, ``max_unpool2d``/``max_unpool3d`` (CUDA_KERNEL_ASSERT in each
+  kernel; CPU's text, ``Found an invalid max index``); ``nll_loss``'s targets;
   ``multi_margin_loss``'s targets (LossMultiMargin.cu); ``binary_cross_entropy``'s input
   and target outside [0, 1] or NaN (Loss.cu asserts both; CPU's text names the first
   bad element's); ``one_hot``'s classes (ATen skips its host check for CUDA and

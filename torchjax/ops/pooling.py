@@ -8,7 +8,9 @@ ops: max-type pools scatter-add ``grad_output`` at the saved indices; average po
 ``jax.vjp`` of the forward lowering (they are linear).
 
 Under jit: nothing here reads array values; the fractional pools' window starts depend on
-``random_samples`` and are computed with jnp.
+``random_samples`` and are computed with jnp. ``max_unpool2d``/``max_unpool3d`` (torch's
+decompositions) check their indices on the device (``_max_unpool_indices``): deferred, as
+CUDA's kernels assert, with CPU's text; under ``torchjax.jit`` the compiled call reports it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import numpy as np
 import torch
 from jax import lax
 
-from torchjax.ops.registry import lowering
+from torchjax.device import _checks
+from torchjax.ops.registry import lowering, precheck
+from torchjax.ops.schema import arg
+from torchjax.tensor._tensor import JaxTensor
 
 aten = torch.ops.aten
 
@@ -517,3 +522,60 @@ def fractional_max_pool(self, kernel_size, output_size, random_samples):
     return _fractional_max(
         f"aten::fractional_max_pool{nd}d", self, kernel_size, output_size, random_samples
     )
+
+
+# ---------------------------------------------------------------------------------------
+# max_unpool: torch's decompositions, with the index check they lack
+
+
+@jax.jit
+def _last_outside(idx, n):
+    """(any index of ``idx`` outside [0, n), the last such in memory order): the one CPU's
+    serial loop reports (its threads race for the report where several are bad)."""
+    flat = idx.reshape(-1)
+    bad = (flat < 0) | (flat >= n)
+    last = jnp.max(jnp.where(bad, jnp.arange(flat.size), 0))
+    return jnp.any(bad), flat[last]
+
+
+def _max_unpool_indices(nd):
+    def check(args, kwargs) -> None:
+        """CPU's max_unpool kernels raise ``Found an invalid max index`` for an index
+        outside its plane of the output (the decomposition would write it into another
+        channel's plane, or index_put would name a flat index): checked on the device,
+        deferred as CUDA's ``CUDA_KERNEL_ASSERT``. Made only when the decomposition's
+        own argument checks pass, so a refused call leaves no check pending."""
+        self, indices = arg(args, kwargs, 0, "self"), arg(args, kwargs, 1, "indices")
+        output_size = list(arg(args, kwargs, 2, "output_size"))
+        if not (
+            isinstance(indices, JaxTensor)
+            and isinstance(self, torch.Tensor)
+            and indices.dtype == torch.int64
+            and self.shape == indices.shape
+            and self.dim() in (nd + 1, nd + 2)
+            and len(output_size) == nd
+            and all(isinstance(n, int) and n > 0 for n in output_size)
+            and all(n > 0 for n in self.shape[1:])
+            and indices.numel() > 0
+        ):
+            return
+        if nd == 3:
+            stride, padding = arg(args, kwargs, 3, "stride"), arg(args, kwargs, 4, "padding")
+            if len(stride) != 3 or len(padding) != 3 or min(stride) <= 0:
+                return
+        plane = math.prod(output_size)
+        sizes = "x".join(str(n) for n in output_size)
+        bad, value = _last_outside(indices._value(), plane)
+        _checks.require(
+            bad,
+            value,
+            RuntimeError,
+            f"Found an invalid max index: {{value}} (output volumes are of size {sizes}) "
+            f"(in aten::max_unpool{nd}d)",
+        )
+
+    return check
+
+
+precheck(aten.max_unpool2d)(_max_unpool_indices(2))
+precheck(aten.max_unpool3d)(_max_unpool_indices(3))
