@@ -197,3 +197,71 @@ def test_embedding_bag_valid_offsets_compute_as_cpu():
         torch.tensor([0, 2, 2]),
     )
     assert compared == 2 * len(MODES)
+
+
+# Note [Decreasing offsets of embedding_bag]: offsets that go back (a bag "ending" before
+# it starts).
+_DECREASING = [[0, 3, 2], [0, 3, 1], [0, 1, 0], [0, 4, 2, 5], [0, 2, 2, 1]]
+
+
+@pytest.mark.parametrize("offsets", _DECREASING, ids=str)
+@pytest.mark.parametrize(
+    "dtype, mode, padding_idx",
+    [
+        (torch.float64, "sum", None),
+        (torch.float64, "mean", None),
+        (torch.float64, "max", None),
+        (torch.float32, "max", None),
+        (torch.bfloat16, "max", None),
+        (torch.float32, "sum", 2),
+        (torch.float32, "mean", 2),
+        (torch.float64, "mean", 2),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_embedding_bag_decreasing_offsets_compute_as_cpu(
+    offsets, dtype, mode, padding_idx, include_last_offset
+):
+    # CPU's max, float64 and padding_idx paths: bags as if the offsets were sorted, sizes
+    # the offsets' differences (a mean divides by at least 1, its gradient by the size).
+    w = torch.randn(10, 3, generator=torch.Generator().manual_seed(0)).to(dtype)
+    idx, off = torch.tensor([1, 2, 3, 4, 5]), torch.tensor(offsets)
+    kw = dict(mode=mode, padding_idx=padding_idx, include_last_offset=include_last_offset)
+    want = F.embedding_bag(idx, w, off, **kw)
+    got = F.embedding_bag(idx.to("tpu"), w.to("tpu"), off.to("tpu"), **kw)
+    torch.testing.assert_close(got.cpu(), want)
+    if dtype == torch.float64:
+        grads_match(lambda w: F.embedding_bag(idx.to(w.device), w, off.to(w.device), **kw), w)
+
+
+# CPU's fast path (float32/float16/bfloat16 sum or mean, no padding_idx) refuses them.
+_DECREASING_REFUSED = {
+    "sum": ([0, 3, 2], dict(mode="sum")),
+    "mean": ([0, 1, 0], dict(mode="mean")),
+    "per_sample_weights": ([0, 2, 2, 1], dict(mode="sum", per_sample_weights=True)),
+    "include_last_offset, past the indices": (
+        [0, 4, 2, 5],
+        dict(mode="sum", include_last_offset=True),
+    ),
+    "include_last_offset, last offset short": (
+        [0, 3, 2],
+        dict(mode="mean", include_last_offset=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", sorted(_DECREASING_REFUSED))
+def test_embedding_bag_decreasing_offsets_refused_as_cpu_fast_path(name, dtype):
+    offsets, kw = _DECREASING_REFUSED[name]
+    weight = torch.randn(10, 3, generator=torch.Generator().manual_seed(0)).to(dtype)
+    psw = torch.ones(5, dtype=dtype) if kw.pop("per_sample_weights", False) else None
+
+    def fn(i, w, o, p=psw):
+        return F.embedding_bag(
+            i, w, o, per_sample_weights=None if p is None else p.to(w.device), **kw
+        )
+
+    idx = torch.tensor([1, 2, 3, 4, 5])
+    assert assert_refused_as_cpu(fn, idx, weight, torch.tensor(offsets)) == len(MODES)

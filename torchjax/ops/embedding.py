@@ -149,11 +149,23 @@ _SUM, _MEAN, _MAX = 0, 1, 2
 # leaves them out of a sum's gradient and keeps them in a mean's (float32; its half-type
 # backward read uninitialised memory there), and so does this one: a sum's
 # ``offset2bag`` marks them in no bag.
+#
+# Note [Decreasing offsets of embedding_bag]
+# CPU builds ``offset2bag`` by counting the offsets at or before each position (an
+# index_add of ones at the offsets, then a cumsum), whatever their order, so offsets
+# [0, 3, 2] put positions 0-1, 2 and 3-4 in bags 0, 1 and 2, as sorted offsets would;
+# its bag sizes are the offsets' differences (3, -1, 3), less the padding_idx rows, and a
+# mean divides by at least 1. That is what its max, float64 and padding_idx paths
+# return, and this lowering too. Its fast path (the one ``stop_at_last`` follows) hands
+# the offsets to FBGEMM, which refuses a decreasing pair; ATen's report then walks the
+# bags and raises "Expected i < index_size" when the bags' lengths add up past the
+# indices, else the last offset's message (``_check_decreasing``).
 def _bags(indices, offsets, include_last_offset, padding_idx, stop_at_last=False):
     n = indices.shape[0]
     n_bags = offsets.shape[0] - (1 if include_last_offset else 0)
     pos = jnp.arange(n, dtype=offsets.dtype)
-    offset2bag = jnp.searchsorted(offsets[:n_bags], pos, side="right") - 1
+    starts = jnp.sort(offsets[:n_bags])  # Note [Decreasing offsets of embedding_bag]
+    offset2bag = jnp.searchsorted(starts, pos, side="right") - 1
     offset2bag = offset2bag.astype(jnp.int64)
     member = offset2bag < n_bags
     valid = member if padding_idx < 0 else member & (indices != padding_idx)
@@ -193,6 +205,45 @@ def _check_offsets(indices, offsets):
         "{value}",
         deferred=False,
     )
+
+
+_INDEX_SIZE = (
+    "Expected i < index_size to be true, but got false.  (Could this error message be "
+    "improved?  If so, please report an enhancement request to PyTorch.)"
+)
+_LAST_OFFSET = (
+    "Your input appears to be incorrect: the last offset value should be the size of the "
+    "indices tensor, but it seems not to be the case."
+)
+
+
+def _bag_sizes(offsets, n, n_bags, offset2bag, valid, member):
+    """CPU's ``bag_size``: the offsets' differences (the last bag to the end of the
+    indices), less the padding_idx rows each bag holds (Note [Decreasing offsets of
+    embedding_bag]); for non-decreasing offsets, the rows counted in each bag."""
+    if n_bags == 0:
+        return jnp.zeros((0,), jnp.int64)
+    starts = offsets[:n_bags].astype(jnp.int64)
+    ends = jnp.concatenate([starts[1:], jnp.full((1,), n, jnp.int64)])
+    padded = (member & ~valid).astype(jnp.int64)
+    padded = jax.ops.segment_sum(padded, jnp.where(member, offset2bag, n_bags), n_bags + 1)
+    return ends - starts - padded[:n_bags]
+
+
+def _check_decreasing(indices, offsets, include_last_offset):
+    """CPU's fast path refuses decreasing offsets (Note [Decreasing offsets of
+    embedding_bag]) at the op, as its other offset checks (``_check_offsets``)."""
+    n = indices.shape[0]
+    bounds = offsets.astype(jnp.int64)
+    if not include_last_offset:
+        bounds = jnp.concatenate([bounds, jnp.full((1,), n, jnp.int64)])
+    if bounds.shape[0] < 2:
+        return
+    lengths = bounds[1:] - bounds[:-1]
+    decreasing = jnp.any(lengths < 0)
+    past = jnp.sum(jnp.maximum(lengths, 0)) > n
+    _checks.require(decreasing & past, 0, RuntimeError, _INDEX_SIZE, deferred=False)
+    _checks.require(decreasing & ~past, 0, RuntimeError, _LAST_OFFSET, deferred=False)
 
 
 @lowering(aten._embedding_bag, aten._embedding_bag_forward_only)
@@ -240,14 +291,15 @@ def _embedding_bag(
         and padding_idx < 0
         and weight.dtype in (jnp.float32, jnp.float16, jnp.bfloat16)
     )
+    if fast_path:
+        _check_decreasing(indices, offsets, include_last_offset)
     offset2bag, valid, counted, n_bags = _bags(
         indices, offsets, include_last_offset, padding_idx, stop_at_last=fast_path
     )
     rows = jnp.take(weight, jnp.clip(indices, 0, weight.shape[0] - 1), axis=0)
     seg = jnp.where(valid, offset2bag, n_bags)
-    bag_size = jax.ops.segment_sum(
-        counted.astype(jnp.int64), jnp.where(counted, offset2bag, n_bags), n_bags + 1
-    )[:n_bags]
+    member = offset2bag < n_bags
+    bag_size = _bag_sizes(offsets, indices.shape[0], n_bags, offset2bag, counted, member)
     if fast_path and mode == _SUM:
         offset2bag = jnp.where(valid | ~counted, offset2bag, n_bags)
     d = weight.shape[1]
@@ -264,7 +316,10 @@ def _embedding_bag(
             jnp.take(indices, jnp.minimum(first, indices.shape[0] - 1)),
             -1,
         ).astype(jnp.int64)
-        empty = (bag_size == 0)[:, None]
+        # a bag no row reached (its size, an offsets' difference, can be -1 or more)
+        empty = (jax.ops.segment_sum(valid.astype(jnp.int32), seg, n_bags + 1)[:n_bags] == 0)[
+            :, None
+        ]
         out = jnp.where(empty, jnp.zeros((), weight.dtype), out)
         max_indices = jnp.where(empty, 0, max_indices)
         return out, offset2bag, bag_size, max_indices
@@ -298,15 +353,16 @@ def _bag_dense_backward(
     if mode == _MAX:
         out = jnp.zeros((num_weights, d), dtype=grad.dtype)
         cols = jnp.broadcast_to(jnp.arange(d), maximum_indices.shape)
-        keep = (bag_size > 0)[:, None]
+        keep = (bag_size != 0)[:, None]  # CPU: the bags of nonzero size, -1 included
         return out.at[maximum_indices, cols].add(jnp.where(keep, grad, 0), mode="drop")
     member = offset2bag < n_bags
     valid = member if padding_idx < 0 else member & (indices != padding_idx)
     g = jnp.take(grad, jnp.minimum(offset2bag, n_bags - 1), axis=0)
     if mode == _MEAN:
-        g = g / jnp.maximum(jnp.take(bag_size, jnp.minimum(offset2bag, n_bags - 1)), 1)[
-            :, None
-        ].astype(g.dtype)
+        # CPU divides by the size itself: -1 for a bag after a decreasing offset (Note
+        # [Decreasing offsets of embedding_bag]); a bag holding rows has no size 0.
+        size = jnp.take(bag_size, jnp.minimum(offset2bag, n_bags - 1))
+        g = g / jnp.where(size == 0, 1, size)[:, None].astype(g.dtype)
     if per_sample_weights is not None:
         g = g * per_sample_weights[:, None].astype(g.dtype)
     g = jnp.where(valid[:, None], g, jnp.zeros((), g.dtype))
