@@ -289,8 +289,14 @@ def _bessel_k(x, order, scaled):
 # Hurwitz zeta and the regularized incomplete gamma functions
 
 
-@jax.jit
-def _zeta(x, q):
+@functools.partial(jax.jit, static_argnames="float32_first")
+def _zeta(x, q, float32_first=False):
+    """Hurwitz zeta in float64 (``x``, ``q`` float64) with ATen's edge values.
+
+    ``float32_first``: for a float32 result, the first term ``q ** -x`` rounded to
+    float32 before the sum, as ATen's kernel computes it (``std::pow`` of its two float
+    arguments, acc_type double for the rest): otherwise about one float32 result in ten
+    differs from CPU's by one ulp."""
     x, q = jnp.broadcast_arrays(x, q)
     inf, nan = const_like(np.inf, x), const_like(np.nan, x)
     q_pole = (q <= 0) & (q == jnp.floor(q))
@@ -298,6 +304,14 @@ def _zeta(x, q):
     # jax's zeta is for q > 0. For q < 0 (not an integer) and integer x, ATen's direct sum
     # over (q + k)**-x still converges: take its first terms until q + k > 0, then jax.
     shift = (q < 0) & ~q_pole & x_int & (x > 1) & (q > -1e4)
+    acc, start = jnp.zeros_like(x), q
+    if float32_first:
+        head = (q > 0) | shift
+        first = jnp.power(jnp.where(head, q, 1), -x)
+        # A float32 subnormal would be flushed to zero by XLA: kept in float64 there.
+        rounded = first.astype(jnp.float32).astype(x.dtype)
+        first = jnp.where(jnp.abs(first) >= np.finfo(np.float32).tiny, rounded, first)
+        acc, start = jnp.where(head, first, acc), jnp.where(head, q + 1, q)
 
     def body(s):
         qq, acc = s
@@ -305,7 +319,7 @@ def _zeta(x, q):
         acc = jnp.where(move, acc + jnp.power(jnp.where(move, qq, 1), -x), acc)
         return jnp.where(move, qq + 1, qq), acc
 
-    qs, acc = lax.while_loop(lambda s: jnp.any(shift & (s[0] <= 0)), body, (q, jnp.zeros_like(x)))
+    qs, acc = lax.while_loop(lambda s: jnp.any(shift & (s[0] <= 0)), body, (start, acc))
     safe_x = jnp.where(x > 1, x, const_like(2.0, x))
     safe_q = jnp.where(qs > 0, qs, const_like(1.0, x))
     val = jax.scipy.special.zeta(safe_x, safe_q) + acc
@@ -461,12 +475,14 @@ def special_zeta(self, other):
     """aten::special_zeta - Hurwitz zeta ``sum_k (other + k) ** -self``, elementwise.
 
     Shapes: broadcast (Scalar overloads too). Dtypes: INT_TO_FLOAT, summed in float64 as
-    ATen's CPU kernel does (``acc_type``), cast back. Edges as ATen: +inf at self == 1 and
+    ATen's CPU kernel does (``acc_type``), cast back; for float32 the first term is
+    rounded to float32 first, as ATen computes it (``_zeta``). Edges as ATen: +inf at self == 1 and
     at non-positive integer ``other``; NaN for self < 1 and for other <= 0 with a
     non-integer self. Reference: torch.special.zeta; Cephes zeta."""
     dtype = jnp.result_type(self, other)
     x, q = jnp.asarray(self, jnp.float64), jnp.asarray(other, jnp.float64)
-    return _elementwise(_zeta, x, q).astype(dtype)
+    fn = functools.partial(_zeta, float32_first=dtype == jnp.float32)
+    return _elementwise(fn, x, q).astype(dtype)
 
 
 @lowering(aten.igamma, promote=Kind.INT_TO_FLOAT, jit=False)
