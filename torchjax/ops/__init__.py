@@ -26,6 +26,7 @@ from torchjax.ops import loss as _loss  # noqa: F401
 from torchjax.ops import matmul as _matmul  # noqa: F401
 from torchjax.ops import norm as _norm  # noqa: F401
 from torchjax.ops import pointwise_binary as _pointwise_binary  # noqa: F401
+from torchjax.ops import pointwise_ternary as _pointwise_ternary  # noqa: F401
 from torchjax.ops import pointwise_unary as _pointwise_unary  # noqa: F401
 from torchjax.ops import pooling as _pooling  # noqa: F401
 from torchjax.ops import power as _power  # noqa: F401

@@ -25,7 +25,8 @@ import torch
 
 from torchjax._compat.torch import all_op_schemas
 from torchjax.ops import executables
-from torchjax.ops.pointwise_binary import exact_div, fma
+from torchjax.ops.pointwise_binary import exact_div
+from torchjax.ops.pointwise_ternary import fma
 from torchjax.ops.promotion import promoted_by_key
 from torchjax.ops.registry import Kind, handler
 from torchjax.ops.templates import ARRAY, SEQ, Seq, float_masked, rebuild, signature, static

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import torch
 
 from torchjax.ops import executables
-from torchjax.ops.pointwise_binary import exact_div, fma
+from torchjax.ops.pointwise_binary import exact_div
+from torchjax.ops.pointwise_ternary import fma
 from torchjax.ops.registry import handler
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import JaxTensor

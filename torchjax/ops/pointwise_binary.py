@@ -1,6 +1,7 @@
-"""Elementwise binary/ternary math: arithmetic, division modes, float binary math,
-bitwise/logical ops, lerp, addcmul/addcdiv. ``pow`` is in power.py; comparisons,
-min/max, clamp and where in comparison.py.
+"""Elementwise binary math: arithmetic, division modes, float binary math, bitwise/logical
+ops, gcd/lcm/nextafter, and the broadcasting and dtype-kind helpers the pointwise families
+share. ``lerp``, ``addcmul``, ``addcdiv`` are in pointwise_ternary.py; ``pow`` in
+power.py; comparisons, min/max, clamp and where in comparison.py.
 
 Inputs arrive promoted to torch's computation dtype (``promote=``); lax wants equal
 shapes, so binary lowerings broadcast first (``bcast``, as ``torch/_refs``'
@@ -19,7 +20,7 @@ import torch
 from jax import lax
 
 from torchjax.device import _checks
-from torchjax.ops import complex_math, functional, registry, writeback
+from torchjax.ops import complex_math, functional, registry
 from torchjax.ops.registry import Kind, functional_handler, handler, lowering, precheck
 from torchjax.ops.schema import arg
 from torchjax.tensor import _errors, dtypes
@@ -58,7 +59,7 @@ _any_zero = jax.jit(lambda x: jnp.any(x == 0))
 _ZERO_DIVISION = "ZeroDivisionError"
 
 
-def _integral(x) -> bool:
+def integral(x) -> bool:
     dtype = getattr(x, "dtype", None)
     if dtype is None:
         return isinstance(x, (bool, int))
@@ -73,7 +74,7 @@ def zero_divisor(args, kwargs) -> None:
     number, a CPU tensor) is read there, a tpu tensor's is a device check read at once."""
     self = args[0] if args else kwargs["self"]
     other = args[1] if len(args) > 1 else kwargs["other"]
-    if not (_integral(self) and _integral(other)):
+    if not (integral(self) and integral(other)):
         return
     if torch.result_type(self, other) == torch.bool:
         return  # no kernel for bool at all: the dtype refusal answers, as on CPU
@@ -84,7 +85,7 @@ def zero_divisor(args, kwargs) -> None:
         raise _errors.verbatim(RuntimeError(_ZERO_DIVISION))
 
 
-def _require(op: str, x, kinds) -> None:
+def require_kind(op: str, x, kinds) -> None:
     if kind_of(x) not in kinds:
         raise NotImplementedError(f"aten::{op}: \"{op}\" not implemented for '{type_name(x)}'")
 
@@ -93,7 +94,7 @@ def _require(op: str, x, kinds) -> None:
 # add / sub / mul / div
 
 
-def _scaled(op: str, x, alpha, *, value_check=False):
+def scale_by(op: str, x, alpha, *, value_check=False):
     """``alpha * x``. add/sub/rsub's alpha is checked against the result type before
     (``_alpha_check``); addcmul/addcdiv read ``value`` as the result type with c10's
     conversion (``value_check=True``): a complex value into a real type overflows."""
@@ -104,24 +105,24 @@ def _scaled(op: str, x, alpha, *, value_check=False):
         # Note [Complex special values]: CPU multiplies by alpha (1 included).
         return complex_math.scale(x, complex(alpha))
     if isinstance(alpha, jax.Array):  # a traced Python float (Note [Traced Python floats])
-        return _mul(x, alpha.astype(x.dtype))
+        return mul_values(x, alpha.astype(x.dtype))
     if alpha is True or (not isinstance(alpha, bool) and alpha == 1):
         return x
-    return _mul(x, np.asarray(alpha, dtype=x.dtype))
+    return mul_values(x, np.asarray(alpha, dtype=x.dtype))
 
 
 def _negated(x, alpha):
     """``-alpha`` for sub and rsub of complex tensors, which CPU computes as an add of
-    ``-alpha * other`` (a bool alpha stays, for _scaled's check)."""
+    ``-alpha * other`` (a bool alpha stays, for scale_by's check)."""
     return -alpha if kind_of(x) == "complex" and not isinstance(alpha, bool) else alpha
 
 
-def _add(a, b):
+def add_values(a, b):
     a, b = bcast(a, b)
     return lax.bitwise_or(a, b) if a.dtype == jnp.bool_ else lax.add(a, b)
 
 
-def _mul(a, b):
+def mul_values(a, b):
     a, b = bcast(a, b)
     return lax.bitwise_and(a, b) if a.dtype == jnp.bool_ else lax.mul(a, b)
 
@@ -140,15 +141,15 @@ def add(self, other, alpha=1):
     """aten::add - ``self + alpha * other``. Shapes: broadcast. Dtypes: torch's DEFAULT
     promotion (f16/bf16 in f32); bool + bool is logical or. alpha checked as torch does
     (no float alpha for ints, bool alpha only for bool). Reference: torch.add."""
-    return _add(self, _scaled("add", other, alpha))
+    return add_values(self, scale_by("add", other, alpha))
 
 
 def sub(self, other, alpha=1):
     """aten::sub - ``self - alpha * other``; a bool operand is refused before (``_sub_check``).
     Reference: torch.sub."""
     if kind_of(other) == "complex":
-        return _add(self, _scaled("sub", other, _negated(other, alpha)))
-    return lax2(lax.sub)(self, _scaled("sub", other, alpha))
+        return add_values(self, scale_by("sub", other, _negated(other, alpha)))
+    return lax2(lax.sub)(self, scale_by("sub", other, alpha))
 
 
 _sub = {
@@ -260,14 +261,14 @@ def rsub(self, other, alpha=1):
     """aten::rsub - ``other - alpha * self``; a bool operand is refused before
     (``_sub_check``). Reference: torch.rsub."""
     if kind_of(self) == "complex":
-        return _add(other, _scaled("rsub", self, _negated(self, alpha)))
-    return lax2(lax.sub)(other, _scaled("rsub", self, alpha))
+        return add_values(other, scale_by("rsub", self, _negated(self, alpha)))
+    return lax2(lax.sub)(other, scale_by("rsub", self, alpha))
 
 
 @lowering(aten.mul.Tensor, aten.mul.Scalar, promote=Kind.DEFAULT, exact_scalars=("other",))
 def mul(self, other):
     """aten::mul - ``self * other``; bool * bool is logical and. Shapes: broadcast."""
-    return _mul(self, other)
+    return mul_values(self, other)
 
 
 @lowering(aten.div.Tensor, aten.div.Scalar, promote=Kind.INT_TO_FLOAT, exact_scalars=("other",))
@@ -324,7 +325,7 @@ def floor_divide(self, other):
     torch (``zero_divisor``; jax would return a value). Floats: torch's fmod-based
     algorithm (inf/NaN for a zero divisor). Reference: torch.floor_divide; ATen
     div_floor_floating."""
-    _require("floor_divide", self, ("int", "float", "bool"))
+    require_kind("floor_divide", self, ("int", "float", "bool"))
     if kind_of(self) in ("int", "bool"):
         if kind_of(self) == "bool":
             return self
@@ -380,7 +381,7 @@ def remainder(self, other):
     Ints: zero divisor raises ZeroDivisionError (``zero_divisor``). Floats: ``fmod``
     then shifted by the divisor when signs differ (torch's algorithm), NaN for a zero
     divisor."""
-    _require("remainder", self, ("int", "float"))
+    require_kind("remainder", self, ("int", "float"))
     if kind_of(self) == "int":
         return lax2(jnp.remainder)(self, other)
     a, b = bcast(self, other)
@@ -393,7 +394,7 @@ def remainder(self, other):
 def fmod(self, other):
     """aten::fmod - C ``fmod``: the sign follows the dividend; an int zero divisor
     raises (``zero_divisor``)."""
-    _require("fmod", self, ("int", "float"))
+    require_kind("fmod", self, ("int", "float"))
     return lax2(lax.rem)(self, other)
 
 
@@ -473,7 +474,7 @@ def logaddexp2(self, other):
 
 def _bitwise(name, fn):
     def lower(self, other):
-        _require(name, self, ("int", "bool"))
+        require_kind(name, self, ("int", "bool"))
         return lax2(fn)(self, other)
 
     lower.__name__ = name
@@ -517,103 +518,7 @@ for _op, _fn in [
 
 
 # ---------------------------------------------------------------------------------------
-# ternary
-
-
-def _type_meta_name(x) -> str:
-    return writeback.dtype_name(dtypes.to_torch_dtype(x.dtype))
-
-
-@lowering(aten.lerp)
-def lerp(self, end, weight):
-    """aten::lerp - ``self + weight * (end - self)``, evaluated from the nearer end as
-    torch does (``end - (end - self) * (1 - weight)`` when |weight| >= 0.5), each form
-    one FMA for real floats as CPU's vectorised kernel computes it (an optimizer's
-    ``exp_avg.lerp_`` then matches CPU's bit for bit). Floating and complex only: a
-    Python weight does not promote integer inputs (torch raises)."""
-    _require("lerp", self, ("float", "complex"))
-    # torch does not promote: ``end`` and a weight tensor of more than one element must
-    # have self's dtype. Half types compute in float32, as ATen's opmath.
-    for name, other in (("end", end), ("weight", weight)):
-        if (
-            isinstance(other, jax.Array)
-            and (name == "end" or other.ndim)
-            and other.dtype != self.dtype
-        ):
-            raise RuntimeError(
-                f"aten::lerp: expected dtype {_type_meta_name(self)} for `{name}` "
-                f"but got dtype {_type_meta_name(other)}"
-            )
-    result = self.dtype
-    compute = jnp.promote_types(result, jnp.float32)
-    a, b, w = bcast(self.astype(compute), end.astype(compute), jnp.asarray(weight).astype(compute))
-    diff = b - a
-    one = jnp.ones((), w.dtype)
-    small = jnp.abs(w) < np.asarray(0.5, a.real.dtype)
-    if kind_of(a) == "float":
-        return jnp.where(small, fma(w, diff, a), fma(w - one, diff, b)).astype(result)
-    return jnp.where(small, a + w * diff, b - diff * (one - w)).astype(result)
-
-
-@lowering(aten.addcmul, promote=Kind.DEFAULT, promote_args=("self", "tensor1", "tensor2"))
-def addcmul(self, tensor1, tensor2, *, value=1):
-    """aten::addcmul - ``self + value * tensor1 * tensor2``. Shapes: broadcast. The
-    products are taken in CPU's order, ``(value * tensor1) * tensor2``, and float32 adds
-    that last product to ``self`` in one FMA as CPU's vectorised loop does (``fma``), so
-    an optimizer's moments match CPU's bit for bit. An integer computation reads a float
-    ``value`` as its integer type (truncated), as CPU's kernel does."""
-    if kind_of(self) == "bool":
-        raise NotImplementedError("\"addcmul_cpu_out\" not implemented for 'Bool'")
-    if isinstance(value, float) and kind_of(tensor1) == "int":
-        dtypes.check_scalar_fits(value, tensor1.dtype, "addcmul")
-        value = int(value)
-    scaled = _scaled("addcmul", tensor1, value, value_check=True)
-    if kind_of(self) == "float" and jnp.result_type(self, scaled, tensor2) == jnp.float32:
-        return fma(*bcast(scaled, tensor2, self))
-    return _add(self, _mul(scaled, tensor2))
-
-
-def fma(x, y, z):
-    """``x * y + z`` rounded once, as CPU's vectorised loops compute it with an FMA: on
-    CPU through float64 (the float32 product is exact there), elsewhere as XLA fuses it.
-    float64 has no wider type: XLA:CPU contracts its multiply-add inside one program
-    when LLVM optimises, not at optimisation level 0 nor primitive by primitive."""
-
-    def exact(x, y, z):
-        wide = jnp.float64
-        return (x.astype(wide) * y.astype(wide) + z.astype(wide)).astype(x.dtype)
-
-    return lax.platform_dependent(x, y, z, cpu=exact, default=lambda x, y, z: x * y + z)
-
-
-_ADDCDIV_INTEGER = (
-    "Integer division with addcdiv is no longer supported, and in a future  release addcdiv "
-    "will perform a true division of tensor1 and tensor2. The historic addcdiv behavior can "
-    "be implemented as (input + value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for "
-    "integer inputs and as (input + value * tensor1 / tensor2) for float inputs. The future "
-    "addcdiv behavior is just the latter implementation: (input + value * tensor1 / tensor2), "
-    "for all dtypes."
-)
-
-
-@precheck(aten.addcdiv)
-def _addcdiv_integer_division(args, kwargs) -> None:
-    """ATen refuses integer (or bool) ``tensor1`` and ``tensor2`` whatever ``self`` is,
-    before any promotion (PointwiseOps.cpp, CPU's text word for word, the double space
-    included): checked on the torch dtypes, since promotion would make them float."""
-    t1 = arg(args, kwargs, 1, "tensor1")
-    t2 = arg(args, kwargs, 2, "tensor2")
-    if _integral(t1) and _integral(t2):
-        raise RuntimeError(_ADDCDIV_INTEGER)
-
-
-@lowering(aten.addcdiv, promote=Kind.DEFAULT, promote_args=("self", "tensor1", "tensor2"))
-def addcdiv(self, tensor1, tensor2, *, value=1):
-    """aten::addcdiv - ``self + value * tensor1 / tensor2``; integer ``tensor1`` and
-    ``tensor2`` are refused before promotion (``_addcdiv_integer_division``)."""
-    # CPU's order: (value * tensor1) / tensor2, then the sum.
-    scaled = _scaled("addcdiv", tensor1, value, value_check=True)
-    return _add(self, exact_div(scaled, tensor2))
+# integer and float-step math
 
 
 def _c_int(x):
@@ -642,7 +547,7 @@ def _gcd(a, b):
 def gcd(self, other):
     """aten::gcd - greatest common divisor (non-negative but where |x| overflows: as
     ATen's kernel), integers only."""
-    _require("gcd", self, ("int",))
+    require_kind("gcd", self, ("int",))
     return _gcd(*bcast(self, other))
 
 
@@ -650,7 +555,7 @@ def gcd(self, other):
 def lcm(self, other):
     """aten::lcm - least common multiple, ``|a / gcd * b|`` (0 if either is 0) as ATen's
     kernel computes it: the product wraps, then its abs. Integers only."""
-    _require("lcm", self, ("int",))
+    require_kind("lcm", self, ("int",))
     a, b = bcast(self, other)
     g = _c_int(_gcd(a, b))
     x, y = _c_int(a), _c_int(b)
