@@ -201,13 +201,15 @@ def _alpha_check(ov):
     is_sub = ov._opname in ("sub", "rsub", "sub_")
 
     def check(args, kwargs) -> None:
+        alpha = args[2] if len(args) > 2 else kwargs.get("alpha", 1)
+        if type(alpha) is int and not is_sub:
+            return  # passes every result type's check; the write-back checks the cast
         self = arg(args, kwargs, 0, "self")
         other = arg(args, kwargs, 1, "other")
         if is_sub:
             _sub_check(self, other)
-        alpha = arg(args, kwargs, 2, "alpha", 1)
         if type(alpha) is int:
-            return  # passes every result type's check; the write-back checks the cast
+            return
         out = kwargs.get("out") if has_out else self if inplace else None
         result = torch.result_type(self, _number_kind(other))
         if out is not None and not torch.can_cast(result, out.dtype):
