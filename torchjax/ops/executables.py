@@ -32,6 +32,23 @@ made on first use and kept on the function (it goes when the function is evicted
 Tables are changed under their lock (two threads dispatching one overload must not both
 build, or both delete, an entry); lookups take none (dict reads are atomic under the
 GIL).
+
+Note [Values made from constants inside a trace]
+Inside a trace (``torchjax.jit``, the Dynamo backend's programs, a traced backward), an op
+whose arguments are all concrete arrays (no tracer: ``arange``'s positions and what is
+computed from them) is evaluated there and then (``jax.ensure_compile_time_eval``), as a
+NumPy computation inside ``jax.jit`` would be, instead of being staged into the program.
+Its result is a concrete array, so code that inspects values when they are known keeps
+doing so under the trace: transformers' ``is_tracing`` (``x.jax()`` a tracer) is False for
+the position ids a model makes itself, so it finds no packed sequences and calls SDPA with
+``is_causal=True`` and ``enable_gqa`` as in eager, rather than with a materialised (B, 1,
+S, S) mask and key/value heads repeated to the query's (the flash kernel then computes
+every block instead of skipping the masked half, and reads the mask). Only small values
+fold (``FOLD_ELEMENTS`` in every argument together and in every result): a large result
+(a mask built from positions) stays a computation of the program, not a constant baked
+into it (XLA keeps a program's constants for the executable's life). Values are the
+executable's either way; a result that would be too large is staged as before. Not under
+a mesh, where an eager call would place its result by the mesh.
 """
 
 from __future__ import annotations
@@ -62,6 +79,11 @@ CONCRETE_ERRORS = (
     jax.errors.TracerIntegerConversionError,
     jax.errors.TracerBoolConversionError,
 )
+
+# Arguments (together) and each result of an op evaluated inside a trace because its
+# arguments are concrete, at most this many elements (Note [Values made from constants
+# inside a trace]).
+FOLD_ELEMENTS = 1 << 16
 
 # Every owner of a table (anything with ``func`` and ``clear()``), for clear_caches.
 _OWNERS: weakref.WeakSet = weakref.WeakSet()
@@ -104,10 +126,27 @@ def call(run, dyn):
         for d in dyn:
             if isinstance(d, jax.core.Tracer):
                 return nested(run)(*dyn)
+        out = _folded(run, dyn)
+        if out is not None:
+            return out
     try:
         return run(*dyn)
     except ValueError:
         return nested(run)(*dyn)
+
+
+def _folded(run, dyn):
+    """``run(*dyn)`` evaluated now though a trace is active, or None where it should be
+    staged (Note [Values made from constants inside a trace])."""
+    if sum(getattr(d, "size", 1) for d in dyn) > FOLD_ELEMENTS:
+        return None
+    if not jax.sharding.get_abstract_mesh().empty:
+        return None
+    with jax.ensure_compile_time_eval():
+        out = run(*dyn)
+    if any(getattr(x, "size", 1) > FOLD_ELEMENTS for x in jax.tree.leaves(out)):
+        return None
+    return out
 
 
 class Executables:
