@@ -4,6 +4,7 @@ that reads values when they are known (transformers' mask shortcuts) does so as 
 values from the program's inputs, and large values, stay computations of the program."""
 
 import jax
+import pytest
 import torch
 import transformers as tf
 
@@ -73,3 +74,27 @@ def test_a_compiled_llama_forward_calls_sdpa_as_eager_does(monkeypatch):
     with torch.no_grad():
         want = cpu(ids, use_cache=False).logits
     torch.testing.assert_close(out.cpu(), want, atol=2e-5, rtol=1e-4)
+
+
+class _Slots:
+    __slots__ = ("t",)
+
+
+def test_a_concrete_write_into_a_tensor_outside_the_state_is_refused():
+    # Evaluated when traced, such a write would happen once and never when the program
+    # runs: refused as a traced write is (Note [Writes that escape a trace]).
+    hidden = _Slots()
+    hidden.t = torch.zeros(2, device="tpu")
+
+    def from_constants(x):
+        hidden.t.add_(torch.arange(2, device="tpu"))
+        return x * 2
+
+    def from_host(x):
+        hidden.t.copy_(torch.ones(2))
+        return x * 2
+
+    for fn in (from_constants, from_host):
+        with pytest.raises(RuntimeError, match="register_buffer"):
+            torchjax.jit(fn)(torch.ones(2, device="tpu"))
+        assert hidden.t.cpu().tolist() == [0.0, 0.0]
