@@ -308,6 +308,27 @@ def test_engine_callback_runs_at_the_end_of_backward():
     assert seen == [True, "end"]
 
 
+def test_backward_keeps_graph_tells_retain_graph():
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(ct.backward_keeps_graph())
+            return g * 2
+
+    x = torch.ones(2, requires_grad=True)
+    y = Probe.apply(x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    Probe.apply(x).sum().backward(create_graph=True)
+    assert seen == [True, False, True]
+
+
 @pytest.mark.parametrize(
     "host",
     [

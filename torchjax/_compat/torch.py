@@ -423,6 +423,13 @@ def queue_engine_callback(callback) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(callback)
 
 
+def backward_keeps_graph() -> bool:
+    """Whether the backward pass running in this thread keeps its graph
+    (``retain_graph=True`` or ``create_graph=True``); called inside one only.
+    ``torch._C._autograd._get_current_graph_task_keep_graph`` is private."""
+    return torch._C._autograd._get_current_graph_task_keep_graph()
+
+
 def in_graph_task() -> bool:
     """Whether this thread is running ops of a backward pass (the autograd engine's
     current graph task)."""

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torchjax._compat.torch import delayed_error, pytree
+from torchjax._compat.torch import backward_keeps_graph, delayed_error, pytree
 from torchjax.device import _checks
 from torchjax.interop._convert import to_jax
 from torchjax.tensor._tensor import JaxTensor, wrap
@@ -228,6 +228,15 @@ class _VJP(torch.autograd.Function):
             # create_graph=True: these gradients carry no graph, so differentiating
             # them (a gradient penalty) raises instead of silently missing terms.
             grads_in = list(delayed_error(_NO_DOUBLE_BACKWARD, grads_in))
+        if ctx.checks_saved and not backward_keeps_graph():
+            # torch frees the graph's saved tensors now (a second backward raises at
+            # ctx.saved_tensors above), so the pullback's residuals and the arrays the
+            # call read go too, as CPU's saved tensors do. Kept, the parameters the
+            # call read stayed alive, and the optimizer step that follows had to copy
+            # each one before donating it (Note [Donation never takes the user's copy]):
+            # a compiled forward and step under torch.compile held the parameters
+            # three times over.
+            ctx.call = ctx.pullback = None
         return (None, *grads_in)
 
 
