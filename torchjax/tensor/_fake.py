@@ -96,8 +96,15 @@ def unflatten(inner_tensors, ctx, outer_size, outer_stride):
     from torchjax.tensor import _tensor
 
     inner = inner_tensors["_stand_in"]
-    kind, storage, size, stride, offset, dtype, index = ctx
+    kind, ref, size, stride, offset, dtype, index = ctx
     if type(inner) is torch.Tensor and kind == "real":
+        storage = None if ref is None else ref()
+        if storage is None:
+            raise RuntimeError(
+                "torchjax: a tpu tensor was rebuilt from a flattened context "
+                "(__tensor_flatten__) after its storage was freed; rebuild it while the "
+                "tensor it came from is alive"
+            )
         return _tensor.make(storage, size, stride, offset, dtype, index)
     return make(inner, outer_size, outer_stride, 0)
 

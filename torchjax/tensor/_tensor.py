@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 
 import jax
 import numpy as np
@@ -286,9 +287,12 @@ class JaxTensor(torch.Tensor):
     def __tensor_flatten__(self):
         kind = "fake" if _fake.is_fake(self) else "real"
         storage = self.__dict__.get("_storage")
+        # The storage by weak reference: Dynamo keeps a compiled graph's input contexts
+        # in its guards for the graph's life, and a strong one kept each input's array
+        # then (a parameter's or gradient's, the size of the model per graph).
         return ["_stand_in"], (
             kind,
-            storage,
+            None if storage is None else weakref.ref(storage),
             tuple(self.shape),
             tuple(self.stride()),
             self.storage_offset(),
