@@ -220,7 +220,35 @@ def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=N
     model.get_compiled_call = _get_compiled_call.__get__(model)
     model._prepare_static_cache = _reuse_static_cache(model, model._prepare_static_cache)
     model.get_compiled_call()  # kept where transformers keeps its compiled call
+    model.__getstate__ = types.MethodType(_state_of_a_copy, model)
     return jitted
+
+
+# Note [Copies of a compiled model]
+# compile_generate (and the auto-compile of generate on tpu) installs instance attributes
+# that close over the model: its forward, generate and their programs. A copy
+# (``copy.deepcopy``: an EMA or reference model) would share those closures, and so run
+# and train the original's weights with its own left untouched; ``torch.save(model)``
+# cannot pickle them. So the model's state for copying and pickling (``__getstate__``, as
+# ``copy`` and ``pickle`` ask an object for it) leaves them out: a copy or a loaded model
+# has its class's methods, as a model never compiled, and compiles again at its own first
+# generate (automatically on tpu; ``compile_generate(copy)`` for a copy compiled that way).
+INSTALLED = (
+    "forward",
+    "generate",
+    "get_compiled_call",
+    "_prepare_static_cache",
+    "_compiled_call",
+    "_last_compile_config",
+    "_torchjax_compiled_call",
+    "__getstate__",
+)
+
+
+def _state_of_a_copy(self) -> dict:
+    """The model's ``__dict__`` without what compile_generate installed (Note [Copies of a
+    compiled model])."""
+    return {k: v for k, v in vars(self).items() if k not in INSTALLED}
 
 
 KEEP_LAYOUTS = 4  # static caches kept for reuse per model
