@@ -288,9 +288,8 @@ def test_current_autograd_node():
     assert accumulate.variable is x
 
 
-def test_engine_callback_runs_at_the_end_of_backward():
-    seen = []
-    assert not ct.in_graph_task()
+def _doubling(on_backward):
+    """An autograd Function doubling its input whose backward calls ``on_backward()``."""
 
     class Probe(torch.autograd.Function):
         @staticmethod
@@ -299,28 +298,28 @@ def test_engine_callback_runs_at_the_end_of_backward():
 
         @staticmethod
         def backward(ctx, g):
-            seen.append(ct.in_graph_task())
-            ct.queue_engine_callback(lambda: seen.append("end"))
+            on_backward()
             return g * 2
 
+    return Probe
+
+
+def test_engine_callback_runs_at_the_end_of_backward():
+    seen = []
+    assert not ct.in_graph_task()
+
+    def on_backward():
+        seen.append(ct.in_graph_task())
+        ct.queue_engine_callback(lambda: seen.append("end"))
+
     x = torch.ones(2, requires_grad=True)
-    Probe.apply(x).sum().backward()
+    _doubling(on_backward).apply(x).sum().backward()
     assert seen == [True, "end"]
 
 
 def test_backward_keeps_graph_tells_retain_graph():
     seen = []
-
-    class Probe(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, g):
-            seen.append(ct.backward_keeps_graph())
-            return g * 2
-
+    Probe = _doubling(lambda: seen.append(ct.backward_keeps_graph()))
     x = torch.ones(2, requires_grad=True)
     y = Probe.apply(x).sum()
     y.backward(retain_graph=True)

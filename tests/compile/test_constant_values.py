@@ -9,6 +9,7 @@ import torch
 import transformers as tf
 
 import torchjax
+from examples import tiny_llama_generate as tl
 
 
 def _is_tracer(t: torch.Tensor) -> bool:
@@ -46,14 +47,7 @@ def test_a_compiled_llama_forward_calls_sdpa_as_eager_does(monkeypatch):
     # transformers checks the model's own position ids for packed sequences; when it can
     # read them it calls SDPA with is_causal and the key/value heads unrepeated. Traced
     # ids made it pass a (B, 1, S, S) mask and repeat the heads to the query's.
-    cfg = tf.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        vocab_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    cfg = tl.tiny_llama_config()
     torch.manual_seed(0)
     cpu = tf.LlamaForCausalLM(cfg).eval()
     model = tf.LlamaForCausalLM(cfg).eval()

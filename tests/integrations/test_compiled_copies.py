@@ -9,21 +9,13 @@ import torch
 import transformers as tf
 
 import torchjax  # noqa: F401
+from examples import tiny_llama_generate as tl
 
-GREEDY = dict(max_new_tokens=3, do_sample=False)
+GREEDY = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
 
 
 def _models():
-    cfg = tf.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        vocab_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=0,
-        eos_token_id=None,
-    )
+    cfg = tl.tiny_llama_config()
     torch.manual_seed(0)
     cpu = tf.LlamaForCausalLM(cfg).eval()
     tpu = copy.deepcopy(cpu).to("tpu")
