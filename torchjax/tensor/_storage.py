@@ -79,14 +79,14 @@ _cached_strides = functools.lru_cache(maxsize=8192)(_strides)
 # tensor the walk cannot see (held by an object with ``__slots__``, a global only a
 # callee names) is read as a constant, and an in-place write to it stored the trace's
 # tracer in the user's own storage: the write was lost and every later read of the
-# tensor failed. While a
-# ``torchjax.jit`` trace runs (``escapes_watched``), a write into a plain storage made
-# before the trace (``born``: the epoch it was made in) is noted with what the storage
-# held; the trace puts those back and refuses the function with an error naming the
-# tensor and what to do, instead of corrupting it. A write of a concrete value counts as
-# well (a host copy, or a value made from constants and so evaluated when traced: Note
-# [Values made from constants inside a trace] in torchjax/ops/executables.py): it would
-# happen once, when traced, and never again when the program runs.
+# tensor failed. While a ``torchjax.jit`` trace runs (``escapes_watched``), a write into
+# a plain storage made before the trace (``born``: the epoch it was made in) is noted
+# with what the storage held; the trace puts those back and refuses the function with an
+# error naming the tensor and what to do, instead of corrupting it. A write of a concrete
+# value counts as well (a host copy, or a value made from constants and so evaluated when
+# traced: Note [Values made from constants inside a trace] in
+# torchjax/ops/executables.py): it would happen once, when traced, and never again when
+# the program runs.
 _EPOCH = [0]  # bumped when a trace starts watching
 _WATCHERS = [0]  # traces watching, any thread
 _ESCAPES = threading.local()
