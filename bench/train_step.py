@@ -53,6 +53,10 @@ usable" among them) and, on TPU, the chip's bytes in use and peak before its fir
 and after each of its first three, which places the peak in setup, the first call's
 program or the steady state's.
 
+``--profile DIR`` runs two more calls per row under ``jax.profiler`` and prints the
+device time per step, per operation kind and of the slowest operations
+(bench/op_profile.py); the traces stay under DIR/<row>.
+
 Each row runs in its own process, so peak HBM and compile counts are the row's alone,
 memory is freed between rows, and a chip (one holder) is opened by one process at a time.
 
@@ -141,6 +145,15 @@ def _timed(call, warmup: int, steps: int) -> dict:
             "xla_compiles": _COMPILES[0] - before, "hbm_by_call": peaks}  # fmt: skip
 
 
+def _profiled(row: dict, call, args) -> None:
+    """With ``--profile DIR``: device time per XLA operation of 2 more calls
+    (bench/op_profile.py), the trace kept under DIR/<row>."""
+    if args.profile:
+        from bench.op_profile import profile
+
+        row["profile"] = profile(call, 2, os.path.join(args.profile, args.child))
+
+
 def _hbm() -> tuple | None:
     """(bytes in use, peak bytes in use) of the chip in GiB; None off TPU."""
     import jax
@@ -210,6 +223,7 @@ def _torch_train(args, compiler: str) -> dict:
 
     row = _timed(call, args.warmup, args.steps)
     row["losses"] = [t.item() for t in row.pop("results")]
+    _profiled(row, call, args)
     if compiler == "jit":
         row["traces"] = run.trace_count
         if args.memory:
@@ -269,6 +283,7 @@ def _jax_train(args) -> dict:
 
     row = _timed(call, args.warmup, args.steps)
     row["losses"] = [float(x) for x in row.pop("results")]
+    _profiled(row, call, args)
     if args.memory:
         row["memory"] = _memory(step.lower(box["params"], box["state"], ids).compile())
     return row
@@ -288,6 +303,7 @@ def _prefill(args, engine: str) -> dict:
         ids = jnp.asarray(_ids(cfg, args.prefill_batch, args.seq).numpy())
         fwd = jax.jit(lambda p, i: jax_llama.forward(p, jcfg, i, logits_to_keep=1))
         row = _timed(lambda: jax.block_until_ready(fwd(params, ids)), args.warmup, args.steps)
+        _profiled(row, lambda: jax.block_until_ready(fwd(params, ids)), args)
         last = row.pop("results")[-1]
     else:
         model = _torch_model(args.small).eval()
@@ -301,6 +317,7 @@ def _prefill(args, engine: str) -> dict:
             return out
 
         row = _timed(call, args.warmup, args.steps)
+        _profiled(row, call, args)
         last = torchjax.to_jax(row.pop("results")[-1])
         row["traces"] = fwd.trace_count
     # what the two rows compare: the last position's mean logit and greedy tokens
@@ -421,6 +438,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--memory", action="store_true", help="XLA's memory analysis per row")
+    parser.add_argument("--profile", help="profile 2 more steps per row; traces under this dir")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     small = args.small
@@ -438,6 +456,7 @@ def main() -> None:
     argv += ["--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup)]
     argv += ["--remat" if args.remat else "--no-remat"] + (["--small"] if small else [])
     argv += ["--memory"] if args.memory else []
+    argv += ["--profile", os.path.abspath(args.profile)] if args.profile else []
     t0 = time.perf_counter()
     rows = {}
     for name in names:
@@ -474,6 +493,16 @@ def main() -> None:
         if r.get("hbm_by_call") and r["hbm_by_call"][0] is not None:
             calls = "; ".join(f"{u} / {p}" for u, p in r["hbm_by_call"])
             print(f"{name} HBM in use / peak (GiB) before the first call, after calls 1-3: {calls}")
+    for name, r in rows.items():
+        prof = r.get("profile")
+        if prof and "error" not in prof:
+            print(f"\n{name} device time per step: {prof['device_ms_per_step']} ms; by kind (ms):")
+            print("  " + "; ".join(f"{k} {v}" for k, v in prof["by_kind_ms"].items()))
+            print(f"{name} slowest operations (ms per step, calls per step, HLO):")
+            for op, ms, calls, text in prof["top_ops"]:
+                print(f"  {op} {ms} x{calls} {text}")
+        elif prof:
+            print(f"{name} profile: {prof['error']}")
     for name, r in rows.items():
         for w in r.get("warnings", ()):
             print(f"{name} warned: {w}")
