@@ -261,6 +261,27 @@ def test_newest_traced_values_are_the_newest_equations_inputs():
     assert newest_traced_values() == []  # outside a trace
 
 
+def test_constant_value_evaluates_what_a_trace_computes_from_constants_alone():
+    from torchjax._compat.jax import constant_value
+
+    seen = {}
+
+    def f(x):
+        i = jnp.arange(6)
+        causal = jnp.broadcast_to(i[:, None] >= i[None, :], (2, 1, 6, 6))
+        seen["causal"] = constant_value(causal)
+        seen["with x"] = constant_value(causal & (x > 0))
+        seen["x"] = constant_value(x * 2)
+        seen["long"] = constant_value(causal, max_equations=1)
+        return x
+
+    jax.jit(f)(jnp.ones(6))
+    want = np.broadcast_to(np.tri(6, dtype=bool), (2, 1, 6, 6))
+    np.testing.assert_array_equal(np.asarray(seen["causal"]), want)
+    assert seen["with x"] is None and seen["x"] is None and seen["long"] is None
+    assert constant_value(jnp.ones(3)) is None  # a concrete array: nothing to evaluate
+
+
 def test_backward_entry_wraps_torchs_for_backward_and_grad():
     from torch.autograd import graph
 

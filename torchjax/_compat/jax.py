@@ -131,6 +131,61 @@ def newest_traced_values(equations: int = 4) -> list:
     return out
 
 
+def constant_value(x, max_equations: int = 512):
+    """The value of the traced ``x`` when the program this thread is tracing computes it
+    from constants alone (literals and concrete arrays: no argument of the program),
+    evaluated now as one small program of those equations; None when it reads an
+    argument, an equation has effects, the slice has more than ``max_equations``
+    equations, or jax's trace keeps no such record. Private: a jaxpr tracer's ``parent``
+    equation (``in_tracers``, ``outvars``, ``primitive``, ``params``) and its frame's
+    ``constvar_to_val`` (jax 0.10); checked by tests/compat/test_compat.py."""
+    trace = getattr(x, "_trace", None)
+    frame = getattr(trace, "frame", None)
+    consts = getattr(frame, "constvar_to_val", None)
+    if consts is None or not hasattr(x, "parent"):
+        return None
+    order, done, constvars = [], set(), {}
+    stack = [(x, False)]
+    while stack:
+        t, expanded = stack.pop()
+        if getattr(t, "_trace", None) is not trace:
+            return None
+        val = t.val
+        if isinstance(val, _core.Literal):
+            continue
+        if val in consts:
+            if isinstance(consts[val], _core.Tracer):
+                return None  # a value of an enclosing trace
+            constvars[val] = consts[val]
+            continue
+        eqn = t.parent
+        if eqn is None or eqn.effects:
+            return None  # an argument of the program, or an effect
+        if id(eqn) in done:
+            continue
+        if expanded:
+            done.add(id(eqn))
+            order.append(eqn)
+            if len(order) > max_equations:
+                return None
+            continue
+        stack.append((t, True))
+        stack.extend((i, False) for i in eqn.in_tracers)
+    eqns = [
+        _core.JaxprEqn(
+            [i.val for i in e.in_tracers], e.outvars, e.primitive, e.params, e.effects,
+            e.source_info, e.ctx,
+        )
+        for e in order
+    ]  # fmt: skip
+    info = _core.DebugInfo("torchjax.constant_value", "constant_value", (), ("value",))
+    jaxpr = _core.Jaxpr(list(constvars), [], [x.val], eqns, debug_info=info)
+    closed = _core.ClosedJaxpr(jaxpr, list(constvars.values()))
+    with jax.ensure_compile_time_eval():
+        (out,) = jax.jit(_core.jaxpr_as_fun(closed))()
+    return out
+
+
 # Arrays up to this size are read in place: the host copy jax keeps on them is small.
 _READ_IN_PLACE_BYTES = 1 << 16
 

@@ -47,7 +47,7 @@ import os
 
 import torch
 
-from torchjax.ops.attention import causal_into_mask, fused_sdpa, fused_sdpa_applies
+from torchjax.ops.attention import causal_into_mask, fused_sdpa, fused_sdpa_applies, known_mask
 from torchjax.ops.registry import handler
 from torchjax.pallas._decode_sdpa import decode_applies, decode_sdpa
 from torchjax.pallas._flash import flash_attention as _flash_attention
@@ -156,6 +156,7 @@ def scaled_dot_product_attention(
     enable_gqa=False,
 ):
     """The AutogradPrivateUse1 kernel of ``aten::scaled_dot_product_attention``."""
+    attn_mask, is_causal = known_mask(query, key, attn_mask, is_causal)
     attn_mask, is_causal = causal_into_mask(query, key, value, attn_mask, dropout_p, is_causal)
     args = (query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if flash_enabled() and decode_applies(*args):
@@ -179,6 +180,7 @@ def _autograd_kernel(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
     # SDPA's own kernel for tpu tensors, above the CompositeImplicitAutograd decomposition.
+    attn_mask, is_causal = known_mask(query, key, attn_mask, is_causal)
     attn_mask, is_causal = causal_into_mask(query, key, value, attn_mask, dropout_p, is_causal)
     args = (query, key, value, attn_mask, dropout_p, is_causal)
     kernel = flash_enabled() and (
