@@ -282,6 +282,23 @@ def test_constant_value_evaluates_what_a_trace_computes_from_constants_alone():
     assert constant_value(jnp.ones(3)) is None  # a concrete array: nothing to evaluate
 
 
+def test_checkpoint_hooks_active_inside_a_checkpointed_forward_and_its_recomputation():
+    seen = []
+
+    def region(x):
+        seen.append(ct.checkpoint_hooks_active())
+        return (x * 2).sin()
+
+    x = torch.ones(3, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        assert not ct.checkpoint_hooks_active()  # another's hooks
+        region(x)
+    y = torch.utils.checkpoint.checkpoint(region, x, use_reentrant=False)
+    y.sum().backward()  # runs the region again
+    assert seen == [False, True, True]
+    assert not ct.checkpoint_hooks_active()
+
+
 def test_backward_entry_wraps_torchs_for_backward_and_grad():
     from torch.autograd import graph
 

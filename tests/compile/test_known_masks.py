@@ -143,3 +143,35 @@ def test_a_torch_compiled_llama_train_step_calls_sdpa_causal(kernel_calls):
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
     for (name, p), q in zip(model.named_parameters(), cpu.parameters(), strict=True):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_checkpointed_llama_under_torch_compile_with_the_flash_kernel():
+    # The recomputation of a checkpointed layer runs in the backward's trace, where the
+    # mask's value is unknown: the forward must not take another kernel than it (torch's
+    # checkpoint refused the different saved tensors). The flash kernel runs in Pallas's
+    # interpret mode off the chip.
+    cfg = tf.LlamaConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=256,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    cpu = tf.LlamaForCausalLM(cfg)
+    model = tf.LlamaForCausalLM(cfg)
+    model.load_state_dict(cpu.state_dict())
+    model.to("tpu")
+    for m in (cpu, model):
+        m.activation_checkpointing_enable()  # non-reentrant torch.utils.checkpoint
+        m.train()
+    ids = torch.randint(0, 256, (1, 128), generator=torch.Generator().manual_seed(1))
+
+    def step(m, ids):
+        loss = m(ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        return loss.detach()
+
+    with torchjax.pallas.use_flash_attention(True):
+        got = torch.compile(step, backend="tpu")(model, ids.to("tpu"))
+    want = step(cpu, ids)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), cpu.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5, msg=name)

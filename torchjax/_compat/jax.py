@@ -131,17 +131,16 @@ def newest_traced_values(equations: int = 4) -> list:
     return out
 
 
-def constant_value(x, max_equations: int = 512):
-    """The value of the traced ``x`` when the program this thread is tracing computes it
-    from constants alone (literals and concrete arrays: no argument of the program),
-    evaluated now as one small program of those equations; None when it reads an
-    argument, an equation has effects, the slice has more than ``max_equations``
+def _constant_slice(x, max_equations: int):
+    """(equations in order, {constvar: value}) by which the program this thread is
+    tracing computes the traced ``x`` from constants alone (literals and concrete
+    arrays); None when ``x`` reads an argument of the program or a value of an enclosing
+    trace, an equation has effects, the slice has more than ``max_equations``
     equations, or jax's trace keeps no such record. Private: a jaxpr tracer's ``parent``
-    equation (``in_tracers``, ``outvars``, ``primitive``, ``params``) and its frame's
+    equation (``in_tracers``, ``outvars``, ``effects``) and its frame's
     ``constvar_to_val`` (jax 0.10); checked by tests/compat/test_compat.py."""
     trace = getattr(x, "_trace", None)
-    frame = getattr(trace, "frame", None)
-    consts = getattr(frame, "constvar_to_val", None)
+    consts = getattr(getattr(trace, "frame", None), "constvar_to_val", None)
     if consts is None or not hasattr(x, "parent"):
         return None
     order, done, constvars = [], set(), {}
@@ -171,6 +170,17 @@ def constant_value(x, max_equations: int = 512):
             continue
         stack.append((t, True))
         stack.extend((i, False) for i in eqn.in_tracers)
+    return order, constvars
+
+
+def constant_value(x, max_equations: int = 512):
+    """The value of the traced ``x`` when it is computed from constants alone
+    (``_constant_slice``), evaluated now as one small program of those equations; else
+    None."""
+    found = _constant_slice(x, max_equations)
+    if found is None:
+        return None
+    order, constvars = found
     eqns = [
         _core.JaxprEqn(
             [i.val for i in e.in_tracers], e.outvars, e.primitive, e.params, e.effects,

@@ -607,3 +607,21 @@ def dynamo_frame_id(gm) -> int | None:
     function, shared by its recompiles (None where Dynamo set none). Private API: the
     ``dynamo_compile_id`` entry (a ``torch._guards.CompileId``) of ``gm.meta``."""
     return getattr(gm.meta.get("dynamo_compile_id"), "frame_id", None)
+
+
+def checkpoint_hooks_active() -> bool:
+    """True while the innermost ``saved_tensors_hooks`` of this thread are those of
+    torch.utils.checkpoint's non-reentrant forward (``_checkpoint_hook``) or
+    recomputation (``_recomputation_hook``), seen through a wrapper that keeps the
+    original as ``pack_hook`` (tensor/_backward_errors.py). Private:
+    ``torch._C._autograd._top_saved_tensors_default_hooks`` and the hooks' qualified
+    names (torch 2.13)."""
+    top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    if top is None:
+        return False
+    pack = top[0]
+    pack = getattr(getattr(pack, "__self__", None), "pack_hook", pack)
+    name = getattr(pack, "__qualname__", "")
+    return getattr(pack, "__module__", None) == "torch.utils.checkpoint" and name.startswith(
+        ("_checkpoint_hook.", "_recomputation_hook.")
+    )

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import constant_value, x64_enter, x64_exit
+from torchjax._compat.torch import checkpoint_hooks_active
 from torchjax.ops.norm import _check_dim, _opmath
 from torchjax.ops.registry import functional_handler, lowering
 from torchjax.tensor._fake import is_fake
@@ -182,31 +183,40 @@ def _cpu_flash_takes(query, key, value, attn_mask, dropout_p) -> bool:
 # that masks nothing becomes None. Both are the same computation: the same scores
 # masked the same way. A mask that reads an argument of the program (the batch's
 # padding mask) is not evaluated, nor one over ``KNOWN_MASK_ELEMENTS``, nor any mask
-# outside a trace (eager would pay a host read per call). Each traced mask is checked
-# once (trace time only), however many layers share it.
+# outside a trace (eager would pay a host read per call). Each mask tensor is checked
+# once (trace time only), however many layers share it, and keeps its verdict while its
+# value does. Not inside torch.utils.checkpoint's non-reentrant forward or
+# recomputation (its saved-tensor hooks are set): the recomputation runs in the
+# backward's trace, where the same mask is an argument (its value unknown), so it would
+# take the masked kernel where the forward took the causal one, and that saves other
+# tensors (torch's checkpoint refuses the difference; seen with torch.compile of a
+# checkpointed Llama on the chip). A checkpointed model keeps its mask there.
 KNOWN_MASK_ELEMENTS = 1 << 26
-_VERDICTS: dict = {}  # id(traced mask) -> (weak reference to it, verdict)
+# A mask tensor's verdict, kept with its storage and the storage's version: reused
+# while the tensor's value is unchanged.
+_VERDICTS: dict = {}  # id(mask) -> (weak reference to it, storage, version, verdict)
 
 
 def known_mask(query, key, attn_mask, is_causal):
     """``(attn_mask, is_causal)``, with a traced mask of known value that is exactly
     causal turned into ``(None, True)`` and one that masks nothing into ``(None,
     is_causal)`` (Note [Masks known at trace time])."""
-    if attn_mask is None or is_causal or is_fake(attn_mask) or attn_mask.requires_grad:
+    if attn_mask is None or is_causal or not isinstance(attn_mask, JaxTensor):
         return attn_mask, is_causal
-    if not isinstance(attn_mask, JaxTensor):
+    if is_fake(attn_mask) or attn_mask.requires_grad or checkpoint_hooks_active():
         return attn_mask, is_causal
-    arr = attn_mask._value()
-    if not isinstance(arr, jax.core.Tracer) or arr.size > KNOWN_MASK_ELEMENTS:
-        return attn_mask, is_causal
-    seen = _VERDICTS.get(id(arr))
-    if seen is not None and seen[0]() is arr:
-        verdict = seen[1]
+    storage = attn_mask._storage
+    seen = _VERDICTS.get(id(attn_mask))
+    if seen is not None and seen[0]() is attn_mask and seen[1:3] == (storage, storage.version):
+        verdict = seen[3]
     else:
+        arr = attn_mask._value()
+        if not isinstance(arr, jax.core.Tracer) or arr.size > KNOWN_MASK_ELEMENTS:
+            return attn_mask, is_causal
         verdict = _verdict(arr, query.size(-2), key.size(-2))
-        key_id = id(arr)
-        ref = weakref.ref(arr, lambda _: _VERDICTS.pop(key_id, None))
-        _VERDICTS[key_id] = (ref, verdict)
+        key_id = id(attn_mask)
+        ref = weakref.ref(attn_mask, lambda _: _VERDICTS.pop(key_id, None))
+        _VERDICTS[key_id] = (ref, storage, storage.version, verdict)
     if verdict == "causal":
         return None, True
     if verdict == "all":
