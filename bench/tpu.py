@@ -167,10 +167,25 @@ def seed(ctx) -> dict:
             "first_differing_token": first_diff}  # fmt: skip
 
 
+def _saved(ctx) -> str:
+    """The seeded model's checkpoint folder, written here when no earlier section wrote
+    it (a run of ``--sections decode`` alone), with the weights ``seed`` saves."""
+    if not (pathlib.Path(ctx.dir) / "config.json").exists():
+        torch.manual_seed(0)
+        tf.LlamaForCausalLM(llama_config(ctx.small)).save_pretrained(ctx.dir)
+    return ctx.dir
+
+
+def _f32(ctx):
+    if getattr(ctx, "f32", None) is None:
+        ctx.f32 = tf.AutoModelForCausalLM.from_pretrained(_saved(ctx), device_map="tpu").eval()
+    return ctx.f32
+
+
 def _bf16(ctx):
     if getattr(ctx, "bf16", None) is None:
         ctx.bf16 = tf.AutoModelForCausalLM.from_pretrained(
-            ctx.dir, device_map="tpu", dtype=torch.bfloat16
+            _saved(ctx), device_map="tpu", dtype=torch.bfloat16
         ).eval()
     return ctx.bf16
 
@@ -184,7 +199,7 @@ def numerics(ctx) -> dict:
     cfg = llama_config(ctx.small)
     ids = _prompt(1, 256, cfg.vocab_size, seed=1)
     with torch.no_grad():
-        ref = ctx.f32(ids.to("tpu")).logits.float().cpu()[0]
+        ref = _f32(ctx)(ids.to("tpu")).logits.float().cpu()[0]
         model = _bf16(ctx)
         tj = model(ids.to("tpu")).logits.float().cpu()[0]
     jcfg = jax_llama.Config.of(model.config)
