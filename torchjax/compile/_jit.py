@@ -47,7 +47,7 @@ from jax.extend.core import jaxpr_as_fun
 from torchjax import _budget
 from torchjax._compat.jax import trace_of, x64, x64_enter, x64_exit
 from torchjax._compat.torch import pytree, saved_tensors_hooks_enabled
-from torchjax.compile import _aliases, _autograd, _donate, _hyper, _repeat, _state
+from torchjax.compile import _aliases, _autograd, _donate, _hyper, _made_state, _repeat, _state
 from torchjax.compile._aliases import root
 from torchjax.compile._arg_grads import argument_grads
 from torchjax.compile._call import (
@@ -120,8 +120,11 @@ def jit(fn=None, *, static_argnames=(), donate: bool = True, warn_after: int = 8
     the globals its code names, or a bound method's ``self``; see Note [State of a
     jitted function]. Optimizers found there are switched to ``capturable=True`` (their
     step counter becomes a tpu tensor, as torch does for CUDA graphs), so the step count
-    is an input, not a constant. A call that creates state (an optimizer's first step)
-    traces again on the next call; after that, identical signatures never retrace.
+    is an input, not a constant. The first step of Adam, AdamW and the other optimizers
+    whose first step only fills their state traces twice and compiles once: the second
+    trace takes the filled state as input, and that program runs from the first call on
+    (Note [Optimizer state made in a first call]). Another call that creates state traces
+    again on the next call. After that, identical signatures never retrace.
     """
     if fn is None:
         return functools.partial(
@@ -174,6 +177,10 @@ class Jitted:
             _budget.hit(entry)
         else:
             entry = self._trace(call)
+            if entry.first_state is not None:  # Note [Optimizer state made in a first call]
+                _made_state.put_back(entry.first_state)
+                call, entry = self._lookup(args, {**kwargs, **call.static_kwargs})
+                entry = entry or self._trace(call)
         if entry.writes_shared:  # Note [Arguments that share memory] (_aliases.py)
             return self.fn(*args, **kwargs, **call.static_kwargs)
         if entry.vjp is not None and call.grad_mode:
@@ -416,7 +423,12 @@ class _Entry:
         key = _unused_key()
         # Note [Writes that escape a trace] in torchjax/tensor/_storage.py.
         # Note [Gradients that escape a trace] in torchjax/compile/_escaped_grads.py.
-        with x64(True), escapes_watched() as escaped, grads_watched() as grads, traced_fills():
+        with (
+            x64(True),
+            escapes_watched() as escaped,
+            grads_watched() as grads,
+            traced_fills() as made,
+        ):
             try:
                 closed = jax.make_jaxpr(pure)(
                     call.state_arrays, key, call.arrays, call.hypers.values
@@ -445,6 +457,7 @@ class _Entry:
         self.uses_rng = info["draws"] > 0
         self.lr_assigned = lr_assigned
         self.single_use = bool(self.created)
+        self.first_state = _made_state.first_state(self.created, made, call.walk.optimizers)
         self.refs = [weakref.ref(s) for s in storages]
         self.aliases = info["aliases"]
         self.n_out = len(self.out_pos) + info["n_bases"]  # the bases follow the outputs

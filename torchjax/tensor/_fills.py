@@ -38,12 +38,13 @@ _LOCAL = threading.local()  # .block: (epoch, {id: (storage, traced array, lazy)
 @contextlib.contextmanager
 def fills_traced(epoch: int):
     """Within the block, storages born at ``epoch`` or later (``Storage.born``) that are
-    first read in it get traced fills (Note [Fills of storages made inside a trace])."""
+    first read in it get traced fills (Note [Fills of storages made inside a trace]).
+    Yields {id(storage): (storage, traced fill, fill)} of those storages."""
     previous = getattr(_LOCAL, "block", None)
     made: dict = {}
     _LOCAL.block = (epoch, made)
     try:
-        yield
+        yield made
     finally:
         _LOCAL.block = previous
         _unfill(made)
@@ -88,10 +89,15 @@ def _unfill(made: dict) -> None:
     for storage, arr, lazy in made.values():
         if _held(storage) is not arr:
             continue  # written in the trace: the compiled function's business
-        _slot(storage).__delete__(storage)
-        storage.lazy = lazy
-        storage.interpretations = None
-        storage.version += 1  # no tensor's read cache keeps the traced value
+        refill(storage, lazy)
+
+
+def refill(storage, lazy) -> None:
+    """Make ``storage`` hold nothing but its fill ``lazy`` again, made on first read."""
+    _slot(storage).__delete__(storage)
+    storage.lazy = lazy
+    storage.interpretations = None
+    storage.version += 1  # no tensor's read cache keeps the traced value
 
 
 HOST_FILL_BYTES = 1 << 20
