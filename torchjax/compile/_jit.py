@@ -120,11 +120,9 @@ def jit(fn=None, *, static_argnames=(), donate: bool = True, warn_after: int = 8
     the globals its code names, or a bound method's ``self``; see Note [State of a
     jitted function]. Optimizers found there are switched to ``capturable=True`` (their
     step counter becomes a tpu tensor, as torch does for CUDA graphs), so the step count
-    is an input, not a constant. The first step of Adam, AdamW and the other optimizers
-    whose first step only fills their state traces twice and compiles once: the second
-    trace takes the filled state as input, and that program runs from the first call on
-    (Note [Optimizer state made in a first call]). Another call that creates state traces
-    again on the next call. After that, identical signatures never retrace.
+    is an input, not a constant. A call that creates state traces again on the next
+    call, except an Adam-like optimizer's first step, which compiles once (Note
+    [Optimizer state made in a first call]); then identical signatures never retrace.
     """
     if fn is None:
         return functools.partial(
