@@ -36,7 +36,6 @@ _FILLS_ONLY = (
     torch.optim.Adamax,
     torch.optim.NAdam,
     torch.optim.RAdam,
-    torch.optim.Adagrad,
     torch.optim.RMSprop,
     torch.optim.Adadelta,
 )
