@@ -282,21 +282,22 @@ def test_constant_value_evaluates_what_a_trace_computes_from_constants_alone():
     assert constant_value(jnp.ones(3)) is None  # a concrete array: nothing to evaluate
 
 
-def test_checkpoint_hooks_active_inside_a_checkpointed_forward_and_its_recomputation():
+def test_checkpoint_region_names_the_frame_in_its_forward_and_its_recomputation():
     seen = []
 
     def region(x):
-        seen.append(ct.checkpoint_hooks_active())
+        seen.append(ct.checkpoint_region())
         return (x * 2).sin()
 
     x = torch.ones(3, requires_grad=True)
     with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
-        assert not ct.checkpoint_hooks_active()  # another's hooks
-        region(x)
+        region(x)  # another's hooks
     y = torch.utils.checkpoint.checkpoint(region, x, use_reentrant=False)
     y.sum().backward()  # runs the region again
-    assert seen == [False, True, True]
-    assert not ct.checkpoint_hooks_active()
+    outside, forward, again = seen
+    assert outside is None and ct.checkpoint_region() is None
+    assert type(forward[0]).__name__ == "_CheckpointFrame" and forward[1:] == (False, None)
+    assert again[0] is forward[0] and again[1] is True and again[2] is not None
 
 
 def test_backward_entry_wraps_torchs_for_backward_and_grad():

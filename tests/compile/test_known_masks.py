@@ -155,11 +155,11 @@ def test_a_torch_compiled_llama_train_step_calls_sdpa_causal(kernel_calls):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_a_checkpointed_llama_under_torch_compile_with_the_flash_kernel():
+def test_a_checkpointed_llama_under_torch_compile_with_the_flash_kernel(kernel_calls):
     # The recomputation of a checkpointed layer runs in the backward's trace, where the
-    # mask's value is unknown: the forward must not take another kernel than it (torch's
-    # checkpoint refused the different saved tensors). The flash kernel runs in Pallas's
-    # interpret mode off the chip.
+    # mask's value is unknown: it replays the forward's choice, so both take the causal
+    # kernel (a different one saved other tensors, which torch's checkpoint refused). The
+    # flash kernel runs in Pallas's interpret mode off the chip.
     cfg = tf.LlamaConfig(
         hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=1, vocab_size=256,
@@ -182,6 +182,8 @@ def test_a_checkpointed_llama_under_torch_compile_with_the_flash_kernel():
     with torchjax.pallas.use_flash_attention(True):
         got = torch.compile(step, backend="tpu")(model, ids.to("tpu"))
     want = step(cpu, ids)
+    # One layer: its forward and its recomputation, each calling SDPA causally.
+    assert len(kernel_calls) >= 2 and set(kernel_calls) == {(True, True)}
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
     for (name, p), q in zip(model.named_parameters(), cpu.parameters(), strict=True):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5, msg=name)

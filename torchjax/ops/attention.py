@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import constant_value, x64_enter, x64_exit
-from torchjax._compat.torch import checkpoint_hooks_active
+from torchjax._compat.torch import checkpoint_region
 from torchjax.ops.norm import _check_dim, _opmath
 from torchjax.ops.registry import functional_handler, lowering
 from torchjax.tensor._fake import is_fake
@@ -185,16 +185,19 @@ def _cpu_flash_takes(query, key, value, attn_mask, dropout_p) -> bool:
 # padding mask) is not evaluated, nor one over ``KNOWN_MASK_ELEMENTS``, nor any mask
 # outside a trace (eager would pay a host read per call). Each mask tensor is checked
 # once (trace time only), however many layers share it, and keeps its verdict while its
-# value does. Not inside torch.utils.checkpoint's non-reentrant forward or
-# recomputation (its saved-tensor hooks are set): the recomputation runs in the
-# backward's trace, where the same mask is an argument (its value unknown), so it would
-# take the masked kernel where the forward took the causal one, and that saves other
-# tensors (torch's checkpoint refuses the difference; seen with torch.compile of a
-# checkpointed Llama on the chip). A checkpointed model keeps its mask there.
+# value does. A region of torch.utils.checkpoint (non-reentrant) is recomputed in the
+# backward's trace, where the same mask is an argument, its value unknown: deciding
+# there again took the masked kernel where the forward took the causal one, and that
+# saves other tensors (torch's checkpoint refused the difference; seen with
+# torch.compile of a checkpointed Llama on the chip). So the forward of a region
+# records each decision on the region's checkpoint frame, and its recomputation replays
+# them in order: the same calls, with the same values, take the same kernels.
 KNOWN_MASK_ELEMENTS = 1 << 26
 # A mask tensor's verdict, kept with its storage and the storage's version: reused
 # while the tensor's value is unchanged.
 _VERDICTS: dict = {}  # id(mask) -> (weak reference to it, storage, version, verdict)
+# checkpoint frame -> (the forward's verdicts in call order, {group: next to replay})
+_REGIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def known_mask(query, key, attn_mask, is_causal):
@@ -203,25 +206,43 @@ def known_mask(query, key, attn_mask, is_causal):
     is_causal)`` (Note [Masks known at trace time])."""
     if attn_mask is None or is_causal or not isinstance(attn_mask, JaxTensor):
         return attn_mask, is_causal
-    if is_fake(attn_mask) or attn_mask.requires_grad or checkpoint_hooks_active():
+    if is_fake(attn_mask) or attn_mask.requires_grad:
         return attn_mask, is_causal
-    storage = attn_mask._storage
-    seen = _VERDICTS.get(id(attn_mask))
-    if seen is not None and seen[0]() is attn_mask and seen[1:3] == (storage, storage.version):
-        verdict = seen[3]
-    else:
-        arr = attn_mask._value()
-        if not isinstance(arr, jax.core.Tracer) or arr.size > KNOWN_MASK_ELEMENTS:
-            return attn_mask, is_causal
-        verdict = _verdict(arr, query.size(-2), key.size(-2))
-        key_id = id(attn_mask)
-        ref = weakref.ref(attn_mask, lambda _: _VERDICTS.pop(key_id, None))
-        _VERDICTS[key_id] = (ref, storage, storage.version, verdict)
+    region = checkpoint_region()
+    if region is None:
+        return _apply(_decide(query, key, attn_mask), attn_mask, is_causal)
+    frame, recomputing, group = region
+    verdicts, replayed = _REGIONS.setdefault(frame, ([], {}))
+    if not recomputing:
+        verdicts.append(_decide(query, key, attn_mask))
+        return _apply(verdicts[-1], attn_mask, is_causal)
+    at = replayed.get(group, 0)
+    replayed[group] = at + 1
+    return _apply(verdicts[at] if at < len(verdicts) else "mask", attn_mask, is_causal)
+
+
+def _apply(verdict: str, attn_mask, is_causal):
     if verdict == "causal":
         return None, True
     if verdict == "all":
         return None, is_causal
     return attn_mask, is_causal
+
+
+def _decide(query, key, attn_mask) -> str:
+    """The verdict on ``attn_mask``: cached per tensor while its value is unchanged."""
+    storage = attn_mask._storage
+    seen = _VERDICTS.get(id(attn_mask))
+    if seen is not None and seen[0]() is attn_mask and seen[1:3] == (storage, storage.version):
+        return seen[3]
+    arr = attn_mask._value()
+    if not isinstance(arr, jax.core.Tracer) or arr.size > KNOWN_MASK_ELEMENTS:
+        return "mask"
+    verdict = _verdict(arr, query.size(-2), key.size(-2))
+    key_id = id(attn_mask)
+    ref = weakref.ref(attn_mask, lambda _: _VERDICTS.pop(key_id, None))
+    _VERDICTS[key_id] = (ref, storage, storage.version, verdict)
+    return verdict
 
 
 def _verdict(arr, length: int, source: int) -> str:
