@@ -404,6 +404,25 @@ def test_dynamic_shapes_reuse_one_graph_and_warn_once_per_function():
     assert "one program per distinct input shape" in str(told[0].message)
 
 
+def test_a_new_function_after_dynamos_reset_is_warned_about_too():
+    # Dynamo's frame ids start again at 0 after torch._dynamo.reset(): a new function
+    # may get the id of one already warned about, and must still be told.
+    import warnings
+
+    def told(fn):
+        compiled = torch.compile(fn, backend="tpu", dynamic=True)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for b in (2, 3, 4):
+                compiled(torch.randn(b, 4).to("tpu"))
+        return sum(issubclass(w.category, torchjax.DynamicShapesWarning) for w in seen)
+
+    torch._dynamo.reset()
+    assert told(lambda x: x.sin() * 2) == 1
+    torch._dynamo.reset()
+    assert told(lambda x: x.cos() + 1) == 1
+
+
 def _extra_parameter_copies(model, opt) -> int:
     """Live jax arrays of a parameter's shape held by neither a parameter nor the
     optimizer's state."""

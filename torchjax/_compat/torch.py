@@ -605,9 +605,17 @@ def dynamo_traced(fn):
 
 def dynamo_frame_id(gm) -> int | None:
     """The id of the Python frame (function) whose graph ``gm`` Dynamo captured: one per
-    function, shared by its recompiles (None where Dynamo set none). Private API: the
-    ``dynamo_compile_id`` entry (a ``torch._guards.CompileId``) of ``gm.meta``."""
+    function, shared by its recompiles (None where Dynamo set none). Ids start again
+    from 0 after ``torch._dynamo.reset()``. Private API: the ``dynamo_compile_id`` entry
+    (a ``torch._guards.CompileId``) of ``gm.meta``."""
     return getattr(gm.meta.get("dynamo_compile_id"), "frame_id", None)
+
+
+def dynamo_first_compile(gm) -> bool:
+    """Whether ``gm`` comes from its frame's first compile (``frame_compile_id`` 0):
+    after ``torch._dynamo.reset()`` a frame id may name a new function, whose first
+    compile this is. Private API as ``dynamo_frame_id``."""
+    return getattr(gm.meta.get("dynamo_compile_id"), "frame_compile_id", None) == 0
 
 
 def checkpoint_region():

@@ -30,6 +30,7 @@ import torch
 
 from torchjax import _patches
 from torchjax._compat.torch import (
+    dynamo_first_compile,
     dynamo_frame_id,
     dynamo_never_trace,
     dynamo_optimizer_variable_class,
@@ -189,6 +190,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
     _TOTALS["graphs"] += 1
     static = _floats_stay_static(host, example_inputs) if floats else None
     frame = dynamo_frame_id(dynamo_gm) if _has_symbolic_sizes(example_inputs) else None
+    if frame is not None and dynamo_first_compile(dynamo_gm):
+        _WARNED_FRAMES.discard(frame)  # a new function (ids restart at Dynamo's reset)
 
     def counted(args):
         before = [(p.trace_count, p.cache_hits) for p in parts]
