@@ -283,10 +283,12 @@ def test_constant_value_evaluates_what_a_trace_computes_from_constants_alone():
 
 
 def test_checkpoint_region_names_the_frame_in_its_forward_and_its_recomputation():
+    from torchjax._compat.torch_checkpoint import checkpoint_region
+
     seen = []
 
     def region(x):
-        seen.append(ct.checkpoint_region())
+        seen.append(checkpoint_region())
         return (x * 2).sin()
 
     x = torch.ones(3, requires_grad=True)
@@ -295,7 +297,7 @@ def test_checkpoint_region_names_the_frame_in_its_forward_and_its_recomputation(
     y = torch.utils.checkpoint.checkpoint(region, x, use_reentrant=False)
     y.sum().backward()  # runs the region again
     outside, forward, again = seen
-    assert outside is None and ct.checkpoint_region() is None
+    assert outside is None and checkpoint_region() is None
     assert type(forward[0]).__name__ == "_CheckpointFrame" and forward[1:] == (False, None)
     assert again[0] is forward[0] and again[1] is True and again[2] is not None
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 from collections import OrderedDict
 
 import torch
@@ -616,31 +615,3 @@ def dynamo_first_compile(gm) -> bool:
     after ``torch._dynamo.reset()`` a frame id may name a new function, whose first
     compile this is. Private API as ``dynamo_frame_id``."""
     return getattr(gm.meta.get("dynamo_compile_id"), "frame_compile_id", None) == 0
-
-
-def checkpoint_region():
-    """``(frame, recomputing, group)`` of the torch.utils.checkpoint region whose
-    saved-tensor hooks are this thread's innermost: its ``_CheckpointFrame``, False and
-    None while its non-reentrant forward runs, True and the backward's group id while it
-    is recomputed; None outside such a region. The hooks are seen through a wrapper that
-    keeps the original as ``pack_hook`` (tensor/_backward_errors.py). Private:
-    ``torch._C._autograd._top_saved_tensors_default_hooks`` and the names and closure
-    variables of ``_checkpoint_hook``'s and ``_recomputation_hook``'s pack hooks (torch
-    2.13)."""
-    top = torch._C._autograd._top_saved_tensors_default_hooks(False)
-    if top is None:
-        return None
-    pack = top[0]
-    pack = getattr(getattr(pack, "__self__", None), "pack_hook", pack)
-    pack = inspect.unwrap(pack)  # the recomputation's is wrapped by torch._dynamo.disable
-    code = getattr(pack, "__code__", None)
-    if getattr(pack, "__module__", None) != "torch.utils.checkpoint" or code is None:
-        return None
-    cells = dict(zip(code.co_freevars, (c.cell_contents for c in pack.__closure__ or ())))
-    name = pack.__qualname__
-    if name.startswith("_checkpoint_hook.") and "frame" in cells:
-        return cells["frame"], False, None
-    if name.startswith("_recomputation_hook.") and "target_frame_ref" in cells:
-        frame = cells["target_frame_ref"]()
-        return (frame, True, cells.get("gid")) if frame is not None else None
-    return None

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import constant_value, x64_enter, x64_exit
-from torchjax._compat.torch import checkpoint_region
+from torchjax._compat.torch_checkpoint import checkpoint_region
 from torchjax.ops.norm import _check_dim, _opmath
 from torchjax.ops.registry import functional_handler, lowering
 from torchjax.tensor._fake import is_fake
