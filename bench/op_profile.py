@@ -4,8 +4,8 @@
 ``jax.profiler.trace`` and reads the trace back with ``jax.profiler.ProfileData``: on a
 TPU, the events of the device plane's "XLA Ops" line; elsewhere, host events that carry
 an ``hlo_op`` stat (XLA:CPU's thunks). It returns the total device time per step, the
-time per operation kind (the HLO name without its ``.N`` suffix, with the event's
-``hlo_category`` where the profiler records one) and the slowest operations, so two
+time per operation kind (``_kind``: opcode, fusion kind or custom call, read from the
+HLO instruction a TPU event is named by) and the slowest operations, so two
 programs of the same model (torchjax's and pure JAX's) can be compared op by op. The
 trace file stays in ``out_dir`` for a closer look (xprof, or ``ProfileData.from_file``).
 """
@@ -17,6 +17,24 @@ import pathlib
 import re
 
 _SUFFIX = re.compile(r"\.\d+$")
+# A TPU trace names each event by its HLO instruction: "%name = shape opcode(operands)..."
+_INSTRUCTION = re.compile(r"^%(\S+) = .*? ([a-z][a-z0-9_-]*)\((.*)$")
+
+
+def _kind(name: str) -> str:
+    """An event's operation kind: the opcode, a fusion's kind ("fusion:kLoop") or a
+    custom call's name ("custom-call:torchjax_flash_attention_fwd"); off a TPU, the
+    event name without its ``.N`` suffix."""
+    m = _INSTRUCTION.match(name)
+    if m is None:
+        return _SUFFIX.sub("", name)
+    ident, opcode, rest = m.groups()
+    if opcode == "fusion":
+        kind = re.search(r"kind=(k\w+)", rest)
+        return f"fusion:{kind.group(1) if kind else '?'}"
+    if opcode == "custom-call":
+        return f"custom-call:{_SUFFIX.sub('', ident)}"
+    return opcode
 
 
 def _stats(event) -> dict:
@@ -51,28 +69,19 @@ def summarize(path: str, steps: int, top: int = 40) -> dict:
     by_op = collections.Counter()
     by_kind = collections.Counter()
     counts = collections.Counter()
-    detail = {}
-    keys = set()
-    for name, ns, stats in _device_events(data):
-        keys.update(stats)
+    for name, ns, _ in _device_events(data):
         by_op[name] += ns
         counts[name] += 1
-        category = stats.get("hlo_category") or stats.get("category")
-        kind = f"{category}" if category else _SUFFIX.sub("", name)
-        by_kind[kind] += ns
-        if name not in detail:
-            text = stats.get("long_name") or stats.get("tf_op") or ""
-            detail[name] = str(text)[:200]
+        by_kind[_kind(name)] += ns
     total = sum(by_op.values())
     ms = 1e-6 / max(steps, 1)
     return {
         "device_ms_per_step": round(total * ms, 3),
         "by_kind_ms": {k: round(v * ms, 3) for k, v in by_kind.most_common(25)},
         "top_ops": [
-            (n, round(v * ms, 3), counts[n] // max(steps, 1), detail[n])
+            (n[:300], round(v * ms, 3), counts[n] // max(steps, 1))
             for n, v in by_op.most_common(top)
         ],
-        "stat_keys": sorted(keys)[:40],
     }
 
 

@@ -498,9 +498,9 @@ def main() -> None:
         if prof and "error" not in prof:
             print(f"\n{name} device time per step: {prof['device_ms_per_step']} ms; by kind (ms):")
             print("  " + "; ".join(f"{k} {v}" for k, v in prof["by_kind_ms"].items()))
-            print(f"{name} slowest operations (ms per step, calls per step, HLO):")
-            for op, ms, calls, text in prof["top_ops"]:
-                print(f"  {op} {ms} x{calls} {text}")
+            print(f"{name} slowest operations (ms per step, calls per step, operation):")
+            for op, ms, calls in prof["top_ops"]:
+                print(f"  {ms} x{calls} {op}")
         elif prof:
             print(f"{name} profile: {prof['error']}")
     for name, r in rows.items():
