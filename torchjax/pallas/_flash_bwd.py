@@ -28,26 +28,28 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from torchjax.pallas._flash_fwd import F32, dot, last_key_block, masked_scores
-from torchjax.pallas._tiling import compiler_params, pallas_call, scratch
+from torchjax.pallas._flash_fwd import F32, dot, last_key_block, masked_scores, widen
+from torchjax.pallas._tiling import STAT_LANES, compiler_params, pallas_call, scratch
 
 
 def probs(q, k, m, inv, bias, scale, causal, q_start, k_start):
-    """Probabilities of one tile from the forward's row statistics, (block_q, 1) columns
-    (Note [Flash residuals])."""
-    return jnp.exp(masked_scores(q, k, bias, scale, causal, q_start, k_start) - m) * inv
+    """Probabilities of one tile from the forward's row statistics, (block_q, L) blocks
+    (Note [Flash residuals], Note [Row statistics across lanes])."""
+    s = masked_scores(q, k, bias, scale, causal, q_start, k_start)
+    n = s.shape[1]
+    return jnp.exp(s - widen(m, n)) * widen(inv, n)
 
 
 def dq_tile(q, k, v, bias, do, m, inv, delta, *, scale, causal, q_start, k_start):
     p = probs(q, k, m, inv, bias, scale, causal, q_start, k_start)
-    ds = p * (dot(do, v, trans_b=True) - delta) * scale
+    ds = p * (dot(do, v, trans_b=True) - widen(delta, p.shape[1])) * scale
     return dot(ds.astype(k.dtype), k)
 
 
 def dkv_tile(q, k, v, bias, do, m, inv, delta, *, scale, causal, q_start, k_start):
     p = probs(q, k, m, inv, bias, scale, causal, q_start, k_start)
     dv = dot(p.astype(do.dtype), do, trans_a=True)
-    ds = p * (dot(do, v, trans_b=True) - delta) * scale
+    ds = p * (dot(do, v, trans_b=True) - widen(delta, p.shape[1])) * scale
     return dot(ds.astype(q.dtype), q, trans_a=True), dv
 
 
@@ -126,15 +128,15 @@ def _inputs(arrays, q_block, q_map, kv_rows, kv_map, mask_spec):
     (q, do, m, inv, delta) take blocks of leading dims ``q_block`` by ``q_map``; k and v take
     ``kv_rows`` rows by ``kv_map``."""
     q, k, v, mask, do, m, inv, delta = arrays
-    d, dv = q.shape[-1], v.shape[-1]
+    d, dv, lanes = q.shape[-1], v.shape[-1], m.shape[-1]
     specs = [
         pl.BlockSpec((*q_block, d), q_map),
         pl.BlockSpec((None, None, kv_rows, d), kv_map),
         pl.BlockSpec((None, None, kv_rows, dv), kv_map),
         pl.BlockSpec((*q_block, dv), q_map),
-        pl.BlockSpec((*q_block, 1), q_map),
-        pl.BlockSpec((*q_block, 1), q_map),
-        pl.BlockSpec((*q_block, 1), q_map),
+        pl.BlockSpec((*q_block, lanes), q_map),
+        pl.BlockSpec((*q_block, lanes), q_map),
+        pl.BlockSpec((*q_block, lanes), q_map),
     ]
     args = [q, k, v, do, m, inv, delta]
     if mask is not None:
@@ -329,5 +331,6 @@ def backward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, o,
     """``(dq, dk, dv)`` in the dtypes of q, k, v; ``stats`` the forward's row statistics
     ``(m, inv_denom)`` (Note [Flash residuals])."""
     delta = jnp.sum(do.astype(F32) * o.astype(F32), axis=-1, keepdims=True)  # (B, Hq, Sq, 1)
+    delta = jnp.broadcast_to(delta, (*delta.shape[:-1], STAT_LANES[plat]))
     form = _loop_backward if plat == "gpu" else _grid_backward
     return form(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, stats, delta, do)

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from torchjax.pallas._tiling import compiler_params, kernel_dot, pallas_call, scratch
+from torchjax.pallas._tiling import STAT_LANES, compiler_params, kernel_dot, pallas_call, scratch
 
 F32 = jnp.float32
 
@@ -59,10 +59,21 @@ def last_key_block(i, block_q, block_k):
     return ((i + 1) * block_q - 1) // block_k
 
 
+def widen(x, n: int):
+    """A (rows, L) block of per-row statistics (Note [Row statistics across lanes]) as an
+    operand of a (rows, n) tile: the lanes tiled when ``n`` is a multiple of L, cut when
+    ``n < L``, else one lane broadcast."""
+    lanes = x.shape[-1]
+    if lanes == 1 or n == lanes:
+        return x
+    if n % lanes == 0:
+        return jnp.tile(x, (1, n // lanes))
+    return x[:, :n] if n < lanes else x[:, :1]
+
+
 def fwd_tile(q, k, v, bias, m, denom, acc, *, scale, causal, q_start, k_start):
     """One online-softmax step: ``m`` (running max), ``denom`` (running sum) are
-    (block_q, 1) f32 columns, ``acc``
-    (block_q, Dv) f32."""
+    (block_q, L) f32 row statistics, ``acc`` (block_q, Dv) f32."""
     s = masked_scores(q, k, bias, scale, causal, q_start, k_start)
     return softmax_step(s, v, m, denom, acc)
 
@@ -73,10 +84,10 @@ def softmax_step(s, v, m, denom, acc):
     m_new = jnp.maximum(m, s.max(axis=1, keepdims=True))
     # A row masked so far has m == -inf: shift by 0 instead (exp(-inf) = 0, no NaN).
     shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-    p = jnp.exp(s - shift)
+    p = jnp.exp(s - widen(shift, s.shape[1]))
     alpha = jnp.exp(m - shift)
     denom = alpha * denom + p.sum(axis=1, keepdims=True)
-    acc = alpha * acc + dot(p.astype(v.dtype), v)
+    acc = widen(alpha, acc.shape[1]) * acc + dot(p.astype(v.dtype), v)
     return m_new, denom, acc
 
 
@@ -85,9 +96,9 @@ def fwd_finish(m, denom, acc):
     the shift ``m`` and ``1 / denom``; a row with every key masked gives 0 (as torch),
     shift 0 and ``1 / denom`` 0."""
     empty = denom == 0.0
-    safe = jnp.where(empty, 1.0, denom)
+    inv = jnp.where(empty, 0.0, 1.0 / jnp.where(empty, 1.0, denom))
     shift = jnp.where(m == -jnp.inf, 0.0, m)
-    return acc / safe, shift, jnp.where(empty, 0.0, 1.0 / safe)
+    return acc * widen(inv, acc.shape[1]), shift, inv
 
 
 # Note [Flash residuals]
@@ -102,12 +113,12 @@ def fwd_finish(m, denom, acc):
 # more (B, H, Sq, 1) float32 array is the price.
 
 
-def _grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
-    if has_mask:
-        q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, inv_ref, m_sc, l_sc, acc_sc = refs
-    else:
-        q_ref, k_ref, v_ref, o_ref, m_ref, inv_ref, m_sc, l_sc, acc_sc = refs
-        mask_ref = None
+def _grid_kernel(*refs, scale, causal, block_q, block_k, has_mask, residuals):
+    refs = list(refs)
+    mask_ref = refs.pop(3) if has_mask else None
+    q_ref, k_ref, v_ref, o_ref = refs[:4]
+    m_ref, inv_ref = refs[4:6] if residuals else (None, None)
+    m_sc, l_sc, acc_sc = refs[-3:]
     i, j = pl.program_id(2), pl.program_id(3)
 
     @pl.when(j == 0)
@@ -139,11 +150,25 @@ def _grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
-        out, m_ref[...], inv_ref[...] = fwd_finish(m_sc[...], l_sc[...], acc_sc[...])
+        out, shift, inv = fwd_finish(m_sc[...], l_sc[...], acc_sc[...])
         o_ref[...] = out.astype(o_ref.dtype)
+        if residuals:
+            m_ref[...], inv_ref[...] = shift, inv
 
 
-def _grid_forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat):
+def _outputs(q, v, block_q, row, residuals, lanes):
+    """out_specs and out_shape of a forward: the output, then the row statistics
+    (B, Hq, Sq, ``lanes``) when ``residuals``."""
+    b, hq, sq, dv = (*q.shape[:3], v.shape[-1])
+    specs = [pl.BlockSpec((None, None, block_q, dv), row)]
+    shapes = [jax.ShapeDtypeStruct((b, hq, sq, dv), q.dtype)]
+    if residuals:
+        specs += [pl.BlockSpec((None, None, block_q, lanes), row)] * 2
+        shapes += [jax.ShapeDtypeStruct((b, hq, sq, lanes), F32)] * 2
+    return specs, shapes
+
+
+def _grid_forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, residuals):
     b, hq, sq, d = q.shape
     hkv, sk, dv = k.shape[1], k.shape[2], v.shape[-1]
     group = hq // hkv
@@ -174,24 +199,21 @@ def _grid_forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pla
         block_q=block_q,
         block_k=block_k,
         has_mask=mask is not None,
+        residuals=residuals,
+    )
+    lanes = STAT_LANES[plat]
+    out_specs, out_shape = _outputs(
+        q, v, block_q, lambda b_, h, i, j: (b_, h, i, 0), residuals, lanes
     )
     return pallas_call(
         kernel,
         grid=(b, hq, sq // block_q, sk // block_k),
         in_specs=in_specs,
-        out_specs=[
-            pl.BlockSpec((None, None, block_q, dv), lambda b_, h, i, j: (b_, h, i, 0)),
-            pl.BlockSpec((None, None, block_q, 1), lambda b_, h, i, j: (b_, h, i, 0)),
-            pl.BlockSpec((None, None, block_q, 1), lambda b_, h, i, j: (b_, h, i, 0)),
-        ],
-        out_shape=[
-            jax.ShapeDtypeStruct((b, hq, sq, dv), q.dtype),
-            jax.ShapeDtypeStruct((b, hq, sq, 1), F32),
-            jax.ShapeDtypeStruct((b, hq, sq, 1), F32),
-        ],
+        out_specs=out_specs,
+        out_shape=out_shape,
         scratch_shapes=[
-            scratch(plat, (block_q, 1), F32),
-            scratch(plat, (block_q, 1), F32),
+            scratch(plat, (block_q, lanes), F32),
+            scratch(plat, (block_q, lanes), F32),
             scratch(plat, (block_q, dv), F32),
         ],
         interpret=interpret,
@@ -200,11 +222,10 @@ def _grid_forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pla
     )(*args)
 
 
-def _loop_kernel(*refs, scale, causal, block_q, block_k, seq_k, has_mask):
-    if has_mask:
-        q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, inv_ref = refs
-    else:
-        q_ref, k_ref, v_ref, o_ref, m_ref, inv_ref = refs
+def _loop_kernel(*refs, scale, causal, block_q, block_k, seq_k, has_mask, residuals):
+    refs = list(refs)
+    mask_ref = refs.pop(3) if has_mask else None
+    q_ref, k_ref, v_ref, o_ref = refs[:4]
     i = pl.program_id(2)
     q = q_ref[...]
     n_blocks = seq_k // block_k
@@ -232,11 +253,13 @@ def _loop_kernel(*refs, scale, causal, block_q, block_k, seq_k, has_mask):
         jnp.zeros((block_q, 1), F32),
         jnp.zeros((block_q, v_ref.shape[-1]), F32),
     )
-    out, m_ref[...], inv_ref[...] = fwd_finish(*lax.fori_loop(0, n_blocks, body, init))
+    out, shift, inv = fwd_finish(*lax.fori_loop(0, n_blocks, body, init))
     o_ref[...] = out.astype(o_ref.dtype)
+    if residuals:
+        refs[4][...], refs[5][...] = shift, inv
 
 
-def _loop_forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat):
+def _loop_forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, residuals):
     b, hq, sq, d = q.shape
     hkv, sk, dv = k.shape[1], k.shape[2], v.shape[-1]
     group = hq // hkv
@@ -263,29 +286,26 @@ def _loop_forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pla
         block_k=block_k,
         seq_k=sk,
         has_mask=mask is not None,
+        residuals=residuals,
+    )
+    out_specs, out_shape = _outputs(
+        q, v, block_q, lambda b_, h, i: (b_, h, i, 0), residuals, STAT_LANES[plat]
     )
     return pallas_call(
         kernel,
         grid=(b, hq, sq // block_q),
         in_specs=in_specs,
-        out_specs=[
-            pl.BlockSpec((None, None, block_q, dv), lambda b_, h, i: (b_, h, i, 0)),
-            pl.BlockSpec((None, None, block_q, 1), lambda b_, h, i: (b_, h, i, 0)),
-            pl.BlockSpec((None, None, block_q, 1), lambda b_, h, i: (b_, h, i, 0)),
-        ],
-        out_shape=[
-            jax.ShapeDtypeStruct((b, hq, sq, dv), q.dtype),
-            jax.ShapeDtypeStruct((b, hq, sq, 1), F32),
-            jax.ShapeDtypeStruct((b, hq, sq, 1), F32),
-        ],
+        out_specs=out_specs,
+        out_shape=out_shape,
         interpret=interpret,
         compiler_params=compiler_params(plat),
         name="torchjax_flash_attention_fwd",
     )(*args)
 
 
-def forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat):
+def forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, residuals=True):
     """``(out, m, inv_denom)``: out (B, Hq, Sq, Dv) in q's dtype, the row statistics
-    (B, Hq, Sq, 1) f32 (Note [Flash residuals])."""
+    (B, Hq, Sq, L) f32 (Note [Flash residuals], Note [Row statistics across lanes]);
+    ``(out,)`` without ``residuals`` (a forward nothing differentiates)."""
     form = _loop_forward if plat == "gpu" else _grid_forward
-    return form(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat)
+    return form(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, residuals)
