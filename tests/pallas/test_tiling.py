@@ -109,3 +109,31 @@ def test_paged_decode_attention_fits_vmem(tpu_blocks):
     memory = program_memory(fn, q, pages, pages, table, lengths)
     assert set(memory) == {"torchjax_paged_decode_attention"}
     assert max(memory.values()) < VMEM_BUDGET, memory
+
+
+def test_flash_blocks_without_a_mask_come_from_the_chips_measured_table(monkeypatch):
+    monkeypatch.setattr(_tiling, "_table_name", lambda plat: "tpu_v5e")
+    measured = _tiling.FLASH_UNMASKED["tpu_v5e"]
+    table = (_tiling.BLOCKS["tpu_v5e"]["flash_fwd"], _tiling.BLOCKS["tpu_v5e"]["flash_bwd"])
+    assert measured and measured[128] != table
+    for d, blocks in measured.items():
+        assert _tiling.flash_blocks("tpu", d, masked=False) == blocks
+        assert _tiling.flash_blocks("tpu", d, masked=True) == table
+    assert _tiling.flash_blocks("tpu", 256, masked=False) == table  # not measured
+
+
+def test_unmasked_flash_blocks_fit_vmem_at_every_measured_head_dim(monkeypatch):
+    monkeypatch.setattr(_tiling, "platform", lambda interpret: "tpu")
+    monkeypatch.setattr(_tiling, "_table_name", lambda plat: "tpu_v5e")
+    from torchjax.pallas import kernels
+
+    for d in _tiling.FLASH_UNMASKED["tpu_v5e"]:
+        q = jax.ShapeDtypeStruct((1, 8, 8192, d), BF16)
+        kv = jax.ShapeDtypeStruct((1, 2, 8192, d), BF16)
+
+        def loss(q, k, v):
+            return kernels.flash_attention(q, k, v, causal=True).astype(jnp.float32).sum()
+
+        memory = program_memory(jax.grad(loss, (0, 1, 2)), q, kv, kv)
+        assert len(memory) == 3, memory  # forward, dq, dkv
+        assert max(memory.values()) < VMEM_BUDGET, memory

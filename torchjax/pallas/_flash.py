@@ -106,15 +106,14 @@ def _flash_bwd(causal, scale, blocks, interpret, plat, res, do):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def _blocks(plat, sq, sk, block_q, block_k):
+def _blocks(plat, sq, sk, block_q, block_k, head_dim, masked):
     """(forward block_q, block_k, backward block_q, block_k): the caller's for both, or
     the platform's table (torchjax/pallas/_tiling.py) fitted to Sq and Sk."""
     # Mosaic: a key block is the lane dim of the mask block (multiple of 128 or all of
     # Sk) and a query block a sublane dim (multiple of 8); Triton: powers of two.
     q_step, k_step = (8, _tiling.LANE) if plat == "tpu" else (16, 16)
     out = []
-    for kernel in ("flash_fwd", "flash_bwd"):
-        want_q, want_k = _tiling.default_blocks(kernel, plat)
+    for want_q, want_k in _tiling.flash_blocks(plat, head_dim, masked):
         whole = plat != "gpu"
         bq = (
             _tiling.fit_block(sq, want_q, q_step, whole)
@@ -178,7 +177,7 @@ def flash_attention(
 
     interpret = interpret_default() if interpret is None else interpret
     plat = _tiling.platform(interpret)
-    blocks = _blocks(plat, q.shape[2], k.shape[2], block_q, block_k)
+    blocks = _blocks(plat, q.shape[2], k.shape[2], block_q, block_k, q.shape[-1], mask is not None)
     mask = additive_mask(mask)
     _check(q, k, v, mask, *blocks[:2])
     _check(q, k, v, mask, *blocks[2:])

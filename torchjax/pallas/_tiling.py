@@ -100,6 +100,17 @@ BLOCKS = {
 # match: a column there.
 STAT_LANES = {"tpu": 128, "interpret": 128, "gpu": 1}
 
+# Flash blocks without a mask (causal or full attention), by head dim: (forward,
+# backward) (block_q, block_k), measured on the chip (v5e, bf16, tests/bench/tpu.py's
+# kernels rows): larger blocks there, where no mask block shares the VMEM. At
+# (4, 32/8, 2048, 64) causal the forward took 2.42 ms at 512 blocks and 2.55 at 1024,
+# forward + backward 9.75 ms with the (256, 512) backward and 7.84 with 1024; at
+# (4, 16, 2048, 128) the forward 1.52 / 1.50 ms and at (1, 16/2, 8192, 128) 3.46 /
+# 3.17 ms. Head dims not listed, masks, and other chips take BLOCKS.
+FLASH_UNMASKED = {
+    "tpu_v5e": {64: ((512, 512), (1024, 1024)), 128: ((1024, 1024), (1024, 1024))},
+}
+
 # Smallest legal step of a block dim per platform: Mosaic wants the last two block dims
 # divisible by (8, 128) unless they span the array; Triton wants powers of two.
 LANE, SUBLANE = 128, 8
@@ -112,17 +123,30 @@ def platform(interpret: bool) -> str:
     return "gpu" if jax.default_backend() in ("gpu", "cuda", "rocm") else "tpu"
 
 
-def _table_row(plat: str) -> dict:
+def _table_name(plat: str) -> str:
     if plat != "tpu":
-        return BLOCKS[plat]
+        return plat
     kind = next((d.device_kind for d in jax.devices() if d.platform == "tpu"), "")
-    return BLOCKS["tpu_v6e" if "v6" in kind else "tpu_v5e"]
+    return "tpu_v6e" if "v6" in kind else "tpu_v5e"
+
+
+def _table_row(plat: str) -> dict:
+    return BLOCKS[_table_name(plat)]
 
 
 def default_blocks(kernel: str, plat: str) -> tuple[int, ...]:
     """The table's block sizes for ``kernel`` ("flash_fwd", "flash_bwd", "ragged",
     "decode")."""
     return _table_row(plat)[kernel]
+
+
+def flash_blocks(plat: str, head_dim: int, masked: bool) -> tuple[tuple[int, int], ...]:
+    """(forward, backward) flash blocks: FLASH_UNMASKED's for an unmasked call at a head
+    dim measured there, else the table's."""
+    measured = FLASH_UNMASKED.get(_table_name(plat), {}).get(head_dim)
+    if measured is not None and not masked:
+        return measured
+    return default_blocks("flash_fwd", plat), default_blocks("flash_bwd", plat)
 
 
 def fit_block(n: int, want: int, step: int, whole: bool = True) -> int:
