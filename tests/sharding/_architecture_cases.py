@@ -17,6 +17,11 @@ and Gemma 3 are _cases.py's own; here are the rest, each checkpoint written by
   a 4-device "tp" mesh asks for four ranks' worth of tensor parallelism.)
 
 ``TINY_CASES`` names the case of every tiny architecture, here or in the other modules.
+
+``DTYPES``: a load with ``dtype=`` (or none, from a bfloat16 checkpoint) gives every
+parameter, buffer and config the dtype transformers gives them on CPU: the model's
+``_keep_in_fp32_modules(_strict)`` kept in float32, buffers ``__init__`` makes in the
+model's dtype, ``config.dtype`` set; a string dtype as ``from_pretrained`` takes it.
 """
 
 from __future__ import annotations
@@ -48,6 +53,14 @@ PLANNED = {
 }
 # name -> (Auto class, config factory, attn_implementation)
 NO_PLAN = {"gpt2": tiny.ARCHITECTURES["gpt2"], "t5": tiny.ARCHITECTURES["t5"]}
+
+# case suffix -> (name, dtype the checkpoint is saved in, from_pretrained's dtype= or None)
+DTYPES = {
+    "deepseek_v3_auto": ("deepseek_v3", torch.bfloat16, None),
+    "deepseek_v3_bf16_str": ("deepseek_v3", torch.float32, "bfloat16"),
+    "gemma3_bf16": ("gemma3", torch.float32, torch.bfloat16),
+    "gpt_oss_fp16": ("gpt_oss", torch.bfloat16, torch.float16),
+}
 
 # Every tiny architecture -> the case that loads it under tensor parallelism.
 TINY_CASES = {
@@ -193,6 +206,41 @@ def _check_no_plan(name: str):
     return {"transformers": theirs[:120], "torchjax": ours[:120]}
 
 
+def _check_dtype(case: str):
+    name, saved, dtype = DTYPES[case]
+    auto, _, attn = spec = tiny.ARCHITECTURES[name]
+    ref = _model(spec).to(saved)
+    batch = _inputs(ref)
+    kwargs = {"attn_implementation": attn, **({} if dtype is None else {"dtype": dtype})}
+    path = tempfile.mkdtemp(prefix=f"tj_tp_{case}_")
+    try:
+        write_checkpoint(ref, path)
+        cpu = auto.from_pretrained(path, **kwargs).eval()
+        with torchjax.mesh((TP,), ("tp",), devices=jax.devices()[:TP]):
+            model = auto.from_pretrained(path, device_map="tpu", tp_plan="auto", **kwargs)
+            with torch.no_grad():
+                got = model(**{k: ts.shard(v, P()) for k, v in batch.items()}).logits
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def dtypes(m):
+        named = [*m.named_parameters(remove_duplicate=False), *m.named_buffers()]
+        configs = [m.config, *(getattr(m.config, k) for k in m.config.sub_configs)]
+        return {n: t.dtype for n, t in named}, [c.dtype for c in configs if c is not None]
+
+    (ours, our_configs), (theirs, their_configs) = dtypes(model), dtypes(cpu)
+    assert ours.keys() == theirs.keys(), sorted(ours.keys() ^ theirs.keys())
+    differ = {n: (ours[n], theirs[n]) for n in theirs if ours[n] != theirs[n]}
+    assert not differ and our_configs == their_configs, (differ, our_configs, their_configs)
+    fp32 = sorted(n for n, d in dtypes(cpu)[0].items() if d == torch.float32)
+    assert cpu.dtype != torch.float32 and fp32, fp32  # the dtype= and what it keeps apart
+    with torch.no_grad():
+        want = cpu(**batch).logits
+    # Half-precision arithmetic: XLA's rounding differs from torch's on CPU.
+    torch.testing.assert_close(got.cpu(), want, atol=2e-2, rtol=2e-2)
+    return {"dtype": str(cpu.dtype), "float32": fp32}
+
+
 def _case(name: str, check, suffix: str):
     def run():
         return check(name)
@@ -205,3 +253,5 @@ for _name in PLANNED:
     _case(_name, _check_planned, "hub")
 for _name in NO_PLAN:
     _case(_name, _check_no_plan, "no_plan")
+for _name in DTYPES:
+    _case(_name, _check_dtype, "dtype")
