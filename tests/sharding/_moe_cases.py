@@ -62,6 +62,14 @@ def _qwen3_5_moe():
     )  # fmt: skip
 
 
+def _qwen3_next_moe():
+    config = tiny._qwen3_next()  # its first layer sparse: the Hub's Qwen3-Next are all MoE
+    config.mlp_only_layers = [1]
+    config.num_experts, config.num_experts_per_tok = 4, 2
+    config.moe_intermediate_size = config.shared_expert_intermediate_size = 32
+    return config
+
+
 # name -> (config factory, {expert parameter: the spec its plan gives}, checkpoint prefix)
 ARCHITECTURES = {
     "qwen3_moe": (tiny._qwen3_moe, {
@@ -79,6 +87,10 @@ ARCHITECTURES = {
     "qwen3_5_moe": (_qwen3_5_moe, {
         "model.layers.1.mlp.experts.gate_up_proj": _COL3,
         "model.layers.1.mlp.experts.down_proj": _ROW3}, "model.language_model."),
+    "qwen3_next_moe": (_qwen3_next_moe, {
+        "model.layers.0.mlp.experts.gate_up_proj": _COL3,
+        "model.layers.0.mlp.experts.down_proj": _ROW3,
+        "model.layers.0.mlp.shared_expert.gate_proj.weight": P("tp", None)}, None),
     "gemma4_moe": (tiny._gemma4_moe, {
         "model.layers.0.experts.gate_up_proj": _COL3,
         "model.layers.0.experts.down_proj": _ROW3}, None),
@@ -96,27 +108,48 @@ def _close(a, b):
     torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), atol=1e-4, rtol=1e-4)
 
 
-def _write(model, path: str, layout: str, prefix: str | None) -> list[str]:
-    """``model`` written to ``path`` in ``layout`` ("hub": ``save_pretrained``, its keys
-    under ``prefix`` when the Hub stores the text model inside a multimodal one;
-    "fused": the model's own state dict); returns the checkpoint's keys."""
+def write_checkpoint(
+    model, path: str, layout: str = "hub", prefix: str | None = None, max_shard_size=None
+) -> list[str]:
+    """``model`` written to ``path`` in ``layout`` ("hub": ``save_pretrained``, in files of
+    at most ``max_shard_size`` with their index json when given, its keys under
+    ``prefix`` when the Hub stores the text model inside a multimodal one; "fused": the
+    model's own state dict in one file); returns the checkpoint's keys."""
     if layout == "hub":
-        model.save_pretrained(path)
-        file = os.path.join(path, "model.safetensors")
+        kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+        model.save_pretrained(path, **kwargs)
         if prefix is not None:
-            tensors = load_file(file)
-            tensors = {
-                prefix + k.removeprefix("model.") if k.startswith("model.") else k: v
-                for k, v in tensors.items()
-            }
-            save_file(tensors, file, metadata={"format": "pt"})
+            _move_under(path, prefix)
     else:
         model.config.save_pretrained(path)
         tensors = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
         save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
         assert json.load(f)["model_type"] == model.config.model_type
-    return list(load_file(os.path.join(path, "model.safetensors")))
+    files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+    assert files, f"no safetensors written to {path}"
+    return [k for n in files for k in load_file(os.path.join(path, n))]
+
+
+def _move_under(path: str, prefix: str) -> None:
+    """Every ``model.`` key of the checkpoint at ``path`` (its files and index) renamed to
+    ``prefix`` + the rest."""
+
+    def rename(key: str) -> str:
+        return prefix + key.removeprefix("model.") if key.startswith("model.") else key
+
+    for name in os.listdir(path):
+        if name.endswith(".safetensors"):
+            file = os.path.join(path, name)
+            tensors = {rename(k): v for k, v in load_file(file).items()}
+            save_file(tensors, file, metadata={"format": "pt"})
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index, encoding="utf-8") as f:
+            data = json.load(f)
+        data["weight_map"] = {rename(k): v for k, v in data["weight_map"].items()}
+        with open(index, "w", encoding="utf-8") as f:
+            json.dump(data, f)
 
 
 def _check(name: str, layout: str = "hub"):
@@ -128,7 +161,7 @@ def _check(name: str, layout: str = "hub"):
         want = ref(prompt).logits
     path = tempfile.mkdtemp(prefix=f"tj_tp_{name}_{layout}_")
     try:
-        keys = _write(ref, path, layout, prefix)
+        keys = write_checkpoint(ref, path, layout, prefix)
         with torch.no_grad():  # the layout is one transformers itself reads
             _close(tf.AutoModelForCausalLM.from_pretrained(path).eval()(prompt).logits, want)
         with torchjax.mesh((4,), ("tp",), devices=jax.devices()[:4]):

@@ -94,7 +94,10 @@ def load_pretrained(
             loading] in torchjax/sharding/_conversions.py).
         tp: the sharding (default ``TensorParallelConfig()``: the model's plan over all
             devices or the active mesh's "tp" axis).
-        dtype: a torch dtype for floating parameters (default: as stored).
+        dtype: the model's dtype, as ``from_pretrained(dtype=...)`` takes it (a torch
+            dtype, its name, or ``"auto"``/None: the config's ``dtype``, else the
+            checkpoint's); what the model keeps in float32 stays float32 (Note [The
+            dtypes of a tensor-parallel load]).
         key_mapping: ``{regex: replacement}`` renaming checkpoint keys first, as
             ``from_pretrained(key_mapping=...)``.
         config_kwargs: passed to ``AutoConfig.from_pretrained``.
@@ -115,13 +118,14 @@ def load_pretrained(
     tp = tp or TensorParallelConfig()
     mesh = tp.resolve_mesh()
     config = AutoConfig.from_pretrained(path, **config_kwargs)
-    with torch.device("meta"):
-        if hasattr(model_class, "from_config"):
-            model = model_class.from_config(config)
-        else:
-            model = model_class._from_config(config)
-    shardings = plan_shardings(model, tp.plan, mesh, tp.axis)
     files = checkpoint.read_index(path)
+    dtype = _model_dtype(dtype, config, files)
+    with torch.device("meta"):  # built in ``dtype``, config.dtype set, as from_pretrained
+        if hasattr(model_class, "from_config"):
+            model = model_class.from_config(config, dtype=dtype)
+        else:
+            model = model_class._from_config(config, dtype=dtype)
+    shardings = plan_shardings(model, tp.plan, mesh, tp.axis)
     tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
     with _HostReader(files) as host:
         layout = checkpoint_layout(model, files, host.read, key_mapping)
@@ -144,7 +148,11 @@ def load_pretrained(
             target_sharding.setdefault(key, shardings[name])
         replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
         tensors = _read_layout(
-            layout, files, model, dtype, lambda n: target_sharding.get(n, replicated)
+            layout,
+            files,
+            model,
+            _target_dtypes(model, dtype),
+            lambda n: target_sharding.get(n, replicated),
         )
     model._weight_conversions = layout.used  # as from_pretrained: save_pretrained reverts them
 
@@ -188,16 +196,17 @@ class _HostReader:
             file.close()
 
 
-def _read_layout(layout, files, model, dtype, sharding_of) -> dict[str, torch.Tensor]:
-    """``{state-dict name: tpu tensor}`` for every target of ``layout``, placed with
-    ``sharding_of(name)``: tensors under their own (or a renamed) key read block by block
-    from the files, converted ones built on the host and placed block by block (Note
-    [Checkpoint layouts in tensor-parallel loading])."""
-    by_file: dict[str, dict[str, str]] = {}
+def _read_layout(layout, files, model, dtype_of, sharding_of) -> dict[str, torch.Tensor]:
+    """``{state-dict name: tpu tensor}`` for every target of ``layout``, in
+    ``dtype_of(name)`` (None: as stored) and placed with ``sharding_of(name)``: tensors
+    under their own (or a renamed) key read block by block from the files, converted ones
+    built on the host and placed block by block (Note [Checkpoint layouts in
+    tensor-parallel loading])."""
+    groups: dict[tuple[str, torch.dtype | None], dict[str, str]] = {}
     for target, key in layout.direct.items():
-        by_file.setdefault(files[key], {})[key] = target
+        groups.setdefault((files[key], dtype_of(target)), {})[key] = target
     out = {}
-    for file, target_of in by_file.items():
+    for (file, dtype), target_of in groups.items():
         read = checkpoint.load_file(
             file,
             dtype=dtype,
@@ -211,10 +220,60 @@ def _read_layout(layout, files, model, dtype, sharding_of) -> dict[str, torch.Te
             if name not in layout.targets:
                 continue
             _check_shape(value, name, first, layout)
+            dtype = dtype_of(name)
             if dtype is not None and value.is_floating_point():
                 value = value.to(dtype)
             out[name] = shard(value, sharding_of(name))
     return out
+
+
+# Note [The dtypes of a tensor-parallel load]
+# ``from_pretrained(dtype=...)`` resolves ``dtype`` first (``_get_dtype``: a name becomes
+# the torch dtype, ``"auto"`` - its default - the config's ``dtype``, else the
+# checkpoint's first floating tensor's; the config and its sub-configs take it), builds
+# the model with it as torch's default dtype, and reads every checkpoint tensor into the
+# dtype of the parameter or buffer it fills - ``dtype``, or the one ``__init__`` gave it
+# explicitly - except where the model's dtype plan (``_get_dtype_plan``: its
+# ``_keep_in_fp32_modules_strict`` under float16 or bfloat16, ``_keep_in_fp32_modules``
+# under float16) says float32 (transformers/core_model_loading.py,
+# ``convert_and_load_state_dict_in_model``). The tensor-parallel loader calls the same
+# functions; a DeepSeek-V3 router read into bfloat16 where transformers keeps it in
+# float32 was the earlier way (one ``dtype`` cast over every floating tensor, or none:
+# as stored). Buffers ``__init__`` computes are made in the meta model's dtypes (Note
+# [Buffers a checkpoint lacks]). Written against transformers 5.24.
+def _model_dtype(dtype, config, files: dict[str, str]) -> torch.dtype:
+    """``from_pretrained``'s resolution of ``dtype`` (None as ``"auto"``); sets
+    ``config.dtype`` and its sub-configs' (Note [The dtypes of a tensor-parallel load])."""
+    from transformers.modeling_utils import _get_dtype
+
+    _, dtype = _get_dtype(
+        "auto" if dtype is None else dtype,
+        checkpoint_files=sorted(set(files.values())),  # "auto" without a config dtype reads [0]
+        config=config,
+        sharded_metadata=None,
+        state_dict=None,
+        weights_only=True,
+    )
+    return dtype
+
+
+def _target_dtypes(model, dtype: torch.dtype):
+    """``dtype_of(state-dict name)``: the dtype transformers reads that tensor into
+    (None: a non-floating tensor, kept as stored), Note [The dtypes of a tensor-parallel
+    load]."""
+    from transformers.core_model_loading import build_glob_alternation
+
+    plan = model._get_dtype_plan(dtype)
+    meta = {name: t.dtype for name, t in model.state_dict().items()}
+    if plan:
+        pattern, glob_of, _ = build_glob_alternation(list(plan))
+
+    def dtype_of(name: str) -> torch.dtype | None:
+        if plan and (match := pattern.search(name)) is not None:
+            return plan[glob_of[match.lastgroup]]
+        return meta[name] if meta[name].is_floating_point else None
+
+    return dtype_of
 
 
 def _check_shape(t: torch.Tensor, name: str, key: str, layout) -> torch.Tensor:
