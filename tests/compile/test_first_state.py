@@ -91,3 +91,26 @@ def test_gradients_kept_by_the_step_keep_the_first_program():
     # Without zero_grad the first call also makes the gradients: not only optimizer state.
     counts, _ = _train(FILLS_ONLY["AdamW"], zero=False)
     assert counts == [1, 2, 2]
+
+
+@pytest.mark.parametrize("name", ["Adam", "AdamW", "RMSprop, momentum", "NAdam"])
+def test_a_step_clearing_gradients_made_outside_updates_from_the_first_call(name):
+    # The gradients come from outside and the step sets them to None: a second trace of
+    # the first call would find none and skip the first update.
+    torch.manual_seed(0)
+    w_cpu = torch.nn.Parameter(torch.randn(3))
+    w_tpu = torch.nn.Parameter(w_cpu.detach().clone().to("tpu"))
+    opt_cpu, opt_tpu = FILLS_ONLY[name]([w_cpu]), FILLS_ONLY[name]([w_tpu])
+
+    def update(opt):
+        opt.step()
+        opt.zero_grad()
+
+    step = torchjax.jit(update)
+    for i in range(3):
+        g = torch.full((3,), float(i + 1))
+        w_cpu.grad, w_tpu.grad = g.clone(), g.to("tpu")
+        update(opt_cpu)
+        step(opt_tpu)
+        torch.testing.assert_close(w_tpu.detach().cpu(), w_cpu.detach(), rtol=1e-5, atol=1e-6)
+        assert w_tpu.grad is None

@@ -174,8 +174,10 @@ class Jitted:
             self.cache_hits += 1
             _budget.hit(entry)
         else:
+            seen = _made_state.before_trace(call.walk.optimizers)
             entry = self._trace(call)
-            if entry.first_state is not None:  # Note [Optimizer state made in a first call]
+            # Note [Optimizer state made in a first call]
+            if entry.first_state is not None and _made_state.unchanged(seen):
                 _made_state.put_back(entry.first_state)
                 call, entry = self._lookup(args, {**kwargs, **call.static_kwargs})
                 entry = entry or self._trace(call)

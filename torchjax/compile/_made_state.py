@@ -18,7 +18,11 @@ makes the state): SGD, whose first step sets its momentum buffer to the gradient
 later steps blend (the fused path makes that buffer with ``empty_like``, a fill, so the
 fill test alone would not catch it), the other torch optimizers (not read), a subclass
 or an optimizer of the user's (which may treat a first step differently), gradients a
-step keeps, or a tensor the function stores elsewhere. ``Jitted.trace`` (trace without
+step keeps, or a tensor the function stores elsewhere. The second trace runs the
+function's Python again, so the path is also left when the first trace changed what the
+optimizers read: a gradient set to None or replaced (``zero_grad()`` inside a step whose
+gradients come from outside: the second trace would find none and skip the update) or a
+hyperparameter. ``Jitted.trace`` (trace without
 running) keeps it too: it must not leave an optimizer with state no step made.
 """
 
@@ -67,3 +71,25 @@ def put_back(first: list) -> None:
     """Give each storage of ``first_state`` its fill again: the state a step makes."""
     for storage, lazy in first:
         refill(storage, lazy)
+
+
+def before_trace(optimizers) -> list:
+    """What the optimizers read that a trace may change: each parameter's gradient and
+    each group's hyperparameters, as objects."""
+    seen = []
+    for opt in optimizers:
+        for group in opt.param_groups:
+            hyper = [(k, v) for k, v in group.items() if k != "params"]
+            seen.append((group, hyper, [(p, p.grad) for p in group["params"]]))
+    return seen
+
+
+def unchanged(seen: list) -> bool:
+    """Whether a trace left every gradient and hyperparameter of ``before_trace`` as the
+    same object (Note [Optimizer state made in a first call])."""
+    for group, hyper, grads in seen:
+        if any(group.get(k, hyper) is not v for k, v in hyper) or len(group) != len(hyper) + 1:
+            return False
+        if any(p.grad is not g for p, g in grads):
+            return False
+    return True
