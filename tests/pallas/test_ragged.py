@@ -190,3 +190,39 @@ def test_float64_runs_xlas_ragged_dot_with_grads_and_other_dtypes_are_refused(
         torch.testing.assert_close(t.grad.cpu(), c.grad)
     with pytest.raises(ValueError, match="the kernels take float32, bfloat16 or float16"):
         tp.ragged_dot(lhs.long().to("tpu"), rhs.long().to("tpu"), sizes.to("tpu"))
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["gkn", "gnk"])
+def test_xlas_parts_compose_with_the_kernels_in_half_precision(transpose_rhs, monkeypatch):
+    # The TPU row of Note [Ragged dot parts by platform], run in interpret mode: XLA's
+    # forward and drhs beside the Pallas dlhs give the all-Pallas values and gradients.
+    lhs, rhs, sizes, ct = _arrays(transpose_rhs)
+    lhs, rhs = lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16)
+    calls = []
+    real_fwd, real_drhs = _ragged._xla_fwd, _ragged._xla_drhs
+    monkeypatch.setattr(_ragged, "_xla_fwd", lambda *a: calls.append("fwd") or real_fwd(*a))
+    monkeypatch.setattr(_ragged, "_xla_drhs", lambda *a: calls.append("drhs") or real_drhs(*a))
+
+    def run():
+        def loss(a, b):
+            out = kernels.ragged_dot(a, b, sizes, transpose_rhs=transpose_rhs, interpret=True)
+            return jnp.sum(out.astype(jnp.float32) * ct), out
+
+        return jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(lhs, rhs)
+
+    (_, want), want_grads = run()
+    assert not calls
+    monkeypatch.setitem(_ragged.XLA_PARTS, "interpret", _ragged.XLA_PARTS["tpu"])
+    (_, got), got_grads = run()
+    assert sorted(calls) == ["drhs", "fwd"], calls
+    assert got.dtype == want.dtype == jnp.bfloat16
+    assert not jnp.any(got[sum(SIZES) :])
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    assert jnp.allclose(f32(got), f32(want), atol=0.05, rtol=2e-2)
+    for g, w in zip(got_grads, want_grads):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert jnp.allclose(f32(g), f32(w), atol=0.1, rtol=2e-2)
+    # float32 keeps the kernels in every part
+    calls.clear()
+    kernels.ragged_dot(f32(lhs), f32(rhs), sizes, transpose_rhs=transpose_rhs, interpret=True)
+    assert not calls

@@ -120,22 +120,65 @@ def _blocks(plat, m, k, n, blocks):
     return block_m, block_k, block_n
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _ragged(lhs, rhs, group_sizes, trans, blocks, interpret, plat):
+# Note [Ragged dot parts by platform]
+# Each part of a ragged dot (the forward, ``dlhs``, ``drhs``) runs the faster of the
+# Pallas kernel and XLA's ``lax.ragged_dot`` (itself a Mosaic kernel on TPU), as measured
+# on the chip: a v5e, bfloat16, at (M, K, N, groups) = (8192, 2048, 1024, 64),
+# (16384, 2048, 768, 128) and (8192, 4096, 14336, 8), in ms:
+#   forward  lax 1.39 / 1.98 / 9.02     Pallas 1.80 / 3.13 / 10.52
+#   dlhs     lax 2.22 / 3.25 / 26.27    Pallas 1.90 / 2.85 / 10.66
+#   drhs     lax 1.35 / 1.70 / 10.64    Pallas 2.80 / 4.49 / 15.29
+# Half precision only: the measured rows are bfloat16, and a float32 ``lax.ragged_dot``
+# would need HIGHEST precision, which Mosaic refuses for half operands and was not run
+# for float32 (Note [Kernel matmul precision]). Platforms and dtypes not listed run
+# every part with the Pallas kernels. XLA's parts trace in 32-bit mode, as the kernels
+# do (Note [Kernels trace in 32-bit mode]).
+XLA_PARTS = {"tpu": frozenset({"fwd", "drhs"})}
+_HALF = (jnp.bfloat16, jnp.float16)
+
+
+def _xla_fwd(lhs, rhs, group_sizes, trans):
+    with jax.enable_x64(False):
+        return ragged_dot_reference(lhs, rhs, group_sizes, transpose_rhs=trans)
+
+
+def _xla_drhs(lhs, dout, group_sizes, trans, rhs_shape):
+    """``drhs`` by XLA's own transpose of ``lax.ragged_dot`` (its forward is unused)."""
+    g, kk, n = rhs_shape if not trans else (rhs_shape[0], rhs_shape[2], rhs_shape[1])
+    sizes = group_sizes.astype(_I32)
+    with jax.enable_x64(False):
+        w = jnp.zeros((g, kk, n), lhs.dtype)
+        _, vjp = jax.vjp(lambda w: lax.ragged_dot(lhs, w, sizes), w)
+        (drhs,) = vjp(dout)
+    return jnp.swapaxes(drhs, 1, 2) if trans else drhs
+
+
+def _forward(lhs, rhs, group_sizes, trans, blocks, interpret, plat, xla_parts):
+    if "fwd" in xla_parts:
+        return _xla_fwd(lhs, rhs, group_sizes, trans)
     return _gmm(lhs, rhs, group_sizes, trans, blocks, interpret, plat)
 
 
-def _ragged_fwd(lhs, rhs, group_sizes, trans, blocks, interpret, plat):
-    return _gmm(lhs, rhs, group_sizes, trans, blocks, interpret, plat), (lhs, rhs, group_sizes)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
+def _ragged(lhs, rhs, group_sizes, trans, blocks, interpret, plat, xla_parts):
+    return _forward(lhs, rhs, group_sizes, trans, blocks, interpret, plat, xla_parts)
 
 
-def _ragged_bwd(trans, blocks, interpret, plat, res, dout):
+def _ragged_fwd(lhs, rhs, group_sizes, trans, blocks, interpret, plat, xla_parts):
+    out = _forward(lhs, rhs, group_sizes, trans, blocks, interpret, plat, xla_parts)
+    return out, (lhs, rhs, group_sizes)
+
+
+def _ragged_bwd(trans, blocks, interpret, plat, xla_parts, res, dout):
     lhs, rhs, group_sizes = res
     dout = dout.astype(lhs.dtype)
     block_m, block_k, block_n = blocks
     # dlhs (M, K) = dout (M, N) x rhs^T: the forward's k and n tiles swap roles.
     dlhs = _gmm(dout, rhs, group_sizes, not trans, (block_m, block_n, block_k), interpret, plat)
-    drhs = _tgmm(lhs, dout, group_sizes, trans, blocks, interpret, plat, rhs.dtype)
+    if "drhs" in xla_parts:
+        drhs = _xla_drhs(lhs, dout, group_sizes, trans, rhs.shape)
+    else:
+        drhs = _tgmm(lhs, dout, group_sizes, trans, blocks, interpret, plat, rhs.dtype)
     return dlhs, drhs, None
 
 
@@ -143,7 +186,9 @@ _ragged.defvjp(_ragged_fwd, _ragged_bwd)
 
 
 def ragged_dot(lhs, rhs, group_sizes, *, transpose_rhs: bool = False, blocks=None, interpret=None):
-    """Grouped matmul with the Pallas kernels: ``jax.lax.ragged_dot`` semantics.
+    """Grouped matmul with the Pallas kernels (on TPU, in half precision, the forward and
+    ``drhs`` are XLA's: Note [Ragged dot parts by platform]): ``jax.lax.ragged_dot``
+    semantics.
 
     Args:
         lhs: (M, K) float32/bfloat16/float16 (float64: XLA's ragged_dot, no kernel),
@@ -192,7 +237,10 @@ def ragged_dot(lhs, rhs, group_sizes, *, transpose_rhs: bool = False, blocks=Non
     plat = _tiling.platform(interpret)
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     fitted = _blocks(plat, lhs.shape[0], lhs.shape[1], n, blocks)
-    return _ragged(lhs, rhs, group_sizes.astype(_I32), transpose_rhs, fitted, interpret, plat)
+    xla_parts = XLA_PARTS.get(plat, frozenset()) if lhs.dtype in _HALF else frozenset()
+    return _ragged(
+        lhs, rhs, group_sizes.astype(_I32), transpose_rhs, fitted, interpret, plat, xla_parts
+    )
 
 
 def ragged_dot_reference(lhs, rhs, group_sizes, *, transpose_rhs: bool = False):
