@@ -88,8 +88,8 @@ def unchanged(seen: list) -> bool:
     """Whether a trace left every gradient and hyperparameter of ``before_trace`` as the
     same object (Note [Optimizer state made in a first call])."""
     for group, hyper, grads in seen:
-        if any(group.get(k, hyper) is not v for k, v in hyper) or len(group) != len(hyper) + 1:
+        if group.keys() != {"params", *(k for k, _ in hyper)}:
             return False
-        if any(p.grad is not g for p, g in grads):
+        if any(group[k] is not v for k, v in hyper) or any(p.grad is not g for p, g in grads):
             return False
     return True

@@ -225,7 +225,7 @@ def _grid_forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pla
 def _loop_kernel(*refs, scale, causal, block_q, block_k, seq_k, has_mask, residuals):
     refs = list(refs)
     mask_ref = refs.pop(3) if has_mask else None
-    q_ref, k_ref, v_ref, o_ref = refs[:4]
+    q_ref, k_ref, v_ref, o_ref, *stat_refs = refs
     i = pl.program_id(2)
     q = q_ref[...]
     n_blocks = seq_k // block_k
@@ -256,7 +256,7 @@ def _loop_kernel(*refs, scale, causal, block_q, block_k, seq_k, has_mask, residu
     out, shift, inv = fwd_finish(*lax.fori_loop(0, n_blocks, body, init))
     o_ref[...] = out.astype(o_ref.dtype)
     if residuals:
-        refs[4][...], refs[5][...] = shift, inv
+        stat_refs[0][...], stat_refs[1][...] = shift, inv
 
 
 def _loop_forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, plat, residuals):

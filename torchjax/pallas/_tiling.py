@@ -101,8 +101,9 @@ BLOCKS = {
 STAT_LANES = {"tpu": 128, "interpret": 128, "gpu": 1}
 
 # Flash blocks without a mask (causal or full attention), by head dim: (forward,
-# backward) (block_q, block_k), measured on the chip (v5e, bf16, tests/bench/tpu.py's
-# kernels rows): larger blocks there, where no mask block shares the VMEM. At
+# backward) (block_q, block_k), measured on the chip (v5e, bf16, a sweep of block sizes;
+# docs/performance.md's attention table): larger blocks there, where no mask block shares
+# the VMEM. At
 # (4, 32/8, 2048, 64) causal the forward took 2.42 ms at 512 blocks and 2.55 at 1024,
 # forward + backward 9.75 ms with the (256, 512) backward and 7.84 with 1024; at
 # (4, 16, 2048, 128) the forward 1.52 / 1.50 ms and at (1, 16/2, 8192, 128) 3.46 /
