@@ -91,7 +91,7 @@ class Call:
         self.arrays = [t._value() for t in tensors]
         self.bits = tuple(_math_bits(t) for t in tensors)
         grad_mode = torch.is_grad_enabled()
-        flags = (grad_mode, torch.is_autocast_enabled("tpu"), walk.training_flags())
+        flags = (grad_mode, *global_modes(), walk.training_flags())
         self.sig = (
             spec,
             tuple(value_key(v) for v in static),
@@ -110,6 +110,21 @@ class Call:
         )
         self.key = self.sig
         self.grad_mode = grad_mode
+
+
+def global_modes() -> tuple:
+    """torch's process-wide settings a trace reads and bakes into its program: autocast
+    (on, and its dtype), the default dtype of new tensors, and the float32 matmul
+    precision (Note [Matmul precision] in torchjax/ops/matmul.py). A change retraces, as
+    Dynamo's global-state guard does; a program traced under bfloat16 autocast returned
+    bfloat16 inside a float16 region."""
+    autocast = torch.is_autocast_enabled("tpu")
+    return (
+        autocast,
+        torch.get_autocast_dtype("tpu") if autocast else None,
+        torch.get_default_dtype(),
+        torch.get_float32_matmul_precision(),
+    )
 
 
 # Note [Arguments with conj or neg bits]
@@ -187,7 +202,8 @@ def describe_change(old, new) -> str:
     names = ("argument structure", "non-tensor arguments", "static_argnames values",
              "tensor argument shapes/dtypes", "tensor argument requires_grad",
              "state tensors (identity)", "state tensor shapes/dtypes",
-             "grad mode / autocast / module training flags",
+             "grad mode / autocast and its dtype / default dtype / float32 matmul "
+             "precision / module training flags",
              "Python scalars read by the function (optimizer hyperparameters other than "
              "lr, numbers in its closure or globals)",
              "tensor argument classes (torch.Tensor subclasses)",

@@ -6,7 +6,8 @@ How a call runs (see Note [State of a jitted function] for what "state" is):
    everything else (static: part of the cache key, as ``static_argnums`` in jax.jit).
 2. Walk the state roots for the storages the function may read or write.
 3. Look up the cache by argument structure, static values, shapes/dtypes, the identity and
-   shapes of the state storages, module training flags, grad mode and autocast state.
+   shapes of the state storages, module training flags, grad mode, and torch's global
+   modes (autocast and its dtype, the default dtype, float32 matmul precision).
 4. On a miss, trace: bind tracers into the state storages (torchjax/tensor/_binding.py),
    wrap tracer arguments as tpu tensors, run the PyTorch code (autograd's backward runs
    on this thread, see ``set_multithreading_enabled``), and collect outputs, state the
