@@ -546,6 +546,24 @@ def saved_tensors_hooks_enabled() -> bool:
     return torch._C._autograd._saved_tensors_hooks_is_enabled()
 
 
+@contextlib.contextmanager
+def saved_tensors_hooks_state_kept():
+    """Puts torch's process-wide saved-tensor-hooks switch back as it was on exit, also
+    when the body raises. A graph of ``torch.func.grad`` under Dynamo disables the hooks
+    as a node of its own and enables them again in a later node: when a node between
+    raises, the switch stayed off for the process (non-reentrant checkpointing then
+    failed everywhere, CPU code too). torch._C, private."""
+    autograd = torch._C._autograd
+    message = autograd._saved_tensors_hooks_get_disabled_error_message()
+    try:
+        yield
+    finally:
+        if message is None:
+            autograd._saved_tensors_hooks_enable()
+        else:
+            autograd._saved_tensors_hooks_disable(message)
+
+
 def autograd_function_apply():
     """Dynamo's higher-order op for a user's ``autograd.Function``
     (``torch._functorch.autograd_function.autograd_function_apply``; imported on first

@@ -47,7 +47,11 @@ from jax.extend.core import jaxpr_as_fun
 
 from torchjax import _budget
 from torchjax._compat.jax import trace_of, x64, x64_enter, x64_exit
-from torchjax._compat.torch import pytree, saved_tensors_hooks_enabled
+from torchjax._compat.torch import (
+    pytree,
+    saved_tensors_hooks_enabled,
+    saved_tensors_hooks_state_kept,
+)
 from torchjax.compile import _aliases, _autograd, _donate, _hyper, _made_state, _repeat, _state
 from torchjax.compile._aliases import root
 from torchjax.compile._arg_grads import argument_grads
@@ -349,6 +353,7 @@ class _Entry:
                         # mode nothing requires grad and no VJP is taken.
                         stopping() if call.grad_mode else contextlib.nullcontext(),
                         saved.hooks() if saved is not None else contextlib.nullcontext(),
+                        saved_tensors_hooks_state_kept(),
                     ):
                         out = jitted.fn(*args, **kwargs)
                     for k, (w, before) in enumerate(zip(wrapped, layouts_in)):
