@@ -353,6 +353,22 @@ def test_differentiating_a_compiled_gradient_again_raises(compiler):
     assert g.shape == x.shape  # create_graph alone is allowed
 
 
+@pytest.mark.parametrize("compiler", ["jit", "dynamo"])
+def test_a_second_derivative_through_a_compiled_gradient_raises_not_none(compiler):
+    # torch.autograd.grad with respect to the input itself (and allow_unused): the
+    # gradient's error node led nowhere, so the second derivative came back None.
+    def cube_sum(a):
+        return (a**3).sum()
+
+    x = torch.tensor([1.0, 2.0], device="tpu", requires_grad=True)
+    (g,) = torch.autograd.grad(_compiler(compiler)(cube_sum)(x), x, create_graph=True)
+    torch.testing.assert_close(g.detach().cpu(), torch.tensor([3.0, 12.0]))
+    with pytest.raises(RuntimeError, match="differentiated again"):
+        torch.autograd.grad(g.sum(), x, allow_unused=True)
+    with pytest.raises(RuntimeError, match="differentiated again"):
+        torch.autograd.grad(g.sum(), x)
+
+
 def test_double_backward_inside_one_jitted_step_matches_cpu():
     def step(net, x):
         x = x.detach().requires_grad_()

@@ -523,20 +523,27 @@ def active_proxy_mode():
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY)
 
 
-def delayed_error(message: str, tensors):
+def delayed_error(message: str, tensors, anchors=None):
     """``tensors`` (gradients without a graph) behind one autograd node that raises
     ``message`` when differentiated (``torch._C._functions.DelayedError``, what
-    ``once_differentiable`` uses); None entries pass through."""
+    ``once_differentiable`` uses); None entries pass through. ``anchors`` (one tensor or
+    None per entry: the input each gradient is of) link the node to those tensors'
+    graphs, so a gradient taken with respect to them reaches the node and raises; without
+    the link the node leads nowhere, and ``autograd.grad(..., allow_unused=True)`` gave
+    None for a second derivative."""
     node = torch._C._functions.DelayedError(message.encode(), len(tensors))
+    anchors = anchors or [None] * len(tensors)
 
-    def marked(t):
+    def marked(t, anchor):
         if t is None:
             return None
         t = t.detach()
+        if anchor is not None and anchor.requires_grad:
+            return t + (anchor.sum() * 0).to(t.dtype)  # a zero with an edge to anchor
         t.requires_grad = True
         return t
 
-    out = node(*[marked(t) for t in tensors])
+    out = node(*[marked(t, a) for t, a in zip(tensors, anchors)])
     return (out,) if isinstance(out, torch.Tensor) else out
 
 

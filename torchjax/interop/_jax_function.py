@@ -25,6 +25,7 @@ since a jax function has no op-by-op path.
 from __future__ import annotations
 
 import functools
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -181,6 +182,9 @@ class _VJP(torch.autograd.Function):
         ctx.call, ctx.pullback = call, pullback
         ctx.avals = [(o.shape, o.dtype) for o in outs]
         ctx.n_inputs = len(tensors)
+        # Weak: held, the inputs' arrays would outlive the call as the graph's saved
+        # tensors do not; only a double backward (below) reads them.
+        ctx.inputs = {k: weakref.ref(tensors[k]) for k in call.diff}
         # Where the pullback holds residuals (CPU's graph would hold saved tensors), a
         # second backward() raises once the graph is freed, as on CPU; the residuals
         # themselves live in the pullback, the saved tensor only marks it.
@@ -227,7 +231,8 @@ class _VJP(torch.autograd.Function):
         if torch.is_grad_enabled():
             # create_graph=True: these gradients carry no graph, so differentiating
             # them (a gradient penalty) raises instead of silently missing terms.
-            grads_in = list(delayed_error(_NO_DOUBLE_BACKWARD, grads_in))
+            inputs = [ctx.inputs[k]() if k in ctx.inputs else None for k in range(ctx.n_inputs)]
+            grads_in = list(delayed_error(_NO_DOUBLE_BACKWARD, grads_in, inputs))
         if ctx.checks_saved and not backward_keeps_graph():
             # torch frees the graph's saved tensors now (a second backward raises at
             # ctx.saved_tensors above), so the pullback's residuals and the arrays the
