@@ -81,7 +81,7 @@ class Call:
         self.roots = roots
         self.static, self.pos, self.tensors = static, pos, tensors
         walk = _state.walk(roots, grads)
-        if any(make_capturable(o) for o in walk.optimizers):
+        if any([make_capturable(o) for o in walk.optimizers]):  # every one, no short cut
             walk = _state.walk(roots, grads)
         walk.add_attributes(jitted.attributes)
         self.walk = walk
