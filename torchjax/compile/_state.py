@@ -102,12 +102,24 @@ class StateWalk:
                 self._seen_tensor.add(id(t))
                 self.every.append(t)
                 self.grad_flags.append(t.requires_grad and (2 if t.grad_fn is None else 1))
-            grad = t.grad if self.grads and t.requires_grad and t.is_leaf else None
+            leaf = self.grads and t.requires_grad and t.is_leaf
+            grad = t.grad if leaf else None
             if grad is not None:
                 self.add_tensor(grad)
+            if leaf:
+                self._add_hooks(t)
         elif isinstance(t, torch.Tensor) and id(t) not in self._seen_tensor:
             self._seen_tensor.add(id(t))
             self.host.append(t)
+
+    def _add_hooks(self, t) -> None:
+        # A leaf's gradient hooks run inside the function's backward: an optimizer
+        # stepped from a post-accumulate-grad hook (optimizer in backward), and what else
+        # they close over, is state as if the function named it. Unseen, the step's
+        # state was made in every trace and left holding tracers.
+        for hooks in (t._backward_hooks, t._post_accumulate_grad_hooks):
+            for hook in (hooks or {}).values():
+                self.add(hook)  # as a root: a wrapper may hold the user's function
 
     def host_versions(self) -> tuple:
         """Each CPU tensor of the state by identity and version counter (Note [CPU
