@@ -76,6 +76,13 @@ def backward_runs(request, tmp_path_factory) -> SimpleNamespace:
             w = torch.randn(3).to("tpu").requires_grad_()
             (w * 2).sum().backward()
             print(kind, "next ok:", w.grad.tolist() == [2.0, 2.0, 2.0], flush=True)
+        for kind in _HOOKS:  # a result that is no tensor: torch's own TypeError
+            z = torch.randn(3).to("tpu").requires_grad_()
+            getattr(z, kind)(lambda g: (g, g))
+            try:
+                (z * 2).sum().backward()
+            except TypeError as e:
+                print(kind, "result refused:", e, flush=True)
         from torch.utils.checkpoint import CheckpointError, checkpoint
         for kind in _UNPACKS:
             x = torch.randn(5).to("tpu").requires_grad_()
@@ -125,6 +132,14 @@ def test_error_in_a_gradient_hook_is_raised_by_backward(kind, backward_runs):
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"{kind} raised: division by zero" in out.stdout
     assert f"{kind} next ok: True" in out.stdout
+
+
+@pytest.mark.parametrize("kind", _HOOKS)
+def test_a_hook_returning_no_tensor_raises_cpus_type_error(kind, backward_runs):
+    # torch refused the result inside the engine, where the raise aborted the process.
+    out = backward_runs
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"{kind} result refused: expected Variable, but hook returned 'tuple'" in out.stdout
 
 
 @pytest.mark.parametrize("kind", _UNPACKS)

@@ -163,10 +163,17 @@ def guarded(hook):
         if error_pending():
             return None
         try:
-            return hook(*args)
+            out = hook(*args)
         except Exception as error:
             raise_in_engine_safely(error)
             return None
+        if out is not None and not isinstance(out, torch.Tensor):
+            # torch's own refusal of this result, raised in the engine, aborted too.
+            raise_in_engine_safely(
+                TypeError(f"expected Variable, but hook returned '{type(out).__name__}'")
+            )
+            return None
+        return out
 
     return run
 
