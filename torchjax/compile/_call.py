@@ -110,6 +110,9 @@ class Call:
         )
         self.key = self.sig
         self.grad_mode = grad_mode
+        # Set by the program's write-back (Note [State after a trace whose program does
+        # not run] in torchjax/compile/_rollback.py).
+        self.written_back = False
 
 
 def global_modes() -> tuple:

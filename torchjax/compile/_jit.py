@@ -72,6 +72,7 @@ from torchjax.compile._refusals import (
     escaped_write,
     restrided,
 )
+from torchjax.compile._rollback import Before, put_back_on_failure
 from torchjax.compile._stop_gradient import stopping
 from torchjax.compile._vjp import VJPCall, VJPProgram
 from torchjax.device import _checks
@@ -178,14 +179,23 @@ class Jitted:
         if entry is not None:
             self.cache_hits += 1
             _budget.hit(entry)
-        else:
+            return self._run(call, entry, args, kwargs)
+        # Note [State after a trace whose program does not run] (_rollback.py)
+        with put_back_on_failure(call) as before:
             seen = _made_state.before_trace(call.walk.optimizers)
             entry = self._trace(call)
             # Note [Optimizer state made in a first call]
             if entry.first_state is not None and _made_state.unchanged(seen):
                 _made_state.put_back(entry.first_state)
                 call, entry = self._lookup(args, {**kwargs, **call.static_kwargs})
+                before.call = call
                 entry = entry or self._trace(call)
+            if not entry.writes_shared:
+                return self._run(call, entry, args, kwargs)
+            before.put_back()  # eager Python runs from the state before the trace
+        return self.fn(*args, **kwargs, **call.static_kwargs)
+
+    def _run(self, call: Call, entry: _Entry, args, kwargs):
         if entry.writes_shared:  # Note [Arguments that share memory] (_aliases.py)
             return self.fn(*args, **kwargs, **call.static_kwargs)
         if entry.vjp is not None and call.grad_mode:
@@ -194,11 +204,17 @@ class Jitted:
 
     def trace(self, *args, **kwargs) -> None:
         """Trace this call's signature without running it: its Python code runs now (with
-        whatever it does to Python state), its program compiles at its first run, or
-        inside ``repeat``'s loop only, where the step is never run on its own."""
+        whatever it does to Python state; the state's tensors and the references to them,
+        ``.grad`` and optimizer state, are left as they were: Note [State after a trace
+        whose program does not run]), its program compiles at its first run, or inside
+        ``repeat``'s loop only, where the step is never run on its own."""
         call, entry = self._lookup(args, kwargs)
         if entry is None:
-            self._trace(call)
+            before = Before(call)
+            try:
+                self._trace(call)
+            finally:
+                before.put_back()
 
     def repeat(self, times: int, *args, until=None, **kwargs) -> None:
         """Run the function up to ``times`` times with these arguments as one program (a
@@ -208,7 +224,11 @@ class Jitted:
         outputs are dropped (Note [Repeating a traced step in one program] in
         torchjax/compile/_repeat.py)."""
         call, entry = self._lookup(args, kwargs)
-        _repeat.run(entry or self._trace(call), call, times, until)
+        if entry is not None:
+            _repeat.run(entry, call, times, until)
+            return
+        with put_back_on_failure(call):  # Note [State after a trace whose program does not run]
+            _repeat.run(self._trace(call), call, times, until)
 
     def _lookup(self, args, kwargs):
         """This call's arguments and state, and its live cache entry (None: none yet)."""
@@ -529,6 +549,7 @@ class _Entry:
         return self.n_out + len(self.written) + len(self.created) + m
 
     def write_back(self, call: Call, rest) -> None:
+        call.written_back = True
         storages = call.storages
         for i, a in zip(self.written, rest):
             storages[i].replace(a)
