@@ -221,3 +221,27 @@ def test_a_step_run_eagerly_for_shared_arguments_starts_from_the_state_before_it
     opt_cpu.zero_grad()
     opt_tpu.zero_grad()
     _then_steps_match(cpu, opt_cpu, tpu, opt_tpu)
+
+
+def test_only_references_that_reach_tpu_tensors_are_put_back():
+    # A cache list given a traced tensor and an attribute set to one are put back; a
+    # list of the shapes traced and a counter keep what the Python did.
+    class Cache:
+        def __init__(self):
+            self.keys = []
+            self.last = None
+            self.calls = 0
+
+    cache, shapes = Cache(), []
+
+    def failing(x):
+        shapes.append(tuple(x.shape))
+        cache.calls += 1
+        cache.keys.append(x * 2)
+        cache.last = x + 1
+        raise ValueError("after the cache was written")
+
+    with pytest.raises(ValueError, match="after the cache"):
+        torchjax.jit(failing)(torch.ones(2, device="tpu"))
+    assert cache.keys == [] and cache.last is None
+    assert shapes == [(2,)] and cache.calls == 1

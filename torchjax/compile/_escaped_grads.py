@@ -13,7 +13,9 @@ function traces, every backward it calls notes the leaves it will accumulate int
 (``inputs=``, or the graph's AccumulateGrad nodes) whose storage was made before the
 trace and holds no tracer, with their ``.grad``; after the trace a changed ``.grad`` is
 put back and the call refused with an error naming the tensor and what to do, as for an
-escaping write. ``torch.autograd.grad`` accumulates nothing and is not watched.
+escaping write. ``torch.autograd.grad`` accumulates nothing and is not watched. (The
+``.grad``s of leaves the walk does see are put back when the trace fails: Note [State
+after a trace whose program does not run] in torchjax/compile/_rollback.py.)
 """
 
 from __future__ import annotations

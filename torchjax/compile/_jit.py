@@ -204,8 +204,8 @@ class Jitted:
 
     def trace(self, *args, **kwargs) -> None:
         """Trace this call's signature without running it: its Python code runs now (with
-        whatever it does to Python state; the state's tensors and the references to them,
-        ``.grad`` and optimizer state, are left as they were: Note [State after a trace
+        whatever it does to Python state, except that the references to the state's
+        tensors, ``.grad`` and optimizer state, are put back: Note [State after a trace
         whose program does not run]), its program compiles at its first run, or inside
         ``repeat``'s loop only, where the step is never run on its own."""
         call, entry = self._lookup(args, kwargs)

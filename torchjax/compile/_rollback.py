@@ -27,13 +27,14 @@ arguments too), each module's parameters, buffers and submodules, each optimizer
 items of each list, dict and set, the attributes of each plain object, the closure cells
 and the named globals of each function, and the plain module attributes the function is
 known to read (Note [Tensors kept as plain module attributes]). Until the call's
-program has written its state back, an exception puts each changed one back before it
-propagates, unchanged; a program that will not run puts them back at once. With the
-storages' values, what the walk sees is as it was before the call: entries an optimizer
-made in the trace are gone, a ``.grad`` the trace set or cleared is what it was. Python
-state the walk does not reach keeps what the trace did to it, as in eager; an object
-whose state lives partly outside Python (an iterator fed by worker processes) gets back
-its Python part only, so advance such objects outside the compiled function.
+program has written its state back, an exception puts back, before it propagates
+unchanged, each of those the trace changed whose value before or after reaches a tpu
+tensor; a program that will not run has them put back at once. With the storages'
+values, the state is as it was before the call: the ``.grad``s the trace set or cleared,
+the entries an optimizer made (removed), a GradScaler's scale and its record of the
+optimizers it unscaled. Values that reach no tpu tensor (a list of the shapes traced, a
+counter, an LR scheduler's epoch) keep what the Python did, as ``Jitted.trace``
+promises and as in eager.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import types
 import torch
 
 from torchjax.compile._state import _LEAF_TYPES, _MAX_DEPTH, StateWalk, _global_names
+from torchjax.tensor._tensor import JaxTensor
 
 _MISSING = object()
 # What ``StateWalk.add`` reads no container of its own from (or reads in a method
@@ -124,39 +126,74 @@ class Before(StateWalk):
             self.whole.append((c, base(c)))
 
     def put_back(self) -> None:
-        """Give every noted reference what it held before the trace. Through the
-        builtin types' own methods: a subclass's (``ModelOutput`` refuses ``update``)
-        could raise over the exception being propagated."""
+        """Give every noted reference that reached state, or reaches it now, what it held
+        before the trace. Through the builtin types' own methods: a subclass's
+        (``ModelOutput`` refuses ``update``) could raise over the exception being
+        propagated."""
         for c, old in self.whole:
             if isinstance(c, dict):
-                if len(c) != len(old) or any(c.get(k, _MISSING) is not v for k, v in old.items()):
-                    dict.clear(c)  # the same object: an optimizer's state is a defaultdict
-                    dict.update(c, old)
-            elif isinstance(c, list):
-                if len(c) != len(old) or any(a is not b for a, b in zip(c, old)):
-                    list.__setitem__(c, slice(None), old)
-            elif c != old:
-                set.clear(c)
-                set.update(c, old)
+                _put_back_items(c, old)
+            elif len(c) != len(old) or any(a is not b for a, b in zip(c, old)):
+                ids = {id(v) for v in old}
+                changed = [v for v in c if id(v) not in ids]
+                ids = {id(v) for v in c}
+                changed += [v for v in old if id(v) not in ids]
+                if any(map(_holds_state, changed)):
+                    if isinstance(c, list):
+                        list.__setitem__(c, slice(None), old)
+                    else:
+                        set.clear(c)
+                        set.update(c, old)
         for d, name, value in self.keys:
-            if value is _MISSING:
-                dict.pop(d, name, None)
-            elif d.get(name, _MISSING) is not value:
-                dict.__setitem__(d, name, value)
+            now = d.get(name, _MISSING)
+            if now is not value and (_holds_state(value) or _holds_state(now)):
+                if value is _MISSING:
+                    dict.pop(d, name)
+                else:
+                    dict.__setitem__(d, name, value)
         for cell, value in self.cells:
             try:
                 now = cell.cell_contents
             except ValueError:  # emptied
                 now = _MISSING
-            if now is value:
+            if now is value or not (_holds_state(value) or _holds_state(now)):
                 continue
             if value is _MISSING:
                 del cell.cell_contents
             else:
                 cell.cell_contents = value
         for t, grad in self.grads:
-            if t.grad is not grad:
+            now = t.grad
+            if now is not grad and (_holds_state(grad) or _holds_state(now)):
                 t.grad = grad
+
+
+def _holds_state(value) -> bool:
+    """Whether the walk finds a tpu tensor in ``value``."""
+    if isinstance(value, JaxTensor):
+        return True
+    if value is _MISSING or isinstance(value, _LEAF_TYPES):
+        return False
+    walk = StateWalk(grads=False)
+    walk.add(value)
+    return bool(walk.storages)
+
+
+def _put_back_items(d: dict, old: dict) -> None:
+    """Put back the items of ``d`` that reached state before the trace or reach it now,
+    in their old order."""
+    back = {
+        k
+        for k in d.keys() | old.keys()
+        if d.get(k, _MISSING) is not old.get(k, _MISSING)
+        and (_holds_state(d.get(k, _MISSING)) or _holds_state(old.get(k, _MISSING)))
+    }
+    if not back:
+        return
+    items = [(k, old[k] if k in back else d[k]) for k in old if k in back or k in d]
+    items += [(k, v) for k, v in d.items() if k not in old and k not in back]
+    dict.clear(d)  # the same object: an optimizer's state is a defaultdict
+    dict.update(d, items)
 
 
 @contextlib.contextmanager
