@@ -245,3 +245,24 @@ def test_only_references_that_reach_tpu_tensors_are_put_back():
         torchjax.jit(failing)(torch.ones(2, device="tpu"))
     assert cache.keys == [] and cache.last is None
     assert shapes == [(2,)] and cache.calls == 1
+
+
+def test_export_leaves_a_buffer_its_trace_assigned_as_it_was():
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+            self.register_buffer("total", torch.zeros(2))
+
+        def forward(self, x):
+            y = self.lin(x)
+            self.total = self.total + y.sum(0)  # a new tensor: the buffer is reassigned
+            return y
+
+    m = Counting().to("tpu")
+    total = m.total
+    torchjax.export(m, torch.ones(3, 4, device="tpu"))
+    assert m.total is total
+    m(torch.ones(3, 4, device="tpu"))  # eager, from the buffer as it was
+    want = m.lin(torch.ones(3, 4, device="tpu")).sum(0)
+    torch.testing.assert_close(m.total.cpu(), want.detach().cpu())

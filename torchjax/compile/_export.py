@@ -15,6 +15,7 @@ import torch
 from torchjax._compat.jax import x64
 from torchjax.compile._call import Call, flatten_args
 from torchjax.compile._jit import Jitted, _Entry
+from torchjax.compile._rollback import Before
 
 
 def export(fn, *args, **kwargs):
@@ -29,14 +30,18 @@ def export(fn, *args, **kwargs):
     Returns:
         A ``jax.export.Exported`` taking the tensor arguments as jax arrays and returning
         the flat list of output arrays (the order of ``torch.utils._pytree`` leaves of
-        ``fn``'s output). State writes (BatchNorm statistics in train mode) are not kept:
-        export modules in ``eval()`` mode.
+        ``fn``'s output). State writes (BatchNorm statistics in train mode) are not kept,
+        nor parameters or buffers the trace assigned: export modules in ``eval()`` mode.
     """
     jitted = Jitted(fn)
     flat, spec = flatten_args(args, kwargs)
     with torch.no_grad():
         call = Call(jitted, flat, spec, {})
-        entry = _Entry.trace(jitted, call)
+        before = Before(call)
+        try:
+            entry = _Entry.trace(jitted, call)
+        finally:  # Note [State after a trace whose program does not run]
+            before.put_back()
     state, key, n_out = call.state_arrays, entry.key(), len(entry.out_pos)
 
     def run(*arrays):

@@ -16,9 +16,10 @@ a trace that raised (an error in the user's code, ``.item()`` of a traced value 
 ``GradScaler.step``), one refused after tracing (Note [Writes that escape a trace],
 Note [Learning rates assigned while tracing]), a first compile or run that failed (out
 of memory), a ``repeat`` refused for its created state, ``Jitted.trace`` (which never
-runs the program), and a trace set aside for eager Python (Note [Arguments that share
-memory]). Note [Gradients that escape a trace] puts back the ``.grad``s of leaves
-outside the walk; this is its counterpart for what the walk sees.
+runs the program), ``torchjax.export`` (likewise), and a trace set aside for eager
+Python (Note [Arguments that share memory]). Note [Gradients that escape a trace] puts
+back the ``.grad``s of leaves outside the walk; this is its counterpart for what the
+walk sees.
 
 So before a call traces, a second walk of its roots (``Before``, the same walk) notes
 every reference it reads on its way to the state: each leaf's ``.grad`` (tensor
