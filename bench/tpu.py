@@ -24,14 +24,14 @@
   in bfloat16 (the default path: a static cache, compiled steps, the kernels on) against
   the pure-JAX model's whole loop in one ``jax.jit`` and the HBM roofline (every weight and
   the filled cache read once per step at 819 GB/s);
-- ``kernels``: attention, decode attention and the ragged dot in bfloat16 against XLA's
-  attention (``jax.nn.dot_product_attention``), jax's Pallas TPU flash attention at
-  512-wide blocks, ``jax.lax.ragged_dot``, and the FLOP limit (197 TFLOP/s).
+- ``attention``, ``kernels``: the flash, decode and ragged-dot kernels against jax's own
+  TPU kernels, XLA and the roofline (bench/tpu_kernels.py says what each row runs).
 
 Writes the report (markdown) to ``--out`` (default bench/results_tpu.md) and prints it; a
 run of some sections replaces those sections of an existing report and keeps the others.
 
 Run:  python -m bench.tpu [--sections tier,pallas,precision,seed,...] [--out PATH]
+      [--profile DIR]  (decode: device time per XLA operation of one generate, both models)
       python -m bench.tpu --small     (a small model, to check the script off the chip)
 """
 
@@ -60,13 +60,12 @@ import torch  # noqa: E402
 import transformers as tf  # noqa: E402
 
 import torchjax  # noqa: E402
-from bench import jax_llama  # noqa: E402
-from bench import kernels as kernel_bench  # noqa: E402
+from bench import jax_llama, tpu_kernels  # noqa: E402
 from bench.common import block_torch, header  # noqa: E402
 
 HBM_BYTES_PER_S = 819e9
 FLOPS_PER_S = 197e12
-SECTIONS = ("tier", "pallas", "precision", "seed", "numerics", "decode", "kernels")
+SECTIONS = ("tier", "pallas", "precision", "seed", "numerics", "decode", "attention", "kernels")
 CHILD_SECTIONS = ("tier", "pallas")  # pytest in a child process, which must hold the chip
 TITLE = "torchjax on the chip: bench/tpu.py"
 
@@ -271,6 +270,15 @@ def decode(ctx) -> dict:
         step_bytes = weight_bytes + batch * mean_len * kv_per_pos
         roof = batch * HBM_BYTES_PER_S / step_bytes
         same = (got.cpu()[:, prompt:] == torch.from_numpy(np.asarray(jout))).float().mean().item()
+        if ctx.profile:
+            from bench.op_profile import profile
+
+            where = os.path.join(ctx.profile, f"decode_batch{batch}")
+            rows[f"profile batch {batch}"] = {
+                "torchjax": profile(lambda: _generate(model, ids.to("tpu"), new), 1, where),
+                "jax": profile(lambda: jax.block_until_ready(fn(params, jids, mask)), 1,
+                               where + "_jax"),
+            }  # fmt: skip
         rows[f"batch {batch}"] = {
             "torchjax_tok_s": round(tj, 1), "jax_tok_s": round(jx, 1),
             "ratio_vs_jax": round(tj / jx, 3), "roofline_tok_s": round(roof, 1),
@@ -280,68 +288,12 @@ def decode(ctx) -> dict:
     return {"weights_GB": round(weight_bytes / 1e9, 2), "prompt": prompt, "new": new, **rows}
 
 
-def _median_ms(fn, *args, runs=10):
-    """(median ms of the jitted ``fn``, its compile-and-first-run seconds)."""
-    _, us, compile_s = kernel_bench._timed(fn, *args, runs=runs)
-    return round(us / 1e3, 3), round(compile_s, 1)
+def attention(ctx) -> dict:
+    return tpu_kernels.attention(ctx)
 
 
 def kernels(ctx) -> dict:
-    from jax.experimental.pallas.ops.tpu import flash_attention as jax_flash
-
-    from torchjax.pallas import kernels as tk
-
-    rng = np.random.default_rng(0)
-
-    def arr(*shape):
-        return jnp.asarray(rng.standard_normal(shape, np.float32), jnp.bfloat16)
-
-    out = {}
-    shapes = [(1, 2, 2, 256, 64)] if ctx.small else [(4, 16, 16, 2048, 128), (1, 16, 2, 8192, 128)]
-    for b, hq, hkv, s, d in shapes:
-        q, k, v = arr(b, hq, s, d), arr(b, hkv, s, d), arr(b, hkv, s, d)
-        flops = 4 * b * hq * s * s * d / 2  # causal: half the scores
-        row = {"flop_limit_ms": round(flops / FLOPS_PER_S * 1e3, 3)}
-        row["torchjax_flash_ms"], row["compile_s"] = _median_ms(
-            lambda q, k, v: tk.flash_attention(q, k, v, causal=True), q, k, v
-        )
-
-        def xla(q, k, v):
-            t = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
-            return t(jax.nn.dot_product_attention(t(q), t(k), t(v), is_causal=True))
-
-        row["xla_ms"], _ = _median_ms(xla, q, k, v)
-        if hq == hkv and jax.default_backend() == "tpu":
-            blocks = jax_flash.BlockSizes(block_q=512, block_k_major=512, block_k=512, block_b=1)
-            row["jax_pallas_flash_512_ms"], _ = _median_ms(
-                lambda q, k, v: jax_flash.flash_attention(
-                    q, k, v, causal=True, sm_scale=d**-0.5, block_sizes=blocks
-                ), q, k, v,
-            )  # fmt: skip
-        out[f"attention fwd ({b},{hq}/{hkv},{s},{d}) causal"] = row
-    # decode: one new token per row over an 8K cache filled to a tenth and to half
-    b, hq, hkv, s, d = (2, 4, 2, 1024, 64) if ctx.small else (8, 32, 8, 8192, 128)
-    q, k, v = arr(b, hq, 1, d), arr(b, hkv, s, d), arr(b, hkv, s, d)
-    for fill in (0.1, 0.5):
-        lengths = jnp.full((b,), int(s * fill), jnp.int32)
-        row = {"hbm_limit_ms": round(2 * b * hkv * s * fill * d * 2 / HBM_BYTES_PER_S * 1e3, 4)}
-        row["torchjax_decode_ms"], _ = _median_ms(
-            lambda q, k, v, n: tk.decode_attention(q, k, v, n), q, k, v, lengths
-        )
-        row["xla_masked_ms"], _ = _median_ms(
-            lambda q, k, v, n: tk.decode_attention_reference(q, k, v, n), q, k, v, lengths
-        )
-        out[f"decode ({b},{hq}/{hkv}) cache {s} filled {fill}"] = row
-    m, kk, n, g = (512, 256, 256, 8) if ctx.small else (8192, 2048, 1024, 64)
-    lhs, rhs = arr(m, kk), arr(g, kk, n)
-    sizes = jnp.asarray(np.bincount(rng.integers(0, g, m), minlength=g), jnp.int32)
-    row = {"flop_limit_ms": round(2 * m * kk * n / FLOPS_PER_S * 1e3, 3)}
-    row["torchjax_ragged_ms"], _ = _median_ms(
-        lambda a, b_, c: tk.ragged_dot(a, b_, c), lhs, rhs, sizes
-    )
-    row["lax_ragged_dot_ms"], _ = _median_ms(jax.lax.ragged_dot, lhs, rhs, sizes)
-    out[f"ragged dot ({m},{kk},{n}) {g} groups"] = row
-    return out
+    return tpu_kernels.kernels(ctx)
 
 
 # -- report ----------------------------------------------------------------------------
@@ -373,8 +325,10 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results_tpu.md"))
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--tier-timeout", type=int, default=480)
+    parser.add_argument("--profile", help="decode: device time per XLA operation, traces here")
     args = parser.parse_args(argv)
     ctx = argparse.Namespace(small=args.small, timeout=args.tier_timeout, f32=None, bf16=None)
+    ctx.profile = args.profile
     ctx.out = pathlib.Path(args.out)
     earlier = ctx.out.read_text() if ctx.out.exists() else ""
     # A chip has one holder: the test sections' child processes run before this process
