@@ -28,8 +28,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from torchjax.pallas import _mask_blocks as mask_blocks
 from torchjax.pallas._flash_fwd import F32, dot, last_key_block, masked_scores, widen
-from torchjax.pallas._tiling import STAT_LANES, compiler_params, pallas_call, scratch
+from torchjax.pallas._tiling import STAT_LANES, compiler_params, grid_spec, pallas_call, scratch
 
 
 def probs(q, k, m, inv, bias, scale, causal, q_start, k_start):
@@ -74,7 +75,13 @@ def _load(ins, mask):
     return q, k, v, None if mask is None else mask[...], do, m, inv, delta
 
 
-def _dq_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
+def _split_table(refs, tiles):
+    refs = list(refs)
+    return (refs.pop(0) if tiles else None), refs
+
+
+def _dq_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask, tiles):
+    table, refs = _split_table(refs, tiles)
     ins, mask, (dq_ref,), (acc,) = _split(refs, has_mask, 1)
     i, j = pl.program_id(2), pl.program_id(3)
 
@@ -82,11 +89,16 @@ def _dq_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
     def _init():
         acc[...] = jnp.zeros(acc.shape, F32)
 
-    def step():
+    def step(biased=True):
         starts = dict(q_start=i * block_q, k_start=j * block_k)
-        acc[...] += dq_tile(*_load(ins, mask), scale=scale, causal=causal, **starts)
+        tile = _load(ins, mask if biased else None)
+        acc[...] += dq_tile(*tile, scale=scale, causal=causal, **starts)
 
-    if causal:
+    if tiles:  # Note [Mask block map]
+        code = tiles.code(table, pl.program_id(0), pl.program_id(1), i, j)
+        pl.when(code == 1)(lambda: step(False))
+        pl.when(code == 2)(step)
+    elif causal:
         pl.when(j <= last_key_block(i, block_q, block_k))(step)
     else:
         step()
@@ -96,7 +108,8 @@ def _dq_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
         dq_ref[...] = acc[...].astype(dq_ref.dtype)
 
 
-def _dkv_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
+def _dkv_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask, tiles, group):
+    table, refs = _split_table(refs, tiles)
     ins, mask, (dk_ref, dv_ref), (dk_acc, dv_acc) = _split(refs, has_mask, 2)
     j, g, i = pl.program_id(2), pl.program_id(3), pl.program_id(4)
 
@@ -105,13 +118,19 @@ def _dkv_grid_kernel(*refs, scale, causal, block_q, block_k, has_mask):
         dk_acc[...] = jnp.zeros(dk_acc.shape, F32)
         dv_acc[...] = jnp.zeros(dv_acc.shape, F32)
 
-    def step():
+    def step(biased=True):
         starts = dict(q_start=i * block_q, k_start=j * block_k)
-        dk, dv = dkv_tile(*_load(ins, mask), scale=scale, causal=causal, **starts)
+        tile = _load(ins, mask if biased else None)
+        dk, dv = dkv_tile(*tile, scale=scale, causal=causal, **starts)
         dk_acc[...] += dk
         dv_acc[...] += dv
 
-    if causal:  # query blocks wholly above the diagonal never see this key block
+    if tiles:  # Note [Mask block map]
+        head = pl.program_id(1) * group + g
+        code = tiles.code(table, pl.program_id(0), head, j, i)
+        pl.when(code == 1)(lambda: step(False))
+        pl.when(code == 2)(step)
+    elif causal:  # query blocks wholly above the diagonal never see this key block
         pl.when((i + 1) * block_q - 1 >= j * block_k)(step)
     else:
         step()
@@ -156,62 +175,95 @@ def _grid_backward(
     mh = mask is not None and mask.shape[1] > 1
     kernel_args = dict(scale=scale, causal=causal, block_q=block_q, block_k=block_k)
     kernel_args["has_mask"] = mask is not None
+    arrays = (q, k, v, mask, do, *stats, delta)
+    semantics = ("parallel", "parallel", "parallel", "arbitrary")
 
     # dq: (batch, q head, query block, key block).
-    def kv_block(i, j):
+    tiles = mask_blocks.Tiles.of(mask, causal, block_q, block_k)
+
+    def kv_block(b_, h, i, j, table):
+        if tiles:  # Note [Mask block map]
+            return tiles.fetch(table[0], b_, h, i, j)
         return jnp.minimum(j, last_key_block(i, block_q, block_k)) if causal else j
 
-    row = lambda b_, h, i, j: (b_, h, i, 0)  # noqa: E731
-    kv = lambda b_, h, i, j: (b_, h // group, kv_block(i, j), 0)  # noqa: E731
+    def mask_col(b_, h, i, j, table):
+        return tiles.mask_fetch(table[0], b_, h, i, j) if tiles else kv_block(b_, h, i, j, ())
+
+    row = lambda b_, h, i, j, *_: (b_, h, i, 0)  # noqa: E731
+    kv = lambda b_, h, i, j, *t: (b_, h // group, kv_block(b_, h, i, j, t), 0)  # noqa: E731
     mask_spec = mask is not None and pl.BlockSpec(
         (None, None, block_q, block_k),
-        lambda b_, h, i, j: (b_ if mb else 0, h if mh else 0, i, kv_block(i, j)),
+        lambda b_, h, i, j, *t: (b_ if mb else 0, h if mh else 0, i, mask_col(b_, h, i, j, t)),
     )
-    arrays = (q, k, v, mask, do, *stats, delta)
     specs, args = _inputs(arrays, (None, None, block_q), row, block_k, kv, mask_spec)
+    prefetch = [tiles.table] if tiles else []
     dq = pallas_call(
-        functools.partial(_dq_grid_kernel, **kernel_args),
-        grid=(b, hq, n_q, sk // block_k),
-        in_specs=specs,
-        out_specs=pl.BlockSpec((None, None, block_q, d), row),
+        functools.partial(_dq_grid_kernel, tiles=tiles, **kernel_args),
+        grid_spec=grid_spec(
+            plat,
+            len(prefetch),
+            grid=(b, hq, n_q, sk // block_k),
+            in_specs=specs,
+            out_specs=pl.BlockSpec((None, None, block_q, d), row),
+            scratch_shapes=[scratch(plat, (block_q, d), F32)],
+        ),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        scratch_shapes=[scratch(plat, (block_q, d), F32)],
         interpret=interpret,
-        compiler_params=compiler_params(plat, ("parallel", "parallel", "parallel", "arbitrary")),
+        compiler_params=compiler_params(plat, semantics),
         name="torchjax_flash_attention_dq",
-    )(*args)
+    )(*prefetch, *args)
 
     # dk, dv: (batch, kv head, key block, query head in the group, query block).
-    def q_block(j, i):
+    tiles = mask_blocks.Tiles.of(mask, causal, block_q, block_k, by_key=True)
+
+    def q_block(b_, h, j, g, i, table):
+        if tiles:  # Note [Mask block map]
+            return tiles.fetch(table[0], b_, h * group + g, j, i)
         return jnp.maximum(i, first_query_block(j, block_q, block_k, n_q)) if causal else i
 
-    qrow = lambda b_, h, j, g, i: (b_, h * group + g, q_block(j, i), 0)  # noqa: E731
-    key = lambda b_, h, j, g, i: (b_, h, j, 0)  # noqa: E731
+    def mask_row(b_, h, j, g, i, table):
+        if tiles:
+            return tiles.mask_fetch(table[0], b_, h * group + g, j, i)
+        return q_block(b_, h, j, g, i, ())
+
+    qrow = lambda b_, h, j, g, i, *t: (b_, h * group + g, q_block(b_, h, j, g, i, t), 0)  # noqa: E731
+    key = lambda b_, h, j, g, i, *_: (b_, h, j, 0)  # noqa: E731
     mask_spec = mask is not None and pl.BlockSpec(
         (None, None, block_q, block_k),
-        lambda b_, h, j, g, i: (b_ if mb else 0, h * group + g if mh else 0, q_block(j, i), j),
+        lambda b_, h, j, g, i, *t: (
+            b_ if mb else 0,
+            h * group + g if mh else 0,
+            mask_row(b_, h, j, g, i, t),
+            j,
+        ),
     )
     specs, args = _inputs(arrays, (None, None, block_q), qrow, block_k, key, mask_spec)
     key_out = [
         pl.BlockSpec((None, None, block_k, d), key),
         pl.BlockSpec((None, None, block_k, dv_dim), key),
     ]
+    prefetch = [tiles.table] if tiles else []
     dk, dv = pallas_call(
-        functools.partial(_dkv_grid_kernel, **kernel_args),
-        grid=(b, hkv, sk // block_k, group, n_q),
-        in_specs=specs,
-        out_specs=key_out,
+        functools.partial(_dkv_grid_kernel, tiles=tiles, group=group, **kernel_args),
+        grid_spec=grid_spec(
+            plat,
+            len(prefetch),
+            grid=(b, hkv, sk // block_k, group, n_q),
+            in_specs=specs,
+            out_specs=key_out,
+            scratch_shapes=[
+                scratch(plat, (block_k, d), F32),
+                scratch(plat, (block_k, dv_dim), F32),
+            ],
+        ),
         out_shape=[
             jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
         ],
-        scratch_shapes=[scratch(plat, (block_k, d), F32), scratch(plat, (block_k, dv_dim), F32)],
         interpret=interpret,
-        compiler_params=compiler_params(
-            plat, ("parallel", "parallel", "parallel", "arbitrary", "arbitrary")
-        ),
+        compiler_params=compiler_params(plat, (*semantics, "arbitrary")),
         name="torchjax_flash_attention_dkv",
-    )(*args)
+    )(*prefetch, *args)
     return dq, dk, dv
 
 

@@ -30,7 +30,15 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from torchjax.pallas._tiling import STAT_LANES, compiler_params, kernel_dot, pallas_call, scratch
+from torchjax.pallas import _mask_blocks as mask_blocks
+from torchjax.pallas._tiling import (
+    STAT_LANES,
+    compiler_params,
+    grid_spec,
+    kernel_dot,
+    pallas_call,
+    scratch,
+)
 
 F32 = jnp.float32
 
@@ -113,8 +121,9 @@ def fwd_finish(m, denom, acc):
 # more (B, H, Sq, 1) float32 array is the price.
 
 
-def _grid_kernel(*refs, scale, causal, block_q, block_k, has_mask, residuals):
+def _grid_kernel(*refs, scale, causal, block_q, block_k, has_mask, residuals, tiles):
     refs = list(refs)
+    table = refs.pop(0) if tiles else None
     mask_ref = refs.pop(3) if has_mask else None
     q_ref, k_ref, v_ref, o_ref = refs[:4]
     m_ref, inv_ref = refs[4:6] if residuals else (None, None)
@@ -127,12 +136,12 @@ def _grid_kernel(*refs, scale, causal, block_q, block_k, has_mask, residuals):
         l_sc[...] = jnp.zeros(l_sc.shape, F32)
         acc_sc[...] = jnp.zeros(acc_sc.shape, F32)
 
-    def step():
+    def step(biased=True):
         m, denom, acc = fwd_tile(
             q_ref[...],
             k_ref[...],
             v_ref[...],
-            None if mask_ref is None else mask_ref[...],
+            mask_ref[...] if biased and mask_ref is not None else None,
             m_sc[...],
             l_sc[...],
             acc_sc[...],
@@ -143,7 +152,12 @@ def _grid_kernel(*refs, scale, causal, block_q, block_k, has_mask, residuals):
         )
         m_sc[...], l_sc[...], acc_sc[...] = m, denom, acc
 
-    if causal:
+    if tiles:  # Note [Mask block map]
+        b, h = pl.program_id(0), pl.program_id(1)
+        code = tiles.code(table, b, h, i, j)
+        pl.when(code == 1)(lambda: step(False))
+        pl.when(code == 2)(step)
+    elif causal:
         pl.when(j <= last_key_block(i, block_q, block_k))(step)
     else:
         step()
@@ -172,25 +186,32 @@ def _grid_forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pla
     b, hq, sq, d = q.shape
     hkv, sk, dv = k.shape[1], k.shape[2], v.shape[-1]
     group = hq // hkv
+    tiles = mask_blocks.Tiles.of(mask, causal, block_q, block_k)
 
     def kv_block(i, j):
         return jnp.minimum(j, last_key_block(i, block_q, block_k)) if causal else j
 
-    kv = lambda b_, h, i, j: (b_, h // group, kv_block(i, j), 0)  # noqa: E731
+    # With a block map the index maps read the prefetched table (Note [Mask block map]).
+    def kv(b_, h, i, j, *table):
+        if tiles:
+            return (b_, h // group, tiles.fetch(table[0], b_, h, i, j), 0)
+        return (b_, h // group, kv_block(i, j), 0)
+
+    row = lambda b_, h, i, j, *_: (b_, h, i, 0)  # noqa: E731
     in_specs = [
-        pl.BlockSpec((None, None, block_q, d), lambda b_, h, i, j: (b_, h, i, 0)),
+        pl.BlockSpec((None, None, block_q, d), row),
         pl.BlockSpec((None, None, block_k, d), kv),
         pl.BlockSpec((None, None, block_k, dv), kv),
     ]
     args = [q, k, v]
     if mask is not None:
         mb, mh = mask.shape[0] > 1, mask.shape[1] > 1
-        in_specs.append(
-            pl.BlockSpec(
-                (None, None, block_q, block_k),
-                lambda b_, h, i, j: (b_ if mb else 0, h if mh else 0, i, kv_block(i, j)),
-            )
-        )
+
+        def mask_map(b_, h, i, j, *table):
+            col = tiles.mask_fetch(table[0], b_, h, i, j) if tiles else kv_block(i, j)
+            return (b_ if mb else 0, h if mh else 0, i, col)
+
+        in_specs.append(pl.BlockSpec((None, None, block_q, block_k), mask_map))
         args.append(mask)
     kernel = functools.partial(
         _grid_kernel,
@@ -200,26 +221,30 @@ def _grid_forward(q, k, v, mask, causal, scale, block_q, block_k, interpret, pla
         block_k=block_k,
         has_mask=mask is not None,
         residuals=residuals,
+        tiles=tiles,
     )
     lanes = STAT_LANES[plat]
-    out_specs, out_shape = _outputs(
-        q, v, block_q, lambda b_, h, i, j: (b_, h, i, 0), residuals, lanes
-    )
+    out_specs, out_shape = _outputs(q, v, block_q, row, residuals, lanes)
+    prefetch = [tiles.table] if tiles else []
     return pallas_call(
         kernel,
-        grid=(b, hq, sq // block_q, sk // block_k),
-        in_specs=in_specs,
-        out_specs=out_specs,
+        grid_spec=grid_spec(
+            plat,
+            len(prefetch),
+            grid=(b, hq, sq // block_q, sk // block_k),
+            in_specs=in_specs,
+            out_specs=out_specs,
+            scratch_shapes=[
+                scratch(plat, (block_q, lanes), F32),
+                scratch(plat, (block_q, lanes), F32),
+                scratch(plat, (block_q, dv), F32),
+            ],
+        ),
         out_shape=out_shape,
-        scratch_shapes=[
-            scratch(plat, (block_q, lanes), F32),
-            scratch(plat, (block_q, lanes), F32),
-            scratch(plat, (block_q, dv), F32),
-        ],
         interpret=interpret,
         compiler_params=compiler_params(plat, ("parallel", "parallel", "parallel", "arbitrary")),
         name="torchjax_flash_attention_fwd",
-    )(*args)
+    )(*prefetch, *args)
 
 
 def _loop_kernel(*refs, scale, causal, block_q, block_k, seq_k, has_mask, residuals):

@@ -195,6 +195,19 @@ def pallas_call(kernel, **kwargs):
 #   kernel's products do not use it: float32 inputs came out 7e-3 from CPU torch. Its
 #   wrapper enters ``jax.default_matmul_precision("highest")`` for float32 inputs, in the
 #   forward and every backward (``in_32bit_mode``), which its products then follow.
+def grid_spec(plat: str, num_scalar_prefetch: int, **kwargs):
+    """A grid spec with ``num_scalar_prefetch`` leading operands prefetched into SMEM and
+    passed to the index maps (``pltpu.PrefetchScalarGridSpec``; TPU and interpret mode),
+    or a plain ``pl.GridSpec`` without."""
+    if not num_scalar_prefetch:
+        return pl.GridSpec(**kwargs)
+    if plat == "gpu":
+        raise ValueError("torchjax.pallas: no scalar prefetch on platform 'gpu' (Triton)")
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=num_scalar_prefetch, **kwargs)
+
+
 F32 = jnp.float32
 
 
