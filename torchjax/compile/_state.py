@@ -83,6 +83,7 @@ class StateWalk:
         self.grad_flags = []
         self.optimizers = []
         self.modules = []
+        self.configs = []  # Note [A module's config is a guard]
         self.scalars = []
         self.host = []
         self._seen_storage = set()
@@ -140,6 +141,10 @@ class StateWalk:
                 continue
             seen.add(id(mod))
             self.modules.append(mod)
+            config = mod.__dict__.get("config")
+            if config is not None and id(config) not in seen:
+                seen.add(id(config))
+                self.configs.append(config)
             for p in mod._parameters.values():
                 if p is not None:
                     self.add_tensor(p)
@@ -156,6 +161,11 @@ class StateWalk:
             mod = ref()
             if mod is not None:
                 self.add(mod.__dict__.get(name))
+
+    def config_key(self) -> tuple:
+        """The plain values of every module's ``config`` (Note [A module's config is a
+        guard])."""
+        return tuple(_plain_values(c) for c in self.configs)
 
     def training_flags(self) -> tuple[bool, ...]:
         """``module.training`` of every module seen: tracing depends on them."""
@@ -233,6 +243,41 @@ class StateWalk:
             self.scalars.append(value_key(v))
         else:
             self.add(v, depth)
+
+
+# Note [A module's config is a guard]
+# A model's forward reads its configuration in Python at trace time: transformers
+# dispatches attention and MoE experts by ``config._attn_implementation`` and
+# ``config._experts_implementation`` (``set_attn_implementation``,
+# ``set_experts_implementation``), and reads flags such as ``use_cache`` or
+# ``output_router_logits`` from it. Changed after a call, a program keyed without them
+# would run the old code: a silent wrong result, in an automatically compiled
+# ``generate`` too. Dynamo guards on the attributes a graph reads; here the plain values
+# (numbers, strings, None, dtypes, and lists, tuples and dicts of them) of the object
+# each module holds as ``config`` are part of a call's key, so a change traces again. A
+# composite model's text and vision configs are the ``config`` of the modules that read
+# them. One dict lookup per module finds the configs (shared objects are read once), and
+# a config's values are read on every call (about 40 for a transformers config, some
+# 10-20 us). Other plain attributes of modules are read at trace time, as
+# documented (docs/compiled.md).
+
+_PLAIN = frozenset({type(None), bool, int, float, complex, str, torch.dtype})
+
+
+def _plain_values(obj) -> tuple:
+    out = []
+    for name, v in vars(obj).items():
+        t = type(v)
+        if t in _PLAIN:
+            out.append((name, value_key(v)))
+        elif t in (list, tuple, dict):
+            try:
+                key = value_key(v)
+                hash(key)
+            except TypeError:  # holds something unhashable: not a plain setting
+                continue
+            out.append((name, key))
+    return tuple(out)
 
 
 def _global_names(code) -> list[str]:

@@ -1,0 +1,69 @@
+"""A module's ``config`` is part of a compiled call's key (Note [A module's config is a
+guard] in torchjax/compile/_state.py): switching a transformers model's experts or
+attention implementation after a compiled call runs the new code, as CPU does, in
+``torchjax.jit`` and in the automatically compiled ``generate``; an unchanged config
+reuses the program."""
+
+import os
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import transformers  # noqa: E402
+from transformers.integrations.moe import ExpertsInterface  # noqa: E402
+
+import torchjax  # noqa: E402
+from tests.integrations import tiny_models  # noqa: E402
+
+
+def _scaled_experts(self, hidden, index, weights):
+    """transformers' grouped_mm experts, scaled: a visibly different model."""
+    return -50 * ExpertsInterface._global_mapping["grouped_mm"](self, hidden, index, weights)
+
+
+def _moe():
+    ExpertsInterface.register("test_scaled_experts", _scaled_experts)
+    torch.manual_seed(0)
+    return transformers.Qwen3MoeForCausalLM(tiny_models.ARCHITECTURES["qwen3_moe"][1]()).eval()
+
+
+def _generate(model, ids):
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0).cpu()
+
+
+def test_generate_follows_set_experts_implementation():
+    model = _moe()
+    ids = torch.randint(1, 128, (1, 5), generator=torch.Generator().manual_seed(1))
+    want = {}
+    for impl in ("grouped_mm", "test_scaled_experts"):
+        model.set_experts_implementation(impl)
+        want[impl] = _generate(model, ids)
+    assert not torch.equal(*want.values())  # the two models differ
+    model.to("tpu")
+    for impl in ("grouped_mm", "test_scaled_experts", "grouped_mm"):
+        model.set_experts_implementation(impl)
+        assert torch.equal(_generate(model, ids.to("tpu")), want[impl]), impl
+    step = vars(model)["forward"].decode_step
+    assert step.cache_hits > 0  # the third call found the first's program
+
+
+def test_jit_forward_follows_config_changes():
+    model = _moe()
+    ids = torch.randint(1, 128, (2, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = {}
+        for impl in ("grouped_mm", "test_scaled_experts"):
+            model.set_experts_implementation(impl)
+            want[impl] = model(ids).logits
+        model.to("tpu")
+        forward = torchjax.jit(lambda x: model(x).logits)
+        for impl in ("grouped_mm", "test_scaled_experts", "grouped_mm"):
+            model.set_experts_implementation(impl)
+            torch.testing.assert_close(forward(ids.to("tpu")).cpu(), want[impl])
+        assert forward.trace_count == 2
+        assert "config" in forward.last_retrace_reason
+        model.config.output_router_logits = True  # a plain flag the forward reads
+        out = forward(ids.to("tpu"))
+        assert forward.trace_count == 3
+    torch.testing.assert_close(out.cpu(), want["grouped_mm"])
