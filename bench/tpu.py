@@ -25,7 +25,9 @@
   the pure-JAX model's whole loop in one ``jax.jit`` and the HBM roofline (every weight and
   the filled cache read once per step at 819 GB/s);
 - ``attention``, ``kernels``: the flash, decode and ragged-dot kernels against jax's own
-  TPU kernels, XLA and the roofline (bench/tpu_kernels.py says what each row runs).
+  TPU kernels, XLA and the roofline (bench/tpu_kernels.py says what each row runs);
+- ``moe``: a MoE model that fits the chip, decoding and training with transformers'
+  ``grouped_mm`` experts and with torchjax's ragged dot (bench/tpu_moe.py).
 
 Writes the report (markdown) to ``--out`` (default bench/results_tpu.md) and prints it; a
 run of some sections replaces those sections of an existing report and keeps the others.
@@ -65,7 +67,9 @@ from bench.common import block_torch, header  # noqa: E402
 
 HBM_BYTES_PER_S = 819e9
 FLOPS_PER_S = 197e12
-SECTIONS = ("tier", "pallas", "precision", "seed", "numerics", "decode", "attention", "kernels")
+SECTIONS = (
+    "tier", "pallas", "precision", "seed", "numerics", "decode", "attention", "kernels", "moe",
+)  # fmt: skip
 CHILD_SECTIONS = ("tier", "pallas")  # pytest in a child process, which must hold the chip
 TITLE = "torchjax on the chip: bench/tpu.py"
 
@@ -294,6 +298,12 @@ def attention(ctx) -> dict:
 
 def kernels(ctx) -> dict:
     return tpu_kernels.kernels(ctx)
+
+
+def moe(ctx) -> dict:
+    from bench import tpu_moe
+
+    return tpu_moe.moe(ctx)
 
 
 # -- report ----------------------------------------------------------------------------
