@@ -82,6 +82,8 @@ def test_uninstall_restores_every_original():
             "run_backward": torch.autograd.graph._engine_run_backward,
             "ckpt_inputs": torch.utils.checkpoint._CheckpointFrame.__dict__["get_inputs"],
             "ckpt_detach": torch.utils.checkpoint.detach_variable,
+            "hooks_off": torch._C._autograd._saved_tensors_hooks_disable,
+            "hooks_on": torch._C._autograd._saved_tensors_hooks_enable,
         }
         meta_path = list(sys.meta_path)
         skip_dirs = list(trace_rules.SKIP_DIRS)
@@ -125,6 +127,8 @@ def test_uninstall_restores_every_original():
         frame = torch.utils.checkpoint._CheckpointFrame
         assert frame.__dict__["get_inputs"] is not before["ckpt_inputs"]
         assert torch.utils.checkpoint.detach_variable is not before["ckpt_detach"]
+        assert torch._C._autograd._saved_tensors_hooks_disable is not before["hooks_off"]
+        assert torch._C._autograd._saved_tensors_hooks_enable is not before["hooks_on"]
         assert torch.accelerator.empty_cache is not before["acc_empty_cache"]
         assert torch.accelerator.memory.memory_stats is not before["acc_memory_stats"]
         assert inspect.signature(torch.accelerator.memory.memory_stats) == inspect.signature(
@@ -177,6 +181,8 @@ def test_uninstall_restores_every_original():
         frame = torch.utils.checkpoint._CheckpointFrame
         assert frame.__dict__["get_inputs"] is before["ckpt_inputs"]
         assert torch.utils.checkpoint.detach_variable is before["ckpt_detach"]
+        assert torch._C._autograd._saved_tensors_hooks_disable is before["hooks_off"]
+        assert torch._C._autograd._saved_tensors_hooks_enable is before["hooks_on"]
         assert torch.nn.Module.__dict__["_apply"] is before["apply"]
         assert torch.__future__.get_swap_module_params_on_conversion is before["swap_flag"]
         assert torch.load is torch.serialization.load is before["torch_load"]
@@ -248,6 +254,7 @@ def test_uninstall_restores_every_original():
         "torch.autograd._engine_run_backward",
         "torch.utils.checkpoint._CheckpointFrame.get_inputs",
         "torch.utils.checkpoint.detach_variable",
+        "torch._C._autograd._saved_tensors_hooks_disable and _enable",
         "torch.nn.Module._apply",
         "torch.__future__.get_swap_module_params_on_conversion",
         "torch.load",

@@ -44,6 +44,14 @@ how it is undone.
   the inputs the recomputation starts from pass through an optimization barrier when
   they are traced (Note [Checkpointed regions in compiled programs]). Eager and CPU
   inputs pass unchanged. Same signatures. Undo: torch's method and function put back.
+- ``torch._C._autograd._saved_tensors_hooks_disable and _enable`` (compile/_func_transforms.py
+  through _compat/torch_saved_hooks.py; torch 2.13). ``torch.func.grad``, ``vjp`` and
+  ``jacrev`` switch saved-tensor hooks off and refuse to run while any is on the stack,
+  and a compiled program's trace keeps its own there: every such transform failed inside
+  ``torchjax.jit`` and ``torch.compile(backend="tpu")``. While a trace's hooks are
+  innermost, switching off takes them off the stack and switching on puts them back
+  (Note [torch.func transforms in compiled programs]); otherwise both call torch's
+  functions only. Same signatures. Undo: torch's functions put back.
 - ``torch.nn.Module._apply`` and ``torch.__future__.get_swap_module_params_on_conversion``
   (device/_registration.py through _compat/torch.py; torch 2.13). Moving a module off
   tpu (``model.cpu()``) made a new Parameter per module, untying tied weights and

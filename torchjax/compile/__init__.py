@@ -5,7 +5,7 @@ tracers inside tpu tensors; ``torch.compile(backend="tpu")`` runs Dynamo's FX gr
 same way.
 """
 
-from torchjax.compile import _default_backend, _remat
+from torchjax.compile import _default_backend, _func_transforms, _remat
 from torchjax.compile._buckets import bucketed as bucketed
 from torchjax.compile._export import export as export
 from torchjax.compile._jit import DynamicShapesWarning as DynamicShapesWarning
@@ -19,6 +19,9 @@ _default_backend.install()
 # A checkpointed region is recomputed in a compiled program, not merged with its forward
 # (Note [Checkpointed regions in compiled programs] in _remat.py).
 _remat.install()
+# torch.func's grad, vjp and jacrev run inside a compiled function (Note [torch.func
+# transforms in compiled programs] in _func_transforms.py).
+_func_transforms.install()
 
 
 def dynamo_stats() -> dict:

@@ -63,6 +63,7 @@ import torch
 from jax.extend.core import jaxpr_as_fun
 
 from torchjax._compat.jax import trace_of, x64
+from torchjax.compile._func_transforms import suspendable
 from torchjax.ops import layouts
 from torchjax.tensor import _backward_errors
 from torchjax.tensor import random as _rng
@@ -88,7 +89,9 @@ class Saved:
         self._replay = None
 
     def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        # Off the stack while a torch.func transform runs (Note [torch.func transforms
+        # in compiled programs] in _func_transforms.py).
+        return suspendable(torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack))
 
     def _pack(self, t):
         h = _Handle()
