@@ -24,7 +24,7 @@ import torch
 
 import torchjax
 import torchjax.sharding as ts
-from tests.sharding import _architecture_cases, _moe_cases
+from tests.sharding import _architecture_cases, _moe_cases, _plan_cases
 from torchjax.sharding import P
 
 CASES: dict = {}
@@ -419,6 +419,7 @@ def dp_fsdp_jit_train_step():
 
 CASES.update(_moe_cases.CASES)  # Hub-layout MoE checkpoints under tensor parallelism
 CASES.update(_architecture_cases.CASES)  # the other tiny architectures, with or without a plan
+CASES.update(_plan_cases.CASES)  # a user's tp_plan dict, as transformers resolves it
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from torchjax.checkpoint import SafetensorsFile
 from torchjax.device._mesh import get_mesh, make_mesh
 from torchjax.sharding._conversions import checkpoint_layout, run_converter
 from torchjax.sharding._placement import shard
-from torchjax.sharding._plan import plan_shardings
+from torchjax.sharding._plan import load_plan, shardings_for
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import wrap
 
@@ -47,8 +47,9 @@ class TensorParallelConfig:
         mesh: the ``jax.sharding.Mesh`` (may have more axes than ``axis``, which then
             replicate); default: the active ``torchjax.mesh``, else a 1-D mesh of the
             first ``tp_size`` devices.
-        plan: ``"auto"`` (the model's own ``tp_plan``) or a ``{pattern: style}`` dict,
-            as transformers' ``DistributedConfig(tp_plan=...)``.
+        plan: ``"auto"`` (the model's own ``tp_plan``) or a ``{pattern: style}`` dict
+            overriding rules of it, as transformers' ``DistributedConfig(tp_plan=...)``
+            (Note [Which plan applies] in torchjax/sharding/_plan.py).
         axis: the mesh axis the plan shards over.
         tp_size: the number of devices, when no mesh is given or active (default: all).
     """
@@ -110,8 +111,10 @@ def load_pretrained(
 
     Raises:
         FileNotFoundError: no safetensors in ``path``. KeyError: a parameter missing from
-        the checkpoint (other than tied ones). ValueError: as ``parallelize``. An error of
-        a transformers conversion operation, as ``from_pretrained`` raises it.
+        the checkpoint (other than tied ones). ValueError: a plan key that names nothing
+        in the model, no plan, a style transformers does not know (Note [Which plan
+        applies] in torchjax/sharding/_plan.py). An error of a transformers conversion
+        operation, as ``from_pretrained`` raises it.
     """
     from transformers import AutoConfig
 
@@ -125,7 +128,8 @@ def load_pretrained(
             model = model_class.from_config(config, dtype=dtype)
         else:
             model = model_class._from_config(config, dtype=dtype)
-    shardings = plan_shardings(model, tp.plan, mesh, tp.axis)
+    plan = load_plan(model, tp.plan, mesh, tp.axis)
+    shardings = shardings_for(model, plan, mesh, tp.axis)
     tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
     with _HostReader(files) as host:
         layout = checkpoint_layout(model, files, host.read, key_mapping)

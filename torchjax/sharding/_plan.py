@@ -5,7 +5,9 @@ A plan maps module (or parameter) name patterns to styles, exactly as transforme
 "colwise"``). Matching follows transformers' ``_get_parameter_plan``
 (transformers/distributed/parallel_utils.py): a parameter's name with its layer numbers
 replaced by ``*`` (``replace_layer_number_by_wildcard``: ``.3.`` -> ``.*.``) is looked up
-in the plan, then the name of its module.
+in the plan, then the name of its module. Which plan applies - the model's own, a user's
+dict over it at load time, a dict alone for ``parallelize`` - and how it is checked:
+Note [Which plan applies].
 
 Note [Tensor parallelism under GSPMD]
 transformers implements each style with DTensors: local matmuls plus the collectives the
@@ -50,6 +52,7 @@ hold a shorter one.
 
 from __future__ import annotations
 
+import itertools
 import re
 import warnings
 
@@ -108,69 +111,177 @@ def param_spec(style: str, param_name: str, ndim: int, axis: str) -> PartitionSp
     return PartitionSpec(*(axis if d == dim else None for d in range(ndim)))
 
 
-def resolve_plan(model: torch.nn.Module, plan) -> dict:
-    """``plan`` as a dict; ``"auto"`` reads the model's own.
+# ``_ACCEPTED``: every style transformers knows (its ALL_PARALLEL_STYLES, in the order
+# a from_pretrained process registers them, for its "Supported styles are [...]").
+# ``_UNPLACED``: those torchjax does not place, the expert-parallel ones, which split
+# experts over ranks and dispatch tokens to them. A plan may name them, as in
+# transformers; their parameters stay replicated, with a warning.
+# tests/sharding/test_plan.py checks both against the installed transformers.
+_UNPLACED = ("grouped_gemm", "ep_dispatch_experts")
+_ACCEPTED = (
+    "embedding_rowwise", "embedding_colwise", "colwise_gather_output", "colwise_rep",
+    "colwise", "rowwise", "rowwise_split_input", "rowwise_rep", "packed_colwise",
+    "packed_rowwise", "sequence_parallel", "replicated_with_grad_allreduce", "mla_kv_a_proj",
+    "all_reduce", "moe_tp_experts", "moe_identity_expert", "local_params", "replicate",
+    *_UNPLACED,
+)  # fmt: skip
 
-    ``"auto"``: a transformers ``PreTrainedModel``'s ``model.tp_plan`` (its class
-    ``_tp_plan``, e.g. ``{"lm_head": "colwise_gather_output"}``, merged with
-    ``config.base_model_tp_plan`` under the base model's prefix and the vocab-parallel
-    ``embed_tokens`` entry, as transformers builds it in ``init_parallel_plans``), else
-    ``config.base_model_tp_plan`` prefixed with ``base_model_prefix`` when the model
-    wraps its base model.
+# Note [Which plan applies]
+# transformers gives a model its plan in two ways, and torchjax follows each
+# (transformers/distributed/mixin.py, written against 5.24):
+#
+# - Loading: ``from_pretrained(tp_plan=...)`` or ``DistributedConfig(tp_plan=...)``
+#   (``_resolve_parallel_plans``). ``"auto"`` (or None) is the model's own plan; a dict
+#   *overrides rules of it*: ``own | user``, the user's style winning where both name a
+#   key, the model's other rules kept, and ``{}`` applying no rule at all. A user key
+#   that is neither a module or parameter name (layer numbers as ``*``) nor a rule of the
+#   model's own raises ``ValueError("`tp_plan` keys [...] match nothing in Cls.")``, and
+#   an empty plan raises ValueError. ``load_pretrained`` with ``TensorParallelConfig(plan=...)``
+#   and the ``from_pretrained`` it serves are this path (``load_plan``). A dict that
+#   replaced the model's plan, its unmatched keys ignored, was the earlier way.
+# - Setting: ``model.tp_plan = {...}`` replaces the plan. ``parallelize(model, dict)`` is
+#   this path: the dict is the whole plan (``resolve_plan``).
+#
+# Both then check the plan as transformers' ``_validate_parallel_plan`` does: a style
+# transformers does not know raises ``ValueError("Unsupported `tp_plan` styles: {...}.
+# Supported styles are [...]")``, and rules that name nothing in the model are reported
+# as "`tp_plan` rules [...] match nothing in Cls and will not be applied." transformers
+# logs that line on its logger; torchjax gives it as a UserWarning, as it gives its other
+# plan warnings (uneven dims, styles it does not place), so one ``warnings`` filter sees
+# them all. Models' own plans can trigger it, as in transformers (Qwen3-MoE's dense MLP
+# rules name no module of its all-MoE layers).
+
+
+def model_plan(model: torch.nn.Module) -> dict:
+    """The model's own plan (``{}`` when it has none): a transformers ``PreTrainedModel``'s
+    ``model.tp_plan`` (its class ``_tp_plan``, e.g. ``{"lm_head": "colwise_gather_output"}``,
+    merged with ``config.base_model_tp_plan`` under the base model's prefix and the
+    vocab-parallel ``embed_tokens`` entry, as transformers builds it in
+    ``init_parallel_plans``), else ``config.base_model_tp_plan`` prefixed with
+    ``base_model_prefix`` when the model wraps its base model."""
+    own = dict(getattr(model, "tp_plan", None) or {})
+    if not own:
+        config = getattr(model, "config", None)
+        base = dict(getattr(config, "base_model_tp_plan", None) or {})
+        prefix = getattr(model, "base_model_prefix", "")
+        if base and prefix and getattr(model, prefix, None) is not None:
+            base = {f"{prefix}.{k}": v for k, v in base.items()}
+        own = {**dict(getattr(type(model), "_tp_plan", None) or {}), **base}
+    return own
+
+
+def _rule_names(model: torch.nn.Module) -> set[str]:
+    """What a plan's keys can name: every module and parameter, layer numbers as ``*``."""
+    named = itertools.chain(model.named_modules(), model.named_parameters())
+    return {wildcard_name(name) for name, _ in named}
+
+
+def _check(model: torch.nn.Module, plan: dict, names: set[str] | None = None) -> None:
+    """transformers' ``_validate_parallel_plan`` (Note [Which plan applies]), and a
+    warning for the styles torchjax does not place."""
+    unsupported = {style for style in plan.values() if style not in _ACCEPTED}
+    if unsupported:
+        raise ValueError(
+            f"Unsupported `tp_plan` styles: {unsupported}. Supported styles are {list(_ACCEPTED)}"
+        )
+    unplaced = sorted({style for style in plan.values() if style in _UNPLACED})
+    if unplaced:
+        warnings.warn(
+            f"torchjax.sharding: the plan uses styles {unplaced} that torchjax does not place "
+            "yet; their parameters stay replicated",
+            stacklevel=4,
+        )
+    if unused := plan.keys() - (_rule_names(model) if names is None else names):
+        warnings.warn(
+            f"`tp_plan` rules {sorted(unused)} match nothing in {type(model).__name__} and "
+            "will not be applied.",
+            stacklevel=4,
+        )
+
+
+def resolve_plan(model: torch.nn.Module, plan) -> dict:
+    """``parallelize``'s plan as a dict: ``"auto"`` the model's own (``model_plan``), a
+    dict the whole plan, as ``model.tp_plan = plan`` sets it (Note [Which plan applies]).
 
     Raises:
-        ValueError: ``"auto"`` on a model without a plan; an unknown style in a dict plan.
+        ValueError: ``"auto"`` on a model without a plan; a style transformers does not
+            know. TypeError: neither a dict nor ``"auto"``.
     """
-    if plan == "auto":
-        resolved = dict(getattr(model, "tp_plan", None) or {})
-        if not resolved:
-            config = getattr(model, "config", None)
-            base = dict(getattr(config, "base_model_tp_plan", None) or {})
-            prefix = getattr(model, "base_model_prefix", "")
-            if base and prefix and getattr(model, prefix, None) is not None:
-                base = {f"{prefix}.{k}": v for k, v in base.items()}
-            resolved = {**dict(getattr(type(model), "_tp_plan", None) or {}), **base}
+    if isinstance(plan, dict):
+        resolved = dict(plan)
+    elif plan == "auto":
+        resolved = model_plan(model)
         if not resolved:
             raise ValueError(
                 f"torchjax.sharding.parallelize: plan='auto' but {type(model).__name__} has no "
                 "tensor-parallel plan (no model.tp_plan or config.base_model_tp_plan); pass a "
                 "dict such as {'layers.*.mlp.up_proj': 'colwise', ...}"
             )
-        unknown = {s for s in resolved.values() if s not in STYLES}
-        if unknown:
-            warnings.warn(
-                f"torchjax.sharding: the model's plan uses styles {sorted(unknown)} that torchjax "
-                "does not place yet; their parameters stay replicated",
-                stacklevel=3,
-            )
-        return resolved
-    if not isinstance(plan, dict):
+    else:
         raise TypeError(
             f"torchjax.sharding.parallelize: plan must be a dict or 'auto', got {plan!r}"
         )
-    unknown = {s for s in plan.values() if s not in STYLES}
-    if unknown:
-        raise ValueError(
-            f"torchjax.sharding.parallelize: unknown styles {sorted(unknown)}; supported: "
-            f"{sorted(STYLES)}"
+    _check(model, resolved)
+    return resolved
+
+
+def load_plan(model: torch.nn.Module, plan, mesh, axis: str) -> dict:
+    """The plan a load applies, as transformers resolves ``DistributedConfig(tp_plan=plan)``:
+    ``"auto"`` or None the model's own, a dict overriding rules of it (Note [Which plan
+    applies]).
+
+    Raises:
+        ValueError: a key that names nothing in the model and no rule of its own
+            (transformers' message); no rule to shard with; a
+            style transformers does not know (transformers' message). TypeError: ``plan``
+            is neither a dict nor ``"auto"``.
+    """
+    _axis_size(mesh, axis, "torchjax.sharding.parallelize")
+    own = model_plan(model)
+    names = _rule_names(model)
+    if isinstance(plan, dict):
+        if unknown := plan.keys() - names - own.keys():
+            raise ValueError(
+                f"`tp_plan` keys {sorted(unknown)} match nothing in {type(model).__name__}."
+            )
+        resolved = own | plan if plan else {}
+    elif plan is None or plan == "auto":
+        resolved = own
+    else:
+        raise TypeError(
+            f"torchjax.sharding.parallelize: plan must be a dict or 'auto', got {plan!r}"
         )
-    return dict(plan)
+    if not resolved:
+        raise ValueError(
+            f"torchjax.sharding.parallelize: plan='auto' but {type(model).__name__} has no "
+            "tensor-parallel plan (no model.tp_plan or config.base_model_tp_plan); pass a "
+            "dict such as {'layers.*.mlp.up_proj': 'colwise', ...}"
+        )
+    _check(model, resolved, names)
+    return resolved
+
+
+def _axis_size(mesh, axis: str, call: str) -> int:
+    if axis not in mesh.axis_names:
+        raise ValueError(f"{call}: axis {axis!r} is not a mesh axis {mesh.axis_names}")
+    return mesh.shape[axis]
 
 
 def plan_shardings(model: torch.nn.Module, plan, mesh=None, axis: str = "tp") -> dict:
     """``{parameter name: NamedSharding}`` for every parameter of ``model`` (tied ones
-    under each of their names) without moving anything; used by ``parallelize`` and by
-    loading (on a meta-device model), which reads each device's block straight from the
-    checkpoint. ``plan``, ``mesh``, ``axis`` as for ``parallelize``. Parameters whose
-    sharded dim does not divide evenly get a replicated sharding and are listed in one
-    warning.
+    under each of their names) without moving anything. ``plan``, ``mesh``, ``axis`` as
+    for ``parallelize``. Parameters whose sharded dim does not divide evenly get a
+    replicated sharding and are listed in one warning.
     """
     mesh = resolve_mesh(mesh, "torchjax.sharding.parallelize")
-    if axis not in mesh.axis_names:
-        raise ValueError(
-            f"torchjax.sharding.parallelize: axis {axis!r} is not a mesh axis {mesh.axis_names}"
-        )
-    plan = resolve_plan(model, plan)
+    _axis_size(mesh, axis, "torchjax.sharding.parallelize")
+    return shardings_for(model, resolve_plan(model, plan), mesh, axis)
+
+
+def shardings_for(model: torch.nn.Module, plan: dict, mesh, axis: str) -> dict:
+    """``plan_shardings`` for a resolved ``plan`` (``resolve_plan``, ``load_plan``); used
+    by loading too (on a meta-device model), which reads each device's block straight
+    from the checkpoint."""
     size = mesh.shape[axis]
     out, uneven = {}, []
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -210,7 +321,9 @@ def parallelize(
             tied parameters stay one Parameter; buffers stay where they are: move them
             with ``model.to("tpu")`` afterwards, which keeps the shardings).
         plan: ``{pattern: style}`` with transformers' styles and matching rules (see
-            module docstring), or ``"auto"`` for the model's own plan.
+            module docstring): the whole plan, as ``model.tp_plan = plan`` sets it in
+            transformers (loading merges a dict into the model's own plan instead:
+            Note [Which plan applies]); or ``"auto"`` for the model's own plan.
         mesh: the ``jax.sharding.Mesh`` (default: the active ``torchjax.mesh``). Axes
             other than ``axis`` replicate (e.g. a ``("dp", "tp")`` mesh).
         axis: the mesh axis the styles shard over.
@@ -226,8 +339,15 @@ def parallelize(
     Raises:
         ValueError: no mesh, ``axis`` not in it, an unknown style, ``"auto"`` without a
             plan.
+
+    Warns:
+        UserWarning: rules that name nothing in ``model`` (transformers' words for them),
+        and as ``plan_shardings``.
     """
-    shardings = plan_shardings(model, plan, mesh, axis)
+    mesh = resolve_mesh(mesh, "torchjax.sharding.parallelize")
+    _axis_size(mesh, axis, "torchjax.sharding.parallelize")
+    plan = resolve_plan(model, plan)
+    shardings = shardings_for(model, plan, mesh, axis)
     placed: dict[int, torch.nn.Parameter] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         new = placed.get(id(p))
@@ -241,8 +361,7 @@ def parallelize(
         module_name, _, attr = name.rpartition(".")
         model.get_submodule(module_name)._parameters[attr] = new
     if activation_constraints:
-        mesh = resolve_mesh(mesh, "torchjax.sharding.parallelize")
-        _install_constraints(model, resolve_plan(model, plan), mesh, axis)
+        _install_constraints(model, plan, mesh, axis)
     return model
 
 
