@@ -12,9 +12,11 @@ and Gemma 3 are _cases.py's own; here are the rest, each checkpoint written by
   "tp" on the dim its style splits, a quarter of its bytes per device; the rest whole
   on every device), ties and computed buffers as on CPU;
 - without one (GPT-2, T5): the same call raises ``ValueError`` naming the model, as
-  transformers raises for ``tp_size=4`` on such a model. (On CPU in one process
-  transformers derives ``tp_size=1`` from ``WORLD_SIZE`` and loads the model unsharded;
-  a 4-device "tp" mesh asks for four ranks' worth of tensor parallelism.)
+  transformers raises for ``tp_size=4`` on such a model, and the call made (not
+  ``parallelize``) and the ways out: a dict plan, which then loads and gives CPU's
+  logits, or a load without ``tp_plan``. (On CPU in one process transformers derives
+  ``tp_size=1`` from ``WORLD_SIZE`` and loads the model unsharded, as a 1-device "tp"
+  mesh does; a 4-device one asks for four ranks' worth of tensor parallelism.)
 
 ``TINY_CASES`` names the case of every tiny architecture, here or in the other modules.
 
@@ -53,6 +55,11 @@ PLANNED = {
 }
 # name -> (Auto class, config factory, attn_implementation)
 NO_PLAN = {"gpt2": tiny.ARCHITECTURES["gpt2"], "t5": tiny.ARCHITECTURES["t5"]}
+# name -> a module rule of the plan a user passes such a model
+NO_PLAN_RULES = {
+    "gpt2": "transformer.h.*.mlp.c_fc",
+    "t5": "encoder.block.*.layer.*.DenseReluDense.wi",
+}
 
 # case suffix -> (name, dtype the checkpoint is saved in, from_pretrained's dtype= or None)
 DTYPES = {
@@ -191,19 +198,50 @@ def _check_no_plan(name: str):
             assert f"`{type(ref).__name__}` has no `tp_plan`" in theirs, theirs
         else:
             raise AssertionError(f"transformers planned tensor parallelism for {name}")
+        cls = type(ref).__name__
         with torchjax.mesh((TP,), ("tp",), devices=jax.devices()[:TP]):
-            try:
-                auto.from_pretrained(
+            # The error names the call made and the ways out (Note [Which plan applies]).
+            for call, load in {
+                "from_pretrained(..., tp_plan='auto')": lambda: auto.from_pretrained(
                     path, device_map="tpu", tp_plan="auto", attn_implementation=attn
-                )
-            except ValueError as e:
-                ours = str(e)
-                assert f"{type(ref).__name__} has no tensor-parallel plan" in ours, ours
-            else:
-                raise AssertionError(f"a tensor-parallel load of {name} without a plan passed")
+                ),
+                "torchjax.sharding.load_pretrained(..., TensorParallelConfig(plan='auto'))": (
+                    lambda: ts.load_pretrained(auto, path, ts.TensorParallelConfig())
+                ),
+            }.items():
+                try:
+                    load()
+                except ValueError as e:
+                    ours = str(e)
+                    assert ours.startswith(f"{call}: {cls} has no tensor-parallel plan"), ours
+                    assert "Pass a plan naming its modules" in ours, ours
+                    assert "load it without tensor parallelism" in ours, ours
+                    assert "parallelize" not in ours, ours
+                else:
+                    raise AssertionError(f"a tensor-parallel load of {name} without a plan passed")
+            # Taking the advice: a plan of its own modules loads, and gives CPU's logits.
+            plan = {NO_PLAN_RULES[name]: "colwise"}
+            theirs_plan, _, _ = _model(NO_PLAN[name])._resolve_parallel_plans(
+                DistributedConfig(tp_size=TP, tp_plan=plan)
+            )  # transformers accepts it
+            model = auto.from_pretrained(
+                path, device_map="tpu", tp_plan=plan, attn_implementation=attn
+            )
+            split = [n for n, p in model.named_parameters() if ts.sharding_of(p).spec != P()]
+            assert split and set(split) <= set(theirs_plan), (split, theirs_plan)
+            with torch.no_grad():
+                _close(model(**{k: ts.shard(v, P()) for k, v in batch.items()}).logits, want)
+        # One device is no tensor parallelism: the model loads unsharded, as transformers
+        # loads it with tp_size=1.
+        with torchjax.mesh((1,), ("tp",), devices=jax.devices()[:1]):
+            model = auto.from_pretrained(
+                path, device_map="tpu", tp_plan="auto", attn_implementation=attn
+            )
+            with torch.no_grad():
+                _close(model(**{k: ts.shard(v, P()) for k, v in batch.items()}).logits, want)
     finally:
         shutil.rmtree(path, ignore_errors=True)
-    return {"transformers": theirs[:120], "torchjax": ours[:120]}
+    return {"transformers": theirs[:120], "torchjax": ours[:160], "split": split}
 
 
 def _check_dtype(case: str):

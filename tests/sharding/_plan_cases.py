@@ -144,6 +144,14 @@ def tp_plan_refusals_are_transformers():
                     ours = _refusal(functools.partial(load, "qwen3", path, plan))
                     assert str(ours) == str(theirs), (what, str(ours), str(theirs))
                 messages[what] = str(theirs)[:80]
+            # {} applies no rule, and transformers refuses tensor parallelism without one.
+            assert "has no `tp_plan`" in str(_theirs("qwen3", {}))
+            ours = str(_refusal(functools.partial(_from_pretrained, "qwen3", path, {})))
+            assert ours.startswith(
+                "from_pretrained(..., tp_plan={}): the empty plan applies none of "
+                "Qwen3ForCausalLM's rules"
+            ), ours
+            assert "tp_plan='auto' for its own rules" in ours, ours
     finally:
         shutil.rmtree(path, ignore_errors=True)
     return messages

@@ -112,10 +112,27 @@ def load_pretrained(
     Raises:
         FileNotFoundError: no safetensors in ``path``. KeyError: a parameter missing from
         the checkpoint (other than tied ones). ValueError: a plan key that names nothing
-        in the model, no plan, a style transformers does not know (Note [Which plan
-        applies] in torchjax/sharding/_plan.py). An error of a transformers conversion
-        operation, as ``from_pretrained`` raises it.
+        in the model, no plan over more than one device, a style transformers does not
+        know (Note [Which plan applies] in torchjax/sharding/_plan.py). An error of a
+        transformers conversion operation, as ``from_pretrained`` raises it.
     """
+    return load_sharded(
+        model_class, path, tp, dtype=dtype, key_mapping=key_mapping, **config_kwargs
+    )
+
+
+def load_sharded(
+    model_class,
+    path: str,
+    tp: TensorParallelConfig | None = None,
+    *,
+    dtype=None,
+    key_mapping: dict | None = None,
+    caller: str = "load_pretrained",
+    **config_kwargs,
+) -> torch.nn.Module:
+    """``load_pretrained``, its errors naming ``caller``: ``"load_pretrained"`` or
+    ``"from_pretrained"`` (the transformers call torchjax routes here)."""
     from transformers import AutoConfig
 
     tp = tp or TensorParallelConfig()
@@ -128,7 +145,7 @@ def load_pretrained(
             model = model_class.from_config(config, dtype=dtype)
         else:
             model = model_class._from_config(config, dtype=dtype)
-    plan = load_plan(model, tp.plan, mesh, tp.axis)
+    plan = load_plan(model, tp.plan, mesh, tp.axis, caller)
     shardings = shardings_for(model, plan, mesh, tp.axis)
     tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
     with _HostReader(files) as host:

@@ -136,7 +136,10 @@ _ACCEPTED = (
 #   key, the model's other rules kept, and ``{}`` applying no rule at all. A user key
 #   that is neither a module or parameter name (layer numbers as ``*``) nor a rule of the
 #   model's own raises ``ValueError("`tp_plan` keys [...] match nothing in Cls.")``, and
-#   an empty plan raises ValueError. ``load_pretrained`` with ``TensorParallelConfig(plan=...)``
+#   an empty plan over more than one device raises ValueError (transformers: "has no
+#   `tp_plan`"; here the message names the call and the way out). One device is no
+#   tensor parallelism: a model without a plan loads, replicated, as transformers loads
+#   it with ``tp_size=1``. ``load_pretrained`` with ``TensorParallelConfig(plan=...)``
 #   and the ``from_pretrained`` it serves are this path (``load_plan``). A dict that
 #   replaced the model's plan, its unmatched keys ignored, was the earlier way.
 # - Setting: ``model.tp_plan = {...}`` replaces the plan. ``parallelize(model, dict)`` is
@@ -174,6 +177,17 @@ def _rule_names(model: torch.nn.Module) -> set[str]:
     """What a plan's keys can name: every module and parameter, layer numbers as ``*``."""
     named = itertools.chain(model.named_modules(), model.named_parameters())
     return {wildcard_name(name) for name, _ in named}
+
+
+def _example_rule(model: torch.nn.Module) -> str:
+    """A plan key for an error message: the model's first layered module with a matrix."""
+    for name, module in model.named_modules():
+        weight = module._parameters.get("weight")
+        generic = wildcard_name(name)
+        if "*" in generic and weight is not None and weight.dim() == 2:
+            if not isinstance(module, torch.nn.Embedding):
+                return generic
+    return "layers.*.mlp.up_proj"
 
 
 def _check(model: torch.nn.Module, plan: dict, names: set[str] | None = None) -> None:
@@ -215,7 +229,7 @@ def resolve_plan(model: torch.nn.Module, plan) -> dict:
             raise ValueError(
                 f"torchjax.sharding.parallelize: plan='auto' but {type(model).__name__} has no "
                 "tensor-parallel plan (no model.tp_plan or config.base_model_tp_plan); pass a "
-                "dict such as {'layers.*.mlp.up_proj': 'colwise', ...}"
+                f"dict such as {{{_example_rule(model)!r}: 'colwise', ...}}"
             )
     else:
         raise TypeError(
@@ -225,18 +239,31 @@ def resolve_plan(model: torch.nn.Module, plan) -> dict:
     return resolved
 
 
-def load_plan(model: torch.nn.Module, plan, mesh, axis: str) -> dict:
+# How each loading call spells a plan, for its errors: (the call, its plan argument).
+_CALLS = {
+    "from_pretrained": ("from_pretrained(..., tp_plan={plan})", "tp_plan={plan}"),
+    "load_pretrained": (
+        "torchjax.sharding.load_pretrained(..., TensorParallelConfig(plan={plan}))",
+        "TensorParallelConfig(plan={plan})",
+    ),
+}
+
+
+def load_plan(model: torch.nn.Module, plan, mesh, axis: str, caller: str) -> dict:
     """The plan a load applies, as transformers resolves ``DistributedConfig(tp_plan=plan)``:
     ``"auto"`` or None the model's own, a dict overriding rules of it (Note [Which plan
-    applies]).
+    applies]). ``caller`` is ``"from_pretrained"`` or ``"load_pretrained"``: the call the
+    errors name.
 
     Raises:
         ValueError: a key that names nothing in the model and no rule of its own
-            (transformers' message); no rule to shard with; a
+            (transformers' message); no rule to shard with over more than one device; a
             style transformers does not know (transformers' message). TypeError: ``plan``
             is neither a dict nor ``"auto"``.
     """
-    _axis_size(mesh, axis, "torchjax.sharding.parallelize")
+    call, argument = _CALLS[caller]
+    call = call.format(plan=repr(plan))
+    size = _axis_size(mesh, axis, call)
     own = model_plan(model)
     names = _rule_names(model)
     if isinstance(plan, dict):
@@ -248,14 +275,21 @@ def load_plan(model: torch.nn.Module, plan, mesh, axis: str) -> dict:
     elif plan is None or plan == "auto":
         resolved = own
     else:
-        raise TypeError(
-            f"torchjax.sharding.parallelize: plan must be a dict or 'auto', got {plan!r}"
-        )
-    if not resolved:
+        raise TypeError(f"{call}: the plan must be a dict or 'auto', got {plan!r}")
+    if size > 1 and not resolved:
+        cls = type(model).__name__
+        example = argument.format(plan=f"{{{_example_rule(model)!r}: 'colwise', ...}}")
+        if own:
+            why = f"the empty plan applies none of {cls}'s rules"
+            example += f", or {argument.format(plan=repr('auto'))} for its own rules"
+        else:
+            why = (
+                f"{cls} has no tensor-parallel plan (no model.tp_plan or config.base_model_tp_plan)"
+            )
         raise ValueError(
-            f"torchjax.sharding.parallelize: plan='auto' but {type(model).__name__} has no "
-            "tensor-parallel plan (no model.tp_plan or config.base_model_tp_plan); pass a "
-            "dict such as {'layers.*.mlp.up_proj': 'colwise', ...}"
+            f"{call}: {why}, so nothing shards it over the {size} devices of mesh axis "
+            f"{axis!r}. Pass a plan naming its modules, e.g. {example}, or load it without "
+            "tensor parallelism: from_pretrained(path, device_map='tpu') without tp_plan."
         )
     _check(model, resolved, names)
     return resolved

@@ -212,11 +212,11 @@ def _wrap_from_pretrained(original):
                 "torchjax: a tensor-parallel from_pretrained on tpu takes the path and then "
                 f"keyword arguments only (got {len(args)} positional arguments)"
             )
-        from torchjax.sharding import load_pretrained
+        from torchjax.sharding._load import load_sharded
 
         dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
         dtype = None if dtype == "auto" else dtype
-        return load_pretrained(cls, args[0], tp, dtype=dtype, **kwargs)
+        return load_sharded(cls, args[0], tp, dtype=dtype, caller="from_pretrained", **kwargs)
 
     _patched(function, from_pretrained)
     from_pretrained.__torchjax_patch__ = original
