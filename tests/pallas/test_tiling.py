@@ -125,18 +125,27 @@ def test_flash_blocks_without_a_mask_come_from_the_chips_measured_table(monkeypa
     assert _tiling.flash_blocks("tpu", 256, masked=False) == table  # not measured
 
 
-def test_unmasked_flash_blocks_fit_vmem_at_every_measured_head_dim(monkeypatch):
+@pytest.mark.parametrize("mask", [None, jnp.bool_, BF16, jnp.float32])
+def test_flash_blocks_fit_vmem_at_every_measured_head_dim(monkeypatch, mask):
     monkeypatch.setattr(_tiling, "platform", lambda interpret: "tpu")
     monkeypatch.setattr(_tiling, "_table_name", lambda plat: "tpu_v5e")
-    from torchjax.pallas import kernels
+    from torchjax.pallas import _flash, kernels
 
+    seen = []
+    blocks = _flash._blocks
+    monkeypatch.setattr(_flash, "_blocks", lambda *a: seen.append(blocks(*a)) or seen[-1])
     for d in _tiling.FLASH_UNMASKED["tpu_v5e"]:
         q = jax.ShapeDtypeStruct((1, 8, 8192, d), BF16)
         kv = jax.ShapeDtypeStruct((1, 2, 8192, d), BF16)
+        masks = [] if mask is None else [jax.ShapeDtypeStruct((1, 1, 8192, 8192), mask)]
 
-        def loss(q, k, v):
-            return kernels.flash_attention(q, k, v, causal=True).astype(jnp.float32).sum()
+        def loss(q, k, v, *m):
+            out = kernels.flash_attention(q, k, v, *m, causal=mask is None)
+            return out.astype(jnp.float32).sum()
 
-        memory = program_memory(jax.grad(loss, (0, 1, 2)), q, kv, kv)
+        memory = program_memory(jax.grad(loss, (0, 1, 2)), q, kv, kv, *masks)
         assert len(memory) == 3, memory  # forward, dq, dkv
         assert max(memory.values()) < VMEM_BUDGET, memory
+        # a boolean or bfloat16 mask takes the measured blocks; a float32 one the table's
+        measured = tuple(x for pair in _tiling.FLASH_UNMASKED["tpu_v5e"][d] for x in pair)
+        assert (seen[-1] == measured) == (mask != jnp.float32), (seen[-1], mask)

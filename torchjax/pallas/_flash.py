@@ -177,10 +177,11 @@ def flash_attention(
 
     interpret = interpret_default() if interpret is None else interpret
     plat = _tiling.platform(interpret)
-    blocks = _blocks(plat, q.shape[2], k.shape[2], block_q, block_k, q.shape[-1], mask is not None)
     # A boolean mask becomes 0 / -inf, exact in bfloat16: half the bytes of float32 for
     # the tiles that read it (Note [Mask block map]).
     mask = additive_mask(mask, jnp.bfloat16)
+    wide = mask is not None and mask.dtype.itemsize > 2
+    blocks = _blocks(plat, q.shape[2], k.shape[2], block_q, block_k, q.shape[-1], wide)
     _check(q, k, v, mask, *blocks[:2])
     _check(q, k, v, mask, *blocks[2:])
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

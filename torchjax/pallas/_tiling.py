@@ -107,7 +107,13 @@ STAT_LANES = {"tpu": 128, "interpret": 128, "gpu": 1}
 # (4, 32/8, 2048, 64) causal the forward took 2.42 ms at 512 blocks and 2.55 at 1024,
 # forward + backward 9.75 ms with the (256, 512) backward and 7.84 with 1024; at
 # (4, 16, 2048, 128) the forward 1.52 / 1.50 ms and at (1, 16/2, 8192, 128) 3.46 /
-# 3.17 ms. Head dims not listed, masks, and other chips take BLOCKS.
+# 3.17 ms. A mask of at most 2 bytes an entry (a boolean mask reaches the kernels as
+# bfloat16) takes them too: with the mask block map (Note [Mask block map]) few tiles
+# read it, and at (4, 16, 2048, 128) causal + key padding, a (B, 1, S, S) mask, the
+# forward took 1.89 ms at the 512 blocks and 1.78 at 1024, forward + backward 6.34 and
+# 4.78 ms (jax's flash with segment ids 1.51 / 5.52). Head dims not listed, wider masks
+# (float32: a (1024, 1024) tile is 4 MiB, twice over in the pipeline) and other chips
+# take BLOCKS.
 FLASH_UNMASKED = {
     "tpu_v5e": {64: ((512, 512), (1024, 1024)), 128: ((1024, 1024), (1024, 1024))},
 }
@@ -142,8 +148,9 @@ def default_blocks(kernel: str, plat: str) -> tuple[int, ...]:
 
 
 def flash_blocks(plat: str, head_dim: int, masked: bool) -> tuple[tuple[int, int], ...]:
-    """(forward, backward) flash blocks: FLASH_UNMASKED's for an unmasked call at a head
-    dim measured there, else the table's."""
+    """(forward, backward) flash blocks: FLASH_UNMASKED's for a call without a wide mask
+    (``masked``: a mask of more than 2 bytes an entry) at a head dim measured there, else
+    the table's."""
     measured = FLASH_UNMASKED.get(_table_name(plat), {}).get(head_dim)
     if measured is not None and not masked:
         return measured
