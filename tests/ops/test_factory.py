@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map
 
-import torchjax  # noqa: F401
+import torchjax
 from torchjax.testing import opinfo as oi
 
 # Factory OpInfos pass device="cpu" (and the *_like/new_* ones sometimes too), which the
@@ -331,3 +331,64 @@ def test_linspace_reads_its_bounds_as_the_output_type():
         assert torch.equal(got.cpu(), want), (start, end, steps)
         checked += 1
     assert checked == 6
+
+
+# kaiser_window: Note [kaiser_window on tpu] in torchjax/ops/factory.py.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("args", [(), (False,), (True, 5.0), (False, 0.5)])
+@pytest.mark.parametrize("n", [0, 1, 2, 8])
+def test_kaiser_window(n, args, dtype):
+    got = torch.kaiser_window(n, *args, dtype=dtype, device="tpu")
+    want = torch.kaiser_window(n, *args, dtype=dtype)
+    oi.compare(got, want)
+    assert got.stride() == want.stride()
+
+
+def test_kaiser_window_default_dtype_and_grad():
+    got = torch.kaiser_window(8, requires_grad=True, device="tpu")
+    want = torch.kaiser_window(8, requires_grad=True)
+    oi.compare(got, want)
+    assert got.requires_grad and got.is_leaf
+
+
+@pytest.mark.parametrize(
+    "n,kwargs",
+    [(-1, {}), (4, {"dtype": torch.int64}), (4, {"layout": torch.sparse_coo})],
+)
+@pytest.mark.parametrize("device", ["tpu", "tpu:0"])
+def test_kaiser_window_errors(n, kwargs, device):
+    with pytest.raises(RuntimeError) as cpu:
+        torch.kaiser_window(n, **kwargs)
+    want = str(cpu.value).replace("device=cpu", f"device={device}")
+    with pytest.raises(RuntimeError) as tpu:
+        torch.kaiser_window(n, **kwargs, device=device)
+    assert str(tpu.value) == want
+
+
+@pytest.mark.parametrize(
+    "overload,args",
+    [("out", (6,)), ("periodic_out", (6, False)), ("beta_out", (5, True, 3.0))],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_kaiser_window_out(overload, args, dtype):
+    op = getattr(torch.ops.aten.kaiser_window, overload)
+    got = op(*args, out=torch.empty(0, dtype=dtype, device="tpu"))
+    oi.compare(got, op(*args, out=torch.empty(0, dtype=dtype)))
+
+
+def test_kaiser_window_out_errors():
+    with pytest.raises(RuntimeError) as cpu:
+        torch.ops.aten.kaiser_window.out(6, out=torch.empty(0, dtype=torch.int64))
+    with pytest.raises(RuntimeError) as tpu:
+        torch.ops.aten.kaiser_window.out(6, out=torch.empty(0, dtype=torch.int64, device="tpu"))
+    assert str(tpu.value) == str(cpu.value).replace("device=cpu", "device=tpu:0")
+
+
+def test_kaiser_window_compiled():
+    def windowed(x):
+        return x * torch.kaiser_window(8, False, 5.0, dtype=x.dtype, device=x.device)
+
+    x = torch.randn(3, 8)
+    want = windowed(x)
+    oi.compare(torchjax.jit(windowed)(x.to("tpu")), want)
+    oi.compare(torch.compile(windowed, backend="tpu")(x.to("tpu")), want)

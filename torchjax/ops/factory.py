@@ -11,7 +11,8 @@ go through ``prims.iota``, whose meta function calls ``torch.empty`` on the outp
 which reaches ``arange`` again (infinite recursion on tpu).
 
 ``tril_indices``/``triu_indices`` have no composite kernel in torch, so they are
-registered for the PrivateUse1 key like ``empty``.
+registered for the PrivateUse1 key like ``empty``; so is ``kaiser_window``, whose
+composite kernel cannot run on tpu (Note [kaiser_window on tpu]).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from torchjax._compat.jax import put_host, x64
 from torchjax.ops.registry import handler
 from torchjax.ops.writeback import write_into
-from torchjax.tensor import dtypes
+from torchjax.tensor import _errors, dtypes
 from torchjax.tensor._memory_format import result_strides
 from torchjax.tensor._storage import contiguous_strides
 from torchjax.tensor._tensor import wrap
@@ -277,12 +278,91 @@ handler(aten.tril_indices.out)(_tri_out("tril_indices", np.tril_indices))
 handler(aten.triu_indices.out)(_tri_out("triu_indices", np.triu_indices))
 
 
+# ---------------------------------------------------------------------------------------
+# kaiser_window
+
+# Note [kaiser_window on tpu]
+# torch's kaiser_window is a CompositeExplicitAutograd kernel that checks its options,
+# makes ``arange`` and ``empty`` on the output device and then calls a DispatchStub
+# (kaiser_window_stub) directly, not through the dispatcher: the stub has no kernel for
+# PrivateUse1, so on tpu it stops at an internal assert. We register a PrivateUse1 kernel
+# for all three overloads that follows the composite step by step: the composite's own
+# checks run on the meta device (same messages, the device named as the caller's), the
+# short cuts for lengths 0 and 1 are kept, and the stub's arithmetic (ATen's CPU kernel:
+# opmath, i0 of beta * sqrt(|1 - ((n - alpha) / alpha)^2|) over i0 of beta) runs as tpu
+# ops on the tpu ``arange``, so the lowerings of i0, sqrt, ... are the ones it uses.
+# The ``out=`` overloads take a tpu tensor, so they reach the registry: a handler runs
+# the same kernel in ``out``'s dtype and writes the result, resizing ``out``.
+
+
+def _kaiser_checks(window_length, periodic, beta, dtype, layout, device, pin_memory):
+    """Run the composite's option checks on meta; raise its error naming ``device``."""
+    try:
+        aten.kaiser_window.beta(
+            window_length,
+            periodic,
+            beta,
+            dtype=dtype,
+            layout=layout,
+            device="meta",
+            pin_memory=pin_memory,
+        )
+    except RuntimeError as e:
+        text = str(e).replace("device=meta", f"device={device}")
+        raise _errors.verbatim(RuntimeError(text)) from None
+
+
+def kaiser_window(
+    window_length,
+    periodic=True,
+    beta=12.0,
+    *,
+    dtype=None,
+    layout=None,
+    device=None,
+    pin_memory=None,
+):
+    """aten::kaiser_window (default, periodic, beta) - the Kaiser window on tpu.
+
+    Shapes: ``(window_length,)``. Dtypes: ``dtype`` (default dtype if None), computed in
+    float32 for f16/bf16 as torch's CPU kernel. Reference: torch.kaiser_window, ATen
+    TensorFactories.cpp and UnaryOpsKernel.cpp (kaiser_window_kernel).
+    """
+    device = torch.device("tpu") if device is None else torch.device(device)
+    _kaiser_checks(window_length, periodic, beta, dtype, layout, device, pin_memory)
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    if window_length == 0:
+        return torch.empty(0, dtype=dtype, device=device)
+    if window_length == 1:
+        return torch.ones(1, dtype=dtype, device=device)
+    length = window_length + 1 if periodic else window_length
+    opmath = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    n = torch.arange(length, dtype=dtype, device=device).to(opmath)
+    alpha = (length - 1) / 2.0
+    arg = beta * torch.sqrt(torch.abs(1 - ((n - alpha) / alpha).pow(2)))
+    i0_beta = torch.special.i0(torch.full((), beta, dtype=opmath, device=device))
+    window = (torch.special.i0(arg) / i0_beta).to(dtype)
+    return window.narrow(0, 0, window_length) if periodic else window
+
+
+@handler(aten.kaiser_window.out, aten.kaiser_window.periodic_out, aten.kaiser_window.beta_out)
+def kaiser_window_out(args, kwargs):
+    """aten::kaiser_window.out (and periodic_out, beta_out) - the window into ``out``."""
+    out = kwargs["out"]
+    # torch's generated out= kernel passes out's options: its layout is given, not default.
+    window = kaiser_window(*args, dtype=out.dtype, layout=out.layout, device=out.device)
+    return write_into(aten.kaiser_window.beta_out, out, window, check_cast=False, resize=True)
+
+
 def _register_kernels() -> None:
-    """PrivateUse1 kernels for factories torch has no composite kernel for."""
+    """PrivateUse1 kernels for factories torch has no composite kernel for, or whose
+    composite kernel cannot run on tpu (Note [kaiser_window on tpu])."""
     global _LIB
     _LIB = torch.library.Library("aten", "IMPL", "PrivateUse1")
     _LIB.impl("tril_indices", tril_indices)
     _LIB.impl("triu_indices", triu_indices)
+    for overload in ("kaiser_window", "kaiser_window.periodic", "kaiser_window.beta"):
+        _LIB.impl(overload, kaiser_window)
 
 
 _register_kernels()
