@@ -127,3 +127,21 @@ def test_parameters_over_one_flat_buffer_train_as_on_cpu():
     torch.testing.assert_close(tpu[0], cpu[0])
     for t, c in zip(tpu[1:], cpu[1:]):
         torch.testing.assert_close(t, c)
+
+
+@pytest.mark.parametrize("shape", [(2, 400), (400,)])
+def test_a_composite_that_changes_a_layout_in_place_gives_its_eager_shape(shape):
+    # Note [In-place layout changes of fakes]: stft's composite ends in
+    # ``out.transpose_(1, 2)`` (and ``out.squeeze_(0)`` for a 1-d signal); Dynamo read
+    # the result's shape before those.
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(2))
+    window = torch.hann_window(64)
+
+    def fn(x, w):
+        s = torch.stft(x, 64, window=w, return_complex=True)
+        return s.shape, s.abs().sum(dim=-1)
+
+    got_shape, got = torch.compile(fn, backend="tpu", fullgraph=True)(x.to("tpu"), window.to("tpu"))
+    want_shape, want = fn(x, window)
+    assert got_shape == want_shape
+    torch.testing.assert_close(got.cpu(), want)

@@ -150,14 +150,19 @@ def dispatch(func, args, kwargs):
 
     outer = (args, kwargs)
     args, kwargs = pytree.tree_map(unwrap, args), pytree.tree_map(unwrap, kwargs)
+    schema = func._schema
+    before = [_layout(x) for x in _written(schema, args, kwargs)]
     own = _OWN_SHAPE_RULES.get(func)
     out = own(func, *args, **kwargs) if own is not None else func(*args, **kwargs)
-    schema = func._schema
     if schema.returns and schema.returns[0].alias_info is not None:
         if schema.returns[0].alias_info.is_write:
-            written = [a for a in schema.arguments if a.alias_info and a.alias_info.is_write]
-            name = written[0].name
+            targets = _written(schema, *outer)
+            changed = _written(schema, args, kwargs)
+            for t, inner_now, old in zip(targets, changed, before):
+                if isinstance(t, JaxTensor) and is_fake(t) and _layout(inner_now) != old:
+                    _relayout(t, inner_now, func, outer, len(targets) == 1)
             outer_args, outer_kwargs = outer
+            name = next(a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write)
             return outer_kwargs[name] if name in outer_kwargs else outer_args[0]
         return _views_with_eager_strides(func, outer, out)
     # A copy to another device (``.cpu()``, ``.to("cpu")``) is that device's plain fake,
@@ -201,6 +206,41 @@ def _views_with_eager_strides(func, outer, out):
         for x, m in zip(flat, eager_flat)
     ]
     return pytree.tree_unflatten(wrapped, spec)
+
+
+# Note [In-place layout changes of fakes]
+# An in-place op that changes its argument's layout (``t_``, ``transpose_``,
+# ``unsqueeze_``, ``squeeze_``, ``as_strided_``, ``resize_``; stft's composite ends in
+# ``out.transpose_(1, 2)``) runs on the fake inner tensor, which takes the new layout;
+# the fake JaxTensor around it kept its old sizes, so Dynamo saw stft's result as
+# (batch, frames, freqs): a shape read in the graph was wrong, and istft of that result
+# failed its frequency check. So when the inner's layout changed, the outer takes the
+# layout ATen's eager kernel gives (as views do: Note [Fake views take eager strides])
+# and the changed inner. (A user's own ``y.t_()`` in traced code is Dynamo's business:
+# it keeps y's traced sizes, on CPU too.)
+def _written(schema, args, kwargs) -> list:
+    """The arguments ``schema`` writes (``self`` of an in-place op, ``out=``)."""
+    return [
+        kwargs[a.name] if a.name in kwargs else args[i] if i < len(args) else None
+        for i, a in enumerate(schema.arguments)
+        if a.alias_info and a.alias_info.is_write
+    ]
+
+
+def _layout(x):
+    if not isinstance(x, torch.Tensor):
+        return None
+    return (tuple(x.shape), tuple(x.stride()), x.storage_offset())
+
+
+def _relayout(t, changed, func, outer, single: bool) -> None:
+    """Give the fake JaxTensor ``t`` the layout its inner tensor ``changed`` took
+    (Note [In-place layout changes of fakes]); ATen's eager layout where the op writes
+    one tensor and has a C++ meta kernel."""
+    eager = _eager_view(func, *outer) if single else None
+    m = eager if isinstance(eager, torch.Tensor) else changed
+    set_tensor_data(t, make(changed, tuple(m.shape), tuple(m.stride()), m.storage_offset()))
+    t.__dict__[_INNER] = changed
 
 
 def _is_static(x) -> bool:
