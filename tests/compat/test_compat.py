@@ -107,6 +107,17 @@ def test_call_composite_explicit_reaches_torchs_pin_memory():
         )
 
 
+def test_call_composite_implicit_runs_the_cpp_kernel_not_torchs_python_one():
+    # istft's Python CompositeImplicitAutograd kernel (torch/_refs) makes no NOLA check;
+    # the C++ one does (Note [istft's window check under a trace], torchjax/ops/fft.py).
+    x = torch.randn(2, 400)
+    spec = torch.stft(x, 64, window=torch.hann_window(64), return_complex=True, center=False)
+    args = (spec, 64, None, None, torch.hann_window(64), False, False, None, None, False)
+    torch.ops.aten.istft.default.decompose(*args)
+    with pytest.raises(RuntimeError, match="window overlap add min"):
+        ct.call_composite_implicit(torch.ops.aten.istft.default, *args)
+
+
 def test_destroy_library_gives_the_kernel_back():
     x = torch.ones(2)
     lib = torch.library.Library("aten", "IMPL", "CPU")

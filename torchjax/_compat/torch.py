@@ -337,6 +337,13 @@ def call_composite_explicit(op, *args):
     return op._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args)
 
 
+def call_composite_implicit(op, *args):
+    """Run ``op``'s C++ CompositeImplicitAutograd kernel on ``args``. ``op.decompose``
+    prefers a Python kernel torch registers for that key (istft's is torch/_refs', which
+    drops a check the C++ kernel makes). Private API (``OpOverload._op_dk``)."""
+    return op._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args)
+
+
 def destroy_library(lib) -> None:
     """Remove every registration made through ``torch.library.Library`` ``lib``; kernels
     it overrode are torch's again. Private API (``Library._destroy``)."""

@@ -13,6 +13,9 @@ applies whatever the direction. So every transform here is computed unnormalized
 
 More than three axes: XLA's FFT transforms at most three innermost axes at a time, so
 longer ``dim`` lists are done in groups of three (the transform is separable).
+
+``istft`` runs torch's composite with its window (NOLA) check made on the device under
+a trace (Note [istft's window check under a trace]).
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from torchjax.ops.registry import lowering
+from torchjax._compat.torch import TorchDispatchMode, call_composite_implicit
+from torchjax.device import _checks
+from torchjax.ops.registry import handler, lowering
+from torchjax.tensor import _fake
+from torchjax.tensor._tensor import JaxTensor
+from torchjax.tensor.dtypes import aten_type_name
 
 aten = torch.ops.aten
 
@@ -92,3 +100,109 @@ def _fft_c2r(self, dim, normalization, last_dim_size):
     out = jnp.fft.irfft(x, n=last_dim_size, axis=axes[-1], norm="forward")
     n = math.prod(out.shape[d] for d in axes)
     return _scale(out, normalization, n)
+
+
+# Note [istft's window check under a trace]
+# torch's istft (CompositeImplicitAutograd, ATen SpectralOps.cpp) checks the NOLA
+# condition with ``at::is_scalar_tensor_true(window_envelop.abs().min().lt(1e-11))``:
+# an ``aten::equal`` of that 0-d flag with a tensor of ones, read on the host. Eager reads
+# it as CUDA does; under torchjax.jit and torch.compile(backend="tpu") the flag is a
+# tracer and the read failed the trace. (torch's own compiled path, the Python-dispatcher
+# decomposition in torch/_refs, drops the check.) So istft has a kernel at
+# AutogradPrivateUse1 that runs torch's composite itself (its ops, values, argument checks
+# and texts, autograd recorded as before) under a dispatch mode that answers that one
+# ``equal`` of a traced flag with False and makes the check a device-side check at the op
+# (``require(..., deferred=False)``, Note [Device-side checks] in device/_checks.py): the
+# compiled call raises eager's RuntimeError, word for word, when it returns. An untraced
+# flag is read as before.
+
+
+def _istft_text(
+    self,
+    n_fft,
+    hop_length,
+    win_length,
+    window,
+    center,
+    normalized,
+    onesided,
+    length,
+    return_complex,
+) -> str:
+    """The text of ATen's NOLA failure for a tpu call (its REPR of the arguments)."""
+
+    def typed(t):
+        return f"{t.device.type}{aten_type_name(t.dtype)}Type"
+
+    def opt(v):
+        return "None" if v is None else str(int(v))
+
+    win = "None" if window is None else f"{typed(window)}{{{list(window.shape)}}}"
+    return (
+        f"istft({typed(self)}{list(self.shape)}, n_fft={n_fft}, hop_length={hop_length}, "
+        f"win_length={win_length}, window={win}, center={int(center)}, "
+        f"normalized={int(normalized)}, onesided={opt(onesided)}, length={opt(length)}, "
+        f"return_complex={int(return_complex)}) window overlap add min: 1\n"
+        f"[ {self.device.type}BoolType{{}} ]"
+    )
+
+
+class _TracedNolaCheck(TorchDispatchMode):
+    """Turns istft's host read of a traced NOLA flag into a check at the op."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flag = args[0] if args else None
+        if (
+            func is aten.equal.default
+            and isinstance(flag, JaxTensor)
+            and flag.dtype == torch.bool
+            and flag.dim() == 0
+            and isinstance(flag.jax(), jax.core.Tracer)
+        ):
+            template = self.text.replace("{", "{{").replace("}", "}}")
+            _checks.require(flag.jax(), 1, RuntimeError, template, deferred=False)
+            return False
+        return func(*args, **kwargs)
+
+
+def _istft_autograd(
+    self,
+    n_fft,
+    hop_length=None,
+    win_length=None,
+    window=None,
+    center=True,
+    normalized=False,
+    onesided=None,
+    length=None,
+    return_complex=False,
+):
+    """aten::istft - torch's composite, its NOLA check made on the device under a trace
+    (Note [istft's window check under a trace])."""
+    args = (self, n_fft, hop_length, win_length, window, center, normalized, onesided, length)
+    if not isinstance(self, JaxTensor) or _fake.is_fake(self):
+        # Fake tensors (Dynamo's tracing): torch's Python decomposition, as before.
+        return aten.istft.default.decompose(*args, return_complex)
+    hop = n_fft // 4 if hop_length is None else hop_length
+    win = n_fft if win_length is None else win_length
+    text = _istft_text(
+        self, n_fft, hop, win, window, center, normalized, onesided, length, return_complex
+    )
+    with _TracedNolaCheck(text):
+        return call_composite_implicit(aten.istft.default, *args, return_complex)
+
+
+_ISTFT_LIB = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
+_ISTFT_LIB.impl("istft", _istft_autograd)
+
+
+@handler(aten.istft.default)
+def _istft(args, kwargs):
+    # Under torch.inference_mode the Autograd keys are skipped and the op reaches
+    # __torch_dispatch__ whole: the same kernel.
+    return _istft_autograd(*args, **kwargs)
