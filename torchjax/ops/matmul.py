@@ -222,9 +222,9 @@ def bmm(self, mat2, *, precision=HIGHEST):
     _check_dims("bmm", self, 3, "batch1")
     _check_dims("bmm", mat2, 3, "batch2")
     if self.shape[0] != mat2.shape[0] or self.shape[2] != mat2.shape[1]:
-        raise RuntimeError(
-            f"aten::bmm: expected batch2 of shape [{self.shape[0]}, {self.shape[2]}, *], "
-            f"got {list(mat2.shape)} (batch1 is {list(self.shape)})"
+        raise RuntimeError(  # CPU's text, after the op's name
+            f"aten::bmm: Expected size for first two dimensions of batch2 tensor to be: "
+            f"[{self.shape[0]}, {self.shape[2]}] but got: [{mat2.shape[0]}, {mat2.shape[1]}]."
         )
     _check_dtypes("bmm", self, mat2)
     return _dot(self, mat2, ((2,), (1,)), ((0,), (0,)), precision=precision).astype(self.dtype)
