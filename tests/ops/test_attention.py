@@ -271,3 +271,50 @@ def test_sdpa_bfloat16_empty_keys_give_plus_zero_as_op_by_op():
         got = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"))
     want = F.scaled_dot_product_attention(q, k, v)
     assert torch.equal(got.cpu().view(torch.int16), want.view(torch.int16))
+
+
+# Shapes torch's math path refuses: the fused path (no autograd) raised jax's ValueError
+# or TypeError, where CPU raises RuntimeError (Note [Fused SDPA in eager]).
+_REFUSED_SHAPES = {
+    "heads": (((1, 4, 8, 16), (1, 3, 8, 16), (1, 3, 8, 16)), {}),
+    "heads-gqa-off": (((1, 4, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16)), {}),
+    "heads-gqa-not-dividing": (((1, 4, 8, 16), (1, 3, 8, 16), (1, 3, 8, 16)), {"gqa": 1}),
+    "heads-gqa-6-4": (((1, 6, 8, 16), (1, 4, 8, 16), (1, 4, 8, 16)), {"gqa": 1}),
+    "head-dim": (((1, 4, 8, 16), (1, 4, 8, 8), (1, 4, 8, 16)), {}),
+    "batch": (((2, 4, 8, 16), (3, 4, 8, 16), (3, 4, 8, 16)), {}),
+    "mask-length": (((1, 4, 8, 16),) * 3, {"mask": (8, 7)}),
+}
+
+
+@pytest.mark.parametrize("shapes,kw", _REFUSED_SHAPES.values(), ids=_REFUSED_SHAPES.keys())
+def test_sdpa_without_grad_refuses_mismatched_shapes_as_cpu(shapes, kw):
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(*s, generator=g) for s in shapes)
+    extra = {"enable_gqa": bool(kw.get("gqa"))}
+    if "mask" in kw:
+        extra["attn_mask"] = torch.randn(*kw["mask"], generator=g)
+    with pytest.raises(RuntimeError) as cpu:
+        F.scaled_dot_product_attention(q, k, v, **extra)
+    moved = {n: (a.to("tpu") if isinstance(a, torch.Tensor) else a) for n, a in extra.items()}
+    with pytest.raises(RuntimeError) as tpu:
+        F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"), **moved)
+    # The same text; torchjax names the op after a broadcasting or bmm error.
+    assert str(cpu.value) in str(tpu.value)
+
+
+def test_sdpa_under_jit_refuses_mismatched_heads_as_cpu():
+    q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 3, 8, 16)
+    with pytest.raises(RuntimeError) as cpu:
+        F.scaled_dot_product_attention(q, k, k)
+    with pytest.raises(RuntimeError) as tpu, torch.no_grad():
+        torchjax.jit(F.scaled_dot_product_attention)(q.to("tpu"), k.to("tpu"), k.to("tpu"))
+    assert str(tpu.value) == str(cpu.value)
+
+
+def test_bmm_refuses_mismatched_shapes_with_cpus_text():
+    for a, b in [((4, 8, 16), (4, 8, 8)), ((3, 8, 7), (4, 7, 16))]:
+        with pytest.raises(RuntimeError) as cpu:
+            torch.bmm(torch.ones(a), torch.ones(b))
+        with pytest.raises(RuntimeError) as tpu:
+            torch.bmm(torch.ones(a, device="tpu"), torch.ones(b, device="tpu"))
+        assert str(tpu.value) == f"aten::bmm: {cpu.value}"

@@ -134,9 +134,12 @@ _SDPA_DECOMPOSED = functional_handler(
 # and more; the shorter cases of tests/ops/test_attention.py are bit for bit equal.
 # Calls needing autograd, dropout, fake tensors (torch.compile tracing), or unusual
 # arguments (mixed dtypes; a mask together with is_causal where CPU's flash kernel would
-# not take the call, see ``causal_into_mask``: torch raises there) keep the
-# decomposition, which raises torch's errors.
-def fused_sdpa_applies(query, key, value, attn_mask, dropout_p, is_causal) -> bool:
+# not take the call, see ``causal_into_mask``: torch raises there; shapes ``_shapes_fit``
+# refuses: head counts, head dims or lengths that do not match, where jax's matmul raised
+# ValueError or TypeError) keep the decomposition, which raises torch's errors.
+def fused_sdpa_applies(
+    query, key, value, attn_mask, dropout_p, is_causal, enable_gqa=False
+) -> bool:
     tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
     if dropout_p != 0.0 or (is_causal and attn_mask is not None):
         return False
@@ -151,7 +154,32 @@ def fused_sdpa_applies(query, key, value, attn_mask, dropout_p, is_causal) -> bo
         return False
     if dt in _HALF and key.shape[-2] == 0:
         return False  # traced, an empty sum came out -0.0 where op by op gives +0.0
+    if not _shapes_fit(query, key, value, attn_mask, enable_gqa):
+        return False
     return attn_mask is None or attn_mask.dtype in (torch.bool, dt)
+
+
+def _shapes_fit(query, key, value, attn_mask, enable_gqa) -> bool:
+    """Whether ``sdpa_math`` takes these shapes as the math path does: q, k, v of one
+    rank, one batch shape, k and v of one length and head count, q and k of one head dim,
+    q's heads equal to k's (a multiple of them with ``enable_gqa``), a mask broadcasting
+    to the scores' shape without growing it."""
+    q, k, v = query.shape, key.shape, value.shape
+    if not len(q) == len(k) == len(v):
+        return False
+    if q[-1] != k[-1] or k[-2] != v[-2] or q[:-3] != k[:-3] or k[:-3] != v[:-3]:
+        return False
+    if len(q) >= 3:
+        heads, kv_heads = q[-3], k[-3]
+        if v[-3] != kv_heads:
+            return False
+        if heads != kv_heads and not (enable_gqa and kv_heads and heads % kv_heads == 0):
+            return False
+    if attn_mask is None:
+        return True
+    scores = (*q[:-1], k[-2])
+    m = attn_mask.shape
+    return len(m) <= len(scores) and all(a in (1, b) for a, b in zip(m[::-1], scores[::-1]))
 
 
 def _cpu_flash_takes(query, key, value, attn_mask, dropout_p) -> bool:

@@ -186,7 +186,7 @@ def _autograd_kernel(
     kernel = flash_enabled() and (
         decode_applies(*args, enable_gqa) or flash_applies(*args, enable_gqa)
     )
-    if not kernel and fused_sdpa_applies(*args):
+    if not kernel and fused_sdpa_applies(*args, enable_gqa):
         return fused_sdpa(*args, scale, enable_gqa)
     return scaled_dot_product_attention(*args, scale=scale, enable_gqa=enable_gqa)
 
