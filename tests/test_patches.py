@@ -79,6 +79,8 @@ def test_uninstall_restores_every_original():
             "acc_memory_stats": torch.accelerator.memory.memory_stats,
             "acc_synchronize": torch.accelerator.synchronize,
             "saved_enter": torch.autograd.graph.saved_tensors_hooks.__dict__["__enter__"],
+            "bcf_apply": torch.autograd.function.BackwardCFunction.__dict__["apply"],
+            "bcf_apply_boxed": torch.autograd.function.BackwardCFunction.__dict__["apply_boxed"],
             "run_backward": torch.autograd.graph._engine_run_backward,
             "ckpt_inputs": torch.utils.checkpoint._CheckpointFrame.__dict__["get_inputs"],
             "ckpt_detach": torch.utils.checkpoint.detach_variable,
@@ -124,6 +126,9 @@ def test_uninstall_restores_every_original():
         saved_hooks = torch.autograd.graph.saved_tensors_hooks
         assert saved_hooks.__dict__["__enter__"] is not before["saved_enter"]
         assert torch.autograd._engine_run_backward is not before["run_backward"]
+        bcf = torch.autograd.function.BackwardCFunction
+        assert bcf.__dict__["apply"] is not before["bcf_apply"]
+        assert bcf.__dict__["apply_boxed"] is not before["bcf_apply_boxed"]
         frame = torch.utils.checkpoint._CheckpointFrame
         assert frame.__dict__["get_inputs"] is not before["ckpt_inputs"]
         assert torch.utils.checkpoint.detach_variable is not before["ckpt_detach"]
@@ -178,6 +183,8 @@ def test_uninstall_restores_every_original():
         assert torch.utils.swap_tensors is before["swap"]
         assert torch.autograd.graph._engine_run_backward is before["run_backward"]
         assert torch.autograd._engine_run_backward is before["run_backward"]
+        assert bcf.__dict__["apply"] is before["bcf_apply"]
+        assert bcf.__dict__["apply_boxed"] is before["bcf_apply_boxed"]
         frame = torch.utils.checkpoint._CheckpointFrame
         assert frame.__dict__["get_inputs"] is before["ckpt_inputs"]
         assert torch.utils.checkpoint.detach_variable is before["ckpt_detach"]
@@ -250,6 +257,7 @@ def test_uninstall_restores_every_original():
         "torch.to_dlpack",
         "torch.utils.swap_tensors",
         "torch.autograd.graph.saved_tensors_hooks.__enter__",
+        "torch.autograd.function.BackwardCFunction.apply",
         "torch.autograd.graph._engine_run_backward",
         "torch.autograd._engine_run_backward",
         "torch.utils.checkpoint._CheckpointFrame.get_inputs",

@@ -29,6 +29,14 @@ how it is undone.
   Tensors on other devices are packed and unpacked by the user's hooks alone; the
   ``pack_hook`` / ``unpack_hook`` attributes keep the user's functions. Undo: torch's
   method put back.
+- ``torch.autograd.function.BackwardCFunction.apply`` (and ``apply_boxed``;
+  tensor/_grad_devices.py through _compat/torch_engine.py, installed by
+  device/_registration.py; torch 2.13). The engine's device check of a custom Function's
+  gradients is skipped for tensor subclasses, so a CPU gradient for a tpu input (or a
+  tpu one for a CPU input) was accepted; the gradients a custom Function's backward
+  returns are checked as the engine checks other devices' (Note [Gradient devices of
+  custom Functions]). Gradients on their inputs' devices pass unchanged. Undo: torch's
+  methods put back.
 - ``torch.autograd.graph._engine_run_backward`` and ``torch.autograd._engine_run_backward``
   (device/_engine_queues.py through _compat/torch_engine.py; torch 2.13). tpu nodes on
   torch's tpu engine thread failed two ways: a backward run before ``import torchjax``

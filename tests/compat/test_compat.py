@@ -10,6 +10,7 @@ import torch
 
 import torchjax  # noqa: F401
 from torchjax._compat import torch as ct
+from torchjax._compat import torch_engine
 
 
 def test_backend_name():
@@ -116,6 +117,34 @@ def test_call_composite_implicit_runs_the_cpp_kernel_not_torchs_python_one():
     torch.ops.aten.istft.default.decompose(*args)
     with pytest.raises(RuntimeError, match="window overlap add min"):
         ct.call_composite_implicit(torch.ops.aten.istft.default, *args)
+
+
+def test_edge_input_metadata_gives_device_and_shape():
+    x = torch.randn(2, 3, requires_grad=True)
+    node, nr = (x * 2).grad_fn.next_functions[0]
+    assert torch_engine.edge_input_device(node, nr) == torch.device("cpu")
+    assert torch_engine.edge_input_shape(node, nr) == (2, 3)
+
+
+def test_custom_backward_outputs_pass_through_the_installed_check():
+    # Installed at import (Note [Gradient devices of custom Functions]): the check sees
+    # each custom Function's node and what its backward returned.
+    patched = torch.autograd.function.BackwardCFunction.__dict__
+    assert patched["apply"].__wrapped__ is not patched["apply"]
+    assert patched["apply_boxed"].__wrapped__ is not patched["apply_boxed"]
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    x = torch.randn(3, requires_grad=True)
+    Twice.apply(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
 
 
 def test_destroy_library_gives_the_kernel_back():

@@ -31,7 +31,7 @@ from torchjax.device import (
     _pinned,
     _serialization,
 )
-from torchjax.tensor import _backward_errors
+from torchjax.tensor import _backward_errors, _grad_devices
 
 DEVICE_TYPE = "tpu"
 
@@ -69,6 +69,7 @@ def _register() -> None:
     _serialization.register()
     _accelerator.register()
     _backward_errors.install_saved_hooks_guard()
+    _grad_devices.install()
     _engine_queues.register()
     install_swap_tensors(_involves_tpu)
     install_module_moves(_holds_tpu_params)
