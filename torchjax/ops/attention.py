@@ -169,7 +169,10 @@ def _shapes_fit(query, key, value, attn_mask, enable_gqa) -> bool:
         return False
     if q[-1] != k[-1] or k[-2] != v[-2] or q[:-3] != k[:-3] or k[:-3] != v[:-3]:
         return False
-    if len(q) >= 3:
+    if len(q) < 3:
+        if enable_gqa:
+            return False  # the math path refuses to find a heads dim (IndexError)
+    else:
         heads, kv_heads = q[-3], k[-3]
         if v[-3] != kv_heads:
             return False
