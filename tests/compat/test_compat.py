@@ -248,6 +248,25 @@ def test_reset_persistent_cache_makes_a_new_directory_take_effect(tmp_path):
         cj.reset_persistent_cache()
 
 
+def test_seeding_all_generators_sees_torch_manual_seed_only():
+    seen = []
+    real = torch.tpu.manual_seed_all
+
+    def spy(seed):
+        seen.append(ct.seeding_all_generators())
+        real(seed)
+
+    torch.tpu.manual_seed_all = spy
+    try:
+        torch.manual_seed(0)
+        torch.seed()
+        torch.tpu.manual_seed_all(0)
+    finally:
+        torch.tpu.manual_seed_all = real
+        torch.manual_seed(0)
+    assert seen == [True, False, False]
+
+
 def test_graph_task_id_and_engine_callback():
     from torchjax._compat import torch as ctorch
 

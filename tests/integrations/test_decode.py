@@ -111,9 +111,28 @@ def test_sampling_is_seeded_and_draws_from_the_filtered_distribution(cpu, compil
         logits = cpu(input_ids=first, attention_mask=mask).logits
     start = tl.prompts()["input_ids"].shape[1]
     top = logits[:, start - 1 : -1].topk(4, dim=-1).indices
-    assert bool((top == _new(first)[..., None]).any(-1).all())
-    # The draws differ from step to step (a loop iteration folds its own key).
+    # A row that drew its EOS pads after it: those positions were not drawn.
+    eos = _new(first) == tl.tiny_llama_config().eos_token_id
+    padded = (eos.long().cumsum(-1) - eos.long()) > 0
+    assert bool(((top == _new(first)[..., None]).any(-1) | padded).all())
+    # The draws differ from step to step (each step draws its own keys).
     assert len(set(_new(first)[0].tolist())) > 1
+
+
+def test_sampled_tokens_and_rng_state_are_eager_ones(llama_dir, compiled, loop, monkeypatch):
+    # Note [Compiled draws are eager's draws] in torchjax/tensor/random.py: the decode
+    # programs draw the keys transformers' eager loop draws on tpu, and leave its state.
+    eager = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, device_map="tpu")
+    kwargs = dict(STATIC, do_sample=True, top_k=4, top_p=0.9, temperature=0.8, max_new_tokens=12)
+    got = []
+    for model in (eager.eval(), compiled):
+        with monkeypatch.context() as env:
+            if model is eager:  # transformers' own loop, op by op
+                env.setenv("TORCHJAX_AUTO_COMPILE_GENERATE", "0")
+            torch.manual_seed(0)
+            got.append((_generate(model, **kwargs), torch.tpu.get_rng_state()))
+    assert torch.equal(got[1][0], got[0][0])
+    assert torch.equal(got[1][1], got[0][1])
 
 
 def test_other_calls_run_transformers_loop(cpu, compiled):

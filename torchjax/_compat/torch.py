@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections import OrderedDict
 
 import torch
@@ -412,6 +413,25 @@ def dataloader_worker_iter():
     from torch.utils.data import dataloader
 
     return dataloader._MultiProcessingDataLoaderIter
+
+
+def seeding_all_generators() -> bool:
+    """Whether the running code was called by ``torch.manual_seed``, which seeds CPU's
+    default generator besides the devices (its body is ``torch.random._manual_seed_impl``
+    in torch 2.13, which calls ``torch.tpu.manual_seed_all`` through
+    ``_seed_custom_device``); ``torch.seed()`` and direct calls are not."""
+    impl = getattr(torch.random, "_manual_seed_impl", None)
+    codes = {torch.random.manual_seed.__code__}
+    if impl is not None:
+        codes.add(impl.__code__)
+    frame = sys._getframe(1)
+    for _ in range(8):  # torchjax's and torch's frames in between
+        if frame is None:
+            return False
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def graph_task_id() -> int:

@@ -42,10 +42,10 @@ def export(fn, *args, **kwargs):
             entry = _Entry.trace(jitted, call)
         finally:  # Note [State after a trace whose program does not run]
             before.put_back()
-    state, key, n_out = call.state_arrays, entry.key(), len(entry.out_pos)
+    state, rng, n_out = call.state_arrays, entry.rng(), len(entry.out_pos)
 
     def run(*arrays):
-        return entry.compiled(*state, key, *arrays)[:n_out]
+        return entry.compiled(*state, rng, *arrays)[:n_out]
 
     with x64(True):
         return jax.export.export(jax.jit(run))(*call.arrays)

@@ -15,9 +15,12 @@ How a call runs (see Note [State of a jitted function] for what "state" is):
    trace becomes a ClosedJaxpr, compiled by ``jax.jit`` with the written state donated.
 5. Run the executable; write back written state; fill created state.
 
-Randomness: every random op in the trace draws ``fold_in(call_key, i)``; ``call_key`` is
-an input, drawn per call from the device's RNG state (torchjax/tensor/random.py), so each
-call gives new values and ``torch.manual_seed`` replays them.
+Randomness: the program's RNG input is the device's base key and counter, read per call;
+its random ops draw the keys eager would draw from that state and the counter moves as
+eager moves it, so each call gives new values and ``torch.manual_seed`` replays them
+(Note [Compiled draws are eager's draws] in torchjax/tensor/random.py). Seeds set inside
+the function are part of the program (Note [Seeds set inside a trace], there); CPU
+generators it seeds or draws from: Note [CPU generators a trace moves] (_host_rng.py).
 
 Value checks: the device checks the traced ops make (index out of range, integer division
 by zero; Note [Device-side checks] in torchjax/device/_checks.py) become outputs of the
@@ -42,6 +45,7 @@ import warnings
 import weakref
 
 import jax
+import numpy as np
 import torch
 from jax.extend.core import jaxpr_as_fun
 
@@ -64,6 +68,7 @@ from torchjax.compile._call import (
     unflatten_args,
 )
 from torchjax.compile._escaped_grads import grads_watched, restore_grads
+from torchjax.compile._host_rng import HOST_DRAWS, HostGenerators, replay_generators
 from torchjax.compile._refusals import (
     HOST_WRITES,
     LR_ASSIGNED,
@@ -157,6 +162,7 @@ class Jitted:
         self.trace_count = 0
         self.cache_hits = 0
         self._warned_host = False
+        self._warned_draws = False
         self.last_retrace_reason = None
         self.donation_copies = 0
         self._entries: dict = {}
@@ -285,6 +291,11 @@ class Jitted:
                 if not self._warned_host:
                     self._warned_host = True
                     warnings.warn(HOST_WRITES.format(_name(self.fn)), UserWarning, stacklevel=3)
+            if entry.host_draws:  # Note [CPU generators a trace moves]
+                entry.single_use = True
+                if not self._warned_draws:
+                    self._warned_draws = True
+                    warnings.warn(HOST_DRAWS.format(_name(self.fn)), UserWarning, stacklevel=3)
             if not entry.single_use:
                 key = call.key
                 old = self._entries.get(key)
@@ -329,18 +340,19 @@ class _Entry:
 
         lr_assigned: list = []  # Note [Learning rates assigned while tracing]
 
-        def pure(state_arrays, key, arrays, hypers):
+        def pure(state_arrays, rng, arrays, hypers):
             # Note [Device checks of compiled programs]: the checks are outputs too.
-            with _checks.carried(trace_of(key)) as carried:
+            with _checks.carried(trace_of(rng)) as carried:
                 outs, written, created, args_written, residuals = body(
-                    state_arrays, key, arrays, hypers
+                    state_arrays, rng, arrays, hypers
                 )
             checks = carried.outputs()
             info["checks"] = (len(checks), carried.at_op)
             return outs, written, created, args_written, checks, residuals
 
-        def body(state_arrays, key, arrays, hypers):
-            stream = _rng.TracedStream(key)
+        def body(state_arrays, rng, arrays, hypers):
+            # Note [Compiled draws are eager's draws] in torchjax/tensor/random.py
+            stream = _rng.input_stream(rng)
             with bound(storages, state_arrays):
                 old = _rng.set_traced_stream(stream)
                 try:
@@ -430,9 +442,9 @@ class _Entry:
                 ]
                 info["written"], info["created"] = written, created
                 info["args_written"] = args_written
-                info["draws"] = stream.draws
+                info["rng"] = stream
                 info["saved_outputs"] = [] if saved is None else saved.outputs_saved(outs, root)
-                residuals = [] if saved is None else saved.residuals(trace_of(key))
+                residuals = [] if saved is None else saved.residuals(trace_of(rng))
                 info["n_res"] = len(residuals)
                 info["graph"] = (outs, bases, leaves, wrapped, arrays)
                 return (
@@ -443,10 +455,10 @@ class _Entry:
                     residuals,
                 )
 
-        # The key is abstract while tracing: a call draws its real key from the device's
-        # RNG only when the program turned out to use one (``key()``), so tracing never
-        # moves the RNG: a seeded call gives the same values whether it traced or not.
-        key = _unused_key()
+        # The RNG input is abstract while tracing: a call reads the device's RNG only
+        # when the program turned out to use it (``rng()``), so tracing never moves the
+        # RNG: a seeded call gives the same values whether it traced or not.
+        hosts = HostGenerators(call.walk.generators)
         # Note [Writes that escape a trace] in torchjax/tensor/_storage.py.
         # Note [Gradients that escape a trace] in torchjax/compile/_escaped_grads.py.
         with (
@@ -457,7 +469,7 @@ class _Entry:
         ):
             try:
                 closed = jax.make_jaxpr(pure)(
-                    call.state_arrays, key, call.arrays, call.hypers.values
+                    call.state_arrays, _RNG_AVAL, call.arrays, call.hypers.values
                 )
             finally:
                 restore_escapes(escaped)
@@ -480,7 +492,10 @@ class _Entry:
         self.created = info["created"]
         self.args_written = info["args_written"]
         self.writes_shared = _aliases.writes_shared(call.sig[-1], self.args_written, self.written)
-        self.uses_rng = info["draws"] > 0
+        stream = info["rng"]
+        self.rng_ending = stream.ending()  # Note [Seeds set inside a trace]
+        # Note [CPU generators a trace moves]
+        self.host_states, self.host_draws = hosts.after(stream.host_seeded)
         self.lr_assigned = lr_assigned
         self.single_use = bool(self.created)
         self.first_state = _made_state.first_state(self.created, made, call.walk.optimizers)
@@ -509,8 +524,13 @@ class _Entry:
     def alive(self) -> bool:
         return all(r() is not None for r in self.refs)
 
-    def key(self):
-        return _rng.call_key(0) if self.uses_rng else _unused_key()
+    def rng(self, calls: int = 1):
+        """The RNG input of ``calls`` calls in a row, the device states (and CPU
+        generators) left as they leave them (Note [Compiled draws are eager's draws] in
+        torchjax/tensor/random.py)."""
+        if self.host_states:
+            replay_generators(self.host_states)
+        return _rng.call_input(self.rng_ending, calls)
 
     def run(self, call: Call):
         state = call.state_arrays
@@ -519,7 +539,7 @@ class _Entry:
             call.jitted.donation_copies += copies
         token = x64_enter()
         try:
-            outs = self.compiled(*state, self.key(), *call.arrays, *call.hypers.values)
+            outs = self.compiled(*state, self.rng(), *call.arrays, *call.hypers.values)
         finally:
             x64_exit(token)
         self.write_back(call, outs[self.n_out :])
@@ -637,11 +657,9 @@ class _NonLeaf(torch.autograd.Function):
         return grad
 
 
-@functools.lru_cache(maxsize=1)
-def _unused_key():
-    # Programs that draw nothing still take a key input (one signature for all).
-    with x64(True):
-        return jax.random.key(0, impl="threefry2x32")
+# The RNG input's layout (Note [Compiled draws are eager's draws] in
+# torchjax/tensor/random.py); programs that draw nothing take it too (one signature).
+_RNG_AVAL = jax.ShapeDtypeStruct((3,), np.uint32)
 
 
 def _layout(t) -> tuple:

@@ -3,14 +3,17 @@
 Note [Repeating a traced step in one program]
 A step function that works by writing its tensor arguments and state in place (a decode
 step writing a token buffer, a position and a KV cache) is traced once by torchjax.jit as
-a pure function (state, key, arguments) -> (outputs, written state, written arguments).
-``repeat`` runs that function inside one ``lax.while_loop``: the carry is the loop count,
-the written state and the written arguments; everything the step only reads (parameters,
-a mask) is a loop invariant; iteration ``i`` draws its random ops from
-``fold_in(call key, i)``, so draws differ from step to step and ``torch.manual_seed``
-replays them. The loop stops after ``times`` iterations, or earlier once the 0-d tensor
-argument ``until`` (written by the step) is nonzero, checked before each iteration.
-Afterwards the written state and arguments are written back as after ``times`` calls.
+a pure function (state, RNG input, arguments) -> (outputs, written state, written
+arguments). ``repeat`` runs that function inside one ``lax.while_loop``: the carry is the
+loop count, the written state and the written arguments; everything the step only reads
+(parameters, a mask) is a loop invariant; iteration ``i`` takes the RNG input call ``i``
+would take (the counter moved by ``i`` calls' draws, or, for a step that seeds, the state
+its seed leaves: Note [Compiled draws are eager's draws] in torchjax/tensor/random.py), so
+draws differ from step to step as in eager and ``torch.manual_seed`` replays them. The
+loop stops after ``times`` iterations, or earlier once the 0-d tensor argument ``until``
+(written by the step) is nonzero, checked before each iteration. Afterwards the written
+state and arguments are written back as after the calls made; the RNG counter moves as
+after ``times`` calls (reading how many ran would wait for the loop).
 
 What it needs from the step, else it raises: no state created by the trace (lazily made
 optimizer state: run the step once first), no autograd through it (grad mode off), and
@@ -30,6 +33,7 @@ from jax.extend.core import jaxpr_as_fun
 
 from torchjax._compat.jax import x64_enter, x64_exit
 from torchjax.device import _checks
+from torchjax.tensor import random as _rng
 
 
 def run(entry, call, times: int, until) -> None:
@@ -61,7 +65,7 @@ def run(entry, call, times: int, until) -> None:
     token = x64_enter()
     try:
         written, args_written, checks = program(
-            call.state_arrays, entry.key(), call.arrays, call.hypers.values, times
+            call.state_arrays, entry.rng(times), call.arrays, call.hypers.values, times
         )
     finally:
         x64_exit(token)
@@ -74,8 +78,17 @@ def _program(entry, stop):
     state_w, args_w, n_out = entry.written, entry.args_written, entry.n_out
     n_written = len(state_w)
     at, n_checks = entry.checks_at, entry.n_checks
+    ending = entry.rng_ending
+    seeded = None if ending.seeded is None else _rng.state_input(*ending.seeded)
 
-    def loop(state, key, arrays, hypers, times):
+    def rng_at(rng, i):
+        """The RNG input of iteration ``i`` (Note [Repeating a traced step in one
+        program])."""
+        if seeded is not None:  # the input of a call after one that seeded
+            return jnp.where(i == 0, rng, seeded)
+        return rng.at[2].add((i * ending.advance).astype(jnp.uint32))
+
+    def loop(state, rng, arrays, hypers, times):
         def step(carry):
             i, ws, wa, first = carry
             st, ar = list(state), list(arrays)
@@ -83,7 +96,7 @@ def _program(entry, stop):
                 st[j] = v
             for j, v in zip(args_w, wa):
                 ar[j] = v
-            rest = fun(*st, jax.random.fold_in(key, i), *ar, *hypers)[n_out:]
+            rest = fun(*st, rng_at(rng, i), *ar, *hypers)[n_out:]
             ends = n_written + len(args_w)  # the check outputs, saved tensors follow
             if n_checks:  # the first failing iteration's check is kept
                 failed = first[0]

@@ -70,7 +70,9 @@ class StateWalk:
     found, used for error messages); ``every``: every distinct JaxTensor found (several may
     view one storage: a flat buffer's parameters) and ``grad_flags`` their
     ``requires_grad`` and leafness, part of a call's key;
-    ``optimizers``: torch.optim.Optimizer objects seen;
+    ``optimizers``: torch.optim.Optimizer objects seen; ``generators``: the
+    torch.Generator objects seen (Note [CPU generators a trace moves] in
+    torchjax/compile/_host_rng.py);
     ``scalars``: the Python numbers and strings in the closures, defaults and named
     globals of the functions walked (guards: read at trace time, so part of the key).
     """
@@ -82,6 +84,7 @@ class StateWalk:
         self.every = []
         self.grad_flags = []
         self.optimizers = []
+        self.generators = []
         self.modules = []
         self.configs = []  # Note [A module's config is a guard]
         self.scalars = []
@@ -198,6 +201,8 @@ class StateWalk:
         self._seen_obj.add(id(obj))
         if isinstance(obj, torch.optim.Optimizer):
             self.add_optimizer(obj)
+        elif isinstance(obj, torch.Generator):
+            self.generators.append(obj)
         elif isinstance(obj, (list, tuple, set, frozenset)):
             for v in obj:
                 self.add(v, depth + 1)

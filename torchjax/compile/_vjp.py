@@ -50,8 +50,8 @@ class VJPProgram:
             self.rebased = [entry.args_written[m] for m in backward.rebased]
             rebased = [entry.arg_write_output(m) for m in backward.rebased]
 
-            def fwd(state, key, dyn, hypers):
-                res = fun(*state, key, *dyn, *hypers)
+            def fwd(state, rng, dyn, hypers):
+                res = fun(*state, rng, *dyn, *hypers)
                 end = len(res) - n_res
                 return res[:n_out] + [res[i] for i in rebased], res[end:], res[n_out:end]
 
@@ -74,14 +74,14 @@ class VJPProgram:
             return None
         self.diff_state, self.diff_dyn = diff_state, diff_dyn
 
-        def fwd(state, key, dyn, hypers):
+        def fwd(state, rng, dyn, hypers):
             def g(ds, dd):
                 st, dy = list(state), list(dyn)
                 for i, a in zip(diff_state, ds):
                     st[i] = a
                 for k, a in zip(diff_dyn, dd):
                     dy[k] = a
-                res = fun(*st, key, *dy, *hypers)
+                res = fun(*st, rng, *dy, *hypers)
                 return res[:n_out], res[n_out:]
 
             ds = [state[i] for i in diff_state]
@@ -210,7 +210,7 @@ class VJPCall:
         self.values = [*call.state_arrays, *call.arrays]
         with x64(True):
             outs, pullback, aux = entry.vjp.fwd(
-                call.state_arrays, entry.key(), call.arrays, call.hypers.values
+                call.state_arrays, entry.rng(), call.arrays, call.hypers.values
             )
         entry.write_back(call, aux)
         entry.report_checks(aux)

@@ -11,6 +11,7 @@ import contextlib
 import jax
 import torch
 
+from torchjax._compat.torch import seeding_all_generators
 from torchjax.device import _checks, _fork
 from torchjax.tensor import _storage
 from torchjax.tensor import random as _random
@@ -117,20 +118,36 @@ def manual_seed(seed: int) -> None:
 
 def manual_seed_all(seed: int) -> None:
     """Seed the RNG of every tpu device (called by ``torch.manual_seed``)."""
+    # Inside a trace, whether CPU's generator is seeded too (Note [CPU generators a
+    # trace moves] in torchjax/compile/_host_rng.py).
+    host = _random.traced_stream() is not None and seeding_all_generators()
     for i in range(device_count()):
-        _random.manual_seed(seed, i)
+        _random.manual_seed(seed, i, host=host)
 
 
 def seed() -> None:
     import random
 
+    _refuse_random_seed("seed")
     manual_seed(random.getrandbits(63))
 
 
 def seed_all() -> None:
     import random
 
+    _refuse_random_seed("seed_all")
     manual_seed_all(random.getrandbits(63))
+
+
+def _refuse_random_seed(name: str) -> None:
+    # A seed drawn inside a trace would be a constant of the program, repeated by every
+    # call (Note [Seeds set inside a trace] in torchjax/tensor/random.py).
+    if _random.traced_stream() is not None:
+        raise RuntimeError(
+            f"torch.tpu.{name}() inside torchjax.jit: the random seed it picks would be a "
+            "constant of the compiled program, the same on every call. Call it outside "
+            "the jitted function, or use torch.seed(), which makes every call trace anew."
+        )
 
 
 def initial_seed() -> int:

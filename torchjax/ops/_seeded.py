@@ -30,7 +30,8 @@ tensor (``bernoulli.Tensor``'s ``p``).
 
 Not compiled (op by op, as before): a call passing a CPU ``generator=`` (it draws on CPU,
 Note [CPU generators on tpu]), and a call inside an outer trace (``torchjax.jit`` or
-``torchjax.functional``), whose own key stream the draw must use.
+``torchjax.functional``), whose own key stream the draw must use: one key of it per op,
+its further draws folded into that key as here (``one_key_per_op``).
 """
 
 from __future__ import annotations
@@ -114,6 +115,26 @@ class _CallStream(_rng.TracedStream):
         n = self.draws
         self.draws += 1
         return self.key if n == 0 else jax.random.fold_in(self.key, n)
+
+
+def one_key_per_op(run, args, kwargs):
+    """``run(args, kwargs)``: a random op called op by op. Inside a torchjax.jit trace it
+    takes one key of the trace's stream, its draws made from that key as a compiled call
+    makes them (``_CallStream``), so the trace draws the keys eager draws (Note [Compiled
+    draws are eager's draws] in torchjax/tensor/random.py)."""
+    outer = _rng.traced_stream()
+    if (
+        not isinstance(outer, _rng.TracedStream)
+        or isinstance(outer, _CallStream)
+        or kwargs.get("generator") is not None
+        or any(isinstance(a, torch.Generator) for a in args)
+    ):
+        return run(args, kwargs)
+    old = _rng.set_traced_stream(_CallStream(outer.next()))
+    try:
+        return run(args, kwargs)
+    finally:
+        _rng.set_traced_stream(old)
 
 
 def seeded(func) -> bool:

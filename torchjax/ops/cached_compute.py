@@ -455,7 +455,7 @@ class CompiledCompute:
             )
             if self.seeded:
                 if not _seeded.usable(args, kwargs):
-                    return self._op_by_op(args, kwargs)
+                    return _seeded.one_key_per_op(self._op_by_op, args, kwargs)
                 dyn.extend(_seeded.key_args(args))
             key = (tuple(psig), tmpl, kwtmpl, _default_dtype())
             run_key = (key, signature(dyn))
