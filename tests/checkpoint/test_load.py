@@ -124,3 +124,17 @@ def test_safetensors_load_file_takes_device_tpu(tmp_path, device):
         assert got[name].dtype == w.dtype and torch.equal(got[name].cpu(), w)
     with pytest.raises(Exception, match="device nonsense is invalid"):
         st.load_file(path, device="nonsense")  # safetensors' own error for the rest
+
+
+def test_loaded_arrays_are_placed_as_tensors_made_on_tpu(tmp_path):
+    # Note [Uncommitted arrays on tpu:0]: a loaded tensor and one made on tpu take the
+    # same program; a loaded array committed to its device compiled each op again.
+    save_file({"w": torch.randn(3, 4)}, tmp_path / "a.safetensors")
+    w = ck.load_file(tmp_path / "a.safetensors")["w"]
+    made = torch.ones(3, 4, device="tpu")
+    assert torchjax.to_jax(w).committed == torchjax.to_jax(made).committed
+    torch.atan2(made, made).cpu()
+    before = torchjax.stats()["compiles"]
+    got = torch.atan2(w, made)
+    assert torchjax.stats()["compiles"] == before
+    torch.testing.assert_close(got.cpu(), torch.atan2(w.cpu(), made.cpu()))

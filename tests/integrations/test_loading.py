@@ -112,6 +112,20 @@ def test_fast_path_reads_every_tensor_and_matches_cpu(cpu_model_and_dir, reads, 
     torch.testing.assert_close(_logits(again, "tpu"), _logits(cpu, "cpu"), rtol=1e-4, atol=1e-4)
 
 
+def test_loaded_weights_share_programs_with_tensors_made_on_tpu(cpu_model_and_dir):
+    # Note [Uncommitted arrays on tpu:0]: weights the fast path read were committed to
+    # their device, so every program taking a weight and a tensor made on tpu compiled
+    # again beside the one for tensors made on tpu alone.
+    tpu = transformers.AutoModelForCausalLM.from_pretrained(cpu_model_and_dir[1], device_map="tpu")
+    w = tpu.model.norm.weight.detach()
+    made = torch.ones(w.shape, device="tpu")
+    torch.atan2(made, made).cpu()
+    before = torchjax.stats()["compiles"]
+    got = torch.atan2(w, made)
+    assert torchjax.stats()["compiles"] == before
+    torch.testing.assert_close(got.cpu(), torch.atan2(w.cpu(), made.cpu()))
+
+
 def test_cpu_device_map_and_uninstall_keep_transformers_loader(cpu_model_and_dir, reads):
     cpu, path = cpu_model_and_dir
     model = transformers.AutoModelForCausalLM.from_pretrained(path, device_map="cpu")

@@ -28,6 +28,7 @@ from torchjax.checkpoint._reader import SafetensorsFile, host_buffer
 from torchjax.device._mesh import get_mesh
 from torchjax.device._module import jax_device
 from torchjax.tensor import dtypes
+from torchjax.tensor._fills import host_onto
 from torchjax.tensor._tensor import wrap
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
@@ -65,7 +66,9 @@ def read_array(
     - ``device``: the tpu device when ``sharding`` is None (``"tpu"``, ``"tpu:1"``, an
       index or a ``torch.device``).
 
-    **Returns:** a committed jax.Array of the tensor's shape; its dtype is the file's
+    **Returns:** a jax.Array of the tensor's shape, placed as a tpu tensor's array is
+    (without ``sharding``: uncommitted on tpu:0, committed to any other device; Note
+    [Uncommitted arrays on tpu:0] in torchjax/tensor/_fills.py); its dtype is the file's
     (bfloat16, float8 and 64-bit dtypes kept) or ``dtype``.
 
     **Raises:** ``KeyError`` for an unknown name; ``ValueError`` if the sharding does not
@@ -84,7 +87,7 @@ def read_array(
 
     with x64(True):  # int64/float64 stay 64-bit (Note [x64 without touching the user's JAX])
         if sharding is None:
-            return jax.device_put(read(), _jax_device(device))
+            return host_onto(read(), _jax_device(device))
         pieces, by_index = [], {}
         for dev, index in sharding.addressable_devices_indices_map(info.shape).items():
             key = _index_key(index, info.shape)

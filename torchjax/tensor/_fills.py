@@ -111,12 +111,7 @@ def _filled(shape, dtype, fill, device) -> jax.Array:
         and jax.sharding.get_abstract_mesh().empty
     ):
         with x64(True), jax.ensure_compile_time_eval():
-            host = np.full(shape, fill, dtype)
-            # Uncommitted on the default device, as an executable's output from no
-            # committed input is: it may then join a computation over a mesh's devices.
-            if device == jax.devices()[0] or not _local(device):
-                return put_host(host)
-            return put_host(host, device)
+            return host_onto(np.full(shape, fill, dtype), device)
     key = (shape, dtype, type(fill), fill)
     run = _budget.cached(_FILLS, key, lambda: jax.jit(lambda: jnp.full(shape, fill, dtype)))
     with x64(True):
@@ -128,6 +123,27 @@ def _filled(shape, dtype, fill, device) -> jax.Array:
             with jax.ensure_compile_time_eval():
                 arr = run()
         return _on_device(arr, device)
+
+
+# Note [Uncommitted arrays on tpu:0]
+# jax keys a jitted function's executables on how its arguments are placed as well as on
+# their shapes: an argument committed to a device (``jax.device_put(x, device)``) and
+# one that is not (made on the default device with no device named) lower to two
+# programs, each compiled. Arrays of tpu:0 are uncommitted, as an executable's output
+# from no committed input is (so they may also join a computation over a mesh's
+# devices); arrays of tpu:N, N > 0, are committed to that device. Everything that puts
+# host data on tpu follows that rule through ``host_onto``: factories, ``x.to("tpu")``
+# and the checkpoint loaders. The loaders committed tpu:0 weights, so a model's outputs
+# were committed and a loop mixing them with tensors made on tpu compiled each program
+# twice: eager ``generate`` of a model from ``from_pretrained(device_map="tpu")``
+# compiled its ``cat`` of the growing ids and its reads of the last token once per
+# placement, four programs per token where two do.
+def host_onto(host: np.ndarray, device) -> jax.Array:
+    """NumPy ``host`` on jax ``device`` as a tpu tensor's array (Note [Uncommitted arrays
+    on tpu:0]): uncommitted on tpu:0, committed to any other local device."""
+    if device == jax.devices()[0] or not _local(device):
+        return put_host(host)
+    return put_host(host, device)
 
 
 def _on_device(arr, device):

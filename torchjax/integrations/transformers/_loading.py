@@ -64,7 +64,6 @@ import functools
 import inspect
 import sys
 
-import jax
 import torch
 
 from torchjax.integrations import _after_import
@@ -98,12 +97,14 @@ class _TpuSlice:
     def __getitem__(self, index) -> torch.Tensor:
         from torchjax._compat.jax import x64
         from torchjax.device._module import jax_device
+        from torchjax.tensor._fills import host_onto
         from torchjax.tensor._tensor import wrap
 
         # Only the bytes of the part asked for are read (all of them for `[...]`).
         part = self._file.read(self._name, index)
         with x64(True):  # int64 stays int64 (Note [x64 without touching the user's JAX])
-            arr = jax.device_put(part, jax_device(self._device))
+            # Placed as tpu tensors are (Note [Uncommitted arrays on tpu:0]).
+            arr = host_onto(part, jax_device(self._device))
         return wrap(arr, self._device)
 
 
