@@ -469,6 +469,33 @@ def test_a_view_beside_a_growing_argument_shares_the_plain_executables():
     assert cached_compute.cache_info(aten.cat.default).op_by_op == 0
 
 
+def test_reads_of_a_growing_batch_share_one_program_per_length():
+    # generate's ids of a batch, one token longer each step: ``ids[:, -1:]`` has the
+    # length as its row stride, a new layout every step. Past MAX_VIEW_SIGNATURES
+    # lengths the ops on it read the view first: the read is one program per length,
+    # shared by every op reading that column, and each op keeps one plain executable
+    # (Note [Views in keys whose shapes vary]); values are exact.
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    tids = ids.to(TPU)
+    eos = torch.tensor([7])
+    teos = eos.to(TPU)
+    mul, isin = [], []
+    for step in range(8):
+        m0 = cached_compute.cache_info(aten.mul.Tensor).traces
+        i0 = cached_compute.cache_info(aten.isin.Tensor_Tensor).traces
+        got = (tids[:, -1:] * 3, torch.isin(tids[:, -1:], teos))
+        mul.append(cached_compute.cache_info(aten.mul.Tensor).traces - m0)
+        isin.append(cached_compute.cache_info(aten.isin.Tensor_Tensor).traces - i0)
+        assert torch.equal(got[0].cpu(), ids[:, -1:] * 3)
+        assert torch.equal(got[1].cpu(), torch.isin(ids[:, -1:], eos))
+        new = torch.tensor([[step], [step + 7]])
+        ids, tids = torch.cat([ids, new], -1), torch.cat([tids, new.to(TPU)], -1)
+    # The first lengths read the column inside the op's program; then one plain
+    # executable per op, traced once.
+    n = cached_compute.MAX_VIEW_SIGNATURES
+    assert mul[n:] == isin[n:] == [1] + [0] * (7 - n), (mul, isin)
+
+
 def test_ops_on_views_at_many_offsets_trace_once():
     # ``t[:, i]`` over a loop: the view's offset is an argument of the op's executable
     # (Note [View offsets as arguments]), not part of its key.

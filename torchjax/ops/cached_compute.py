@@ -54,7 +54,14 @@ without a view): two compiles per step where one would do. So after
 first (one small executable per layout, compiled once) and uses the plain key; the
 signatures seen so far keep their fused executables. The read is exact, so the values
 are the same. (A 64-token greedy ``generate`` of the tiny Llama: two compiles fewer per
-token.)
+token.) Signatures are counted per key with its views' layouts masked (``layout_masked``:
+the view's size kept, its storage numel, strides and offset dropped): the last token of
+a batch's growing ids, ``ids[:, -1:]``, has the length as its row stride, so its layout,
+and with it the key, is new every step; counted per exact key, every op reading it (the
+model's input, the end-of-sequence check, the next position id) compiled its read fused
+at every length until ``MAX_VIEW_KEYS``. Views of one storage shape in several layouts
+(``w.t()`` and ``w[:, :k]`` of the same size) give one signature, not several: each
+keeps its fused executable.
 
 Note [Views of a growing storage]
 A view read inside an executable at an offset given as an argument is keyed by its size
@@ -129,6 +136,7 @@ from torchjax.ops.templates import (
     View,
     float_masked,
     has_view,
+    layout_masked,
     rebuild,
     signature,
     static,
@@ -464,7 +472,7 @@ class CompiledCompute:
             # TypeError: an unhashable static argument (no key to cache under).
             return self._op_by_op(args, kwargs)
         if run is None:
-            if not read_views and self._varying_view_shapes(key, tmpl, kwtmpl):
+            if not read_views and self._varying_view_shapes(key, tmpl, kwtmpl, run_key[1]):
                 return self._call(args, kwargs, read_views=True)
             dts = self.cache.get(key, _NO_KEY)
             if dts is _NO_KEY:
@@ -500,16 +508,25 @@ class CompiledCompute:
         out = _checks.finish(out)
         return out if drawn is None else _seeded.cut(out, args[0]._size)
 
-    def _varying_view_shapes(self, key, tmpl, kwtmpl) -> bool:
-        """Whether a new input signature of ``key`` (which may read views inside) should
-        read its views first instead (Note [Views in keys whose shapes vary]); counts it."""
+    def _varying_view_shapes(self, key, tmpl, kwtmpl, sig) -> bool:
+        """Whether a new input signature ``sig`` of ``key`` (which may read views inside)
+        should read its views first instead (Note [Views in keys whose shapes vary]);
+        counts it among the signatures of the key's layouts-masked family."""
         if not (any(has_view(e) for e in tmpl) or any(has_view(e) for _, e in kwtmpl)):
             return False
+        family = (
+            key[0],
+            tuple(layout_masked(e) for e in tmpl),
+            tuple((k, layout_masked(e)) for k, e in kwtmpl),
+            key[3],
+        )
         with self.lock:
-            seen = self.view_signatures.get(key, 0)
-            if seen >= MAX_VIEW_SIGNATURES:
+            seen = self.view_signatures.setdefault(family, set())
+            if sig in seen:
+                return False
+            if len(seen) >= MAX_VIEW_SIGNATURES:
                 return True
-            self.view_signatures[key] = seen + 1
+            seen.add(sig)
             return False
 
     def _new_key(self, key, tmpl, kwtmpl, psig):

@@ -112,6 +112,17 @@ def float_masked(entry):
     return Seq(SEQ, entry.cls, tuple(float_masked(e) for e in entry.entries))
 
 
+def layout_masked(entry):
+    """``entry`` with each view's layout (storage numel, strides, offset) blanked: keys
+    equal up to where their views lie in their storages (Note [Views in keys whose
+    shapes vary] in torchjax/ops/cached_compute.py)."""
+    if entry is ARRAY or entry.kind in (STATIC, SHAPE):
+        return entry
+    if entry.kind == VIEW:
+        return (VIEW, entry.size)
+    return Seq(SEQ, entry.cls, tuple(layout_masked(e) for e in entry.entries))
+
+
 def has_view(entry) -> bool:
     if entry is ARRAY or entry.kind in (STATIC, SHAPE):
         return False
