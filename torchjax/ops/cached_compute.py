@@ -43,36 +43,9 @@ runs every eligible lowering, together with the promotion casts around it, as on
   whose array is not made yet) builds the template. Half the ops of a transformer
   forward take a view (a reshape, a transpose, a slice of the rotary cache).
 
-Note [Views in keys whose shapes vary]
-A key that reads a view inside is built for the view's layout, and the executable for
-the shapes of the other arguments. When those change every call while the layout stays
-(``torch.cat([cache, value.transpose(1, 2)])`` of a growing KV cache; ``torch.cat([ids,
-next_token[:, None]])`` of ``generate``), each new length compiles a program of the view
-read and the op, beside the plain key's program of the same op and shapes (the key cache
-without a view): two compiles per step where one would do. So after
-``MAX_VIEW_SIGNATURES`` input signatures of such a key, a new signature reads the views
-first (one small executable per layout, compiled once) and uses the plain key; the
-signatures seen so far keep their fused executables. The read is exact, so the values
-are the same. (A 64-token greedy ``generate`` of the tiny Llama: two compiles fewer per
-token.) Signatures are counted per key with its views' layouts masked (``layout_masked``:
-the view's size kept, its storage numel, strides and offset dropped): the last token of
-a batch's growing ids, ``ids[:, -1:]``, has the length as its row stride, so its layout,
-and with it the key, is new every step; counted per exact key, every op reading it (the
-model's input, the end-of-sequence check, the next position id) compiled its read fused
-at every length until ``MAX_VIEW_KEYS``. Views of one storage shape in several layouts
-(``w.t()`` and ``w[:, :k]`` of the same size) give one signature, not several: each
-keeps its fused executable.
-
-Note [Views of a growing storage]
-A view read inside an executable at an offset given as an argument is keyed by its size
-and strides alone: the storage's numel is its array's shape, which the input signature
-holds, and the stride of a size-1 dimension, which moves no read, is keyed as the
-contiguous one (``read_strides``). ``ids[:, -1:]`` of ``generate``'s ids, one longer each
-step, is then one key with a new signature per step, so Note [Views in keys whose shapes
-vary] applies after two steps: its read is the one program per length that every read of
-the last token shares (the model's input, the end-of-sequence check), where a key per
-length compiled the op with its read fused, per length, for the first ``MAX_VIEW_KEYS``
-lengths.
+Views whose storage grows every step (``generate``'s ids, a growing KV cache): Note
+[Views in keys whose shapes vary] and Note [Views of a growing storage] in
+torchjax/ops/view_signatures.py.
 
 Every dtype is compiled: float32/64, bfloat16, float16, float8, every int, bool and
 complex. Value checks of integer inputs (index out of range, division by zero) are device
@@ -120,7 +93,7 @@ import torch
 from torchjax import _budget
 from torchjax.device import _checks
 from torchjax.device._stats import cache_info, cache_info_entry  # noqa: F401 (public here)
-from torchjax.ops import _seeded, executables, fast_keys, promotion
+from torchjax.ops import _seeded, executables, fast_keys, promotion, view_signatures
 from torchjax.ops import fused as _fused
 from torchjax.ops.executables import CONCRETE_ERRORS
 from torchjax.ops.templates import (
@@ -136,7 +109,6 @@ from torchjax.ops.templates import (
     View,
     float_masked,
     has_view,
-    layout_masked,
     rebuild,
     signature,
     static,
@@ -151,11 +123,7 @@ from torchjax.tensor._tensor import JaxTensor
 # key every step; past this many, views are read first (one executable) and the op
 # uses its plain key.
 MAX_VIEW_KEYS = 16
-# Input signatures of one key that reads a view inside: the view's layout is fixed but
-# another argument's shape changes (``cat([cache, new_token_view])`` of a growing KV
-# cache): past this many, such calls read their views first and share the plain key's
-# executables (Note [Views in keys whose shapes vary]).
-MAX_VIEW_SIGNATURES = 2
+MAX_VIEW_SIGNATURES = view_signatures.MAX_VIEW_SIGNATURES
 
 _INTEGER_DTYPES = frozenset(
     {
@@ -255,7 +223,7 @@ class CompiledCompute:
         self.tensor_cache: dict = {}
         self.eager_keys: set = set()
         self.view_keys = 0
-        self.view_signatures: dict = {}
+        self.view_signatures = view_signatures.ViewSignatures(self.lock)
         self.masks = func in _MASK_INDEXED
         # Random ops take their key as an argument (Note [Compiled random ops]).
         self.seeded = not entry.deterministic and _seeded.seeded(func)
@@ -268,7 +236,7 @@ class CompiledCompute:
             self.cache, self.tensor_cache = {}, {}
             self.eager_keys = set()
             self.view_keys = 0
-            self.view_signatures = {}
+            self.view_signatures = view_signatures.ViewSignatures(self.lock)
 
     def _entry(self, x, dyn, psig, scalars, promoted, read_views=False):
         """The template entry of argument ``x``; appends its arrays to ``dyn``, its
@@ -303,7 +271,8 @@ class CompiledCompute:
             dyn.append(_array(storage))
             if _plan(storage.numel, size, stride, offset).dynamic:
                 dyn.append(np.int32(offset))
-                # Keyed by the layout alone (Note [Views of a growing storage]).
+                # Keyed by the layout alone (Note [Views of a growing storage] in
+                # torchjax/ops/view_signatures.py).
                 return View(VIEW, None, size, read_strides(size, stride), None)
             return View(VIEW, storage.numel, size, stride, offset)
         if isinstance(x, torch.Tensor):
@@ -472,7 +441,7 @@ class CompiledCompute:
             # TypeError: an unhashable static argument (no key to cache under).
             return self._op_by_op(args, kwargs)
         if run is None:
-            if not read_views and self._varying_view_shapes(key, tmpl, kwtmpl, run_key[1]):
+            if not read_views and self.view_signatures.varying(key, tmpl, kwtmpl, run_key[1]):
                 return self._call(args, kwargs, read_views=True)
             dts = self.cache.get(key, _NO_KEY)
             if dts is _NO_KEY:
@@ -507,27 +476,6 @@ class CompiledCompute:
             self._measure(run, dyn)
         out = _checks.finish(out)
         return out if drawn is None else _seeded.cut(out, args[0]._size)
-
-    def _varying_view_shapes(self, key, tmpl, kwtmpl, sig) -> bool:
-        """Whether a new input signature ``sig`` of ``key`` (which may read views inside)
-        should read its views first instead (Note [Views in keys whose shapes vary]);
-        counts it among the signatures of the key's layouts-masked family."""
-        if not (any(has_view(e) for e in tmpl) or any(has_view(e) for _, e in kwtmpl)):
-            return False
-        family = (
-            key[0],
-            tuple(layout_masked(e) for e in tmpl),
-            tuple((k, layout_masked(e)) for k, e in kwtmpl),
-            key[3],
-        )
-        with self.lock:
-            seen = self.view_signatures.setdefault(family, set())
-            if sig in seen:
-                return False
-            if len(seen) >= MAX_VIEW_SIGNATURES:
-                return True
-            seen.add(sig)
-            return False
 
     def _new_key(self, key, tmpl, kwtmpl, psig):
         """The dtypes for a key seen for the first time, or _NO_KEY when the key runs op

@@ -358,7 +358,8 @@ def isin(elements, test_elements, *, assume_unique=False, invert=False):
     is in nothing, ``-0.0`` in ``[0.0]``), so ``assume_unique`` changes nothing. One
     program where the decomposition was several: ``generate``'s end-of-sequence check
     (``isin(ids[:, -1:], eos)``) then reads its view of the growing ids with the same
-    program as the next step's input (Note [Views in keys whose shapes vary]).
+    program as the next step's input (Note [Views in keys whose shapes vary] in
+    torchjax/ops/view_signatures.py).
     Reference: torch.isin; torch/_decomp ``isin``."""
     del assume_unique
     test = jnp.ravel(test_elements)

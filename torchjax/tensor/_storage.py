@@ -54,7 +54,7 @@ def read_strides(size, stride) -> tuple[int, ...]:
     """``stride`` with each size-1 dimension's stride made the contiguous one: the strides
     that decide a read (a size-1 dimension's stride moves nothing), so views that read the
     same elements have one layout key (Note [Views of a growing storage] in
-    torchjax/ops/cached_compute.py)."""
+    torchjax/ops/view_signatures.py)."""
     if 1 not in size:
         return tuple(stride)
     return tuple(
