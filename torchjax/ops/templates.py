@@ -115,7 +115,7 @@ def float_masked(entry):
 def layout_masked(entry):
     """``entry`` with each view's layout (storage numel, strides, offset) blanked: keys
     equal up to where their views lie in their storages (Note [Views in keys whose
-    shapes vary] in torchjax/ops/cached_compute.py)."""
+    shapes vary] in torchjax/ops/view_signatures.py)."""
     if entry is ARRAY or entry.kind in (STATIC, SHAPE):
         return entry
     if entry.kind == VIEW:
