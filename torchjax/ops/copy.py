@@ -27,7 +27,7 @@ from torchjax.ops.functional import cpu_to_jax
 from torchjax.ops.promotion import astype
 from torchjax.ops.registry import handler, lowering
 from torchjax.ops.writeback import write_into
-from torchjax.tensor import _fake, dtypes
+from torchjax.tensor import _fake, _shadows, dtypes
 from torchjax.tensor._addresses import root_of, storage_view
 from torchjax.tensor._host_storage import host_view, is_host_backed
 from torchjax.tensor._memory_format import (
@@ -58,6 +58,10 @@ def to_host(arr: jax.Array) -> np.ndarray:
 
 def to_cpu(t: JaxTensor) -> torch.Tensor:
     """A CPU tensor holding a copy of ``t``'s data (blocks until it is computed)."""
+    known = _shadows.lookup(t)  # Note [Host values of tensors made from host data]
+    if known is not None:
+        _checks.raise_pending()
+        return known
     arr = t._value()
     if arr.ndim > 64:  # NumPy's limit, not torch's: read flat, shaped on the host
         return dtypes.numpy_to_cpu_tensor(to_host(arr.reshape(-1))).reshape(t.shape)
@@ -88,7 +92,16 @@ def copy_(args, kwargs):
 
 def _copy_from_cpu(dst: JaxTensor, src: torch.Tensor) -> JaxTensor:
     with x64(True):  # also when a legacy load runs it again, outside dispatch
-        return write_into(aten.copy_.default, dst, wrap(cpu_to_jax(src)), check_cast=False)
+        out = write_into(aten.copy_.default, dst, wrap(cpu_to_jax(src)), check_cast=False)
+    storage = dst._storage
+    if (
+        src.dtype == dst.dtype
+        and tuple(src.shape) == dst._size
+        and storage.covers(dst._size, dst._stride, dst._offset)
+        and dst._stride == contiguous_strides(dst._size)
+    ):
+        _shadows.remember(storage, src)  # Note [Host values of tensors made from host data]
+    return out
 
 
 def _copy_from(self, dst, non_blocking=False):
@@ -204,6 +217,10 @@ def clone(args, kwargs):
 @handler(aten._local_scalar_dense.default, aten.item.default)
 def _local_scalar_dense(args, kwargs):
     """aten::_local_scalar_dense - ``.item()``: the Python number (blocks)."""
+    known = _shadows.lookup(args[0])  # Note [Host values of tensors made from host data]
+    if known is not None:
+        _checks.raise_pending()
+        return known.item()
     arr = args[0]._value()
     return to_host(arr.reshape(-1) if arr.ndim > 64 else arr).item()  # NumPy's 64 dims
 
