@@ -116,8 +116,11 @@ from torchjax.integrations.transformers._cache_state import (
     _replay,
     _static_cache,
     cache_room,
+    reset,
 )
+from torchjax.ops.copy import to_cpu
 from torchjax.tensor._errors import TraceError
+from torchjax.tensor._tensor import JaxTensor
 
 
 def compile_generate(model: torch.nn.Module, *, warn_after: int = 8, loop: bool = True) -> Jitted:
@@ -252,6 +255,7 @@ def _state_of_a_copy(self) -> dict:
 
 
 KEEP_LAYOUTS = 4  # static caches kept for reuse per model
+_IDS_READ_WHOLE = 1 << 16  # token ids checked on the host when at most this many
 
 # generate's arguments that a callable ``custom_generate`` would not pass on (transformers
 # hands them only to its own decoding methods): with any of them, generate runs as written.
@@ -439,7 +443,7 @@ def _reuse_static_cache(model, prepare):
         key = (cache_implementation, batch_size, model.dtype, model.device, layout(cache))
         old = caches.pop(key, None)
         if old is not None and not (made_in_inference_mode(old) and not inference):
-            old.reset()
+            reset(old)  # Note [A static cache reset as one program]
             cache = old
         else:
             _initialize_early(model, cache, batch_size)
@@ -613,7 +617,12 @@ def _check_ids(model, args, kwargs) -> None:
     rows = getattr(embeddings, "num_embeddings", None)
     if rows is None or ids.numel() == 0:
         return
-    low, high = torch.stack(torch.aminmax(ids)).tolist()  # one host read
+    if ids.numel() <= _IDS_READ_WHOLE and isinstance(ids, JaxTensor):
+        # Read whole (or from its host values, Note [Host values of tensors made from
+        # host data]) and checked on the host: no device op, at most one read.
+        low, high = torch.stack(torch.aminmax(to_cpu(ids))).tolist()
+    else:
+        low, high = torch.stack(torch.aminmax(ids)).tolist()  # one host read
     if low < 0 or high >= rows:
         bad = low if low < 0 else high
         raise IndexError(

@@ -1,0 +1,75 @@
+"""A reused static cache resets as one program where its reset only zeroes tensors
+(Note [A static cache reset as one program] in
+torchjax/integrations/transformers/_cache_state.py), with the values ``reset()`` leaves;
+other caches reset as written."""
+
+import os
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import transformers as tf  # noqa: E402
+from transformers import cache_utils as cu  # noqa: E402
+
+import torchjax  # noqa: E402
+from torchjax.integrations.transformers._cache_state import _reset_program, reset  # noqa: E402
+
+LAYERS = 3
+
+
+def _config():
+    return tf.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=64, max_position_embeddings=64,
+    )  # fmt: skip
+
+
+def _filled_static_cache():
+    cache = cu.StaticCache(config=_config(), max_cache_len=16)
+    cache.early_initialization(1, 2, 8, torch.float32, torch.device("tpu"))
+    for i in range(len(cache.layers)):
+        k = torch.full((1, 2, 3, 8), float(i + 1), device="tpu")
+        cache.update(k, k * 2, i, {"cache_position": torch.arange(3, device="tpu")})
+    assert all(layer.keys.abs().sum().item() > 0 for layer in cache.layers)
+    return cache
+
+
+def _zeroed(cache) -> bool:
+    return all(
+        layer.keys.abs().sum().item() == 0
+        and layer.values.abs().sum().item() == 0
+        and int(layer.cumulative_length) == 0
+        for layer in cache.layers
+    )
+
+
+def test_a_static_cache_resets_as_one_program():
+    cache = _filled_static_cache()
+    tensors = [(layer.keys, layer.values) for layer in cache.layers]
+    reset(cache)  # traces
+    assert _zeroed(cache)
+    for i in range(len(cache.layers)):  # filled again
+        k = torch.ones((1, 2, 2, 8), device="tpu")
+        cache.update(k, k, i, {"cache_position": torch.arange(2, device="tpu")})
+    eager, calls = torchjax.stats()["executions"], _reset_program().cache_hits
+    reset(cache)
+    # One call of the cached program and no eager op (as written: 3 * LAYERS ops).
+    assert _reset_program().cache_hits == calls + 1
+    assert torchjax.stats()["executions"] == eager
+    assert _zeroed(cache)
+    # The same tensor objects, zeroed in place, as reset() leaves them.
+    assert all(
+        layer.keys is k and layer.values is v for layer, (k, v) in zip(cache.layers, tensors)
+    )
+    assert len(cache.layers) == LAYERS
+
+
+def test_a_dynamic_cache_resets_as_written():
+    cache = cu.DynamicCache(config=_config())
+    for i in range(LAYERS):
+        k = torch.ones((1, 2, 3, 8), device="tpu")
+        cache.update(k, k, i)
+    reset(cache)
+    # DynamicLayer.reset drops its tensors (Python state a program could not move).
+    assert all(layer.keys is None and not layer.is_initialized for layer in cache.layers)
+    assert cache.get_seq_length() == 0
