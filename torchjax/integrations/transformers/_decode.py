@@ -65,6 +65,8 @@ from torchjax.integrations.transformers._cache_state import (
     _static_cache,
     cache_room,
 )
+from torchjax.ops.copy import to_cpu
+from torchjax.tensor._tensor import JaxTensor
 
 # Model inputs the decode step builds itself; others pass through when they are plain
 # values (``logits_to_keep``), constants of the program and part of its key.
@@ -88,10 +90,20 @@ def _processor_types():
     }
 
 
+def _values(t: torch.Tensor) -> tuple:
+    """``t``'s elements as Python numbers, read without dispatching torch ops: the EOS
+    and pad ids transformers just made from Python ints come from their host values
+    (Note [Host values of tensors made from host data] in torchjax/tensor/_shadows.py),
+    and an eager op costs about 0.3 ms of host time on the chip."""
+    if isinstance(t, JaxTensor):
+        t = to_cpu(t)
+    return tuple(t.reshape(-1).tolist())
+
+
 def _setting(value):
     """A hashable form of one processor attribute (tensors by their values, once per call)."""
     if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.reshape(-1).tolist()))
+        return ("tensor", _values(value))
     if isinstance(value, (list, tuple)):
         return tuple(_setting(v) for v in value)
     return value
@@ -111,9 +123,9 @@ def _length_rules(processors) -> tuple:
     rules = []
     for p in processors:
         if isinstance(p, lp.MinLengthLogitsProcessor):
-            rules.append((0, p.min_length, tuple(p.eos_token_id.reshape(-1).tolist())))
+            rules.append((0, p.min_length, _values(p.eos_token_id)))
         elif isinstance(p, lp.MinNewTokensLengthLogitsProcessor):
-            ids = tuple(p.eos_token_id.reshape(-1).tolist())
+            ids = _values(p.eos_token_id)
             rules.append((p.prompt_length_to_skip, p.min_new_tokens, ids))
         else:
             rules.append(None)
@@ -213,13 +225,13 @@ def device_sample(
     batch, prompt = input_ids.shape
     max_length = min(c.max_length for c in stopping_criteria if type(c) is sc.MaxLengthCriteria)
     eos = [c for c in stopping_criteria if type(c) is sc.EosTokenCriteria]
-    eos_ids = tuple(sorted({i for c in eos for i in c.eos_token_id.reshape(-1).tolist()}))
+    eos_ids = tuple(sorted({i for c in eos for i in _values(c.eos_token_id)}))
     pad = generation_config._pad_token_tensor
     settings = (
         _spec(logits_processor),
         _length_rules(logits_processor),
         eos_ids,
-        None if pad is None or not eos_ids else int(pad),
+        None if pad is None or not eos_ids else _values(pad)[0],
         bool(generation_config.do_sample),
         tuple(sorted((k, v) for k, v in model_kwargs.items() if k not in _MODEL_KWARGS)),
     )
