@@ -19,6 +19,7 @@ weights. Rows per implementation, in one process (weights shared):
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 
@@ -37,6 +38,12 @@ def _config(small: bool):
         **dims, max_position_embeddings=2048, tie_word_embeddings=False, pad_token_id=0,
         bos_token_id=1, eos_token_id=2, norm_topk_prob=True,
     )  # fmt: skip
+
+
+def _progress(what: str) -> None:
+    # On stderr as it happens: a section stopped by its time limit still says how far
+    # it got (a first compile can take minutes).
+    print(f"moe: {what} ({time.strftime('%H:%M:%S')})", file=sys.stderr, flush=True)
 
 
 def _median_s(call, runs=3):
@@ -115,6 +122,7 @@ def moe(ctx) -> dict:
             return block_torch(got)
 
         try:
+            _progress(f"{impl}: first generate")
             t0 = time.perf_counter()
             tokens[impl] = decode().cpu()
             row["first_generate_s"] = round(time.perf_counter() - t0, 1)
@@ -123,6 +131,7 @@ def moe(ctx) -> dict:
             row["decode_error"] = f"{type(e).__name__}: {e}"[:500]
     for impl in impls:
         model.set_experts_implementation(impl)
+        _progress(f"{impl}: first train step")
         out[impl].update(_train(model, ids))
     if len(tokens) == 2:
         out["tokens_equal"] = bool(torch.equal(*tokens.values()))
