@@ -52,9 +52,13 @@ def _aval(a):
 class Call:
     """One call's arguments, state and cache key."""
 
-    def __init__(self, jitted, flat, spec, static_kwargs):
+    def __init__(self, jitted, flat, spec, static_kwargs, tree=None):
         self.jitted = jitted
         self.spec = spec
+        # The caller's (args, kwargs) and, once listed, their lists and dicts (Note
+        # [Containers a compiled function changes] in torchjax/compile/_containers.py).
+        self.tree = tree
+        self.containers = None
         self.static_kwargs = static_kwargs
         roots = [jitted.fn]
         static, pos, tensors = [], [], []

@@ -36,12 +36,17 @@ def export(fn, *args, **kwargs):
     jitted = Jitted(fn)
     flat, spec = flatten_args(args, kwargs)
     with torch.no_grad():
-        call = Call(jitted, flat, spec, {})
+        call = Call(jitted, flat, spec, {}, (args, kwargs))
         before = Before(call)
         try:
             entry = _Entry.trace(jitted, call)
         finally:  # Note [State after a trace whose program does not run]
             before.put_back()
+    if entry.containers is not None:  # Note [Containers a compiled function changes]
+        raise RuntimeError(
+            "torchjax.export: the function changes or returns a list or dict it takes; "
+            "an exported program returns arrays only. Return new containers instead"
+        )
     state, rng, n_out = call.state_arrays, entry.rng(), len(entry.out_pos)
 
     def run(*arrays):

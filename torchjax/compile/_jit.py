@@ -67,6 +67,7 @@ from torchjax.compile._call import (
     traced_argument,
     unflatten_args,
 )
+from torchjax.compile._containers import Watch
 from torchjax.compile._escaped_grads import grads_watched, restore_grads
 from torchjax.compile._host_rng import HOST_DRAWS, HostGenerators, replay_generators
 from torchjax.compile._refusals import (
@@ -196,13 +197,13 @@ class Jitted:
                 call, entry = self._lookup(args, {**kwargs, **call.static_kwargs})
                 before.call = call
                 entry = entry or self._trace(call)
-            if not entry.writes_shared:
+            if not entry.runs_eagerly(call):
                 return self._run(call, entry, args, kwargs)
             before.put_back()  # eager Python runs from the state before the trace
         return self.fn(*args, **kwargs, **call.static_kwargs)
 
     def _run(self, call: Call, entry: _Entry, args, kwargs):
-        if entry.writes_shared:  # Note [Arguments that share memory] (_aliases.py)
+        if entry.runs_eagerly(call):
             return self.fn(*args, **kwargs, **call.static_kwargs)
         if entry.vjp is not None and call.grad_mode:
             return entry.run_differentiable(call)
@@ -240,10 +241,10 @@ class Jitted:
         """This call's arguments and state, and its live cache entry (None: none yet)."""
         static_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in self.static_argnames}
         flat, spec = flatten_args(args, kwargs)
-        call = Call(self, flat, spec, static_kwargs)
+        call = Call(self, flat, spec, static_kwargs, (args, kwargs))
         entry = self._entries.get(call.key)
         if (entry is None or not entry.alive()) and self._new_attributes(call.walk.modules):
-            call = Call(self, flat, spec, static_kwargs)  # with what they hold
+            call = Call(self, flat, spec, static_kwargs, (args, kwargs))  # with what they hold
             entry = self._entries.get(call.key)
         return call, (entry if entry is not None and entry.alive() else None)
 
@@ -376,6 +377,8 @@ class _Entry:
                     stored = [root(w).arr for w in wrapped]  # the arrays traced
                     flat = [x.obj if isinstance(x, Ref) else x for x in flat]
                     args, kwargs = unflatten_args(flat, call.spec)
+                    # Note [Containers a compiled function changes] (_containers.py)
+                    watch = Watch((args, kwargs), _name(jitted.fn))
                     kwargs = {**kwargs, **call.static_kwargs}
                     layouts_in = [_layout(w) for w in wrapped]
                     with (
@@ -394,6 +397,7 @@ class _Entry:
                     arg_grads = argument_grads(call.tensors, leaves)
                 finally:
                     _rng.set_traced_stream(old)
+                out, info["containers"] = watch.finish(out, storages)
                 out_flat, out_spec = pytree.tree_flatten(out)
                 out_pos = [i for i, x in enumerate(out_flat) if isinstance(x, JaxTensor)]
                 info["out"] = (out_spec, out_flat, out_pos)
@@ -480,6 +484,7 @@ class _Entry:
             raise escaped_grad(_name(jitted.fn), lost)
         self.closed = closed
         self.out_spec, out_flat, self.out_pos = info["out"]
+        self.containers = info["containers"]
         self.out_grad = info["out_grad"]
         self.saved_outputs = info["saved_outputs"]
         self.new_leaves = info["new_leaves"]
@@ -523,6 +528,14 @@ class _Entry:
 
     def alive(self) -> bool:
         return all(r() is not None for r in self.refs)
+
+    def runs_eagerly(self, call: Call) -> bool:
+        """Whether ``call`` runs the function as eager Python instead of this program:
+        Note [Arguments that share memory] (_aliases.py), Note [Containers a compiled
+        function changes] (_containers.py)."""
+        return self.writes_shared or (
+            self.containers is not None and self.containers.runs_eagerly(call)
+        )
 
     def rng(self, calls: int = 1):
         """The RNG input of ``calls`` calls in a row, the device states (and CPU
@@ -596,7 +609,10 @@ class _Entry:
             if cls is not None:  # Note [User tensor subclasses under torchjax.jit]
                 t.__class__ = cls
             flat[i] = t
-        return pytree.tree_unflatten(flat, self.out_spec)
+        out = pytree.tree_unflatten(flat, self.out_spec)
+        if self.containers is not None:  # Note [Containers a compiled function changes]
+            out = self.containers.apply(out, call)
+        return out
 
     def run_differentiable(self, call: Call):
         program = self.vjp

@@ -17,8 +17,10 @@ after ``times`` calls (reading how many ran would wait for the loop).
 
 What it needs from the step, else it raises: no state created by the trace (lazily made
 optimizer state: run the step once first), no autograd through it (grad mode off), and
-``until`` one of the tensor arguments. Outputs of the step are dropped. Each (signature,
-``until``) is one more program, kept with the step's cache entry (and evicted with it).
+``until`` one of the tensor arguments, no list or dict argument changed (Note
+[Containers a compiled function changes] in _containers.py). Outputs of the step are
+dropped. Each (signature, ``until``) is one more program, kept with the step's cache
+entry (and evicted with it).
 The Python code of the step runs only at trace time: anything it would do between
 iterations (a Python counter, a host read) happens once, as in any torchjax.jit call.
 The step's device checks ride in the carry, the first failing iteration's kept, and are
@@ -47,6 +49,12 @@ def run(entry, call, times: int, until) -> None:
         raise RuntimeError(
             "torchjax.jit(...).repeat: the step creates state when traced (e.g. an "
             "optimizer's lazily made buffers); call it once normally before repeating it"
+        )
+    if entry.containers is not None and entry.containers.changed:
+        raise RuntimeError(
+            "torchjax.jit(...).repeat: the step changes a list or dict it takes (Note "
+            "[Containers a compiled function changes]), which a loop of its program "
+            "cannot repeat; call it once per step instead"
         )
     if until is None:
         stop = None

@@ -1,0 +1,256 @@
+"""Lists and dicts a torchjax.jit function takes as arguments and changes.
+
+Note [Containers a compiled function changes]
+A call's arguments are a pytree (torchjax/compile/_call.py): its tensors are inputs of
+the program, and the trace gives the function a copy of every list, tuple and dict
+around them, holding the traced tensors. So ``out.append(y)``, ``d["k"] = y`` or
+``lst[0] = y`` changed the copy: after the call the caller's list or dict was as before,
+where eager Python (and torch.compile, which replays such a mutation after its graph)
+leaves the change in it. A silent wrong result.
+
+So while tracing, the lists, dicts and deques of the arguments are listed in pytree
+order and their items noted (by identity); after the function returns, those whose items
+changed are the call's container writes. The new contents of each join the function's
+output as one more pytree: tensors the function made become outputs of the program
+(with their autograd history, as a returned tensor: ``backward()`` through an appended
+loss works), an argument tensor stays that argument (``lst[0], lst[1] = lst[1], lst[0]``
+swaps the caller's tensors), a state tensor or a view is rebuilt as the view a returned
+one is (Note [Aliased outputs of a compiled function] in _aliases.py), other values are
+kept as the trace left them (part of the cache key: a number read from the container,
+``d["n"] += 1``, is a static argument). A container of the arguments found among the new
+contents, or returned (``return lst``), stands for the caller's own object, so nesting
+and identity are eager's. After every call of the program, each changed container of
+the caller's arguments gets its new contents in place (``lst[:] = ...``; a dict cleared
+and refilled in the trace's order), so the objects the caller holds see the change.
+
+Cost: a call whose trace changed no container, and returned none, pays nothing. One
+that did lists the caller's containers again (one pytree walk) to write them. A list
+that grows on every call (``history.append(loss)`` into the same list) changes the
+arguments' structure, which is part of the cache key: each call traces again, with a
+``RetraceWarning`` after ``warn_after``; pass a new list per call, or return the value
+and append it outside.
+
+What cannot be written back exactly runs another way:
+- the same container passed twice (``f(lst, lst)``, or one list inside two dicts),
+  where a change made through one must be seen through the other: the trace saw two
+  copies, so a call whose arguments share a container the program changes runs the
+  function eagerly instead (as Note [Arguments that share memory] does for tensors);
+- a change to a container of another type (a ``ModelOutput``, a user's class registered
+  as a pytree node) is refused when traced, naming it: torchjax.jit cannot put the new
+  contents back into it through an interface it knows;
+- a jax array of the trace (``torchjax.to_jax`` of a traced tensor), or an object
+  holding a tensor the trace made, put into a container is refused: it cannot leave the
+  program (store the tensor itself, or return the object's tensors);
+- ``repeat`` and ``torchjax.export`` refuse a function that changes its containers:
+  their programs return arrays only.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+import torch
+
+from torchjax._compat.torch import pytree
+from torchjax.compile._state import StateWalk
+from torchjax.tensor._tensor import JaxTensor
+
+# Containers the trace copies and a call can change: the builtin pytree nodes that are
+# mutable. Their subclasses (``ModelOutput``) are watched, but refused when changed.
+_MUTABLE = (list, dict, collections.deque)
+# Those whose new contents are put back with the builtin type's own methods.
+_WRITABLE = frozenset(
+    {list, dict, collections.OrderedDict, collections.defaultdict, collections.deque}
+)
+
+_OTHER_TYPE = (
+    "torchjax.jit({}) changed {} (a {}) in place: the compiled function got a copy of "
+    "it, and torchjax.jit writes the new contents back only into a list, dict, "
+    "OrderedDict, defaultdict or deque. Return the new values instead and store them "
+    "outside the call (Note [Containers a compiled function changes])."
+)
+_TRACED = (
+    "torchjax.jit({}) put {} into {}, which cannot leave the compiled program; a call "
+    "gives back tensors and plain values only. Put the tensor itself there (it gets the "
+    "call's values), or return it (Note [Containers a compiled function changes])."
+)
+
+
+def nodes(tree) -> list:
+    """The lists, dicts and deques of ``tree`` (a call's ``(args, kwargs)``), in pytree
+    order: the trace's copies and the caller's objects are listed alike."""
+    found = []
+
+    def note(x):
+        if isinstance(x, _MUTABLE):
+            found.append(x)
+        return False
+
+    pytree.tree_flatten(tree, is_leaf=note)
+    return found
+
+
+class _Slot:
+    """Stands for the caller's ``index``-th container in a program's output."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __repr__(self):
+        return f"<argument container #{self.index}>"
+
+
+def _contents(c):
+    return dict(c) if isinstance(c, dict) else list(c)
+
+
+def _changed(c, before) -> bool:
+    if isinstance(c, dict):
+        return list(c) != list(before) or any(c[k] is not before[k] for k in before)
+    return len(c) != len(before) or any(a is not b for a, b in zip(c, before))
+
+
+class Watch:
+    """At trace time: the containers of the function's arguments (the trace's copies)
+    and their items before it ran."""
+
+    def __init__(self, traced_tree, fn_name: str):
+        self.tree = traced_tree
+        self.fn_name = fn_name
+        self.nodes = nodes(traced_tree)
+        self.before = [_contents(c) for c in self.nodes]
+
+    def finish(self, out, storages):
+        """The function's output ``out`` joined with the changed containers' new
+        contents, and the ``Writes`` a call replays (None: nothing to replay);
+        ``storages``: the call's state storages (tensors the trace did not make)."""
+        if not self.nodes:
+            return out, None
+        changed = [i for i, (c, b) in enumerate(zip(self.nodes, self.before)) if _changed(c, b)]
+        for i in changed:
+            c = self.nodes[i]
+            if type(c) not in _WRITABLE:
+                raise RuntimeError(
+                    _OTHER_TYPE.format(self.fn_name, self._where(i), type(c).__name__)
+                )
+        index = {id(c): i for i, c in enumerate(self.nodes)}
+        returned = []
+
+        def slot(x):
+            if id(x) in index:
+                returned.append(x)
+                return _Slot(index[id(x)])
+            return x
+
+        def is_node(x):
+            return id(x) in index
+
+        out = pytree.tree_map(slot, out, is_leaf=is_node)
+        if not changed and not returned:
+            return out, None
+        contents = [
+            pytree.tree_map(slot, _contents(self.nodes[i]), is_leaf=is_node) for i in changed
+        ]
+        known = {id(s) for s in storages}
+        for i, new in zip(changed, contents):
+            for leaf in pytree.tree_leaves(new):
+                what = _leaving(leaf, known)
+                if what is not None:
+                    raise RuntimeError(_TRACED.format(self.fn_name, what, self._where(i)))
+        return ((out, contents) if changed else out), Writes(changed)
+
+    def _where(self, i: int) -> str:
+        """The ``i``-th container in the user's words: the argument it is or is in."""
+        target, found = self.nodes[i], []
+
+        def find(path, x):
+            if x is target and not found:
+                found.append(path)
+
+        pytree.tree_map_with_path(find, self.tree, is_leaf=lambda x: x is target)
+        return "argument " + _describe_path(found[0]) if found else "an argument's container"
+
+
+def _describe_path(path) -> str:
+    # ((args, kwargs), ...): the first key is 0 (positional) or 1 (keyword).
+    if not path:
+        return "?"
+    rest = pytree.keystr(path[2:]) if len(path) > 2 else ""
+    where, key = path[0].idx, path[1]
+    name = f"#{key.idx}" if where == 0 else repr(key.key)
+    return name + rest
+
+
+def _shared(caller_nodes) -> frozenset:
+    """Indices of the containers that are one object with an earlier one."""
+    first: dict = {}
+    shared = set()
+    for i, c in enumerate(caller_nodes):
+        j = first.setdefault(id(c), i)
+        if j != i:
+            shared.update((i, j))
+    return frozenset(shared)
+
+
+def _leaving(leaf, known) -> str | None:
+    """What in a new container item cannot leave the program, or None."""
+    if isinstance(leaf, (torch.Tensor, _Slot)):
+        return None
+    if isinstance(leaf, jax.core.Tracer):
+        return "a jax array of its trace (torchjax.to_jax of a traced tensor)"
+    walk = StateWalk(grads=False)
+    walk.add(leaf)
+    for t in walk.tensors:
+        if isinstance(t, JaxTensor) and id(t._storage) not in known:
+            if isinstance(getattr(t._storage, "arr", None), jax.core.Tracer):
+                return f"a {type(leaf).__name__} holding a tensor computed in the trace"
+    return None
+
+
+class Writes:
+    """The containers a traced call changed (their indices in ``nodes``), replayed
+    after each run; none changed: only containers returned."""
+
+    __slots__ = ("changed",)
+
+    def __init__(self, changed):
+        self.changed = changed
+
+    def runs_eagerly(self, call) -> bool:
+        """Whether this call's arguments share a container the program changes (Note
+        [Containers a compiled function changes]): then it runs as eager Python."""
+        return bool(self.changed) and bool(_shared(_caller_nodes(call)).intersection(self.changed))
+
+    def apply(self, result, call):
+        """Put the new contents into the caller's containers; the function's output,
+        with the caller's containers where it returned one."""
+        cs = _caller_nodes(call)
+
+        def fill(x):
+            return cs[x.index] if type(x) is _Slot else x
+
+        if not self.changed:
+            return pytree.tree_map(fill, result)
+        out, contents = result
+        for i, new in zip(self.changed, contents):
+            c, new = cs[i], pytree.tree_map(fill, new)
+            if isinstance(c, dict):
+                dict.clear(c)  # the same object: a defaultdict keeps its factory
+                dict.update(c, new)
+            elif isinstance(c, list):
+                list.__setitem__(c, slice(None), new)
+            else:
+                c.clear()
+                c.extend(new)
+        return pytree.tree_map(fill, out)
+
+
+def _caller_nodes(call) -> list:
+    """The caller's containers of ``call``, listed once per call."""
+    found = call.containers
+    if found is None:
+        found = call.containers = nodes(call.tree)
+    return found
