@@ -84,6 +84,7 @@ def test_uninstall_restores_every_original():
             "run_backward": torch.autograd.graph._engine_run_backward,
             "ckpt_inputs": torch.utils.checkpoint._CheckpointFrame.__dict__["get_inputs"],
             "ckpt_detach": torch.utils.checkpoint.detach_variable,
+            "scaler_step": torch.amp.GradScaler.__dict__["_maybe_opt_step"],
             "hooks_off": torch._C._autograd._saved_tensors_hooks_disable,
             "hooks_on": torch._C._autograd._saved_tensors_hooks_enable,
         }
@@ -132,6 +133,7 @@ def test_uninstall_restores_every_original():
         frame = torch.utils.checkpoint._CheckpointFrame
         assert frame.__dict__["get_inputs"] is not before["ckpt_inputs"]
         assert torch.utils.checkpoint.detach_variable is not before["ckpt_detach"]
+        assert torch.amp.GradScaler.__dict__["_maybe_opt_step"] is not before["scaler_step"]
         assert torch._C._autograd._saved_tensors_hooks_disable is not before["hooks_off"]
         assert torch._C._autograd._saved_tensors_hooks_enable is not before["hooks_on"]
         assert torch.accelerator.empty_cache is not before["acc_empty_cache"]
@@ -188,6 +190,7 @@ def test_uninstall_restores_every_original():
         frame = torch.utils.checkpoint._CheckpointFrame
         assert frame.__dict__["get_inputs"] is before["ckpt_inputs"]
         assert torch.utils.checkpoint.detach_variable is before["ckpt_detach"]
+        assert torch.amp.GradScaler.__dict__["_maybe_opt_step"] is before["scaler_step"]
         assert torch._C._autograd._saved_tensors_hooks_disable is before["hooks_off"]
         assert torch._C._autograd._saved_tensors_hooks_enable is before["hooks_on"]
         assert torch.nn.Module.__dict__["_apply"] is before["apply"]
@@ -263,6 +266,7 @@ def test_uninstall_restores_every_original():
         "torch.utils.checkpoint._CheckpointFrame.get_inputs",
         "torch.utils.checkpoint.detach_variable",
         "torch._C._autograd._saved_tensors_hooks_disable and _enable",
+        "torch.amp.GradScaler._maybe_opt_step",
         "torch.nn.Module._apply",
         "torch.__future__.get_swap_module_params_on_conversion",
         "torch.load",

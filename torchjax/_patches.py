@@ -60,6 +60,13 @@ how it is undone.
   innermost, switching off takes them off the stack and switching on puts them back
   (Note [torch.func transforms in compiled programs]); otherwise both call torch's
   functions only. Same signatures. Undo: torch's functions put back.
+- ``torch.amp.GradScaler._maybe_opt_step`` (compile/_grad_scaler.py through
+  _compat/torch_amp.py; torch 2.13). ``scaler.step(opt)`` read whether the gradients were
+  finite into Python, so no train step with a GradScaler could be traced; where that
+  value is traced, the optimizer steps and its parameters and state keep their old
+  values on the device where it was not finite (Note [GradScaler steps in compiled
+  programs]). Concrete values (eager, torch.compile's graph breaks) take torch's method.
+  Same signature. Undo: torch's method put back.
 - ``torch.nn.Module._apply`` and ``torch.__future__.get_swap_module_params_on_conversion``
   (device/_registration.py through _compat/torch.py; torch 2.13). Moving a module off
   tpu (``model.cpu()``) made a new Parameter per module, untying tied weights and

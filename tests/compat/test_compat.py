@@ -301,6 +301,24 @@ def test_checkpoint_recompute_inputs_pass_through_the_barrier_hook():
         torch.testing.assert_close(x.grad, 2 * torch.cos(torch.full((3,), 2.0)))
 
 
+def test_grad_scaler_step_is_routed_and_reads_torchs_found_inf_record():
+    from torchjax._compat.torch_amp import found_inf_per_device
+
+    method = torch.amp.GradScaler.__dict__["_maybe_opt_step"]
+    assert method.__wrapped__.__qualname__ == "GradScaler._maybe_opt_step"
+    # Outside a trace torch's method runs: a CPU step is skipped for an inf gradient,
+    # after unscale_ recorded it where found_inf_per_device reads it.
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    scaler.scale((w * torch.tensor([1.0, float("inf")])).sum()).backward()
+    scaler.unscale_(opt)
+    found = found_inf_per_device(scaler._per_optimizer_states[id(opt)])
+    assert [t.item() for t in found] == [1.0]
+    scaler.step(opt)
+    assert torch.equal(w.detach(), torch.ones(2))
+
+
 def test_newest_traced_values_are_the_newest_equations_inputs():
     from torchjax._compat.jax import newest_traced_values
 

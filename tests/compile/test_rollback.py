@@ -139,23 +139,25 @@ def test_a_step_that_clears_gradients_then_fails_keeps_them():
 
 
 def test_a_grad_scaler_step_refused_under_jit_leaves_the_scaler_as_it_was():
-    # GradScaler.step reads whether the gradients are finite into Python: refused in a
-    # trace, after the scaler made its scale and unscaled the gradients there.
+    # A read of a traced value into Python after GradScaler.step: refused in a trace,
+    # after the scaler made its scale and unscaled the gradients there.
     cpu, tpu = _models()
     opt_cpu = torch.optim.SGD(cpu.parameters(), lr=0.1)
     opt_tpu = torch.optim.SGD(tpu.parameters(), lr=0.1)
     scaler_cpu = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
     scaler_tpu = torch.amp.GradScaler("tpu", init_scale=2.0**10, growth_interval=2)
 
-    def scaled_step(model, opt, scaler, x):
+    def scaled_step(model, opt, scaler, x, read=False):
         scaler.scale(model(x).square().mean()).backward()
         scaler.step(opt)
+        if read:
+            print(scaler._scale.item())
         scaler.update()
         opt.zero_grad()
 
     before = dict(vars(scaler_tpu))
     with pytest.raises(torchjax.DataDependentError, match="_local_scalar_dense"):
-        torchjax.jit(scaled_step)(tpu, opt_tpu, scaler_tpu, _x(4).to("tpu"))
+        torchjax.jit(scaled_step)(tpu, opt_tpu, scaler_tpu, _x(4).to("tpu"), True)
     assert vars(scaler_tpu) == before  # no scale made, no optimizer recorded as unscaled
     assert all(p.grad is None for p in tpu.parameters()) and not opt_tpu.state
     for i in range(3):

@@ -5,7 +5,7 @@ tracers inside tpu tensors; ``torch.compile(backend="tpu")`` runs Dynamo's FX gr
 same way.
 """
 
-from torchjax.compile import _default_backend, _func_transforms, _remat
+from torchjax.compile import _default_backend, _func_transforms, _grad_scaler, _remat
 from torchjax.compile._buckets import bucketed as bucketed
 from torchjax.compile._export import export as export
 from torchjax.compile._jit import DynamicShapesWarning as DynamicShapesWarning
@@ -22,6 +22,9 @@ _remat.install()
 # torch.func's grad, vjp and jacrev run inside a compiled function (Note [torch.func
 # transforms in compiled programs] in _func_transforms.py).
 _func_transforms.install()
+# A GradScaler step skips the optimizer on the device when traced (Note [GradScaler
+# steps in compiled programs] in _grad_scaler.py).
+_grad_scaler.install()
 
 
 def dynamo_stats() -> dict:

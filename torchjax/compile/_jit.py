@@ -56,7 +56,16 @@ from torchjax._compat.torch import (
     saved_tensors_hooks_enabled,
     saved_tensors_hooks_state_kept,
 )
-from torchjax.compile import _aliases, _autograd, _donate, _hyper, _made_state, _repeat, _state
+from torchjax.compile import (
+    _aliases,
+    _autograd,
+    _donate,
+    _grad_scaler,
+    _hyper,
+    _made_state,
+    _repeat,
+    _state,
+)
 from torchjax.compile._aliases import root
 from torchjax.compile._arg_grads import argument_grads
 from torchjax.compile._call import (
@@ -470,6 +479,7 @@ class _Entry:
             escapes_watched() as escaped,
             grads_watched() as grads,
             traced_fills() as made,
+            _grad_scaler.made_watched() as scaler_made,
         ):
             try:
                 closed = jax.make_jaxpr(pure)(
@@ -503,6 +513,8 @@ class _Entry:
         self.host_states, self.host_draws = hosts.after(stream.host_seeded)
         self.lr_assigned = lr_assigned
         self.single_use = bool(self.created)
+        # Note [GradScaler steps in compiled programs]: such a call runs eagerly.
+        self.scaler_made = bool(scaler_made)
         self.first_state = _made_state.first_state(self.created, made, call.walk.optimizers)
         self.refs = [weakref.ref(s) for s in storages]
         self.aliases = info["aliases"]
@@ -532,9 +544,12 @@ class _Entry:
     def runs_eagerly(self, call: Call) -> bool:
         """Whether ``call`` runs the function as eager Python instead of this program:
         Note [Arguments that share memory] (_aliases.py), Note [Containers a compiled
-        function changes] (_containers.py)."""
-        return self.writes_shared or (
-            self.containers is not None and self.containers.runs_eagerly(call)
+        function changes] (_containers.py), Note [GradScaler steps in compiled
+        programs] (_grad_scaler.py)."""
+        return (
+            self.writes_shared
+            or self.scaler_made
+            or (self.containers is not None and self.containers.runs_eagerly(call))
         )
 
     def rng(self, calls: int = 1):
