@@ -13,7 +13,7 @@ torchjax keeps registers its entries here, and one budget bounds them all:
   plan's read or write program and the fill of a large new tensor
   (torchjax/tensor/_storage.py), one traced signature of
   a ``torchjax.jit`` function, and so of a ``torch.compile(backend="tpu")`` graph
-  (torchjax/compile/_jit.py). Each entry is its own ``jax.jit`` object over a function
+  (torchjax/compile/_entry.py). Each entry is its own ``jax.jit`` object over a function
   made for it alone: jax keys its staging caches (traced jaxprs, lowerings, compiled
   executables) on that function, weakly, so when the entry is dropped jax's caches for
   it go too. (One ``jax.jit`` object seeing 200 shapes keeps 200 executables, and

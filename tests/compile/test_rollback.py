@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torchjax
-from torchjax.compile import _jit
+from torchjax.compile import _entry
 
 
 def _models():
@@ -178,7 +178,7 @@ def test_a_first_run_that_fails_leaves_the_state_as_it_was(monkeypatch):
         raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
 
     with monkeypatch.context() as m:
-        m.setattr(_jit._Entry, "run", fails)
+        m.setattr(_entry.Entry, "run", fails)
         with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
             torchjax.jit(_step)(tpu, opt_tpu, _x(4).to("tpu"))
     assert all(p.grad is None for p in tpu.parameters()) and not opt_tpu.state

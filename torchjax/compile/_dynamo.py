@@ -413,7 +413,7 @@ def _region_placeholder(gm, use, node):
 # ``step`` (a CPU tensor, ``step_t += 1``) was then incremented once, at the trace, and
 # every later step used the first step's bias correction. Each CPU attribute is made an
 # input of the graph instead, read on every call, and one the graph writes is written
-# back after it (Note [CPU tensors a compiled call writes] in torchjax/compile/_jit.py).
+# back after it (Note [CPU tensors a compiled call writes] in torchjax/compile/_entry.py).
 def _host_attributes_as_inputs(gm: torch.fx.GraphModule):
     """The graph with its ``get_attr`` nodes of CPU tensors made trailing placeholders
     (a copy: Dynamo reads the placeholders of its own graph afterwards), and their

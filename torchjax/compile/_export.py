@@ -14,7 +14,8 @@ import torch
 
 from torchjax._compat.jax import x64
 from torchjax.compile._call import Call, flatten_args
-from torchjax.compile._jit import Jitted, _Entry
+from torchjax.compile._entry import Entry
+from torchjax.compile._jit import Jitted
 from torchjax.compile._rollback import Before
 
 
@@ -39,7 +40,7 @@ def export(fn, *args, **kwargs):
         call = Call(jitted, flat, spec, {}, (args, kwargs))
         before = Before(call)
         try:
-            entry = _Entry.trace(jitted, call)
+            entry = Entry.trace(jitted, call)
         finally:  # Note [State after a trace whose program does not run]
             before.put_back()
     if entry.containers is not None:  # Note [Containers a compiled function changes]

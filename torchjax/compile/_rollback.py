@@ -9,8 +9,8 @@ the traced Python changed in the objects holding that state is no storage: a
 ``backward()`` gives a parameter whose ``.grad`` was None a new tensor, an optimizer's
 first ``step()`` puts new tensors into ``optimizer.state``, ``GradScaler.scale`` makes
 its scale, ``zero_grad()`` sets ``.grad``s to None. Those new tensors hold tracers; the
-program's first run fills them (created state, ``_Entry.write_back`` in
-torchjax/compile/_jit.py). Where the program never ran they stayed, and the next eager
+program's first run fills them (created state, ``Entry.write_back`` in
+torchjax/compile/_entry.py). Where the program never ran they stayed, and the next eager
 backward or compiled call failed with a leaked-tracer error far from the cause: after
 a trace that raised (an error in the user's code, ``.item()`` of a traced value as in
 ``GradScaler.step``), one refused after tracing (Note [Writes that escape a trace],

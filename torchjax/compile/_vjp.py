@@ -17,7 +17,7 @@ from torchjax.tensor._tensor import make, wrap
 
 if TYPE_CHECKING:
     from torchjax.compile._call import Call
-    from torchjax.compile._jit import _Entry
+    from torchjax.compile._entry import Entry
 
 
 class VJPProgram:
@@ -31,7 +31,7 @@ class VJPProgram:
     its residuals)."""
 
     @classmethod
-    def build(cls, entry: _Entry, call: Call, fun, saved, graph):
+    def build(cls, entry: Entry, call: Call, fun, saved, graph):
         diff_leaves = [i for i, t in enumerate(call.walk.every) if differentiable(t)]
         diff_dyn = [k for k, t in enumerate(call.tensors) if differentiable(t)]
         written = any(differentiable(call.tensors[k]) for k in entry.args_written)
@@ -184,7 +184,7 @@ def state_grad(t, arr):
 class VJPCall:
     """Adapter giving _VJP (torchjax/interop/_jax_function.py) one jitted call."""
 
-    def __init__(self, entry: _Entry, call: Call):
+    def __init__(self, entry: Entry, call: Call):
         self.entry, self.call = entry, call
         program = entry.vjp
         n = len(program.diff_state)
