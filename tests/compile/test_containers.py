@@ -209,26 +209,72 @@ def test_a_container_passed_twice_runs_eagerly():
     _same(shared, [x, x * 2])
 
 
-def test_a_changed_container_of_another_type_is_refused():
-    class Record(dict):
-        pass
+class Record(dict):
+    """A dict subclass registered as a pytree node, as transformers' ModelOutput is."""
 
-    torch.utils._pytree.register_pytree_node(
+
+class Pair:
+    """A class registered as a pytree node: two children, set as attributes."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+@pytest.fixture
+def registered():
+    register = torch.utils._pytree.register_pytree_node
+    register(
         Record,
         lambda r: (list(r.values()), list(r)),
         lambda values, keys: Record(zip(keys, values)),
+        serialized_type_name="test_containers.Record",
     )
-    try:
+    register(
+        Pair,
+        lambda p: ([p.a, p.b], None),
+        lambda children, _: Pair(*children),
+        serialized_type_name="test_containers.Pair",
+    )
+    yield
+    for cls in (Record, Pair):
+        torch.utils._pytree._deregister_pytree_node(cls)
 
-        @torchjax.jit
-        def f(x, rec):
-            rec["y"] = x + 1
-            return x
 
-        with pytest.raises(RuntimeError, match=r"changed argument #1 \(a Record\) in place"):
-            f(torch.ones(2, device="tpu"), Record(a=torch.ones(1, device="tpu")))
-    finally:
-        torch.utils._pytree._deregister_pytree_node(Record)
+def test_a_dict_subclass_that_gains_keys_gets_them(registered):
+    @torchjax.jit
+    def f(x, rec):
+        rec["a"] = rec["a"] * 2
+        rec["y"] = x + 1
+        return x
+
+    for _ in range(2):
+        rec = Record(a=torch.ones(1, device="tpu"))
+        f(torch.ones(2, device="tpu"), rec)
+        assert type(rec) is Record and list(rec) == ["a", "y"]
+        _same(dict(rec), {"a": torch.full((1,), 2.0), "y": torch.full((2,), 2.0)})
+    assert f.trace_count == 1
+
+
+def test_changes_that_cannot_be_written_back_are_refused(registered):
+    @torchjax.jit
+    def drops(x, rec):
+        del rec["a"]
+        return x
+
+    @torchjax.jit
+    def sets(x, pair):
+        pair.a = x + 1
+        return x
+
+    x = torch.ones(2, device="tpu")
+    rec = Record(a=torch.ones(1, device="tpu"))
+    with pytest.raises(RuntimeError, match=r"changed argument #1 \(a Record\) in place"):
+        drops(x, rec)
+    assert list(rec) == ["a"]
+    pair = Pair(x, x)
+    with pytest.raises(RuntimeError, match=r"changed argument #1 \(a Pair\) in place"):
+        sets(x, pair)
+    assert pair.a is x
 
 
 def test_a_jax_array_put_in_a_list_is_refused():

@@ -35,9 +35,11 @@ What cannot be written back exactly runs another way:
   where a change made through one must be seen through the other: the trace saw two
   copies, so a call whose arguments share a container the program changes runs the
   function eagerly instead (as Note [Arguments that share memory] does for tensors);
-- a change to a container of another type (a ``ModelOutput``, a user's class registered
-  as a pytree node) is refused when traced, naming it: torchjax.jit cannot put the new
-  contents back into it through an interface it knows;
+- a change to a dict subclass (``ModelOutput``) is written item by item through its own
+  ``__setitem__``, which can add and replace keys but not remove or reorder them: a
+  change that did is refused when traced, naming the argument, as is a change to a list
+  subclass or to an object of another class registered as a pytree node (its attributes:
+  torchjax.jit cannot put the new contents back through an interface it knows);
 - a jax array of the trace (``torchjax.to_jax`` of a traced tensor), or an object
   holding a tensor the trace made, put into a container is refused: it cannot leave the
   program (store the tensor itself, or return the object's tensors);
@@ -57,7 +59,7 @@ from torchjax.compile._state import StateWalk
 from torchjax.tensor._tensor import JaxTensor
 
 # Containers the trace copies and a call can change: the builtin pytree nodes that are
-# mutable. Their subclasses (``ModelOutput``) are watched, but refused when changed.
+# mutable, and their subclasses (``ModelOutput``).
 _MUTABLE = (list, dict, collections.deque)
 # Those whose new contents are put back with the builtin type's own methods.
 _WRITABLE = frozenset(
@@ -67,8 +69,9 @@ _WRITABLE = frozenset(
 _OTHER_TYPE = (
     "torchjax.jit({}) changed {} (a {}) in place: the compiled function got a copy of "
     "it, and torchjax.jit writes the new contents back only into a list, dict, "
-    "OrderedDict, defaultdict or deque. Return the new values instead and store them "
-    "outside the call (Note [Containers a compiled function changes])."
+    "OrderedDict, defaultdict or deque, or sets the items of another dict whose keys "
+    "it only added to. Return the new values instead and store them outside the call "
+    "(Note [Containers a compiled function changes])."
 )
 _TRACED = (
     "torchjax.jit({}) put {} into {}, which cannot leave the compiled program; a call "
@@ -78,12 +81,15 @@ _TRACED = (
 
 
 def nodes(tree) -> list:
-    """The lists, dicts and deques of ``tree`` (a call's ``(args, kwargs)``), in pytree
-    order: the trace's copies and the caller's objects are listed alike."""
+    """The lists, dicts and deques of ``tree`` (a call's ``(args, kwargs)``), and the
+    objects of other classes registered as pytree nodes (not tuples), in pytree order:
+    the trace's copies and the caller's objects are listed alike."""
     found = []
 
     def note(x):
-        if isinstance(x, _MUTABLE):
+        if isinstance(x, _MUTABLE) or (
+            type(x) in pytree.SUPPORTED_NODES and not isinstance(x, tuple)
+        ):
             found.append(x)
         return False
 
@@ -104,10 +110,28 @@ class _Slot:
 
 
 def _contents(c):
-    return dict(c) if isinstance(c, dict) else list(c)
+    if isinstance(c, dict):
+        return dict(c)
+    if isinstance(c, _MUTABLE):
+        return list(c)
+    # Another registered class: its children and structure, one level down.
+    return pytree.tree_flatten(c, is_leaf=lambda x: x is not c)
+
+
+def _writable(c, before) -> bool:
+    """Whether a call can give the caller's ``c`` (of ``c``'s type) the contents the
+    trace left in its copy ``c`` (holding ``before`` then): a builtin container, or a
+    dict subclass whose old keys are still its first ones, in order (set item by item
+    through its own ``__setitem__``: ``ModelOutput`` refuses ``clear``)."""
+    if type(c) in _WRITABLE:
+        return True
+    return isinstance(c, dict) and list(c)[: len(before)] == list(before)
 
 
 def _changed(c, before) -> bool:
+    if not isinstance(c, _MUTABLE):
+        children, spec = _contents(c)
+        return spec != before[1] or any(a is not b for a, b in zip(children, before[0]))
     if isinstance(c, dict):
         return list(c) != list(before) or any(c[k] is not before[k] for k in before)
     return len(c) != len(before) or any(a is not b for a, b in zip(c, before))
@@ -132,7 +156,7 @@ class Watch:
         changed = [i for i, (c, b) in enumerate(zip(self.nodes, self.before)) if _changed(c, b)]
         for i in changed:
             c = self.nodes[i]
-            if type(c) not in _WRITABLE:
+            if not _writable(c, self.before[i]):
                 raise RuntimeError(
                     _OTHER_TYPE.format(self.fn_name, self._where(i), type(c).__name__)
                 )
@@ -237,7 +261,10 @@ class Writes:
         out, contents = result
         for i, new in zip(self.changed, contents):
             c, new = cs[i], pytree.tree_map(fill, new)
-            if isinstance(c, dict):
+            if type(c) not in _WRITABLE:  # a dict subclass that only gained keys
+                for k, v in new.items():
+                    c[k] = v
+            elif isinstance(c, dict):
                 dict.clear(c)  # the same object: a defaultdict keeps its factory
                 dict.update(c, new)
             elif isinstance(c, list):
