@@ -113,8 +113,8 @@ def _masked_step(optimizer, skip, args, kwargs):
         if watch is None:
             raise RuntimeError(_MADE.format(type(optimizer).__name__))
         watch.append(optimizer)
-    keep = skip._value()
+    skipped = skip._value()
     for s, version, old in before:
         if s.version != version:
-            s.replace(jnp.where(keep, old, s.arr))
+            s.replace(jnp.where(skipped, old, s.arr))
     return retval
