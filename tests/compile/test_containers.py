@@ -277,14 +277,27 @@ def test_changes_that_cannot_be_written_back_are_refused(registered):
     assert pair.a is x
 
 
-def test_a_jax_array_put_in_a_list_is_refused():
+class Box:
+    def __init__(self, t):
+        self.t = t
+
+
+@pytest.mark.parametrize(
+    "put, match",
+    [
+        (lambda y: torchjax.to_jax(y), r"a jax array of its trace \(torchjax.to_jax .*\)"),
+        (Box, "a Box holding a tensor of the trace"),
+    ],
+    ids=["jax-array", "object"],
+)
+def test_what_cannot_leave_the_program_is_refused(put, match):
     @torchjax.jit
     def f(x, out):
-        out.append(torchjax.to_jax(x * 2))
+        out.append(put(x * 2))
         return x
 
     out = []
-    with pytest.raises(RuntimeError, match=r"put a jax array of its trace .* into argument #1"):
+    with pytest.raises(RuntimeError, match=rf"put {match} into argument #1"):
         f(torch.ones(2, device="tpu"), out)
     assert out == []
 

@@ -55,8 +55,8 @@ import jax
 import torch
 
 from torchjax._compat.torch import pytree
+from torchjax.compile._aliases import root
 from torchjax.compile._state import StateWalk
-from torchjax.tensor._tensor import JaxTensor
 
 # Containers the trace copies and a call can change: the builtin pytree nodes that are
 # mutable, and their subclasses (``ModelOutput``).
@@ -200,8 +200,8 @@ class Watch:
 
 def _describe_path(path) -> str:
     # ((args, kwargs), ...): the first key is 0 (positional) or 1 (keyword).
-    if not path:
-        return "?"
+    if len(path) < 2:
+        return "its arguments"
     rest = pytree.keystr(path[2:]) if len(path) > 2 else ""
     where, key = path[0].idx, path[1]
     name = f"#{key.idx}" if where == 0 else repr(key.key)
@@ -228,9 +228,10 @@ def _leaving(leaf, known) -> str | None:
     walk = StateWalk(grads=False)
     walk.add(leaf)
     for t in walk.tensors:
-        if isinstance(t, JaxTensor) and id(t._storage) not in known:
-            if isinstance(getattr(t._storage, "arr", None), jax.core.Tracer):
-                return f"a {type(leaf).__name__} holding a tensor computed in the trace"
+        s = root(t)
+        # A storage not made yet holds a fill, a constant: it may leave.
+        if id(s) not in known and s.lazy is None and isinstance(s.arr, jax.core.Tracer):
+            return f"a {type(leaf).__name__} holding a tensor of the trace"
     return None
 
 
