@@ -18,12 +18,13 @@ swaps the caller's tensors), a state tensor or a view is rebuilt as the view a r
 one is (Note [Aliased outputs of a compiled function] in _aliases.py), other values are
 kept as the trace left them (part of the cache key: a number read from the container,
 ``d["n"] += 1``, is a static argument). A container of the arguments found among the new
-contents, or returned (``return lst``), stands for the caller's own object, so nesting
-and identity are eager's. After every call of the program, each changed container of
+contents, or returned (``return lst``), stands for the caller's own object when it
+changed, so nesting and identity are eager's (an unchanged container returned is a new
+one holding the same items, as before). After every call of the program, each changed container of
 the caller's arguments gets its new contents in place (``lst[:] = ...``; a dict cleared
 and refilled in the trace's order), so the objects the caller holds see the change.
 
-Cost: a call whose trace changed no container, and returned none, pays nothing. One
+Cost: a call whose trace changed no container pays nothing. One
 that did lists the caller's containers again (one pytree walk) to write them. A list
 that grows on every call (``history.append(loss)`` into the same list) changes the
 arguments' structure, which is part of the cache key: each call traces again, with a
@@ -160,21 +161,17 @@ class Watch:
                 raise RuntimeError(
                     _OTHER_TYPE.format(self.fn_name, self._where(i), type(c).__name__)
                 )
-        index = {id(c): i for i, c in enumerate(self.nodes)}
-        returned = []
+        if not changed:
+            return out, None
+        index = {id(self.nodes[i]): i for i in changed}
 
         def slot(x):
-            if id(x) in index:
-                returned.append(x)
-                return _Slot(index[id(x)])
-            return x
+            return _Slot(index[id(x)]) if id(x) in index else x
 
         def is_node(x):
             return id(x) in index
 
         out = pytree.tree_map(slot, out, is_leaf=is_node)
-        if not changed and not returned:
-            return out, None
         contents = [
             pytree.tree_map(slot, _contents(self.nodes[i]), is_leaf=is_node) for i in changed
         ]
@@ -184,7 +181,7 @@ class Watch:
                 what = _leaving(leaf, known)
                 if what is not None:
                     raise RuntimeError(_TRACED.format(self.fn_name, what, self._where(i)))
-        return ((out, contents) if changed else out), Writes(changed)
+        return (out, contents), Writes(changed)
 
     def _where(self, i: int) -> str:
         """The ``i``-th container in the user's words: the argument it is or is in."""
@@ -237,7 +234,7 @@ def _leaving(leaf, known) -> str | None:
 
 class Writes:
     """The containers a traced call changed (their indices in ``nodes``), replayed
-    after each run; none changed: only containers returned."""
+    after each run."""
 
     __slots__ = ("changed",)
 
@@ -247,7 +244,7 @@ class Writes:
     def runs_eagerly(self, call) -> bool:
         """Whether this call's arguments share a container the program changes (Note
         [Containers a compiled function changes]): then it runs as eager Python."""
-        return bool(self.changed) and bool(_shared(_caller_nodes(call)).intersection(self.changed))
+        return bool(_shared(_caller_nodes(call)).intersection(self.changed))
 
     def apply(self, result, call):
         """Put the new contents into the caller's containers; the function's output,
@@ -257,8 +254,6 @@ class Writes:
         def fill(x):
             return cs[x.index] if type(x) is _Slot else x
 
-        if not self.changed:
-            return pytree.tree_map(fill, result)
         out, contents = result
         for i, new in zip(self.changed, contents):
             c, new = cs[i], pytree.tree_map(fill, new)

@@ -43,10 +43,11 @@ def export(fn, *args, **kwargs):
             entry = Entry.trace(jitted, call)
         finally:  # Note [State after a trace whose program does not run]
             before.put_back()
-    if entry.containers is not None:  # Note [Containers a compiled function changes]
+    if entry.containers is not None:
+        # Note [Containers a compiled function changes]
         raise RuntimeError(
-            "torchjax.export: the function changes or returns a list or dict it takes; "
-            "an exported program returns arrays only. Return new containers instead"
+            "torchjax.export: the function changes a list or dict it takes; an exported "
+            "program returns arrays only. Return the new values instead"
         )
     state, rng, n_out = call.state_arrays, entry.rng(), len(entry.out_pos)
 

@@ -50,7 +50,7 @@ def run(entry, call, times: int, until) -> None:
             "torchjax.jit(...).repeat: the step creates state when traced (e.g. an "
             "optimizer's lazily made buffers); call it once normally before repeating it"
         )
-    if entry.containers is not None and entry.containers.changed:
+    if entry.containers is not None:
         raise RuntimeError(
             "torchjax.jit(...).repeat: the step changes a list or dict it takes (Note "
             "[Containers a compiled function changes]), which a loop of its program "
