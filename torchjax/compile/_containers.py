@@ -66,6 +66,8 @@ _MUTABLE = (list, dict, collections.deque)
 _WRITABLE = frozenset(
     {list, dict, collections.OrderedDict, collections.defaultdict, collections.deque}
 )
+# Leaves the walk of ``nodes`` skips at once.
+_PLAIN = frozenset({type(None), bool, int, float, complex, str, torch.dtype, torch.device})
 
 _OTHER_TYPE = (
     "torchjax.jit({}) changed {} (a {}) in place: the compiled function got a copy of "
@@ -84,18 +86,32 @@ _TRACED = (
 def nodes(tree) -> list:
     """The lists, dicts and deques of ``tree`` (a call's ``(args, kwargs)``), and the
     objects of other classes registered as pytree nodes (not tuples), in pytree order:
-    the trace's copies and the caller's objects are listed alike."""
+    the trace's copies and the caller's objects are listed alike. What pytree takes as
+    a leaf (an unregistered subclass) is passed to the function as it is, and watched
+    as state (Note [State of a jitted function] in _state.py), not here."""
     found = []
-
-    def note(x):
-        if isinstance(x, _MUTABLE) or (
-            type(x) in pytree.SUPPORTED_NODES and not isinstance(x, tuple)
-        ):
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        t = type(x)
+        if t in _WRITABLE:
             found.append(x)
-        return False
-
-    pytree.tree_flatten(tree, is_leaf=note)
+            children = x.values() if isinstance(x, dict) else x
+        elif isinstance(x, tuple):  # namedtuples and torch.return_types too
+            children = x
+        elif t in _PLAIN or isinstance(x, torch.Tensor):
+            continue
+        elif t in pytree.SUPPORTED_NODES:
+            found.append(x)
+            children = _contents(x)[0] if not isinstance(x, _MUTABLE) else _values(x)
+        else:
+            continue
+        stack.extend(reversed(list(children)))
     return found
+
+
+def _values(c):
+    return c.values() if isinstance(c, dict) else c
 
 
 class _Slot:
@@ -164,24 +180,31 @@ class Watch:
         if not changed:
             return out, None
         index = {id(self.nodes[i]): i for i in changed}
+        slots = []
 
         def slot(x):
-            return _Slot(index[id(x)]) if id(x) in index else x
+            if id(x) not in index:
+                return x
+            slots.append(x)
+            return _Slot(index[id(x)])
 
         def is_node(x):
             return id(x) in index
 
         out = pytree.tree_map(slot, out, is_leaf=is_node)
-        contents = [
-            pytree.tree_map(slot, _contents(self.nodes[i]), is_leaf=is_node) for i in changed
-        ]
+        filled = [bool(slots)]  # where a call puts the caller's containers in
+        contents = []
+        for i in changed:
+            del slots[:]
+            contents.append(pytree.tree_map(slot, _contents(self.nodes[i]), is_leaf=is_node))
+            filled.append(bool(slots))
         known = {id(s) for s in storages}
         for i, new in zip(changed, contents):
             for leaf in pytree.tree_leaves(new):
                 what = _leaving(leaf, known)
                 if what is not None:
                     raise RuntimeError(_TRACED.format(self.fn_name, what, self._where(i)))
-        return (out, contents), Writes(changed)
+        return (out, contents), Writes(changed, filled)
 
     def _where(self, i: int) -> str:
         """The ``i``-th container in the user's words: the argument it is or is in."""
@@ -236,10 +259,12 @@ class Writes:
     """The containers a traced call changed (their indices in ``nodes``), replayed
     after each run."""
 
-    __slots__ = ("changed",)
+    __slots__ = ("changed", "filled")
 
-    def __init__(self, changed):
+    def __init__(self, changed, filled):
         self.changed = changed
+        # Whether the output, then each new contents, holds a caller's container.
+        self.filled = filled
 
     def runs_eagerly(self, call) -> bool:
         """Whether this call's arguments share a container the program changes (Note
@@ -255,8 +280,10 @@ class Writes:
             return cs[x.index] if type(x) is _Slot else x
 
         out, contents = result
-        for i, new in zip(self.changed, contents):
-            c, new = cs[i], pytree.tree_map(fill, new)
+        for i, new, filled in zip(self.changed, contents, self.filled[1:]):
+            c = cs[i]
+            if filled:
+                new = pytree.tree_map(fill, new)
             if type(c) not in _WRITABLE:  # a dict subclass that only gained keys
                 for k, v in new.items():
                     c[k] = v
@@ -268,7 +295,7 @@ class Writes:
             else:
                 c.clear()
                 c.extend(new)
-        return pytree.tree_map(fill, out)
+        return pytree.tree_map(fill, out) if self.filled[0] else out
 
 
 def _caller_nodes(call) -> list:
