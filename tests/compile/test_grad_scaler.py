@@ -108,3 +108,25 @@ def test_a_step_making_state_under_another_trace_is_refused():
 
     with pytest.raises(RuntimeError, match=r"GradScaler.step\(SGD\) under a trace made"):
         jax.jit(f)(jnp.ones(3))
+
+
+class _Replacing(torch.optim.Optimizer):
+    """An optimizer that makes a new state tensor every step instead of writing it."""
+
+    def __init__(self, params):
+        super().__init__(params, {"lr": 0.1})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                avg = state.get("avg")
+                state["avg"] = avg = p.grad.clone() if avg is None else 0.5 * avg + p.grad
+                p.sub_(group["lr"] * avg)
+
+
+def test_an_optimizer_that_replaces_its_state():
+    want, _ = _train("cpu", _Replacing, jit=False, infs=(0, 3))
+    got, _ = _train("tpu", _Replacing, jit=True, infs=(0, 3))
+    _assert_same(got, want)

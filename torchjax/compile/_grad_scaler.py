@@ -15,11 +15,12 @@ torch.compile's graph breaks) torch's own runs; where they are traced, the optim
 steps unconditionally and then every storage of its parameters and state the step wrote
 takes ``where(found_inf, value before, value after)``, so a skipped step leaves them as
 they were, as torch's fused optimizers skip on the device (``found_inf`` of
-``_fused_adam_``). The result equals eager's, step for step: the same parameters, the
+``_fused_adam_``); a state tensor the step replaces instead of writing (an optimizer of
+the user's) takes the old one's value there. The result equals eager's, step for step: the same parameters, the
 same scale, the same skipped steps, with no host read.
 
-A skipped step cannot undo state the step *made*: eager leaves an optimizer without
-state after a skipped first step (SGD then starts its momentum buffer from the next
+A skipped step cannot undo state the step *made* (a new entry of the optimizer's
+state): eager leaves an optimizer without state after a skipped first step (SGD then starts its momentum buffer from the next
 gradient, not from a blend), while a traced step would keep what it made from a
 non-finite gradient. So a traced step that makes optimizer state is noted
 (``made_watched``); torchjax.jit runs that call as eager Python instead of its program
@@ -101,20 +102,36 @@ def _masked_step(optimizer, skip, args, kwargs):
             s = root(t)
             storages.setdefault(id(s), s)
     before = [(s, s.version, s.arr) for s in storages.values()]
-    state_before = {id(v) for entry in optimizer.state.values() for v in entry.values()}
+    state = _state(optimizer)
     retval = optimizer.step(*args, **kwargs)
-    made = any(
-        isinstance(v, torch.Tensor) and id(v) not in state_before
-        for entry in optimizer.state.values()
-        for v in entry.values()
-    )
+    skipped = skip._value()
+    for s, version, old in before:
+        if s.version != version:
+            s.replace(jnp.where(skipped, old, s.arr))
+    made = False
+    for key, t in _state(optimizer).items():
+        old = state.get(key)
+        if t is old or not isinstance(t, torch.Tensor):
+            continue
+        if isinstance(old, JaxTensor) and isinstance(t, JaxTensor) and _alike(t, old):
+            # A state tensor the step replaced (not written in place): the new one takes
+            # the old one's value (put back above) where the step is skipped.
+            with torch.no_grad():
+                t.copy_(torch.where(skip, old, t))
+        else:
+            made = True
     if made:
         watch = getattr(_WATCH, "made", None)
         if watch is None:
             raise RuntimeError(_MADE.format(type(optimizer).__name__))
         watch.append(optimizer)
-    skipped = skip._value()
-    for s, version, old in before:
-        if s.version != version:
-            s.replace(jnp.where(skipped, old, s.arr))
     return retval
+
+
+def _state(optimizer) -> dict:
+    """The optimizer's state values by (parameter id, key)."""
+    return {(id(p), k): v for p, entry in optimizer.state.items() for k, v in entry.items()}
+
+
+def _alike(a, b) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype
