@@ -16,20 +16,20 @@ steps unconditionally and then every storage of its parameters and state the ste
 takes ``where(found_inf, value before, value after)``, so a skipped step leaves them as
 they were, as torch's fused optimizers skip on the device (``found_inf`` of
 ``_fused_adam_``); a state tensor the step replaces instead of writing (an optimizer of
-the user's) takes the old one's value there. The result equals eager's, step for step: the same parameters, the
-same scale, the same skipped steps, with no host read.
+the user's) takes the old one's value there. The result equals eager's, step for step:
+the same parameters, the same scale, the same skipped steps, with no host read.
 
 A skipped step cannot undo state the step *made* (a new entry of the optimizer's
-state): eager leaves an optimizer without state after a skipped first step (SGD then starts its momentum buffer from the next
-gradient, not from a blend), while a traced step would keep what it made from a
-non-finite gradient. So a traced step that makes optimizer state is noted
-(``made_watched``); torchjax.jit runs that call as eager Python instead of its program
-(the step is skipped or taken exactly, with one host read), and the next call traces
-with the state in place, from then on compiled (Note [Optimizer state made in a first
-call] in _made_state.py retraces an Adam-like first step before that applies, when the
-scaler's own scale is not made in the same call). Under a trace that is not
-torchjax.jit's (``jax.jit`` over ``torchjax.functional``) such a step is refused: run
-one step eagerly first.
+state): eager leaves an optimizer without state after a skipped first step (SGD then
+starts its momentum buffer from the next gradient, not from a blend), while a traced
+step would keep what it made from a non-finite gradient. So a traced step that makes
+optimizer state is noted (``made_watched``); torchjax.jit runs that call as eager
+Python instead of its program (the step is skipped or taken exactly, with one host
+read), and the next call traces with the state in place, from then on compiled (Note
+[Optimizer state made in a first call] in _made_state.py retraces an Adam-like first
+step before that applies, when the scaler's own scale is not made in the same call).
+Under a trace that is not torchjax.jit's (``jax.jit`` over ``torchjax.functional``)
+such a step is refused: run one step eagerly first.
 
 What the masked step cannot see: a tensor outside the optimizer's parameters and state
 that its ``step()`` writes (a step hook's own buffer) is written even when the step is
