@@ -130,3 +130,34 @@ def test_an_optimizer_that_replaces_its_state():
     want, _ = _train("cpu", _Replacing, jit=False, infs=(0, 3))
     got, _ = _train("tpu", _Replacing, jit=True, infs=(0, 3))
     _assert_same(got, want)
+
+
+def test_an_adam_first_step_compiles_once_the_scale_exists():
+    # Note [Optimizer state made in a first call]: the state the masked step made is put
+    # back to its fills and traced again as input, so the first call runs the program.
+    def run(device, jit):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3).to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        scaler = torch.amp.GradScaler(device, init_scale=2.0**10)
+        scaler.scale(torch.ones((), device=device))  # makes the scale
+
+        def step(x):
+            scaler.scale(model(x).square().mean()).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+
+        f = torchjax.jit(step) if jit else step
+        for i in range(2):
+            x = torch.randn(5, 4, generator=torch.Generator().manual_seed(i))
+            if i == 0:
+                x[0, 0] = float("inf")
+            f(x.to(device))
+        return f, scaler.get_scale(), [p.detach().cpu() for p in model.parameters()]
+
+    f, scale, params = run("tpu", True)
+    _, want_scale, want = run("cpu", False)
+    assert scale == want_scale == 512
+    torch.testing.assert_close(params, want, rtol=1e-4, atol=1e-6)
+    assert f.trace_count == 2 and f.cache_hits == 1
