@@ -54,6 +54,7 @@ from torchjax.compile._refusals import (
     restrided,
 )
 from torchjax.compile._stop_gradient import stopping
+from torchjax.compile._stored import remember_stored, stored_refusal
 from torchjax.compile._vjp import VJPCall, VJPProgram
 from torchjax.device import _checks
 from torchjax.interop._jax_function import _VJP
@@ -169,6 +170,8 @@ class Entry:
                     i for i, (s, a) in enumerate(zip(storages, state_arrays)) if s.arr is not a
                 ]
                 after = _state.walk(call.roots, not jitted._is_module)
+                # Note [Tensors a trace stores in module attributes] (_stored.py)
+                remember_stored(after.modules, jitted.attributes)
                 after.add_attributes(jitted.attributes)
                 known = {id(s) for s in storages}
                 # A storage made here and never written keeps its fill, unmade (Note
@@ -226,6 +229,9 @@ class Entry:
             raise escaped_write(_name(jitted.fn), escaped[0][0])
         if lost is not None:
             raise escaped_grad(_name(jitted.fn), lost)
+        refused = stored_refusal(_name(jitted.fn), jitted.attributes, info["created"])
+        if refused is not None:
+            raise refused
         self.closed = closed
         self.out_spec, out_flat, self.out_pos = info["out"]
         self.containers = info["containers"]

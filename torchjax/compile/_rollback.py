@@ -26,8 +26,8 @@ every reference it reads on its way to the state: each leaf's ``.grad`` (tensor
 arguments too), each module's parameters, buffers and submodules, each optimizer's
 ``state`` (every entry's contents) and ``param_groups`` (every group's contents), the
 items of each list, dict and set, the attributes of each plain object, the closure cells
-and the named globals of each function, and the plain module attributes the function is
-known to read (Note [Tensors kept as plain module attributes]). Until the call's
+and the named globals of each function, and each module's plain attributes (Note [Tensors
+kept as plain module attributes]) and what they hold. Until the call's
 program has written its state back, an exception puts back, before it propagates
 unchanged, each of those the trace changed whose value before or after reaches a tpu
 tensor; a program that will not run has them put back at once. With the storages'
@@ -44,9 +44,16 @@ import contextlib
 import functools
 import types
 
+import jax
 import torch
 
-from torchjax.compile._state import _LEAF_TYPES, _MAX_DEPTH, StateWalk, _global_names
+from torchjax.compile._state import (
+    _LEAF_TYPES,
+    _MAX_DEPTH,
+    REGISTRIES,
+    StateWalk,
+    _global_names,
+)
 from torchjax.tensor._tensor import JaxTensor
 
 _MISSING = object()
@@ -88,6 +95,12 @@ class Before(StateWalk):
         super().add_module(m)
         for mod in self.modules[first:]:
             self._whole(mod._parameters, mod._buffers, mod._modules)
+            # Its plain attributes and what they hold, which a trace may set (Note
+            # [Tensors a trace stores in module attributes] in _stored.py).
+            self._whole(vars(mod))
+            for name, v in list(vars(mod).items()):
+                if name not in REGISTRIES:
+                    self.add(v, 1)
 
     def add_optimizer(self, opt) -> None:
         self._whole(opt.state, *opt.state.values(), opt.param_groups, *opt.param_groups)
@@ -170,11 +183,17 @@ class Before(StateWalk):
 
 
 def _holds_state(value) -> bool:
-    """Whether the walk finds a tpu tensor in ``value``."""
-    if isinstance(value, JaxTensor):
+    """Whether the walk finds a tpu tensor in ``value``, or it is (or a list, tuple or
+    dict holds) a jax tracer a trace left."""
+    if isinstance(value, (JaxTensor, jax.core.Tracer)):
         return True
     if value is _MISSING or isinstance(value, _LEAF_TYPES):
         return False
+    if isinstance(value, (list, tuple, dict)) and any(
+        isinstance(v, jax.core.Tracer)
+        for v in (value.values() if isinstance(value, dict) else value)
+    ):
+        return True
     walk = StateWalk(grads=False)
     walk.add(value)
     return bool(walk.storages)

@@ -36,7 +36,9 @@ attributes (and lists, tuples and dicts holding tensors), and the (module, name)
 found are remembered by the compiled function. Every later call's walk reads those
 attributes (a ``getattr`` each) and adds what they hold: an in-place change is an
 input's new value, a reassignment a new storage, which traces again as a new buffer
-does; a write inside the function is written back.
+does; a write inside the function is written back. What the function itself stores in
+an attribute is found after its trace (Note [Tensors a trace stores in module
+attributes] in torchjax/compile/_stored.py).
 
 What the walk cannot see even so (a tensor reachable only through a C extension, or a
 global read by a callee but not named by the function itself) is read at trace time
@@ -303,7 +305,7 @@ def walk(roots, grads: bool = True) -> StateWalk:
 
 
 # A module's own registries: what they hold the walk's ``add_module`` already adds.
-_REGISTRIES = frozenset({"_parameters", "_buffers", "_modules"})
+REGISTRIES = frozenset({"_parameters", "_buffers", "_modules"})
 
 
 def plain_attributes(modules) -> list[tuple]:
@@ -312,7 +314,7 @@ def plain_attributes(modules) -> list[tuple]:
     found = []
     for mod in modules:
         for name, v in vars(mod).items():
-            if name in _REGISTRIES:
+            if name in REGISTRIES:
                 continue
             if isinstance(v, torch.Tensor) or (
                 isinstance(v, (list, tuple, dict))
