@@ -346,6 +346,8 @@ class JaxTensor(torch.Tensor):
             # fails on them, so checking here costs nothing on the hot path.
             if _fake.any_fake(args, kwargs or {}):
                 return _fake.dispatch(func, args, kwargs or {})
+            if len(types) > 1 and _answered_elsewhere(types):
+                return NotImplemented  # Note [Tensor classes that answer tpu ops]
             # torch's exception type and text, not JAX's (Note [One error layer]).
             torch_error = _errors.translate(func, args, kwargs or {}, error)
             if not _backward_errors.in_backward():
@@ -364,6 +366,20 @@ class JaxTensor(torch.Tensor):
 
 
 _protocols.register_forking_reduction(JaxTensor)
+
+
+# Note [Tensor classes that answer tpu ops]
+# torch calls the ``__torch_dispatch__`` of an op's tensor classes left to right (a
+# subclass before its base), so ``addmm(bias, packed, weight)`` reaches JaxTensor's
+# before that of ``packed``'s class, a tpu tensor class torchjax defines for something a
+# JaxTensor cannot be (the stand-in for a nested tensor: torchjax/ops/
+# transformer_nested.py). A handler fails on such an argument (it holds no storage); the
+# failure is then not the call's answer: JaxTensor returns NotImplemented, and torch asks
+# the next class, which answers or refuses with its own message. A class says so with a
+# true ``_answers_tpu_ops``. Looked at only on the error path.
+def _answered_elsewhere(types) -> bool:
+    return any(getattr(t, "_answers_tpu_ops", False) for t in types)
+
 
 # Note [The class name in Python's messages]
 # Python names an object's class by its type's ``__name__`` in the TypeErrors and
