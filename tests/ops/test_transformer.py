@@ -1,5 +1,6 @@
 """nn.MultiheadAttention / nn.TransformerEncoderLayer / nn.TransformerEncoder inference
-fast paths (torchjax/ops/transformer.py), compared with CPU torch in eval() + no_grad()."""
+fast paths (torchjax/ops/transformer.py), compared with CPU torch in eval() + no_grad().
+The encoder's nested-tensor path: tests/ops/test_transformer_nested.py."""
 
 import contextlib
 import copy
@@ -125,31 +126,6 @@ def test_transformer_encoder_layer(masks, activation, norm_first):
     _assert_close(got, want)
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_transformer_encoder_nested_fallback(norm_first):
-    """With a padding mask CPU packs a nested tensor and writes 0 at padded positions;
-    tpu runs densely: unpadded positions match the nested path, all positions match CPU
-    without nested tensors."""
-    torch.manual_seed(0)
-    layer = nn.TransformerEncoderLayer(
-        D, H, 32, dropout=0.0, batch_first=True, norm_first=norm_first
-    )
-    cpu = nn.TransformerEncoder(layer, 2, enable_nested_tensor=not norm_first).eval()
-    cpu_dense = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
-    tpu = copy.deepcopy(cpu).to("tpu")
-    x = torch.randn(B, T, D)
-    _, kpm = _masks("kpm")
-    with torch.no_grad():
-        want_nested = cpu(x, src_key_padding_mask=kpm)
-        want_dense = cpu_dense(x, src_key_padding_mask=kpm)
-        with _calls(aten._transformer_encoder_layer_fwd.default) as calls:
-            got = tpu(_tpu(x), src_key_padding_mask=_tpu(kpm))
-    assert len(calls) == 2
-    _assert_close(got, want_dense)
-    keep = ~kpm
-    torch.testing.assert_close(got.cpu()[keep], want_nested[keep], **TOL)
-
-
 def test_transformer_encoder_no_mask_and_causal():
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(D, H, 32, dropout=0.0, batch_first=True)
@@ -160,17 +136,6 @@ def test_transformer_encoder_no_mask_and_causal():
     with torch.no_grad():
         _assert_close(tpu(_tpu(x)), cpu(x))
         _assert_close(tpu(_tpu(x), mask=_tpu(causal)), cpu(x, mask=causal))
-
-
-def test_transformer_encoder_mask_check_false_raises():
-    layer = nn.TransformerEncoderLayer(D, H, 32, dropout=0.0, batch_first=True)
-    enc = nn.TransformerEncoder(layer, 1, mask_check=False).eval().to("tpu")
-    _, kpm = _masks("kpm")
-    with (
-        torch.no_grad(),
-        pytest.raises(NotImplementedError, match="aten::_nested_tensor_from_mask"),
-    ):
-        enc(_tpu(torch.randn(B, T, D)), src_key_padding_mask=_tpu(kpm))
 
 
 # ---------------------------------------------------------------------------------------

@@ -65,6 +65,10 @@ every check written with ``require``:
   and ``offsets[-1] <= len(indices)`` (CPU's ``check_arguments``; CUDA's kernels start
   the first bag at 0 and check neither). The last two cost a host read per call, and
   per call of a compiled program holding them, where CUDA reads nothing;
+- at the op, the nested-tensor path of ``nn.TransformerEncoder`` (CPU and CUDA hold a
+  nested tensor's sizes on the host): ``_nested_tensor_from_mask``'s ``mask_check`` and,
+  on its padded stand-in, ``to_padded_tensor``'s "at least one constituent tensor"
+  and truncation checks (torchjax/ops/transformer_nested.py); a host read per call;
 - at the op, linear algebra (CPU and CUDA read LAPACK's ``info`` back and raise there):
   ``_linalg_check_errors`` behind ``linalg.inv``/``inverse``/``matrix_power`` (negative
   powers)/``tensorinv``, ``linalg.solve``/``tensorsolve``, ``linalg.cholesky``/

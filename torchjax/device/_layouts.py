@@ -16,6 +16,10 @@ Two registrations refuse it where it is made:
   nested tensor in C++ with no op the fallback would see). The jagged layout's
   constructor (``aten::_nested_view_from_jagged``) refuses in torchjax/ops/long_tail.py.
 
+``nn.TransformerEncoder``'s own packing (``_nested_tensor_from_mask``) is the one nested
+tensor made on tpu: a padded stand-in that answers the ops the encoder applies (Note
+[TransformerEncoder's nested path on tpu] in torchjax/ops/transformer_nested.py).
+
 Sparse layouts are refused by their constructors' lowerings (torchjax/ops/embedding.py,
 torchjax/ops/long_tail.py).
 """

@@ -40,6 +40,7 @@ from torchjax.ops import scatter_gather as _scatter_gather  # noqa: F401
 from torchjax.ops import sort as _sort  # noqa: F401
 from torchjax.ops import special as _special  # noqa: F401
 from torchjax.ops import transformer as _transformer  # noqa: F401
+from torchjax.ops import transformer_nested as _transformer_nested  # noqa: F401
 from torchjax.ops import view_ops as _view_ops  # noqa: F401
 from torchjax.ops.registry import handler, lowering, register_pointwise
 

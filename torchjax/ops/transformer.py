@@ -11,12 +11,9 @@ masks arrive as float (0 / -inf, from ``F._canonical_mask``); ATen turns any non
 into bool with ``mask != 0`` (True = masked out), and so do we.
 
 ``nn.TransformerEncoder`` with ``enable_nested_tensor=True`` and a left-aligned
-``src_key_padding_mask`` would pack the batch into a nested tensor
-(``_nested_tensor_from_mask``). torchjax has no nested tensors, so
-``_nested_tensor_from_mask_left_aligned`` answers False on tpu: the encoder then takes its
-dense path and runs each layer with the padding mask. Unpadded positions are the same;
-padded positions hold computed values where CPU's nested path writes 0 (the same as CPU
-with ``enable_nested_tensor=False``).
+``src_key_padding_mask`` packs the batch into a nested tensor first and calls
+``_transformer_encoder_layer_fwd`` on it: Note [TransformerEncoder's nested path on tpu]
+in torchjax/ops/transformer_nested.py.
 
 Reference: aten/src/ATen/native/transformers/{attention.cpp,transformer.cpp},
 aten/src/ATen/native/SoftMax.cpp (``masked_softmax_cpu``).
@@ -295,29 +292,3 @@ def _transformer_encoder_layer_fwd(
         return x + ffn(norm(x, norm_weight_2, norm_bias_2))
     x = norm(x + attn(x), norm_weight_1, norm_bias_1)
     return norm(x + ffn(x), norm_weight_2, norm_bias_2)
-
-
-# ---------------------------------------------------------------------------------------
-# nested tensors (TransformerEncoder's sparsity fast path)
-
-
-@lowering(aten._nested_tensor_from_mask_left_aligned)
-def _nested_tensor_from_mask_left_aligned(t, mask):
-    """aten::_nested_tensor_from_mask_left_aligned - on CPU: whether every row of ``mask``
-    (True = keep) is a prefix of Trues, i.e. ``t`` can be packed into a nested tensor.
-
-    Always False on tpu: torchjax has no nested tensors, and False is what makes
-    ``nn.TransformerEncoder`` skip ``_nested_tensor_from_mask`` and run its layers densely
-    with the padding mask (see the module docstring for how the output differs)."""
-    return False
-
-
-@lowering(aten._nested_tensor_from_mask)
-def _nested_tensor_from_mask(t, mask, mask_check=True):
-    """aten::_nested_tensor_from_mask - not supported: torchjax has no nested tensors."""
-    raise NotImplementedError(
-        f"aten::_nested_tensor_from_mask: torchjax has no nested tensors (called with a "
-        f"{list(t.shape)} tensor and a {list(mask.shape)} mask). nn.TransformerEncoder calls "
-        "this only with mask_check=False; build it with enable_nested_tensor=False (or keep "
-        "mask_check=True) to run on tpu."
-    )
