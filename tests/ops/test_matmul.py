@@ -89,7 +89,9 @@ def test_empty_and_out():
 
 
 def test_mm_shape_error():
-    with pytest.raises(RuntimeError, match="aten::mm: mat1 and mat2 shapes cannot be multiplied"):
+    # CPU's text, then the op's name.
+    text = r"^mat1 and mat2 shapes cannot be multiplied \(2x3 and 4x5\) \(in aten::mm"
+    with pytest.raises(RuntimeError, match=text):
         torch.mm(torch.randn(2, 3).to("tpu"), torch.randn(4, 5).to("tpu"))
 
 
@@ -224,3 +226,120 @@ def test_mixed_dtype_products_refused_with_cpus_text(op):
     with pytest.raises(RuntimeError) as got:
         fn(a.to("tpu"), b.to("tpu"))
     assert str(got.value).startswith(str(cpu.value)), (got.value, cpu.value)
+
+
+def _outcome(call, device):
+    """``call(device)``'s result on the host, or its exception's type and text."""
+    try:
+        return call(device).cpu()
+    except (RuntimeError, NotImplementedError, IndexError) as error:
+        return error
+
+
+def _same_outcome(call):
+    """CPU and tpu agree: equal values and dtype, or the same exception type with CPU's
+    text first (tpu adds the op's name after it)."""
+    want, got = _outcome(call, "cpu"), _outcome(call, "tpu")
+    if isinstance(want, Exception):
+        assert type(got) is type(want), (want, got)
+        assert str(got).startswith(str(want)), (want, got)
+    else:
+        assert not isinstance(got, Exception), (want, got)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _full(shape, dtype):
+    return torch.ones(shape, dtype=dtype)
+
+
+_B, _F, _D, _L = torch.bool, torch.float32, torch.float64, torch.int64
+# (self, mat1, mat2) shapes: bad inner sizes, 1-D and 3-D operands, a self that does not
+# expand, and the shapes with nothing to multiply.
+_ADDMM_SHAPES = [
+    ((2, 3), (2, 4), (5, 3)),
+    ((2, 5), (2, 4), (4, 3)),
+    ((2, 5), (2, 4), (5, 3)),
+    ((3,), (4,), (4, 3)),
+    ((3,), (2, 4), (4,)),
+    ((2, 2, 3), (2, 4), (4, 3)),
+    ((7,), (0, 4), (4, 3)),
+    ((2, 3), (2, 4), (4, 3)),
+    ((1,), (2, 4), (4, 3)),
+    ((0, 3), (0, 4), (4, 3)),
+    ((2, 0), (2, 4), (4, 0)),
+    ((2, 3), (2, 0), (0, 3)),
+    ((), (2, 0), (0, 3)),
+]
+_ADDMM_DTYPES = [(_B, _B, _B), (_L, _L, _L), (_F, _F, _F), (_D, _F, _F), (_F, _F, _D),
+                 (_B, _F, _F), (_F, _F, _B), (_L, _L, _B), (_F, _B, _B)]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtypes", _ADDMM_DTYPES, ids=str)
+@pytest.mark.parametrize("shapes", _ADDMM_SHAPES, ids=str)
+def test_addmm_checks_in_cpus_order(shapes, dtypes):
+    # CPU's addmm checks dtypes, ranks, inner sizes and self's expand before it looks for
+    # a kernel of the dtype: a bool call with bad shapes raises the shape error.
+    _same_outcome(lambda d: torch.addmm(*(_full(s, t).to(d) for s, t in zip(shapes, dtypes))))
+
+
+@pytest.mark.parametrize("dtypes", [(_B, _B), (_F, _F), (_L, _B), (_F, _D)], ids=str)
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ((2, 4), (5, 3)),
+        ((4,), (4, 3)),
+        ((2, 4), (4,)),
+        ((2, 4), (4, 3)),
+        ((0, 4), (4, 3)),
+        ((2, 0), (0, 3)),
+    ],  # fmt: skip
+    ids=str,
+)
+def test_mm_checks_in_cpus_order(shapes, dtypes):
+    _same_outcome(lambda d: torch.mm(*(_full(s, t).to(d) for s, t in zip(shapes, dtypes))))
+
+
+@pytest.mark.parametrize("dtype", [_B, _L, _F], ids=str)
+@pytest.mark.parametrize(
+    "scales",
+    [{}, {"beta": 0}, {"beta": 2}, {"beta": 1.5}, {"beta": True}, {"beta": False}, {"alpha": 0}],
+    ids=str,
+)
+def test_addmm_with_nothing_to_multiply_scales_self_as_cpu(dtype, scales):
+    # k == 0: CPU computes beta * self with torch's mul, which refuses a beta the result's
+    # dtype cannot hold (an int into bool, a float into int64).
+    _same_outcome(
+        lambda d: torch.addmm(
+            _full((2, 3), dtype).to(d),
+            _full((2, 0), dtype).to(d),
+            _full((0, 3), dtype).to(d),
+            **scales,
+        )
+    )
+
+
+@pytest.mark.parametrize("dtype", [_B, _F], ids=str)
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda t: t((2, 5)).addmm_(t((2, 4)), t((4, 3))),
+        lambda t: t((3,)).addmm_(t((2, 4)), t((4, 3))),
+        lambda t: t((2, 5)).addmm_(t((2, 4)), t((5, 3))),
+        lambda t: t((2, 3)).addmm_(t((2, 4)), t((4, 3))),
+        lambda t: torch.addmm(t((2, 3)), t((2, 4)), t((4, 3)), out=t((2, 3), _D)),
+        lambda t: torch.addmm(t((2, 3)), t((2, 4)), t((5, 3)), out=t((2, 3), _D)),
+        lambda t: torch.addmm(t((2, 3)), t((2, 4)), t((4, 3)), out=t((2, 3))),
+    ],
+    ids=[
+        "inplace-wide",
+        "inplace-1d",
+        "inplace-inner",
+        "inplace",
+        "out-dtype",
+        "out-dtype-inner",
+        "out",
+    ],  # fmt: skip
+)
+def test_addmm_inplace_and_out_check_in_cpus_order(dtype, call):
+    _same_outcome(lambda d: call(lambda s, t=dtype: _full(s, t).to(d)))

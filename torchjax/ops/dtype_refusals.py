@@ -29,6 +29,16 @@ records. Where CPU's message depends on more than the table says (softmax names 
 last-dim kernel or its general one by ``dim``), tpu raises the message CPU gives most
 often; the others are listed with it.
 
+Note [Checks before the refusal]
+A few kernels check their arguments' shapes before they dispatch on the dtype: ``addmm``
+is a structured kernel whose meta function checks that the dtypes agree and that the
+matrices multiply, and whose CPU kernel then expands ``self`` to the result, all before
+``AT_DISPATCH`` refuses 'Bool'. A bool call with bad shapes raises the shape error there,
+and the refusal only for shapes that fit. The guard here runs before any lowering, so an
+op's module registers those checks with ``checked_first``: they run when a refusal of one
+of its overloads is about to be raised, and raise first if the call fails them. They run
+on the refusal path only; a call no entry refuses never reaches them.
+
 Some refusals the survey does not see: CPU makes them inside a composite kernel
 (``native_dropout`` and ``soft_margin_loss`` write a float result in place into an
 integer tensor) or in an argument check (``embedding_bag``'s weight types, ``polar``'s,
@@ -53,6 +63,34 @@ _ERRORS = {"NotImplementedError": NotImplementedError, "RuntimeError": RuntimeEr
 # "op.overload" -> [{args, error, message, samples: {dtype: sample}, when?, passes?,
 # others?}]; the dtypes an entry refuses are its samples' keys.
 REFUSED: dict[str, list[dict]] = json.loads(_FILE.read_text())["refused"]
+
+
+# overload packet -> fn(args, kwargs), run before a refusal is raised (Note [Checks
+# before the refusal]).
+_CHECKED_FIRST: dict = {}
+
+
+def checked_first(*packets):
+    """Register ``fn(args, kwargs)`` (the torch-level arguments of an overload of
+    ``packets``, or of its in-place or ``out=`` form) to run before a refusal of that call
+    is raised: the checks CPU's kernel makes before it dispatches on the dtype (Note
+    [Checks before the refusal])."""
+
+    def deco(fn):
+        for packet in packets:
+            _CHECKED_FIRST[packet] = fn
+        return fn
+
+    return deco
+
+
+def _run_checked_first(func, args, kwargs) -> None:
+    check = _CHECKED_FIRST.get(func.overloadpacket)
+    if check is None:
+        sibling = schema.functional_sibling(func)
+        check = None if sibling is None else _CHECKED_FIRST.get(sibling.overloadpacket)
+    if check is not None:
+        check(args, kwargs)
 
 
 def _key(func) -> str:
@@ -207,6 +245,7 @@ def guarded(func, handler):
     def guarded_handler(args, kwargs):
         error = _refusal(func, checks, args, kwargs, written)
         if error is not None:
+            _run_checked_first(func, args, kwargs)
             raise error
         return handler(args, kwargs)
 

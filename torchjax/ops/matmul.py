@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from torchjax.ops import matmul_checks
 from torchjax.ops.registry import functional_handler, handler, lowering
 from torchjax.ops.writeback import write_into
 from torchjax.tensor import dtypes
@@ -141,15 +142,7 @@ def _dot_text(a, b):
 _CPU_MIXED_DTYPE_TEXTS = {
     "dot": _dot_text,
     "vdot": _dot_text,  # CPU's vdot words it as dot
-    "mm": lambda a, b: (
-        f"expected m1 and m2 to have the same dtype, but got: {_TYPE_META[a.name]} != "
-        f"{_TYPE_META[b.name]}"
-        if a.name in _TYPE_META and b.name in _TYPE_META
-        else None
-    ),
 }
-# caffe2's TypeMeta names, as mm's text prints the dtypes (the ones known for certain).
-_TYPE_META = {"float32": "float", "float64": "double"}
 
 
 def _check_dtypes(name, *arrs):
@@ -204,15 +197,14 @@ def mm(self, mat2, *, precision=HIGHEST):
     """aten::mm - (n, k) @ (k, m) -> (n, m).
 
     Dtypes: both operands the same dtype (torch raises otherwise); result that dtype.
-    Reference: torch.mm; lax.dot_general."""
-    _check_dims("mm", self, 2, "self")
-    _check_dims("mm", mat2, 2, "mat2")
-    if self.shape[1] != mat2.shape[0]:
-        raise RuntimeError(
-            f"aten::mm: mat1 and mat2 shapes cannot be multiplied "
-            f"({self.shape[0]}x{self.shape[1]} and {mat2.shape[0]}x{mat2.shape[1]})"
-        )
-    _check_dtypes("mm", self, mat2)
+    bool: CPU has no kernel, but returns before needing one when there is nothing to
+    multiply (an empty result, or k == 0: False). Reference: torch.mm; lax.dot_general."""
+    matmul_checks.mm_checks(self, mat2)
+    shape = (self.shape[0], mat2.shape[1])
+    if matmul_checks.is_bool(self):
+        if self.size and mat2.size:
+            raise NotImplementedError("\"addmm_impl_cpu_\" not implemented for 'Bool'")
+        return jnp.zeros(shape, self.dtype)
     return _dot(self, mat2, ((1,), (0,)), precision=precision).astype(self.dtype)
 
 
@@ -276,9 +268,21 @@ def vdot(self, other, *, precision=HIGHEST):
 def addmm(self, mat1, mat2, *, beta=1, alpha=1, precision=HIGHEST):
     """aten::addmm - beta * self + alpha * (mat1 @ mat2); self broadcasts to (n, m).
 
-    beta == 0 ignores self's values (as torch). Reference: torch.addmm."""
-    _check_dtypes("addmm", self, mat1, mat2)
-    mm(mat1, mat2)  # shape checks
+    beta == 0 ignores self's values (as torch). Checks in CPU's order (ops/matmul_checks.py).
+    With nothing to multiply (k == 0) CPU computes ``beta * self`` alone, with torch's
+    ``mul`` (alpha unread), which refuses a beta the result cannot hold: that is also what
+    bool gets then, and an empty result; other bool calls have no kernel.
+    Reference: torch.addmm."""
+    matmul_checks.addmm_checks(self, mat1, mat2)
+    shape = (mat1.shape[0], mat2.shape[1])
+    if not mat1.shape[1] and shape[0] * shape[1]:
+        matmul_checks.check_beta_casts(self.dtype, beta)
+        scaled = _add_scaled(jnp.zeros((), self.dtype), self, beta, 1, self.dtype)
+        return jnp.broadcast_to(scaled, shape)
+    if matmul_checks.is_bool(self):
+        if shape[0] * shape[1]:
+            raise NotImplementedError("\"addmm_impl_cpu_\" not implemented for 'Bool'")
+        return jnp.zeros(shape, self.dtype)
     out = _add_scaled(
         _dot(mat1, mat2, ((1,), (0,)), precision=precision),
         self,
@@ -287,7 +291,7 @@ def addmm(self, mat1, mat2, *, beta=1, alpha=1, precision=HIGHEST):
         mat1.dtype,
         blas=_GEMM,
     )
-    return jnp.broadcast_to(out, (mat1.shape[0], mat2.shape[1]))
+    return jnp.broadcast_to(out, shape)
 
 
 @precision_lowering(aten.addmv)
