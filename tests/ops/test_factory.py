@@ -144,6 +144,64 @@ def test_arange_errors(args, exc, match):
         torch.arange(*args, device="tpu")
 
 
+def _arange_outcome(args, kwargs):
+    try:
+        return torch.arange(*args, **kwargs)
+    except (RuntimeError, ValueError, NotImplementedError) as error:
+        return error
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (1j,),
+        (0, 3j),
+        (0, 5, 1j),
+        (1j, 5),
+        (0, 5, 0j),
+        (0, 5 + 1e-300j),
+        (complex("nan+nanj"),),
+        (0j, 5 + 0j),
+        (0, 5, 1 + 0j),
+        (0, 1, 0.5 + 0j),
+        (5,),
+        (0, 5, 0),
+    ],  # fmt: skip
+    ids=str,
+)
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        None,
+        torch.float32,
+        torch.int64,
+        torch.float16,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
+    ],  # fmt: skip
+    ids=str,
+)
+def test_arange_complex_and_bool_as_cpu(args, dtype):
+    # CPU has real kernels only: a complex or bool dtype is refused first; complex bounds
+    # are read as doubles, so an imaginary part raises and a zero one is dropped.
+    kwargs = {} if dtype is None else {"dtype": dtype}
+    want = _arange_outcome(args, kwargs)
+    got = _arange_outcome(args, {**kwargs, "device": "tpu"})
+    if isinstance(want, Exception):
+        assert type(got) is type(want), (want, got)
+        assert str(got).startswith(str(want)), (want, got)
+    else:
+        oi.compare(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.bool], ids=str)
+def test_arange_out_of_complex_or_bool_refused_as_cpu(dtype):
+    name = "ComplexFloat" if dtype.is_complex else "Bool"
+    with pytest.raises(NotImplementedError, match=f"^\"arange_cpu\" not implemented for '{name}'"):
+        torch.arange(5, out=torch.empty(0, dtype=dtype, device="tpu"))
+
+
 def test_arange_default_dtype_float64():
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)

@@ -53,6 +53,21 @@ def _is_integral(dtype: torch.dtype) -> bool:
 # arange
 
 
+# Note [arange of complex]
+# CPU's arange has kernels for the real dtypes only (AT_DISPATCH_ALL_TYPES_AND2(Half,
+# BFloat16)): a complex or bool ``dtype`` (or ``out``) is refused with NotImplementedError
+# before any bound is read, where jax would count 0, 1, 2 in complex. Complex bounds are
+# read as doubles (``Scalar::to<double>``): one with a zero imaginary part is its real
+# part (``arange(0j, 5+0j)`` is float32 0..4), any other (NaN included) raises c10's
+# conversion error.
+def _real_bound(v):
+    if not isinstance(v, complex):
+        return v
+    if v.imag != 0 or math.isnan(v.imag):
+        raise RuntimeError("value cannot be converted to type double without overflow")
+    return v.real
+
+
 def arange_values(start, end, step, dtype: torch.dtype) -> np.ndarray:
     """The values of ``torch.arange(start, end, step, dtype=dtype)`` as a NumPy array.
 
@@ -62,7 +77,7 @@ def arange_values(start, end, step, dtype: torch.dtype) -> np.ndarray:
     other outputs as ceil((end - start) / step) in double from the original bounds; the
     values are ``start + i * step`` in the accumulate type, cast to ``dtype``.
     """
-    start, end, step = _value(start), _value(end), _value(step)
+    start, end, step = (_real_bound(_value(v)) for v in (start, end, step))
     for v in (start, end):
         if isinstance(v, float) and not math.isfinite(v):
             raise RuntimeError(f"unsupported range: {start} -> {end} (in aten::arange)")
@@ -75,8 +90,10 @@ def arange_values(start, end, step, dtype: torch.dtype) -> np.ndarray:
     # int64 checks the truncated bounds (its size is computed from them); other dtypes
     # check the given ones (arange(0, 1, 0.1, dtype=int32) is ten zeros in torch).
     lo, hi, st = (xstart, xend, xstep) if dtype == torch.int64 else (start, end, step)
-    if st == 0:
-        raise ValueError(f"step must be nonzero (in aten::arange, step={step} as {dtype})")
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if st == 0:  # int64's step truncated to 0: torch raises ValueError there
+        raise _errors.deliberate(ValueError("step must be nonzero"))
     if not ((st > 0 and hi >= lo) or (st < 0 and hi <= lo)):
         raise RuntimeError(
             f"upper bound and lower bound inconsistent with step sign "
@@ -98,10 +115,14 @@ def arange_values(start, end, step, dtype: torch.dtype) -> np.ndarray:
 def arange_out(args, kwargs):
     """aten::arange.out / start_out - ``[start, end)`` by ``step`` written into ``out``.
 
-    Shapes: ``out`` resized to ceil((end - start) / step). Dtypes: ``out``'s; integer
-    bounds stay exact in int64 (past 2**31 and 2**53). Reference: torch.arange.
+    Shapes: ``out`` resized to ceil((end - start) / step). Dtypes: ``out``'s, real only
+    (Note [arange of complex]); integer bounds stay exact in int64 (past 2**31 and 2**53).
+    Reference: torch.arange.
     """
     out = kwargs["out"]
+    if out.dtype.is_complex or out.dtype == torch.bool:  # Note [arange of complex]
+        name = dtypes.aten_type_name(out.dtype)
+        raise NotImplementedError(f"\"arange_cpu\" not implemented for '{name}'")
     if len(args) == 1:
         start, end, step = 0, args[0], 1
     else:
