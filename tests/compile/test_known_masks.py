@@ -21,10 +21,10 @@ def kernel_calls(monkeypatch):
     calls = []
     original = _sdpa.causal_into_mask
 
-    def spy(q, k, v, attn_mask, dropout_p, is_causal):
+    def spy(q, k, v, attn_mask, dropout_p, is_causal, **kwargs):
         if not is_fake(q):
             calls.append((attn_mask is None, is_causal))
-        return original(q, k, v, attn_mask, dropout_p, is_causal)
+        return original(q, k, v, attn_mask, dropout_p, is_causal, **kwargs)
 
     monkeypatch.setattr(_sdpa, "causal_into_mask", spy)
     return calls

@@ -320,4 +320,108 @@ def test_bmm_refuses_mismatched_shapes_with_cpus_text():
             torch.bmm(torch.ones(a), torch.ones(b))
         with pytest.raises(RuntimeError) as tpu:
             torch.bmm(torch.ones(a, device="tpu"), torch.ones(b, device="tpu"))
-        assert str(tpu.value) == f"aten::bmm: {cpu.value}"
+        # CPU's text, then the op's name.
+        assert str(tpu.value) == f"{cpu.value} (in aten::bmm.default)"
+
+
+# Odd SDPA calls, (q, k, v) shapes and keywords; "mask" is a float mask's shape, "bool"
+# a bool mask's. CPU answers each with its flash kernel or its math path (Note [CPU's SDPA
+# kernel choice] in torchjax/ops/attention_checks.py); tpu must give the same values (NaN
+# where CPU has NaN) or raise the same exception with CPU's text first.
+_B, _H, _L, _S, _E = 2, 3, 5, 7, 8
+_Q, _K = (_B, _H, _L, _E), (_B, _H, _S, _E)
+_ODD_CASES = {
+    "empty-queries": (((_B, _H, 0, _E), _K, _K), {}),
+    "empty-keys": ((_Q, (_B, _H, 0, _E), (_B, _H, 0, _E)), {}),
+    "empty-keys-causal": ((_Q, (_B, _H, 0, _E), (_B, _H, 0, _E)), {"is_causal": True}),
+    "empty-batch": (((0, _H, _L, _E), (0, _H, _S, _E), (0, _H, _S, _E)), {}),
+    "empty-head-dim": (((_B, _H, _L, 0), (_B, _H, _S, 0), (_B, _H, _S, 3)), {}),
+    "empty-head-dim-3d": (((_B, _L, 0), (_B, _S, 0), (_B, _S, 3)), {}),
+    "value-head-dim": ((_Q, _K, (_B, _H, _S, 3)), {}),
+    "value-head-dim-causal": ((_Q, _K, (_B, _H, _S, 3)), {"is_causal": True}),
+    "value-head-dim-mask": ((_Q, _K, (_B, _H, _S, 3)), {"mask": (_L, _S)}),
+    "key-head-dim": ((_Q, (_B, _H, _S, 4), _K), {}),
+    "scale-0": ((_Q, _K, _K), {"scale": 0.0}),
+    "scale-negative": ((_Q, _K, _K), {"scale": -1.0}),
+    "scale-negative-3d": (((_B, _L, _E), (_B, _S, _E), (_B, _S, _E)), {"scale": -0.5}),
+    "bool-mask-row-false": ((_Q, _K, _K), {"bool": (_L, _S), "false_row": 1}),
+    "bool-mask-all-false": ((_Q, _K, _K), {"bool": (_L, _S), "false_row": None}),
+    "float-mask-2d": ((_Q, _K, _K), {"mask": (_L, _S)}),
+    "float-mask-column": ((_Q, _K, _K), {"mask": (_L, 1)}),
+    "float-mask-1d": ((_Q, _K, _K), {"mask": (_S,)}),
+    "float-mask-0d": ((_Q, _K, _K), {"mask": ()}),
+    "float-mask-1d-3d-inputs": (((_B, _L, _E), (_B, _S, _E), (_B, _S, _E)), {"mask": (_S,)}),
+    "float-mask-1d-causal": ((_Q, _K, _K), {"mask": (_S,), "is_causal": True}),
+    "float-mask-too-long": ((_Q, _K, _K), {"mask": (_L, _S + 1)}),
+    "float-mask-grows": ((_Q, _K, _K), {"mask": (4, _B, _H, _L, _S)}),
+    "float-mask-grows-batch": (
+        ((1, _H, _L, _E), (1, _H, _S, _E), (1, _H, _S, _E)),
+        {"mask": (_B, _H, _L, _S)},
+    ),  # fmt: skip
+    "gqa": (((_B, 6, _L, _E), (_B, 3, _S, _E), (_B, 3, _S, _E)), {"enable_gqa": True}),
+    "gqa-not-dividing": (((_B, 6, _L, _E), (_B, 4, _S, _E), (_B, 4, _S, _E)), {"enable_gqa": True}),
+    "gqa-off": (((_B, 6, _L, _E), (_B, 3, _S, _E), (_B, 3, _S, _E)), {}),
+    "gqa-causal-mask": (
+        ((_B, 6, _L, _E), (_B, 3, _S, _E), (_B, 3, _S, _E)),
+        {"enable_gqa": True, "is_causal": True, "mask": (_L, _S)},
+    ),  # fmt: skip
+    "causal-mask-too-long": ((_Q, _K, _K), {"mask": (_L, _S + 1), "is_causal": True}),
+    "causal-mask-3d": ((_Q, _K, _K), {"mask": (_H, _L, _S), "is_causal": True}),
+    "dropout-causal-mask": ((_Q, _K, _K), {"mask": (_L, _S), "is_causal": True, "dropout_p": 0.5}),
+    "dropout-negative": ((_Q, _K, _K), {"dropout_p": -0.1}),
+    "dropout-negative-3d": (((_B, _L, _E), (_B, _S, _E), (_B, _S, _E)), {"dropout_p": -0.1}),
+    "dropout-negative-value-head-dim": ((_Q, _K, (_B, _H, _S, 3)), {"dropout_p": -0.1}),
+    "dropout-above-1": ((_Q, _K, _K), {"dropout_p": 1.5}),
+    "3d": (((_B, _L, _E), (_B, _S, _E), (_B, _S, _E)), {}),
+    "3d-causal": (((_B, _L, _E), (_B, _S, _E), (_B, _S, _E)), {"is_causal": True}),
+    "3d-mask": (((_B, _L, _E), (_B, _S, _E), (_B, _S, _E)), {"mask": (_L, _S)}),
+    "batch-mismatch": ((_Q, (3, _H, _S, _E), (3, _H, _S, _E)), {}),
+    "int-inputs": ((_Q, _K, _K), {"dtype": torch.int64}),
+}
+
+
+def _odd_call(shapes, kw, device, mode, dtype):
+    g = torch.Generator().manual_seed(0)
+    kw = dict(kw)
+    dtype = kw.pop("dtype", dtype)
+    args = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype) for s in shapes]
+    if "mask" in kw:
+        kw["attn_mask"] = torch.randn(kw.pop("mask"), generator=g, dtype=torch.float64).to(dtype)
+    if "bool" in kw:
+        mask = torch.ones(kw.pop("bool"), dtype=torch.bool)
+        row = kw.pop("false_row")
+        mask[slice(None) if row is None else row] = False
+        kw["attn_mask"] = mask
+    args = [a.to(device) for a in args]
+    kw = {n: (a.to(device) if isinstance(a, torch.Tensor) else a) for n, a in kw.items()}
+    if mode == "grad":
+        args = [a.requires_grad_(a.is_floating_point()) for a in args]
+    context = torch.inference_mode() if mode == "inference" else torch.no_grad()
+    try:
+        if mode == "grad":
+            out = F.scaled_dot_product_attention(*args, **kw)
+            if out.requires_grad:
+                out.backward(torch.ones_like(out))
+            return out.detach().cpu(), [a.grad.cpu() for a in args if a.grad is not None]
+        with context:
+            return F.scaled_dot_product_attention(*args, **kw).cpu(), []
+    except (RuntimeError, IndexError) as error:
+        return error, []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("mode", ["no_grad", "grad", "inference"])
+@pytest.mark.parametrize("shapes,kw", _ODD_CASES.values(), ids=_ODD_CASES.keys())
+def test_sdpa_odd_inputs_as_cpu(shapes, kw, mode, dtype):
+    if kw.get("dropout_p", 0) > 0 and mode == "grad":
+        pytest.skip("dropout draws torchjax's random masks, not CPU's")
+    want, want_grads = _odd_call(shapes, kw, "cpu", mode, dtype)
+    got, got_grads = _odd_call(shapes, kw, "tpu", mode, dtype)
+    if isinstance(want, Exception):
+        assert type(got) is type(want), (want, got)
+        assert str(got).startswith(str(want)), (want, got)
+        return
+    assert not isinstance(got, Exception), got
+    assert got.dtype == want.dtype and got.shape == want.shape
+    for a, b in zip([got, *got_grads], [want, *want_grads]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, equal_nan=True)

@@ -14,6 +14,10 @@ autograd differentiates those. Causal masks arrive as ``tril`` of ``ones`` plus
 Fully masked rows (a boolean mask that is all False in a row, e.g. left padding): CPU
 torch returns zeros there, and so does ``_safe_softmax`` (the math path's softmax for
 masked attention), so the result is finite and equal to CPU, not NaN.
+
+What CPU's choice between its flash kernel and the math path refuses, which the math path
+alone would not, is refused first (torchjax/ops/attention_checks.py, Note [CPU's SDPA
+kernel choice]).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 
 from torchjax._compat.jax import constant_value, x64_enter, x64_exit
 from torchjax._compat.torch_checkpoint import checkpoint_region
+from torchjax.ops.attention_checks import cpu_flash_selected, math_scale
 from torchjax.ops.norm import _check_dim, _opmath
 from torchjax.ops.registry import functional_handler, lowering
 from torchjax.tensor._fake import is_fake
@@ -69,13 +74,15 @@ def sdpa_math(
     (``_safe_softmax``). Products use ``Precision.HIGHEST``. Reference:
     torch.nn.functional.scaled_dot_product_attention.
     """
-    length, source, head = query.shape[-2], key.shape[-2], query.shape[-1]
-    scale = 1.0 / math.sqrt(head) if scale is None else scale
+    length, source = query.shape[-2], key.shape[-2]
+    scale = math_scale(scale, query.shape[-1])
     if enable_gqa and key.shape[-3] != query.shape[-3]:
         reps = query.shape[-3] // key.shape[-3]
         key, value = jnp.repeat(key, reps, axis=-3), jnp.repeat(value, reps, axis=-3)
-    root = jnp.asarray(math.sqrt(scale), query.dtype)
-    scores = jnp.matmul(query * root, jnp.swapaxes(key * root, -1, -2), precision=_HIGHEST)
+    # A negative scale: q by -sqrt(|scale|), k by sqrt(|scale|), as the math path.
+    root = jnp.asarray(math.sqrt(abs(scale)), query.dtype)
+    q_root = -root if scale < 0 else root
+    scores = jnp.matmul(query * q_root, jnp.swapaxes(key * root, -1, -2), precision=_HIGHEST)
     if is_causal:
         attn_mask = jnp.tril(jnp.ones((length, source), jnp.bool_))
     if attn_mask is None:
@@ -185,20 +192,6 @@ def _shapes_fit(query, key, value, attn_mask, enable_gqa) -> bool:
     return len(m) <= len(scores) and all(a in (1, b) for a, b in zip(m[::-1], scores[::-1]))
 
 
-def _cpu_flash_takes(query, key, value, attn_mask, dropout_p) -> bool:
-    # sdp_utils_cpp.cpp's use_flash_attention_cpp: the CPU kernel torch picks for these.
-    tensors = (query, key, value)
-    return (
-        all(t.dim() == 4 and t.stride(-1) == 1 for t in tensors)
-        and attn_mask.dim() in (2, 4)
-        and dropout_p == 0.0
-        and query.size(0) == key.size(0) == value.size(0)
-        and query.size(-1) == key.size(-1) == value.size(-1)
-        and query.size(-2) > 0
-        and key.size(-2) > 0
-    )
-
-
 # Note [Masks known at trace time]
 # Under torch.compile, transformers cannot tell that a model's own position ids are not
 # packed sequences (that reads values, which Dynamo cannot), so it builds the causal mask
@@ -298,14 +291,14 @@ def _verdict(arr, length: int, source: int) -> str:
     return "mask"
 
 
-def causal_into_mask(query, key, value, attn_mask, dropout_p, is_causal):
+def causal_into_mask(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa=False):
     """``(attn_mask, is_causal)`` with a causal flag folded into an explicit mask where
     CPU's default SDPA kernel (flash attention for CPU) takes the call and applies both:
     a bool mask ANDed with the lower triangle, a float mask -inf above it. Elsewhere CPU
     runs the math path, which refuses the pair, and so does our decomposition."""
     if attn_mask is None or not is_causal:
         return attn_mask, is_causal
-    if not _cpu_flash_takes(query, key, value, attn_mask, dropout_p):
+    if not cpu_flash_selected(query, key, value, attn_mask, dropout_p, enable_gqa):
         return attn_mask, is_causal
     causal = torch.ones(
         query.size(-2), key.size(-2), dtype=torch.bool, device=attn_mask.device

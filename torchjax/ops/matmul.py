@@ -210,15 +210,15 @@ def mm(self, mat2, *, precision=HIGHEST):
 
 @precision_lowering(aten.bmm)
 def bmm(self, mat2, *, precision=HIGHEST):
-    """aten::bmm - (b, n, k) @ (b, k, m) -> (b, n, m). Reference: torch.bmm."""
-    _check_dims("bmm", self, 3, "batch1")
-    _check_dims("bmm", mat2, 3, "batch2")
-    if self.shape[0] != mat2.shape[0] or self.shape[2] != mat2.shape[1]:
-        raise RuntimeError(  # CPU's text, after the op's name
-            f"aten::bmm: Expected size for first two dimensions of batch2 tensor to be: "
-            f"[{self.shape[0]}, {self.shape[2]}] but got: [{mat2.shape[0]}, {mat2.shape[1]}]."
-        )
-    _check_dtypes("bmm", self, mat2)
+    """aten::bmm - (b, n, k) @ (b, k, m) -> (b, n, m).
+
+    Checks in CPU's order (ops/matmul_checks.py). With an empty operand CPU's kernel
+    returns zeros of batch2's dtype before it looks at the dtypes (bool, or two different
+    ones, included). Reference: torch.bmm."""
+    matmul_checks.bmm_checks(self, mat2)
+    if not self.size or not mat2.size:
+        return jnp.zeros((self.shape[0], self.shape[1], mat2.shape[2]), mat2.dtype)
+    matmul_checks.bmm_dtypes(self, mat2)
     return _dot(self, mat2, ((2,), (1,)), ((0,), (0,)), precision=precision).astype(self.dtype)
 
 

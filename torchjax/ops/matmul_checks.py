@@ -1,19 +1,22 @@
-"""The argument checks of ``mm`` and ``addmm``, in CPU torch's order and with its texts.
+"""The argument checks of ``mm``, ``addmm`` and ``bmm``, in CPU torch's order and with
+its texts.
 
-Both are structured kernels: the meta function checks dtypes and shapes, then ``addmm``'s
+All are structured kernels: the meta function checks dtypes and shapes, then ``addmm``'s
 CPU kernel expands ``self`` to the result's shape, and only then does ``AT_DISPATCH``
 refuse a dtype it has no kernel for ('Bool'). The checks take torch tensors or jax arrays
 alike (``ndim``, ``shape``, ``dtype``): the lowerings in matmul.py run them on arrays, and
 the dtype refusal of a bool call runs them on the tensors first (Note [Checks before the
 refusal] in torchjax/ops/dtype_refusals.py), so a bool call with bad shapes raises the
 shape error, as CPU does. Reference: ``TORCH_META_FUNC(mm)``, ``ADDMM_META()`` and
-``addmm_impl_cpu_`` in aten/src/ATen/native/LinearAlgebra.cpp.
+``addmm_impl_cpu_``, ``common_checks_baddbmm_bmm`` and ``bmm_out_or_baddbmm_`` in
+aten/src/ATen/native/LinearAlgebra.cpp.
 """
 
 from __future__ import annotations
 
 import torch
 
+from torchjax._compat.torch import infer_size
 from torchjax.ops import dtype_refusals
 from torchjax.ops.registry import precheck
 from torchjax.ops.schema import arg
@@ -54,6 +57,31 @@ def mm_checks(self, mat2) -> None:
         raise RuntimeError(
             "expected m1 and m2 to have the same dtype, but got: "
             f"{_type_meta(self.dtype)} != {_type_meta(mat2.dtype)}"
+        )
+
+
+def bmm_checks(self, mat2) -> None:
+    """``common_checks_baddbmm_bmm``: ranks, then batch and inner sizes."""
+    for name, a in (("batch1", self), ("batch2", mat2)):
+        if a.ndim != 3:
+            raise RuntimeError(f"{name} must be a 3D tensor")
+    want = [self.shape[0], self.shape[2]]
+    if [mat2.shape[0], mat2.shape[1]] != want:
+        raise RuntimeError(
+            f"Expected size for first two dimensions of batch2 tensor to be: {want} but got: "
+            f"{[mat2.shape[0], mat2.shape[1]]}."
+        )
+
+
+def bmm_dtypes(self, mat2) -> None:
+    """The CPU kernel's dispatch on batch1's dtype (no bool kernel), then its check that
+    batch2 has that dtype; made only when there is something to multiply."""
+    if is_bool(self):
+        raise NotImplementedError("\"bmm\" not implemented for 'Bool'")
+    if _torch_dtype(self.dtype) != _torch_dtype(mat2.dtype):
+        raise RuntimeError(
+            f"expected scalar type {aten_type_name(self.dtype)} but found "
+            f"{aten_type_name(mat2.dtype)}"
         )
 
 
@@ -121,6 +149,11 @@ def _addmm_args(args, kwargs):
     return (arg(args, kwargs, i, n) for i, n in enumerate(("self", "mat1", "mat2")))
 
 
+@dtype_refusals.checked_first(aten.bmm)
+def _bmm_first(args, kwargs) -> None:
+    bmm_checks(arg(args, kwargs, 0, "self"), arg(args, kwargs, 1, "mat2"))
+
+
 @dtype_refusals.checked_first(aten.addmm)
 def _addmm_first(args, kwargs) -> None:
     addmm_checks(*_addmm_args(args, kwargs))
@@ -141,3 +174,15 @@ def _addmm_out(args, kwargs) -> None:
     from CPU's for addmm)."""
     out = kwargs.get("out")
     addmm_checks(*_addmm_args(args, kwargs), out=out, func=aten.addmm.out)
+
+
+@precheck(aten.matmul)
+def _matmul_batches(args, kwargs) -> None:
+    """``aten::matmul`` reaches the op table whole only where the Autograd keys are
+    skipped (``torch.inference_mode``), and torch's Python decomposition then words a
+    batch mismatch its own way; CPU's composite kernel broadcasts the batch dims with
+    ``infer_size`` ("The size of tensor a (6) must match the size of tensor b (3) at
+    non-singleton dimension 1"), and so does this check, first."""
+    a, b = arg(args, kwargs, 0, "self"), arg(args, kwargs, 1, "other")
+    if a.dim() >= 1 and b.dim() >= 1 and max(a.dim(), b.dim()) >= 3:
+        infer_size(a.shape[:-2], b.shape[:-2])

@@ -48,6 +48,7 @@ import os
 import torch
 
 from torchjax.ops.attention import causal_into_mask, fused_sdpa, fused_sdpa_applies, known_mask
+from torchjax.ops.attention_checks import cpu_sdpa_checks
 from torchjax.ops.registry import handler
 from torchjax.pallas._decode_sdpa import decode_applies, decode_sdpa
 from torchjax.pallas._flash import flash_attention as _flash_attention
@@ -155,9 +156,17 @@ def scaled_dot_product_attention(
     scale=None,
     enable_gqa=False,
 ):
-    """The AutogradPrivateUse1 kernel of ``aten::scaled_dot_product_attention``."""
+    """``aten::scaled_dot_product_attention`` on tpu tensors, by Note [SDPA dispatch rule]
+    (what CPU's kernel choice refuses refused first: Note [CPU's SDPA kernel choice])."""
+    cpu_sdpa_checks(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    return _kernel_or_math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def _kernel_or_math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     attn_mask, is_causal = known_mask(query, key, attn_mask, is_causal)
-    attn_mask, is_causal = causal_into_mask(query, key, value, attn_mask, dropout_p, is_causal)
+    attn_mask, is_causal = causal_into_mask(
+        query, key, value, attn_mask, dropout_p, is_causal, enable_gqa=enable_gqa
+    )
     args = (query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if flash_enabled() and decode_applies(*args):
         return decode_sdpa(query, key, value, attn_mask, scale)
@@ -180,15 +189,18 @@ def _autograd_kernel(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
     # SDPA's own kernel for tpu tensors, above the CompositeImplicitAutograd decomposition.
+    cpu_sdpa_checks(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     attn_mask, is_causal = known_mask(query, key, attn_mask, is_causal)
-    attn_mask, is_causal = causal_into_mask(query, key, value, attn_mask, dropout_p, is_causal)
+    attn_mask, is_causal = causal_into_mask(
+        query, key, value, attn_mask, dropout_p, is_causal, enable_gqa=enable_gqa
+    )
     args = (query, key, value, attn_mask, dropout_p, is_causal)
     kernel = flash_enabled() and (
         decode_applies(*args, enable_gqa) or flash_applies(*args, enable_gqa)
     )
     if not kernel and fused_sdpa_applies(*args, enable_gqa):
         return fused_sdpa(*args, scale, enable_gqa)
-    return scaled_dot_product_attention(*args, scale=scale, enable_gqa=enable_gqa)
+    return _kernel_or_math(*args, scale, enable_gqa)
 
 
 _LIB = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")

@@ -16,7 +16,10 @@ PrivateUse1 kernel passes through ``translate``:
   kernels make the shape, dim and dtype checks of the real ones, so their exception gives
   the type and text, with the ATen overload added. When meta accepts the call (or has no
   kernel), the failure is torchjax's own: a ``RuntimeError`` naming the overload and its
-  arguments, saying so. The JAX exception is always the ``__cause__``.
+  arguments, saying so. The JAX exception is always the ``__cause__``. An op of a
+  composite's decomposition that fails this way is translated where it fails; the
+  composite passes that error on as it is (its own meta kernel would word the failure
+  of the whole, not the failing op CPU names).
 - Under a trace (``torchjax.jit``, ``jax.jit`` over torchjax.functional) JAX refuses to
   read values (``if t:``, ``.item()``, ``x[mask]``): ``DataDependentError`` names the op and
   the user's line, and says what to write instead. A traced tensor kept past its trace
@@ -121,6 +124,18 @@ def op_name(func) -> str:
 def translate(func, args, kwargs, error: BaseException) -> BaseException | None:
     """The exception to raise instead of ``error`` (chain it: ``raise new from error``),
     or None when ``error`` is already what torch would raise (Note [One error layer])."""
+    if getattr(error, "_torchjax_translated", False):
+        # An op inside this one's decomposition raised it and translated it already: its
+        # JAX ``__cause__`` is not this op's failure, and the inner op's text is the one
+        # CPU gives (its composite kernel runs the same inner op).
+        return None
+    torch_error = _translate(func, args, kwargs, error)
+    if torch_error is not None:
+        torch_error._torchjax_translated = True
+    return torch_error
+
+
+def _translate(func, args, kwargs, error: BaseException) -> BaseException | None:
     if isinstance(error, TraceError) or not isinstance(error, Exception):
         return None
     if isinstance(error, _CONCRETE):
