@@ -246,6 +246,13 @@ how it is undone.
   ``torch.backends.tpu`` exists; a module with ``is_available()``/``is_built()`` is set
   there and in ``sys.modules`` (Note [The Kernels Hub backend on tpu]). Undo: both
   removed, unless replaced since.
+- ``torch._subclasses.fake_tensor logger filter`` (tensor/_fake_errors.py through
+  _compat/torch.py, when torch.compile first traces an op on tpu tensors; torch 2.13).
+  FakeTensorMode logs a failing meta kernel's exception with its traceback at error
+  level; for an op on fake tpu tensors that eager refuses, eager's error is raised
+  instead (Note [Errors of ops traced with fake tensors]), so the filter holds that
+  thread's records while such an op runs and lets them through unless eager's error
+  replaced the meta kernel's. Every other record passes. Undo: the filter removed.
 - ``transformers ExpertsInterface entry`` (integrations/transformers/_moe.py, only when
   the user calls ``register_experts()``; transformers 5.24). "torchjax_ragged_dot" in
   transformers' global experts registry. Undo: the entry is deleted.

@@ -608,6 +608,39 @@ def test_cpp_meta_kernels_turns_off_the_python_dispatcher():
     assert python_rule in ((0,), (1,))
 
 
+def test_eager_dispatch_leaves_the_fake_mode():
+    FakeTensorMode = ct.fake_tensor_mode_class()
+    with FakeTensorMode():
+        assert ct.active_fake_mode() is not None
+        with ct.eager_dispatch():
+            assert ct.active_fake_mode() is None
+            assert type(torch.ones(2)) is torch.Tensor
+
+
+def test_is_fake_tensor():
+    FakeTensorMode = ct.fake_tensor_mode_class()
+    with FakeTensorMode():
+        fake = torch.empty(2)
+    assert ct.is_fake_tensor(fake) and not ct.is_fake_tensor(torch.empty(2))
+
+
+def test_fake_tensor_logger_logs_a_failing_meta_kernel():
+    import logging
+
+    FakeTensorMode = ct.fake_tensor_mode_class()
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = ct.fake_tensor_logger()
+    logger.addHandler(handler)
+    try:
+        with FakeTensorMode(), pytest.raises(RuntimeError):
+            torch.mm(torch.empty(2, 3), torch.empty(4, 5))
+    finally:
+        logger.removeHandler(handler)
+    assert any("failed while attempting to run meta" in r.getMessage() for r in records)
+
+
 def test_pytree_is_torchs():
     assert ct.pytree.tree_leaves({"a": [1, (2, 3)]}) == [1, 2, 3]
 

@@ -522,6 +522,29 @@ def cpp_meta_kernels():
         yield
 
 
+def eager_dispatch():
+    """Ops called inside dispatch as they do in eager, outside any trace: what
+    ``cpp_meta_kernels`` turns off is the Python dispatcher and the dispatch modes a
+    trace pushes (fake, functional, proxy)."""
+    return cpp_meta_kernels()
+
+
+def is_fake_tensor(x) -> bool:
+    """Whether ``x`` is one of torch's FakeTensors (``torch._subclasses.fake_tensor``)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(x, FakeTensor)
+
+
+def fake_tensor_logger():
+    """The logger of torch's FakeTensorMode (``torch._subclasses.fake_tensor``), which
+    logs a failing meta kernel's exception, traceback included, at error level before
+    raising it."""
+    import logging
+
+    return logging.getLogger("torch._subclasses.fake_tensor")
+
+
 def fake_tensor_mode_class():
     """``torch._subclasses.fake_tensor.FakeTensorMode`` (imported on first use: it loads
     torch's fake-tensor machinery)."""

@@ -27,6 +27,7 @@ from torchjax._compat.torch import (
     set_math_bits,
     set_tensor_data,
 )
+from torchjax.tensor import _fake_errors
 from torchjax.tensor._reinterpret import stored_as
 from torchjax.tensor._storage import contiguous_strides
 
@@ -153,7 +154,8 @@ def dispatch(func, args, kwargs):
     schema = func._schema
     before = [_layout(x) for x in _written(schema, args, kwargs)]
     own = _OWN_SHAPE_RULES.get(func)
-    out = own(func, *args, **kwargs) if own is not None else func(*args, **kwargs)
+    with _fake_errors.eager_errors(func, *outer):  # Note [Errors of ops traced with fake tensors]
+        out = own(func, *args, **kwargs) if own is not None else func(*args, **kwargs)
     if schema.returns and schema.returns[0].alias_info is not None:
         if schema.returns[0].alias_info.is_write:
             targets = _written(schema, *outer)

@@ -337,32 +337,40 @@ class JaxTensor(torch.Tensor):
             if hook is not None:
                 args, kwargs, hooked = hook(func, args, kwargs)
         try:
-            handler = _HANDLERS.get(func)
-            if handler is None:
-                return _dispatch(func, args, kwargs or {})
-            return handler(args, kwargs or {})
-        except Exception as error:
-            # Fake JaxTensors (torch.compile tracing) have no storage: every handler
-            # fails on them, so checking here costs nothing on the hot path.
-            if _fake.any_fake(args, kwargs or {}):
-                return _fake.dispatch(func, args, kwargs or {})
-            if len(types) > 1 and _answered_elsewhere(types):
-                return NotImplemented  # Note [Tensor classes that answer tpu ops]
-            # torch's exception type and text, not JAX's (Note [One error layer]).
-            torch_error = _errors.translate(func, args, kwargs or {}, error)
-            if not _backward_errors.in_backward():
-                if torch_error is None:
-                    raise
-                raise torch_error from error
-            if torch_error is not None:
-                torch_error.__cause__ = error
-                error = torch_error
-            # See Note [Errors inside the autograd engine].
-            return _backward_errors.defer(func, args, kwargs or {}, error)
+            try:
+                handler = _HANDLERS.get(func)
+                if handler is None:
+                    return _dispatch(func, args, kwargs or {})
+                return handler(args, kwargs or {})
+            except Exception as error:
+                # Fake JaxTensors (torch.compile tracing) have no storage: every handler
+                # fails on them, so checking here costs nothing on the hot path.
+                if not _fake.any_fake(args, kwargs or {}):
+                    if len(types) > 1 and _answered_elsewhere(types):
+                        return NotImplemented  # Note [Tensor classes that answer tpu ops]
+                    return _raise_or_defer(func, args, kwargs or {}, error)
+            # Outside the except clause: an error of the fake run is the op's own, not
+            # one raised while handling the registry's failure on a tensor without
+            # storage (Note [Errors of ops traced with fake tensors]).
+            return _fake.dispatch(func, args, kwargs or {})
         finally:
             if hooked is not None:
                 HOOK.after(hooked)
             x64_exit(token)
+
+
+def _raise_or_defer(func, args, kwargs, error):
+    # torch's exception type and text, not JAX's (Note [One error layer]).
+    torch_error = _errors.translate(func, args, kwargs, error)
+    if not _backward_errors.in_backward():
+        if torch_error is None:
+            raise error
+        raise torch_error from error
+    if torch_error is not None:
+        torch_error.__cause__ = error
+        error = torch_error
+    # See Note [Errors inside the autograd engine].
+    return _backward_errors.defer(func, args, kwargs, error)
 
 
 _protocols.register_forking_reduction(JaxTensor)
