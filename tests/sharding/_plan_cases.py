@@ -158,6 +158,26 @@ def tp_plan_refusals_are_transformers():
 
 
 @case
+def empty_tp_plan_applies_no_rule():
+    # docs/sharding.md: ``{}`` applies no rule, the model's own included. Loading over a
+    # "tp" axis of one device gives the model replicated (over more devices the load
+    # refuses: tp_plan_refusals_are_transformers); ``parallelize(model, {})`` replicates
+    # every parameter whatever the axis size, raising nothing.
+    path = _saved("qwen3")
+    try:
+        with torchjax.mesh((1,), ("tp",), devices=jax.devices()[:1]):
+            model = _from_pretrained("qwen3", path, {})
+            specs = {n: ts.sharding_of(p).spec for n, p in model.named_parameters()}
+        assert specs and all(s == P() for s in specs.values()), specs
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+    with _mesh():
+        model = ts.parallelize(_fresh("qwen3").to("tpu"), {})
+        specs = {n: ts.sharding_of(p).spec for n, p in model.named_parameters()}
+    assert specs and all(s == P() for s in specs.values()), specs
+
+
+@case
 def tp_plan_rules_naming_nothing_warn_as_transformers():
     # Qwen3-MoE's own plan has dense-MLP rules that name no module of its MoE layers:
     # transformers logs the line, torchjax warns it.

@@ -40,3 +40,7 @@ def test_tp_plan_refusals_are_transformers(check):
 
 def test_tp_plan_rules_naming_nothing_warn_as_transformers(check):
     check("tp_plan_rules_naming_nothing_warn_as_transformers")
+
+
+def test_empty_tp_plan_applies_no_rule(check):
+    check("empty_tp_plan_applies_no_rule")
