@@ -305,7 +305,7 @@ def _to_copy(func, args, kwargs):
         raise _refused(func, " of a flattened or non-3-D packing")
     values = func(self._padded, **kwargs)
     keep = torch.arange(self.shape[1], device=self.device) < self._lengths[:, None]
-    return torch._nested_tensor_from_mask(values, keep.to(values.device), mask_check=False)
+    return aten._nested_tensor_from_mask.default(values, keep.to(values.device), mask_check=False)
 
 
 def _attention(func, args, kwargs):
