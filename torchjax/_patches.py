@@ -137,7 +137,7 @@ how it is undone.
   optimizers are capturable on tpu]); any other optimizer gets torch's answer. Same
   signature. Undo: torch's method put back.
 - ``torch._TorchCompileInductorWrapper.__call__`` (compile/_default_backend.py through
-  _compat/torch.py; torch 2.13). ``torch.compile(m)`` without ``backend=`` hands each
+  _compat/torch_dynamo.py; torch 2.13). ``torch.compile(m)`` without ``backend=`` hands each
   graph to this wrapper; a graph on tpu tensors is compiled by the "tpu" backend instead
   of inductor's torch_tpu code generation (Note [The default torch.compile backend on
   tpu]); other graphs reach inductor unchanged. Undo: torch's method put back.
@@ -239,7 +239,7 @@ how it is undone.
   where torchjax is importable without its package's entry point (a checkout on
   ``PYTHONPATH``; Note [Finding the "tpu" Dynamo backend]). Not made when a "tpu" backend
   is registered already. Undo: the name taken off Dynamo's registry (through
-  _compat/torch.py); an installed entry point serves it again.
+  _compat/torch_dynamo.py); an installed entry point serves it again.
 - ``torch.backends.tpu`` (integrations/kernels/_backend.py, right after ``kernels`` is
   imported, unless something already set it; kernels 0.17). ``kernels`` selects its TPU
   backend, and so a kernel repository's ``torch-tpu`` build variant, only when
@@ -247,7 +247,7 @@ how it is undone.
   there and in ``sys.modules`` (Note [The Kernels Hub backend on tpu]). Undo: both
   removed, unless replaced since.
 - ``torch._subclasses.fake_tensor logger filter`` (tensor/_fake_errors.py through
-  _compat/torch.py, when torch.compile first traces an op on tpu tensors; torch 2.13).
+  _compat/torch_dynamo.py, when torch.compile first traces an op on tpu tensors; torch 2.13).
   FakeTensorMode logs a failing meta kernel's exception with its traceback at error
   level; for an op on fake tpu tensors that eager refuses, eager's error is raised
   instead (Note [Errors of ops traced with fake tensors]), so the filter holds that

@@ -10,7 +10,7 @@ import torch
 
 import torchjax  # noqa: F401
 from torchjax._compat import torch as ct
-from torchjax._compat import torch_engine
+from torchjax._compat import torch_dynamo, torch_engine
 
 
 def test_backend_name():
@@ -161,7 +161,7 @@ def test_dynamo_skip_package_undo_and_never_trace_undo():
     import torch._dynamo.trace_rules as trace_rules
 
     before = list(trace_rules.SKIP_DIRS)
-    undo = ct.dynamo_skip_package("json")
+    undo = torch_dynamo.dynamo_skip_package("json")
     assert trace_rules.check_file(json.__file__).skipped
     assert len(trace_rules.SKIP_DIRS) == len(before) + 1
     undo()
@@ -176,11 +176,11 @@ def test_dynamo_skip_package_undo_and_never_trace_undo():
         return x + 2
 
     skipped, default = CompileCounter(), CompileCounter()
-    ct.dynamo_never_trace(f.__code__)
+    torch_dynamo.dynamo_never_trace(f.__code__)
     torch.compile(f, backend=skipped)(torch.ones(1))
     assert skipped.frame_count == 0  # SKIP: run as plain Python
-    ct.dynamo_never_trace(g.__code__)
-    ct.dynamo_never_trace(g.__code__, undo=True)
+    torch_dynamo.dynamo_never_trace(g.__code__)
+    torch_dynamo.dynamo_never_trace(g.__code__, undo=True)
     torch.compile(g, backend=default)(torch.ones(1))
     assert default.frame_count == 1  # DEFAULT again: compiled
 
@@ -586,15 +586,15 @@ def test_new_untyped_storage_is_torchs_constructor():
 def test_fake_tensor_mode_class():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    assert ct.fake_tensor_mode_class() is FakeTensorMode
+    assert torch_dynamo.fake_tensor_mode_class() is FakeTensorMode
 
 
 def test_active_fake_mode_is_the_mode_entered():
-    FakeTensorMode = ct.fake_tensor_mode_class()
-    assert ct.active_fake_mode() is None
+    FakeTensorMode = torch_dynamo.fake_tensor_mode_class()
+    assert torch_dynamo.active_fake_mode() is None
     with FakeTensorMode() as mode:
-        assert ct.active_fake_mode() is mode
-    assert ct.active_fake_mode() is None
+        assert torch_dynamo.active_fake_mode() is mode
+    assert torch_dynamo.active_fake_mode() is None
 
 
 def test_cpp_meta_kernels_turns_off_the_python_dispatcher():
@@ -609,29 +609,29 @@ def test_cpp_meta_kernels_turns_off_the_python_dispatcher():
 
 
 def test_eager_dispatch_leaves_the_fake_mode():
-    FakeTensorMode = ct.fake_tensor_mode_class()
+    FakeTensorMode = torch_dynamo.fake_tensor_mode_class()
     with FakeTensorMode():
-        assert ct.active_fake_mode() is not None
+        assert torch_dynamo.active_fake_mode() is not None
         with ct.eager_dispatch():
-            assert ct.active_fake_mode() is None
+            assert torch_dynamo.active_fake_mode() is None
             assert type(torch.ones(2)) is torch.Tensor
 
 
 def test_is_fake_tensor():
-    FakeTensorMode = ct.fake_tensor_mode_class()
+    FakeTensorMode = torch_dynamo.fake_tensor_mode_class()
     with FakeTensorMode():
         fake = torch.empty(2)
-    assert ct.is_fake_tensor(fake) and not ct.is_fake_tensor(torch.empty(2))
+    assert torch_dynamo.is_fake_tensor(fake) and not torch_dynamo.is_fake_tensor(torch.empty(2))
 
 
 def test_fake_tensor_logger_logs_a_failing_meta_kernel():
     import logging
 
-    FakeTensorMode = ct.fake_tensor_mode_class()
+    FakeTensorMode = torch_dynamo.fake_tensor_mode_class()
     records = []
     handler = logging.Handler()
     handler.emit = records.append
-    logger = ct.fake_tensor_logger()
+    logger = torch_dynamo.fake_tensor_logger()
     logger.addHandler(handler)
     try:
         with FakeTensorMode(), pytest.raises(RuntimeError):
@@ -796,10 +796,10 @@ def test_active_proxy_mode_is_make_fxs_mode():
     seen = []
 
     def fn(t):
-        seen.append(ct.active_proxy_mode())
+        seen.append(torch_dynamo.active_proxy_mode())
         return t + 1
 
-    assert ct.active_proxy_mode() is None
+    assert torch_dynamo.active_proxy_mode() is None
     make_fx(fn)(torch.ones(2))
     assert type(seen[0]).__name__ == "ProxyTorchDispatchMode"
 
@@ -826,10 +826,10 @@ def test_dynamo_backend_register_and_unregister():
         return gm.forward
 
     name = "torchjax_test_backend"
-    assert ct.register_dynamo_backend(name, compiler)
-    assert not ct.register_dynamo_backend(name, lambda gm, xs: gm.forward)
+    assert torch_dynamo.register_dynamo_backend(name, compiler)
+    assert not torch_dynamo.register_dynamo_backend(name, lambda gm, xs: gm.forward)
     assert lookup_backend(name) is compiler
-    ct.unregister_dynamo_backend(name, compiler)
+    torch_dynamo.unregister_dynamo_backend(name, compiler)
     with pytest.raises(InvalidBackend):
         lookup_backend(name)
 
@@ -873,7 +873,7 @@ def test_host_copy_leaves_no_host_copy_cached_on_the_array():
 
 def test_dynamo_frame_id_names_the_compiled_function():
     # One id per function, the same over its recompiles.
-    from torchjax._compat.torch import dynamo_frame_id
+    from torchjax._compat.torch_dynamo import dynamo_frame_id
 
     ids = []
 

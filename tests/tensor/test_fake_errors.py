@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torchjax  # noqa: F401
-from torchjax._compat.torch import fake_tensor_logger
+from torchjax._compat.torch_dynamo import fake_tensor_logger
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 

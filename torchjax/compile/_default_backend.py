@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from torchjax._compat.torch import install_inductor_route
+from torchjax._compat.torch_dynamo import install_inductor_route
 
 
 def _is_tpu(value) -> bool:

@@ -29,7 +29,7 @@ import jax
 import torch
 
 from torchjax import _patches
-from torchjax._compat.torch import (
+from torchjax._compat.torch_dynamo import (
     dynamo_first_compile,
     dynamo_frame_id,
     dynamo_never_trace,

@@ -25,7 +25,7 @@ import importlib
 import sys
 
 from torchjax import _patches
-from torchjax._compat import torch as torch_compat
+from torchjax._compat import torch_dynamo
 from torchjax.integrations import _after_import
 
 NAME = "tpu"
@@ -54,14 +54,14 @@ def install() -> None:
     if module is None:
         module = importlib.import_module(_MODULE)
     fn = getattr(module, "backend", None) or tpu
-    if not torch_compat.register_dynamo_backend(NAME, fn):
+    if not torch_dynamo.register_dynamo_backend(NAME, fn):
         return  # an entry point already loaded it (or another "tpu" backend exists)
     _patches.record(
         _RECORD,
         why="torch.compile(backend='tpu') where torchjax has no installed entry point",
         package="torch",
         written_for="2.13",
-        undo=lambda: torch_compat.unregister_dynamo_backend(NAME, fn),
+        undo=lambda: torch_dynamo.unregister_dynamo_backend(NAME, fn),
     )
 
 

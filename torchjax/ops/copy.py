@@ -12,13 +12,8 @@ import numpy as np
 import torch
 
 from torchjax._compat.jax import host_copy, x64
-from torchjax._compat.torch import (
-    active_fake_mode,
-    active_proxy_mode,
-    awaits_legacy_bytes,
-    call_composite_explicit,
-    untyped_storage_of,
-)
+from torchjax._compat.torch import awaits_legacy_bytes, call_composite_explicit, untyped_storage_of
+from torchjax._compat.torch_dynamo import active_fake_mode, active_proxy_mode
 from torchjax.device import _checks, _stats
 from torchjax.device._module import jax_device
 from torchjax.device._serialization import defer_until_loaded, loading, storage_for

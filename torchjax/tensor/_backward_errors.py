@@ -40,13 +40,13 @@ import torch
 from torchjax import _patches
 from torchjax._compat.torch import (
     current_autograd_node,
-    dynamo_never_trace,
     graph_task_id,
     in_graph_task,
     push_saved_tensors_default_hooks,
     pytree,
     queue_engine_callback,
 )
+from torchjax._compat.torch_dynamo import dynamo_never_trace
 
 _state = threading.local()
 

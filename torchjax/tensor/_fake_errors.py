@@ -32,7 +32,8 @@ import jax
 import torch
 
 from torchjax import _patches
-from torchjax._compat.torch import eager_dispatch, fake_tensor_logger, is_fake_tensor, pytree
+from torchjax._compat.torch import eager_dispatch, pytree
+from torchjax._compat.torch_dynamo import fake_tensor_logger, is_fake_tensor
 
 _HELD = threading.local()
 _FILTER_NAME = "torch._subclasses.fake_tensor logger filter"

@@ -73,7 +73,7 @@ def register_experts() -> str:
     as ``"torchjax_ragged_dot"`` (idempotent) and return that name."""
     from transformers.integrations.moe import ExpertsInterface
 
-    from torchjax._compat.torch import dynamo_traced
+    from torchjax._compat.torch_dynamo import dynamo_traced
 
     # torchjax's files are in Dynamo's skip list (Note [Process-wide changes]), which
     # made this forward a graph break at every MoE layer and refused it under
