@@ -92,3 +92,28 @@ def test_inplace_dropout_keeps_what_dropout_keeps(p, shape):
         torch.manual_seed(1)
         inplace = F.dropout(x.clone(), p, inplace=True)
         torch.testing.assert_close(inplace.cpu(), functional.cpu())
+
+
+def test_dropout_run_op_by_op_draws_as_compiled():
+    # Note [Random ops compiled or not] (torchjax/ops/_seeded.py): once a shape's dropout
+    # has compiled MAX_FLOAT_VARIANTS rates, a new rate runs op by op; it must keep the
+    # elements the compiled in-place dropout keeps under the same seed, and move the
+    # device's counter by one, as a compiled call does. (Before, it depended on which
+    # rates earlier code had used in the process.)
+    from torchjax.device._stats import cache_info
+    from torchjax.ops.executables import MAX_FLOAT_VARIANTS
+    from torchjax.tensor import random as tjr
+
+    x = torch.randn(3, 11, device="tpu")
+    for i in range(MAX_FLOAT_VARIANTS):
+        F.dropout(x, 0.11 + i / 100)
+    native = torch.ops.aten.native_dropout.default
+    before = cache_info(native).op_by_op
+    torch.manual_seed(1)
+    functional = F.dropout(x, 0.3)
+    (_, counter) = tjr.get_state().numpy().view("uint64").tolist()
+    assert cache_info(native).op_by_op == before + 1  # the call ran op by op
+    assert counter == 1
+    torch.manual_seed(1)
+    inplace = F.dropout(x.clone(), 0.3, inplace=True)
+    torch.testing.assert_close(inplace.cpu(), functional.cpu())

@@ -32,6 +32,20 @@ Not compiled (op by op, as before): a call passing a CPU ``generator=`` (it draw
 Note [CPU generators on tpu]), and a call inside an outer trace (``torchjax.jit`` or
 ``torchjax.functional``), whose own key stream the draw must use: one key of it per op,
 its further draws folded into that key as here (``one_key_per_op``).
+
+Note [Random ops compiled or not]
+Whether an eager call compiles depends on what ran before it in the process: a key with
+a new float argument compiles only while its form has compiled fewer than
+``MAX_FLOAT_VARIANTS`` times (torchjax/ops/executables.py; ``native_dropout``'s ``p``), a
+key whose trace once needed values runs op by op from then on. Op by op, a lowering's
+draws each took the device's next key, so a call drawing twice (``native_dropout``)
+gave other numbers than its compiled twin and moved the state by two: after other
+dropout rates had been used, ``F.dropout(x, 0.3)`` no longer kept the elements
+``F.dropout(x, 0.3, inplace=True)`` keeps under the same seed. Worse, the call had
+reserved its counter value before it found it would not compile, so the state moved by
+one more. So an eager call of a random op that runs op by op draws as the compiled call
+draws (``as_compiled``), from the one counter value it reserved: the same numbers and
+the same state after it, whichever path the call takes.
 """
 
 from __future__ import annotations
@@ -135,6 +149,16 @@ def one_key_per_op(run, args, kwargs):
         return run(args, kwargs)
     finally:
         _rng.set_traced_stream(old)
+
+
+def as_compiled(run, args, kwargs, reserved=None):
+    """``run(args, kwargs)``, an eager random op run op by op, drawing the keys its
+    compiled call would: the call's key first (``reserved``, the ``key_args`` the call
+    took already, else reserved now), further draws folded into it (Note [Random ops
+    compiled or not])."""
+    base, n = key_args(args) if reserved is None else reserved
+    with stream(base, n):
+        return run(args, kwargs)
 
 
 def seeded(func) -> bool:

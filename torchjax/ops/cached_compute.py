@@ -391,11 +391,15 @@ class CompiledCompute:
                     return _checks.finish(out)
         return self._call(args, kwargs)
 
-    def _op_by_op(self, args, kwargs):
+    def _op_by_op(self, args, kwargs, reserved=None):
         self.info.op_by_op += 1
+        if self.seeded and _seeded.usable(args, kwargs):
+            # The keys the compiled call would draw, with the counter value it reserved if
+            # it got that far (Note [Random ops compiled or not]).
+            return _seeded.as_compiled(self.eager, args, kwargs, reserved)
         return self.eager(args, kwargs)
 
-    def _call(self, args, kwargs, read_views=False):
+    def _call(self, args, kwargs, read_views=False, reserved=None):
         if kwargs and self.outs:
             kwargs = {k: v for k, v in kwargs.items() if k not in self.outs}
         dyn, psig, scalars = [], [], []
@@ -433,21 +437,23 @@ class CompiledCompute:
             if self.seeded:
                 if not _seeded.usable(args, kwargs):
                     return _seeded.one_key_per_op(self._op_by_op, args, kwargs)
-                dyn.extend(_seeded.key_args(args))
+                if reserved is None:
+                    reserved = _seeded.key_args(args)
+                dyn.extend(reserved)
             key = (tuple(psig), tmpl, kwtmpl, _default_dtype())
             run_key = (key, signature(dyn))
             run = self.table.get(run_key)
         except (NotCompilable, TypeError):
             # TypeError: an unhashable static argument (no key to cache under).
-            return self._op_by_op(args, kwargs)
+            return self._op_by_op(args, kwargs, reserved)
         if run is None:
             if not read_views and self.view_signatures.varying(key, tmpl, kwtmpl, run_key[1]):
-                return self._call(args, kwargs, read_views=True)
+                return self._call(args, kwargs, read_views=True, reserved=reserved)
             dts = self.cache.get(key, _NO_KEY)
             if dts is _NO_KEY:
                 dts = self._new_key(key, tmpl, kwtmpl, psig)
                 if dts is _NO_KEY:
-                    return self._op_by_op(args, kwargs)
+                    return self._op_by_op(args, kwargs, reserved)
             run = self._new_run(run_key, tmpl, kwtmpl, dts, args, kwargs, scalars)
         dts = run.dts
         if scalars:
@@ -470,7 +476,7 @@ class CompiledCompute:
             # Under an outer trace the op-by-op run raises the same error, as it should,
             # so only eager failures are remembered.
             self._forget(key, remember=not any(isinstance(d, jax.core.Tracer) for d in dyn))
-            return self._op_by_op(args, kwargs)
+            return self._op_by_op(args, kwargs, reserved)
         self.info.calls += 1
         if run.nbytes is None:
             self._measure(run, dyn)
