@@ -1,5 +1,5 @@
-"""The argument checks of ``mm``, ``addmm`` and ``bmm``, in CPU torch's order and with
-its texts.
+"""The argument checks of ``mm``, ``addmm`` and ``bmm`` (and of ``matmul``'s batch
+dims), in CPU torch's order and with its texts.
 
 All are structured kernels: the meta function checks dtypes and shapes, then ``addmm``'s
 CPU kernel expands ``self`` to the result's shape, and only then does ``AT_DISPATCH``
