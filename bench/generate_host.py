@@ -69,6 +69,20 @@ class Split:
         self.stack = []
         self.on = False
 
+    def run(self, label, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``, its time counted to ``label`` less that of the timed
+        calls inside it (which are counted to theirs)."""
+        self.stack.append([label, time.perf_counter(), 0.0])
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            lab, t0, inner = self.stack.pop()
+            took = time.perf_counter() - t0
+            self.time[lab] += took - inner
+            self.count[lab] += 1
+            if self.stack:
+                self.stack[-1][2] += took
+
     def wrap(self, owner, name, label, where=False, outer_only=False):
         fn = getattr(owner, name)
         split = self
@@ -78,16 +92,7 @@ class Split:
                 return fn(*args, **kwargs)
             if where:
                 split.where[label][_caller()] += 1
-            split.stack.append([label, time.perf_counter(), 0.0])
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                lab, t0, inner = split.stack.pop()
-                took = time.perf_counter() - t0
-                split.time[lab] += took - inner
-                split.count[lab] += 1
-                if split.stack:
-                    split.stack[-1][2] += took
+            return split.run(label, fn, *args, **kwargs)
 
         setattr(owner, name, timed)
         return fn
@@ -132,16 +137,7 @@ def main() -> None:
             and not any(f[0] == "eager ops" for f in split.stack)
         ):
             split.where["eager ops"][f"{func} @ {_caller()}"] += 1
-            split.stack.append(["eager ops", time.perf_counter(), 0.0])
-            try:
-                return dispatch(cls, func, types, a, kw)
-            finally:
-                lab, t0, inner = split.stack.pop()
-                took = time.perf_counter() - t0
-                split.time[lab] += took - inner
-                split.count[lab] += 1
-                if split.stack:
-                    split.stack[-1][2] += took
+            return split.run("eager ops", dispatch, cls, func, types, a, kw)
         return dispatch(cls, func, types, a, kw)
 
     JaxTensor.__torch_dispatch__ = classmethod(top_dispatch)
