@@ -32,6 +32,7 @@ from torchjax.ops import pooling as _pooling  # noqa: F401
 from torchjax.ops import power as _power  # noqa: F401
 from torchjax.ops import random as _random  # noqa: F401
 from torchjax.ops import random_bounds as _random_bounds  # noqa: F401
+from torchjax.ops import random_indices as _random_indices  # noqa: F401
 from torchjax.ops import rearrange as _rearrange  # noqa: F401
 from torchjax.ops import reduction as _reduction  # noqa: F401
 from torchjax.ops import rnn as _rnn  # noqa: F401
