@@ -18,12 +18,12 @@ from torchjax.ops import foreach as _foreach  # noqa: F401
 from torchjax.ops import fused_optim as _fused_optim  # noqa: F401
 from torchjax.ops import histogram as _histogram  # noqa: F401
 from torchjax.ops import indexing as _indexing  # noqa: F401
-from torchjax.ops import masking as _masking  # noqa: F401
 from torchjax.ops import linalg as _linalg  # noqa: F401
 from torchjax.ops import linalg_ldl as _linalg_ldl  # noqa: F401
 from torchjax.ops import linalg_qr as _linalg_qr  # noqa: F401
 from torchjax.ops import long_tail as _long_tail  # noqa: F401
 from torchjax.ops import loss as _loss  # noqa: F401
+from torchjax.ops import masking as _masking  # noqa: F401
 from torchjax.ops import matmul as _matmul  # noqa: F401
 from torchjax.ops import norm as _norm  # noqa: F401
 from torchjax.ops import pointwise_binary as _pointwise_binary  # noqa: F401
