@@ -69,6 +69,53 @@ def test_greedy_with_eos_and_processors_matches_cpu(cpu, compiled, loop):
     assert _generate(cpu, **STATIC, eos_token_id=eos, max_new_tokens=24).shape[1] < plain.shape[1]
 
 
+@pytest.mark.parametrize("n", [1, 2, 30])
+def test_repeated_ngrams_are_barred_in_the_decode_program(cpu, compiled, loop, n):
+    # Note [Repeated n-grams barred on the device]: the tokens equal transformers' own
+    # loop on CPU, with and without repetition penalty, and the decode program runs (no
+    # fallback). For n = 1 and 2 the rule changes the tokens (the tiny model repeats
+    # itself without it); n = 30 is longer than the whole sequence and bars nothing.
+    step = compiled.forward.decode_step
+    base = dict(STATIC, do_sample=False, eos_token_id=None, max_new_tokens=24)
+    changed = not torch.equal(
+        _generate(cpu, **base), _generate(cpu, **base, no_repeat_ngram_size=n)
+    )
+    assert changed == (n < 30)
+    for extra in (dict(), dict(repetition_penalty=1.3)):
+        kwargs = dict(base, no_repeat_ngram_size=n, **extra)
+        before = step.trace_count + step.cache_hits
+        assert torch.equal(_generate(compiled, **kwargs), _generate(cpu, **kwargs)), kwargs
+        assert compiled.forward.last_fallback is None
+        assert step.trace_count + step.cache_hits > before
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_the_ngram_rule_bars_what_transformers_bars(n):
+    # The rule against transformers' processor on CPU, over buffers from a small
+    # vocabulary (many repeated n-grams), at every position, including those with fewer
+    # than n - 1 ids before it. The buffer past ``pos`` holds other ids (the decode
+    # buffer holds the vocabulary size there; the rule must not depend on it). Scores
+    # equal, -inf included.
+    from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor
+
+    from torchjax.integrations.transformers._decode import _bar_repeated_ngrams
+
+    gen = torch.Generator().manual_seed(n)
+    vocab, size = 5, 14
+    ids = torch.randint(0, 3, (3, size), generator=gen)
+    scores = torch.randn(3, vocab, generator=gen)
+    barred = 0
+    for pos in range(size):
+        want = NoRepeatNGramLogitsProcessor(n)(ids[:, :pos], scores.clone())
+        buffer = torch.cat([ids[:, :pos], ids[:, pos:].flip(1)], dim=1)
+        got = _bar_repeated_ngrams(
+            buffer.to("tpu"), torch.tensor(pos, device="tpu"), n, scores.to("tpu")
+        )
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+        barred += int(want.isinf().sum())
+    assert barred > 0
+
+
 def test_one_program_per_token_or_one_loop(cpu, compiled, loop):
     step = compiled.forward.decode_step
     kwargs = dict(STATIC, do_sample=False, eos_token_id=None, max_new_tokens=40)
@@ -142,7 +189,10 @@ def test_other_calls_run_transformers_loop(cpu, compiled):
     streamer = transformers.generation.streamers.BaseStreamer()
     streamer.put = streamer.end = lambda *a: None
     for kwargs, why in (
-        (dict(no_repeat_ngram_size=2), "logits processor NoRepeatNGramLogitsProcessor"),
+        (
+            dict(encoder_no_repeat_ngram_size=2),
+            "logits processor EncoderNoRepeatNGramLogitsProcessor",
+        ),
         (dict(streamer=streamer), None),  # generate runs as written: no custom_generate
         (dict(num_beams=2), "generation mode beam_search"),
     ):

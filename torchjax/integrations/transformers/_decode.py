@@ -40,17 +40,17 @@ program, or all of them one loop:
 
 What runs here, and what falls back to transformers' loop unchanged: the processors of
 ``_processor_types`` (temperature, top-k, top-p, min-p, repetition penalty, min length,
-min new tokens), the stopping criteria max length and EOS, model inputs among
+min new tokens, no repeated n-grams), the stopping criteria max length and EOS, model inputs among
 ``_MODEL_KWARGS``; anything else (another processor or criterion, a streamer,
 ``return_dict_in_generate``, ``inputs_embeds``, token type ids, an encoder-decoder model,
 input ids on another device, beams, assisted decoding) runs transformers' own loop, where
 the forward is still compiled. The processors run inside the trace as transformers wrote
 them, with the buffer as ``input_ids``: positions not written yet hold the vocabulary
-size, which the only processor that reads ``input_ids`` (repetition penalty) clamps and
-drops; the two length processors read a length from ``input_ids.shape``, so their rule
-runs here with the traced position instead. Processors and criteria are part of the
-program's key by their settings, so a new ``generate`` call with the same settings reuses
-the programs.
+size, which repetition penalty clamps and drops; the two length processors read a length
+from ``input_ids.shape``, so their rule runs here with the traced position instead, and
+so does the n-gram rule (Note [Repeated n-grams barred on the device]). Processors and
+criteria are part of the program's key by their settings, so a new ``generate`` call
+with the same settings reuses the programs.
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ def _processor_types():
         lp.RepetitionPenaltyLogitsProcessor,
         lp.MinLengthLogitsProcessor,
         lp.MinNewTokensLengthLogitsProcessor,
+        lp.NoRepeatNGramLogitsProcessor,
     }
 
 
@@ -115,18 +116,21 @@ def _spec(processors) -> tuple:
     )
 
 
-def _length_rules(processors) -> tuple:
-    """Per processor: None (it runs as written) or, for the two length processors,
-    (start, least, eos ids): EOS is barred while ``pos - start < least``."""
+def _rules(processors) -> tuple:
+    """Per processor: None (it runs as written) or the rule that runs in its place: for the
+    two length processors ``("length", start, least, eos ids)`` (EOS is barred while
+    ``pos - start < least``), for the n-gram processor ``("ngram", n)``."""
     from transformers.generation import logits_process as lp
 
     rules = []
     for p in processors:
         if isinstance(p, lp.MinLengthLogitsProcessor):
-            rules.append((0, p.min_length, _values(p.eos_token_id)))
+            rules.append(("length", 0, p.min_length, _values(p.eos_token_id)))
         elif isinstance(p, lp.MinNewTokensLengthLogitsProcessor):
             ids = _values(p.eos_token_id)
-            rules.append((p.prompt_length_to_skip, p.min_new_tokens, ids))
+            rules.append(("length", p.prompt_length_to_skip, p.min_new_tokens, ids))
+        elif isinstance(p, lp.NoRepeatNGramLogitsProcessor):
+            rules.append(("ngram", p.ngram_size))
         else:
             rules.append(None)
     return tuple(rules)
@@ -229,7 +233,7 @@ def device_sample(
     pad = generation_config._pad_token_tensor
     settings = (
         _spec(logits_processor),
-        _length_rules(logits_processor),
+        _rules(logits_processor),
         eos_ids,
         None if pad is None or not eos_ids else _values(pad)[0],
         bool(generation_config.do_sample),
@@ -348,12 +352,14 @@ def _choose(settings, tokens, pos, logits, unfinished, done_at, stopped) -> None
     for p, rule in zip(_LOCAL.processors, rules):
         if rule is None:
             scores = p(tokens, scores)
-            continue
-        start, least, ids = rule  # a length rule: no EOS while pos - start < least
-        is_eos = torch.isin(
-            torch.arange(vocab, device=scores.device), torch.tensor(ids, device=scores.device)
-        )
-        scores = torch.where(((pos - start) < least) & is_eos, -float("inf"), scores)
+        elif rule[0] == "ngram":
+            scores = _bar_repeated_ngrams(tokens, pos, rule[1], scores)
+        else:
+            _, start, least, ids = rule  # no EOS while pos - start < least
+            is_eos = torch.isin(
+                torch.arange(vocab, device=scores.device), torch.tensor(ids, device=scores.device)
+            )
+            scores = torch.where(((pos - start) < least) & is_eos, -float("inf"), scores)
     if do_sample:
         probs = torch.nn.functional.softmax(scores, dim=-1)
         chosen = torch.multinomial(probs, num_samples=1).squeeze(1)
@@ -370,3 +376,33 @@ def _choose(settings, tokens, pos, logits, unfinished, done_at, stopped) -> None
     done_at.copy_(torch.where(first, pos + 1, done_at))
     stopped.copy_((done_at != tokens.shape[1]).to(stopped.dtype))
     pos.add_(1)
+
+
+# Note [Repeated n-grams barred on the device]
+# transformers' NoRepeatNGramLogitsProcessor reads the ids to the host (``tolist``), maps
+# every n-gram's first n - 1 tokens to the tokens that followed them, and sets -inf at
+# the tokens that followed the last n - 1 ids; nothing when fewer than n - 1 ids precede
+# the new token (``cur_len + 1 < n``). Run as written it keeps generate out of the decode
+# programs, and eagerly each token's ``scores[i, banned] = -inf`` has a new shape (a new
+# program per count). Here the same set is found with fixed shapes over the token buffer:
+# window i (tokens i .. i + n - 1) bars its last token when it lies wholly before ``pos``
+# (i <= pos - n: none while fewer than n - 1 ids precede ``pos``) and its first n - 1
+# tokens equal the n - 1 before ``pos``. Pad tokens of a left-padded prompt count, as
+# they do in transformers. The barred positions are set to -inf exactly where
+# transformers sets them, so the scores are equal.
+def _bar_repeated_ngrams(tokens, pos, n: int, scores):
+    """``scores`` with -inf at the tokens that would repeat an n-gram of ``tokens[:, :pos]``."""
+    batch, size = tokens.shape
+    vocab = scores.shape[-1]
+    if size < n:
+        return scores
+    windows = tokens.unfold(1, n, 1)  # (B, W, n)
+    steps = torch.arange(windows.shape[1], device=tokens.device)
+    before = pos - (n - 1) + torch.arange(n - 1, device=tokens.device)
+    last = tokens.gather(1, before.clamp(min=0).expand(batch, n - 1))  # (B, n - 1)
+    seen = (windows[..., : n - 1] == last[:, None, :]).all(-1) & (steps <= pos - n)
+    # Unbarred windows write into an extra column, dropped after.
+    where = torch.where(seen, windows[..., -1].clamp(0, vocab), vocab)
+    barred = torch.zeros((batch, vocab + 1), dtype=torch.bool, device=scores.device)
+    barred = barred.scatter(1, where, True)[:, :vocab]
+    return scores.masked_fill(barred, -float("inf"))
