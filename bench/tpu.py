@@ -27,7 +27,10 @@
 - ``attention``, ``kernels``: the flash, decode and ragged-dot kernels against jax's own
   TPU kernels, XLA and the roofline (bench/tpu_kernels.py says what each row runs);
 - ``moe``: a MoE model that fits the chip, decoding and training with transformers'
-  ``grouped_mm`` experts and with torchjax's ragged dot (bench/tpu_moe.py).
+  ``grouped_mm`` experts and with torchjax's ragged dot (bench/tpu_moe.py);
+- ``compiles``: XLA compile seconds of the Llama's and the MoE's prefill forward per
+  layer, of a Pallas kernel at 1 and 16 call sites, and of int64 ``cumsum``
+  (bench/tpu_compiles.py).
 
 Writes the report (markdown) to ``--out`` (default bench/results_tpu.md) and prints it; a
 run of some sections replaces those sections of an existing report and keeps the others.
@@ -69,6 +72,7 @@ HBM_BYTES_PER_S = 819e9
 FLOPS_PER_S = 197e12
 SECTIONS = (
     "tier", "pallas", "precision", "seed", "numerics", "decode", "attention", "kernels", "moe",
+    "compiles",
 )  # fmt: skip
 CHILD_SECTIONS = ("tier", "pallas")  # pytest in a child process, which must hold the chip
 TITLE = "torchjax on the chip: bench/tpu.py"
@@ -304,6 +308,12 @@ def moe(ctx) -> dict:
     from bench import tpu_moe
 
     return tpu_moe.moe(ctx)
+
+
+def compiles(ctx) -> dict:
+    from bench import tpu_compiles
+
+    return tpu_compiles.compiles(ctx)
 
 
 # -- report ----------------------------------------------------------------------------

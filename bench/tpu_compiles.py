@@ -1,0 +1,185 @@
+"""The ``compiles`` section of bench/tpu.py: where XLA compile time goes, by layer count.
+
+A first ``generate`` on the chip spends most of its time in XLA compiles (the 1.1B
+Llama's prefill program 18 s cold, more than the pure-JAX model's whole program), and a
+MoE model's prefill took 60 s. Three questions, each answered by compile seconds from
+jax.monitoring's ``backend_compile_duration`` events, with the persistent compilation
+cache off for the section:
+
+- ``forward``: the prefill forward (batch 1, 128 tokens, bfloat16, ``torchjax.jit``,
+  ``torch.no_grad``) of the Llama of bench/tpu.py and the Qwen3-MoE of bench/tpu_moe.py
+  at 1, 2 and 4 layers: the compile seconds per layer (the slope) and outside the layers
+  (the intercept), for the Llama with the Pallas kernels on and off and for the MoE with
+  transformers' ``grouped_mm`` experts and with ``torchjax_ragged_dot``. A slope far
+  above another's names the part that compiles slowly;
+- ``flash_sites``: one jitted function calling the flash kernel once, and 16 times on the
+  same shapes (each call's output feeding the next): whether each call site of a Pallas
+  kernel is compiled on its own;
+- ``cumsum``: an int64 and an int32 ``cumsum`` of (1, 128) and (1, 2048) (position ids:
+  the int64 one took 2.9 s cold on the chip).
+
+Run:  python -m bench.tpu --sections compiles   (``--small``: small models, off the chip)
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import time
+from contextlib import nullcontext
+
+import jax
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_seconds = collections.Counter()
+
+
+def _on(event, duration, **kw):
+    if event == _COMPILE_EVENT:
+        _seconds["s"] += duration
+        _seconds["n"] += 1
+
+
+def _progress(what: str) -> None:
+    print(f"compiles: {what} ({time.strftime('%H:%M:%S')})", file=sys.stderr, flush=True)
+
+
+def _compiled(call) -> dict:
+    """XLA compile seconds and count of ``call()``'s first run, and its wall time."""
+    before = dict(_seconds)
+    t0 = time.perf_counter()
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - reported, the rest runs
+        return {"error": f"{type(e).__name__}: {e}"[:400]}
+    wall = time.perf_counter() - t0
+    return {
+        "compile_s": round(_seconds["s"] - before.get("s", 0.0), 2),
+        "compiles": _seconds["n"] - before.get("n", 0),
+        "wall_s": round(wall, 2),
+    }
+
+
+def _slope(rows: dict, layers: tuple) -> dict:
+    """Least-squares compile seconds per layer and outside them, over ``layers``."""
+    pts = [(n, rows[n]["compile_s"]) for n in layers if "compile_s" in rows.get(n, {})]
+    if len(pts) < 2:
+        return {}
+    mx = sum(n for n, _ in pts) / len(pts)
+    my = sum(s for _, s in pts) / len(pts)
+    slope = sum((n - mx) * (s - my) for n, s in pts) / sum((n - mx) ** 2 for n, _ in pts)
+    return {"per_layer_s": round(slope, 2), "outside_s": round(my - slope * mx, 2)}
+
+
+def _forward_rows(make, variants: dict, layers: tuple, seq: int) -> dict:
+    """{variant: compile rows by layer count}; a variant is (setup(model), the context its
+    calls run in)."""
+    import torch
+
+    import torchjax
+
+    out = {}
+    for name, (setup, context) in variants.items():
+        rows = {}
+        for n in layers:
+            _progress(f"{name}, {n} layers")
+            torch.manual_seed(0)
+            with torch.device("tpu"):
+                model = make(n).to(torch.bfloat16).eval()
+            setup(model)
+            ids = torch.randint(3, model.config.vocab_size, (1, seq)).to("tpu")
+            step = torchjax.jit(lambda ids, model=model: model(ids).logits[:, -1])
+
+            def call(step=step, ids=ids, context=context):
+                with torch.no_grad(), context():
+                    torchjax.interop.to_jax(step(ids)).block_until_ready()
+
+            rows[n] = _compiled(call)
+            del model, step
+        out[name] = {"by_layers": rows, **_slope(rows, layers)}
+    return out
+
+
+def forward(small: bool) -> dict:
+    import transformers as tf
+
+    from bench import tpu, tpu_moe
+    from torchjax.integrations.transformers._moe import NAME, register_experts
+    from torchjax.pallas import use_flash_attention
+
+    register_experts()
+    layers = (1, 2) if small else (1, 2, 4)
+    seq = 32 if small else 128
+
+    def llama(n):
+        cfg = tpu.llama_config(small)
+        cfg.num_hidden_layers = n
+        return tf.LlamaForCausalLM(cfg)
+
+    def moe(n):
+        cfg = tpu_moe._config(small)
+        cfg.num_hidden_layers = n
+        return tf.Qwen3MoeForCausalLM(cfg)
+
+    kernels = {
+        f"llama, kernels {'on' if on else 'off'}": (
+            lambda model: None,
+            lambda on=on: use_flash_attention(on),
+        )
+        for on in (True, False)
+    }
+    out = _forward_rows(llama, kernels, layers, seq)
+    experts = {
+        f"moe, {impl}": (lambda m, impl=impl: m.set_experts_implementation(impl), nullcontext)
+        for impl in ("grouped_mm", NAME)
+    }
+    out.update(_forward_rows(moe, experts, layers, seq))
+    return out
+
+
+def flash_sites(small: bool) -> dict:
+    import jax.numpy as jnp
+
+    from torchjax.pallas import kernels as tk
+
+    b, h, s, d = (1, 4, 128, 64) if small else (1, 32, 128, 64)
+    q = jnp.ones((b, h, s, d), jnp.bfloat16)
+    out = {}
+    for sites in (1, 16):
+
+        def chain(q, sites=sites):
+            for _ in range(sites):
+                q = tk.flash_attention(q, q, q, causal=True)
+            return q
+
+        _progress(f"flash, {sites} call sites")
+        out[f"{sites} call sites"] = _compiled(lambda c=chain: jax.jit(c)(q).block_until_ready())
+    return out
+
+
+def cumsum(small: bool) -> dict:
+    import jax.numpy as jnp
+
+    out = {}
+    for n in (128, 2048):
+        for dtype in (jnp.int64, jnp.int32):
+            x = jnp.ones((1, n), dtype)
+            name = f"cumsum (1,{n}) {jnp.dtype(dtype).name}"
+            out[name] = _compiled(
+                lambda x=x: jax.jit(lambda a: jnp.cumsum(a, axis=-1))(x).block_until_ready()
+            )
+    return out
+
+
+def compiles(ctx) -> dict:
+    jax.monitoring.register_event_duration_secs_listener(_on)
+    cache = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        return {
+            "cumsum": cumsum(ctx.small),
+            "flash_sites": flash_sites(ctx.small),
+            "forward": forward(ctx.small),
+        }
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cache)
