@@ -4,6 +4,7 @@ attention implementation after a compiled call runs the new code, as CPU does, i
 ``torchjax.jit`` and in the automatically compiled ``generate``; an unchanged config
 reuses the program."""
 
+import copy
 import os
 
 import torch
@@ -67,3 +68,21 @@ def test_jit_forward_follows_config_changes():
         out = forward(ids.to("tpu"))
         assert forward.trace_count == 3
     torch.testing.assert_close(out.cpu(), want["grouped_mm"])
+
+
+def test_jit_follows_a_swapped_submodule_without_parameters():
+    # A submodule swapped for one that brings no parameter changes no state of the call:
+    # the modules themselves are part of the key (by identity and type), as Dynamo
+    # guards them. Swapped back, the first program is found again.
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    m = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(2, 4)
+    f = torchjax.jit(m)
+    relu = m[1]
+    for swapped in (relu, torch.nn.Identity(), torch.nn.Tanh(), relu):
+        m[1] = cpu[1] = swapped
+        with torch.no_grad():
+            torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x))
+    assert f.trace_count == 3 and f.cache_hits == 1
+    assert "submodules" in f.last_retrace_reason

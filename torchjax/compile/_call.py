@@ -96,6 +96,7 @@ class Call:
         self.bits = tuple(_math_bits(t) for t in tensors)
         grad_mode = torch.is_grad_enabled()
         flags = (grad_mode, *global_modes(), walk.training_flags(), walk.config_key())
+        flags += (walk.module_key(),)
         self.sig = (
             spec,
             tuple(value_key(v) for v in static),
@@ -210,7 +211,8 @@ def describe_change(old, new) -> str:
              "tensor argument shapes/dtypes", "tensor argument requires_grad",
              "state tensors (identity)", "state tensor shapes/dtypes",
              "grad mode / autocast and its dtype / default dtype / float32 matmul "
-             "precision / module training flags / a module's config values",
+             "precision / module training flags / a module's config values / the "
+             "submodules (one swapped for another)",
              "Python scalars read by the function (optimizer hyperparameters other than "
              "lr, numbers in its closure or globals)",
              "tensor argument classes (torch.Tensor subclasses)",

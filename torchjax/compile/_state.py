@@ -172,6 +172,11 @@ class StateWalk:
         guard])."""
         return tuple(_plain_values(c) for c in self.configs)
 
+    def module_key(self) -> tuple:
+        """Each module reached, by identity and type (Note [A module's config is a
+        guard]): a submodule swapped for another traces again."""
+        return tuple((id(m), type(m)) for m in self.modules)
+
     def training_flags(self) -> tuple[bool, ...]:
         """``module.training`` of every module seen: tracing depends on them."""
         return tuple(m.training for m in self.modules)
@@ -266,7 +271,10 @@ class StateWalk:
 # them. One dict lookup per module finds the configs (shared objects are read once), and
 # a config's values are read on every call (about 40 for a transformers config, some
 # 10-20 us). Other plain attributes of modules are read at trace time, as
-# documented (docs/compiled.md).
+# documented (docs/compiled.md). The modules themselves are guarded the same way, by
+# identity and type, as Dynamo guards a module it inlines: ``model[1] = nn.Identity()``
+# swaps a submodule that brings no parameter (no state of the call changes), and the
+# program traced with the old one ran on.
 
 _PLAIN = frozenset({type(None), bool, int, float, complex, str, torch.dtype})
 
