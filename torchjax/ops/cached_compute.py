@@ -45,7 +45,9 @@ runs every eligible lowering, together with the promotion casts around it, as on
 
 Views whose storage grows every step (``generate``'s ids, a growing KV cache): Note
 [Views in keys whose shapes vary] and Note [Views of a growing storage] in
-torchjax/ops/view_signatures.py.
+torchjax/ops/view_signatures.py. A small ``x.to(dtype)`` not made yet enters an
+elementwise executable as its source: Note [Conversions read by their consumers] in
+torchjax/ops/deferred_casts.py.
 
 Every dtype is compiled: float32/64, bfloat16, float16, float8, every int, bool and
 complex. Value checks of integer inputs (index out of range, division by zero) are device
@@ -91,19 +93,23 @@ import numpy as np
 import torch
 
 from torchjax import _budget
+from torchjax._compat.jax import plain_eager
 from torchjax.device import _checks
 from torchjax.device._stats import cache_info, cache_info_entry  # noqa: F401 (public here)
 from torchjax.ops import _seeded, executables, fast_keys, promotion, view_signatures
 from torchjax.ops import fused as _fused
+from torchjax.ops.deferred_casts import Cast, Consumers, read_whole
 from torchjax.ops.executables import CONCRETE_ERRORS
 from torchjax.ops.templates import (
     ARRAY,
+    ASTYPE,
     FAST_SCALARS,
     SCALARS,
     SEQ,
     SHAPE,
     STATIC,
     VIEW,
+    Astype,
     Seq,
     Shape,
     View,
@@ -224,6 +230,7 @@ class CompiledCompute:
         self.eager_keys: set = set()
         self.view_keys = 0
         self.view_signatures = view_signatures.ViewSignatures(self.lock)
+        self.casts = Consumers(self.kind, self._build, _TRACE_ERRORS)
         self.masks = func in _MASK_INDEXED
         # Random ops take their key as an argument (Note [Compiled random ops]).
         self.seeded = not entry.deterministic and _seeded.seeded(func)
@@ -237,11 +244,13 @@ class CompiledCompute:
             self.eager_keys = set()
             self.view_keys = 0
             self.view_signatures = view_signatures.ViewSignatures(self.lock)
+            self.casts = Consumers(self.kind, self._build, _TRACE_ERRORS)
 
-    def _entry(self, x, dyn, psig, scalars, promoted, read_views=False):
+    def _entry(self, x, dyn, psig, scalars, promoted, read_views=False, read_casts=True):
         """The template entry of argument ``x``; appends its arrays to ``dyn``, its
         promotion key to ``psig`` (if ``promoted``) and the index in ``dyn`` of a Python
-        scalar to cast to ``scalars``. ``read_views``: a view enters as its value."""
+        scalar to cast to ``scalars``. ``read_views``: a view enters as its value;
+        ``read_casts``: a deferred conversion may enter as its source."""
         if isinstance(x, JaxTensor):
             if self.masks and x.dtype in _MASK_DTYPES:
                 raise NotCompilable  # a mask index: data-dependent shape
@@ -253,6 +262,11 @@ class CompiledCompute:
                 return ARRAY
             size, stride, offset = x._size, x._stride, x._offset
             if storage.covers(size, stride, offset) and stride == contiguous_strides(size):
+                lazy = storage.lazy
+                if lazy.__class__ is Cast and read_casts and plain_eager():
+                    # Converted inside (Note [Conversions read by their consumers]).
+                    dyn.append(lazy.src)
+                    return Astype(ASTYPE, lazy.dtype, lazy.src.dtype)
                 arr = _array(storage)
                 if arr.__class__ is not _fused.Pending:
                     # The value _value() would read: kept, so the next call of this
@@ -295,7 +309,7 @@ class CompiledCompute:
             return Seq(
                 SEQ,
                 type(x),
-                tuple(self._entry(y, dyn, psig, scalars, False, read_views) for y in x),
+                tuple(self._entry(y, dyn, psig, scalars, False, read_views, read_casts) for y in x),
             )
         return static(x)
 
@@ -320,6 +334,11 @@ class CompiledCompute:
                         arr = storage.arr
                     elif lazy.__class__ is _fused.Pending and _fused.recording():
                         arr = lazy  # a recorded value (Note [Fused eager])
+                    elif lazy.__class__ is Cast and read_whole(a):
+                        # Its source, converted inside (as _entry passes it).
+                        sig += (a.dtype, (a._size, lazy.src.dtype))
+                        vals.append(lazy.src)
+                        continue
                     else:
                         break
                     size, stride, offset = a._size, a._stride, a._offset
@@ -399,12 +418,12 @@ class CompiledCompute:
             return _seeded.as_compiled(self.eager, args, kwargs, reserved)
         return self.eager(args, kwargs)
 
-    def _call(self, args, kwargs, read_views=False, reserved=None):
+    def _call(self, args, kwargs, read_views=False, read_casts=True, reserved=None):
         if kwargs and self.outs:
             kwargs = {k: v for k, v in kwargs.items() if k not in self.outs}
         dyn, psig, scalars = [], [], []
         pidx, pnames, entry = self.pidx, self.pnames, self._entry
-        rv = read_views
+        rv, rc = read_views, read_casts
         try:
             shape_only = (
                 self.shape_only_self and args and isinstance(args[0], JaxTensor) and 0 not in pidx
@@ -423,13 +442,16 @@ class CompiledCompute:
                         dtypes.to_jax_dtype(a.dtype),
                     )
                     if shape_only and i == 0
-                    else entry(a, dyn, psig, scalars, i in pidx, rv)
+                    else entry(a, dyn, psig, scalars, i in pidx, rv, rc)
                     for i, a in enumerate(args)
                 ]
             )
             kwtmpl = (
                 tuple(
-                    [(k, entry(v, dyn, psig, scalars, k in pnames, rv)) for k, v in kwargs.items()]
+                    [
+                        (k, entry(v, dyn, psig, scalars, k in pnames, rv, rc))
+                        for k, v in kwargs.items()
+                    ]
                 )
                 if kwargs
                 else ()
@@ -448,13 +470,18 @@ class CompiledCompute:
             return self._op_by_op(args, kwargs, reserved)
         if run is None:
             if not read_views and self.view_signatures.varying(key, tmpl, kwtmpl, run_key[1]):
-                return self._call(args, kwargs, read_views=True, reserved=reserved)
+                return self._call(args, kwargs, True, read_casts, reserved)
+            built = self.casts.build(key, tmpl, kwtmpl, psig, dyn, scalars) if read_casts else None
+            if built is False:  # not elementwise: its conversions are made first
+                return self._call(args, kwargs, read_views, False, reserved)
             dts = self.cache.get(key, _NO_KEY)
             if dts is _NO_KEY:
                 dts = self._new_key(key, tmpl, kwtmpl, psig)
                 if dts is _NO_KEY:
                     return self._op_by_op(args, kwargs, reserved)
-            run = self._new_run(run_key, tmpl, kwtmpl, dts, args, kwargs, scalars)
+            run = self._new_run(
+                run_key, built or self._build(tmpl, kwtmpl, dts), tmpl, dts, args, kwargs
+            )
         dts = run.dts
         if scalars:
             # Python scalars in promoted positions: 0-d arrays of the computation dtype
@@ -507,9 +534,8 @@ class CompiledCompute:
                 self.view_keys += 1
             return dts
 
-    def _new_run(self, run_key, tmpl, kwtmpl, dts, args, kwargs, scalars):
-        """The executable of a new (key, input signature), entered in the budget."""
-        run = self._build(tmpl, kwtmpl, dts)
+    def _new_run(self, run_key, run, tmpl, dts, args, kwargs):
+        """``run``, the executable of a new (key, input signature), entered in the budget."""
         run.dts = dts
         run.nbytes = None if _budget.measure_bytes() else 0
         fast = None if kwargs else fast_keys.key(args, tmpl, self.pidx)

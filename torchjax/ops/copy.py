@@ -17,7 +17,7 @@ from torchjax._compat.torch_dynamo import active_fake_mode, active_proxy_mode
 from torchjax.device import _checks, _stats
 from torchjax.device._module import jax_device
 from torchjax.device._serialization import defer_until_loaded, loading, storage_for
-from torchjax.ops import fused, writeback
+from torchjax.ops import deferred_casts, fused, writeback
 from torchjax.ops.functional import cpu_to_jax
 from torchjax.ops.promotion import astype
 from torchjax.ops.registry import handler, lowering
@@ -161,6 +161,10 @@ def _to_copy(args, kwargs):
 
     if not contiguous:
         return laid_out(self, stride, convert, index)
+    if index == self._device_index and dtype != self.dtype:
+        deferred = deferred_casts.defer(self, jdt, dtype, stride)
+        if deferred is not None:  # Note [Conversions read by their consumers]
+            return deferred
     return restrided(wrap(convert(self._value()), index), stride)
 
 

@@ -8,7 +8,16 @@ from __future__ import annotations
 import torch
 
 from torchjax.ops import fused as _fused
-from torchjax.ops.templates import ARRAY, FAST_SCALARS, STATIC, Seq, View, static, static_entry
+from torchjax.ops.templates import (
+    ARRAY,
+    FAST_SCALARS,
+    STATIC,
+    Astype,
+    Seq,
+    View,
+    static,
+    static_entry,
+)
 from torchjax.tensor._storage import contiguous_strides
 from torchjax.tensor._tensor import JaxTensor
 
@@ -56,7 +65,8 @@ def tensors(seq, vals, masks: bool):
 def key(args, tmpl, pidx):
     """The key the fast path looks ``tmpl``'s executable up by: (dtype, size) per tensor
     read before the call, (dtype, (size, stride, offset or None when it is an argument,
-    storage numel)) per view read inside it, (type, None) per Python number cast as an
+    storage numel)) per view read inside it, (dtype, (size, source dtype)) per tensor
+    converted inside it, (type, None) per Python number cast as an
     argument (positions ``pidx``), (template entry, STATIC) per static argument, a
     ``tensors`` part per list of tensors; None when an argument is none of these."""
     sig = [_default_dtype()]
@@ -68,6 +78,9 @@ def key(args, tmpl, pidx):
         elif cls is JaxTensor and e.__class__ is View:
             sig.append(a.dtype)
             sig.append((a._size, a._stride, e.offset, a._storage.numel))
+        elif cls is JaxTensor and e.__class__ is Astype:
+            sig.append(a.dtype)
+            sig.append((a._size, e.source))
         elif cls in FAST_SCALARS and i in pidx and e is ARRAY:
             sig.append(cls)
             sig.append(None)

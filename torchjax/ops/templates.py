@@ -4,7 +4,8 @@ executable holds it (Note [Compiled lowerings] in torchjax/ops/cached_compute.py
 A call's arguments become a template, a tuple of entries, and a list of executable
 arguments (``dyn``): an array is ``ARRAY`` (the next argument), a Python value that is
 part of the key a ``Static``, a list or tuple a ``Seq`` of entries, a view read inside
-the executable a ``View`` and an input known by its shape alone a ``Shape``. Entries are
+the executable a ``View``, an input known by its shape alone a ``Shape`` and a tensor
+whose conversion is computed inside the executable an ``Astype``. Entries are
 named tuples whose first field is their kind, so a key compares and hashes as the plain
 tuples it is made of. Inside the executable ``rebuild`` turns the template and the
 traced arguments back into the lowering's arguments.
@@ -17,6 +18,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import torch
 
+from torchjax.ops.promotion import astype
 from torchjax.tensor._storage import _plan, layout_plan
 
 SCALARS = (bool, int, float, complex)
@@ -31,6 +33,7 @@ STATIC = 1
 SEQ = 2
 VIEW = 3
 SHAPE = 4
+ASTYPE = 5
 
 
 class Static(NamedTuple):
@@ -70,6 +73,16 @@ class Shape(NamedTuple):
     dtype: object
 
 
+class Astype(NamedTuple):
+    """A tensor converted inside the executable (Note [Conversions read by their
+    consumers] in torchjax/ops/deferred_casts.py): the next argument, its source, as
+    ``dtype``; ``source`` is the source's dtype (the fast path's key)."""
+
+    kind: int
+    dtype: object
+    source: object
+
+
 # Note [Samplers read no values]
 # ``torch.randn(n)`` is ``empty`` then ``normal_``, and ``normal_`` overwrites its input:
 # only its shape and dtype matter. Passing the input's array would make the array of a
@@ -105,7 +118,7 @@ def static_entry(x):
 
 def float_masked(entry):
     """``entry`` with float static values blanked (keys equal up to float values)."""
-    if entry is ARRAY or entry.kind in (VIEW, SHAPE):
+    if entry is ARRAY or entry.kind in (VIEW, SHAPE, ASTYPE):
         return entry
     if entry.kind == STATIC:
         return (STATIC, float) if entry.cls is float else entry
@@ -116,7 +129,7 @@ def layout_masked(entry):
     """``entry`` with each view's layout (storage numel, strides, offset) blanked: keys
     equal up to where their views lie in their storages (Note [Views in keys whose
     shapes vary] in torchjax/ops/view_signatures.py)."""
-    if entry is ARRAY or entry.kind in (STATIC, SHAPE):
+    if entry is ARRAY or entry.kind in (STATIC, SHAPE, ASTYPE):
         return entry
     if entry.kind == VIEW:
         return (VIEW, entry.size)
@@ -124,9 +137,15 @@ def layout_masked(entry):
 
 
 def has_view(entry) -> bool:
-    if entry is ARRAY or entry.kind in (STATIC, SHAPE):
+    if entry is ARRAY or entry.kind in (STATIC, SHAPE, ASTYPE):
         return False
     return entry.kind == VIEW or any(has_view(e) for e in entry.entries)
+
+
+def has_cast(entry) -> bool:
+    if entry is ARRAY or entry.kind in (STATIC, SHAPE, VIEW):
+        return False
+    return entry.kind == ASTYPE or any(has_cast(e) for e in entry.entries)
 
 
 def rebuild(entry, it):
@@ -137,6 +156,8 @@ def rebuild(entry, it):
         return entry.value
     if kind == SHAPE:
         return jnp.zeros(entry.size, entry.dtype)
+    if kind == ASTYPE:
+        return astype(next(it), entry.dtype)
     if kind == VIEW:
         flat = next(it).reshape(-1)
         if entry.offset is None:  # the offset is the next argument, the numel the array's

@@ -134,7 +134,9 @@ class Storage:
     # (Note [Views across dtypes] in torchjax/tensor/_reinterpret.py).
     # lazy: [fill, dtype, jax device] while the array is not made yet, else None
     # (Note [Storages filled on first read]); or, in fused eager mode, the pending value
-    # of a recorded op (Note [Fused eager] in torchjax/ops/fused.py).
+    # of a recorded op (Note [Fused eager] in torchjax/ops/fused.py); or a conversion
+    # not made yet (Note [Conversions read by their consumers] in
+    # torchjax/ops/deferred_casts.py). A lazy value that is not a list has ``resolve()``.
     # torch_storage: the tpu UntypedStorage standing for this storage once asked for
     # (Note [torch storages of tpu tensors] in torchjax/tensor/_addresses.py); unset before.
     __slots__ = (
@@ -162,8 +164,9 @@ class Storage:
     @classmethod
     def made_later(cls, shape, lazy) -> Storage:
         """A storage of ``shape`` whose array ``lazy`` makes when first read: a fill
-        (``filled``), a recorded value (Note [Fused eager]) or a value in another memory
-        order (Note [Storages in memory order, made on first read])."""
+        (``filled``), a recorded value (Note [Fused eager]), a value in another memory
+        order (Note [Storages in memory order, made on first read]) or a conversion
+        (Note [Conversions read by their consumers])."""
         self = cls.__new__(cls)
         self.version = 0
         self.born = _EPOCH[0]
@@ -353,13 +356,28 @@ def _is_plus_zero(fill) -> bool:
     return fill == 0 and math.copysign(1.0, fill) > 0
 
 
+def count_unmade(storage) -> None:
+    """Count ``storage``, made by ``made_later`` with a lazy value that has
+    ``nbytes_on(device)`` (a deferred conversion: Note [Conversions read by their
+    consumers] in torchjax/ops/deferred_casts.py), in ``unfilled_bytes`` until its array
+    is made, as ``filled`` storages are."""
+    _UNFILLED.add(storage)
+
+
 def unfilled_bytes(device) -> int:
     """Bytes of live storages on jax ``device`` whose array is not made yet."""
     total = 0
     for s in list(_UNFILLED):
         lazy = s.lazy
-        if lazy.__class__ is list and lazy[2] == device:
-            total += s.numel * lazy[1].itemsize
+        if lazy.__class__ is list:
+            if lazy[2] == device:
+                total += s.numel * lazy[1].itemsize
+        elif lazy is not None:
+            # A deferred conversion counts; fused eager's pending value (in a storage
+            # filled once) does not, as before.
+            nbytes_on = getattr(lazy, "nbytes_on", None)
+            if nbytes_on is not None:
+                total += nbytes_on(device)
     return total
 
 
