@@ -159,6 +159,20 @@ def test_a_reduction_makes_the_conversion_first(monkeypatch):
         assert not _deferred(t)
 
 
+def test_a_random_op_draws_as_with_the_conversion_made(monkeypatch):
+    # A random op makes its conversions first: read inside, its refused call made again
+    # would reserve a second key, and this draw and every later one would move.
+    x = torch.randn(4, 8).to(TPU).half()
+    draws = []
+    for limit in (-1, deferred_casts.MAX_BYTES):
+        monkeypatch.setattr(deferred_casts, "MAX_BYTES", limit)
+        torch.manual_seed(0)
+        converted = x.to(torch.float32)
+        assert _deferred(converted) == (limit > 0)
+        draws.append([F.dropout(converted, 0.5).cpu(), torch.rand(3, device=TPU).cpu()])
+    assert all(torch.equal(a, b) for a, b in zip(*draws))
+
+
 def test_float_roundings_are_torchs_bit_for_bit():
     # float32 -> bfloat16/float16 inside a consumer rounds as the conversion alone does
     # (XLA keeps a conversion's rounding: excess precision off).

@@ -30,7 +30,9 @@ the float32 sum rounded once (the conversion's rounding lost inside a YNNPACK fu
 excess precision off or not). Such a key is refused: its calls make their conversions
 first, as before. Elementwise chains keep each op's rounding (excess precision off:
 Note [Compiled lowerings]); a convert is not among the producers XLA rewrites across
-(``fusion_cuts``'s ``_REWRITABLE``).
+(``fusion_cuts``'s ``_REWRITABLE``). A random op makes its conversions first, always: a
+refused call is made again, and the second call would reserve its keys again, moving
+every later draw (Note [Compiled random ops] in torchjax/ops/_seeded.py).
 
 Nothing a user can see changes:
 - values: as the conversion made at the call, bit for bit (tests/ops/test_deferred_casts.py
