@@ -34,8 +34,9 @@ runs every eligible lowering, together with the promotion casts around it, as on
   dtypes, lists of ints) finds its executable in one dict lookup keyed by each tensor's
   (dtype, size) when its value is at hand, or (dtype, layout) for a view still to read
   (passed as its storage's array and, where the read takes it, its offset), each number's
-  exact type and each static value's template entry (``fast_keys.key``), skipping the
-  template; it determines the full key, so it never finds another call's executable.
+  exact type and each static value's template entry (``fast_keys.call_key``, equal to
+  ``fast_keys.key`` of the executable's template), skipping the template; it
+  determines the full key, so it never finds another call's executable.
   A tensor whose storage holds a value recorded in fused eager mode is looked up the
   same way. A list of tensors whose values are at hand (or None), such as ``cat``'s
   inputs or an index list, is keyed by each one's (dtype, size), its arrays passed in
@@ -98,16 +99,14 @@ from torchjax.device import _checks
 from torchjax.device._stats import cache_info, cache_info_entry  # noqa: F401 (public here)
 from torchjax.ops import _seeded, executables, fast_keys, promotion, view_signatures
 from torchjax.ops import fused as _fused
-from torchjax.ops.deferred_casts import Cast, Consumers, read_whole
+from torchjax.ops.deferred_casts import Cast, Consumers
 from torchjax.ops.executables import CONCRETE_ERRORS
 from torchjax.ops.templates import (
     ARRAY,
     ASTYPE,
-    FAST_SCALARS,
     SCALARS,
     SEQ,
     SHAPE,
-    STATIC,
     VIEW,
     Astype,
     Seq,
@@ -118,7 +117,6 @@ from torchjax.ops.templates import (
     rebuild,
     signature,
     static,
-    static_entry,
 )
 from torchjax.tensor import dtypes
 from torchjax.tensor._storage import _plan, contiguous_strides, read_strides
@@ -315,99 +313,32 @@ class CompiledCompute:
 
     def __call__(self, args, kwargs):
         if not kwargs and not self.seeded:
-            # The default dtype decides some promotions (int * 0.5, int / int).
-            sig = [_default_dtype()]
-            vals = []
-            scalars = None
-            pidx = self.pidx
-            for i, a in enumerate(args):
-                cls = a.__class__
-                if cls is JaxTensor:
-                    storage = a._storage
-                    if a._cache_version == storage.version:  # its value at hand
-                        sig.append(a.dtype)
-                        sig.append(a._size)
-                        vals.append(a._cache)
-                        continue
-                    lazy = storage.lazy
-                    if lazy is None:
-                        arr = storage.arr
-                    elif lazy.__class__ is _fused.Pending and _fused.recording():
-                        arr = lazy  # a recorded value (Note [Fused eager])
-                    elif lazy.__class__ is Cast and read_whole(a):
-                        # Its source, converted inside (as _entry passes it).
-                        sig += (a.dtype, (a._size, lazy.src.dtype))
-                        vals.append(lazy.src)
-                        continue
-                    else:
-                        break
-                    size, stride, offset = a._size, a._stride, a._offset
-                    sig.append(a.dtype)
-                    vals.append(arr)
-                    if storage.covers(size, stride, offset) and stride == contiguous_strides(size):
-                        # The whole storage: its array, as _entry passes it.
-                        sig.append(size)
-                        if lazy is None:
-                            a._cache, a._cache_version = arr, storage.version
-                        continue
-                    # A view still to read, read inside the executable (as _entry
-                    # passes it): keyed by its layout, its offset an argument if the
-                    # plan reads at a dynamic offset.
-                    numel = storage.numel
-                    if _plan(numel, size, stride, offset).dynamic:
-                        sig.append((size, stride, None, numel))
-                        vals.append(np.int32(offset))
-                    else:
-                        sig.append((size, stride, offset, numel))
-                elif cls in FAST_SCALARS and i in pidx:
-                    # A Python number in a promoted position: keyed by its type, passed
-                    # cast to the computation dtype (as _call does).
-                    sig.append(cls)
-                    sig.append(None)
-                    scalars = (scalars or []) + [len(vals)]
-                    vals.append(a)
-                else:
-                    # A static argument (eps, a dim list): keyed by its template entry.
-                    part = static_entry(a)
-                    if part is not None:
-                        sig.append(part)
-                        sig.append(STATIC)
-                        continue
-                    # A list of tensors (cat's inputs, an index list): keyed by each
-                    # one's (dtype, size), their arrays passed in order.
-                    part = (
-                        fast_keys.tensors(a, vals, self.masks)
-                        if cls is list or cls is tuple
-                        else None
-                    )
-                    if part is None:
-                        break
-                    sig.append(part)
-                    sig.append(fast_keys.TENSORS)
-            else:
-                run = self.tensor_cache.get(tuple(sig))
-                if run is not None:
-                    if scalars:
-                        compute_dt = run.dts[0]
-                        for j in scalars:
-                            if self.checked:
-                                self.policy.check_number(vals[j], run.dts[1])
-                            vals[j] = promotion.scalar_argument(vals[j], compute_dt)
-                    try:
-                        _budget.touch(run)
-                    except KeyError:  # evicted by another thread just now
-                        pass
-                    try:
-                        if _fused.ACTIVE[0] and _fused.recording():
-                            out = _fused.record(run, vals)
-                            if out is not _fused.NOT_RECORDED:
-                                return out
-                        out = executables.call(run, vals)
-                    except _TRACE_ERRORS:
-                        # A new shape whose trace needs values: _call forgets the key.
-                        return self._call(args, kwargs)
-                    self.info.calls += 1
-                    return _checks.finish(out)
+            # The fast path: one lookup keyed by the arguments alone (``fast_keys``).
+            found = fast_keys.call_key(args, self.pidx, self.masks)
+            run = None if found is None else self.tensor_cache.get(found[0])
+            if run is not None:
+                _, vals, scalars = found
+                if scalars:
+                    compute_dt = run.dts[0]
+                    for j in scalars:
+                        if self.checked:
+                            self.policy.check_number(vals[j], run.dts[1])
+                        vals[j] = promotion.scalar_argument(vals[j], compute_dt)
+                try:
+                    _budget.touch(run)
+                except KeyError:  # evicted by another thread just now
+                    pass
+                try:
+                    if _fused.ACTIVE[0] and _fused.recording():
+                        out = _fused.record(run, vals)
+                        if out is not _fused.NOT_RECORDED:
+                            return out
+                    out = executables.call(run, vals)
+                except _TRACE_ERRORS:
+                    # A new shape whose trace needs values: _call forgets the key.
+                    return self._call(args, kwargs)
+                self.info.calls += 1
+                return _checks.finish(out)
         return self._call(args, kwargs)
 
     def _op_by_op(self, args, kwargs, reserved=None):

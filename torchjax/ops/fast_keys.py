@@ -1,13 +1,15 @@
 """The keys of the eager fast path (Note [Compiled lowerings] in
 torchjax/ops/cached_compute.py): what a call's arguments give without the template
-(``tensors`` for a list of tensors), and what a new executable's template gives
-(``key``), equal for the same call so the lookup finds that executable."""
+(``call_key``, ``tensors`` for a list of tensors), and what a new executable's template
+gives (``key``), equal for the same call so the lookup finds that executable."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from torchjax.ops import fused as _fused
+from torchjax.ops.deferred_casts import Cast, read_whole
 from torchjax.ops.templates import (
     ARRAY,
     FAST_SCALARS,
@@ -18,7 +20,7 @@ from torchjax.ops.templates import (
     static,
     static_entry,
 )
-from torchjax.tensor._storage import contiguous_strides
+from torchjax.tensor._storage import _plan, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor
 
 # Index dtypes that make an indexing op's result shape data-dependent.
@@ -101,3 +103,75 @@ def key(args, tmpl, pidx):
         else:
             return None
     return tuple(sig)
+
+
+def call_key(args, pidx, masks: bool):
+    """``(key, executable arguments, indices of Python numbers among them or None)`` of
+    a call without keyword arguments, read from ``args`` alone: the ``key`` its
+    executable's template gave, so one dict lookup finds it. None when an argument needs
+    the template (a tensor whose array is not made yet, a list holding a view)."""
+    # The default dtype decides some promotions (int * 0.5, int / int).
+    sig = [_default_dtype()]
+    vals = []
+    scalars = None
+    for i, a in enumerate(args):
+        cls = a.__class__
+        if cls is JaxTensor:
+            storage = a._storage
+            if a._cache_version == storage.version:  # its value at hand
+                sig.append(a.dtype)
+                sig.append(a._size)
+                vals.append(a._cache)
+                continue
+            lazy = storage.lazy
+            if lazy is None:
+                arr = storage.arr
+            elif lazy.__class__ is _fused.Pending and _fused.recording():
+                arr = lazy  # a recorded value (Note [Fused eager])
+            elif lazy.__class__ is Cast and read_whole(a):
+                # Its source, converted inside (as _entry passes it).
+                sig += (a.dtype, (a._size, lazy.src.dtype))
+                vals.append(lazy.src)
+                continue
+            else:
+                return None
+            size, stride, offset = a._size, a._stride, a._offset
+            sig.append(a.dtype)
+            vals.append(arr)
+            if storage.covers(size, stride, offset) and stride == contiguous_strides(size):
+                # The whole storage: its array, as _entry passes it.
+                sig.append(size)
+                if lazy is None:
+                    a._cache, a._cache_version = arr, storage.version
+                continue
+            # A view still to read, read inside the executable (as _entry
+            # passes it): keyed by its layout, its offset an argument if the
+            # plan reads at a dynamic offset.
+            numel = storage.numel
+            if _plan(numel, size, stride, offset).dynamic:
+                sig.append((size, stride, None, numel))
+                vals.append(np.int32(offset))
+            else:
+                sig.append((size, stride, offset, numel))
+        elif cls in FAST_SCALARS and i in pidx:
+            # A Python number in a promoted position: keyed by its type, passed
+            # cast to the computation dtype (as _call does).
+            sig.append(cls)
+            sig.append(None)
+            scalars = (scalars or []) + [len(vals)]
+            vals.append(a)
+        else:
+            # A static argument (eps, a dim list): keyed by its template entry.
+            part = static_entry(a)
+            if part is not None:
+                sig.append(part)
+                sig.append(STATIC)
+                continue
+            # A list of tensors (cat's inputs, an index list): keyed by each
+            # one's (dtype, size), their arrays passed in order.
+            part = tensors(a, vals, masks) if cls is list or cls is tuple else None
+            if part is None:
+                return None
+            sig.append(part)
+            sig.append(TENSORS)
+    return tuple(sig), vals, scalars
