@@ -160,8 +160,8 @@ def test_a_reduction_makes_the_conversion_first(monkeypatch):
 
 
 def test_a_random_op_draws_as_with_the_conversion_made(monkeypatch):
-    # A random op makes its conversions first: read inside, its refused call made again
-    # would reserve a second key, and this draw and every later one would move.
+    # A random op makes its conversions first, and a refused call made again draws from
+    # the counter value it reserved: with neither, this draw and every later one moved.
     x = torch.randn(4, 8).to(TPU).half()
     draws = []
     for limit in (-1, deferred_casts.MAX_BYTES):

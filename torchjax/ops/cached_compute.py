@@ -354,7 +354,8 @@ class CompiledCompute:
             kwargs = {k: v for k, v in kwargs.items() if k not in self.outs}
         dyn, psig, scalars = [], [], []
         pidx, pnames, entry = self.pidx, self.pnames, self._entry
-        # A random op's conversions are made first: a retry would reserve its keys again.
+        # A random op's conversions are made first: its draw is not elementwise, so one
+        # read inside would only be refused and the call made again.
         rv, rc = read_views, read_casts and not self.seeded
         try:
             shape_only = (

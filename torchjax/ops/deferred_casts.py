@@ -30,9 +30,11 @@ the float32 sum rounded once (the conversion's rounding lost inside a YNNPACK fu
 excess precision off or not). Such a key is refused: its calls make their conversions
 first, as before. Elementwise chains keep each op's rounding (excess precision off:
 Note [Compiled lowerings]); a convert is not among the producers XLA rewrites across
-(``fusion_cuts``'s ``_REWRITABLE``). A random op makes its conversions first, always: a
-refused call is made again, and the second call would reserve its keys again, moving
-every later draw (Note [Compiled random ops] in torchjax/ops/_seeded.py).
+(``fusion_cuts``'s ``_REWRITABLE``). A random op makes its conversions first, always:
+its draw is not elementwise, so a conversion read inside would only be refused and the
+call made again. (Made again, it draws from the counter value the first call reserved,
+Note [Random ops compiled or not] in torchjax/ops/_seeded.py; reserving a second one
+would move this draw and every later one.)
 
 Nothing a user can see changes:
 - values: as the conversion made at the call, bit for bit (tests/ops/test_deferred_casts.py
