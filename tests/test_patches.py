@@ -118,6 +118,8 @@ def test_uninstall_restores_every_original():
 
         step(torch.ones(3, 2, device="tpu"))
         assert opt.param_groups[0]["capturable"]
+        assert "_init_group" in vars(opt)
+        assert all(st["step"].dtype == torch.float64 for st in opt.state.values())
         names = [p.name for p in torchjax.patches()]
         print("names", names)
         assert dlpack.to_dlpack is not before["dlpack"]
@@ -247,6 +249,8 @@ def test_uninstall_restores_every_original():
         group = opt.param_groups[0]
         assert group["capturable"] is False
         assert all(opt.state[p]["step"].device.type == "cpu" for p in group["params"])
+        assert all(opt.state[p]["step"].dtype == torch.float32 for p in group["params"])
+        assert "_init_group" not in vars(opt)
         # CPU code and tpu tensors still work.
         assert torch.equal(torch.from_dlpack(dlpack.to_dlpack(torch.ones(2))), torch.ones(2))
         assert (torch.ones(2, device="tpu") + 1).cpu().tolist() == [2.0, 2.0]

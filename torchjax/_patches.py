@@ -142,10 +142,14 @@ how it is undone.
   of inductor's torch_tpu code generation (Note [The default torch.compile backend on
   tpu]); other graphs reach inductor unchanged. Undo: torch's method put back.
 - ``optimizer capturable=True under jit`` (compile/_capturable.py, per optimizer a jitted
-  function or a Dynamo-traced step reaches; torch 2.13). The step counter must be a
-  traced input, not a constant; the state a non-capturable step made moves to the device.
-  Undo: those param groups back to ``capturable=False``, their step counters and the
-  state moved back on CPU.
+  function or a Dynamo-traced step reaches; the optimizer's ``_init_group`` wrapped on the
+  instance through _compat/torch.py; torch 2.13). The step counter must be a traced
+  input, not a constant; the state a non-capturable step made moves to the device. Its
+  float32 step counters on tpu become float64, existing ones when the optimizer is met
+  and fresh ones as the wrapped ``_init_group`` makes them, so Adam's bias corrections
+  are CPU eager's (Note [Step counters of compiled optimizers are float64]). Undo: those
+  param groups back to ``capturable=False``, their step counters and the state moved
+  back on CPU, the wrappers removed, step counters in torch's dtype again.
 - ``sys.meta_path import hook`` (integrations/transformers/_loading.py, recorded by
   _patch_records.py; no release). A finder at ``sys.meta_path[0]`` that applies the
   transformers patches right after ``transformers.modeling_utils`` executes, so

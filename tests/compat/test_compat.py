@@ -589,6 +589,34 @@ def test_fake_tensor_mode_class():
     assert torch_dynamo.fake_tensor_mode_class() is FakeTensorMode
 
 
+def test_optimizer_scalar_dtype_is_the_step_counters():
+    opt = torch.optim.Adam([torch.nn.Parameter(torch.ones(2))])
+    opt.zero_grad()
+    opt.param_groups[0]["params"][0].grad = torch.ones(2)
+    opt.step()
+    step = next(iter(opt.state.values()))["step"]
+    assert ct.optimizer_scalar_dtype() == step.dtype == torch.float32
+
+
+def test_init_group_wrapper_sees_fresh_parameters_and_the_lists_filled():
+    # torch's optimizers make a group's state in _init_group and step from the lists it
+    # fills: the wrapper's ``after`` gets the parameters without state and those lists.
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.Adam([w])
+    assert ct.has_init_group(opt)
+    assert not ct.has_init_group(torch.optim.LBFGS([torch.nn.Parameter(torch.ones(2))]))
+    seen = []
+    ct.wrap_init_group(opt, lambda o, group, fresh, lists: seen.append((fresh, lists)))
+    w.grad = torch.ones(2)
+    opt.step()
+    opt.step()
+    (fresh, lists), (later, _) = seen
+    assert fresh == [w] and later == []
+    assert any(x and x[0] is opt.state[w]["step"] for x in lists)
+    ct.unwrap_init_group(opt)
+    assert "_init_group" not in vars(opt)
+
+
 def test_active_fake_mode_is_the_mode_entered():
     FakeTensorMode = torch_dynamo.fake_tensor_mode_class()
     assert torch_dynamo.active_fake_mode() is None

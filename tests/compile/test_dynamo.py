@@ -270,18 +270,22 @@ def _train_step(w, opt):
 def test_optimizers_keeping_their_step_on_cpu_train_as_on_cpu(opt_cls):
     # Note [CPU attributes of a compiled graph]: non-capturable optimizers keep ``step``
     # on CPU; Dynamo hands it over as a graph attribute, which was a constant of the
-    # program, incremented once: every later step used the first bias correction.
+    # program, incremented once: every later step used the first bias correction. The
+    # reference is CPU eager, whose bias corrections are Python floats (Note [Step
+    # counters of compiled optimizers are float64] in torchjax/compile/_capturable.py).
     def train(device, backend):
         torch._dynamo.reset()
         w = torch.nn.Parameter(torch.tensor([1.0, -2.0], device=device))
         opt = opt_cls([w], lr=0.1)
-        compiled = torch.compile(_train_step(w, opt), backend=backend)
-        losses = [compiled(torch.tensor([1.0, 3.0], device=device)).item() for _ in range(4)]
+        step = _train_step(w, opt)
+        run = step if backend is None else torch.compile(step, backend=backend)
+        losses = [run(torch.tensor([1.0, 3.0], device=device)).item() for _ in range(4)]
         return losses, w.detach().cpu(), opt.state[w]["step"]
 
-    cpu, tpu = train("cpu", "eager"), train("tpu", "tpu")
+    cpu, tpu = train("cpu", None), train("tpu", "tpu")
     # Made capturable, as on CUDA (Note [Compiled optimizers are capturable on tpu]).
     assert tpu[2].device.type == "tpu" and tpu[2].item() == cpu[2].item() == 4
+    assert tpu[2].dtype == torch.float64
     torch.testing.assert_close(tpu[0], cpu[0])
     torch.testing.assert_close(tpu[1], cpu[1])
 
@@ -305,16 +309,19 @@ def test_optimizers_under_a_schedule_train_as_on_cpu(name, eager_first, compiler
     # The learning rate and momentum change every step (OneCycleLR's pattern): NAdam's
     # CPU ``mu_product`` met a tpu ``mu`` on the recompile (Note [Compiled optimizers
     # are capturable on tpu]); a state made by an eager step first moves to the device.
-    # The reference is CPU torch running the same compiled step (Dynamo's "eager"
-    # backend): Dynamo traces an optimizer's capturable branch, whose bias corrections
-    # are float32 tensor arithmetic where eager's are Python floats (up to 6e-5 apart).
+    # The reference is CPU eager: the compiled step runs the optimizer's capturable
+    # branch, whose bias corrections are tensor arithmetic on a float64 step counter,
+    # where eager's are Python floats (Note [Step counters of compiled optimizers are
+    # float64] in torchjax/compile/_capturable.py).
     def train(device, backend):
         torch._dynamo.reset()
         w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5], device=device))
         opt = getattr(torch.optim, name)([w], lr=0.05)
         step = _train_step(w, opt)
 
-        if backend == "tpu" and compiler == "torchjax.jit":
+        if backend is None:
+            run = step
+        elif compiler == "torchjax.jit":
             run = torchjax.jit(step)
         else:
             run = torch.compile(step, backend=backend)
@@ -328,7 +335,7 @@ def test_optimizers_under_a_schedule_train_as_on_cpu(name, eager_first, compiler
             losses.append(run(x).item())
         return losses, w.detach().cpu()
 
-    cpu, tpu = train("cpu", "eager"), train("tpu", "tpu")
+    cpu, tpu = train("cpu", None), train("tpu", "tpu")
     assert len(tpu[0]) == len(cpu[0]) >= 4
     torch.testing.assert_close(tpu[0], cpu[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(tpu[1], cpu[1], rtol=1e-5, atol=1e-6)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import types
 from collections import OrderedDict
 
 import torch
@@ -426,6 +427,40 @@ def eager_dispatch():
     ``cpp_meta_kernels`` turns off is the Python dispatcher and the dispatch modes a
     trace pushes (fake, functional, proxy)."""
     return cpp_meta_kernels()
+
+
+def optimizer_scalar_dtype():
+    """The dtype torch.optim gives a step counter it makes
+    (``torch.optim.optimizer._get_scalar_dtype``: float32, float64 under a float64
+    default dtype)."""
+    from torch.optim.optimizer import _get_scalar_dtype
+
+    return _get_scalar_dtype()
+
+
+def has_init_group(opt) -> bool:
+    """Whether ``opt`` makes its state with ``_init_group`` (torch.optim's private
+    method, on every torch optimizer but LBFGS and SparseAdam; torch 2.13)."""
+    return callable(getattr(opt, "_init_group", None))
+
+
+def wrap_init_group(opt, after) -> None:
+    """``opt._init_group`` wrapped on the instance: the class's method, then ``after(opt,
+    group, fresh, lists)`` with the group's parameters that had no state before the call
+    and the lists it was passed and filled (``state_steps``, which the step then reads).
+    ``unwrap_init_group(opt)`` removes the wrapper."""
+
+    def init_group(self, group, *args, **kwargs):
+        fresh = [p for p in group["params"] if not self.state.get(p)]
+        out = type(self)._init_group(self, group, *args, **kwargs)
+        after(self, group, fresh, [a for a in (*args, *kwargs.values()) if isinstance(a, list)])
+        return out
+
+    opt._init_group = types.MethodType(init_group, opt)
+
+
+def unwrap_init_group(opt) -> None:
+    vars(opt).pop("_init_group", None)
 
 
 def delayed_error(message: str, tensors, anchors=None):
