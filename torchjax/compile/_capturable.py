@@ -20,12 +20,14 @@ tpu is float64: it counts exactly as before (integers), and the bias corrections
 from it are float64 0-d tensors, which do not change a parameter's dtype (a 0-d tensor
 does not promote a dimensioned one of the same kind). Fresh state is widened as the
 optimizer's ``_init_group`` makes it (wrapped once per optimizer, so the first traced
-step already counts in float64); existing state (a non-capturable step's, or one
-``load_state_dict`` cast to float32) when ``torchjax.jit`` or Dynamo meets the
-optimizer. Fused groups keep torch's float32, which their kernels take. What stays of
-capturable mode is its formula: the update divides by ``(sqrt(v) / bc2 + eps) / -step``
-rather than multiplying by a Python ``-step``, so float32 results differ from CPU's in
-the last bits, and a bfloat16 parameter's divisors are rounded to bfloat16 as on CUDA.
+step already counts in float64; a fresh counter's zero fill becomes a float64 fill, so
+a first call's state is still all fills: Note [Optimizer state made in a first call]);
+existing state (a non-capturable step's, or one ``load_state_dict`` cast to float32)
+when ``torchjax.jit`` or Dynamo meets the optimizer. Fused groups keep torch's float32,
+which their kernels take. What stays of capturable mode is its formula: the update
+divides by ``(sqrt(v) / bc2 + eps) / -step`` rather than multiplying by a Python
+``-step``, so float32 results differ from CPU's in the last bits, and a bfloat16
+parameter's divisors are rounded to bfloat16 as on CUDA.
 ``torchjax.uninstall()`` puts torch's dtype back.
 """
 
@@ -42,6 +44,7 @@ from torchjax._compat.torch import (
     unwrap_init_group,
     wrap_init_group,
 )
+from torchjax.tensor._fills import unread_fill
 from torchjax.tensor._tensor import JaxTensor
 
 # Optimizers switched by make_capturable -> the param groups it switched and the state
@@ -98,8 +101,19 @@ def _widen_steps(opt, groups) -> dict:
             state = opt.state.get(p)
             step = state.get("step") if state else None
             if isinstance(step, JaxTensor) and step.dtype == torch.float32:
-                state["step"] = widened[id(step)] = step.to(torch.float64)
+                state["step"] = widened[id(step)] = _as_float64(step)
     return widened
+
+
+def _as_float64(step):
+    """``step`` made float64. A counter that still holds only its fill (a fresh one's
+    zero) becomes a float64 fill, not a conversion: a first compiled call then finds its
+    optimizer's state made of fills (Note [Optimizer state made in a first call] in
+    torchjax/compile/_made_state.py)."""
+    fill = unread_fill(step)
+    if fill is None:
+        return step.to(torch.float64)
+    return torch.full(step.shape, fill, dtype=torch.float64, device=step.device)
 
 
 def _widen_fresh(opt, group, fresh, lists) -> None:

@@ -65,6 +65,16 @@ def fill_of(storage):
     return arr
 
 
+def unread_fill(t):
+    """The value of every element of tpu tensor ``t`` while its storage, exactly ``t``,
+    still holds only its fill (nothing read it yet); else None."""
+    storage = t._storage
+    lazy = getattr(storage, "lazy", None)
+    if lazy.__class__ is not list or not storage.covers(t._size, t._stride, t._offset):
+        return None
+    return lazy[0]
+
+
 def traced_fill(storage) -> bool:
     """Whether ``storage`` holds nothing but the traced fill this thread's block gave it."""
     block = getattr(_LOCAL, "block", None)
