@@ -6,8 +6,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 import torch
+import torch._dynamo
 
-import torchjax  # noqa: F401
+import torchjax
 from tests.ops.opinfo_cases import make_tests
 from torchjax.ops import matmul as matmul_ops
 from torchjax.testing import opinfo as oi
@@ -343,3 +344,170 @@ def test_addmm_with_nothing_to_multiply_scales_self_as_cpu(dtype, scales):
 )
 def test_addmm_inplace_and_out_check_in_cpus_order(dtype, call):
     _same_outcome(lambda d: call(lambda s, t=dtype: _full(s, t).to(d)))
+
+
+_I, _C = torch.int32, torch.complex64
+_PAIRS = [(_F, _F), (_F, _D), (_L, _F), (_B, _B), (_B, _F), (_F, _B), (_I, _L), (_C, _F)]
+_TRIPLES = [(_F, _F, _F), (_D, _F, _F), (_F, _D, _F), (_F, _F, _D), (_B, _B, _B), (_L, _L, _L),
+            (_B, _F, _F), (_F, _C, _C)]  # fmt: skip
+
+
+def _call(fn, shapes, dtypes, **kw):
+    return lambda d: fn(*(_full(s, t).to(d) for s, t in zip(shapes, dtypes)), **kw)
+
+
+# Every size, rank and dtype check CPU makes, in its order: a bool or mixed call with bad
+# shapes raises the shape error; 0-d inputs where CPU reads a size raise its IndexError.
+_VECTOR_CALLS = {
+    "mv": (torch.mv, [((2, 3), (3,)), ((2, 3), (4,)), ((3,), (3,)), ((), (3,)),
+                      ((2, 3), (3, 1)), ((0, 3), (3,)), ((2, 0), (0,))]),
+    "dot": (torch.dot, [((3,), (3,)), ((3,), (4,)), ((3, 1), (3,)), ((), ()), ((0,), (0,))]),
+    "vdot": (torch.vdot, [((3,), (3,)), ((3,), (4,)), ((3,), (3, 1)), ((0,), (0,))]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtypes", _PAIRS, ids=str)
+@pytest.mark.parametrize(
+    "name,shapes",
+    [(n, s) for n, (_, cases) in _VECTOR_CALLS.items() for s in cases],
+    ids=str,
+)
+def test_vector_products_check_as_cpu(name, shapes, dtypes):
+    _same_outcome(_call(_VECTOR_CALLS[name][0], shapes, dtypes))
+
+
+_ADD_FORMS = {
+    "addmv": (torch.addmv, [((2,), (2, 3), (3,)), ((), (2, 3), (3,)), ((3,), (2, 3), (3,)),
+                            ((2, 2), (2, 3), (3,)), ((2,), (2, 3), (4,)), ((), (2, 3), (4,)),
+                            ((2,), (3,), (3,)), ((3,), (2, 0), (0,)), ((2,), (2, 0), (0,))]),
+    "baddbmm": (torch.baddbmm, [((2, 3, 5), (2, 3, 4), (2, 4, 5)),
+                                ((4, 3, 5), (2, 3, 4), (2, 4, 5)),
+                                ((3, 5), (2, 3, 4), (2, 5, 5)),
+                                ((2, 3, 5), (2, 3, 4), (2, 4)),
+                                ((2, 3, 5), (2, 3, 4, 1), (2, 4, 5)),
+                                ((2, 3, 5), (2, 3, 0), (2, 0, 5)),
+                                ((0, 3, 5), (0, 3, 4), (0, 4, 5)),
+                                ((2, 10, 10), (2, 10, 10), (2, 10, 10))]),
+    "addbmm": (torch.addbmm, [((3, 5), (2, 3, 4), (2, 4, 5)), ((2, 3, 5), (2, 3, 4), (2, 4, 5)),
+                              ((3, 4), (2, 3, 4), (2, 4, 5)), ((3, 5), (2, 3, 4), (2, 4)),
+                              ((3, 5), (2, 3, 4), (3, 4, 5)), ((3, 5), (2, 3, 4), (2, 5, 5)),
+                              ((3, 5), (0, 3, 4), (0, 4, 5)), ((3, 5), (2, 3, 0), (2, 0, 5))]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtypes", _TRIPLES, ids=str)
+@pytest.mark.parametrize(
+    "name,shapes",
+    [(n, s) for n, (_, cases) in _ADD_FORMS.items() for s in cases],
+    ids=str,
+)
+def test_add_forms_check_as_cpu(name, shapes, dtypes):
+    # (2, 10, 10) batches take CPU's large-product path, which words bool and mixed
+    # dtypes differently from the small one.
+    _same_outcome(_call(_ADD_FORMS[name][0], shapes, dtypes))
+
+
+@pytest.mark.parametrize("dtype", [_B, _L, _F, torch.float16], ids=str)
+@pytest.mark.parametrize(
+    "scales",
+    [{"beta": 1.5}, {"beta": 1j}, {"alpha": 1j}, {"beta": 1e300}, {"beta": True}, {"beta": 0}],
+    ids=str,
+)
+@pytest.mark.parametrize(
+    "name,shapes",
+    [
+        ("addmv", ((2,), (2, 3), (3,))),
+        ("addmv", ((2,), (2, 0), (0,))),
+        ("baddbmm", ((2, 3, 5), (2, 3, 4), (2, 4, 5))),
+        ("baddbmm", ((2, 3, 5), (2, 3, 0), (2, 0, 5))),
+        ("addbmm", ((3, 5), (2, 3, 4), (2, 4, 5))),
+        ("addbmm", ((3, 5), (2, 3, 0), (2, 0, 5))),
+        ("addbmm", ((3, 5), (0, 3, 4), (0, 4, 5))),
+    ],  # fmt: skip
+    ids=str,
+)
+def test_add_forms_read_their_scales_as_cpu(name, shapes, dtype, scales):
+    # alpha and beta are read as the kernel's type (a complex or too large one refused);
+    # with nothing to multiply CPU computes beta * self with torch's mul instead.
+    _same_outcome(_call(_ADD_FORMS[name][0], shapes, (dtype,) * 3, **scales))
+
+
+@pytest.mark.parametrize("dtype", [_B, _L, _F], ids=str)
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda t: t((1,)).addmv_(t((2, 3)), t((3,))),
+        lambda t: t((2,)).addmv_(t((2, 3)), t((3,), _D)),
+        lambda t: t((2, 1, 5)).baddbmm_(t((2, 3, 4)), t((2, 4, 5))),
+        lambda t: t((2, 3, 5)).baddbmm_(t((2, 3, 4)), t((2, 4, 5), _D)),
+        lambda t: t((2, 3, 5)).baddbmm_(t((2, 3, 4)), t((2, 5, 5))),
+        lambda t: t((3, 4)).addbmm_(t((2, 3, 4)), t((2, 4, 5))),
+        lambda t: t((3, 5), _D).addbmm_(t((2, 3, 4)), t((2, 4, 5))),
+        lambda t: torch.mv(t((2, 3)), t((3,)), out=t((2,), _D)),
+        lambda t: torch.mv(t((2, 3)), t((3,)), out=t((5,), _D)),
+        lambda t: torch.mv(t((2, 3)), t((4,)), out=t((2,), _D)),
+        lambda t: torch.dot(t((3,)), t((4,)), out=t((), _D)),
+        lambda t: torch.vdot(t((3,)), t((3,)), out=t((), _D)),
+        lambda t: torch.addmv(t((2,)), t((2, 3)), t((3,)), out=t((2,), _D)),
+        lambda t: torch.baddbmm(t((2, 3, 5)), t((2, 3, 4)), t((2, 4, 5)), out=t((2, 3, 5), _D)),
+        lambda t: torch.baddbmm(t((2, 3, 5)), t((2, 3, 4)), t((2, 5, 5)), out=t((2, 3, 5), _D)),
+        lambda t: torch.addbmm(t((3, 5)), t((2, 3, 4)), t((2, 4, 5)), out=t((3, 5), _D)),
+        lambda t: torch.addbmm(t((3, 5)), t((2, 3, 4)), t((2, 5, 5)), out=t((3, 5), _D)),
+    ],
+    ids=[
+        "addmv_-broadcast",
+        "addmv_-mixed",
+        "baddbmm_-broadcast",
+        "baddbmm_-batch2-dtype",
+        "baddbmm_-inner",
+        "addbmm_-expand",
+        "addbmm_-self-dtype",
+        "mv-out-dtype",
+        "mv-out-size",
+        "mv-out-inner",
+        "dot-out-inner",
+        "vdot-out-dtype",
+        "addmv-out-dtype",
+        "baddbmm-out-dtype",
+        "baddbmm-out-inner",
+        "addbmm-out-dtype",
+        "addbmm-out-inner",
+    ],  # fmt: skip
+)
+def test_vector_and_batched_written_forms_check_as_cpu(dtype, call):
+    _same_outcome(lambda d: call(lambda s, t=dtype: _full(s, t).to(d)))
+
+
+_SHAPE_ERRORS = {
+    "mv": (torch.mv, ((2, 3), (4,))),
+    "mv rank": (torch.mv, ((3,), (3,))),
+    "dot": (torch.dot, ((3,), (4,))),
+    "vdot rank": (torch.vdot, ((3, 1), (3,))),
+    "addmv": (torch.addmv, ((2,), (2, 3), (4,))),
+    "baddbmm": (torch.baddbmm, ((2, 3, 5), (2, 3, 4), (2, 5, 5))),
+    "baddbmm expand": (torch.baddbmm, ((4, 3, 5), (2, 3, 4), (2, 4, 5))),
+    "addbmm": (torch.addbmm, ((3, 5), (2, 3, 4), (2, 5, 5))),
+    "addbmm expand": (torch.addbmm, ((3, 4), (2, 3, 4), (2, 4, 5))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SHAPE_ERRORS))
+def test_shape_errors_under_jit_and_compile_as_cpu(name):
+    fn, shapes = _SHAPE_ERRORS[name]
+    args = [torch.ones(s) for s in shapes]
+    with pytest.raises(RuntimeError) as cpu:
+        fn(*args)
+    with pytest.raises(RuntimeError) as jitted:
+        torchjax.jit(fn)(*(a.to("tpu") for a in args))
+    assert type(jitted.value) is RuntimeError
+    assert str(jitted.value).startswith(str(cpu.value)), (jitted.value, cpu.value)
+    # CPU's torch.compile raises the error while Dynamo propagates fake tensors, wrapped
+    # in its TorchRuntimeError; ours wraps eager's error, CPU's text, the same way.
+    compiled = []
+    for device, backend in (("cpu", "eager"), ("tpu", "tpu")):
+        torch._dynamo.reset()
+        with pytest.raises(RuntimeError) as info:
+            torch.compile(lambda *a: fn(*a), backend=backend)(*(a.to(device) for a in args))
+        compiled.append(info.value)
+    assert type(compiled[1]) is type(compiled[0]), compiled
+    assert str(cpu.value) in str(compiled[1])

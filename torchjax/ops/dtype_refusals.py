@@ -37,7 +37,11 @@ matrices multiply, and whose CPU kernel then expands ``self`` to the result, all
 and the refusal only for shapes that fit. The guard here runs before any lowering, so an
 op's module registers those checks with ``checked_first``: they run when a refusal of one
 of its overloads is about to be raised, and raise first if the call fails them. They run
-on the refusal path only; a call no entry refuses never reaches them.
+on the refusal path only; a call no entry refuses never reaches them. Some kernels refuse
+the dtype only where they reach their dispatch: ``mv`` of a bool matrix with no rows, or
+``baddbmm`` with nothing to multiply, returns before it, which the table's survey samples
+do not show; their checks are registered ``whole`` (they raise the refusal themselves,
+where the kernel does), and a call they pass runs the handler instead of being refused.
 
 Some refusals the survey does not see: CPU makes them inside a composite kernel
 (``native_dropout`` and ``soft_margin_loss`` write a float result in place into an
@@ -65,32 +69,37 @@ _ERRORS = {"NotImplementedError": NotImplementedError, "RuntimeError": RuntimeEr
 REFUSED: dict[str, list[dict]] = json.loads(_FILE.read_text())["refused"]
 
 
-# overload packet -> fn(args, kwargs), run before a refusal is raised (Note [Checks
-# before the refusal]).
+# overload packet -> (fn(args, kwargs), whole), run before a refusal is raised (Note
+# [Checks before the refusal]).
 _CHECKED_FIRST: dict = {}
 
 
-def checked_first(*packets):
+def checked_first(*packets, whole=False):
     """Register ``fn(args, kwargs)`` (the torch-level arguments of an overload of
     ``packets``, or of its in-place or ``out=`` form) to run before a refusal of that call
     is raised: the checks CPU's kernel makes before it dispatches on the dtype (Note
-    [Checks before the refusal])."""
+    [Checks before the refusal]). ``whole``: ``fn`` makes the kernel's dtype refusal too,
+    where the kernel makes it, so a call it passes is one CPU answers."""
 
     def deco(fn):
         for packet in packets:
-            _CHECKED_FIRST[packet] = fn
+            _CHECKED_FIRST[packet] = (fn, whole)
         return fn
 
     return deco
 
 
-def _run_checked_first(func, args, kwargs) -> None:
-    check = _CHECKED_FIRST.get(func.overloadpacket)
-    if check is None:
+def _run_checked_first(func, args, kwargs) -> bool:
+    """Run the checks registered for ``func``; True when they are whole and passed."""
+    entry = _CHECKED_FIRST.get(func.overloadpacket)
+    if entry is None:
         sibling = schema.functional_sibling(func)
-        check = None if sibling is None else _CHECKED_FIRST.get(sibling.overloadpacket)
-    if check is not None:
-        check(args, kwargs)
+        entry = None if sibling is None else _CHECKED_FIRST.get(sibling.overloadpacket)
+    if entry is None:
+        return False
+    check, whole = entry
+    check(args, kwargs)
+    return whole
 
 
 def _key(func) -> str:
@@ -245,7 +254,8 @@ def guarded(func, handler):
     def guarded_handler(args, kwargs):
         error = _refusal(func, checks, args, kwargs, written)
         if error is not None:
-            _run_checked_first(func, args, kwargs)
+            if _run_checked_first(func, args, kwargs):
+                return handler(args, kwargs)
             raise error
         return handler(args, kwargs)
 

@@ -24,6 +24,7 @@ Integer products accumulate in their own dtype (wrapping on overflow, as torch d
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +35,6 @@ from jax import lax
 from torchjax.ops import matmul_checks
 from torchjax.ops.registry import functional_handler, handler, lowering
 from torchjax.ops.writeback import write_into
-from torchjax.tensor import dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
 
 aten = torch.ops.aten
@@ -130,41 +130,17 @@ def accumulating_dot(a: jax.Array, b: jax.Array, dims, precision) -> jax.Array:
     return lax.platform_dependent(a, b, cpu=cast_up, default=native)
 
 
-# CPU's texts for two operands of different dtypes, where one rule words them; the others
-# (addmv's, baddbmm's) name internal buffers, and ours lists the operands instead.
-def _dot_text(a, b):
-    return (
-        "dot : expected both vectors to have same dtype, but found "
-        f"{dtypes.aten_type_name(a)} and {dtypes.aten_type_name(b)}"
-    )
-
-
-_CPU_MIXED_DTYPE_TEXTS = {
-    "dot": _dot_text,
-    "vdot": _dot_text,  # CPU's vdot words it as dot
-}
-
-
 def _check_dtypes(name, *arrs):
     dts = {a.dtype for a in arrs if a is not None}
     if np.dtype(np.bool_) in dts:
         # CPU has no bool kernel for the matrix products (CUDA neither).
         raise NotImplementedError(f"\"{name}\" not implemented for 'Bool'")
     if len(dts) > 1:
-        cpu_text = _CPU_MIXED_DTYPE_TEXTS.get(name)
-        text = cpu_text(*(a.dtype for a in arrs)) if cpu_text else None
-        if text is not None:
-            raise RuntimeError(text)
         got = ", ".join(str(a.dtype) for a in arrs if a is not None)
         raise RuntimeError(
             f"aten::{name}: expected all operands to have the same dtype, got {got}; "
             "cast them with .to(dtype) first"
         )
-
-
-def _check_dims(name, arr, ndim, what):
-    if arr.ndim != ndim:
-        raise RuntimeError(f"aten::{name}: {what} must be a {ndim}D tensor, got {arr.ndim}D")
 
 
 # The dtypes CPU's addmm/addbmm (gemm) and addmv (gemv) hand to BLAS.
@@ -180,7 +156,9 @@ def _add_scaled(product, self, beta, alpha, out_dtype, blas=frozenset()):
     addbmm in float32, float64 and complex; addmv in float32 and float64), which skips
     the product when alpha == 0, so NaN/inf in the matrices do not propagate either
     (baddbmm, addr and the other dtypes multiply and propagate them)."""
-    if jnp.issubdtype(out_dtype, jnp.integer) or out_dtype == jnp.bool_:
+    if out_dtype == jnp.bool_:
+        alpha, beta = bool(alpha), bool(beta)
+    elif jnp.issubdtype(out_dtype, jnp.integer):
         alpha, beta = int(alpha), int(beta)
     if alpha == 0 and out_dtype in blas:
         product = jnp.zeros(product.shape, product.dtype)
@@ -218,49 +196,31 @@ def bmm(self, mat2, *, precision=HIGHEST):
     matmul_checks.bmm_checks(self, mat2)
     if not self.size or not mat2.size:
         return jnp.zeros((self.shape[0], self.shape[1], mat2.shape[2]), mat2.dtype)
-    matmul_checks.bmm_dtypes(self, mat2)
+    matmul_checks.bmm_kernel_checks(self, mat2)
     return _dot(self, mat2, ((2,), (1,)), ((0,), (0,)), precision=precision).astype(self.dtype)
 
 
 @precision_lowering(aten.mv)
 def mv(self, vec, *, precision=HIGHEST):
-    """aten::mv - (n, m) @ (m,) -> (n,). Reference: torch.mv."""
-    _check_dims("mv", self, 2, "self")
-    _check_dims("mv", vec, 1, "vec")
-    if self.shape[1] != vec.shape[0]:
-        raise RuntimeError(
-            f"aten::mv: size mismatch, got input ({self.shape[0]}), mat "
-            f"({self.shape[0]}x{self.shape[1]}), vec ({vec.shape[0]})"
-        )
-    _check_dtypes("mv", self, vec)
+    """aten::mv - (n, m) @ (m,) -> (n,). Checks in CPU's order (ops/matmul_checks.py);
+    a bool matrix with nothing to multiply gives zeros. Reference: torch.mv."""
+    matmul_checks.mv_checks(self, vec)
+    if not self.size:
+        return jnp.zeros((self.shape[0],), vec.dtype)
     return _dot(self, vec, ((1,), (0,)), precision=precision).astype(self.dtype)
-
-
-def _check_1d_pair(name, self, tensor):
-    if self.ndim != 1 or tensor.ndim != 1:
-        raise RuntimeError(
-            f"aten::{name}: 1D tensors expected, but got {self.ndim}D and {tensor.ndim}D tensors"
-        )
-    if self.shape[0] != tensor.shape[0]:
-        raise RuntimeError(
-            f"aten::{name}: inconsistent tensor size, expected tensor [{self.shape[0]}] and src "
-            f"[{tensor.shape[0]}] to have the same number of elements, but got "
-            f"{self.shape[0]} and {tensor.shape[0]} elements respectively"
-        )
-    _check_dtypes(name, self, tensor)
 
 
 @precision_lowering(aten.dot)
 def dot(self, tensor, *, precision=HIGHEST):
     """aten::dot - inner product of two 1-D tensors (no conjugation) -> 0-d."""
-    _check_1d_pair("dot", self, tensor)
+    matmul_checks.dot_checks(self, tensor)
     return _dot(self, tensor, ((0,), (0,)), precision=precision).astype(self.dtype)
 
 
 @precision_lowering(aten.vdot)
 def vdot(self, other, *, precision=HIGHEST):
     """aten::vdot - inner product conjugating ``self`` (complex) -> 0-d."""
-    _check_1d_pair("vdot", self, other)
+    matmul_checks.dot_checks(self, other)
     return _dot(jnp.conj(self), other, ((0,), (0,)), precision=precision).astype(self.dtype)
 
 
@@ -274,15 +234,13 @@ def addmm(self, mat1, mat2, *, beta=1, alpha=1, precision=HIGHEST):
     bool gets then, and an empty result; other bool calls have no kernel.
     Reference: torch.addmm."""
     matmul_checks.addmm_checks(self, mat1, mat2)
+    matmul_checks.addmm_kernel_checks(self.dtype, mat1, mat2, beta, alpha)
     shape = (mat1.shape[0], mat2.shape[1])
-    if not mat1.shape[1] and shape[0] * shape[1]:
-        matmul_checks.check_beta_casts(self.dtype, beta)
+    if not shape[0] * shape[1]:  # CPU reads neither beta nor alpha then
+        return jnp.zeros(shape, self.dtype)
+    if not mat1.shape[1]:
         scaled = _add_scaled(jnp.zeros((), self.dtype), self, beta, 1, self.dtype)
         return jnp.broadcast_to(scaled, shape)
-    if matmul_checks.is_bool(self):
-        if shape[0] * shape[1]:
-            raise NotImplementedError("\"addmm_impl_cpu_\" not implemented for 'Bool'")
-        return jnp.zeros(shape, self.dtype)
     out = _add_scaled(
         _dot(mat1, mat2, ((1,), (0,)), precision=precision),
         self,
@@ -296,32 +254,50 @@ def addmm(self, mat1, mat2, *, beta=1, alpha=1, precision=HIGHEST):
 
 @precision_lowering(aten.addmv)
 def addmv(self, mat, vec, *, beta=1, alpha=1, precision=HIGHEST):
-    """aten::addmv - beta * self + alpha * (mat @ vec); self broadcasts to (n,)."""
-    _check_dtypes("addmv", self, mat, vec)
-    mv(mat, vec)  # shape checks
-    out = _add_scaled(
-        _dot(mat, vec, ((1,), (0,)), precision=precision), self, beta, alpha, mat.dtype, blas=_GEMV
-    )
+    """aten::addmv - beta * self + alpha * (mat @ vec); self broadcasts to (n,). Checks
+    in CPU's order (ops/matmul_checks.py); with nothing to multiply, beta * self."""
+    matmul_checks.addmv_checks(self, mat, vec, beta, alpha)
+    if not mat.size:  # CPU reads neither alpha nor the (empty) product
+        scaled = _add_scaled(jnp.zeros((), _acc_dtype(vec.dtype)), self, beta, 1, vec.dtype)
+        return jnp.broadcast_to(scaled, (mat.shape[0],))
+    prod = _dot(mat, vec, ((1,), (0,)), precision=precision)
+    out = _add_scaled(prod, self, beta, alpha, vec.dtype, blas=_GEMV)
     return jnp.broadcast_to(out, (mat.shape[0],))
 
 
 @precision_lowering(aten.baddbmm)
 def baddbmm(self, batch1, batch2, *, beta=1, alpha=1, precision=HIGHEST):
-    """aten::baddbmm - beta * self + alpha * bmm(batch1, batch2); self broadcasts."""
-    _check_dtypes("baddbmm", self, batch1, batch2)
-    bmm(batch1, batch2)  # shape checks
+    """aten::baddbmm - beta * self + alpha * bmm(batch1, batch2); self broadcasts.
+
+    Checks in CPU's order (ops/matmul_checks.py). The result has batch2's dtype; with
+    nothing to multiply (k == 0, or an empty result) CPU's kernel returns before it
+    looks at batch1's dtype, so that may differ then."""
+    matmul_checks.baddbmm_checks(self, batch1, batch2, beta, alpha)
+    shape = (batch1.shape[0], batch1.shape[1], batch2.shape[2])
+    if not math.prod(shape):
+        return jnp.zeros(shape, batch2.dtype)
+    if not batch1.shape[2]:  # self * beta alone (alpha unread)
+        zero = jnp.zeros((), _acc_dtype(batch2.dtype))
+        return jnp.broadcast_to(_add_scaled(zero, self, beta, 1, batch2.dtype), shape)
     prod = _dot(batch1, batch2, ((2,), (1,)), ((0,), (0,)), precision=precision)
-    out = _add_scaled(prod, self, beta, alpha, batch1.dtype)
-    return jnp.broadcast_to(out, prod.shape)
+    out = _add_scaled(prod, self, beta, alpha, batch2.dtype)
+    return jnp.broadcast_to(out, shape)
 
 
 @precision_lowering(aten.addbmm)
 def addbmm(self, batch1, batch2, *, beta=1, alpha=1, precision=HIGHEST):
-    """aten::addbmm - beta * self + alpha * sum_b(batch1[b] @ batch2[b]) -> (n, m)."""
-    _check_dtypes("addbmm", self, batch1, batch2)
-    bmm(batch1, batch2)  # shape checks
+    """aten::addbmm - beta * self + alpha * sum_b(batch1[b] @ batch2[b]) -> (n, m).
+
+    Checks in CPU's order (ops/matmul_checks.py). The result has self's dtype; with no
+    batch CPU computes beta * self alone, and the batches' dtypes may differ then."""
+    matmul_checks.addbmm_checks(self, batch1, batch2, beta, alpha)
     shape = (batch1.shape[1], batch2.shape[2])
-    if batch1.dtype in (jnp.float16, jnp.bfloat16) and batch1.shape[0]:
+    if not math.prod(shape):
+        return jnp.zeros(shape, self.dtype)
+    if not batch1.shape[0] or not batch1.shape[2]:  # self * beta alone (alpha unread)
+        zero = jnp.zeros((), _acc_dtype(self.dtype))
+        return jnp.broadcast_to(_add_scaled(zero, self, beta, 1, self.dtype), shape)
+    if batch1.dtype in (jnp.float16, jnp.bfloat16):
         # ATen loops addmm_ over the batch, rounding to the half dtype after each step;
         # one float32 sum would be more accurate but not equal to CPU torch.
         out = jnp.broadcast_to(self, shape)
