@@ -376,7 +376,7 @@ def test_vector_products_check_as_cpu(name, shapes, dtypes):
     _same_outcome(_call(_VECTOR_CALLS[name][0], shapes, dtypes))
 
 
-_ADD_FORMS = {
+_ADD_FORM_CALLS = {
     "addmv": (torch.addmv, [((2,), (2, 3), (3,)), ((), (2, 3), (3,)), ((3,), (2, 3), (3,)),
                             ((2, 2), (2, 3), (3,)), ((2,), (2, 3), (4,)), ((), (2, 3), (4,)),
                             ((2,), (3,), (3,)), ((3,), (2, 0), (0,)), ((2,), (2, 0), (0,))]),
@@ -398,13 +398,13 @@ _ADD_FORMS = {
 @pytest.mark.parametrize("dtypes", _TRIPLES, ids=str)
 @pytest.mark.parametrize(
     "name,shapes",
-    [(n, s) for n, (_, cases) in _ADD_FORMS.items() for s in cases],
+    [(n, s) for n, (_, cases) in _ADD_FORM_CALLS.items() for s in cases],
     ids=str,
 )
 def test_add_forms_check_as_cpu(name, shapes, dtypes):
     # (2, 10, 10) batches take CPU's large-product path, which words bool and mixed
     # dtypes differently from the small one.
-    _same_outcome(_call(_ADD_FORMS[name][0], shapes, dtypes))
+    _same_outcome(_call(_ADD_FORM_CALLS[name][0], shapes, dtypes))
 
 
 @pytest.mark.parametrize("dtype", [_B, _L, _F, torch.float16], ids=str)
@@ -429,7 +429,7 @@ def test_add_forms_check_as_cpu(name, shapes, dtypes):
 def test_add_forms_read_their_scales_as_cpu(name, shapes, dtype, scales):
     # alpha and beta are read as the kernel's type (a complex or too large one refused);
     # with nothing to multiply CPU computes beta * self with torch's mul instead.
-    _same_outcome(_call(_ADD_FORMS[name][0], shapes, (dtype,) * 3, **scales))
+    _same_outcome(_call(_ADD_FORM_CALLS[name][0], shapes, (dtype,) * 3, **scales))
 
 
 @pytest.mark.parametrize("dtype", [_B, _L, _F], ids=str)
