@@ -652,6 +652,12 @@ def test_is_fake_tensor():
     assert torch_dynamo.is_fake_tensor(fake) and not torch_dynamo.is_fake_tensor(torch.empty(2))
 
 
+def test_fake_graph_breaks_include_a_data_dependent_output_shape():
+    FakeTensorMode = torch_dynamo.fake_tensor_mode_class()
+    with FakeTensorMode(), pytest.raises(torch_dynamo.fake_graph_breaks()):
+        torch.nonzero(torch.empty(3))
+
+
 def test_fake_tensor_logger_logs_a_failing_meta_kernel():
     import logging
 

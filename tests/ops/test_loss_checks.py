@@ -4,6 +4,7 @@ torch.compile(backend="tpu"); valid calls still give CPU's values."""
 
 import pytest
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 
 import torchjax  # noqa: F401
@@ -94,14 +95,9 @@ def test_losses_refuse_values_as_cpu(name):
     assert assert_refused_as_cpu(fn, *args, deferred_in=deferred_in) == len(MODES)
 
 
-# Under torch.compile a fake op now re-runs eager's checks (Note [Errors of ops traced
-# with fake tensors]), so ctc_loss's length checks raise while Dynamo propagates fake
-# tensors: CPU's RuntimeError and text arrive wrapped in Dynamo's TorchRuntimeError (a
-# RuntimeError subclass) instead of at the call. The eager and jit modes still match.
-@pytest.mark.xfail(
-    reason="compile mode: the check raises inside Dynamo's fake propagation, wrapped",
-    strict=False,
-)
+# CPU's torch.compile raises these at the call, plain: ctc_loss's fake propagation meets a
+# data-dependent output and Dynamo runs the op eagerly (Note [Errors of ops traced with
+# fake tensors] in torchjax/tensor/_fake_errors.py); so does ours.
 @pytest.mark.parametrize("name", sorted(CTC_REFUSED))
 def test_ctc_loss_refuses_lengths_at_the_op_as_cpu(name):
     # CPU and CUDA read the lengths on the host: raised by the call, CPU's text.
@@ -150,3 +146,13 @@ def test_bce_module_and_backward():
     torch.testing.assert_close(tx.grad.cpu(), x.grad)
     with pytest.raises(RuntimeError, match="all elements of target should be between 0 and 1"):
         torch.nn.BCELoss()(tx, _T([1.0, 3.0]).to("tpu")).backward()
+
+
+def test_cpu_compile_raises_ctc_loss_length_errors_at_the_call():
+    # The premise of the test above: CPU's torch.compile does not wrap these.
+    fn, args = CTC_REFUSED["blank out of range"]
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError) as info:
+        torch.compile(fn, backend="eager")(*args)
+    assert type(info.value) is RuntimeError
+    assert str(info.value) == "blank must be in label range"

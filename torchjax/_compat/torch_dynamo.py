@@ -117,6 +117,20 @@ def is_fake_tensor(x) -> bool:
     return isinstance(x, FakeTensor)
 
 
+def fake_graph_breaks() -> tuple[type, ...]:
+    """The exceptions of torch's FakeTensorMode that Dynamo's ``get_fake_value`` turns
+    into a graph break (the op then runs eagerly, outside the graph) rather than into its
+    ``TorchRuntimeError``: an output whose shape or value depends on data, an operator
+    without a fake kernel."""
+    from torch._subclasses import fake_tensor
+
+    return (
+        fake_tensor.DataDependentOutputException,
+        fake_tensor.DynamicOutputShapeException,
+        fake_tensor.UnsupportedOperatorException,
+    )
+
+
 def fake_tensor_logger():
     """The logger of torch's FakeTensorMode (``torch._subclasses.fake_tensor``), which
     logs a failing meta kernel's exception, traceback included, at error level before

@@ -17,6 +17,14 @@ symbolic, a random op, whose key must not be drawn under a trace), the meta kern
 error is raised and its log let through. Only the error path pays for this: a fake op
 that succeeds costs a thread-local list.
 
+A meta failure that Dynamo takes for a graph break (an output shape or value that depends
+on data: ``ctc_loss``'s lengths; an op with no fake kernel) is left as it is, not
+replaced: Dynamo then runs the op eagerly, outside the graph, where eager's check raises
+at the call, plain, as CPU's torch.compile raises it (CPU's fake propagation meets the
+same failure and breaks the graph there too). Replaced by eager's error, it would reach
+Dynamo as a RuntimeError, which Dynamo wraps in its ``TorchRuntimeError`` instead. Other
+eager errors stay wrapped, as CPU's compile wraps them (``torch.mv`` of mismatched sizes).
+
 The hold is a ``logging.Filter`` on FakeTensorMode's logger, added on the first traced op
 that runs here, recorded in Note [Process-wide changes] (torchjax/_patches.py); it
 holds records only on a thread inside ``eager_errors``, every other record passes.
@@ -33,7 +41,7 @@ import torch
 
 from torchjax import _patches
 from torchjax._compat.torch import eager_dispatch, pytree
-from torchjax._compat.torch_dynamo import fake_tensor_logger, is_fake_tensor
+from torchjax._compat.torch_dynamo import fake_graph_breaks, fake_tensor_logger, is_fake_tensor
 
 _HELD = threading.local()
 _FILTER_NAME = "torch._subclasses.fake_tensor logger filter"
@@ -75,6 +83,10 @@ def eager_errors(func, args, kwargs):
     _HELD.records = held = []
     try:
         yield
+    except fake_graph_breaks():
+        _HELD.records = outer
+        _let_through(held)
+        raise  # Dynamo breaks the graph; the op runs eagerly, raising at the call
     except Exception:
         _HELD.records = outer
         eager = eager_error(func, args, kwargs)
