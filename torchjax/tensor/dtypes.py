@@ -60,12 +60,19 @@ def complex32_error(operands: str) -> NotImplementedError:
     ``operands`` (words: "a torch.float16 tensor and a Python complex"): JAX has no
     complex32, so no tpu tensor can hold one. NotImplementedError, as torch refuses a
     dtype a kernel lacks; the error layer adds the op's name."""
-    return NotImplementedError(
+    error = NotImplementedError(
         f"torchjax: the result dtype of {operands} is torch.complex32 (ComplexHalf), "
         "which JAX does not have, so a tpu tensor cannot hold it. Do the complex math in "
         "complex64: make the float16 operands float32 first (x.float()), or run this step "
         "on CPU (.cpu())."
     )
+    error._torchjax_complex32 = True
+    return error
+
+
+def is_complex32_error(error: BaseException) -> bool:
+    """Whether ``error`` is ``complex32_error``'s refusal."""
+    return getattr(error, "_torchjax_complex32", False)
 
 
 def to_torch_dtype(dtype) -> torch.dtype:
@@ -110,6 +117,8 @@ def aten_type_name(dtype) -> str:
     as torch's error messages spell it; derived from torch's legacy tensor type name."""
     if not isinstance(dtype, torch.dtype):
         dtype = to_torch_dtype(dtype)
+    if dtype == torch.complex32:
+        return "ComplexHalf"  # an empty complex32 tensor would warn that it is experimental
     return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
 
 
