@@ -1,0 +1,318 @@
+"""Host cost per op of fused eager mode: recording, and the flush of a cached segment.
+
+Note [Fused eager] in torchjax/ops/fused.py: in fused mode an op is recorded and each
+segment runs later as one cached program. On an accelerator a device call costs about
+100 us of host latency, so once segments are few, the Python cost of recording an op is
+what eager speed is left with. This bench measures that host cost in steady state (the
+same op sequence again, every program compiled):
+
+- ``chain``: 400 small elementwise ops (``x = x * w; x = x + b``, 200 times) on (64, 64)
+  float32 tensors;
+- ``llama``: one forward of bench/models.py's tiny Llama over (1, 32) token ids
+  (``torch.no_grad()``).
+
+Columns, per op (the op count is ``fused_ops`` of one run): ``eager`` the host time of
+plain eager (no blocking inside the timed region: dispatch is asynchronous), ``record``
+the host time of the ops in ``torchjax.fused()`` minus the flushes, ``flush`` the host
+time of the flushes (finding the segment's program and calling it, not waiting for it),
+``fused`` the two together. Each figure is the median of ``RUNS`` runs after ``WARMUP``
+runs; the output is blocked on between runs, outside the timed region. The counts are
+``torchjax.stats()`` over the timed runs (per run) and the calls of ``jax.make_jaxpr``
+and ``jax.eval_shape`` made meanwhile: 0 compiles and 0 JAX traces in steady state mean
+nothing is retraced or relowered. ``floor`` (chain only): the same loop on a tensor
+subclass whose ``__torch_dispatch__`` only returns a new wrapper tensor, the cost of
+torch's dispatch before any torchjax work.
+
+``--profile``: where the recording time goes, for each workload: inclusive time per op
+of the parts of the recording path (each part timed by a wrapper, which adds about
+0.2 us per timed call to it and to the parts around it), then cProfile's top functions.
+
+Run:  python bench/fused_overhead.py [--profile] [--workloads chain,llama]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import os
+import pathlib
+import pstats
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import jax  # noqa: E402
+import torch  # noqa: E402
+
+import torchjax  # noqa: E402
+from bench.common import block_torch, header  # noqa: E402
+from torchjax.ops import cached_compute  # noqa: E402
+from torchjax.ops import fused as F  # noqa: E402
+from torchjax.tensor import _storage  # noqa: E402
+
+RUNS = 30
+WARMUP = 5
+CHAIN_PAIRS = 200
+
+
+def _chain_workload():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 64, generator=g).to("tpu")
+    w = (1 + 0.01 * torch.randn(64, 64, generator=g)).to("tpu")
+    b = (0.01 * torch.randn(64, 64, generator=g)).to("tpu")
+
+    def run():
+        y = x
+        for _ in range(CHAIN_PAIRS):
+            y = y * w
+            y = y + b
+        return y
+
+    return run
+
+
+def _llama_workload():
+    from bench.models import tiny_llama
+
+    model = tiny_llama().to("tpu")
+    ids = torch.randint(3, 128, (1, 32), generator=torch.Generator().manual_seed(0)).to("tpu")
+
+    def run():
+        with torch.no_grad():
+            return model(input_ids=ids).logits
+
+    return run
+
+
+WORKLOADS = {"chain": _chain_workload, "llama": _llama_workload}
+
+
+class _FlushTimer:
+    """Wraps ``fused.flush`` (every flush goes through it), summing its host time."""
+
+    def __init__(self):
+        self.ns = 0
+
+    @contextlib.contextmanager
+    def installed(self):
+        inner = F.flush
+
+        def flush(seg):
+            t0 = time.perf_counter_ns()
+            try:
+                return inner(seg)
+            finally:
+                self.ns += time.perf_counter_ns() - t0
+
+        F.flush = flush
+        try:
+            yield
+        finally:
+            F.flush = inner
+
+
+@contextlib.contextmanager
+def _jax_traces(counts):
+    """Counts calls of ``jax.make_jaxpr`` and ``jax.eval_shape`` (how a recorded op's
+    output shapes would be found) while open."""
+    saved = {name: getattr(jax, name) for name in ("make_jaxpr", "eval_shape")}
+
+    def counting(name, fn):
+        def call(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return fn(*args, **kwargs)
+
+        return call
+
+    for name, fn in saved.items():
+        setattr(jax, name, counting(name, fn))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(jax, name, fn)
+
+
+def _fused_run(run, timer):
+    timer.ns = 0
+    t0 = time.perf_counter_ns()
+    with torchjax.fused():
+        out = run()
+    total = time.perf_counter_ns() - t0
+    return out, total - timer.ns, timer.ns
+
+
+def measure(name: str) -> dict:
+    run = WORKLOADS[name]()
+    timer = _FlushTimer()
+    with timer.installed():
+        for _ in range(WARMUP):
+            block_torch(run())
+            block_torch(_fused_run(run, timer)[0])
+        eager, record, flush = [], [], []
+        for _ in range(RUNS):
+            t0 = time.perf_counter_ns()
+            out = run()
+            eager.append(time.perf_counter_ns() - t0)
+            block_torch(out)
+        torchjax.reset_stats()
+        traces: dict = {}
+        with _jax_traces(traces):
+            for _ in range(RUNS):
+                out, rec, fl = _fused_run(run, timer)
+                record.append(rec)
+                flush.append(fl)
+                block_torch(out)
+        stats = torchjax.stats()
+    ops = stats["fused_ops"] / RUNS
+    med = lambda xs: statistics.median(xs) / 1000 / ops  # noqa: E731  (us per op)
+    return {
+        "ops": ops,
+        "segments": stats["fused_segments"] / RUNS,
+        "fused_compiles": stats["fused_compiles"],
+        "compiles": stats["compiles"],
+        "jax traces": sum(traces.values()),
+        "eager": med(eager),
+        "record": med(record),
+        "flush": med(flush),
+        "fused": med([r + f for r, f in zip(record, flush)]),
+    }
+
+
+class _Bare(torch.Tensor):
+    """A tensor subclass whose ops only make a new wrapper: torch's dispatch alone."""
+
+    @staticmethod
+    def __new__(cls, size, dtype):
+        return torch.Tensor._make_wrapper_subclass(cls, size, dtype=dtype)
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _Bare(args[0].shape, args[0].dtype)
+
+
+def floor_us() -> float:
+    x, w, b = (_Bare((64, 64), torch.float32) for _ in range(3))
+
+    def run():
+        y = x
+        for _ in range(CHAIN_PAIRS):
+            y = y * w
+            y = y + b
+        return y
+
+    for _ in range(WARMUP):
+        run()
+    samples = []
+    for _ in range(RUNS):
+        t0 = time.perf_counter_ns()
+        run()
+        samples.append(time.perf_counter_ns() - t0)
+    return statistics.median(samples) / 1000 / (2 * CHAIN_PAIRS)
+
+
+# The recording path's parts: (label, owner, attribute).
+_PARTS = [
+    ("CompiledCompute.__call__ (key, lookup, record)", cached_compute.CompiledCompute, "__call__"),
+    ("fused.record", F, "record"),
+    ("fused._shapes (output avals, cached)", F, "_shapes"),
+    ("fused._append (wiring, Pending)", F, "_append"),
+    ("fused.wrap (storage, tensor)", F, "wrap"),
+    ("Storage.made_later", _storage.Storage, "made_later"),
+    ("make (torch wrapper subclass)", F, "make"),
+    ("fused.flush", F, "flush"),
+]
+
+
+@contextlib.contextmanager
+def _timed_parts(totals):
+    saved = []
+    for label, owner, attr in _PARTS:
+        raw = owner.__dict__.get(attr)
+        if raw is None:
+            continue
+        fn = raw.__func__ if isinstance(raw, classmethod) else raw
+
+        def timed(*args, _fn=fn, _label=label, **kwargs):
+            t0 = time.perf_counter_ns()
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                totals[_label] = totals.get(_label, 0) + time.perf_counter_ns() - t0
+
+        setattr(owner, attr, classmethod(timed) if isinstance(raw, classmethod) else timed)
+        saved.append((owner, attr, raw))
+    try:
+        yield
+    finally:
+        for owner, attr, raw in saved:
+            setattr(owner, attr, raw)
+
+
+def profile(name: str) -> str:
+    run = WORKLOADS[name]()
+    timer = _FlushTimer()
+    for _ in range(WARMUP):
+        block_torch(_fused_run(run, timer)[0])
+    torchjax.reset_stats()
+    totals: dict = {}
+    t0 = time.perf_counter_ns()
+    with _timed_parts(totals):
+        for _ in range(RUNS):
+            block_torch(_fused_run(run, timer)[0])
+    wall = time.perf_counter_ns() - t0
+    n = torchjax.stats()["fused_ops"]
+    lines = [f"\n### {name}: parts of fused mode (inclusive us per op, timers included)\n"]
+    lines.append(f"| everything (blocking included) | {wall / 1000 / n:.2f} |")
+    for label, _, _ in _PARTS:
+        if label in totals:
+            lines.append(f"| {label} | {totals[label] / 1000 / n:.2f} |")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(RUNS):
+        block_torch(_fused_run(run, timer)[0])
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(20)
+    text = buf.getvalue()
+    lines.append(f"\ncProfile, {RUNS} runs, by own time:\n```\n{text[text.find('ncalls') :]}```")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    opts = parser.parse_args()
+    names = opts.workloads.split(",")
+    print(header("Fused eager: host time per op (steady state)"))
+    print(f"\nmedian of {RUNS} runs after {WARMUP}; us per op\n")
+    print(
+        "| workload | ops | segments | fused_compiles | compiles | jax traces "
+        "| eager | record | flush | fused | eager/fused |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name in names:
+        r = measure(name)
+        print(
+            f"| {name} | {r['ops']:.0f} | {r['segments']:.1f} | {r['fused_compiles']} "
+            f"| {r['compiles']} | {r['jax traces']} | {r['eager']:.1f} | {r['record']:.1f} "
+            f"| {r['flush']:.1f} | {r['fused']:.1f} | {r['eager'] / r['fused']:.2f}x |"
+        )
+    if "chain" in names:
+        print(f"\nfloor (a do-nothing __torch_dispatch__ subclass, chain): {floor_us():.1f} us/op")
+    if opts.profile:
+        for name in names:
+            print(profile(name))
+
+
+if __name__ == "__main__":
+    main()
