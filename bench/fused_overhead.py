@@ -11,17 +11,22 @@ same op sequence again, every program compiled):
 - ``llama``: one forward of bench/models.py's tiny Llama over (1, 32) token ids
   (``torch.no_grad()``).
 
-Columns, per op (the op count is ``fused_ops`` of one run): ``eager`` the host time of
-plain eager (no blocking inside the timed region: dispatch is asynchronous), ``record``
-the host time of the ops in ``torchjax.fused()`` minus the flushes, ``flush`` the host
-time of the flushes (finding the segment's program and calling it, not waiting for it),
-``fused`` the two together. Each figure is the median of ``RUNS`` runs after ``WARMUP``
-runs; the output is blocked on between runs, outside the timed region. The counts are
-``torchjax.stats()`` over the timed runs (per run) and the calls of ``jax.make_jaxpr``
-and ``jax.eval_shape`` made meanwhile: 0 compiles and 0 JAX traces in steady state mean
-nothing is retraced or relowered. ``floor`` (chain only): the same loop on a tensor
-subclass whose ``__torch_dispatch__`` only returns a new wrapper tensor, the cost of
-torch's dispatch before any torchjax work.
+Columns, per op (the op count is ``fused_ops`` of one run, the ops recorded): ``eager``
+the host time of plain eager (no blocking inside the timed region: dispatch is
+asynchronous), ``record`` the host time of the ops in ``torchjax.fused()`` minus the
+flushes, ``flush`` the host time of the flushes (finding the segment's program and
+calling it, not waiting for it), ``fused`` the two together. Times are the calling
+thread's CPU time (``time.thread_time_ns``: what the host spends, barely affected by
+other processes on a busy machine); ``--clock wall`` takes wall time instead, which on
+CPU also holds XLA running the programs. Each figure is the median of ``RUNS`` runs
+after ``WARMUP`` runs; the output is blocked on between runs, outside the timed region.
+The counts are ``torchjax.stats()`` over the timed runs (per run) and the calls of
+``jax.make_jaxpr`` and ``jax.eval_shape`` made meanwhile: 0 compiles and 0 JAX traces
+in steady state mean nothing is retraced or relowered. ``dispatches``: the ATen ops
+reaching ``__torch_dispatch__`` per run (views and other ops that are not recorded
+included). ``floor`` (chain only): the same loop on a tensor subclass whose
+``__torch_dispatch__`` only returns a new wrapper tensor, the cost of torch's dispatch
+and of making the result tensor, before any torchjax work.
 
 ``--profile``: where the recording time goes, for each workload: inclusive time per op
 of the parts of the recording path (each part timed by a wrapper, which adds about
@@ -55,10 +60,13 @@ from bench.common import block_torch, header  # noqa: E402
 from torchjax.ops import cached_compute  # noqa: E402
 from torchjax.ops import fused as F  # noqa: E402
 from torchjax.tensor import _storage  # noqa: E402
+from torchjax.tensor._tensor import JaxTensor  # noqa: E402
 
 RUNS = 30
 WARMUP = 5
 CHAIN_PAIRS = 200
+# The clock of every figure: the calling thread's CPU time (``--clock wall``: wall time).
+CLOCK = [time.thread_time_ns]
 
 
 def _chain_workload():
@@ -104,11 +112,11 @@ class _FlushTimer:
         inner = F.flush
 
         def flush(seg):
-            t0 = time.perf_counter_ns()
+            t0 = CLOCK[0]()
             try:
                 return inner(seg)
             finally:
-                self.ns += time.perf_counter_ns() - t0
+                self.ns += CLOCK[0]() - t0
 
         F.flush = flush
         try:
@@ -139,12 +147,32 @@ def _jax_traces(counts):
             setattr(jax, name, fn)
 
 
+def _dispatches(run) -> int:
+    """ATen ops reaching ``JaxTensor.__torch_dispatch__`` in one fused run."""
+    raw = JaxTensor.__dict__["__torch_dispatch__"]
+    inner = raw.__func__
+    count = [0]
+
+    def counting(cls, func, types, args=(), kwargs=None):
+        count[0] += 1
+        return inner(cls, func, types, args, kwargs)
+
+    JaxTensor.__torch_dispatch__ = classmethod(counting)
+    try:
+        with torchjax.fused():
+            out = run()
+    finally:
+        JaxTensor.__torch_dispatch__ = raw
+    block_torch(out)
+    return count[0]
+
+
 def _fused_run(run, timer):
     timer.ns = 0
-    t0 = time.perf_counter_ns()
+    t0 = CLOCK[0]()
     with torchjax.fused():
         out = run()
-    total = time.perf_counter_ns() - t0
+    total = CLOCK[0]() - t0
     return out, total - timer.ns, timer.ns
 
 
@@ -157,9 +185,9 @@ def measure(name: str) -> dict:
             block_torch(_fused_run(run, timer)[0])
         eager, record, flush = [], [], []
         for _ in range(RUNS):
-            t0 = time.perf_counter_ns()
+            t0 = CLOCK[0]()
             out = run()
-            eager.append(time.perf_counter_ns() - t0)
+            eager.append(CLOCK[0]() - t0)
             block_torch(out)
         torchjax.reset_stats()
         traces: dict = {}
@@ -170,10 +198,12 @@ def measure(name: str) -> dict:
                 flush.append(fl)
                 block_torch(out)
         stats = torchjax.stats()
+        dispatches = _dispatches(run)
     ops = stats["fused_ops"] / RUNS
     med = lambda xs: statistics.median(xs) / 1000 / ops  # noqa: E731  (us per op)
     return {
         "ops": ops,
+        "dispatches": dispatches,
         "segments": stats["fused_segments"] / RUNS,
         "fused_compiles": stats["fused_compiles"],
         "compiles": stats["compiles"],
@@ -213,9 +243,9 @@ def floor_us() -> float:
         run()
     samples = []
     for _ in range(RUNS):
-        t0 = time.perf_counter_ns()
+        t0 = CLOCK[0]()
         run()
-        samples.append(time.perf_counter_ns() - t0)
+        samples.append(CLOCK[0]() - t0)
     return statistics.median(samples) / 1000 / (2 * CHAIN_PAIRS)
 
 
@@ -242,11 +272,11 @@ def _timed_parts(totals):
         fn = raw.__func__ if isinstance(raw, classmethod) else raw
 
         def timed(*args, _fn=fn, _label=label, **kwargs):
-            t0 = time.perf_counter_ns()
+            t0 = CLOCK[0]()
             try:
                 return _fn(*args, **kwargs)
             finally:
-                totals[_label] = totals.get(_label, 0) + time.perf_counter_ns() - t0
+                totals[_label] = totals.get(_label, 0) + CLOCK[0]() - t0
 
         setattr(owner, attr, classmethod(timed) if isinstance(raw, classmethod) else timed)
         saved.append((owner, attr, raw))
@@ -264,11 +294,11 @@ def profile(name: str) -> str:
         block_torch(_fused_run(run, timer)[0])
     torchjax.reset_stats()
     totals: dict = {}
-    t0 = time.perf_counter_ns()
+    t0 = CLOCK[0]()
     with _timed_parts(totals):
         for _ in range(RUNS):
             block_torch(_fused_run(run, timer)[0])
-    wall = time.perf_counter_ns() - t0
+    wall = CLOCK[0]() - t0
     n = torchjax.stats()["fused_ops"]
     lines = [f"\n### {name}: parts of fused mode (inclusive us per op, timers included)\n"]
     lines.append(f"| everything (blocking included) | {wall / 1000 / n:.2f} |")
@@ -291,20 +321,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--clock", choices=("thread", "wall"), default="thread")
     opts = parser.parse_args()
+    if opts.clock == "wall":
+        CLOCK[0] = time.perf_counter_ns
     names = opts.workloads.split(",")
     print(header("Fused eager: host time per op (steady state)"))
-    print(f"\nmedian of {RUNS} runs after {WARMUP}; us per op\n")
+    print(f"\nmedian of {RUNS} runs after {WARMUP}; us per op ({opts.clock} clock)\n")
     print(
-        "| workload | ops | segments | fused_compiles | compiles | jax traces "
+        "| workload | ops | dispatches | segments | fused_compiles | compiles | jax traces "
         "| eager | record | flush | fused | eager/fused |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in names:
         r = measure(name)
         print(
-            f"| {name} | {r['ops']:.0f} | {r['segments']:.1f} | {r['fused_compiles']} "
-            f"| {r['compiles']} | {r['jax traces']} | {r['eager']:.1f} | {r['record']:.1f} "
+            f"| {name} | {r['ops']:.0f} | {r['dispatches']} | {r['segments']:.1f} "
+            f"| {r['fused_compiles']} | {r['compiles']} | {r['jax traces']} "
+            f"| {r['eager']:.1f} | {r['record']:.1f} "
             f"| {r['flush']:.1f} | {r['fused']:.1f} | {r['eager'] / r['fused']:.2f}x |"
         )
     if "chain" in names:

@@ -99,6 +99,7 @@ from torchjax.device import _checks
 from torchjax.device._stats import cache_info, cache_info_entry  # noqa: F401 (public here)
 from torchjax.ops import _seeded, executables, fast_keys, promotion, view_signatures
 from torchjax.ops import fused as _fused
+from torchjax.ops import fused_reads as _fused_reads
 from torchjax.ops.deferred_casts import Cast, Consumers
 from torchjax.ops.executables import CONCRETE_ERRORS
 from torchjax.ops.templates import (
@@ -275,7 +276,7 @@ class CompiledCompute:
                 return ARRAY
             if read_views or self.view_keys >= MAX_VIEW_KEYS:
                 # A view of a recorded value is read by a recorded node (Note [Fused eager]).
-                arr = _fused.record_read(x) if _fused.ACTIVE[0] else None
+                arr = _fused_reads.record_read(x) if _fused.ACTIVE[0] else None
                 dyn.append(x._value() if arr is None else arr)
                 return ARRAY
             # A view not read yet (Note [Lazy views]): the read joins this executable,

@@ -17,7 +17,7 @@ from torchjax._compat.torch_dynamo import active_fake_mode, active_proxy_mode
 from torchjax.device import _checks, _stats
 from torchjax.device._module import jax_device
 from torchjax.device._serialization import defer_until_loaded, loading, storage_for
-from torchjax.ops import deferred_casts, fused, writeback
+from torchjax.ops import deferred_casts, fused, fused_reads, writeback
 from torchjax.ops.functional import cpu_to_jax
 from torchjax.ops.promotion import astype
 from torchjax.ops.registry import handler, lowering
@@ -147,7 +147,7 @@ def _to_copy(args, kwargs):
     same_device = device is None or (torch.device(device).index or 0) == self._device_index
     if contiguous and same_device and fused.ACTIVE[0]:
         # A copy or conversion of a recorded value is recorded too (Note [Fused eager]).
-        pending = fused.record_read(self, jdt)
+        pending = fused_reads.record_read(self, jdt)
         if pending is not None:
             # Note [Size-1 strides in fused eager]: a recorded copy stays recorded.
             return restrided(fused.wrap(pending, self._device_index), stride)
@@ -206,7 +206,7 @@ def clone(args, kwargs):
     if stride != contiguous_strides(self._size) and not in_row_major_order(self._size, stride):
         return laid_out(self, stride)
     if fused.ACTIVE[0]:
-        pending = fused.record_read(self)  # recorded (Note [Fused eager])
+        pending = fused_reads.record_read(self)  # recorded (Note [Fused eager])
         if pending is not None:  # Note [Size-1 strides in fused eager]
             return restrided(fused.wrap(pending, self._device_index), stride)
     return restrided(wrap(self._value(), self._device_index), stride)

@@ -127,7 +127,13 @@ def call_key(args, pidx, masks: bool):
             if lazy is None:
                 arr = storage.arr
             elif lazy.__class__ is _fused.Pending and _fused.recording():
-                arr = lazy  # a recorded value (Note [Fused eager])
+                size = a._size
+                if a._offset == 0 and size == lazy.shape and a._stride == lazy.out.strides:
+                    # A whole recorded value (Note [Fused eager]), as below.
+                    sig += (a.dtype, size)
+                    vals.append(lazy)
+                    continue
+                arr = lazy
             elif lazy.__class__ is Cast and read_whole(a):
                 # Its source, converted inside (as _entry passes it).
                 sig += (a.dtype, (a._size, lazy.src.dtype))

@@ -150,7 +150,10 @@ def make_handler(func, entry, strip_out=False):
         out = compute(args, kwargs)
         a0 = args[0] if args else None
         index = a0._device_index if isinstance(a0, JaxTensor) else device_index(args)
-        result = wrap(out, index) if isinstance(out, jax.Array) else wrap_out(out, index)
+        if out.__class__ is fused.Pending:  # recorded (Note [Fused eager])
+            result = fused.wrap(out, index)
+        else:
+            result = wrap(out, index) if isinstance(out, jax.Array) else wrap_out(out, index)
         if result_layouts is not None and layouts.any_out_of_order(args, kwargs):
             # Note [Result layouts follow CPU]
             return result_layouts(args, kwargs, result)

@@ -12,7 +12,7 @@ executable records the call instead, and a *segment* of such calls runs later as
   executable's traceable function, its arguments) to this thread's segment. Real
   arrays become inputs of the segment; a ``Pending`` argument (an output of an earlier
   node of the same segment) refers to that node. The outputs are ``Pending`` values of
-  the avals ``jax.eval_shape`` gives (cached per executable and input weak types), and
+  the avals the op's trace gives (traced once per executable and input weak types), and
   the registry wraps them as tensors whose storage has no array yet: its ``arr`` slot
   is unset and ``lazy`` holds the ``Pending`` (the mechanism of Note [Storages filled on
   first read] in torchjax/tensor/_storage.py). Tensor metadata (shape, dtype, strides)
@@ -27,7 +27,9 @@ executable records the call instead, and a *segment* of such calls runs later as
   device checks (``_checks.raise_pending``: ``torch.tpu.synchronize()``, a host read),
   and at the end of a backward pass that recorded ops.
 - The program. A flush builds (or finds in a cache keyed by the segment's structure:
-  each node's function and its wiring, plus which outputs are still referenced) one
+  its last step, Note [Replaying a recorded sequence] in torchjax/ops/fused_replay.py,
+  which stands for every node's function and wiring, plus which outputs are still
+  referenced) one
   ``jax.jit`` that replays the nodes and returns the outputs some live storage still
   holds (weak references taken at flush time) and every node's device-check outputs;
   the storages are filled, the checks queued in program order (Note [Device-side
@@ -43,7 +45,9 @@ executable records the call instead, and a *segment* of such calls runs later as
   new shape, a new static argument, a different live set (a tensor kept that was
   dropped before) or a different cut point (a host read moved) is a new program.
   ``torchjax.stats()`` counts ``fused_ops`` recorded, ``fused_segments`` run and
-  ``fused_compiles`` (program traces).
+  ``fused_compiles`` (program traces). In steady state recording an op makes no JAX
+  call: its place in a known sequence is one dict lookup (Note [Replaying a recorded
+  sequence]).
 - Threads. Segments are per thread; the mode is per thread inside ``fused()`` and
   process-wide when set with the environment variable or ``set_eager_mode``. Any
   thread reading a pending value flushes the segment that holds it (under that
@@ -65,7 +69,6 @@ executable records the call instead, and a *segment* of such calls runs later as
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import threading
 import weakref
@@ -78,13 +81,14 @@ from jax import lax, tree_util
 
 from torchjax import _budget
 from torchjax._compat.jax import trace_state_clean, x64
-from torchjax._compat.torch import in_graph_task, queue_engine_callback
+from torchjax._compat.torch import graph_task_id as _graph_task_id
+from torchjax._compat.torch import queue_engine_callback
 from torchjax.device import _checks, _stats
+from torchjax.ops import fused_replay as replay
 from torchjax.ops.fusion_cuts import cut_outputs, elementwise
-from torchjax.ops.promotion import astype
 from torchjax.ops.xla_options import COMPILER_OPTIONS
 from torchjax.tensor import dtypes
-from torchjax.tensor._storage import Storage, contiguous_strides, layout_plan
+from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import make
 
 # A segment runs once it holds this many ops: bounds the program size (compile time)
@@ -105,7 +109,14 @@ def _env_mode() -> bool:
     )
 
 
-_local = threading.local()
+class _Local(threading.local):
+    # Class defaults: a thread that never set them reads these, not an AttributeError
+    # (``getattr(local, name, None)`` on a missing name costs about 1 us).
+    mode = None
+    segment = None
+
+
+_local = _Local()
 # The process-wide mode (TORCHJAX_EAGER / set_eager_mode).
 _GLOBAL = [_env_mode()]
 # ACTIVE[0]: some thread may be recording (the global mode, or a fused() context open
@@ -122,7 +133,7 @@ def _update_active() -> None:
 
 def recording() -> bool:
     """Whether ops on this thread are recorded (fused mode is on here)."""
-    mode = getattr(_local, "mode", None)
+    mode = _local.mode
     # Immediate device checks raise at the op: nothing is recorded meanwhile.
     return (_GLOBAL[0] if mode is None else mode) and not _checks._SYNC[0]
 
@@ -151,7 +162,7 @@ def fused(enabled: bool = True):
     Ops are recorded and run as one compiled program per segment (Note [Fused eager]
     in torchjax/ops/fused.py); results are the same as in eager. Nestable; on exit the
     previous mode is back and, if that is eager, the recorded ops run."""
-    prev = getattr(_local, "mode", None)
+    prev = _local.mode
     enabled = bool(enabled)
     if not enabled:
         flush_current()
@@ -174,21 +185,21 @@ def fused(enabled: bool = True):
 
 
 class Pending:
-    """Output ``leaf`` of node ``node`` of ``segment``, not computed yet (the value of
-    the storages in ``storages`` whose ``lazy`` is this object)."""
+    """An output of an op recorded in ``segment``, not computed yet (the value of the
+    storages in ``storages`` whose ``lazy`` is this object). ``ref``: ``-1 - j`` for the
+    segment's ``j``-th output; ``out``: its ``fused_replay.Out`` (aval, shape, dtype)."""
 
-    __slots__ = ("segment", "node", "leaf", "aval", "shape", "dtype", "storages", "value")
+    __slots__ = ("segment", "ref", "out", "aval", "shape", "dtype", "storages", "value")
 
-    def __init__(self, segment, node, leaf, aval):
-        self.segment, self.node, self.leaf = segment, node, leaf
-        self.aval = aval
-        self.shape, self.dtype = aval.shape, aval.dtype
+    def __init__(self, segment, ref, out):
+        self.segment, self.ref, self.out = segment, ref, out
+        self.aval, self.shape, self.dtype = out.aval, out.shape, out.dtype
         self.storages: list = []
         self.value = None
 
     @property
     def weak_type(self) -> bool:
-        return self.aval.weak_type
+        return self.out.weak_type
 
     def live(self) -> bool:
         for ref in self.storages:
@@ -220,14 +231,15 @@ class Pending:
 
 
 class _Segment:
-    __slots__ = ("nodes", "outs", "inputs", "input_ids", "lock", "closed", "task_flush", "keep")
+    __slots__ = ("step", "outs", "inputs", "input_ids", "lock", "closed", "task_flush", "keep")
 
     def __init__(self):
         # Values recorded for an op still being recorded (record_read's view reads),
         # held by no storage yet: a flush meanwhile (MAX_NODES) must compute them.
         self.keep: list = []
-        self.nodes: list = []  # (fn, refs, codes)
-        self.outs: list = []  # per node: its Pending leaves
+        # The ops recorded so far (Note [Replaying a recorded sequence]).
+        self.step = replay.ROOT
+        self.outs: list = []  # every recorded output, in order (Pending.ref)
         self.inputs: list = []
         self.input_ids: dict = {}
         self.lock = threading.RLock()
@@ -236,7 +248,7 @@ class _Segment:
 
 
 def _segment() -> _Segment:
-    seg = getattr(_local, "segment", None)
+    seg = _local.segment
     if seg is None or seg.closed:
         seg = _local.segment = _Segment()
     return seg
@@ -244,13 +256,14 @@ def _segment() -> _Segment:
 
 def flush_current() -> None:
     """Run this thread's segment, if it holds recorded ops."""
-    seg = getattr(_local, "segment", None)
+    seg = _local.segment
     if seg is not None and not seg.closed:
         flush(seg)
 
 
 def _shapes(run, dyn):
-    """The output avals of ``run`` on ``dyn`` (cached per executable and weak types)."""
+    """The outputs (``fused_replay.Out``) of ``run`` on ``dyn``, their pytree, check codes
+    and how the op fuses (cached per executable and weak types)."""
     weak = tuple([getattr(d, "weak_type", False) for d in dyn])
     cache = getattr(run, "fused_shapes", None)
     if cache is None:
@@ -263,7 +276,9 @@ def _shapes(run, dyn):
         isolated = not (FUSE_ELEMENTWISE and elementwise(jaxpr.jaxpr))
         cuts = () if isolated else cut_outputs(jaxpr.jaxpr, len(leaves))
         codes = _CHECKLESS if checks is None else checks.codes
-        hit = cache[weak] = (leaves, tree, codes, isolated, cuts)
+        outs = tuple(replay.Out(aval) for aval in leaves)
+        single = tree_util.treedef_is_leaf(tree) and len(outs) == 1
+        hit = cache[weak] = (outs, None if single else tree, codes, isolated, cuts)
     return hit
 
 
@@ -277,6 +292,9 @@ def _shapes(run, dyn):
 FUSE_ELEMENTWISE = True
 
 NOT_RECORDED = object()
+# Argument classes seen that are not tracers (jax's array class, numpy scalars): one set
+# lookup per argument instead of an isinstance check.
+_PLAIN: set = set()
 
 # Note [Nothing is recorded under a trace]
 # A lowering may trace torch ops into its executable (bfloat16 SDPA runs torch's own
@@ -292,27 +310,60 @@ NOT_RECORDED = object()
 def record(run, dyn):
     """Record ``run(*dyn)`` (a per-op executable, Note [Compiled lowerings]) in this
     thread's segment and return its outputs as ``Pending`` values; or, under a user's
-    trace, resolve the pending arguments in ``dyn`` and return ``NOT_RECORDED``."""
-    if not trace_state_clean() or any(isinstance(d, jax.core.Tracer) for d in dyn):
+    trace, resolve the pending arguments in ``dyn`` and return ``NOT_RECORDED``.
+
+    The steady state is one pass over ``dyn`` and one lookup of the op's step (Note
+    [Replaying a recorded sequence] in torchjax/ops/fused_replay.py)."""
+    if not trace_state_clean():
         # Note [Nothing is recorded under a trace]
         _resolve_all(dyn)
         return NOT_RECORDED
     while True:
-        seg = _segment()
-        if len(seg.nodes) >= MAX_NODES:
+        seg = _local.segment
+        if seg is None or seg.closed:
+            seg = _local.segment = _Segment()
+        if seg.step.depth >= MAX_NODES:
             flush(seg)
             continue
-        for i, d in enumerate(dyn):
-            if d.__class__ is Pending and d.segment is not seg:
-                dyn[i] = d.resolve()  # another thread's segment, or already run
-        leaves, tree, codes, isolated, cuts = _shapes(run, dyn)
         with seg.lock:
             if seg.closed:  # flushed by another thread meanwhile: record again
                 continue
-            out = _append(seg, run.__wrapped__, dyn, leaves, tree, codes, isolated, cuts)
-            if seg.keep:  # consumed by this node now
-                seg.keep = [k for k in seg.keep if all(k is not d for d in dyn)]
-        if _checks.at_op(codes):
+            # The wiring: 2 * i + weak type for the segment's input i (entered on first
+            # sight), Pending.ref for an output recorded before.
+            refs = []
+            inputs, ids = seg.inputs, seg.input_ids
+            for d in dyn:
+                cls = d.__class__
+                if cls is Pending:
+                    if d.segment is not seg:
+                        break
+                    refs.append(d.ref)
+                elif cls in _PLAIN:
+                    i = ids.get(id(d))
+                    if i is None:
+                        i = ids[id(d)] = 2 * len(inputs) + bool(getattr(d, "weak_type", False))
+                        inputs.append(d)
+                    refs.append(i)
+                else:
+                    break
+            else:
+                key = (seg.step, tuple(refs))
+                steps = getattr(run, "fused_steps", None)
+                step = None if steps is None else steps.get(key)
+                if step is None:
+                    step = _new_step(run, key, dyn)
+                out = _append(seg, step)
+                if seg.keep:  # consumed by this node now
+                    seg.keep = [k for k in seg.keep if all(k is not d for d in dyn)]
+                refs = None
+        if refs is not None:
+            # Outside the lock (resolving flushes another segment): a value of another
+            # segment or one already run, an argument class not seen yet, or a tracer.
+            if not _prepare(seg, dyn):
+                return NOT_RECORDED
+            continue
+        codes = step.codes
+        if codes and _checks.at_op(codes):
             # A check eager makes at the op: the segment runs now (keeping this op's
             # outputs, which no storage holds yet) and raises it here (Note [Device-side
             # checks]).
@@ -321,28 +372,43 @@ def record(run, dyn):
         return out
 
 
-def _append(seg, fn, dyn, leaves, tree, codes, isolated, cuts):
-    refs = []
-    inputs, ids = seg.inputs, seg.input_ids
-    for d in dyn:
-        if d.__class__ is Pending:
-            refs.append((1, d.node, d.leaf))
-            continue
-        i = ids.get(id(d))
-        if i is None:
-            i = ids[id(d)] = len(inputs)
-            inputs.append(d)
-        refs.append((0, i))
-    n = len(seg.nodes)
-    seg.nodes.append((fn, tuple(refs), codes, isolated, cuts))
-    outs = [Pending(seg, n, k, aval) for k, aval in enumerate(leaves)]
-    seg.outs.append(outs)
+def _prepare(seg, dyn) -> bool:
+    """Resolve the values in ``dyn`` that are pending in another segment than ``seg`` (or
+    were run already) and learn the argument classes that are not tracers; False, and
+    every pending value resolved, when one is a tracer (Note [Nothing is recorded under
+    a trace])."""
+    for i, d in enumerate(dyn):
+        cls = d.__class__
+        if cls is Pending:
+            if d.segment is not seg:
+                dyn[i] = d.resolve()  # another thread's segment, or already run
+        elif cls not in _PLAIN:
+            if isinstance(d, jax.core.Tracer):
+                _resolve_all(dyn)
+                return False
+            _PLAIN.add(cls)
+    return True
+
+
+def _new_step(run, key, dyn):
+    """The step of ``run`` wired as in ``key`` after ``key[0]``: its outputs traced (once
+    per executable and weak types, ``_shapes``), entered as an edge of ``run``."""
+    outs, tree, codes, isolated, cuts = _shapes(run, dyn)
+    node = (run.__wrapped__, key[1], codes, isolated, cuts)
+    return replay.add(run, key, replay.Step(key[0], node, outs, tree, codes))
+
+
+def _append(seg, step):
+    base = -1 - seg.step.count
+    outs = [Pending(seg, base - k, o) for k, o in enumerate(step.outs)]
+    seg.outs += outs
+    seg.step = step
     _stats.FUSED.ops += 1
-    if not seg.task_flush and in_graph_task():
+    if not seg.task_flush and _graph_task_id() != -1:
         # Recorded inside backward(): the pass flushes at its end.
         seg.task_flush = True
         queue_engine_callback(lambda: flush(seg))
-    return tree_util.tree_unflatten(tree, outs)
+    return outs[0] if step.tree is None else tree_util.tree_unflatten(step.tree, outs)
 
 
 def _resolve_all(dyn) -> None:
@@ -352,7 +418,7 @@ def _resolve_all(dyn) -> None:
                 dyn[i] = d.resolve()
 
 
-# structure key -> segment program
+# (last step, live outputs) -> segment program (Note [Replaying a recorded sequence])
 _PROGRAMS: dict = {}
 
 
@@ -364,18 +430,14 @@ def flush(seg) -> None:
             return
         seg.closed = True
         keep = {id(p) for p in seg.keep}
-        live = [p for outs in seg.outs for p in outs if p.live() or id(p) in keep]
-        nodes = seg.nodes
-        if not live and not any(n[2] for n in nodes):
-            for outs in seg.outs:
-                for p in outs:
-                    p.segment = None
+        live = [p for p in seg.outs if p.live() or id(p) in keep]
+        step = seg.step
+        if not live and not step.checked:
+            for p in seg.outs:
+                p.segment = None
             return
-        key = (
-            tuple([(n[0], n[1], n[3], n[4]) for n in nodes]),
-            tuple([(p.node, p.leaf) for p in live]),
-        )
-        program = _budget.cached(_PROGRAMS, key, lambda: _program(nodes, key[1]))
+        key = (step, tuple([p.ref for p in live]))
+        program = _budget.cached(_PROGRAMS, key, lambda: _program(replay.nodes(step), key[1]))
         # x64 on, as in dispatch: the nodes were traced so (a flush may come from
         # outside an op: a sync point, a thread).
         with x64(True):
@@ -386,12 +448,10 @@ def flush(seg) -> None:
         _stats.FUSED.segments += 1
         for p, v in zip(live, values):
             p.fill(v)
-        for outs in seg.outs:
-            for p in outs:
-                p.segment = None
+        for p in seg.outs:
+            p.segment = None
         seg.inputs, seg.input_ids = [], {}
-    for node, (bads, vals) in zip([n for n in nodes if n[2]], checks):
-        codes = node[2]
+    for codes, (bads, vals) in zip(step.checked, checks):
         _checks.add_collected(codes, bads, vals)
 
 
@@ -413,19 +473,19 @@ def _program(nodes, live):
 
     def segment(pred, *inputs):
         _stats.FUSED.compiles += 1
-        outs, checks = [], []
+        outs, checks = [], []  # outs: every node's outputs in order (Pending.ref)
         for fn, refs, has_checks, iso, cut in zip(fns, wiring, checked, isolated, cuts):
-            args = [inputs[r[1]] if r[0] == 0 else outs[r[1]][r[2]] for r in refs]
+            args = [inputs[r >> 1] if r >= 0 else outs[-1 - r] for r in refs]
             out, chk = _isolated(fn, pred, args) if iso else fn(*args)
             leaves = tree_util.tree_leaves(out)
             if cut:  # Note [Fusion keeps eager's numbers] (ops/fusion_cuts.py)
                 kept = _isolated(_identity, pred, [leaves[k] for k in cut])
                 for k, v in zip(cut, kept):
                     leaves[k] = v
-            outs.append(leaves)
+            outs += leaves
             if has_checks:
                 checks.append((chk.bads, chk.values))
-        return [outs[n][k] for n, k in live], checks
+        return [outs[-1 - r] for r in live], checks
 
     return jax.jit(segment, compiler_options=COMPILER_OPTIONS)
 
@@ -455,22 +515,23 @@ def is_pending(x) -> bool:
 
 def wrap(p: Pending, device_index: int = 0):
     """A new tpu tensor whose storage's value is ``p`` (computed at the flush)."""
-    size = tuple(p.shape)
-    s = Storage.made_later(size, p)
+    out = p.out
+    size = out.shape
+    s = Storage.made_later(size, p, out.numel)
     p.storages.append(weakref.ref(s))
-    return make(s, size, contiguous_strides(size), 0, dtypes.to_torch_dtype(p.dtype), device_index)
+    return make(s, size, out.strides, 0, out.torch_dtype, device_index)
 
 
 def pending_of(t):
     """The ``Pending`` value of tpu tensor ``t`` if it is one, whole (its storage in its
     own shape, contiguous) and this thread records; else None."""
     lazy = t._storage.lazy
-    if lazy.__class__ is Pending and recording() and _whole(t):
+    if lazy.__class__ is Pending and recording() and whole(t):
         return lazy
     return None
 
 
-def _whole(t) -> bool:
+def whole(t) -> bool:
     """Whether ``t`` views its whole storage, contiguously, in the storage's shape."""
     return t._storage.covers(t._size, t._stride, t._offset) and t._stride == contiguous_strides(
         t._size
@@ -508,69 +569,3 @@ def write(dst, p: Pending) -> bool:
 # The before-sync hook of device checks: pending checks of recorded ops join the queue
 # before it is read.
 _checks.BEFORE_SYNC.append(flush_current)
-
-# Reads recorded from the copy handlers and from compiled calls that read their views
-# first (``.to(dtype)``, ``clone()``, ``cat`` of a growing cache's new slice, when the
-# tensor's storage is pending): one traceable function per (storage layout, view layout,
-# target dtype), its offset an argument (Note [View offsets as arguments] in
-# torchjax/tensor/_storage.py), so segment keys are stable and a decode step's
-# ``logits[:, -1, :].float()`` does not end the segment.
-_READS: dict = {}
-
-
-class _Read:
-    """A traceable view read and ``astype`` with the per-op executable's calling
-    convention."""
-
-    def __init__(self, layout, jdt):
-        self.fused_shapes = {}
-        plan = layout_plan(*layout) if layout is not None else None
-
-        def read(a, offset=None):
-            if plan is not None:
-                a = plan.read(a.reshape(-1), offset)
-            if jdt is not None and a.dtype != jdt:
-                a = astype(a, jdt)
-            return a, None
-
-        self.__wrapped__ = read
-
-
-def _reader(key, layout, jdt):
-    reader = _READS.get(key)
-    if reader is None:
-        if len(_READS) > 4096:
-            _READS.clear()
-        reader = _READS[key] = _Read(layout, jdt)
-    return reader
-
-
-def record_convert(p: Pending, jdt):
-    """``p.astype(jdt)`` recorded in this thread's segment (a Pending)."""
-    return record(_reader((p.shape, p.dtype, None, jdt), None, jdt), [p])
-
-
-def record_read(t, jdt=None):
-    """The value of tpu tensor ``t`` (cast to ``jdt`` if given) recorded in this
-    thread's segment, as a Pending; None when ``t``'s storage is not a pending value of
-    a recording thread (the caller reads ``t`` as usual)."""
-    s = t._storage
-    p = s.lazy
-    if p.__class__ is not Pending or s.__class__ is not Storage or not recording():
-        return None
-    if not trace_state_clean():  # Note [Nothing is recorded under a trace]
-        return None
-    size, stride, offset = t._size, t._stride, t._offset
-    if _whole(t):
-        if jdt is None or jdt == p.dtype:
-            return p  # arrays are immutable: the same value serves a copy
-        return record_convert(p, jdt)
-    if math.prod(size) == 0 or offset >= 2**31:
-        return None
-    layout = (s.numel, size, stride)
-    key = (p.shape, p.dtype, layout, jdt)
-    out = record(_reader(key, layout, jdt), [p, np.int32(offset)])
-    if out.segment is not None:
-        # Held by no storage until the caller wraps or consumes it: kept through a flush.
-        out.segment.keep.append(out)
-    return out

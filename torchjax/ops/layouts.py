@@ -31,7 +31,7 @@ import functools
 import torch
 
 from torchjax._compat.torch import conv_memory_format
-from torchjax.ops import fused
+from torchjax.ops import fused, fused_reads
 from torchjax.tensor._errors import to_meta
 from torchjax.tensor._memory_format import (
     in_memory_order,
@@ -171,7 +171,7 @@ def _recorded(t, size, stride):
     of ``t`` in memory order; None when ``t`` is not a recorded value."""
     order = memory_order(size, stride)
     physical = (tuple(size[d] for d in order), tuple(t._stride[d] for d in order))
-    pending = fused.record_read(view_of(t, *physical, 0))
+    pending = fused_reads.record_read(view_of(t, *physical, 0))
     if pending is None:
         return None
     storage = fused.wrap(pending, t._device_index)._storage

@@ -162,16 +162,17 @@ class Storage:
         self.lazy = None
 
     @classmethod
-    def made_later(cls, shape, lazy) -> Storage:
+    def made_later(cls, shape, lazy, numel=None) -> Storage:
         """A storage of ``shape`` whose array ``lazy`` makes when first read: a fill
         (``filled``), a recorded value (Note [Fused eager]), a value in another memory
         order (Note [Storages in memory order, made on first read]) or a conversion
-        (Note [Conversions read by their consumers])."""
+        (Note [Conversions read by their consumers]). ``numel``: the shape's element
+        count, when the caller has it."""
         self = cls.__new__(cls)
         self.version = 0
         self.born = _EPOCH[0]
         self.shape = tuple(shape)
-        self.numel = math.prod(self.shape)
+        self.numel = math.prod(self.shape) if numel is None else numel
         self.interpretations = None
         self.lazy = lazy
         return self
