@@ -28,9 +28,11 @@ included). ``floor`` (chain only): the same loop on a tensor subclass whose
 ``__torch_dispatch__`` only returns a new wrapper tensor, the cost of torch's dispatch
 and of making the result tensor, before any torchjax work.
 
-``--profile``: where the recording time goes, for each workload: inclusive time per op
-of the parts of the recording path (each part timed by a wrapper, which adds about
-0.2 us per timed call to it and to the parts around it), then cProfile's top functions.
+``--profile``: where the recording time goes, for each workload: inclusive wall time per
+op of the parts of the recording path (each part timed by a wrapper, which adds about
+0.2 us per timed call to it and to the parts around it; a part not called shows 0;
+``fused.record`` includes the flush it makes when a segment is full), then cProfile's top
+functions.
 
 Run:  python bench/fused_overhead.py [--profile] [--workloads chain,llama]
 """
@@ -272,11 +274,11 @@ def _timed_parts(totals):
         fn = raw.__func__ if isinstance(raw, classmethod) else raw
 
         def timed(*args, _fn=fn, _label=label, **kwargs):
-            t0 = CLOCK[0]()
+            t0 = time.perf_counter_ns()
             try:
                 return _fn(*args, **kwargs)
             finally:
-                totals[_label] = totals.get(_label, 0) + CLOCK[0]() - t0
+                totals[_label] = totals.get(_label, 0) + time.perf_counter_ns() - t0
 
         setattr(owner, attr, classmethod(timed) if isinstance(raw, classmethod) else timed)
         saved.append((owner, attr, raw))
@@ -294,17 +296,16 @@ def profile(name: str) -> str:
         block_torch(_fused_run(run, timer)[0])
     torchjax.reset_stats()
     totals: dict = {}
-    t0 = CLOCK[0]()
+    t0 = time.perf_counter_ns()
     with _timed_parts(totals):
         for _ in range(RUNS):
             block_torch(_fused_run(run, timer)[0])
-    wall = CLOCK[0]() - t0
+    wall = time.perf_counter_ns() - t0
     n = torchjax.stats()["fused_ops"]
-    lines = [f"\n### {name}: parts of fused mode (inclusive us per op, timers included)\n"]
+    lines = [f"\n### {name}: parts of fused mode (inclusive wall us per op, timers included)\n"]
     lines.append(f"| everything (blocking included) | {wall / 1000 / n:.2f} |")
     for label, _, _ in _PARTS:
-        if label in totals:
-            lines.append(f"| {label} | {totals[label] / 1000 / n:.2f} |")
+        lines.append(f"| {label} | {totals.get(label, 0) / 1000 / n:.2f} |")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(RUNS):
