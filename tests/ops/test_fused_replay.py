@@ -2,6 +2,7 @@
 recorded sequence] in torchjax/ops/fused_replay.py): no trace, same values as eager."""
 
 import threading
+import weakref
 
 import jax
 import pytest
@@ -109,6 +110,18 @@ def test_an_executable_forgets_its_edges_past_the_limit(monkeypatch):
     # entered again, never more than one past the limit.
     assert len(runs) == 2
     assert all(len(run.fused_steps) <= 4 for run in runs)
+
+
+def test_steps_hold_their_functions_weakly():
+    # An edge of a live executable holds the step before it, and so the whole path: the
+    # functions of executables the budget dropped must not stay alive through it (jax
+    # keeps its traces and compiled code per function).
+    x, w, b = _inputs(4)
+    _, step = _recorded(_chain, x, w, b)
+    nodes = R.nodes(step)
+    assert len(nodes) == 40
+    assert all(isinstance(node[0], weakref.ReferenceType) for node in nodes)
+    assert all(node[0]() is not None for node in nodes)  # the executables are alive
 
 
 def test_threads_replaying_one_sequence_at_once():

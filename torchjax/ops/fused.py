@@ -231,7 +231,17 @@ class Pending:
 
 
 class _Segment:
-    __slots__ = ("step", "outs", "inputs", "input_ids", "lock", "closed", "task_flush", "keep")
+    __slots__ = (
+        "step",
+        "outs",
+        "runs",
+        "inputs",
+        "input_ids",
+        "lock",
+        "closed",
+        "task_flush",
+        "keep",
+    )
 
     def __init__(self):
         # Values recorded for an op still being recorded (record_read's view reads),
@@ -240,6 +250,9 @@ class _Segment:
         # The ops recorded so far (Note [Replaying a recorded sequence]).
         self.step = replay.ROOT
         self.outs: list = []  # every recorded output, in order (Pending.ref)
+        # The executables recorded: steps hold their functions weakly (Note [Replaying a
+        # recorded sequence]), the segment keeps them until it runs.
+        self.runs: list = []
         self.inputs: list = []
         self.input_ids: dict = {}
         self.lock = threading.RLock()
@@ -352,7 +365,7 @@ def record(run, dyn):
                 step = None if steps is None else steps.get(key)
                 if step is None:
                     step = _new_step(run, key, dyn)
-                out = _append(seg, step)
+                out = _append(seg, run, step)
                 if seg.keep:  # consumed by this node now
                     seg.keep = [k for k in seg.keep if all(k is not d for d in dyn)]
                 refs = None
@@ -394,14 +407,15 @@ def _new_step(run, key, dyn):
     """The step of ``run`` wired as in ``key`` after ``key[0]``: its outputs traced (once
     per executable and weak types, ``_shapes``), entered as an edge of ``run``."""
     outs, tree, codes, isolated, cuts = _shapes(run, dyn)
-    node = (run.__wrapped__, key[1], codes, isolated, cuts)
+    node = (weakref.ref(run.__wrapped__), key[1], codes, isolated, cuts)
     return replay.add(run, key, replay.Step(key[0], node, outs, tree, codes))
 
 
-def _append(seg, step):
+def _append(seg, run, step):
     base = -1 - seg.step.count
     outs = [Pending(seg, base - k, o) for k, o in enumerate(step.outs)]
     seg.outs += outs
+    seg.runs.append(run)
     seg.step = step
     _stats.FUSED.ops += 1
     if not seg.task_flush and _graph_task_id() != -1:
@@ -450,7 +464,7 @@ def flush(seg) -> None:
             p.fill(v)
         for p in seg.outs:
             p.segment = None
-        seg.inputs, seg.input_ids = [], {}
+        seg.inputs, seg.input_ids, seg.runs = [], {}, []
     for codes, (bads, vals) in zip(step.checked, checks):
         _checks.add_collected(codes, bads, vals)
 
@@ -465,7 +479,8 @@ def _concretely(program, inputs):
 
 
 def _program(nodes, live):
-    fns = [n[0] for n in nodes]
+    # Alive: the segment holds their executables until it has run.
+    fns = [n[0]() for n in nodes]
     wiring = [n[1] for n in nodes]
     checked = [bool(n[2]) for n in nodes]
     isolated = [n[3] for n in nodes]
@@ -519,7 +534,10 @@ def wrap(p: Pending, device_index: int = 0):
     size = out.shape
     s = Storage.made_later(size, p, out.numel)
     p.storages.append(weakref.ref(s))
-    return make(s, size, out.strides, 0, out.torch_dtype, device_index)
+    dtype = out.torch_dtype
+    if dtype is None:
+        dtype = dtypes.to_torch_dtype(out.dtype)  # raises its TypeError
+    return make(s, size, out.strides, 0, dtype, device_index)
 
 
 def pending_of(t):

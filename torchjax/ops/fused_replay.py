@@ -23,8 +23,12 @@ output, and no JAX call: the output avals were traced once, on the step's first 
 - Lifetime: edges live on the executables, so an executable dropped by the budget
   (Note [Executable cache budget]) or by ``clear_caches`` takes the steps after it
   along, unless a segment still on them or a program key holds them. A step holds its
-  predecessor. An executable seen after more than ``MAX_EDGES`` different steps
-  (sequences that never repeat) forgets its edges and starts again.
+  predecessor, and its op's traceable function only weakly: an edge of a live
+  executable whose previous step ran an executable since dropped must not keep that
+  function, and with it jax's caches of its trace and compiled code, alive. A segment
+  holds the executables it recorded until it runs, so building its program finds every
+  function. An executable seen after more than ``MAX_EDGES`` different steps (sequences
+  that never repeat) forgets its edges and starts again.
 - Threads: edges are added with ``dict.setdefault``, so two threads adding the same edge
   at once both continue on the step that was kept; a segment on the other one still runs
   correctly, under a key of its own (one more program compiled).
@@ -56,18 +60,19 @@ class Out:
         self.strides = contiguous_strides(self.shape)
         try:
             self.torch_dtype = dtypes.to_torch_dtype(aval.dtype)
-        except (KeyError, TypeError, ValueError):
-            self.torch_dtype = None  # never wrapped as a tensor (a PRNG key, say)
+        except TypeError:
+            # No torch dtype (a PRNG key, say): an error only if it is wrapped.
+            self.torch_dtype = None
 
 
 class Step:
     """The segment after one more recorded op (Note [Replaying a recorded sequence]).
 
-    ``node``: (traceable function, wiring, check codes, isolated, cuts), what the segment
-    program replays; ``outs``: the op's ``Out`` per output leaf; ``tree``: their pytree
-    (None for a single array); ``codes``: its device-check codes; ``depth``: ops on the
-    path; ``checked``: the check codes of the path's ops that make checks, in order;
-    ``count``: outputs on the path."""
+    ``node``: (weak reference to the traceable function, wiring, check codes, isolated,
+    cuts), what the segment program replays; ``outs``: the op's ``Out`` per output leaf;
+    ``tree``: their pytree (None for a single array); ``codes``: its device-check codes;
+    ``depth``: ops on the path; ``checked``: the check codes of the path's ops that make
+    checks, in order; ``count``: outputs on the path."""
 
     __slots__ = ("parent", "node", "outs", "tree", "codes", "depth", "checked", "count")
 
