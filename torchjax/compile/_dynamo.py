@@ -182,10 +182,17 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
     host_attrs = [operator.attrgetter(t) for t in host_attrs]
     _custom_functions.replace_in(gm)  # Note [Custom functions in Dynamo graphs]
     host = _host_parts.host_nodes(gm)
+    # Each compiled part runs its data-dependent ops eagerly (Note [Data-dependent ops in
+    # compiled graphs]); while the floats are traced values, a trace needing values
+    # is traced again with static numbers first (``run`` below).
+    graph = _host_parts.Graph(
+        lambda part: Jitted(part, warn_after=16),
+        may_split=lambda: not floats or run.static_floats is not None,
+    )
     if host:  # Note [Host copies in compiled graphs]
-        call, parts = _host_parts.split(gm, host, lambda part: Jitted(part, warn_after=16))
+        call, parts = _host_parts.split(gm, host, graph.part)
     else:
-        call = Jitted(gm, warn_after=16)
+        call = graph.part(gm)
         parts = [call]
     _TOTALS["graphs"] += 1
     static = _floats_stay_static(host, example_inputs) if floats else None
@@ -194,15 +201,17 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
         _WARNED_FRAMES.discard(frame)  # a new function (ids restart at Dynamo's reset)
 
     def counted(args):
-        before = [(p.trace_count, p.cache_hits) for p in parts]
+        # by identity: a part split during the call has new programs (counted from 0)
+        before = {id(p): (p, p.trace_count, p.cache_hits) for p in _programs(parts)}
         try:
             return call(*args)
         finally:
-            for p, (traces, hits) in zip(parts, before):
+            for p in _programs(parts):
+                _, traces, hits = before.get(id(p), (p, 0, 0))
                 _TOTALS["traces"] += p.trace_count - traces
                 _TOTALS["cache_hits"] += p.cache_hits - hits
             if frame is not None and frame not in _WARNED_FRAMES:
-                _warn_per_shape(frame, parts)
+                _warn_per_shape(frame, _programs(parts))
 
     def run(*args):
         if scalars or floats:
@@ -229,7 +238,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs, *, mode=None, options=None
 
     # The trace counter, for tests and users who ask (of the first compiled part where
     # the graph was split; None where all of it runs on the host).
-    run.jitted = parts[0] if parts else None
+    programs = _programs(parts)
+    run.jitted = programs[0] if programs else None
     run.parts = parts
     run.static_floats = static
     return run
@@ -255,6 +265,11 @@ _DYNAMIC_SHAPES = (
     "torchjax.bucketed(fn, buckets=(...), dim=...); dynamic=True does not avoid them. "
     "Shown once per compiled function."
 )
+
+
+def _programs(parts) -> list:
+    """The compiled programs of a graph's parts now (a part may split as it runs)."""
+    return [p for part in parts for p in part.programs()]
 
 
 def _has_symbolic_sizes(example_inputs) -> bool:

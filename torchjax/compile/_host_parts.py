@@ -15,14 +15,35 @@ as the function's lines do (an in-place update whose result nothing uses still c
 before the copy after it). The results are
 eager's: a copy to the host reads the value there, as eager reads it. A graph with no
 such copy is one program, as before.
+
+Note [Data-dependent ops in compiled graphs]
+Dynamo breaks its graph at the ops whose output shape depends on values (``x[mask]``,
+``torch.nonzero``, ``torch.unique``): they run eagerly between graphs. Others need values
+without changing a shape Dynamo sees and stay in its graph: ``x[mask] = values`` (and
+``x[mask] += 1``, whose read breaks the graph but whose write does not) is ``setitem``,
+``index_put_``, whose values must be as many as the mask selects; inductor computes it on
+CPU and CUDA. Traced by torchjax.jit it raised DataDependentError. Each compiled part is
+a ``Part``: where its trace raises DataDependentError (the trace puts back what it
+changed: Note [State after a trace whose program does not run], so nothing of the part
+has run), the node that raised it (Note [Where a data-dependent op was written] in
+torchjax/tensor/_errors.py) becomes a part of its own, run eagerly on the values as a
+host part is, and the nodes before and after it are Parts again, compiled; the call then
+runs the part split. One warning per graph names the op, its line and that it runs
+eagerly. A node that cannot be found runs its whole part eagerly. Where the graph's
+Python floats are still traced values (Note [Traced Python floats]), the error goes up
+first: the graph is traced again with static numbers, which a split graph needs.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch.fx.passes.split_module import split_module
 
 from torchjax._compat.torch import pytree
+from torchjax.tensor import _errors
+from torchjax.tensor._errors import DataDependentError
 
 DEVICE_TYPE = "tpu"
 
@@ -86,3 +107,58 @@ def split(gm: torch.fx.GraphModule, host: set, compile_part) -> tuple:
             compiled.append(compile_part(module))
             setattr(outer, name, _Program(compiled[-1]))
     return outer, compiled
+
+
+class Graph:
+    """What the Parts of one Dynamo graph share: whether they may split now, and whether
+    the graph has warned (Note [Data-dependent ops in compiled graphs])."""
+
+    def __init__(self, compile_program, may_split=lambda: True):
+        self.compile_program = compile_program
+        self.may_split = may_split
+        self.warned = False
+
+    def part(self, gm: torch.fx.GraphModule) -> Part:
+        return Part(gm, self)
+
+    def warn(self, error: DataDependentError) -> None:
+        if not self.warned:
+            self.warned = True
+            warnings.warn(str(error), UserWarning, stacklevel=2)
+
+
+class Part:
+    """A compiled part of a Dynamo graph: one program, or, once its trace met an op that
+    needs values, the part split around that op (Note [Data-dependent ops in compiled
+    graphs])."""
+
+    def __init__(self, gm: torch.fx.GraphModule, graph: Graph):
+        self.gm = gm
+        self.graph = graph
+        self.program = graph.compile_program(gm)
+        self.split = None  # the GraphModule running the pieces, once split
+        self.pieces: list[Part] = []
+
+    def programs(self) -> list:
+        """The compiled programs running this part now (for the backend's counters)."""
+        if self.program is not None:
+            return [self.program]
+        return [p for piece in self.pieces for p in piece.programs()]
+
+    def __call__(self, *args):
+        if self.program is None:
+            return self.split(*args)
+        try:
+            with _errors.compiled_graph():
+                return self.program(*args)
+        except DataDependentError as error:
+            if not self.graph.may_split():
+                raise
+            node = next((n for gm, n in error.nodes if gm is self.gm), None)
+            if node is None:  # not found: the part, as a whole
+                self.split, self.pieces = self.gm, []
+            else:
+                self.split, self.pieces = split(self.gm, {node}, self.graph.part)
+            self.program = None
+            self.graph.warn(error)
+        return self.split(*args)

@@ -22,16 +22,20 @@ PrivateUse1 kernel passes through ``translate``:
   of the whole, not the failing op CPU names).
 - Under a trace (``torchjax.jit``, ``jax.jit`` over torchjax.functional) JAX refuses to
   read values (``if t:``, ``.item()``, ``x[mask]``): ``DataDependentError`` names the op and
-  the user's line, and says what to write instead. A traced tensor kept past its trace
-  gives ``LeakedTracerError``. Both are ``RuntimeError``, as torch's own data-dependent
-  errors (``GuardOnDataDependentSymNode``) are.
+  the user's line, and says what to write instead (Note [Where a data-dependent op was
+  written]). A traced tensor kept past its trace gives ``LeakedTracerError``. Both are
+  ``RuntimeError``, as torch's own data-dependent errors (``GuardOnDataDependentSymNode``)
+  are.
 
 This runs only on the error path: the hot path is one ``try``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
+import re
 import sys
 import traceback
 
@@ -49,7 +53,13 @@ class TraceError(RuntimeError):
 
 class DataDependentError(TraceError):
     """An op needs tensor values (a Python branch, ``.item()``, a value-dependent output
-    shape) while they are being traced."""
+    shape) while they are being traced.
+
+    ``op`` names the ATen op; ``nodes`` holds ``(graph module, node)`` for each FX graph
+    being run when it was raised, innermost first (empty outside FX graphs)."""
+
+    op: str = ""
+    nodes: tuple = ()
 
 
 class LeakedTracerError(TraceError):
@@ -139,7 +149,10 @@ def _translate(func, args, kwargs, error: BaseException) -> BaseException | None
     if isinstance(error, TraceError) or not isinstance(error, Exception):
         return None
     if isinstance(error, _CONCRETE):
-        return DataDependentError(_data_dependent_message(func, error))
+        nodes = graph_nodes()
+        torch_error = DataDependentError(_data_dependent_message(func, error, nodes))
+        torch_error.op, torch_error.nodes = op_name(func), nodes
+        return torch_error
     if isinstance(error, jax.errors.UnexpectedTracerError):
         return LeakedTracerError(_leak_message(func))
     foreign = _from_jax(error)
@@ -351,30 +364,122 @@ def _printing() -> bool:
     return False
 
 
-def _data_dependent_message(func, error) -> str:
+# Note [Where a data-dependent op was written]
+# A Dynamo graph (and any torch.fx GraphModule) runs as generated code, one line per node,
+# so the innermost frame outside torch and torchjax is the compiled function's ``def``
+# line, not the line that made the op. Each generated line maps to its node
+# (``GraphModule._lineno_map``), and Dynamo records the user's stack at each node
+# (``node.meta["stack_trace"]``): the message names that line, and the backend knows which
+# node to run eagerly (Note [Data-dependent ops in compiled graphs] in
+# torchjax/compile/_host_parts.py). The advice depends on who traces: under
+# ``torchjax.jit`` ``torch.compile(backend="tpu")`` is a way out, since it runs such an op
+# eagerly; under that backend the message says that it does (``compiled_graph()``).
+_IN_COMPILED_GRAPH = contextvars.ContextVar("torchjax_in_compiled_graph", default=False)
+
+
+@contextlib.contextmanager
+def compiled_graph():
+    """Ops traced inside are traced for torch.compile(backend="tpu")'s graph, whose
+    data-dependent ops run eagerly: their messages say so instead of advising it."""
+    token = _IN_COMPILED_GRAPH.set(True)
+    try:
+        yield
+    finally:
+        _IN_COMPILED_GRAPH.reset(token)
+
+
+def graph_nodes() -> tuple:
+    """``(graph module, node)`` for each FX GraphModule whose generated code is on the
+    stack now, innermost first: the node its current line runs."""
+    found = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "forward" and frame.f_code.co_filename.startswith("<"):
+            gm = frame.f_locals.get("self")
+            node = _node_at(gm, frame.f_lineno)
+            if node is not None:
+                found.append((gm, node))
+        frame = frame.f_back
+    return tuple(found)
+
+
+def _node_at(gm, lineno: int):
+    lines = getattr(gm, "_lineno_map", None)
+    if not isinstance(gm, torch.fx.GraphModule) or not lines:
+        return None
+    index = lines.get(lineno - getattr(gm, "_prologue_start", 0))
+    nodes = list(gm.graph.nodes)
+    return nodes[index] if index is not None and 0 <= index < len(nodes) else None
+
+
+_STACK_LINE = re.compile(r'File "([^"]+)", line (\d+), in [^\n]*\n[ \t]*([^\n]*)')
+
+
+def _node_location(nodes) -> str | None:
+    """``file:line: code`` of the user's line that made the innermost node recorded with
+    a stack (Dynamo's ``stack_trace``), or None."""
+    for _, node in nodes:
+        found = _STACK_LINE.findall(node.meta.get("stack_trace") or "")
+        if found:
+            filename, lineno, code = found[-1]
+            return f"{filename}:{lineno}" + (f": {code.strip()}" if code.strip() else "")
+    return None
+
+
+# Ops that write one value per selected element of a mask (``x[mask] = values``).
+_MASKED_WRITES = {"index_put", "index_put_", "_index_put_impl", "_index_put_impl_"}
+
+
+def _data_dependent_message(func, error, nodes=()) -> str:
     name = op_name(func)
-    at = user_frame()
+    at = _node_location(nodes) or user_frame()
     base = getattr(func, "_opname", "")
+    compiled = _IN_COMPILED_GRAPH.get()
+    if compiled:
+        way_out = (
+            'torch.compile(backend="tpu") runs it eagerly, outside the compiled program, '
+            "at each call (the rest of the graph stays compiled). To keep it compiled, "
+            "write it with fixed shapes"
+        )
+        outside = ""
+    else:
+        way_out = (
+            "Under a trace (torchjax.jit, jax.jit) values are not known, only shapes, and "
+            "every shape must be fixed. Write it with fixed shapes instead"
+        )
+        outside = (
+            '; or move it out of the traced function, or use torch.compile(fn, backend="tpu"),'
+            " which runs that op eagerly"
+        )
     if _printing():
+        on_value = (
+            ""
+            if compiled
+            else '; or use torch.compile(fn, backend="tpu"), which runs the print on the value'
+        )
         return (
             f"printing a tensor's values (print, repr, str, an f-string) inside a traced "
             f"function ({name}), called at {at}. Under a trace (torchjax.jit, jax.jit) the "
             "function runs once to be traced and tensors have shapes and dtypes but no "
             "values yet: print(t.shape, t.dtype) works there. To see values: "
             'torchjax.debug_print("t = {}", t), which the compiled program prints each '
-            "time it runs (jax.debug.print); or return the tensor and print it outside; "
-            'or use torch.compile(fn, backend="tpu"), which runs the print on the value '
-            "(Note [Printing inside a traced function])."
+            "time it runs (jax.debug.print); or return the tensor and print it outside"
+            f"{on_value} (Note [Printing inside a traced function])."
+        )
+    if base in _MASKED_WRITES:
+        return (
+            f"{name} writes one value per element a mask selects (x[mask] = values, "
+            f"x[mask] += 1), and how many it selects depends on the mask's values, called "
+            f"at {at}. {way_out}: a value that broadcasts "
+            "(x[mask] = 0), torch.where(mask, x + 1, x), or x.masked_scatter(mask, values)"
+            f"{outside}."
         )
     if base in _VALUE_SHAPED or isinstance(error, jax.errors.NonConcreteBooleanIndexError):
         return (
             f"{name} has an output shape that depends on tensor values (x[mask], "
-            f"torch.nonzero, masked_select, unique), called at {at}. Under a trace "
-            "(torchjax.jit, jax.jit) values are not known, only shapes, and every shape "
-            "must be fixed. Write it with fixed shapes instead: torch.where(mask, x, 0) or "
-            "a masked reduction ((x * mask).sum()), torch.nonzero_static(x, size=N); or "
-            'move it out of the traced function, or use torch.compile(fn, backend="tpu"), '
-            "which runs that part eagerly."
+            f"torch.nonzero, masked_select, unique), called at {at}. {way_out}: "
+            "torch.where(mask, x, 0) or a masked reduction ((x * mask).sum()), "
+            f"torch.nonzero_static(x, size=N){outside}."
         )
     if base in _READS:
         what = (
@@ -384,6 +489,11 @@ def _data_dependent_message(func, error) -> str:
         )
     else:
         what = "needs concrete tensor values"
+    if compiled:
+        return (
+            f"{name} {what}, called at {at}. {way_out}: branch on values with "
+            "torch.where(cond, a, b)."
+        )
     return (
         f"{name} {what}, called at {at}. Under a trace (torchjax.jit, jax.jit) the "
         "function is traced once for every input, so values are not known, only shapes and "
