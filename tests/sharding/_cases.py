@@ -417,6 +417,72 @@ def dp_fsdp_jit_train_step():
         assert bytes_per_device(w) * 4 == w.numel() * 4
 
 
+@case
+def jit_adamw_step_mixed_placement():
+    # One parameter sharded, the other as .to("tpu") left it (uncommitted on tpu:0): the
+    # first compiled AdamW step copies held buffers before donating them, and the copy
+    # must stay uncommitted to join the mesh's program.
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(16, 8)
+    xs = torch.randn(4, 16)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.1)
+    ref_losses = []
+    with torchjax.mesh((4,), ("tp",), devices=jax.devices()[:4]):
+        lin = torch.nn.Linear(16, 8).to("tpu")
+        lin.load_state_dict(ref.state_dict())
+        ts.shard_(lin.weight, P("tp", None))
+        opt = torch.optim.AdamW(lin.parameters(), lr=0.1)
+        x = xs.to("tpu")
+
+        @torchjax.jit
+        def step(x):
+            loss = lin(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        losses = [step(x).item() for _ in range(2)]
+    for _ in range(2):
+        loss = ref(xs).square().mean()
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(loss.item())
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
+    for p, q in zip(lin.parameters(), ref.parameters()):
+        close(p, q, atol=1e-5, rtol=1e-5)
+    assert ts.sharding_of(lin.weight).spec == P("tp", None)
+    return losses
+
+
+@case
+def jit_input_off_the_mesh_names_it():
+    # A parameter committed to a device outside the mesh cannot join its program: the
+    # error names it, its devices, the mesh and the fix, and prints no program.
+    with torchjax.mesh((2,), ("tp",), devices=jax.devices()[:2]):
+        lin = torch.nn.Linear(16, 8).to("tpu")
+        ts.shard_(lin.weight, P("tp", None))
+        lin.bias.data = lin.bias.data.to("tpu:5")
+        opt = torch.optim.AdamW(lin.parameters(), lr=0.1)
+
+        @torchjax.jit
+        def step(x):
+            loss = lin(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        try:
+            step(torch.randn(4, 16, device="tpu"))
+        except ValueError as e:
+            msg = str(e)
+        else:
+            raise AssertionError("no error for a parameter off the mesh")
+    return msg
+
+
 CASES.update(_moe_cases.CASES)  # Hub-layout MoE checkpoints under tensor parallelism
 CASES.update(_architecture_cases.CASES)  # the other tiny architectures, with or without a plan
 CASES.update(_plan_cases.CASES)  # a user's tp_plan dict, as transformers resolves it

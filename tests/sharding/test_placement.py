@@ -19,3 +19,15 @@ def test_dp_fsdp_jit_train_step(check):
 
 def test_writes_keep_the_placement(check):
     check("writes_keep_the_placement")
+
+
+def test_jit_adamw_step_mixed_placement(check):
+    losses = check("jit_adamw_step_mixed_placement")
+    assert len(losses) == 2
+
+
+def test_jit_input_off_the_mesh_names_it(check):
+    msg = check("jit_input_off_the_mesh_names_it")
+    assert len(msg) < 600, msg
+    assert "parameter 'bias'" in msg and "devices [5]" in msg, msg
+    assert "{'tp': 2} (devices [0, 1])" in msg and "shard_(t, P())" in msg, msg

@@ -59,4 +59,7 @@ def unshared(state_arrays, donated, tensors):
 
 
 def _copy(a: jax.Array) -> jax.Array:
-    return jax.device_put(a, a.sharding, may_alias=False)
+    # An uncommitted array (tpu:0, Note [Uncommitted arrays on tpu:0] in
+    # torchjax/tensor/_fills.py) is copied uncommitted: naming its sharding would commit
+    # the copy to device 0, and a program over a mesh's devices refuses such an argument.
+    return jax.device_put(a, a.sharding if a.committed else None, may_alias=False)

@@ -46,6 +46,7 @@ from torchjax.compile._call import (
     unflatten_args,
 )
 from torchjax.compile._containers import Watch
+from torchjax.compile._devices import incompatible_devices
 from torchjax.compile._escaped_grads import grads_watched, restore_grads
 from torchjax.compile._host_rng import HostGenerators, replay_generators
 from torchjax.compile._refusals import (
@@ -307,7 +308,14 @@ class Entry:
             call.jitted.donation_copies += copies
         token = x64_enter()
         try:
-            outs = self.compiled(*state, self.rng(), *call.arrays, *call.hypers.values)
+            inputs = (*state, self.rng(), *call.arrays, *call.hypers.values)
+            outs = self.compiled(*inputs)
+        except ValueError as e:
+            # Note [Inputs of a compiled call on other devices]
+            err = incompatible_devices(_name(call.jitted.fn), call, inputs)
+            if err is None:
+                raise
+            raise err from None
         finally:
             x64_exit(token)
         self.write_back(call, outs[self.n_out :])
