@@ -310,3 +310,48 @@ def test_tensor_list_arguments_run_refuse_float64_and_gradients_clearly():
         sum_list([x, x * 2])
     with torch.no_grad():
         torch.testing.assert_close(sum_list([x, x * 2]).cpu(), a * 3)
+
+
+# -- a function JAX cannot differentiate (Note [A kernel op without a derivative]) ----------
+def _kernel_fma(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] * y_ref[...] + x_ref[...]
+
+
+def _pallas_fma(x, y):
+    out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return pl.pallas_call(_kernel_fma, out_shape=out, interpret=tp.interpret_default())(x, y)
+
+
+@tp.op("torchjax_test_op::no_vjp_fma")
+def _no_vjp_fma(x, y, scale=2.0):
+    return _pallas_fma(x, y) * scale
+
+
+@pytest.mark.parametrize("how", ["eager", "direct", "jit", "compile"])
+def test_op_without_derivative_runs_forward_and_refuses_backward(how):
+    a = torch.randn(8, 128, requires_grad=True)
+    b = torch.randn(8, 128)
+    at, bt = a.detach().to("tpu").requires_grad_(), b.to("tpu")
+    calls = {
+        "eager": lambda x, y: _no_vjp_fma(x, y, 3.0),
+        "direct": lambda x, y: torch.ops.torchjax_test_op.no_vjp_fma(x, y, 3.0),
+        "jit": torchjax.jit(lambda x, y: _no_vjp_fma(x, y, 3.0)),
+        "compile": torch.compile(lambda x, y: _no_vjp_fma(x, y, 3.0), backend="tpu"),
+    }
+    out = calls[how](at, bt)
+    assert out.requires_grad
+    torch.testing.assert_close(out.detach().cpu(), ((a * b + a) * 3.0).detach())
+    with pytest.raises(RuntimeError, match=r"backward through torchjax_test_op\.no_vjp_fma") as e:
+        out.sum().backward()
+    assert "jax.custom_vjp" in str(e.value) and "docs/kernels.md" in str(e.value)
+
+
+def test_op_without_derivative_backward_inside_jit():
+    def step(x, y):
+        out = _no_vjp_fma(x, y, 3.0)
+        out.sum().backward()
+        return out
+
+    at = torch.randn(8, 128, device="tpu", requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"backward through torchjax_test_op\.no_vjp_fma"):
+        torchjax.jit(step)(at, torch.randn(8, 128, device="tpu"))

@@ -310,7 +310,7 @@ class Entry:
         try:
             inputs = (*state, self.rng(), *call.arrays, *call.hypers.values)
             outs = self.compiled(*inputs)
-        except ValueError as e:
+        except ValueError:
             # Note [Inputs of a compiled call on other devices]
             err = incompatible_devices(_name(call.jitted.fn), call, inputs)
             if err is None:

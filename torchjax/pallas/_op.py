@@ -96,6 +96,7 @@ from torchjax.device import _checks
 from torchjax.interop._convert import to_jax
 from torchjax.interop._jax_function import conj_vjp, jax_function
 from torchjax.ops.registry import handler
+from torchjax.pallas._no_derivative import no_derivative, no_derivative_error
 from torchjax.tensor._tensor import wrap
 from torchjax.tensor.dtypes import to_jax_dtype, to_torch_dtype
 
@@ -454,11 +455,19 @@ class KernelOp:
             return None
         static = tuple((n, v) for n, v in bound.items() if n not in arrays)
         key = (diff, tuple(arrays), static)
-        fwd = self._vjp_calls.get(key)
-        if fwd is None:
+        fwd = self._vjp_calls.get(key, 0)
+        if fwd is None:  # Note [A kernel op without a derivative]
+            return None
+        if fwd == 0:
             fwd = self._vjp_calls[key] = self._make_vjp(diff, dict(static))
         others = {n: a for n, a in arrays.items() if n not in diff}
-        outs, pullback = fwd([arrays[n] for n in diff], others)
+        try:
+            outs, pullback = fwd([arrays[n] for n in diff], others)
+        except (ValueError, NotImplementedError) as e:
+            if not no_derivative(e):
+                raise
+            self._vjp_calls[key] = None
+            return None
         results = [wrap(o) for o in outs]
         avals = [(o.shape, o.dtype) for o in outs]
         setattr(results[0], _VJP_ATTR, (pullback, diff, avals))
@@ -506,7 +515,7 @@ class KernelOp:
         bname = f"{opname}_backward"
         self._lib.define(f"{bname}({args}, Tensor?[] grads) -> Tensor[]")
         self.backward_op = getattr(getattr(torch.ops, ns), bname).default
-        names, tensors, fn = self._names, self._tensors, self._fn
+        names, tensors, fn, qualname = self._names, self._tensors, self._fn, self.qualname
 
         def vjp(*args, **kwargs):
             bound, grads = _bind_backward(names, args, kwargs)
@@ -519,7 +528,12 @@ class KernelOp:
             def f(*d):
                 return fn(**dict(bound, **dict(zip(diff, d))))
 
-            outs, pull = jax.vjp(f, *(bound[n] for n in diff))
+            try:
+                outs, pull = jax.vjp(f, *(bound[n] for n in diff))
+            except (ValueError, NotImplementedError) as e:
+                if not no_derivative(e):
+                    raise
+                raise no_derivative_error(qualname) from None
             flat_outs = jax.tree_util.tree_leaves(outs)
             cts = [
                 jnp.zeros(o.shape, o.dtype) if g is None else g.astype(o.dtype)
