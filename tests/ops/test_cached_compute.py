@@ -208,8 +208,10 @@ def _calls(func):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int64, torch.int32])
 def test_every_dtype_runs_as_one_cached_executable(dtype):
+    # Made on the device: integer ops on values the host holds run there (Note [Integer
+    # ops on host values]).
     x = torch.arange(1, 7).reshape(2, 3).to(dtype)
-    t = x.to(TPU)
+    t = torch.arange(1, 7, device=TPU).reshape(2, 3).to(dtype)
     torchjax.reset_stats()
     for _ in range(3):
         out = t * 3 + t
@@ -476,7 +478,9 @@ def test_reads_of_a_growing_batch_share_one_program_per_length():
     # shared by every op reading that column, and each op keeps one plain executable
     # (Note [Views in keys whose shapes vary]); values are exact.
     ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    tids = ids.to(TPU)
+    # Made on the device: integer ops on values the host holds run there (Note [Integer
+    # ops on host values]).
+    tids = torch.arange(1, 7, device=TPU).reshape(2, 3)
     eos = torch.tensor([7])
     teos = eos.to(TPU)
     mul, isin = [], []

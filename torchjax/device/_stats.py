@@ -20,6 +20,8 @@ path:
   as a compile too, ``compiles`` does not count them;
 - ``host_reads``: device-to-host transfers torchjax made (``.item()``, ``.cpu()``,
   ``print``, ``.tolist()``, the reads of pending device checks at a sync point);
+- ``host_ops``: ops run on the host because their inputs' values were there (Note
+  [Integer ops on host values] in torchjax/ops/host_ops.py): no device program ran;
 - ``executables``: the process-wide budget of cached programs and what it holds
   (``entries``, ``bytes``, ``evictions``, ``budget_entries``, ``budget_bytes``: Note
   [Executable cache budget] in torchjax/_budget.py).
@@ -43,12 +45,13 @@ _PERSISTENT_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 class _Counters:
-    __slots__ = ("compiles", "persistent_cache_hits", "host_reads")
+    __slots__ = ("compiles", "persistent_cache_hits", "host_reads", "host_ops")
 
     def __init__(self):
         self.compiles = 0
         self.persistent_cache_hits = 0
         self.host_reads = 0
+        self.host_ops = 0
 
 
 COUNTERS = _Counters()
@@ -112,10 +115,14 @@ def count_host_read() -> None:
     COUNTERS.host_reads += 1
 
 
+def count_host_op() -> None:
+    COUNTERS.host_ops += 1
+
+
 def stats() -> dict:
     """The eager engine's counters since import or the last ``reset_stats()``
     (Note [Eager engine counters]): ``compiles``, ``persistent_cache_hits``,
-    ``executions``, ``cache_hits``, ``cache_misses``, ``host_reads``, ``executables``
+    ``executions``, ``cache_hits``, ``cache_misses``, ``host_reads``, ``host_ops``, ``executables``
     (the cache budget: ``entries``, ``bytes``, ``evictions``, ``budget_entries``,
     ``budget_bytes``) and ``ops``
     ({"aten::add.Tensor": {"calls", "traces", "keys", "op_by_op"}}, overloads that ran
@@ -142,6 +149,7 @@ def stats() -> dict:
         "cache_hits": max(calls - traces, 0),
         "cache_misses": traces,
         "host_reads": COUNTERS.host_reads,
+        "host_ops": COUNTERS.host_ops,
         "executables": _budget.cache_budget(),
         "fused_ops": FUSED.ops,
         "fused_segments": FUSED.segments,
@@ -156,6 +164,7 @@ def reset_stats() -> None:
     COUNTERS.compiles = 0
     COUNTERS.persistent_cache_hits = 0
     COUNTERS.host_reads = 0
+    COUNTERS.host_ops = 0
     FUSED.ops = FUSED.segments = FUSED.compiles = 0
     _budget.reset_counters()
     for c in list(OP_COUNTERS.values()):

@@ -49,8 +49,20 @@ def remember(storage, values: torch.Tensor) -> None:
         _SHADOWS[storage] = (weakref.ref(arr), values.detach().reshape(-1).clone())
 
 
-def lookup(t) -> torch.Tensor | None:
-    """A CPU tensor with ``t``'s values from its storage's shadow, or None."""
+class _Held:
+    """Truthy while some storage has a shadow: the one check the dispatch hot path makes
+    before looking for host values (Note [Integer ops on host values])."""
+
+    def __bool__(self) -> bool:
+        return bool(_SHADOWS)
+
+
+HELD = _Held()
+
+
+def view_of(t) -> torch.Tensor | None:
+    """A CPU view with ``t``'s values, size, strides and offset over its storage's shadow
+    (not to be written), or None (see ``lookup``)."""
     storage = t._storage
     entry = _SHADOWS.get(storage)
     if entry is None:
@@ -61,6 +73,10 @@ def lookup(t) -> torch.Tensor | None:
         return None
     if flat.dtype != t.dtype or t.is_conj() or t.is_neg():
         return None
-    return flat.as_strided(t._size, t._stride, t._offset).clone(
-        memory_format=torch.contiguous_format
-    )
+    return flat.as_strided(t._size, t._stride, t._offset)
+
+
+def lookup(t) -> torch.Tensor | None:
+    """A CPU tensor with ``t``'s values from its storage's shadow, or None."""
+    view = view_of(t)
+    return None if view is None else view.clone(memory_format=torch.contiguous_format)

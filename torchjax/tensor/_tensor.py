@@ -28,7 +28,15 @@ from torchjax._compat.torch import (
     set_tensor_data,
     tensor_repr,
 )
-from torchjax.tensor import _addresses, _backward_errors, _errors, _fake, _protocols, dtypes
+from torchjax.tensor import (
+    _addresses,
+    _backward_errors,
+    _errors,
+    _fake,
+    _protocols,
+    _shadows,
+    dtypes,
+)
 from torchjax.tensor._reinterpret import Interpretation, interpret
 from torchjax.tensor._storage import Storage, contiguous_strides
 
@@ -37,6 +45,10 @@ _DEVICES = {}
 # The registry's resolved handlers (ATen overload -> fn(args, kwargs)); filled by
 # torchjax/ops/registry.py, which imports this module. Read directly on the hot path.
 _HANDLERS: dict = {}
+# Ops run on the host when their inputs' values are there (ATen overload -> fn(func,
+# args, kwargs), None to run on the device); filled by torchjax/ops/host_ops.py (Note
+# [Integer ops on host values]).
+HOST_OPS: dict = {}
 # The device checks not read yet and the function that has the end of a running backward
 # pass read them (Note [Device-side checks]); set by torchjax/device/_checks.py, which
 # this module cannot import (the device package imports it).
@@ -337,6 +349,12 @@ class JaxTensor(torch.Tensor):
             if hook is not None:
                 args, kwargs, hooked = hook(func, args, kwargs)
         try:
+            if _shadows.HELD and func in HOST_OPS:
+                # Note [Integer ops on host values] (torchjax/ops/host_ops.py): CPU's
+                # kernel ran, so its errors are CPU's own, passed on as they are.
+                out = HOST_OPS[func](func, args, kwargs or {})
+                if out is not None:
+                    return out
             try:
                 handler = _HANDLERS.get(func)
                 if handler is None:
