@@ -85,4 +85,24 @@ def test_jit_follows_a_swapped_submodule_without_parameters():
         with torch.no_grad():
             torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x))
     assert f.trace_count == 3 and f.cache_hits == 1
-    assert "submodules" in f.last_retrace_reason
+    assert f.last_retrace_reason == "the submodules (one swapped for another) changed"
+
+
+def test_a_new_module_at_a_freed_modules_address_traces_again():
+    # A loop rebuilding an activation gets new modules at freed addresses (their id):
+    # keyed by id, the program of an earlier slope ran for a later one.
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LeakyReLU(0.1))
+    m = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(3, 4)
+    f = torchjax.jit(m, warn_after=100)
+    seen, reused = set(), 0
+    for i in range(40):
+        m[1] = torch.nn.LeakyReLU(0.01 * (i + 1))
+        cpu[1] = torch.nn.LeakyReLU(0.01 * (i + 1))
+        reused += id(m[1]) in seen
+        seen.add(id(m[1]))
+        with torch.no_grad():
+            torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x))
+    assert reused  # addresses were reused: the case this checks
+    assert f.trace_count == 40

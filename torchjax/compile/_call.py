@@ -206,6 +206,12 @@ class Ref:
         return f"<{type(self.obj).__name__} object>"
 
 
+# The parts of a call's mode flags (``flags`` in ``Call``), named in a retrace reason.
+_MODES = ("grad mode", "autocast", "autocast dtype", "default dtype",
+          "float32 matmul precision", "module training flags", "modules' config values",
+          "submodules (one swapped for another)")  # fmt: skip
+
+
 def describe_change(old, new) -> str:
     names = ("argument structure", "non-tensor arguments", "static_argnames values",
              "tensor argument shapes/dtypes", "tensor argument requires_grad",
@@ -221,6 +227,8 @@ def describe_change(old, new) -> str:
              "CPU tensors in the state (a new tensor, or a value written in place)",
              "tensor arguments sharing memory with each other or with state")  # fmt: skip
     for name, a, b in zip(names, old, new):
+        if a != b and name.startswith("grad mode") and len(a) == len(b) == len(_MODES):
+            return "the " + " and ".join(n for n, x, y in zip(_MODES, a, b) if x != y) + " changed"
         if a != b:
             if name == "tensor argument shapes/dtypes" and len(a) == len(b):
                 for k, (x, y) in enumerate(zip(a, b)):

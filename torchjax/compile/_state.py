@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import types
+import weakref
 
 import torch
 
@@ -173,9 +174,11 @@ class StateWalk:
         return tuple(_plain_values(c) for c in self.configs)
 
     def module_key(self) -> tuple:
-        """Each module reached, by identity and type (Note [A module's config is a
-        guard]): a submodule swapped for another traces again."""
-        return tuple((id(m), type(m)) for m in self.modules)
+        """Each module reached, by identity (Note [A module's config is a guard]): a
+        submodule swapped for another traces again. Weak references: equal while both
+        modules live and are the same object, so a new module at a freed one's address
+        (its ``id``) is not the old one; the key keeps no module alive."""
+        return tuple(map(_module_ref, self.modules))
 
     def training_flags(self) -> tuple[bool, ...]:
         """``module.training`` of every module seen: tracing depends on them."""
@@ -257,6 +260,13 @@ class StateWalk:
             self.add(v, depth)
 
 
+def _module_ref(m):
+    try:
+        return weakref.ref(m)
+    except TypeError:  # a module class with __slots__ and no weak reference slot
+        return (id(m), type(m))
+
+
 # Note [A module's config is a guard]
 # A model's forward reads its configuration in Python at trace time: transformers
 # dispatches attention and MoE experts by ``config._attn_implementation`` and
@@ -272,9 +282,11 @@ class StateWalk:
 # a config's values are read on every call (about 40 for a transformers config, some
 # 10-20 us). Other plain attributes of modules are read at trace time, as
 # documented (docs/compiled.md). The modules themselves are guarded the same way, by
-# identity and type, as Dynamo guards a module it inlines: ``model[1] = nn.Identity()``
-# swaps a submodule that brings no parameter (no state of the call changes), and the
-# program traced with the old one ran on.
+# identity, as Dynamo guards a module it inlines: ``model[1] = nn.Identity()`` swaps a
+# submodule that brings no parameter (no state of the call changes), and the program
+# traced with the old one ran on. They are keyed by weak reference, not ``id``: a loop
+# that rebuilds an activation (``model[1] = nn.LeakyReLU(s)``) gets new modules at
+# freed addresses, and one keyed by ``id`` found the program of an earlier slope.
 
 _PLAIN = frozenset({type(None), bool, int, float, complex, str, torch.dtype})
 
