@@ -92,8 +92,11 @@ def bucketed(
             padded on the host, then moved); None leaves them where they are.
 
     Returns:
-        A callable with ``fn``'s signature returning what ``fn`` returns for the
-        unpadded inputs (outputs with the bucket's size along ``dim`` sliced back).
+        A callable with ``fn``'s signature. Outputs with the bucket's size along ``dim``
+        are sliced back: they equal the unpadded call's where ``fn`` keeps positions
+        apart along ``dim`` or masks the padding (a causal or masked model's logits).
+        Other outputs are returned as computed, over the padded inputs: a reduction
+        over ``dim`` (``t.mean(1)``, an unmasked loss) includes the padding.
     """
     if fn is None:
         return functools.partial(
