@@ -7,7 +7,8 @@ calls. Then, over ``--runs`` calls, the wall time of a call is split by what the
 doing, each part exclusive of the parts inside it:
 
 - ``eager ops``: torch ops on tpu tensors run one by one outside any compiled program
-  (transformers' setup, the cache reset), each an op-level program call;
+  (transformers' setup, the cache reset), each an op-level program call, or run on the
+  host when their integer inputs' values are there (counted apart);
 - ``host reads``: device-to-host copies (``.item()``, ``.tolist()``, ``bool(t)``), which
   wait for the device to finish the work queued before them;
 - ``call setup``: torchjax.jit's per-call work before a program runs (arguments, the
@@ -146,7 +147,10 @@ def main() -> None:
     split.wrap(_jit.Jitted, "_run", "program calls")
     split.wrap(_repeat, "run", "program calls", outer_only=True)
 
+    import torchjax
+
     walls = []
+    torchjax.reset_stats()
     for _ in range(args.runs):
         split.on = True
         t0 = time.perf_counter()
@@ -162,6 +166,10 @@ def main() -> None:
     for k, v in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"  {k:14s} {v:8.2f} ms  ({split.count[k] / runs:.0f} per call)")
     print(f"  {'other':14s} {wall - sum(parts.values()):8.2f} ms")
+    # Note [Integer ops on host values]: eager ops run on the host, no device program.
+    print(
+        f"  of the eager ops, run on the host: {torchjax.stats()['host_ops'] / runs:.0f} per call"
+    )
     for label in ("host reads", "eager ops"):
         print(f"\n{label} by caller (per call):")
         for k, v in split.where[label].most_common(30):

@@ -421,6 +421,7 @@ def test_note_lists_every_recorded_patch():
             "accelerate.state",
             "transformers.trainer",
             "transformers.generation.utils",
+            "transformers.integrations.moe",
             "kernels",
         )
     ]
@@ -476,3 +477,17 @@ def test_replace_attr_restores_class_dict_entry():
     assert original is raw and Owner.f() == 2
     _patches._INSTALLED.pop("t").undo()
     assert Owner.__dict__["f"] is raw
+
+
+def test_the_ragged_dot_experts_name_works_without_registering():
+    out = _run(
+        """
+        import torchjax, transformers
+        from transformers.integrations.moe import ExpertsInterface
+        assert "torchjax_ragged_dot" in ExpertsInterface._global_mapping
+        torchjax.uninstall()
+        assert "torchjax_ragged_dot" not in ExpertsInterface._global_mapping
+        print("ok")
+        """
+    )
+    assert out.strip().endswith("ok")

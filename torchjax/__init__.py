@@ -20,6 +20,7 @@ from torchjax.integrations.accelerate import _offload as _accelerate_offload
 from torchjax.integrations.accelerate import _saving as _accelerate_saving
 from torchjax.integrations.kernels import _backend as _kernels_backend
 from torchjax.integrations.transformers import _auto_compile as _hf_auto_compile
+from torchjax.integrations.transformers import _moe as _hf_moe
 from torchjax.integrations.transformers import _patch_records as _hf_patches
 from torchjax.integrations.transformers import _trainer as _hf_trainer
 from torchjax.interop import (
@@ -58,6 +59,9 @@ _hf_trainer.install_when_imported()
 # generate that transformers would auto-compile on tpu runs as device programs (Note
 # [transformers' auto-compile on tpu]).
 _hf_auto_compile.install_when_imported()
+# experts_implementation="torchjax_ragged_dot" names torchjax's ragged-dot experts
+# (integrations/transformers/_moe.py), once transformers' experts registry is imported.
+_hf_moe.install_when_imported()
 # torch.compile(backend="tpu") finds the backend without torchjax's package metadata
 # (Note [Finding the "tpu" Dynamo backend]).
 _dynamo_backend.install_when_imported()

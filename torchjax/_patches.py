@@ -176,7 +176,8 @@ how it is undone.
   for transformers.integrations.accelerate``, ``sys.meta_path import hook for
   transformers.trainer``, ``sys.meta_path import hook for transformers.generation.utils``,
   ``sys.meta_path import hook for accelerate.utils.dataclasses``, ``sys.meta_path import
-  hook for safetensors.torch``, ``sys.meta_path import hook for kernels`` and
+  hook for safetensors.torch``, ``sys.meta_path import hook for kernels``,
+  ``sys.meta_path import hook for transformers.integrations.moe`` and
   ``sys.meta_path import hook for torch._dynamo``
   (integrations/_after_import.py; no release): finders like the one above, one per
   module the patches below are applied to, so ``import torchjax`` imports none of these
@@ -257,9 +258,13 @@ how it is undone.
   instead (Note [Errors of ops traced with fake tensors]), so the filter holds that
   thread's records while such an op runs and lets them through unless eager's error
   replaced the meta kernel's. Every other record passes. Undo: the filter removed.
-- ``transformers ExpertsInterface entry`` (integrations/transformers/_moe.py, only when
-  the user calls ``register_experts()``; transformers 5.24). "torchjax_ragged_dot" in
-  transformers' global experts registry. Undo: the entry is deleted.
+- ``transformers ExpertsInterface entry`` (integrations/transformers/_moe.py, right after
+  ``transformers.integrations.moe`` runs, or when the user calls ``register_experts()``;
+  transformers 5.24). "torchjax_ragged_dot" in transformers' global experts registry, so
+  ``set_experts_implementation("torchjax_ragged_dot")`` and
+  ``from_pretrained(..., experts_implementation="torchjax_ragged_dot")`` find it; a name
+  added, no existing entry changed, so CPU code that does not name it runs as before.
+  Undo: the entry is deleted.
 
 Not undone (torch has no way back): the PrivateUse1 backend renamed to "tpu" with its
 device module ``torch.tpu`` and device guard, and kernels registered for the PrivateUse1,

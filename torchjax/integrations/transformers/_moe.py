@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from torchjax import _patches
+from torchjax.integrations import _after_import
 from torchjax.pallas import ragged_dot
 
 NAME = "torchjax_ragged_dot"
@@ -87,3 +88,13 @@ def register_experts() -> str:
         undo=lambda: ExpertsInterface._global_mapping.pop(NAME, None),
     )
     return NAME
+
+
+def install_when_imported() -> None:
+    """``register_experts()`` now if ``transformers.integrations.moe`` is loaded, else
+    right after it is: the name works without a call the user must know to make."""
+    _after_import.when_imported(
+        "transformers.integrations.moe",
+        register_experts,
+        why="register the torchjax_ragged_dot experts right after transformers' registry",
+    )
