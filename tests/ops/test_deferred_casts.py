@@ -48,6 +48,15 @@ def _values(dtype):
     return x.to(dtype)
 
 
+def _on_device(x):
+    """``x`` on tpu with its values on the device alone: integer conversions of values
+    the host holds run there instead (Note [Integer ops on host values]); a device write
+    drops the host's copy."""
+    t = x.to(TPU)
+    t.copy_(t.clone())
+    return t
+
+
 def _bits(t):
     t = t.cpu()
     ints = {torch.float16: torch.int16, torch.bfloat16: torch.int16}
@@ -61,7 +70,7 @@ def test_a_deferred_conversion_gives_cpus_values(src, dst):
     if src == dst:
         pytest.skip("no conversion")
     x = _values(src)
-    t = x.to(TPU).to(dst)
+    t = _on_device(x).to(dst)
     if src == torch.bool and dst.is_floating_point:
         # Converted behind a barrier, which no consumer admits: made at the call.
         assert not _deferred(t) and torch.equal(_bits(t), _bits(x.to(dst)))
@@ -104,7 +113,7 @@ def grid_mismatches() -> list:
     bad = []
     for src in DTYPES:
         x = torch.tensor(_SPECIAL_FLOATS if src.is_floating_point else _SPECIAL_INTS)
-        t = x.to(src).to(TPU)
+        t = _on_device(x.to(src))
         for dst in DTYPES:
             for name, consumer in _CONSUMERS.items() if dst != src else ():
                 results = []

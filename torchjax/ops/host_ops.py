@@ -11,9 +11,8 @@ the host already (Note [Host values of tensors made from host data] in
 torchjax/tensor/_shadows.py), so the op runs there instead: torch's own CPU kernel on
 those values, the result copied to the inputs' tpu device as any CPU tensor is
 (``.to(device)``), which keeps its values on the host too, so the next op and the read
-back need no device either. An error is CPU's, raised at the op, after the device's
-earlier failures (an error there is a synchronisation point, as the read the device run
-would have made).
+back need no device either. A call CPU refuses runs on the device instead, which raises
+the op's error as it always has (its text, and the device's earlier failures first).
 
 Which calls: an op of ``OPS`` (functional: it writes no argument and returns no view;
 deterministic) outside any trace (``torchjax.jit``, ``jax.jit``: a host value there
@@ -28,10 +27,10 @@ on the device as before. ``torchjax.stats()["host_ops"]`` counts these calls.
 from __future__ import annotations
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from torchjax._compat.jax import trace_state_clean
-from torchjax.device import _checks, _stats
+from torchjax._compat.torch import pytree
+from torchjax.device import _stats
 from torchjax.tensor import _shadows, _tensor
 
 aten = torch.ops.aten
@@ -78,7 +77,7 @@ OPS = _ops()
 
 def run(func, args, kwargs):
     """``func``'s result computed on the host (see the Note), or None: run it on the device."""
-    leaves, spec = tree_flatten((args, kwargs))
+    leaves, spec = pytree.tree_flatten((args, kwargs))
     device = None
     host = []
     for x in leaves:
@@ -97,24 +96,21 @@ def run(func, args, kwargs):
             host.append(x)
     if device is None or not trace_state_clean():
         return None
-    cpu_args, cpu_kwargs = tree_unflatten(host, spec)
+    cpu_args, cpu_kwargs = pytree.tree_unflatten(host, spec)
     if func is aten._to_copy.default:
         cpu_kwargs = _same_device_copy(cpu_kwargs, device)
         if cpu_kwargs is None:
             return None
     try:
         out = func(*cpu_args, **cpu_kwargs)
-    except Exception:
-        # An error at the op reports the device's earlier failures first, as the read
-        # its device run would have made (Note [Device-side checks]).
-        _checks.raise_pending()
-        raise
-    results, out_spec = tree_flatten(out)
+    except Exception:  # noqa: BLE001 - the device run raises the op's own error
+        return None
+    results, out_spec = pytree.tree_flatten(out)
     if any(isinstance(r, torch.Tensor) and r.dtype not in _EXACT for r in results):
         return None
     _stats.count_host_op()
     moved = [r.to(device) if isinstance(r, torch.Tensor) else r for r in results]
-    return tree_unflatten(moved, out_spec)
+    return pytree.tree_unflatten(moved, out_spec)
 
 
 def _same_device_copy(kwargs: dict, device) -> dict | None:

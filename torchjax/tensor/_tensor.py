@@ -350,8 +350,7 @@ class JaxTensor(torch.Tensor):
                 args, kwargs, hooked = hook(func, args, kwargs)
         try:
             if _shadows.HELD and func in HOST_OPS:
-                # Note [Integer ops on host values] (torchjax/ops/host_ops.py): CPU's
-                # kernel ran, so its errors are CPU's own, passed on as they are.
+                # Note [Integer ops on host values] (torchjax/ops/host_ops.py)
                 out = HOST_OPS[func](func, args, kwargs or {})
                 if out is not None:
                     return out
