@@ -156,18 +156,22 @@ def test_kernel_bfloat16_accumulates_in_float32():
     assert jnp.allclose(out.astype(jnp.float32), ref, atol=0.1, rtol=2e-2)
 
 
-@pytest.mark.parametrize("platform", ["cpu", "tpu"])
+# The platforms whose float64 form runs here: a backend with a form of its own has no
+# float64 lax.ragged_dot to run another platform's with (Note [float64 ragged dot]).
+_FLOAT64_PLATFORMS = [
+    p
+    for p in ("cpu", "tpu")
+    if p == jax.default_backend() or jax.default_backend() not in _ragged.FLOAT64_FORMS
+]
+
+
+@pytest.mark.parametrize("platform", _FLOAT64_PLATFORMS)
 def test_float64_runs_xlas_ragged_dot_with_grads_and_other_dtypes_are_refused(
     platform, monkeypatch
 ):
     # The kernels trace in 32-bit mode and have no float64 products: float64 failed in
     # the kernel ("Invalid dtype for swap"). Each platform's float64 form runs here
     # (Note [float64 ragged dot]): XLA's ragged_dot, and TPU's product per group.
-    if platform != jax.default_backend() and jax.default_backend() in _ragged.FLOAT64_FORMS:
-        pytest.skip(
-            f"{jax.default_backend()} has no float64 lax.ragged_dot to run the {platform} form "
-            "with (Note [float64 ragged dot]); its own form runs in the other case"
-        )
     form = _ragged.FLOAT64_FORMS.get(platform, _ragged.ragged_dot_reference)
     calls = []
     spy = lambda *a, **k: calls.append(1) or form(*a, **k)  # noqa: E731
