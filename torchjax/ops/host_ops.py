@@ -77,6 +77,12 @@ OPS = _ops()
 
 def run(func, args, kwargs):
     """``func``'s result computed on the host (see the Note), or None: run it on the device."""
+    # Most calls reaching here are a model's ops on tensors without host values: turned
+    # away on their first such argument, before flattening (several us a call).
+    for a in args:
+        storage = getattr(a, "_storage", None)
+        if storage is not None and not _shadows.held_by(storage):
+            return None
     leaves, spec = pytree.tree_flatten((args, kwargs))
     device = None
     host = []

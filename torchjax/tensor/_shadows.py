@@ -60,6 +60,11 @@ class _Held:
 HELD = _Held()
 
 
+def held_by(storage) -> bool:
+    """Whether ``storage`` has a shadow entry (possibly stale: ``view_of`` checks)."""
+    return storage in _SHADOWS
+
+
 def view_of(t) -> torch.Tensor | None:
     """A CPU view with ``t``'s values, size, strides and offset over its storage's shadow
     (not to be written), or None (see ``lookup``)."""

@@ -349,7 +349,7 @@ class JaxTensor(torch.Tensor):
             if hook is not None:
                 args, kwargs, hooked = hook(func, args, kwargs)
         try:
-            if _shadows.HELD and func in HOST_OPS:
+            if func in HOST_OPS and _shadows.HELD:
                 # Note [Integer ops on host values] (torchjax/ops/host_ops.py)
                 out = HOST_OPS[func](func, args, kwargs or {})
                 if out is not None:
