@@ -77,14 +77,16 @@ def _chain_workload():
     w = (1 + 0.01 * torch.randn(64, 64, generator=g)).to("tpu")
     b = (0.01 * torch.randn(64, 64, generator=g)).to("tpu")
 
-    def run():
-        y = x
-        for _ in range(CHAIN_PAIRS):
-            y = y * w
-            y = y + b
-        return y
+    return lambda: _chain(x, w, b)
 
-    return run
+
+def _chain(x, w, b):
+    """The measured chain: ``CHAIN_PAIRS`` multiply-add pairs."""
+    y = x
+    for _ in range(CHAIN_PAIRS):
+        y = y * w
+        y = y + b
+    return y
 
 
 def _llama_workload():
@@ -235,11 +237,7 @@ def floor_us() -> float:
     x, w, b = (_Bare((64, 64), torch.float32) for _ in range(3))
 
     def run():
-        y = x
-        for _ in range(CHAIN_PAIRS):
-            y = y * w
-            y = y + b
-        return y
+        return _chain(x, w, b)
 
     for _ in range(WARMUP):
         run()
