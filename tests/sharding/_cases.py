@@ -417,6 +417,20 @@ def dp_fsdp_jit_train_step():
         assert bytes_per_device(w) * 4 == w.numel() * 4
 
 
+def _jit_train_step(lin, opt):
+    """A torchjax.jit step of ``lin`` under ``opt`` on a squared-output loss."""
+
+    @torchjax.jit
+    def step(x):
+        loss = lin(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    return step
+
+
 @case
 def jit_adamw_step_mixed_placement():
     # One parameter sharded, the other as .to("tpu") left it (uncommitted on tpu:0): the
@@ -433,14 +447,7 @@ def jit_adamw_step_mixed_placement():
         ts.shard_(lin.weight, P("tp", None))
         opt = torch.optim.AdamW(lin.parameters(), lr=0.1)
         x = xs.to("tpu")
-
-        @torchjax.jit
-        def step(x):
-            loss = lin(x).square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.detach()
+        step = _jit_train_step(lin, opt)
 
         losses = [step(x).item() for _ in range(2)]
     for _ in range(2):
@@ -465,14 +472,7 @@ def jit_input_off_the_mesh_names_it():
         ts.shard_(lin.weight, P("tp", None))
         lin.bias.data = lin.bias.data.to("tpu:5")
         opt = torch.optim.AdamW(lin.parameters(), lr=0.1)
-
-        @torchjax.jit
-        def step(x):
-            loss = lin(x).square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.detach()
+        step = _jit_train_step(lin, opt)
 
         try:
             step(torch.randn(4, 16, device="tpu"))
