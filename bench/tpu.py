@@ -30,7 +30,11 @@
   ``grouped_mm`` experts and with torchjax's ragged dot (bench/tpu_moe.py);
 - ``compiles``: XLA compile seconds of the Llama's and the MoE's prefill forward per
   layer, of a Pallas kernel at 1 and 16 call sites, and of int64 ``cumsum``
-  (bench/tpu_compiles.py).
+  (bench/tpu_compiles.py);
+- ``eager``: plain eager, fused eager (``torchjax.fused()``) and ``torchjax.jit`` of the
+  Llama's and the tiny Llama's forward and AdamW step, eager ``generate`` (plain and
+  fused) and a chain of 400 small ops: first-call seconds, steady-state time, stats per
+  run, fused against plain bit for bit (bench/tpu_eager.py).
 
 Writes the report (markdown) to ``--out`` (default bench/results_tpu.md) and prints it; a
 run of some sections replaces those sections of an existing report and keeps the others.
@@ -72,7 +76,7 @@ HBM_BYTES_PER_S = 819e9
 FLOPS_PER_S = 197e12
 SECTIONS = (
     "tier", "pallas", "precision", "seed", "numerics", "decode", "attention", "kernels", "moe",
-    "compiles",
+    "compiles", "eager",
 )  # fmt: skip
 CHILD_SECTIONS = ("tier", "pallas")  # pytest in a child process, which must hold the chip
 TITLE = "torchjax on the chip: bench/tpu.py"
@@ -314,6 +318,12 @@ def compiles(ctx) -> dict:
     from bench import tpu_compiles
 
     return tpu_compiles.compiles(ctx)
+
+
+def eager(ctx) -> dict:
+    from bench import tpu_eager
+
+    return tpu_eager.eager(ctx)
 
 
 # -- report ----------------------------------------------------------------------------

@@ -1,0 +1,396 @@
+"""The ``eager`` section of bench/tpu.py: plain eager, fused eager and ``torchjax.jit`` on
+the chip.
+
+Plain eager runs every op as its own cached executable (one device call each); fused
+eager (``with torchjax.fused():``, Note [Fused eager] in torchjax/ops/fused.py) records
+the ops and runs each segment as one program; ``torchjax.jit`` traces the whole function
+into one program. On an accelerator a device call costs host latency that CPU JAX hides,
+so these rows say what each mode is worth where it matters. Rows:
+
+- ``forward 1.1B``: the Llama of bench/tpu.py (``llama_config``) in bfloat16, prefill
+  forward of (1, 128) token ids under ``torch.no_grad()``, the logits;
+- ``forward tiny``: bench/models.py's tiny Llama, forward of (1, 32);
+- ``train tiny``, ``train 1.1B``: one AdamW step (forward with ``labels``, backward,
+  ``opt.step()``, ``opt.zero_grad()``; lr 1e-4) of each model in bfloat16 on (1, 128)
+  token ids; every mode starts from the same weights and a new optimizer;
+- ``generate``: greedy ``generate(..., disable_compile=True)`` of the 1.1B model (the
+  forward eager, op by op) with the cache torchjax gives that call (static: Note [A
+  static cache for eager generate on tpu]) and with transformers' ``DynamicCache``
+  (``cache_implementation="dynamic"``: shapes grow every step), plain and fused; and the
+  default compiled ``generate`` for scale. Tokens/s over ``new`` tokens, timed once after
+  a warm-up generate of the same length; both stop at ``max_time`` seconds (a fused
+  generate may compile a program per step), ``tokens`` says how far each got, and a
+  warm-up that stopped short is not followed by a timed run;
+- ``chain``: 400 small ops (``x = x * w; x = x + b``, 200 times, (64, 64) float32), us
+  per op.
+
+Per mode: ``first_s`` (the first call: traces and compiles), ``median_ms`` (steady state:
+median of at least ``RUNS`` calls after a second warm-up call; every call blocks on its
+outputs, a train step on every live array with ``torch.tpu.synchronize()``), and
+``per_run``: ``torchjax.stats()`` over the timed calls divided by their number (XLA
+``compiles``, ``executions`` of cached programs, ``host_reads``, fused ``segments``,
+``fused_compiles``). ``fused_equal_eager``: whether fused mode's outputs (forward: the
+logits; train: the first step's loss and every updated weight; generate: the tokens) are
+bit for bit plain eager's, with the largest absolute difference; ``jit_max_abs_diff``
+the same for ``torchjax.jit`` (not expected to be 0: XLA fuses across ops). A row that
+fails records its error and the rest run; a row is skipped once the section's time
+budget (``BUDGET_S``) is spent.
+
+Run:  python -m bench.tpu --sections eager   (``--small``: small models, off the chip)
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import sys
+import time
+
+RUNS = 5
+BUDGET_S = 330  # no row or mode starts after this (one in flight finishes)
+_DEADLINE = [float("inf")]
+_STAT_KEYS = {
+    "compiles": "compiles", "executions": "executions", "host_reads": "host_reads",
+    "segments": "fused_segments", "fused_compiles": "fused_compiles",
+}  # fmt: skip
+
+
+def _progress(what: str) -> None:
+    print(f"eager: {what} ({time.strftime('%H:%M:%S')})", file=sys.stderr, flush=True)
+
+
+def _skipped() -> dict | None:
+    left = _DEADLINE[0] - time.perf_counter()
+    return {"skipped": f"section budget ({BUDGET_S} s) spent"} if left < 0 else None
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:300]
+
+
+def _per_run(before: dict, after: dict, runs: int) -> dict:
+    return {k: round((after[v] - before[v]) / runs, 1) for k, v in _STAT_KEYS.items()}
+
+
+def _timed(call, runs: int = RUNS, warm: bool = True) -> tuple[dict, object]:
+    """``call()`` (blocking on its outputs) once cold, once more (``warm``), then ``runs``
+    times: first seconds, median ms, stats per timed run; and the last output."""
+    import torchjax
+
+    t0 = time.perf_counter()
+    out = call()
+    row = {"first_s": round(time.perf_counter() - t0, 2)}
+    if warm:
+        out = call()
+    before = torchjax.stats()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        out = call()
+        times.append(time.perf_counter() - t0)
+    row["median_ms"] = round(statistics.median(times) * 1e3, 3)
+    row["per_run"] = _per_run(before, torchjax.stats(), runs)
+    return row, out
+
+
+def _flat(x) -> list:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return [x.detach().cpu()]
+    if isinstance(x, dict):
+        return [t for k in sorted(x) for t in _flat(x[k])]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _flat(v)]
+    raise TypeError(f"cannot compare {type(x).__name__}")
+
+
+def _diff(a, b) -> dict:
+    """Bit-for-bit equality of two outputs (tensors, or lists/dicts of them) and the
+    largest absolute difference."""
+    import torch
+
+    xs, ys = _flat(a), _flat(b)
+    if len(xs) != len(ys) or any(x.shape != y.shape for x, y in zip(xs, ys)):
+        return {"equal": False, "max_abs_diff": None, "why": "shapes differ"}
+    equal = all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(xs, ys))
+    worst = max(((x.double() - y.double()).abs().max().item() for x, y in zip(xs, ys)), default=0)
+    return {"equal": equal, "max_abs_diff": worst}
+
+
+def _compare(row: dict, outs: dict) -> None:
+    if "eager" in outs and "fused" in outs:
+        try:
+            d = _diff(outs["fused"], outs["eager"])
+            row["fused_equal_eager"] = d["equal"]
+            row["fused_max_abs_diff"] = d["max_abs_diff"]
+        except Exception as e:  # noqa: BLE001 - reported, the rest runs
+            row["compare_error"] = _error(e)
+    if "eager" in outs and "jit" in outs:
+        try:
+            row["jit_max_abs_diff"] = _diff(outs["jit"], outs["eager"])["max_abs_diff"]
+        except Exception as e:  # noqa: BLE001 - reported, the rest runs
+            row["compare_error"] = _error(e)
+
+
+def _ratios(row: dict, unit: str = "median_ms") -> None:
+    got = {m: row[m][unit] for m in ("eager", "fused", "jit") if unit in row.get(m, {})}
+    if "fused" in got and "jit" in got:
+        row["fused/jit"] = round(got["fused"] / got["jit"], 2)
+    if "eager" in got and "fused" in got:
+        row["eager/fused"] = round(got["eager"] / got["fused"], 2)
+
+
+def _three_modes(name: str, fn, runs: int = RUNS) -> dict:
+    """Rows of ``fn()`` (blocking on and returning its outputs) plain, fused and
+    ``torchjax.jit(fn)()``; each mode's failure is its own."""
+    import torchjax
+
+    jitted = torchjax.jit(fn)
+
+    def fused():
+        with torchjax.fused():
+            out = fn()
+        return out
+
+    from bench.common import block_torch
+
+    row, outs = {}, {}
+    for mode, call in (("eager", fn), ("fused", fused), ("jit", lambda: block_torch(jitted()))):
+        _progress(f"{name}: {mode}")
+        if _skipped():
+            row[mode] = _skipped()
+            continue
+        try:
+            row[mode], outs[mode] = _timed(call, runs)
+        except Exception as e:  # noqa: BLE001 - reported, the rest runs
+            row[mode] = {"error": _error(e)}
+    _compare(row, outs)
+    _ratios(row)
+    return row
+
+
+def _ids(vocab: int, seq: int, seed: int = 0):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (1, seq), generator=gen).to("tpu")
+
+
+def _big(small: bool):
+    import torch
+    import transformers as tf
+
+    from bench.tpu import llama_config
+
+    if small:  # the tiny Llama in bfloat16: its programs are the tiny rows' (CPU time)
+        return _tiny().to(torch.bfloat16)
+    torch.manual_seed(0)
+    with torch.device("tpu"):
+        return tf.LlamaForCausalLM(llama_config(small)).to(torch.bfloat16).eval()
+
+
+def _tiny():
+    from bench.models import tiny_llama
+
+    return tiny_llama().to("tpu")
+
+
+def forward(model, seq: int, name: str) -> dict:
+    import torch
+
+    from bench.common import block_torch
+
+    ids = _ids(model.config.vocab_size, seq)
+
+    def fn():
+        with torch.no_grad():
+            return block_torch(model(ids).logits)
+
+    return {"tokens": list(ids.shape), **_three_modes(name, fn)}
+
+
+def train(model, seq: int, name: str, runs: int = RUNS) -> dict:
+    """AdamW steps in each mode from the same starting weights; outputs compared: the
+    first step's loss and the weights after it."""
+    import torch
+
+    import torchjax
+
+    model.train()
+    start = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    ids = _ids(model.config.vocab_size, seq, seed=1)
+    row, outs = {"tokens": list(ids.shape)}, {}
+    for mode in ("eager", "fused", "jit"):
+        _progress(f"{name}: {mode}")
+        if _skipped():
+            row[mode] = _skipped()
+            continue
+        model.load_state_dict(start)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+
+        def step(ids):
+            loss = model(ids, labels=ids, use_cache=False).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        run = torchjax.jit(step) if mode == "jit" else step
+
+        def call(run=run, mode=mode):
+            with torchjax.fused(mode == "fused"):
+                loss = run(ids)
+            torch.tpu.synchronize()  # every live array: the loss and every update
+            return loss
+
+        try:
+            t0 = time.perf_counter()
+            loss = call()
+            first = round(time.perf_counter() - t0, 2)
+            outs[mode] = {
+                "loss": loss,
+                **{k: v.detach().cpu() for k, v in model.named_parameters()},
+            }
+            row[mode], last = _timed(call, runs)
+            row[mode]["first_s"] = first  # the step from the starting weights
+            row[mode]["loss_first_step"] = round(loss.item(), 5)
+            row[mode]["loss_last_step"] = round(last.item(), 5)
+        except Exception as e:  # noqa: BLE001 - reported, the rest runs
+            row[mode] = {"error": _error(e)}
+        opt = run = call = None  # this mode's optimizer state, freed before the next mode's
+        gc.collect()
+    _compare(row, outs)
+    _ratios(row)
+    model.load_state_dict(start)
+    model.eval()
+    return row
+
+
+def generate(model, new: int, max_time: float) -> dict:
+    import torch
+
+    import torchjax
+    from bench.common import block_torch
+
+    ids = _ids(model.config.vocab_size, 32, seed=2)
+
+    def gen(**extra):
+        with torch.no_grad():
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                min_new_tokens=new, do_sample=False, pad_token_id=0, **extra,
+            )  # fmt: skip
+        return block_torch(out)
+
+    row = {"prompt": int(ids.shape[1]), "new": new}
+    caches = {"static": {}, "dynamic": {"cache_implementation": "dynamic"}}
+    for cache, extra in caches.items():
+        outs = {}
+        for mode in ("eager", "fused"):
+            _progress(f"generate, {cache} cache: {mode}")
+            key = f"{cache}, {mode}"
+            if _skipped():
+                row[key] = _skipped()
+                continue
+            try:
+                with torchjax.fused(mode == "fused"):
+                    t0 = time.perf_counter()
+                    out = gen(disable_compile=True, max_time=max_time, **extra)
+                    first = time.perf_counter() - t0
+                    got = out.shape[1] - ids.shape[1]
+                    row[key] = {"first_s": round(first, 2), "first_tokens": got}
+                    if got < new:  # stopped at max_time: a timed run would compile again
+                        row[key]["not_timed"] = f"warm-up stopped at max_time={max_time}s"
+                        continue
+                    before = torchjax.stats()
+                    t0 = time.perf_counter()
+                    out = gen(disable_compile=True, max_time=max_time, **extra)
+                    wall = time.perf_counter() - t0
+                got = out.shape[1] - ids.shape[1]
+                if got == new:
+                    outs[mode] = out
+                row[key]["tokens"] = got
+                row[key]["tok_s"] = round(got / wall, 2)
+                row[key]["per_run"] = _per_run(before, torchjax.stats(), 1)
+            except Exception as e:  # noqa: BLE001 - reported, the rest runs
+                row[key] = {"error": _error(e)}
+        if len(outs) == 2:
+            row[f"{cache}: fused_tokens_equal_eager"] = bool(
+                torch.equal(*(o.cpu() for o in outs.values()))
+            )
+    _progress("generate, compiled")
+    if _skipped():
+        row["compiled"] = _skipped()
+        return row
+    try:
+        t0 = time.perf_counter()
+        gen()
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        gen()
+        row["compiled"] = {
+            "first_s": round(first, 2),
+            "tok_s": round(new / (time.perf_counter() - t0), 2),
+        }
+    except Exception as e:  # noqa: BLE001 - reported, the rest runs
+        row["compiled"] = {"error": _error(e)}
+    return row
+
+
+def chain() -> dict:
+    import torch
+
+    from bench.common import block_torch
+    from bench.fused_overhead import CHAIN_PAIRS, _chain
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 64, generator=g).to("tpu")
+    w = (1 + 0.01 * torch.randn(64, 64, generator=g)).to("tpu")
+    b = (0.01 * torch.randn(64, 64, generator=g)).to("tpu")
+    row = _three_modes("chain", lambda: block_torch(_chain(x, w, b)), runs=20)
+    ops = 2 * CHAIN_PAIRS
+    row["ops"] = ops
+    for mode in ("eager", "fused", "jit"):
+        if "median_ms" in row.get(mode, {}):
+            row[mode]["us_per_op"] = round(row[mode]["median_ms"] * 1e3 / ops, 2)
+    return row
+
+
+def eager(ctx) -> dict:
+    import torch
+
+    _DEADLINE[0] = time.perf_counter() + BUDGET_S
+    seq = 32 if ctx.small else 128
+    out: dict = {}
+    big = [None]
+
+    def model():
+        if big[0] is None:
+            big[0] = _big(ctx.small)
+        return big[0]
+
+    # cheapest first: a run stopped by the budget keeps the most rows
+    rows = {
+        "chain": chain,
+        "forward tiny": lambda: forward(_tiny(), 32, "forward tiny"),
+        "forward 1.1B bf16": lambda: forward(model(), seq, "forward 1.1B"),
+        "train tiny bf16": lambda: train(_tiny().to(torch.bfloat16), seq, "train tiny"),
+        "train 1.1B bf16": lambda: train(model(), seq, "train 1.1B"),
+        "generate 1.1B bf16": lambda: generate(model(), 4 if ctx.small else 16, 20),
+    }
+    for name, row in rows.items():
+        if _skipped():
+            out[name] = _skipped()
+            continue
+        t0 = time.perf_counter()
+        try:
+            out[name] = row()
+        except Exception as e:  # noqa: BLE001 - reported, the rest runs
+            out[name] = {"error": _error(e)}
+        out[name]["row_s"] = round(time.perf_counter() - t0, 1)
+        _progress(f"{name} done in {out[name]['row_s']} s")
+        gc.collect()
+    if ctx.small:
+        out["note"] = "--small: the 1.1B rows run the tiny Llama in bfloat16"
+    return out
