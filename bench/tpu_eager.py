@@ -28,7 +28,9 @@ Per mode: ``first_s`` (the first call: traces and compiles), ``median_ms`` (stea
 median of at least ``RUNS`` calls after a second warm-up call; every call blocks on its
 outputs, a train step on every live array with ``torch.tpu.synchronize()``), and
 ``per_run``: ``torchjax.stats()`` over the timed calls divided by their number (XLA
-``compiles``, ``executions`` of cached programs, ``host_reads``, fused ``segments``,
+``compiles``, programs loaded from the persistent compilation cache instead
+(``cache_loads``: a compile in a process without that cache), ``executions`` of cached
+programs, ``host_reads``, fused ``segments``,
 ``fused_compiles``). ``fused_equal_eager``: whether fused mode's outputs (forward: the
 logits; train: the first step's loss and every updated weight; generate: the tokens) are
 bit for bit plain eager's, with the largest absolute difference; ``jit_max_abs_diff``
@@ -50,7 +52,8 @@ RUNS = 5
 BUDGET_S = 330  # no row or mode starts after this (one in flight finishes)
 _DEADLINE = [float("inf")]
 _STAT_KEYS = {
-    "compiles": "compiles", "executions": "executions", "host_reads": "host_reads",
+    "compiles": "compiles", "cache_loads": "persistent_cache_hits",
+    "executions": "executions", "host_reads": "host_reads",
     "segments": "fused_segments", "fused_compiles": "fused_compiles",
 }  # fmt: skip
 
