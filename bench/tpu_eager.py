@@ -36,7 +36,9 @@ logits; train: the first step's loss and every updated weight; generate: the tok
 bit for bit plain eager's, with the largest absolute difference; ``jit_max_abs_diff``
 the same for ``torchjax.jit`` (not expected to be 0: XLA fuses across ops). A row that
 fails records its error and the rest run; a row is skipped once the section's time
-budget (``BUDGET_S``) is spent.
+budget (``BUDGET_S``) is spent. Each row's JSON is printed to stderr when it finishes,
+so a run stopped by an outer time limit keeps the rows it measured.
+``TORCHJAX_BENCH_ROWS`` (comma-separated row names) runs only those rows.
 
 Run:  python -m bench.tpu --sections eager   (``--small``: small models, off the chip)
 """
@@ -44,6 +46,8 @@ Run:  python -m bench.tpu --sections eager   (``--small``: small models, off the
 from __future__ import annotations
 
 import gc
+import json
+import os
 import statistics
 import sys
 import time
@@ -382,7 +386,10 @@ def eager(ctx) -> dict:
         "train 1.1B bf16": lambda: train(model(), seq, "train 1.1B"),
         "generate 1.1B bf16": lambda: generate(model(), 4 if ctx.small else 16, 20),
     }
+    only = os.environ.get("TORCHJAX_BENCH_ROWS")
     for name, row in rows.items():
+        if only and name not in only.split(","):
+            continue
         if _skipped():
             out[name] = _skipped()
             continue
@@ -392,7 +399,7 @@ def eager(ctx) -> dict:
         except Exception as e:  # noqa: BLE001 - reported, the rest runs
             out[name] = {"error": _error(e)}
         out[name]["row_s"] = round(time.perf_counter() - t0, 1)
-        _progress(f"{name} done in {out[name]['row_s']} s")
+        _progress(f"{name} done in {out[name]['row_s']} s: {json.dumps(out[name])}")
         gc.collect()
     if ctx.small:
         out["note"] = "--small: the 1.1B rows run the tiny Llama in bfloat16"
