@@ -66,3 +66,28 @@ def test_pipeline_on_tpu_matches_cpu_eager_and_compiled(name):
     assert first_stats["graphs"] == first_stats["traces"] == case.graphs
     assert first_stats["cache_hits"] == case.calls - case.graphs
     assert second_stats == {"graphs": 0, "traces": 0, "cache_hits": case.calls}
+
+
+def test_sd3_scheduler_steps_compile_only_their_arithmetic():
+    # FlowMatchEulerDiscreteScheduler finds its step with ``(timesteps == t).nonzero()``
+    # at the first step: run on the host (Note [nonzero on the host]), it compiles no
+    # program, where op by op it compiled ~17. What the steps compile is the update's
+    # arithmetic (eq, sub, mul, add), in the first call only.
+    case = PIPELINES["sd3"]
+    pipe = case.build()
+    pipe.set_progress_bar_config(disable=True)
+    pipe.to("tpu")
+    made, step = [], pipe.scheduler.step
+
+    def counted(*args, **kwargs):
+        before = torchjax.stats()["compiles"]
+        out = step(*args, **kwargs)
+        made.append(torchjax.stats()["compiles"] - before)
+        return out
+
+    pipe.scheduler.step = counted
+    case.call(pipe, _generator())
+    case.call(pipe, _generator())
+    assert len(made) == 2 * case.calls
+    assert sum(made[: case.calls]) <= 5, made
+    assert made[1:] == [0] * (len(made) - 1), made

@@ -613,3 +613,25 @@ def test_in_place_masked_fill_broadcast_refusal_names_self_first_as_cpu():
     with pytest.raises(RuntimeError) as got:
         a.to("tpu").masked_fill_(mask.to("tpu"), 1.0)
     assert str(got.value).startswith(str(cpu.value)), (got.value, cpu.value)
+
+
+def test_eager_nonzero_compiles_no_program():
+    # Note [nonzero on the host]: the count is read anyway; the coordinates are CPU's.
+    # Lowered op by op it compiled ~15 programs, and again for each new count. A shape
+    # no other test uses, so jax's own caches hold nothing for it.
+    import torchjax
+
+    def programs():
+        s = torchjax.stats()
+        return s["compiles"] + s["persistent_cache_hits"]
+
+    made = [torch.zeros(5, 41).index_fill_(1, torch.tensor(cols), 2.5) for cols in ([3], [0, 7])]
+    on_tpu = [x.to("tpu") * 1.0 for x in made]  # values made on the device: read back
+    before = programs()
+    got = [torch.nonzero(x) for x in on_tpu]
+    assert programs() == before
+    for g, x in zip(got, made):
+        want = torch.nonzero(x)
+        assert g.device.type == "tpu" and g.stride() == want.stride()
+        torch.testing.assert_close(g.cpu(), want)
+        assert len(want) > 0

@@ -4,14 +4,33 @@ masked_scatter and its backward keep fixed shapes (a cumulative count places eac
 element), so they work under jit; masked_select and nonzero have data-dependent output
 shapes: eager only (Note [One error layer]; ``torch.where(mask, ...)`` keeps the shape
 fixed).
+
+Note [nonzero on the host]
+An eager ``nonzero`` must read its input's values anyway: the result's length is the
+count of nonzero elements. Lowered to ``jnp.nonzero`` it ran op by op, some fifteen jax
+primitives (cumsum, scatter-add, floor_divide, ...), each a program XLA compiles on first
+use, and those after the count compiled again for every new count. Diffusers' flow-match
+scheduler calls it to find its first step (``index_for_timestep``: ``(timesteps ==
+t).nonzero()``), so a pipeline's first call paid ~17 compiles for it (SD3 tiny: 20 of
+148). So
+an eager call reads the input to the host (one transfer, or none when the host holds its
+values: Note [Host values of tensors made from host data]), runs CPU torch's kernel there
+(the reference, with CPU's result layout) and copies the result back, as any CPU tensor
+moves to tpu (a small result keeps its host values: the ``.item()`` that usually follows
+reads no device). No program is compiled. Inside a trace, or for an array spread over
+several devices, it is lowered as before (under a trace that raises the data-dependent
+shape error).
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
+from torchjax._compat.jax import trace_state_clean
+from torchjax.ops.copy import to_cpu
 from torchjax.ops.indexing import _concrete
 from torchjax.ops.registry import functional_handler, handler, lowering
 from torchjax.tensor import dtypes
@@ -71,12 +90,29 @@ def _coordinates_by_dim(self):
 _coordinates = functional_handler(aten.nonzero.default, _coordinates_by_dim)
 
 
+def _coordinates_on_host(self):
+    """(ndim, n) int64 coordinates made by CPU torch's kernel from ``self``'s values, on
+    ``self``'s device; None inside a trace or for an array over several devices (Note
+    [nonzero on the host])."""
+    if not trace_state_clean():
+        return None
+    arr = self._value()
+    if isinstance(arr, jax.core.Tracer) or len(arr.devices()) != 1:
+        return None
+    # CPU's (n, ndim) result has strides (1, n): its transpose is contiguous, so the
+    # copy to the device is one transfer, with no layout program to compile.
+    return torch.nonzero(to_cpu(self)).t().to(self.device)
+
+
 @handler(aten.nonzero.default)
 def nonzero(args, kwargs):
     """aten::nonzero - (n, ndim) coordinates laid out as CPU's: dimension by dimension,
     strides (1, n), so ``nonzero(as_tuple=True)`` and ``torch.where(cond)`` give
-    contiguous tensors, as on CPU."""
-    by_dim = _coordinates(args, kwargs)
+    contiguous tensors, as on CPU. Eager calls run on the host (Note [nonzero on the
+    host])."""
+    by_dim = _coordinates_on_host(args[0])
+    if by_dim is None:
+        by_dim = _coordinates(args, kwargs)
     out = aten.t.default(by_dim)
     # An empty result reports CPU's (1, 0); its storage has no element to lay out.
     return restrided(out, (1, 0)) if out._size[0] == 0 else out
