@@ -12,14 +12,13 @@ primitives (cumsum, scatter-add, floor_divide, ...), each a program XLA compiles
 use, and those after the count compiled again for every new count. Diffusers' flow-match
 scheduler calls it to find its first step (``index_for_timestep``: ``(timesteps ==
 t).nonzero()``), so a pipeline's first call paid ~17 compiles for it (SD3 tiny: 20 of
-148). So
-an eager call reads the input to the host (one transfer, or none when the host holds its
-values: Note [Host values of tensors made from host data]), runs CPU torch's kernel there
-(the reference, with CPU's result layout) and copies the result back, as any CPU tensor
-moves to tpu (a small result keeps its host values: the ``.item()`` that usually follows
-reads no device). No program is compiled. Inside a trace, or for an array spread over
-several devices, it is lowered as before (under a trace that raises the data-dependent
-shape error).
+148). So an eager call reads the input to the host (one transfer, or none when the host
+holds its values: Note [Host values of tensors made from host data]), runs CPU torch's
+kernel there (the reference, with CPU's result layout) and copies the result back, as any
+CPU tensor moves to tpu (a small result keeps its host values: the ``.item()`` that
+usually follows reads no device). No program is compiled. Inside a trace, or for an
+array spread over several devices, it is lowered as before (under a trace that raises the
+data-dependent shape error).
 """
 
 from __future__ import annotations
