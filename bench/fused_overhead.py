@@ -9,7 +9,10 @@ same op sequence again, every program compiled):
 - ``chain``: 400 small elementwise ops (``x = x * w; x = x + b``, 200 times) on (64, 64)
   float32 tensors;
 - ``llama``: one forward of bench/models.py's tiny Llama over (1, 32) token ids
-  (``torch.no_grad()``).
+  (``torch.no_grad()``);
+- ``mlp``: ``Linear(64, 64) - ReLU - Linear(64, 64)`` on an (8, 64) input
+  (``torch.no_grad()``): three ops, one segment, so the per-call cost of entering
+  ``torchjax.fused()`` and flushing is what the figure shows.
 
 Columns, per op (the op count is ``fused_ops`` of one run, the ops recorded): ``eager``
 the host time of plain eager (no blocking inside the timed region: dispatch is
@@ -34,7 +37,7 @@ op of the parts of the recording path (each part timed by a wrapper, which adds 
 ``fused.record`` includes the flush it makes when a segment is full), then cProfile's top
 functions.
 
-Run:  python bench/fused_overhead.py [--profile] [--workloads chain,llama]
+Run:  python bench/fused_overhead.py [--profile] [--workloads chain,llama,mlp]
 """
 
 from __future__ import annotations
@@ -102,7 +105,22 @@ def _llama_workload():
     return run
 
 
-WORKLOADS = {"chain": _chain_workload, "llama": _llama_workload}
+def _mlp_workload():
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)
+    ).to("tpu")
+    x = torch.randn(8, 64, generator=g).to("tpu")
+
+    def run():
+        with torch.no_grad():
+            return model(x)
+
+    return run
+
+
+WORKLOADS = {"chain": _chain_workload, "llama": _llama_workload, "mlp": _mlp_workload}
 
 
 class _FlushTimer:
