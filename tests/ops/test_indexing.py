@@ -627,6 +627,7 @@ def test_eager_nonzero_compiles_no_program():
 
     made = [torch.zeros(5, 41).index_fill_(1, torch.tensor(cols), 2.5) for cols in ([3], [0, 7])]
     on_tpu = [x.to("tpu") * 1.0 for x in made]  # values made on the device: read back
+    torch.tpu.synchronize()  # made now, also in fused eager mode
     before = programs()
     got = [torch.nonzero(x) for x in on_tpu]
     assert programs() == before
