@@ -636,3 +636,18 @@ def test_eager_nonzero_compiles_no_program():
         assert g.device.type == "tpu" and g.stride() == want.stride()
         torch.testing.assert_close(g.cpu(), want)
         assert len(want) > 0
+
+
+def test_nonzero_of_a_large_input_stays_on_the_device(monkeypatch):
+    # Note [nonzero on the host]: past HOST_NONZERO_MAX elements the device path runs
+    # (one count read, not the whole mask); CPU's coordinates and strides either way.
+    from torchjax.ops import masking
+
+    calls, device_path = [], masking._coordinates
+    monkeypatch.setattr(masking, "HOST_NONZERO_MAX", 10)
+    monkeypatch.setattr(masking, "_coordinates", lambda *a: calls.append(1) or device_path(*a))
+    x = torch.zeros(3, 7).index_fill_(1, torch.tensor([2, 5]), 1.0)
+    got, want = torch.nonzero(x.to("tpu")), torch.nonzero(x)
+    assert calls == [1]
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got.cpu(), want)

@@ -89,11 +89,14 @@ def _coordinates_by_dim(self):
 _coordinates = functional_handler(aten.nonzero.default, _coordinates_by_dim)
 
 
+HOST_NONZERO_MAX = 1 << 24
+
+
 def _coordinates_on_host(self):
     """(ndim, n) int64 coordinates made by CPU torch's kernel from ``self``'s values, on
     ``self``'s device; None inside a trace or for an array over several devices (Note
     [nonzero on the host])."""
-    if not trace_state_clean():
+    if not trace_state_clean() or self.numel() > HOST_NONZERO_MAX:
         return None
     arr = self._value()
     if isinstance(arr, jax.core.Tracer) or len(arr.devices()) != 1:
