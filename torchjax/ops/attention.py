@@ -141,7 +141,7 @@ _SDPA_DECOMPOSED = functional_handler(
 # and more; the shorter cases of tests/ops/test_attention.py are bit for bit equal.
 # Calls needing autograd, dropout, fake tensors (torch.compile tracing), or unusual
 # arguments (mixed dtypes; a mask together with is_causal where CPU's flash kernel would
-# not take the call, see ``causal_into_mask``: torch raises there; shapes ``_shapes_fit``
+# not take the call, see ``causal_into_mask``: torch raises there; shapes ``shapes_fit``
 # refuses: head counts, head dims or lengths that do not match, where jax's matmul raised
 # ValueError or TypeError) keep the decomposition, which raises torch's errors.
 def fused_sdpa_applies(
@@ -161,12 +161,12 @@ def fused_sdpa_applies(
         return False
     if dt in _HALF and key.shape[-2] == 0:
         return False  # traced, an empty sum came out -0.0 where op by op gives +0.0
-    if not _shapes_fit(query, key, value, attn_mask, enable_gqa):
+    if not shapes_fit(query, key, value, attn_mask, enable_gqa):
         return False
     return attn_mask is None or attn_mask.dtype in (torch.bool, dt)
 
 
-def _shapes_fit(query, key, value, attn_mask, enable_gqa) -> bool:
+def shapes_fit(query, key, value, attn_mask, enable_gqa) -> bool:
     """Whether ``sdpa_math`` takes these shapes as the math path does: q, k, v of one
     rank, one batch shape, k and v of one length and head count, q and k of one head dim,
     q's heads equal to k's (a multiple of them with ``enable_gqa``), a mask broadcasting

@@ -3,10 +3,13 @@
 Note [SDPA dispatch rule]
 ``aten::scaled_dot_product_attention`` is CompositeImplicitAutograd; torchjax registers
 a kernel for it at ``AutogradPrivateUse1`` here, which takes the flash kernel where
-this rule allows, else the fused math of torchjax/ops/attention.py where Note [Fused
-SDPA in eager] allows, else the math path; under ``torch.inference_mode``, where the
-Autograd keys are skipped, a registry handler calls
-:func:`scaled_dot_product_attention`, which takes the flash kernel or the math path.
+this rule allows, else the math fallback: ``torch.ops.torchjax.exact_attention`` where
+the platform's entry in ``MATH_BY_PLATFORM`` says "exact" (TPU) and the call fits it
+(Note [SDPA math by platform], torchjax/pallas/_sdpa_math.py), else the fused math of
+torchjax/ops/attention.py where Note [Fused SDPA in eager] allows, else the math path
+(torch's decomposition); under ``torch.inference_mode``, where the Autograd keys are
+skipped, a registry handler calls :func:`scaled_dot_product_attention`, which takes
+the flash kernel, the exact op or the math path by the same rules.
 The flash kernel (``torch.ops.torchjax.flash_attention``, torchjax/pallas/_flash.py) is
 used when all of these hold:
 
@@ -53,6 +56,7 @@ from torchjax.ops.registry import handler
 from torchjax.pallas._decode_sdpa import decode_applies, decode_sdpa
 from torchjax.pallas._flash import flash_attention as _flash_attention
 from torchjax.pallas._op import interpret_default, op
+from torchjax.pallas._sdpa_math import exact_applies, exact_sdpa, math_choice
 
 aten = torch.ops.aten
 ENV_VAR = "TORCHJAX_FLASH_ATTENTION"
@@ -172,6 +176,8 @@ def _kernel_or_math(query, key, value, attn_mask, dropout_p, is_causal, scale, e
         return decode_sdpa(query, key, value, attn_mask, scale)
     if flash_enabled() and flash_applies(*args):
         return flash_attention(query, key, value, attn_mask, is_causal=is_causal, scale=scale)
+    if _exact_math(*args):
+        return exact_sdpa(query, key, value, attn_mask, is_causal, scale)
     return aten.scaled_dot_product_attention.default.decompose(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
     )
@@ -198,9 +204,14 @@ def _autograd_kernel(
     kernel = flash_enabled() and (
         decode_applies(*args, enable_gqa) or flash_applies(*args, enable_gqa)
     )
-    if not kernel and fused_sdpa_applies(*args, enable_gqa):
+    if not kernel and not _exact_math(*args, enable_gqa) and fused_sdpa_applies(*args, enable_gqa):
         return fused_sdpa(*args, scale, enable_gqa)
     return _kernel_or_math(*args, scale, enable_gqa)
+
+
+def _exact_math(*args) -> bool:
+    # The platform's math fallback (Note [SDPA math by platform]).
+    return math_choice() == "exact" and exact_applies(*args)
 
 
 _LIB = torch.library.Library("aten", "IMPL", "AutogradPrivateUse1")
