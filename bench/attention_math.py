@@ -6,7 +6,11 @@ on tpu tensors runs torch's math decomposition; on a v5e chip it took 464 ms at
 Each row times one formulation of the same attention (bf16 q, k, v; causal; forward),
 so the difference between two rows is the cost of what they differ in:
 
-- ``torch_math``: the op under ``torchjax.jit`` with the kernel off (what a model runs);
+- ``torch_math``: the op under ``torchjax.jit`` with the kernel off and torch's
+  decomposition forced (what a model ran before Note [SDPA math by platform]);
+- ``torch_math_tpu``: the same call with the table's TPU entry forced, i.e. what a model
+  runs on the chip now: ``torch.ops.torchjax.exact_attention``
+  (torchjax/pallas/_sdpa_math.py), ``exact_qk`` generalised;
 - ``f32_highest``: torchjax's fused lowering ``sdpa_math`` on float32 copies (the math
   path's numbers: q and k scaled by sqrt(scale), float32 products at HIGHEST);
 - ``f32_default``: the same at DEFAULT precision (one bf16 pass per product);
@@ -15,10 +19,14 @@ so the difference between two rows is the cost of what they differ in:
   product in float32 at HIGHEST (``exact_qk_high``: at HIGH, three bf16 passes);
 - ``bf16_probs``: as ``exact_qk`` but the probabilities rounded to bf16 for the value
   product at DEFAULT (what XLA's attention computes);
-- ``xla``: ``jax.nn.dot_product_attention``.
+- ``xla``: ``jax.nn.dot_product_attention``;
+- ``*_fwd_bwd``: forward and backward, ``jax.grad`` of the output's float32 sum with
+  respect to q, k and v, for ``exact_qk``, ``torch_math`` and ``torch_math_tpu``.
 
 Each row: median ms of 10 calls after the first, and the largest difference from the
-``f32_highest`` output in units of bf16's epsilon. With ``--hlo DIR`` the optimized HLO
+``f32_highest`` output in units of bf16's epsilon (``*_fwd_bwd`` rows: the largest
+difference of the three gradients from ``exact_qk_fwd_bwd``'s, as a share of each
+gradient's largest magnitude, in bf16 epsilons). With ``--hlo DIR`` the optimized HLO
 of ``torch_math`` at each shape is written there, with XLA's memory analysis.
 
 Run:  python bench/attention_math.py [--small] [--hlo DIR]
@@ -107,14 +115,14 @@ def _xla(q, k, v):
     return t(jax.nn.dot_product_attention(t(q), t(k), t(v), is_causal=True))
 
 
-def _torch_math():
+def _torch_math(choice="decompose"):
     import torch.nn.functional as F
 
     import torchjax
-    from torchjax.pallas import use_flash_attention
+    from torchjax.pallas import use_flash_attention, use_math_attention
 
     def f(q, k, v):
-        with use_flash_attention(False):
+        with use_flash_attention(False), use_math_attention(choice):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
     def fn(q, k, v):
@@ -122,6 +130,11 @@ def _torch_math():
         return torchjax.interop.to_jax(f(*args))
 
     return fn
+
+
+def _fwd_bwd(fn):
+    """Forward and backward: the gradients of the output's float32 sum."""
+    return jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2))
 
 
 def _time(fn, args, runs=10):
@@ -140,12 +153,16 @@ def _time(fn, args, runs=10):
 def run(shapes, hlo_dir=None) -> dict:
     rows = {
         "torch_math": _torch_math(),
+        "torch_math_tpu": _torch_math("exact"),
         "f32_highest": _f32(None),
         "f32_default": _f32("default"),
         "exact_qk": _formulation(jnp.bfloat16, "highest"),
         "exact_qk_high": _formulation(jnp.bfloat16, "high"),
         "bf16_probs": _formulation(jnp.bfloat16, "bf16"),
         "xla": _xla,
+        "exact_qk_fwd_bwd": _fwd_bwd(_formulation(jnp.bfloat16, "highest")),
+        "torch_math_fwd_bwd": _fwd_bwd(_torch_math()),
+        "torch_math_tpu_fwd_bwd": _fwd_bwd(_torch_math("exact")),
     }
     rng = np.random.default_rng(0)
     report = {}
@@ -156,16 +173,20 @@ def run(shapes, hlo_dir=None) -> dict:
         for name, fn in rows.items():
             try:
                 ms, first, out = _time(fn, args)
-                out = np.asarray(out.astype(jnp.float32))
+                out = jax.tree_util.tree_map(lambda a: np.asarray(a.astype(jnp.float32)), out)
                 if name == "f32_highest":
                     ref = out
                 shape_rows[name] = {"ms": ms, "first_s": first, "out": out}
             except Exception as e:  # noqa: BLE001
                 shape_rows[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         eps = float(jnp.finfo(jnp.bfloat16).eps)
-        for r in shape_rows.values():
+        grads = shape_rows.get("exact_qk_fwd_bwd", {}).get("out")
+        for name, r in shape_rows.items():
             out = r.pop("out", None)
-            if out is not None and ref is not None:
+            if name.endswith("_fwd_bwd"):
+                if out is not None and grads is not None:
+                    r["grad_diff_eps"] = round(max(map(_share, out, grads)) / eps, 2)
+            elif out is not None and ref is not None:
                 r["max_diff_eps"] = round(float(np.max(np.abs(out - ref))) / eps, 2)
         if "ms" in shape_rows.get("xla", {}):
             for r in shape_rows.values():
@@ -175,6 +196,10 @@ def run(shapes, hlo_dir=None) -> dict:
         if hlo_dir:
             _dump(rows["torch_math"], args, pathlib.Path(hlo_dir), f"{b}_{hq}_{hkv}_{s}_{d}")
     return report
+
+
+def _share(got, want) -> float:
+    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
 
 
 def _dump(fn, args, where: pathlib.Path, tag: str) -> None:
