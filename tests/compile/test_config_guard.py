@@ -106,3 +106,127 @@ def test_a_new_module_at_a_freed_modules_address_traces_again():
             torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x))
     assert reused  # addresses were reused: the case this checks
     assert f.trace_count == 40
+
+
+# Note [A module's plain attributes are guards] (torchjax/compile/_attribute_guards.py):
+# a plain attribute a forward reads, changed after a call, traces again and gives CPU's
+# result with the new value.
+
+
+class _Tempered(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.temperature = 1.0
+
+    def forward(self, x):
+        return torch.softmax(self.linear(x) / self.temperature, -1)
+
+
+def _dropout():
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.0)).train()
+
+
+_CHANGES = [
+    # (model, its attribute's owner, name, new value): each change alters the result.
+    (_dropout, lambda m: m[1], "p", 1.0),  # training mode: p=1 zeroes everything
+    (
+        lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)),
+        lambda m: m[1],
+        "eps",
+        10.0,
+    ),
+    (
+        lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LeakyReLU(0.01)),
+        lambda m: m[1],
+        "negative_slope",
+        0.5,
+    ),
+    (_Tempered, lambda m: m, "temperature", 0.25),
+]
+
+
+def test_a_changed_plain_attribute_traces_again():
+    ran = []
+    for make, owner, name, value in _CHANGES:
+        torch.manual_seed(0)
+        cpu = make()
+        m = copy.deepcopy(cpu).to("tpu")
+        f = torchjax.jit(m)
+        x = torch.randn(3, 4)
+        old = getattr(owner(cpu), name)
+        with torch.no_grad():
+            before = cpu(x)
+            torch.testing.assert_close(f(x.to("tpu")).cpu(), before)
+            setattr(owner(cpu), name, value)
+            setattr(owner(m), name, value)
+            after = cpu(x)
+            assert not torch.allclose(before, after), name  # the change shows
+            torch.testing.assert_close(f(x.to("tpu")).cpu(), after)
+            kind = type(owner(m)).__name__
+            assert f.last_retrace_reason == (
+                f"the attribute {name} of a {kind} changed ({old!r} -> {value!r})"
+            )
+            setattr(owner(m), name, old)  # back: the first program again
+            torch.testing.assert_close(f(x.to("tpu")).cpu(), before)
+        assert (f.trace_count, f.cache_hits) == (2, 1), name
+        ran.append(name)
+    assert ran == ["p", "eps", "negative_slope", "temperature"]
+
+
+def test_an_attribute_added_or_deleted_traces_again():
+    class Shifted(torch.nn.Module):
+        def forward(self, x):
+            return x + getattr(self, "shift", 0)
+
+    m = Shifted()
+    f = torchjax.jit(m)
+    x = torch.arange(3)
+    torch.testing.assert_close(f(x.to("tpu")).cpu(), m(x))
+    m.shift = 5
+    torch.testing.assert_close(f(x.to("tpu")).cpu(), m(x))
+    assert f.trace_count == 2
+    assert f.last_retrace_reason == "the attribute shift of a Shifted changed (unset -> 5)"
+    m.shift = 7
+    torch.testing.assert_close(f(x.to("tpu")).cpu(), m(x))
+    del m.shift
+    torch.testing.assert_close(f(x.to("tpu")).cpu(), m(x))
+    assert (f.trace_count, f.cache_hits) == (3, 1)
+
+
+def test_an_attribute_the_forward_changes_is_keyed_after_the_trace():
+    # A forward that counts its calls changes the attribute while tracing: keyed by the
+    # value before the trace, every call would miss and trace again.
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.linear(x)
+
+    torch.manual_seed(0)
+    cpu = Counting()
+    m = copy.deepcopy(cpu).to("tpu")
+    f = torchjax.jit(m)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(5):
+            torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x))
+    assert (f.trace_count, f.cache_hits) == (1, 4)
+    assert m.calls == 1  # the trace ran the Python once; the program does not count
+
+
+def test_torch_compile_follows_a_changed_attribute():
+    # torch.compile(backend="tpu") is Dynamo's: it guards on the attribute itself.
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LeakyReLU(0.01))
+    m = copy.deepcopy(cpu).to("tpu")
+    f = torch.compile(m, backend="tpu")
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x))
+        m[1].negative_slope = cpu[1].negative_slope = 0.5
+        torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x))

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from torchjax._compat.torch import pytree
-from torchjax.compile import _aliases, _hyper, _state
+from torchjax.compile import _aliases, _attribute_guards, _hyper, _state
 from torchjax.compile._capturable import make_capturable
 from torchjax.compile._keys import value_key
 from torchjax.tensor._tensor import JaxTensor, wrap
@@ -96,7 +96,7 @@ class Call:
         self.bits = tuple(_math_bits(t) for t in tensors)
         grad_mode = torch.is_grad_enabled()
         flags = (grad_mode, *global_modes(), walk.training_flags(), walk.config_key())
-        flags += (walk.module_key(),)
+        flags += (walk.module_key(), walk.attribute_key())
         self.sig = (
             spec,
             tuple(value_key(v) for v in static),
@@ -118,6 +118,18 @@ class Call:
         # Set by the program's write-back (Note [State after a trace whose program does
         # not run] in torchjax/compile/_rollback.py).
         self.written_back = False
+
+    def key_after_trace(self) -> None:
+        """Key this call by its modules' plain attributes as the trace left them (Note
+        [A module's plain attributes are guards] in torchjax/compile/_attribute_guards.py)."""
+        flags = self.sig[_FLAGS]
+        attributes = self.walk.attribute_key_now()
+        if attributes != flags[-1]:
+            self.sig = (*self.sig[:_FLAGS], (*flags[:-1], attributes), *self.sig[_FLAGS + 1 :])
+            self.key = self.sig
+
+
+_FLAGS = 7  # where a call's mode flags are in its key
 
 
 def global_modes() -> tuple:
@@ -209,7 +221,7 @@ class Ref:
 # The parts of a call's mode flags (``flags`` in ``Call``), named in a retrace reason.
 _MODES = ("grad mode", "autocast", "autocast dtype", "default dtype",
           "float32 matmul precision", "module training flags", "modules' config values",
-          "submodules (one swapped for another)")  # fmt: skip
+          "submodules (one swapped for another)", "module attributes")  # fmt: skip
 
 
 def describe_change(old, new) -> str:
@@ -218,7 +230,7 @@ def describe_change(old, new) -> str:
              "state tensors (identity)", "state tensor shapes/dtypes",
              "grad mode / autocast and its dtype / default dtype / float32 matmul "
              "precision / module training flags / a module's config values / the "
-             "submodules (one swapped for another)",
+             "submodules (one swapped for another) / a module's plain attributes",
              "Python scalars read by the function (optimizer hyperparameters other than "
              "lr, numbers in its closure or globals)",
              "tensor argument classes (torch.Tensor subclasses)",
@@ -228,7 +240,12 @@ def describe_change(old, new) -> str:
              "tensor arguments sharing memory with each other or with state")  # fmt: skip
     for name, a, b in zip(names, old, new):
         if a != b and name.startswith("grad mode") and len(a) == len(b) == len(_MODES):
-            return "the " + " and ".join(n for n, x, y in zip(_MODES, a, b) if x != y) + " changed"
+            changed = [n for n, x, y in zip(_MODES, a, b) if x != y]
+            if changed == ["module attributes"]:  # which one, where the modules are the same
+                said = _attribute_guards.describe(a[-1], b[-1], a[-2])
+                if said is not None:
+                    return said
+            return "the " + " and ".join(changed) + " changed"
         if a != b:
             if name == "tensor argument shapes/dtypes" and len(a) == len(b):
                 for k, (x, y) in enumerate(zip(a, b)):

@@ -250,6 +250,8 @@ class Jitted:
                     )
             self._last_sig = call.sig
             entry = Entry.trace(self, call)
+            call.key_after_trace()  # Note [A module's plain attributes are guards]
+            self._last_sig = call.sig
             if entry.lr_assigned:  # Note [Learning rates assigned while tracing]
                 raise RuntimeError(LR_ASSIGNED.format(_name(self.fn)))
             if entry.retains:

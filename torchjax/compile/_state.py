@@ -51,10 +51,10 @@ from __future__ import annotations
 
 import functools
 import types
-import weakref
 
 import torch
 
+from torchjax.compile import _attribute_guards
 from torchjax.compile._keys import value_key
 from torchjax.tensor._tensor import JaxTensor
 
@@ -90,6 +90,9 @@ class StateWalk:
         self.generators = []
         self.modules = []
         self.configs = []  # Note [A module's config is a guard]
+        # Note [A module's plain attributes are guards] (_attribute_guards.py)
+        self.attribute_tokens = []
+        self.module_refs = []  # Note [A module's config is a guard]
         self.scalars = []
         self.host = []
         self._seen_storage = set()
@@ -141,23 +144,38 @@ class StateWalk:
         # trace time and becomes a constant of the program.
         stack = [m]
         seen = self._seen_obj
+        modules = self.modules
+        guarded = _attribute_guards.SEEN
+        refs, tokens = self.module_refs, self.attribute_tokens
         while stack:
             mod = stack.pop()
-            if mod is None or id(mod) in seen:
+            if mod is None or (at := id(mod)) in seen:
                 continue
-            seen.add(id(mod))
-            self.modules.append(mod)
-            config = mod.__dict__.get("config")
+            seen.add(at)
+            modules.append(mod)
+            d = mod.__dict__
+            config = d.get("config")
             if config is not None and id(config) not in seen:
                 seen.add(id(config))
                 self.configs.append(config)
-            for p in mod._parameters.values():
+            # Note [A module's plain attributes are guards]: the fast path of
+            # _attribute_guards.key, inline (this loop runs for every module on every
+            # call), which finds the module's weak reference too.
+            g = guarded.get(at)
+            try:
+                if g is None or g.size != len(d) or g.get(d) != g.vals:
+                    g = _attribute_guards.seen(mod)
+            except KeyError:  # an attribute deleted
+                g = _attribute_guards.seen(mod)
+            refs.append(g.ref)
+            tokens.append(g.token)
+            for p in d["_parameters"].values():
                 if p is not None:
                     self.add_tensor(p)
-            for b in mod._buffers.values():
+            for b in d["_buffers"].values():
                 if b is not None:
                     self.add_tensor(b)
-            stack.extend(reversed(mod._modules.values()))
+            stack.extend(reversed(d["_modules"].values()))
 
     def add_attributes(self, attributes) -> None:
         """What the remembered plain attributes hold now (Note [Tensors kept as plain
@@ -178,7 +196,16 @@ class StateWalk:
         submodule swapped for another traces again. Weak references: equal while both
         modules live and are the same object, so a new module at a freed one's address
         (its ``id``) is not the old one; the key keeps no module alive."""
-        return tuple(map(_module_ref, self.modules))
+        return tuple(self.module_refs)
+
+    def attribute_key(self) -> tuple:
+        """The plain attributes of every module reached (Note [A module's plain
+        attributes are guards] in torchjax/compile/_attribute_guards.py)."""
+        return tuple(self.attribute_tokens)
+
+    def attribute_key_now(self) -> tuple:
+        """``attribute_key`` read again, after a trace that may have changed them."""
+        return _attribute_guards.key(self.modules)
 
     def training_flags(self) -> tuple[bool, ...]:
         """``module.training`` of every module seen: tracing depends on them."""
@@ -258,13 +285,6 @@ class StateWalk:
             self.scalars.append(value_key(v))
         else:
             self.add(v, depth)
-
-
-def _module_ref(m):
-    try:
-        return weakref.ref(m)
-    except TypeError:  # a module class with __slots__ and no weak reference slot
-        return (id(m), type(m))
 
 
 # Note [A module's config is a guard]
