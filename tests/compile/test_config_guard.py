@@ -230,3 +230,22 @@ def test_torch_compile_follows_a_changed_attribute():
         torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x))
         m[1].negative_slope = cpu[1].negative_slope = 0.5
         torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x))
+
+
+def test_a_plain_attribute_replaced_by_a_tensor_is_state():
+    # Its comparison with the old float has no truth value: the module is read again,
+    # and the tensor is an input of the program from then on.
+    torch.manual_seed(0)
+    cpu = _Tempered()
+    m = copy.deepcopy(cpu).to("tpu")
+    f = torchjax.jit(m)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x))
+        cpu.temperature = torch.tensor([0.5, 1.0, 2.0, 4.0])
+        m.temperature = cpu.temperature.to("tpu")
+        torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x))
+        cpu.temperature.fill_(3.0)
+        m.temperature.fill_(3.0)
+        torch.testing.assert_close(f(x.to("tpu")).cpu(), cpu(x))
+    assert f.trace_count == 2

@@ -14,15 +14,20 @@ complex, str or torch.dtype, or tuples of those) to the key, so a change traces 
 The walk runs on every call, so this must cost little per module. A module's plain
 attribute names are found once, remembered by the module's ``id`` (forgotten by a weak
 reference callback when it dies, so a new module at its address starts afresh), and
-read on each call with one ``operator.itemgetter``. They are found again when that
-fails (an attribute deleted) or when the ``__dict__`` changes size (one added). A
-module's values are compared with its last ones by identity (an unchanged attribute
-is the same object): only a changed value builds its typed key (Note [Typed keys for
-static values] in torchjax/compile/_keys.py: ``1``, ``1.0`` and ``True`` differ), which
-is interned to a small integer, the module's part of the call's key. Not seen: an
-attribute changed from a non-plain value (a tensor, a module) to a plain one without
-the ``__dict__`` changing size; a plain value changed to anything else is seen, and
-drops out of the names.
+read on each call with one ``operator.itemgetter``, in the walk's loop over modules
+(which takes the module's weak reference for its module key from the same entry). They
+are found again when that fails (an attribute deleted) or when the ``__dict__`` changes
+size (one added). A module's values are compared with its last ones with ``==``, one
+tuple comparison: only a changed value builds its typed key (Note [Typed keys for
+static values] in torchjax/compile/_keys.py), interned to a small integer, the
+module's part of the call's key (a change back finds the first program again). Not
+seen, for the cost of comparing each value's identity or type on every call (some 20%
+of the walk): a change to an equal value of another type or sign of zero (``2`` to
+``2.0``), and an attribute changed from a non-plain value (a tensor, a module) to a
+plain one without the ``__dict__`` changing size. A plain value changed to anything
+else is seen (but for a one-element tensor equal to it) and drops out of the names. The
+interned values stay for the process: one entry per distinct set of values seen, no
+more than the traces they cause.
 
 The key is the attributes' state after a trace, not before: a forward that changes
 an attribute while tracing (a call counter, ``self.cached_len = n``) changed it for
@@ -42,6 +47,12 @@ import torch
 from torchjax.compile._keys import value_key
 
 _PLAIN = frozenset({type(None), bool, int, float, complex, str, torch.dtype})
+
+
+# What the fast path's getter and comparison raise: KeyError, an attribute deleted;
+# RuntimeError and ValueError, a plain value replaced by a tensor or a numpy array of
+# several elements, whose ``==`` has no truth value. Each sends the module to ``seen``.
+COMPARE_ERRORS = (KeyError, RuntimeError, ValueError)
 
 
 class Seen:
@@ -112,11 +123,11 @@ def seen(mod) -> Seen:
     except KeyError:  # an attribute deleted, another added in its place
         s = _scan(mod)
         vals = s.get(d)
-    if vals == s.vals:
-        return s
     if not all(map(_plain, vals)):  # an attribute now holds something else
         s = _scan(mod)
         vals = s.get(d)
+    if vals == s.vals:
+        return s
     key = (s.names, value_key(vals))
     token = _TOKENS.get(key)
     if token is None:
@@ -134,7 +145,7 @@ def key(modules) -> tuple:
         try:
             if s is None or s.size != len(d := mod.__dict__) or s.get(d) != s.vals:
                 s = seen(mod)
-        except KeyError:
+        except COMPARE_ERRORS:
             s = seen(mod)
         out.append(s.token)
     return tuple(out)

@@ -12,7 +12,9 @@ output, written back after the call. Working at the storage level keeps aliasing
 tied weights and views of one tensor are one input.
 
 Python numbers and strings in those closures, defaults and globals are read at trace
-time: they are guards (part of the cache key), so changing one retraces. Optimizer
+time: they are guards (part of the cache key), so changing one retraces, as are the
+plain attributes of the modules reached (Note [A module's plain attributes are guards]
+in torchjax/compile/_attribute_guards.py). Optimizer
 hyperparameters are inputs or guards too (Note [Hyperparameters: traced or guarded] in
 torchjax/compile/_hyper.py).
 
@@ -165,7 +167,7 @@ class StateWalk:
             try:
                 if g is None or g.size != len(d) or g.get(d) != g.vals:
                     g = _attribute_guards.seen(mod)
-            except KeyError:  # an attribute deleted
+            except _attribute_guards.COMPARE_ERRORS:  # an attribute deleted or retyped
                 g = _attribute_guards.seen(mod)
             refs.append(g.ref)
             tokens.append(g.token)
@@ -300,8 +302,10 @@ class StateWalk:
 # composite model's text and vision configs are the ``config`` of the modules that read
 # them. One dict lookup per module finds the configs (shared objects are read once), and
 # a config's values are read on every call (about 40 for a transformers config, some
-# 10-20 us). Other plain attributes of modules are read at trace time, as
-# documented (docs/compiled.md). The modules themselves are guarded the same way, by
+# 10-20 us). A module's other plain attributes (``Dropout.p``, a norm's ``eps``) are
+# guards too, read with one getter per module (Note [A module's plain attributes are
+# guards] in torchjax/compile/_attribute_guards.py). The modules themselves are guarded
+# the same way, by
 # identity, as Dynamo guards a module it inlines: ``model[1] = nn.Identity()`` swaps a
 # submodule that brings no parameter (no state of the call changes), and the program
 # traced with the old one ran on. They are keyed by weak reference, not ``id``: a loop
