@@ -99,13 +99,10 @@ def _scan(mod) -> Seen:
     s.get = _getter(s.names)
     s.size = len(d)
     s.vals = s.token = None  # vals: no tuple equals None
-    at = id(mod)
     try:
-        s.ref = weakref.ref(mod, functools.partial(_forget, SEEN, at))
+        s.ref = weakref.ref(mod, functools.partial(_forget, SEEN, id(mod)))
     except TypeError:  # a module class with __slots__ and no weak reference slot
-        s.ref = (at, type(mod))
-        return s
-    SEEN[at] = s
+        s.ref = (id(mod), type(mod))
     return s
 
 
@@ -133,8 +130,14 @@ def seen(mod) -> Seen:
     if token is None:
         token = _TOKENS[key] = len(_VALUES)
         _VALUES.append((s.names, vals))
-    s.vals, s.token = vals, token
-    return s
+    # A new entry, never one changed in place: another thread's walk may be reading the
+    # old one, whose values and token must stay a pair.
+    new = Seen()
+    new.get, new.names, new.ref, new.size = s.get, s.names, s.ref, s.size
+    new.vals, new.token = vals, token
+    if type(new.ref) is weakref.ref:
+        SEEN[id(mod)] = new
+    return new
 
 
 def key(modules) -> tuple:
