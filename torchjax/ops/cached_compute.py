@@ -16,17 +16,18 @@ runs every eligible lowering, together with the promotion casts around it, as on
   keys). Arrays (tpu tensors, 0-d CPU tensors, lists of tensors) are the executable's
   arguments, so jax's own jit cache handles their shapes and dtypes. A Python scalar in
   a promoted position (``x * 0.5``) becomes a 0-d array of the computation dtype and is
-  an argument too, so a changing scalar does not recompile. A view whose value has not
+  an argument too, so a changing scalar does not recompile; so does a float in a
+  ``Scalar`` position that is not promoted (Note [Python floats as values of an op's
+  program]). A view whose value has not
   been read (Note [Lazy views] in torchjax/ops/views.py) enters as its storage's
   array, its layout (storage numel, size, stride, offset) in the key, and is read inside
   the executable, where XLA fuses the read (a transpose into a dot, a slice into an add).
 - One executable per key and input signature (the shapes and dtypes of the arrays),
   kept in the overload's table of executables (Note [One executable table] in
   torchjax/ops/executables.py, which foreach ops share): built on first use, an entry of
-  the process-wide budget, counted by ``cache_info``. A non-promoted float that changes
-  every call (torch.optim's ``p.addcdiv_(m, d, value=-step_size)``) would compile every
-  call: after ``MAX_FLOAT_VARIANTS`` keys that differ only in float values, such calls run
-  op by op.
+  the process-wide budget, counted by ``cache_info``. A static float that changes
+  every call (one the lowering needs as a number) would compile every call: after
+  ``MAX_FLOAT_VARIANTS`` keys that differ only in float values, such calls run op by op.
 - Tracers pass through: under ``torchjax.jit`` (tpu tensors holding tracers) calling
   the cached ``jax.jit`` function inlines it into the outer trace.
 - The fast path: a call without keyword arguments whose arguments are tpu tensors,
@@ -85,11 +86,36 @@ lookups take none. Counters: ``torchjax.stats()`` (Note [Eager engine counters])
 
 Async dispatch is kept: nothing here reads device data; the executable's outputs are
 wrapped from their shapes and dtypes (the avals), without waiting for the computation.
+
+Note [Python floats as values of an op's program]
+torch.optim computes Python floats that change every step and passes them to ops as
+``Scalar`` arguments that are not promoted: Adam's step size (``p.addcdiv_(m, d,
+value=-step_size)``), SGD's learning rate under a schedule (``p.add_(g, alpha=-lr)``),
+OneCycleLR's momentum (``m.lerp_(g, 1 - beta1)``). As static values each new number
+was a new key, one XLA compilation per op, parameter shape and step (0.1 to 1 s each on
+a TPU) until ``MAX_FLOAT_VARIANTS``, then the op ran op by op for good. So a Python
+``float`` in a ``Scalar`` (or ``Scalar?``) position outside the promoted ones is a value
+of the program: a float64 0-d argument (``promotion.scalar_argument``), given to the
+lowering as a weakly typed jax scalar, which every lowering of such an argument already
+takes (Note [Traced Python floats] in torchjax/ops/traced_scalars.py). It is the number
+the static value was: a lowering casts it to the tensors' dtype as it cast the Python
+float (``scale_by``, ``lerp``), round to nearest either way; checked as torch checks
+it (add's alpha against the result type) on the host, every call, as promoted numbers
+are. ints and bools stay static (they select kernels: ``alpha=1``), and so do
+``float`` arguments (dropout's ``p``, an ``eps``: lowerings read them as numbers).
+
+Where a number is needed, the key takes its floats as static values again
+(``float_static``, decided once per key): a result or computation dtype that is not a
+real floating type (integer arithmetic converts a float Scalar by rules that read it;
+complex ``alpha`` goes through ``complex()``), an op without promotion whose tensors are
+not all real floating, or a trace that fails with the value traced (a lowering branching
+on it). Such calls build the template twice; they are rare.
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -105,6 +131,7 @@ from torchjax.ops.executables import CONCRETE_ERRORS
 from torchjax.ops.templates import (
     ARRAY,
     ASTYPE,
+    FLOAT,
     SCALARS,
     SEQ,
     SHAPE,
@@ -143,6 +170,17 @@ _INTEGER_DTYPES = frozenset(
     }
 )
 _default_dtype = torch.get_default_dtype
+_F64 = np.dtype(np.float64)
+# Schema types of the arguments whose Python floats are values of the program (Note
+# [Python floats as values of an op's program]).
+_TRACED_TYPES = frozenset({"number", "Optional[number]"})
+
+
+def _real_float(dtype) -> bool:
+    """Whether ``dtype`` (torch or numpy/JAX) is a real floating type."""
+    if isinstance(dtype, torch.dtype):
+        return dtype.is_floating_point
+    return jnp.issubdtype(dtype, jnp.floating)
 
 
 class NotCompilable(Exception):
@@ -234,6 +272,17 @@ class CompiledCompute:
         # Random ops take their key as an argument (Note [Compiled random ops]).
         self.seeded = not entry.deterministic and _seeded.seeded(func)
         self.shape_only_self = not entry.self_values
+        # Positions and names of the floats passed as values (Note [Python floats as
+        # values of an op's program]); keys that take them static instead.
+        scalar_args = [
+            (i, a.name)
+            for i, a in enumerate(func._schema.arguments)
+            if str(a.type) in _TRACED_TYPES and i not in self.pidx
+        ]
+        self.tidx = frozenset(i for i, _ in scalar_args)
+        self.tnames = frozenset(n for _, n in scalar_args)
+        self.tchecked = frozenset(n for _, n in scalar_args if n in policy.checked)
+        self.float_static: set = set()
         executables.register(self)
 
     def clear(self):
@@ -241,15 +290,20 @@ class CompiledCompute:
             self.table.clear()
             self.cache, self.tensor_cache = {}, {}
             self.eager_keys = set()
+            self.float_static = set()
             self.view_keys = 0
             self.view_signatures = view_signatures.ViewSignatures(self.lock)
             self.casts = Consumers(self.kind, self._build, _TRACE_ERRORS)
 
-    def _entry(self, x, dyn, psig, scalars, promoted, read_views=False, read_casts=True):
+    def _entry(
+        self, x, dyn, psig, scalars, promoted, read_views=False, read_casts=True, floats=None
+    ):
         """The template entry of argument ``x``; appends its arrays to ``dyn``, its
         promotion key to ``psig`` (if ``promoted``) and the index in ``dyn`` of a Python
         scalar to cast to ``scalars``. ``read_views``: a view enters as its value;
-        ``read_casts``: a deferred conversion may enter as its source."""
+        ``read_casts``: a deferred conversion may enter as its source; ``floats``: where
+        a Python float is a value of the program, the list of their indices in ``dyn``
+        (Note [Python floats as values of an op's program])."""
         if isinstance(x, JaxTensor):
             if self.masks and x.dtype in _MASK_DTYPES:
                 raise NotCompilable  # a mask index: data-dependent shape
@@ -302,6 +356,10 @@ class CompiledCompute:
             scalars.append(len(dyn))
             dyn.append(x)
             return ARRAY
+        if floats is not None and x.__class__ is float:
+            floats.append(len(dyn))
+            dyn.append(x)
+            return FLOAT
         if x.__class__ is torch.SymFloat:
             raise NotCompilable  # a traced Python float: op by op, inside the trace
         if isinstance(x, (list, tuple)):
@@ -315,16 +373,19 @@ class CompiledCompute:
     def __call__(self, args, kwargs):
         if not kwargs and not self.seeded:
             # The fast path: one lookup keyed by the arguments alone (``fast_keys``).
-            found = fast_keys.call_key(args, self.pidx, self.masks)
+            found = fast_keys.call_key(args, self.pidx, self.masks, self.tidx)
             run = None if found is None else self.tensor_cache.get(found[0])
             if run is not None:
-                _, vals, scalars = found
+                _, vals, scalars, floats = found
                 if scalars:
                     compute_dt = run.dts[0]
                     for j in scalars:
                         if self.checked:
                             self.policy.check_number(vals[j], run.dts[1])
                         vals[j] = promotion.scalar_argument(vals[j], compute_dt)
+                if floats:
+                    # Positional floats are checked by position's name in _float_args.
+                    self._float_args(vals, floats, run.dts, self._checked_positions(args))
                 try:
                     _budget.touch(run)
                 except KeyError:  # evicted by another thread just now
@@ -350,10 +411,51 @@ class CompiledCompute:
             return _seeded.as_compiled(self.eager, args, kwargs, reserved)
         return self.eager(args, kwargs)
 
-    def _call(self, args, kwargs, read_views=False, read_casts=True, reserved=None):
+    def _checked_positions(self, args):
+        """Whether a positional float of ``args`` is one torch checks (``tchecked``)."""
+        if not self.tchecked:
+            return False
+        names = self.policy.names
+        return any(
+            a.__class__ is float and i in self.tidx and names[i] in self.tchecked
+            for i, a in enumerate(args)
+        )
+
+    def _float_args(self, dyn, floats, dts, checked):
+        """In place: the floats at ``floats`` in ``dyn`` as float64 0-d arguments, checked
+        against the result dtype first where torch checks them (``checked``)."""
+        for j in floats:
+            if checked and dts is not None:
+                self.policy.check_number(dyn[j], dts[1])
+            dyn[j] = promotion.scalar_argument(dyn[j], _F64)
+
+    def _floats_ok(self, key, psig, args, kwargs) -> bool:
+        """Whether ``key`` may take its floats as values of the program (Note [Python
+        floats as values of an op's program]); remembered when not."""
+        if key in self.float_static:
+            return False
+        if self.kind is not None:
+            dts = self.cache.get(key, _NO_KEY)
+            if dts is _NO_KEY:
+                dts = promotion.promoted_by_key(self.kind, psig)
+            ok = all(_real_float(np.dtype(d)) for d in dts[:2])
+        else:
+            tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+            ok = bool(tensors) and all(_real_float(t.dtype) for t in tensors)
+        if not ok:
+            with self.lock:
+                self.float_static.add(key)
+        return ok
+
+    def _call(
+        self, args, kwargs, read_views=False, read_casts=True, reserved=None, static_floats=False
+    ):
         if kwargs and self.outs:
             kwargs = {k: v for k, v in kwargs.items() if k not in self.outs}
         dyn, psig, scalars = [], [], []
+        # Indices in dyn of the floats passed as values; None: every float static.
+        floats = None if static_floats or not self.tidx else []
+        tidx, tnames = self.tidx, self.tnames
         pidx, pnames, entry = self.pidx, self.pnames, self._entry
         # A random op's conversions are made first: its draw is not elementwise, so one
         # read inside would only be refused and the call made again.
@@ -376,14 +478,28 @@ class CompiledCompute:
                         dtypes.to_jax_dtype(a.dtype),
                     )
                     if shape_only and i == 0
-                    else entry(a, dyn, psig, scalars, i in pidx, rv, rc)
+                    else entry(
+                        a, dyn, psig, scalars, i in pidx, rv, rc, floats if i in tidx else None
+                    )
                     for i, a in enumerate(args)
                 ]
             )
             kwtmpl = (
                 tuple(
                     [
-                        (k, entry(v, dyn, psig, scalars, k in pnames, rv, rc))
+                        (
+                            k,
+                            entry(
+                                v,
+                                dyn,
+                                psig,
+                                scalars,
+                                k in pnames,
+                                rv,
+                                rc,
+                                floats if k in tnames else None,
+                            ),
+                        )
                         for k, v in kwargs.items()
                     ]
                 )
@@ -403,11 +519,13 @@ class CompiledCompute:
             # TypeError: an unhashable static argument (no key to cache under).
             return self._op_by_op(args, kwargs, reserved)
         if run is None:
+            if floats and not self._floats_ok(key, psig, args, kwargs):
+                return self._call(args, kwargs, read_views, read_casts, reserved, True)
             if not read_views and self.view_signatures.varying(key, tmpl, kwtmpl, run_key[1]):
-                return self._call(args, kwargs, True, read_casts, reserved)
-            built = self.casts.build(key, tmpl, kwtmpl, psig, dyn, scalars) if rc else None
+                return self._call(args, kwargs, True, read_casts, reserved, static_floats)
+            built = self.casts.build(key, tmpl, kwtmpl, psig, dyn, scalars, floats) if rc else None
             if built is False:  # not elementwise: its conversions are made first
-                return self._call(args, kwargs, read_views, False, reserved)
+                return self._call(args, kwargs, read_views, False, reserved, static_floats)
             dts = self.cache.get(key, _NO_KEY)
             if dts is _NO_KEY:
                 dts = self._new_key(key, tmpl, kwtmpl, psig)
@@ -425,6 +543,12 @@ class CompiledCompute:
                 if self.checked:
                     self.policy.check_number(dyn[j], dts[1])
                 dyn[j] = promotion.scalar_argument(dyn[j], compute_dt)
+        if floats:
+            checked = self.tchecked and (
+                any(k in self.tchecked and v.__class__ is float for k, v in kwargs.items())
+                or self._checked_positions(args)
+            )
+            self._float_args(dyn, floats, dts, checked)
         try:
             if _fused.ACTIVE[0] and _fused.recording():
                 # Fused eager: recorded, run later with its segment (Note [Fused eager]).
@@ -436,6 +560,13 @@ class CompiledCompute:
             # Raised while tracing (never by a built executable): this key runs op by op.
             # Under an outer trace the op-by-op run raises the same error, as it should,
             # so only eager failures are remembered.
+            if floats:
+                # First with its floats static (Note [Python floats as values of an op's
+                # program]).
+                self._forget(key, remember=False)
+                with self.lock:
+                    self.float_static.add(key)
+                return self._call(args, kwargs, read_views, read_casts, reserved, True)
             self._forget(key, remember=not any(isinstance(d, jax.core.Tracer) for d in dyn))
             return self._op_by_op(args, kwargs, reserved)
         self.info.calls += 1

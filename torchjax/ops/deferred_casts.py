@@ -177,10 +177,11 @@ class Consumers:
         self.kind, self.build_run, self.errors = kind, build_run, errors
         self.refused: set = set()
 
-    def build(self, key, tmpl, kwtmpl, psig, dyn, scalars):
+    def build(self, key, tmpl, kwtmpl, psig, dyn, scalars, floats=None):
         """For a new executable of ``key`` on ``dyn``: None where its template reads no
         deferred conversion; else the executable, traced here (its call reuses the
-        trace) and elementwise, or False (refused)."""
+        trace) and elementwise, or False (refused). ``floats``: indices of the Python
+        floats passed as float64 values."""
         if key in self.refused:
             return False
         if not any(has_cast(e) for e in tmpl) and not any(has_cast(e) for _, e in kwtmpl):
@@ -192,6 +193,8 @@ class Consumers:
         probe = list(dyn)
         for j in scalars:
             probe[j] = promotion.scalar_argument(probe[j], dts[0])
+        for j in floats or ():
+            probe[j] = np.float64(probe[j])
         probe = [
             jax.ShapeDtypeStruct(d.shape, d.dtype, weak_type=d.weak_type)
             if d.__class__ is fused.Pending

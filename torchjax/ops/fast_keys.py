@@ -13,6 +13,7 @@ from torchjax.ops.deferred_casts import Cast, read_whole
 from torchjax.ops.templates import (
     ARRAY,
     FAST_SCALARS,
+    FLOAT,
     STATIC,
     Astype,
     Seq,
@@ -69,7 +70,8 @@ def key(args, tmpl, pidx):
     read before the call, (dtype, (size, stride, offset or None when it is an argument,
     storage numel)) per view read inside it, (dtype, (size, source dtype)) per tensor
     converted inside it, (type, None) per Python number cast as an
-    argument (positions ``pidx``), (template entry, STATIC) per static argument, a
+    argument (positions ``pidx``), (float, FLOAT) per Python float passed as a value of
+    the program, (template entry, STATIC) per static argument, a
     ``tensors`` part per list of tensors; None when an argument is none of these."""
     sig = [_default_dtype()]
     for i, (a, e) in enumerate(zip(args, tmpl)):
@@ -86,6 +88,9 @@ def key(args, tmpl, pidx):
         elif cls in FAST_SCALARS and i in pidx and e is ARRAY:
             sig.append(cls)
             sig.append(None)
+        elif cls is float and e is FLOAT:
+            sig.append(cls)
+            sig.append(FLOAT)
         elif e is not ARRAY and static_entry(a) == e:
             sig.append(e)
             sig.append(STATIC)
@@ -105,15 +110,19 @@ def key(args, tmpl, pidx):
     return tuple(sig)
 
 
-def call_key(args, pidx, masks: bool):
-    """``(key, executable arguments, indices of Python numbers among them or None)`` of
-    a call without keyword arguments, read from ``args`` alone: the ``key`` its
-    executable's template gave, so one dict lookup finds it. None when an argument needs
-    the template (a tensor whose array is not made yet, a list holding a view)."""
+def call_key(args, pidx, masks: bool, tidx=()):
+    """``(key, executable arguments, indices of Python numbers among them or None,
+    indices of Python floats passed as values or None)`` of a call without keyword
+    arguments, read from ``args`` alone: the ``key`` its executable's template gave, so
+    one dict lookup finds it. Floats at positions ``tidx`` are keyed as values of the
+    program (Note [Python floats as values of an op's program] in
+    torchjax/ops/cached_compute.py): a key whose executable took them as constants
+    instead is not found here. None when an argument needs the template (a tensor whose
+    array is not made yet, a list holding a view)."""
     # The default dtype decides some promotions (int * 0.5, int / int).
     sig = [_default_dtype()]
     vals = []
-    scalars = None
+    scalars = floats = None
     for i, a in enumerate(args):
         cls = a.__class__
         if cls is JaxTensor:
@@ -166,6 +175,11 @@ def call_key(args, pidx, masks: bool):
             sig.append(None)
             scalars = (scalars or []) + [len(vals)]
             vals.append(a)
+        elif cls is float and i in tidx:
+            sig.append(cls)
+            sig.append(FLOAT)
+            floats = (floats or []) + [len(vals)]
+            vals.append(a)
         else:
             # A static argument (eps, a dim list): keyed by its template entry.
             part = static_entry(a)
@@ -180,4 +194,4 @@ def call_key(args, pidx, masks: bool):
                 return None
             sig.append(part)
             sig.append(TENSORS)
-    return tuple(sig), vals, scalars
+    return tuple(sig), vals, scalars, floats

@@ -5,7 +5,9 @@ A call's arguments become a template, a tuple of entries, and a list of executab
 arguments (``dyn``): an array is ``ARRAY`` (the next argument), a Python value that is
 part of the key a ``Static``, a list or tuple a ``Seq`` of entries, a view read inside
 the executable a ``View``, an input known by its shape alone a ``Shape`` and a tensor
-whose conversion is computed inside the executable an ``Astype``. Entries are
+whose conversion is computed inside the executable an ``Astype``, and a Python float
+passed as a value of the program (Note [Python floats as values of an op's program] in
+torchjax/ops/cached_compute.py) ``FLOAT``. Entries are
 named tuples whose first field is their kind, so a key compares and hashes as the plain
 tuples it is made of. Inside the executable ``rebuild`` turns the template and the
 traced arguments back into the lowering's arguments.
@@ -18,6 +20,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import torch
 
+from torchjax._compat.jax import weak_float
 from torchjax.ops.promotion import astype
 from torchjax.tensor._storage import _plan, layout_plan
 
@@ -34,6 +37,7 @@ SEQ = 2
 VIEW = 3
 SHAPE = 4
 ASTYPE = 5
+TRACED = 6
 
 
 class Static(NamedTuple):
@@ -83,6 +87,16 @@ class Astype(NamedTuple):
     source: object
 
 
+class Traced(NamedTuple):
+    """A Python float passed as a float64 0-d argument, given to the lowering as a weakly
+    typed scalar (it promotes as the Python float does)."""
+
+    kind: int
+
+
+FLOAT = Traced(TRACED)
+
+
 # Note [Samplers read no values]
 # ``torch.randn(n)`` is ``empty`` then ``normal_``, and ``normal_`` overwrites its input:
 # only its shape and dtype matter. Passing the input's array would make the array of a
@@ -118,7 +132,7 @@ def static_entry(x):
 
 def float_masked(entry):
     """``entry`` with float static values blanked (keys equal up to float values)."""
-    if entry is ARRAY or entry.kind in (VIEW, SHAPE, ASTYPE):
+    if entry is ARRAY or entry.kind in (VIEW, SHAPE, ASTYPE, TRACED):
         return entry
     if entry.kind == STATIC:
         return (STATIC, float) if entry.cls is float else entry
@@ -129,7 +143,7 @@ def layout_masked(entry):
     """``entry`` with each view's layout (storage numel, strides, offset) blanked: keys
     equal up to where their views lie in their storages (Note [Views in keys whose
     shapes vary] in torchjax/ops/view_signatures.py)."""
-    if entry is ARRAY or entry.kind in (STATIC, SHAPE, ASTYPE):
+    if entry is ARRAY or entry.kind in (STATIC, SHAPE, ASTYPE, TRACED):
         return entry
     if entry.kind == VIEW:
         return (VIEW, entry.size)
@@ -137,13 +151,13 @@ def layout_masked(entry):
 
 
 def has_view(entry) -> bool:
-    if entry is ARRAY or entry.kind in (STATIC, SHAPE, ASTYPE):
+    if entry is ARRAY or entry.kind in (STATIC, SHAPE, ASTYPE, TRACED):
         return False
     return entry.kind == VIEW or any(has_view(e) for e in entry.entries)
 
 
 def has_cast(entry) -> bool:
-    if entry is ARRAY or entry.kind in (STATIC, SHAPE, VIEW):
+    if entry is ARRAY or entry.kind in (STATIC, SHAPE, VIEW, TRACED):
         return False
     return entry.kind == ASTYPE or any(has_cast(e) for e in entry.entries)
 
@@ -158,6 +172,8 @@ def rebuild(entry, it):
         return jnp.zeros(entry.size, entry.dtype)
     if kind == ASTYPE:
         return astype(next(it), entry.dtype)
+    if kind == TRACED:
+        return weak_float(next(it))
     if kind == VIEW:
         flat = next(it).reshape(-1)
         if entry.offset is None:  # the offset is the next argument, the numel the array's
