@@ -169,15 +169,30 @@ def test_static_arguments_take_the_fast_path_keyed_by_value(slow):
 
 
 def test_static_arguments_key_by_type_and_bits():
+    # nan_to_num's nan is a ``float`` argument: static, keyed by its bits.
+    x = torch.tensor([float("nan"), 1.0, -2.0])
+    tx = x.to(TPU)
+    before = _info(aten.nan_to_num.default)[0]
+    for nan in (2.0, -0.0, 0.0):
+        got = torch.nan_to_num(tx, nan=nan).cpu()
+        want = torch.nan_to_num(x, nan=nan)
+        assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit())
+    # -0.0 and 0.0 are different keys (bits)
+    assert _info(aten.nan_to_num.default)[0] == before + 3
+
+
+def test_a_number_argument_keys_ints_by_value_and_passes_floats():
+    # rsub's alpha: an int is static (2 is its own key), a float is an argument of one
+    # executable whatever its value, -0.0 included (Note [Python floats as values of an
+    # op's program]).
     x, y = torch.randn(4), torch.randn(4)
     tx, ty = x.to(TPU), y.to(TPU)
     before = _info(aten.rsub.Tensor)[0]
-    for alpha in (2, 2.0, -0.0, 0.0):
+    for alpha in (2, 2.0, -0.0, 0.0, 3.5):
         torch.testing.assert_close(
             torch.rsub(tx, ty, alpha=alpha).cpu(), torch.rsub(x, y, alpha=alpha)
         )
-    # 2 and 2.0 are different keys (types), so are -0.0 and 0.0 (bits)
-    assert _info(aten.rsub.Tensor)[0] == before + 4
+    assert _info(aten.rsub.Tensor)[0] == before + 2
 
 
 def test_promoted_python_scalar_is_an_argument_not_a_key():
@@ -191,15 +206,13 @@ def test_promoted_python_scalar_is_an_argument_not_a_key():
 
 
 def test_changing_float_static_argument_stops_compiling():
-    x, y = torch.randn(5), torch.randn(5)
-    tx, ty = x.to(TPU), y.to(TPU)
-    before = _info(aten.sub.Tensor)[0]
+    x = torch.tensor([float("nan"), 1.0, float("inf")])
+    tx = x.to(TPU)
+    before = _info(aten.nan_to_num.default)[0]
     for i in range(3 * executables.MAX_FLOAT_VARIANTS):
-        alpha = 0.1 + i / 7
-        torch.testing.assert_close(
-            torch.sub(tx, ty, alpha=alpha).cpu(), torch.sub(x, y, alpha=alpha)
-        )
-    assert _info(aten.sub.Tensor)[0] - before <= executables.MAX_FLOAT_VARIANTS
+        nan = 0.1 + i / 7
+        assert torch.equal(torch.nan_to_num(tx, nan=nan).cpu(), torch.nan_to_num(x, nan=nan))
+    assert _info(aten.nan_to_num.default)[0] - before <= executables.MAX_FLOAT_VARIANTS
 
 
 def _calls(func):
