@@ -96,9 +96,11 @@ def llama_config(small: bool) -> tf.LlamaConfig:
 
 
 def _generate(model, ids, new):
+    # The mask made on the host and moved, as a tokenizer's output moved with .to("tpu").
+    mask = torch.ones(ids.shape, dtype=ids.dtype).to(ids.device)
     with torch.no_grad():
         out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+            ids, attention_mask=mask, max_new_tokens=new,
             min_new_tokens=new, do_sample=False, pad_token_id=0,
         )  # fmt: skip
     return block_torch(out)
