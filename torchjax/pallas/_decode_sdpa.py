@@ -23,6 +23,14 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _ALIGN_PAST = 2048
 
 
+def kernel_length(n: int) -> int:
+    """The shortest key length at least ``n`` that both attention kernels take (the
+    decode kernel's and the flash kernel's length rules): a multiple of 16, of 128
+    past ``_ALIGN_PAST``. A static cache of this length lets SDPA over it reach them."""
+    step = 128 if n > _ALIGN_PAST else 16
+    return -(-n // step) * step
+
+
 def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in tensors if isinstance(t, torch.Tensor)
