@@ -60,9 +60,12 @@ def run(new_tokens: int = NEW_TOKENS) -> dict:
     out["eager"] = generate(tpu, new_tokens, disable_compile=True)
     jitted = compile_generate(tpu)
     out["compiled"] = generate(tpu, new_tokens)
-    # the prefill (the compiled forward), then the decode-step program: the first
-    # token's choice and the step (Note [Decode steps as one program])
-    out["traces"] = jitted.trace_count + tpu.forward.decode_step.trace_count
+    # the prefill (the compiled forward), the first token's program (Note [The step after
+    # the prefill]) and the decode step (Note [Decode steps as one program])
+    forward = tpu.forward
+    out["traces"] = (
+        jitted.trace_count + forward.first_token.trace_count + forward.decode_step.trace_count
+    )
     return out
 
 

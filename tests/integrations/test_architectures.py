@@ -85,10 +85,11 @@ def test_compile_generate_static_cache_matches_cpu(models):
         tpu_ids = tpu.generate(**{k: v.to("tpu") for k, v in batch.items()}, **gen)
     assert torch.equal(tpu_ids.cpu(), cpu_ids), name
     # T5 (encoder-decoder) runs transformers' loop around the compiled forward: prefill
-    # (the first decoder step) and decode step. Qwen3-MoE: the prefill, then the
-    # decode-step program (the first token's choice, the step).
-    traces = (jitted.trace_count, tpu.forward.decode_step.trace_count)
-    assert traces == ((2, 0) if name == "t5" else (1, 2)), name
+    # (the first decoder step) and decode step. Qwen3-MoE: the prefill, the first token's
+    # program, the decode step.
+    forward = tpu.forward
+    traces = (jitted.trace_count, forward.first_token.trace_count, forward.decode_step.trace_count)
+    assert traces == ((2, 0, 0) if name == "t5" else (1, 1, 1)), name
 
 
 @pytest.mark.parametrize("models", ["gemma3", "qwen3_moe"], indirect=True)

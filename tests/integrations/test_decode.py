@@ -45,8 +45,13 @@ def loop(request, compiled):
     compiled.forward.loop = True
 
 
+def _calls(model) -> int:
+    """Calls of the decode programs: the first token's and the decode step's."""
+    programs = (model.forward.first_token, model.forward.decode_step)
+    return sum(p.trace_count + p.cache_hits for p in programs)
+
+
 def test_greedy_with_eos_and_processors_matches_cpu(cpu, compiled, loop):
-    step = compiled.forward.decode_step
     plain = _generate(cpu, **STATIC, do_sample=False, eos_token_id=None, max_new_tokens=24)
     # An EOS that the first row emits at its third new token: that row then pads while
     # the other runs on, as on CPU.
@@ -62,10 +67,10 @@ def test_greedy_with_eos_and_processors_matches_cpu(cpu, compiled, loop):
     ]
     for kwargs in runs:
         kwargs = dict(STATIC, do_sample=False, **kwargs)
-        before = step.trace_count + step.cache_hits
+        before = _calls(compiled)
         expected = _generate(cpu, **kwargs)
         assert torch.equal(_generate(compiled, **kwargs), expected), kwargs
-        assert step.trace_count + step.cache_hits > before  # the decode program ran
+        assert _calls(compiled) > before  # the decode programs ran
     assert _generate(cpu, **STATIC, eos_token_id=eos, max_new_tokens=24).shape[1] < plain.shape[1]
 
 
@@ -75,7 +80,6 @@ def test_repeated_ngrams_are_barred_in_the_decode_program(cpu, compiled, loop, n
     # loop on CPU, with and without repetition penalty, and the decode program runs (no
     # fallback). For n = 1 and 2 the rule changes the tokens (the tiny model repeats
     # itself without it); n = 30 is longer than the whole sequence and bars nothing.
-    step = compiled.forward.decode_step
     base = dict(STATIC, do_sample=False, eos_token_id=None, max_new_tokens=24)
     changed = not torch.equal(
         _generate(cpu, **base), _generate(cpu, **base, no_repeat_ngram_size=n)
@@ -83,10 +87,10 @@ def test_repeated_ngrams_are_barred_in_the_decode_program(cpu, compiled, loop, n
     assert changed == (n < 30)
     for extra in (dict(), dict(repetition_penalty=1.3)):
         kwargs = dict(base, no_repeat_ngram_size=n, **extra)
-        before = step.trace_count + step.cache_hits
+        before = _calls(compiled)
         assert torch.equal(_generate(compiled, **kwargs), _generate(cpu, **kwargs)), kwargs
         assert compiled.forward.last_fallback is None
-        assert step.trace_count + step.cache_hits > before
+        assert _calls(compiled) > before
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -124,14 +128,15 @@ def test_one_program_per_token_or_one_loop(cpu, compiled, loop):
     counts = {}
     for n in (8, 40):
         torchjax.reset_stats()
-        hits = step.cache_hits
+        hits = step.cache_hits + compiled.forward.first_token.cache_hits
         out = _generate(compiled, **dict(kwargs, max_new_tokens=n))
         assert torch.equal(out, _generate(cpu, **dict(kwargs, max_new_tokens=n)))
         stats = torchjax.stats()
-        # Per token: each token one call of one program. Loop: the first token's choice
-        # is a call, every step inside one loop program (the step itself never runs on
-        # its own, so its forward compiles once).
-        assert step.cache_hits - hits == (1 if loop else n)
+        # Per token: each token one call of one program (the first token's, then the
+        # step's). Loop: the first token's program, every step inside one loop program
+        # (the step itself never runs on its own, so its forward compiles once).
+        calls = step.cache_hits + compiled.forward.first_token.cache_hits - hits
+        assert calls == (1 if loop else n)
         counts[n] = (stats["executions"], stats["compiles"], stats["host_reads"])
     # The eager ops around the programs (setting up the buffers, cutting the result to
     # its length: a new length compiles that slice) do not grow with the number of
@@ -183,9 +188,8 @@ def test_sampled_tokens_and_rng_state_are_eager_ones(llama_dir, compiled, loop, 
 
 
 def test_other_calls_run_transformers_loop(cpu, compiled):
-    step = compiled.forward.decode_step
     base = dict(STATIC, do_sample=False, eos_token_id=None, max_new_tokens=4)
-    calls = step.trace_count + step.cache_hits
+    calls = _calls(compiled)
     streamer = transformers.generation.streamers.BaseStreamer()
     streamer.put = streamer.end = lambda *a: None
     for kwargs, why in (
@@ -211,7 +215,7 @@ def test_other_calls_run_transformers_loop(cpu, compiled):
         out = compiled.generate(**batch, **base, return_dict_in_generate=True)
     assert torch.equal(out.sequences.cpu(), _generate(cpu, **base))
     assert compiled.forward.last_fallback == "return_dict_in_generate"
-    assert step.trace_count + step.cache_hits == calls  # none reached the decode program
+    assert _calls(compiled) == calls  # none reached the decode programs
 
 
 def test_decode_steps_run_the_pallas_decode_kernel_when_kernels_are_on(cpu, llama_dir, monkeypatch):

@@ -68,30 +68,32 @@ def test_compile_generate_traces_the_prefill_and_one_decode_step(llama_dir, cpu)
     model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, device_map="tpu").eval()
     jitted = compile_generate(model)
     assert model.forward.jitted is jitted
-    step = model.forward.decode_step
+    step, first = model.forward.decode_step, model.forward.first_token
     with pytest.raises(RuntimeError, match="compile_generate called twice"):
         compile_generate(model)
     batch = {"input_ids": tl.prompts()["input_ids"][1:]}
     kwargs = dict(GREEDY, max_new_tokens=16, cache_implementation="static")
     expected = _generate(cpu, batch, **kwargs)
     assert torch.equal(_generate(model, batch, **kwargs), expected)
-    # The prefill is the compiled forward; the first token's choice is a call of the
-    # decode-step program, the 15 steps one loop over it, traced but never run on its own
-    # (Note [Decode steps as one program]): two traces.
+    # The prefill is the compiled forward; the first token's choice is a program of its
+    # own (Note [The step after the prefill]), the 15 steps one loop over the decode step,
+    # traced but never run on its own (Note [Decode steps as one program]).
     assert jitted.trace_count == 1
-    assert (step.trace_count, step.cache_hits) == (2, 0)
+    assert (step.trace_count, step.cache_hits) == (1, 0)
+    assert (first.trace_count, first.cache_hits) == (1, 0)
     # A second call reuses the cache (sized for the longest call so far, so a shorter
     # call has the same layout), made before the first prefill (Note [A static cache
     # initialized before its first step]): nothing traces again; the token buffer spans
-    # the cache, so the decode step is a cache hit too (the first token's choice; the
-    # loop's step is found traced).
+    # the cache, so the first token's program is a cache hit too, and the loop's step is
+    # found traced.
     short = dict(kwargs, max_new_tokens=8)
     assert torch.equal(_generate(model, batch, **short), expected[:, :15])
     assert (jitted.trace_count, jitted.cache_hits) == (1, 1)
-    assert (step.trace_count, step.cache_hits) == (2, 1)
+    assert (step.trace_count, step.cache_hits) == (1, 0)
+    assert (first.trace_count, first.cache_hits) == (1, 1)
     # Without a static cache the forward runs eagerly.
     assert torch.equal(_generate(model, batch, **GREEDY, max_new_tokens=1), expected[:, :8])
-    assert jitted.trace_count == 1 and step.trace_count == 2
+    assert jitted.trace_count == 1 and step.trace_count == 1
     # Beam search runs transformers' loop around the compiled forward; it reorders the
     # cache after every step (new key/value tensors); still one prefill and one decode
     # trace for the new layout (3 beams). 3 tokens: the second decode step is the first
@@ -101,7 +103,7 @@ def test_compile_generate_traces_the_prefill_and_one_decode_step(llama_dir, cpu)
         _generate(model, batch, cache_implementation="static", **beams),
         _generate(cpu, batch, **beams),
     )
-    assert jitted.trace_count == 3 and step.trace_count == 2
+    assert jitted.trace_count == 3 and step.trace_count == 1
 
 
 def test_torch_compile_backend_tpu_through_compile_config(cpu, tpu, monkeypatch):
@@ -156,4 +158,5 @@ def test_bfloat16_load_logits_and_greedy_tokens(llama_dir):
     compile_generate(tpu16)
     kwargs = dict(GREEDY, max_new_tokens=12, cache_implementation="static")
     assert torch.equal(_generate(tpu16, **kwargs), _generate(cpu16, **kwargs))
-    assert tpu16.forward.decode_step.trace_count == 2
+    assert tpu16.forward.decode_step.trace_count == 1
+    assert tpu16.forward.first_token.trace_count == 1

@@ -99,14 +99,15 @@ def test_compiled_tokens_match_cpu_past_the_window(kind, tmp_path):
         kwargs.update(max_new_tokens=3, min_new_tokens=3)
     expected = _generate(cpu, **kwargs)
     assert torch.equal(_generate(tpu, **kwargs), expected), kind
-    # (compiled forward, decode-step program) traces. A DynamicCache runs eagerly (its
-    # shapes grow every step). Static caches: the prefill, then the decode-step program
-    # (the first token's choice, the step; Note [Decode steps as one program]); a cache
+    # (compiled forward, first-token and decode-step programs) traces. A DynamicCache
+    # runs eagerly (its shapes grow every step). Static caches: the prefill, the first
+    # token's program, the decode step (Note [Decode steps as one program]); a cache
     # with linear-attention layers runs transformers' loop around the compiled forward:
     # prefill and decode step.
     step = tpu.forward.decode_step
-    traces = {"dynamic": (0, 0), "hybrid": (2, 0)}.get(kind, (1, 2))
+    traces = {"dynamic": (0, 0), "hybrid": (2, 0)}.get(kind, (1, 1))
     assert (jitted.trace_count, step.trace_count) == traces, kind
+    assert tpu.forward.first_token.trace_count == (1 if traces[1] else 0), kind
     if kind in ("chunked", "hybrid"):
         # A second call: the cache was made before the first prefill (Note [A static
         # cache initialized before its first step]), so nothing traces again, except

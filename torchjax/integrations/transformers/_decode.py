@@ -20,8 +20,9 @@ program, or all of them one loop:
   logits processors, picks the token (argmax, or ``multinomial`` from torchjax's RNG),
   writes it and updates the flags, all in place (written back);
 - the prompt runs through transformers' own ``_prefill`` (the compiled prefill of
-  Note [Compiled generation with a static cache]), and its first token through the same
-  selection code as a second program;
+  Note [Compiled generation with a static cache]); the state above is made and the first
+  token chosen, by the same selection code, in a second program (Note [The step after
+  the prefill]);
 - the decode step is traced first, without running; when its trace leaves the cache's
   Python state as it found it (static layers: their positions are tensors), every step
   runs as one program, ``decode_step.repeat`` (Note [Repeating a traced step in one
@@ -241,40 +242,33 @@ def device_sample(
     )
 
     outputs = self._prefill(input_ids, generation_config, model_kwargs)
-    model_kwargs = self._update_model_kwargs_for_generation(outputs, model_kwargs)
-    cache = model_kwargs["cache"]
-    logits = outputs.logits[:, -1].to(torch.float32)
-    vocab = logits.shape[-1]
-    del outputs
-
+    cache = outputs.get("cache")
+    cache = model_kwargs["cache"] if cache is None else cache
     # The buffer spans the whole cache and one token more (the last one is never fed
     # back), the mask the cache: calls of another max_length that reuse the cache (Note
     # [Compiled generation with a static cache]) reuse the programs.
-    device, room = input_ids.device, cache_room(cache)
+    room = cache_room(cache)
     size = room + 1
-    tokens = torch.full((batch, size), vocab, dtype=input_ids.dtype, device=device)
-    tokens[:, :prompt] = input_ids
-    mask = model_kwargs.get("attention_mask")
-    if mask is not None:
-        width = room - mask.shape[1]
-        # One new token: the prefill's logits give it, the mask (grown by it past a cache
-        # sized for max_length - 1) is never read; cut to the cache's width all the same.
-        if width < 0:
-            mask = mask[:, :room]
-        else:
-            mask = torch.cat([mask, mask.new_ones((batch, width))], dim=-1)
-    positions = model_kwargs.get("position_ids")
-    positions = None if positions is None else positions[..., -1:].clone()
-    pos = torch.tensor(prompt, dtype=torch.long, device=device)
-    unfinished = torch.ones(batch, dtype=torch.long, device=device)
-    done_at = torch.tensor(size, dtype=torch.long, device=device)  # size: not yet
-
     step = wrapper.decode_step
-    stopped = torch.zeros((), dtype=torch.long, device=device)
     _LOCAL.processors = logits_processor
     try:
-        state = (tokens, mask, pos, positions, unfinished, done_at, stopped)
-        step(*state, cache, logits, settings=settings, _torchjax_guard=None)
+        device = input_ids.device
+        state = wrapper.first_token(
+            input_ids,
+            outputs.logits,
+            model_kwargs.get("attention_mask"),
+            model_kwargs.get("position_ids"),
+            # Made from host data here: made inside the trace they would be constants,
+            # and every op on constants alone a program of its own.
+            torch.tensor(prompt, dtype=torch.long, device=device),
+            torch.ones(batch, dtype=torch.long, device=device),
+            torch.tensor(size, dtype=torch.long, device=device),  # size: not yet
+            torch.zeros((), dtype=torch.long, device=device),
+            room=room,
+            settings=settings,
+        )
+        del outputs
+        tokens, _, pos, _, _, done_at, stopped = state
         length = prompt + 1
         loop = wrapper.loop
         while length < max_length:
@@ -306,6 +300,43 @@ def device_sample(
     finally:
         _LOCAL.processors = None
     return tokens[:, : min(int(done_at), length)].clone()
+
+
+def first_token(
+    input_ids, logits, mask, positions, pos, unfinished, done_at, stopped, *, room, settings
+):
+    """What ``torchjax.jit`` traces after the prefill (Note [The step after the prefill]):
+    the decoding state, and the first new token chosen from the prefill's ``logits``
+    (``pos``, ``unfinished``, ``done_at``, ``stopped`` updated in place). Returns
+    ``(tokens, mask, pos, positions, unfinished, done_at, stopped)``."""
+    batch, prompt = input_ids.shape
+    tokens = torch.full(
+        (batch, room + 1), logits.shape[-1], dtype=input_ids.dtype, device=input_ids.device
+    )
+    tokens[:, :prompt] = input_ids
+    if mask is not None:
+        # Ones for the new tokens; cut to the cache's width when the prompt's mask and the
+        # first new token pass it (one new token: the mask is never read).
+        ones = mask.new_ones((batch, max(room - mask.shape[1], 1)))
+        mask = torch.cat([mask, ones], dim=-1)[:, :room].clone()
+    if positions is not None:
+        positions = positions[..., -1:] + 1  # the first new token's, as generate's update
+    scores = logits[:, -1].to(torch.float32)
+    _choose(settings, tokens, pos, scores, unfinished, done_at, stopped)
+    return tokens, mask, pos, positions, unfinished, done_at, stopped
+
+
+# Note [The step after the prefill]
+# Between the prefill and the decode loop, generate's bookkeeping (transformers'
+# ``_update_model_kwargs_for_generation``: position ids and the mask grown by a token;
+# here: the last logits in float32, the token buffer filled with the prompt, the mask
+# widened to the cache, the next position ids, the flags) ran as eager ops, each a
+# program of its own to compile on a first call (eight on a Llama), and the first new
+# token was chosen by a further program. They are one program: ``first_token`` under
+# ``torchjax.jit``, keyed by the shapes, the cache's length and the settings, so a later
+# call of the same shapes reuses it. It reads the inputs transformers' update reads
+# (only ``attention_mask`` and ``position_ids`` reach here: Note [Decode steps as one
+# program]) and computes what the update and the first step computed.
 
 
 def decode_step(
@@ -356,9 +387,9 @@ def _choose(settings, tokens, pos, logits, unfinished, done_at, stopped) -> None
             scores = _bar_repeated_ngrams(tokens, pos, rule[1], scores)
         else:
             _, start, least, ids = rule  # no EOS while pos - start < least
-            is_eos = torch.isin(
-                torch.arange(vocab, device=scores.device), torch.tensor(ids, device=scores.device)
-            )
+            # Made on the host: inside the trace these are constants, which an op on
+            # the device would compute as a program of its own.
+            is_eos = torch.isin(torch.arange(vocab), torch.tensor(ids)).to(scores.device)
             scores = torch.where(((pos - start) < least) & is_eos, -float("inf"), scores)
     if do_sample:
         probs = torch.nn.functional.softmax(scores, dim=-1)

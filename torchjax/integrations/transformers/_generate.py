@@ -213,6 +213,9 @@ def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=N
     # Greedy and sampled decoding: one program per token (Note [Decode steps as one
     # program] in torchjax/integrations/transformers/_decode.py).
     forward.decode_step = jit(types.MethodType(_decode.decode_step, model), warn_after=warn_after)
+    # The bookkeeping after the prefill and the first token's choice (Note [The step
+    # after the prefill] in _decode.py).
+    forward.first_token = jit(_decode.first_token, warn_after=warn_after)
     forward.loop = loop
     forward.rule = rule
     forward.lock = threading.RLock()  # held by a compiled generate call (shared caches)
