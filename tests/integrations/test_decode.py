@@ -243,3 +243,30 @@ def test_decode_steps_run_the_pallas_decode_kernel_when_kernels_are_on(cpu, llam
     assert seen[True] == [(2, 4, 16, 16)] * 2 + [(2, 2, 16, 16)] * 2 and seen[False] == []
     assert torch.equal(tokens[True], _generate(cpu, **kwargs))
     assert torch.equal(tokens[True], tokens[False])
+
+
+def test_a_cache_made_for_generate_is_sized_for_the_kernels(cpu, llama_dir):
+    # Note [A static cache sized for the attention kernels]: 12 new tokens after the
+    # 7-token prompts, so transformers asks for 18 positions; the cache is made 32 long
+    # (the kernels take multiples of 16), the tokens equal CPU's, and transformers' own
+    # record keeps 18. A call whose cache reaches the caller (return_dict_in_generate)
+    # gets transformers' length.
+    from torchjax.pallas._decode_sdpa import kernel_length
+
+    assert [kernel_length(n) for n in (1, 16, 17, 255, 2048, 2049)] == [
+        16, 16, 32, 256, 2048, 2176,
+    ]  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, device_map="tpu")
+    compile_generate(model.eval())
+    made, prepare = [], model._prepare_static_cache
+    model._prepare_static_cache = lambda *a, **kw: made.append(prepare(*a, **kw)) or made[-1]
+    kwargs = dict(STATIC, do_sample=False, eos_token_id=None, max_new_tokens=12)
+    assert torch.equal(_generate(model, **kwargs), _generate(cpu, **kwargs))
+    assert model.forward.last_fallback is None
+    assert [layer.max_cache_len for layer in made[0].layers] == [32, 32]
+    assert model._previous_max_cache_length == 18
+    batch = {k: v.to("tpu") for k, v in tl.prompts().items()}
+    with torch.no_grad():
+        out = model.generate(**batch, **kwargs, return_dict_in_generate=True)
+    assert torch.equal(out.sequences.cpu(), _generate(cpu, **kwargs))
+    assert [layer.max_cache_len for layer in made[1].layers] == [18, 18]
