@@ -197,6 +197,49 @@ def test_bool_outer_product_computes_as_cpu():
     oi.same(lambda s, a, b: torch.addr(s, a, b), _BOOL, v, v)
 
 
+_FEW_ROWS = [  # (rows, offs over 4 groups): rows <= groups, the gathered form
+    (3, [1, 1, 3, 3]),  # an empty group, then the last group empty
+    (4, [0, 2, 3, 3]),  # the first group empty, a row past offs[-1]
+    (2, [0, 0, 0, 1]),  # a row past offs[-1], the only row in the last group
+    (4, [1, 2, 3, 4]),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, offs", _FEW_ROWS)
+def test_grouped_mm_of_few_rows_as_cpu(rows, offs, dtype):
+    # Note [Grouped products of few rows]: each row by its own group's matrix. CPU's
+    # kernel leaves rows past offs[-1] unwritten; torchjax's are 0, as ragged_dot's.
+    g = torch.Generator().manual_seed(rows)
+    a = torch.randn(rows, 8, generator=g).to(dtype)
+    b = torch.randn(4, 8, 16, generator=g).to(dtype)
+    o = torch.tensor(offs, dtype=torch.int32)
+    want = torch._grouped_mm(a, b, o)
+    got = torch._grouped_mm(a.to("tpu"), b.to("tpu"), o.to("tpu")).cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape
+    kept = torch.arange(rows) < offs[-1]
+    tol = 0 if dtype == torch.bfloat16 else 1e-6  # one float32 sum rounded once
+    torch.testing.assert_close(got[kept], want[kept], rtol=tol, atol=tol)
+    assert torch.equal(got[~kept], torch.zeros_like(got[~kept]))
+
+
+@pytest.mark.parametrize("rows, ragged", [(4, 0), (5, 1)])
+def test_grouped_mm_of_few_rows_lowers_without_ragged_dot_on_tpu(rows, ragged):
+    # Read from the TPU lowering, on CPU: up to as many rows as groups, a gather and a
+    # batched dot_general; more rows, one ragged_dot.
+    from tests.pallas.test_lowering import _TPU
+
+    def grouped(a, b, offs):
+        return matmul_ops._grouped_mm(a, b, offs)
+
+    args = (jnp.ones((rows, 32), jnp.bfloat16), jnp.ones((4, 32, 64), jnp.bfloat16))
+    args += (jnp.arange(1, 5, dtype=jnp.int32),)
+    with jax.sharding.use_abstract_mesh(_TPU):
+        text = jax.jit(grouped).trace(*args).lower(lowering_platforms=("tpu",)).as_text()
+    assert len(re.findall(r"\"chlo.ragged_dot\"\(", text)) == ragged, text
+    assert ("stablehlo.gather" in text) == (not ragged), text
+
+
 @pytest.mark.parametrize(
     "dtype, want", [(jnp.bfloat16, "DEFAULT"), (jnp.float32, "HIGHEST")], ids=["bf16", "f32"]
 )
