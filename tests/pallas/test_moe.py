@@ -90,3 +90,33 @@ def test_compiles_with_fullgraph_as_one_graph(model):
     assert torchjax.compile.dynamo_stats()["graphs"] - before["graphs"] == 1
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("sentinel", [False, True])
+def test_decoding_multiplies_each_pair_by_its_own_expert(model, monkeypatch, sentinel):
+    # Note [Grouped products of few rows]: 2 pairs (one token, top 2) against 4 experts
+    # take no ragged dot; the values are CPU grouped_mm's. An expert-parallel sentinel
+    # (expert id num_experts) contributes 0, as a pair of routing weight 0 does.
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    experts = model.model.layers[0].mlp.experts
+    model.cpu()
+    torch.manual_seed(3)
+    hidden = torch.randn(1, 32)
+    index = torch.tensor([[3, 1]])
+    weights = torch.tensor([[0.75, 0.25]])
+    ref_index, ref_weights = index, weights
+    if sentinel:
+        index = torch.tensor([[3, experts.num_experts]])
+        ref_index, ref_weights = torch.tensor([[3, 0]]), torch.tensor([[0.75, 0.0]])
+    with torch.no_grad():
+        want = grouped_mm_experts_forward(experts, hidden, ref_index, ref_weights)
+    model.to("tpu")
+    calls = []
+    monkeypatch.setattr(_moe, "ragged_dot", lambda *args: calls.append(args) or None)
+    with torch.no_grad():
+        got = _moe.ragged_dot_experts_forward(
+            experts, hidden.to("tpu"), index.to("tpu"), weights.to("tpu")
+        ).cpu()
+    assert calls == []
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

@@ -10,7 +10,10 @@ module (Qwen3-MoE, Mixtral, DeepSeek-V3, ...) through ``ExpertsInterface`` by
 The forward is transformers' ``grouped_mm`` forward with ``torch.ops.torchjax.ragged_dot``
 as the grouped matmul: token-expert pairs sorted by expert, one ragged dot for
 gate/up and one for down (expert weights used in their stored layout, no transposed
-copy), routing weights applied, order restored, top-k summed in float32. Group sizes
+copy), routing weights applied, order restored, top-k summed in float32. With no more
+token-expert pairs than experts (decoding) each pair is multiplied by its own expert's
+matrices, gathered, instead (Note [Grouped products of few rows] in
+torchjax/ops/matmul.py). Group sizes
 are counted with a one-hot sum (no data-dependent shapes), so it also runs under
 ``torchjax.jit``; pairs routed to experts past ``num_experts`` (expert-parallel
 sentinels) fall outside every group and contribute 0.
@@ -54,11 +57,21 @@ def ragged_dot_experts_forward(
     ids = expert_ids.clamp(max=self.num_experts - 1)
 
     w_in = self.gate_up_proj if self.has_gate else self.up_proj
-    h = ragged_dot(x.to(w_in.dtype), w_in, group_sizes, transpose)
+    # Decoding, no more pairs than experts: Note [Grouped products of few rows]
+    # (torchjax/ops/matmul.py).
+    few = expert_ids.shape[0] <= self.num_experts
+    valid = (expert_ids < self.num_experts).unsqueeze(-1)
+
+    def product(a, w):
+        if few:
+            return _by_own_expert(a.to(w.dtype), w, ids, valid, transpose)
+        return ragged_dot(a.to(w.dtype), w, group_sizes, transpose)
+
+    h = product(x, w_in)
     if self.has_bias:
         h = h + (self.gate_up_proj_bias if self.has_gate else self.up_proj_bias)[ids]
     h = self._apply_gate(h) if self.has_gate else self.act_fn(h)
-    out = ragged_dot(h.to(self.down_proj.dtype), self.down_proj, group_sizes, transpose)
+    out = product(h, self.down_proj)
     if self.has_bias:
         out = out + self.down_proj_bias[ids]
     if self.has_post_expert_norm:
@@ -67,6 +80,14 @@ def ragged_dot_experts_forward(
     inv_perm = torch.argsort(perm)
     out = out[inv_perm].view(num_tokens, num_top_k, hidden_dim).float().sum(dim=1)
     return out.to(hidden_states.dtype)
+
+
+def _by_own_expert(x, w, ids, valid, transpose):
+    """Row i of ``x`` (M, K) times expert ``ids[i]``'s matrix of ``w``, gathered; rows not
+    ``valid`` (expert-parallel sentinels) are 0, as the ragged dot leaves them."""
+    w = w[ids]  # (M, N, K) when transpose, else (M, K, N)
+    out = torch.bmm(x.unsqueeze(1), w.transpose(1, 2) if transpose else w).squeeze(1)
+    return out.masked_fill(~valid, 0)
 
 
 def register_experts() -> str:
