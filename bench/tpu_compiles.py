@@ -16,7 +16,16 @@ cache off for the section:
   same shapes (each call's output feeding the next): whether each call site of a Pallas
   kernel is compiled on its own;
 - ``cumsum``: an int64 and an int32 ``cumsum`` of (1, 128) and (1, 2048) (position ids:
-  the int64 one took 2.9 s cold on the chip).
+  the int64 one took 2.9 s cold on the chip);
+- ``moe_parts``: each part of the MoE layer jitted alone on its shapes in the prefill
+  (128 tokens x top 8 = 1024 token-expert pairs) and in decoding (8 pairs): router,
+  sort, gather, group sizes, each expert product (``lax.ragged_dot``, the few-rows
+  gathered form of Note [Grouped products of few rows], torchjax's Pallas kernel), the
+  combine. On CPU no part compiles slowly and the MoE layer compiles about as fast as a
+  dense one: the chip says which part takes its 5 s per layer.
+
+``forward`` also times the MoE decode step (one token, ``seq`` 1) by layer count: its
+expert products take the gathered form there.
 
 Run:  python -m bench.tpu --sections compiles   (``--small``: small models, off the chip)
 """
@@ -134,6 +143,70 @@ def forward(small: bool) -> dict:
         for impl in ("grouped_mm", NAME)
     }
     out.update(_forward_rows(moe, experts, layers, seq))
+    decode = {f"{name}, decode step": v for name, v in experts.items()}
+    out.update(_forward_rows(moe, decode, layers, 1))
+    return out
+
+
+def moe_parts(small: bool) -> dict:
+    import jax.numpy as jnp
+    from jax import lax
+
+    from bench import tpu_moe
+    from torchjax.ops import matmul
+    from torchjax.pallas._ragged import ragged_dot
+
+    cfg = tpu_moe._config(small)
+    h, e, k = cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok
+    inter, bf = cfg.moe_intermediate_size, jnp.bfloat16
+    key = jax.random.PRNGKey(0)
+    w_gu = jax.random.normal(key, (e, 2 * inter, h), bf)  # transformers' (E, out, in)
+    w_d = jax.random.normal(key, (e, h, inter), bf)
+    w_r = jax.random.normal(key, (e, h), bf)
+
+    def router(x, w_r):
+        p = jax.nn.softmax((x @ w_r.T).astype(jnp.float32), axis=-1)
+        v, i = lax.top_k(p, k)
+        return (v / v.sum(-1, keepdims=True)).astype(bf), i
+
+    def gu_rows(r, w, sizes):  # weights in (E, in, out), as lax.ragged_dot takes them
+        return lax.ragged_dot(r, jnp.swapaxes(w, 1, 2), sizes)
+
+    def combine(o, p):
+        return o[jnp.argsort(p)].reshape(-1, k, h).astype(jnp.float32).sum(1)
+
+    # Weights are arguments, as in a torchjax.jit program (closed over, they would be
+    # constants, and XLA folds their transposes at compile time).
+    out = {}
+    for phase, tokens in (("prefill", 128), ("decode", 1)):
+        m = tokens * k
+        x = jax.random.normal(key, (tokens, h), bf)
+        ids = jax.random.randint(key, (tokens, k), 0, e)
+        rows = jax.random.normal(key, (m, h), bf)
+        mid = jax.random.normal(key, (m, inter), bf)
+        sizes = jnp.zeros((e,), jnp.int32).at[: min(m, e)].set(max(m // e, 1))
+        offs = jnp.cumsum(sizes)
+        pairs, order = ids.reshape(-1), jnp.arange(m)
+        parts = {
+            "router (linear, softmax, top_k)": (router, x, w_r),
+            "sort of the pairs by expert": (lambda i, o: lax.sort_key_val(i, o), pairs, order),
+            "gather of the pairs' rows": (lambda x, p: x[p // k], x, order),
+            "group sizes (one-hot sum)": (lambda i: (i[:, None] == jnp.arange(e)).sum(0), pairs),
+            "ragged_dot gate_up": (gu_rows, rows, w_gu, sizes),
+            "ragged_dot down": (gu_rows, mid, w_d, sizes),
+            "torchjax _grouped_mm gate_up": (
+                lambda r, w, o: matmul._grouped_mm(r, jnp.swapaxes(w, 1, 2), o), rows, w_gu, offs,
+            ),
+            "Pallas ragged_dot gate_up": (
+                lambda r, w, s: ragged_dot(r, w, s, transpose_rhs=True), rows, w_gu, sizes,
+            ),
+            "combine (argsort, gather, sum)": (combine, rows, order),
+        }  # fmt: skip
+        for name, (fn, *args) in parts.items():
+            _progress(f"moe part, {phase}: {name}")
+            out[f"{phase} (M={m}): {name}"] = _compiled(
+                lambda fn=fn, args=args: jax.block_until_ready(jax.jit(fn)(*args))
+            )
     return out
 
 
@@ -178,6 +251,7 @@ def compiles(ctx) -> dict:
     try:
         return {
             "cumsum": cumsum(ctx.small),
+            "moe_parts": moe_parts(ctx.small),
             "flash_sites": flash_sites(ctx.small),
             "forward": forward(ctx.small),
         }
