@@ -524,6 +524,10 @@ class CompiledCompute:
             if not read_views and self.view_signatures.varying(key, tmpl, kwtmpl, run_key[1]):
                 return self._call(args, kwargs, True, read_casts, reserved, static_floats)
             built = self.casts.build(key, tmpl, kwtmpl, psig, dyn, scalars, floats) if rc else None
+            if built is False and floats:
+                # Its trace may need a float's value (a lowering that reads it as a
+                # number): static floats first, before its conversions are made.
+                return self._call(args, kwargs, read_views, read_casts, reserved, True)
             if built is False:  # not elementwise: its conversions are made first
                 return self._call(args, kwargs, read_views, False, reserved, static_floats)
             dts = self.cache.get(key, _NO_KEY)

@@ -126,8 +126,9 @@ def _scatter(self, dim, index, src, how, op, check_src=True):
     shape = self.shape
     if index.size == 0:  # torch skips every check for an empty index
         return self
-    # A tensor source (not the fills this module passes as numpy scalars).
-    if isinstance(src, jax.Array) and src.dtype != self.dtype:
+    # A tensor source (not a fill: a number, or a Python float entering the executable
+    # as a float64 value, Note [Python floats as values of an op's program]).
+    if check_src and isinstance(src, jax.Array) and src.dtype != self.dtype:
         raise RuntimeError(f"{op}(): Expected self.dtype to be equal to src.dtype (in aten::{op})")
     tensor_src = src if isinstance(src, (jax.Array, np.ndarray)) and check_src else None
     arr, index, dim = _as_nd(self, index, op, dim, tensor_src)
@@ -152,7 +153,10 @@ def scatter(self, dim, index, src=None, value=None, reduce=None):
     'multiply' combines instead. Overloads: src tensor or scalar value."""
     src = value if src is None else src  # .value overloads pass the number positionally
     dtypes.check_scalar_fits(src, self.dtype, "scatter")
-    return _scatter(self, dim, index, src, reduce or "set", "scatter")
+    # A Python float reaches here as a weakly typed 0-d value (Note [Python floats as
+    # values of an op's program]); a tensor source is never weakly typed.
+    fill = not isinstance(src, jax.Array) or (src.ndim == 0 and src.weak_type)
+    return _scatter(self, dim, index, src, reduce or "set", "scatter", check_src=not fill)
 
 
 @lowering(aten.scatter_add.default, cpu_tensors=True)
