@@ -39,13 +39,14 @@ import json
 import math
 import pathlib
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+
+from bench.tpu_kernels import grad_of_sum, timed  # noqa: E402
 
 SHAPES = [(1, 16, 2, 8192, 128), (4, 16, 16, 2048, 128)]
 SMALL = [(1, 4, 2, 512, 64)]
@@ -134,20 +135,7 @@ def _torch_math(choice="decompose"):
 
 def _fwd_bwd(fn):
     """Forward and backward: the gradients of the output's float32 sum."""
-    return jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2))
-
-
-def _time(fn, args, runs=10):
-    jitted = jax.jit(fn)
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(jitted(*args))
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        jax.block_until_ready(jitted(*args))
-        times.append(time.perf_counter() - t0)
-    return round(float(np.median(times)) * 1e3, 3), round(first, 1), out
+    return grad_of_sum(fn, (0, 1, 2))
 
 
 def run(shapes, hlo_dir=None) -> dict:
@@ -172,7 +160,7 @@ def run(shapes, hlo_dir=None) -> dict:
         shape_rows, ref = {}, None
         for name, fn in rows.items():
             try:
-                ms, first, out = _time(fn, args)
+                ms, first, out = timed(fn, *args)
                 out = jax.tree_util.tree_map(lambda a: np.asarray(a.astype(jnp.float32)), out)
                 if name == "f32_highest":
                     ref = out

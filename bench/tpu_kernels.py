@@ -56,26 +56,33 @@ RAGGED = [
 RAGGED_SMALL = [("small", 512, 256, 256, 8)]
 
 
-def _ms(fn, *args, runs=10):
-    """(median ms of the jitted ``fn``, compile-and-first-call s), or an error text."""
+def timed(fn, *args, runs=10):
+    """(median ms of the jitted ``fn``, compile-and-first-call s, its first output)."""
     import time
 
-    try:
-        f = jax.jit(fn)
+    f = jax.jit(fn)
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(f(*args))
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(runs):
         t0 = time.perf_counter()
         jax.block_until_ready(f(*args))
-        first = time.perf_counter() - t0
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            times.append(time.perf_counter() - t0)
-        return round(float(np.median(times)) * 1e3, 3), round(first, 1)
+        times.append(time.perf_counter() - t0)
+    return round(float(np.median(times)) * 1e3, 3), round(first, 1), out
+
+
+def _ms(fn, *args, runs=10):
+    """(median ms of the jitted ``fn``, compile-and-first-call s), or an error text."""
+    try:
+        ms, first, _ = timed(fn, *args, runs=runs)
+        return ms, first
     except Exception as e:  # noqa: BLE001 - a failed variant is reported, the rest run
         return f"{type(e).__name__}: {str(e)[:300]}", None
 
 
-def _grad(fn, argnums):
+def grad_of_sum(fn, argnums):
+    """The gradients of ``fn``'s output summed in float32."""
     return jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)), argnums)
 
 
@@ -159,7 +166,7 @@ def _jax_flash(b, hq, hkv, s, d, grad, segments=None):
                 q, k, v, segment_ids=seg, causal=True, sm_scale=d**-0.5, block_sizes=sizes
             )
 
-        out[blk] = _grad(fn, (0, 1, 2)) if grad else fn
+        out[blk] = grad_of_sum(fn, (0, 1, 2)) if grad else fn
     return out
 
 
@@ -181,7 +188,7 @@ def _splash(b, hq, hkv, s, d, grad):
             qg = (q * d**-0.5).reshape(b, hkv, group, s, d)
             return jax.vmap(jax.vmap(kernel))(qg, k, v).reshape(b, hq, s, d)
 
-        out[blk] = _grad(fn, (0, 1, 2)) if grad else fn
+        out[blk] = grad_of_sum(fn, (0, 1, 2)) if grad else fn
     return out
 
 
@@ -222,12 +229,12 @@ def attention(ctx) -> dict:
                 return tk.flash_attention(q, k, v, causal=True)
 
             row["torchjax"], row["torchjax_compile_s"] = _ms(
-                _grad(ours, (0, 1, 2)) if grad else ours, q, k, v
+                grad_of_sum(ours, (0, 1, 2)) if grad else ours, q, k, v
             )
             row["sdpa"], _ = _torch_ms(_torch_sdpa(True, grad), q, k, v)
             row["sdpa_math"], _ = _torch_ms(_torch_sdpa(False, grad), q, k, v)
             xla = _xla()
-            row["xla"], _ = _ms(_grad(xla, (0, 1, 2)) if grad else xla, q, k, v)
+            row["xla"], _ = _ms(grad_of_sum(xla, (0, 1, 2)) if grad else xla, q, k, v)
             if on_tpu:
                 ms, blk = _fastest(_jax_flash(b, hq, hkv, s, d, grad), q, k, v)
                 row["jax_flash"], row["jax_flash_block"] = ms, blk
@@ -258,11 +265,11 @@ def _padded(ctx, rng, on_tpu) -> dict:
         def ours(q, k, v, m):
             return tk.flash_attention(q, k, v, m)
 
-        row["torchjax"], _ = _ms(_grad(ours, (0, 1, 2)) if grad else ours, q, k, v, mask)
+        row["torchjax"], _ = _ms(grad_of_sum(ours, (0, 1, 2)) if grad else ours, q, k, v, mask)
         row["sdpa"], _ = _torch_ms(_torch_sdpa(True, grad), q, k, v, mask)
         row["sdpa_math"], _ = _torch_ms(_torch_sdpa(False, grad), q, k, v, mask)
         xla = _xla(mask)
-        row["xla"], _ = _ms(_grad(xla, (0, 1, 2)) if grad else xla, q, k, v)
+        row["xla"], _ = _ms(grad_of_sum(xla, (0, 1, 2)) if grad else xla, q, k, v)
         if on_tpu:
             ms, blk = _fastest(_jax_flash(b, h, h, s, d, grad, segments), q, k, v)
             row["jax_flash_segment_ids"], row["jax_flash_block"] = ms, blk
@@ -309,7 +316,7 @@ def _ragged(ctx, rng) -> dict:
         for grad in (False, True):
             row = {"flop_limit": round(2 * m * kk * n * (3 if grad else 1) / FLOPS_PER_S * 1e3, 3)}
             for label, fn in impls.items():
-                row[label], _ = _ms(_grad(fn, (0, 1)) if grad else fn, lhs, rhs, sizes)
+                row[label], _ = _ms(grad_of_sum(fn, (0, 1)) if grad else fn, lhs, rhs, sizes)
             _best(row, ("lax", "tokamax"))
             kind = "fwd+bwd" if grad else "fwd"
             out[f"ragged dot {kind} {name} ({m},{kk},{n}) {g} groups"] = row
