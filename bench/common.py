@@ -80,3 +80,19 @@ def ratio(a, b) -> str:
     if isinstance(a, str) or isinstance(b, str):
         return "n/a"
     return f"{a / b:.2f}x"
+
+
+def lm_train_step(model, opt):
+    """One training step of a causal language model on token ids (the ids are the
+    labels): forward without a KV cache (a training forward fills none), backward, the
+    optimizer's step, zeroed grads; returns the loss, detached. Eager as written; the
+    benches wrap it in ``torchjax.jit`` or ``torch.compile``."""
+
+    def step(ids):
+        loss = model(ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    return step

@@ -223,6 +223,7 @@ def train(model, seq: int, name: str, runs: int = RUNS) -> dict:
     import torch
 
     import torchjax
+    from bench.common import lm_train_step
 
     model.train()
     start = {k: v.detach().cpu() for k, v in model.state_dict().items()}
@@ -236,13 +237,7 @@ def train(model, seq: int, name: str, runs: int = RUNS) -> dict:
         model.load_state_dict(start)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
 
-        def step(ids):
-            loss = model(ids, labels=ids, use_cache=False).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.detach()
-
+        step = lm_train_step(model, opt)
         run = torchjax.jit(step) if mode == "jit" else step
 
         def call(run=run, mode=mode):

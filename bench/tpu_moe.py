@@ -59,16 +59,11 @@ def _train(model, ids) -> dict:
     import torch
 
     import torchjax
+    from bench.common import lm_train_step
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
 
-    @torchjax.jit
-    def step(ids):
-        loss = model(ids, labels=ids, use_cache=False).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.detach()
+    step = torchjax.jit(lm_train_step(model, opt))
 
     def train():
         loss = step(ids)

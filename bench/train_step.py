@@ -199,6 +199,7 @@ def _torch_train(args, compiler: str) -> dict:
     import torch
 
     import torchjax
+    from bench.common import lm_train_step
 
     model = _torch_model(args.small)
     if args.remat:
@@ -206,14 +207,7 @@ def _torch_train(args, compiler: str) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     ids = _ids(model.config, args.batch, args.seq).to("tpu")
 
-    def step(ids):
-        # use_cache=False: a training forward fills no KV cache (the JAX model has none)
-        loss = model(ids, labels=ids, use_cache=False).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.detach()
-
+    step = lm_train_step(model, opt)
     run = torchjax.jit(step) if compiler == "jit" else torch.compile(step, backend="tpu")
 
     def call():
