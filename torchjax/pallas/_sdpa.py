@@ -56,7 +56,7 @@ from torchjax.ops.registry import handler
 from torchjax.pallas._decode_sdpa import decode_applies, decode_sdpa
 from torchjax.pallas._flash import flash_attention as _flash_attention
 from torchjax.pallas._op import interpret_default, op
-from torchjax.pallas._sdpa_math import exact_applies, exact_sdpa, math_choice
+from torchjax.pallas._sdpa_math import ContextSwitch, exact_applies, exact_sdpa, math_choice
 
 aten = torch.ops.aten
 ENV_VAR = "TORCHJAX_FLASH_ATTENTION"
@@ -64,7 +64,7 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _SWITCH: contextvars.ContextVar = contextvars.ContextVar("torchjax_flash", default=None)
 
 
-class use_flash_attention:
+class use_flash_attention(ContextSwitch):
     """Turn the flash kernel for SDPA on (``True``), off (``False``) or back to the
     environment/auto rule (``None``); see Note [SDPA dispatch rule].
 
@@ -77,14 +77,10 @@ class use_flash_attention:
     ``True`` on CPU runs the kernel in Pallas interpret mode (what tests do).
     """
 
+    var = _SWITCH
+
     def __init__(self, enabled: bool | None = True):
-        self._token = _SWITCH.set(enabled)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        _SWITCH.reset(self._token)
+        super().__init__(enabled)
 
 
 def flash_enabled() -> bool:

@@ -81,24 +81,36 @@ _HALF = (jnp.bfloat16, jnp.float16)
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-class use_math_attention:
+class ContextSwitch:
+    """A setting of the current thread/context held in the class's ``var``: set when
+    made, and as a context manager the previous setting comes back on exit."""
+
+    var: contextvars.ContextVar
+
+    def __init__(self, value):
+        self._token = self.var.set(value)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.var.reset(self._token)
+
+
+class use_math_attention(ContextSwitch):
     """Choose SDPA's math fallback: ``"exact"`` (``torch.ops.torchjax.exact_attention``),
     ``"decompose"`` (torch's decomposition), or ``None`` (the environment variable, then
     :data:`MATH_BY_PLATFORM`); Note [SDPA math by platform]. Takes effect at once for the
     current context; as a context manager the previous choice comes back on exit."""
+
+    var = _SWITCH
 
     def __init__(self, choice: str | None = "exact"):
         if choice is not None and choice not in _CHOICES:
             raise ValueError(
                 f"use_math_attention: expected one of {_CHOICES} or None, got {choice!r}"
             )
-        self._token = _SWITCH.set(choice)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        _SWITCH.reset(self._token)
+        super().__init__(choice)
 
 
 def math_choice() -> str:
