@@ -27,12 +27,18 @@ cache off for the section:
 ``forward`` also times the MoE decode step (one token, ``seq`` 1) by layer count: its
 expert products take the gathered form there.
 
+``TORCHJAX_BENCH_ROWS`` (comma-separated part names: ``cumsum``, ``moe_parts``,
+``flash_sites``, ``forward``) runs only those parts; ``TORCHJAX_BENCH_VARIANTS``
+(comma-separated prefixes of ``forward``'s variant names, e.g. ``moe``) only those
+variants.
+
 Run:  python -m bench.tpu --sections compiles   (``--small``: small models, off the chip)
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -88,7 +94,10 @@ def _forward_rows(make, variants: dict, layers: tuple, seq: int) -> dict:
     import torchjax
 
     out = {}
+    only = os.environ.get("TORCHJAX_BENCH_VARIANTS")
     for name, (setup, context) in variants.items():
+        if only and not any(name.startswith(p) for p in only.split(",")):
+            continue
         rows = {}
         for n in layers:
             _progress(f"{name}, {n} layers")
@@ -249,11 +258,13 @@ def compiles(ctx) -> dict:
     cache = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
     try:
+        parts = {"cumsum": cumsum, "moe_parts": moe_parts, "flash_sites": flash_sites}
+        parts["forward"] = forward
+        only = os.environ.get("TORCHJAX_BENCH_ROWS")
         return {
-            "cumsum": cumsum(ctx.small),
-            "moe_parts": moe_parts(ctx.small),
-            "flash_sites": flash_sites(ctx.small),
-            "forward": forward(ctx.small),
+            name: part(ctx.small)
+            for name, part in parts.items()
+            if not only or name in only.split(",")
         }
     finally:
         jax.config.update("jax_enable_compilation_cache", cache)
