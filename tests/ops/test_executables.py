@@ -69,9 +69,24 @@ def test_each_foreach_signature_is_a_budget_entry():
 
 
 def test_foreach_float_variants_stop_compiling(monkeypatch):
-    # A single float that changes every call (an alpha) is part of the key: after
-    # MAX_FLOAT_VARIANTS keys the overload's calls of that form run op by op, as single
-    # ops do, and give the same values.
+    # A single float an op needs as a number (pow's exponent picks ATen's kernel) is part
+    # of the key: after MAX_FLOAT_VARIANTS keys the overload's calls of that form run op
+    # by op, as single ops do, and give the same values.
+    monkeypatch.setattr(executables, "MAX_FLOAT_VARIANTS", 2)
+    func = aten._foreach_pow.Scalar
+    executables.clear_caches(func)
+    cpu, tpu = _params((4,), (3, 3))
+    cpu, tpu = [t.abs() + 0.5 for t in cpu], [t.abs() + 0.5 for t in tpu]
+    for e in (0.5, 0.25, 0.125, 0.0625):
+        for t, c in zip(torch._foreach_pow(tpu, e), torch._foreach_pow(cpu, e)):
+            torch.testing.assert_close(t.cpu(), c)
+    info = cached_compute.cache_info(func)
+    assert info.keys == 2 and info.calls == 2
+
+
+def test_foreach_floats_are_values(monkeypatch):
+    # Any other single float (an alpha) is a value of the executable: one key for every
+    # value (Note [Compiled foreach]).
     monkeypatch.setattr(executables, "MAX_FLOAT_VARIANTS", 2)
     func = aten._foreach_add_.List
     executables.clear_caches(func)
@@ -83,7 +98,7 @@ def test_foreach_float_variants_stop_compiling(monkeypatch):
     for t, c in zip(tpu, cpu):
         torch.testing.assert_close(t.cpu(), c)
     info = cached_compute.cache_info(func)
-    assert info.keys == 2 and info.calls == 2
+    assert info.keys == 1 and info.calls == 4
 
 
 def test_single_op_float_variants_use_the_shared_limit(monkeypatch):

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from torchjax._compat.torch import all_op_schemas
-from torchjax.ops import executables
+from torchjax.ops import executables, traced_scalars
 from torchjax.ops.pointwise_binary import exact_div
 from torchjax.ops.pointwise_ternary import fma
 from torchjax.ops.promotion import promoted_by_key
@@ -55,7 +55,7 @@ def _kind(x) -> str:
         return "tensor"
     if x is None:
         return "none"
-    if isinstance(x, (bool, int, float, complex)):
+    if isinstance(x, (bool, int, float, complex, torch.SymFloat)):
         return "number"
     return "other"
 
@@ -121,6 +121,34 @@ def _clamp_or(binary, clamp):
     return fn
 
 
+# Note [In-place foreach mul rounds its number]
+# CPU's in-place ``_foreach_mul_`` (``.Scalar`` and ``.ScalarList``) multiplies a float16
+# or bfloat16 tensor by its number rounded to the tensor's dtype (through float, as c10
+# converts a double), where ``Tensor.mul_``, the out-of-place ``_foreach_mul`` and every
+# other in-place foreach op read the number in float32 (Note [Half-precision inputs are
+# rounded first] in torchjax/ops/promotion.py): ``_foreach_mul_([x_bf16], 0.99)`` differed
+# from CPU in about one element in ten when it ran ``mul_``. Measured against torch 2.13's
+# CPU kernels; AdamW's weight decay and Adam's ``beta2`` decay take this path.
+def _half_number(x, dtype):
+    if isinstance(x, float):
+        return float(torch.tensor(float(np.float32(x))).to(dtype))
+    value = traced_scalars.value_of(x)  # a traced Python float
+    return traced_scalars.traced(value.astype(jnp.float32).astype(dtypes.to_jax_dtype(dtype)))
+
+
+def _mul_rounding_numbers():
+    mul_ = _by_kinds(aten.mul_)
+
+    def fn(self, other):
+        if self.dtype in (torch.float16, torch.bfloat16) and isinstance(
+            other, (float, torch.SymFloat)
+        ):
+            other = _half_number(other, self.dtype)
+        return mul_(self, other)
+
+    return fn
+
+
 def _binary_out_(op):
     # maximum/minimum have no in-place overload: write through out=self (same cast check).
     return lambda self, other: op(self, other, out=self)
@@ -155,6 +183,7 @@ _FUNCTIONAL = {
     "copy": aten.copy.default,
 }
 _INPLACE = {
+    "mul": _mul_rounding_numbers(),
     "addcmul": _addc(aten.addcmul_),
     "addcdiv": _addc(aten.addcdiv_),
     "maximum": _clamp_or(_binary_out_(aten.maximum.out), aten.clamp_min_),
@@ -268,13 +297,22 @@ def _foreach_handler(func):
 #   a ``Scalar[]`` (or the ``scalars`` tensor) they compute ``self + value * (t1 op t2)``
 #   in the computation dtype here: what their lowering computes for float tensors
 #   (``value * x`` is exact when value is 1, so skipping that shortcut changes nothing).
-# Single ``Scalar`` arguments are part of the key (they are constants in an optimizer;
-# a float that changes every call runs op by op after ``MAX_FLOAT_VARIANTS`` keys, as for
-# single ops). Integer/bool lists, CPU tensors and ``.out`` overloads take the eager path.
+# - a single Python ``float`` (AdamW's ``1 - lr * weight_decay``, ``lerp``'s ``1 - beta1``
+#   and SGD's ``alpha=-lr``, each new every step under a schedule) is a float64 0-d value
+#   too, when every list tensor is real floating: the traced function hands the
+#   per-element ops a ``torch.SymFloat`` over it (Note [Traced Python floats] in
+#   torchjax/ops/traced_scalars.py), which promotes and computes as the Python float
+#   does. A per-element op that needs the number itself (``pow``'s exponent selects a
+#   kernel) raises ``NeedsValue`` while tracing, and the overload takes its single floats
+#   as static values from then on, each a key (op by op after ``MAX_FLOAT_VARIANTS``, as
+#   for single ops: Note [Python floats as values of an op's program]).
+# ints, bools and floats of other lists stay static. Integer/bool lists, CPU tensors and
+# ``.out`` overloads take the eager path.
 
 _FLOATING = frozenset(
     {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128}
 )
+_REAL_FLOATING = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
 
 class _CompiledForeach:
@@ -291,6 +329,8 @@ class _CompiledForeach:
         self.numbers = numbers
         self.table = executables.Executables(func)
         self.info = self.table.info
+        # Set once a trace needed a single float's number: static floats from then on.
+        self.floats_static = False
         self.keys: set = set()
         self.eager_keys: set = set()
         executables.register(self)
@@ -309,7 +349,15 @@ class _CompiledForeach:
             return self.eager(args, kwargs)
         n = len(lead)
         dyn, tmpl = [], []
+        traced_floats = not self.floats_static and all(
+            t is None or t.dtype in _REAL_FLOATING for t in lead
+        )
         for k, v in bound.items():
+            if type(v) is float and traced_floats:
+                # A value of the program (Note [Compiled foreach]).
+                dyn.append(np.asarray(v, np.float64))
+                tmpl.append(ARRAY)
+                continue
             if k in self.listed:
                 if k in self.numbers and self.check_number is not None:
                     for t, x in zip(lead, v):
@@ -325,7 +373,14 @@ class _CompiledForeach:
         if self.inplace and _aliased(lead, [bound.get(k) for k in self.listed if k != self.lead]):
             # Sequential semantics: element i may read what element j < i wrote.
             return self.eager(args, kwargs)
-        kwtmpl = tuple((k, static(v)) for k, v in kw.items())
+        kwtmpl = []
+        for k, v in kw.items():  # after the positional ones in ``dyn``
+            if type(v) is float and traced_floats:
+                dyn.append(np.asarray(v, np.float64))
+                kwtmpl.append((k, ARRAY))
+            else:
+                kwtmpl.append((k, static(v)))
+        kwtmpl = tuple(kwtmpl)
         key = (tuple(tmpl), kwtmpl)
         try:
             run_key = (key, signature(dyn))
@@ -333,11 +388,16 @@ class _CompiledForeach:
         except TypeError:  # an unhashable argument
             return self.eager(args, kwargs)
         if run is None:
-            run = self._new_run(key, run_key, tuple(bound), dict(kw))
+            run = self._new_run(key, run_key, tuple(bound))
             if run is None:
                 return self.eager(args, kwargs)
         try:
             results = executables.call(run, dyn)
+        except traced_scalars.NeedsValue:
+            # A per-element op needs a single float's number: static floats from now on.
+            self._forget(key, remember=False)
+            self.floats_static = True
+            return self(args, kwargs)
         except executables.CONCRETE_ERRORS:
             # A per-element lowering reads values (raised while tracing): op by op.
             self._forget(key, remember=not _traced(dyn))
@@ -350,7 +410,7 @@ class _CompiledForeach:
             t._write(r)
         return None
 
-    def _new_run(self, key, run_key, names, kw):
+    def _new_run(self, key, run_key, names):
         """The executable of a new (key, input signature), or None: op by op."""
         tmpl = key[0]
         with self.table.lock:
@@ -365,7 +425,7 @@ class _CompiledForeach:
                     return None
                 self.keys.add(key)
                 self.info.keys += 1
-        return self.table.add(run_key, self._build(names, tmpl, kw))
+        return self.table.add(run_key, self._build(names, tmpl, key[1]))
 
     def _forget(self, key, remember):
         with self.table.lock:
@@ -399,11 +459,12 @@ class _CompiledForeach:
             return Seq(SEQ, list, (ARRAY,) * n)
         return None
 
-    def _build(self, names, tmpl, kw):
+    def _build(self, names, tmpl, kwtmpl):
         per_element, addc, inplace, lead = self.per_element, self.addc, self.inplace, self.lead
         base, info, listed, numbers = self.base, self.info, self.listed, self.numbers
         tensor_lists = [j for j, k in enumerate(names) if k in listed and k not in numbers]
         lift = any(k in numbers for k in names)
+        floats_as_numbers = numbers if base == "mul" and inplace else frozenset()
 
         def traced(*dyn):
             info.traces += 1
@@ -412,11 +473,19 @@ class _CompiledForeach:
             for k, entry in zip(names, tmpl):
                 value = rebuild(entry, it)
                 if k not in listed:
-                    lists[k] = value
+                    # ARRAY outside the lists: a single float made a value.
+                    lists[k] = traced_scalars.traced(value) if entry is ARRAY else value
                 elif entry is ARRAY:  # a tensor holding one value per element
                     lists[k] = [wrap(value[i]) for i in range(value.shape[0])]
+                elif k in floats_as_numbers:
+                    # Note [In-place foreach mul rounds its number]: the numbers as floats.
+                    lists[k] = [_number(a) for a in value]
                 else:
                     lists[k] = [None if a is None else wrap(a) for a in value]
+            kw = {}
+            for k, entry in kwtmpl:
+                value = rebuild(entry, it)
+                kw[k] = traced_scalars.traced(value) if entry is ARRAY else value
             results = []
             for i in range(len(lists[lead])):
                 pos = [lists[k][i] if k in listed else lists[k] for k in names]
@@ -438,6 +507,12 @@ class _CompiledForeach:
 
 
 _NONE = static(None)
+
+
+def _number(a):
+    """A number list's element (a 0-d float64 or int64 value) as the Python number it was:
+    a traced float, or a 0-d tensor for an int."""
+    return traced_scalars.traced(a) if a.dtype == jnp.float64 else wrap(a)
 
 
 def _check_clamp_number(x, dtype):
