@@ -65,6 +65,7 @@ from jax.extend.core import jaxpr_as_fun
 from torchjax._compat.jax import trace_of, x64
 from torchjax.compile._func_transforms import suspendable
 from torchjax.ops import layouts
+from torchjax.ops.xla_options import COMPILED_PROGRAM_OPTIONS
 from torchjax.tensor import _backward_errors
 from torchjax.tensor import random as _rng
 from torchjax.tensor._binding import bound
@@ -305,7 +306,9 @@ class Backward:
             return self
         if any(isinstance(c, jax.core.Tracer) for c in closed.consts):
             return None  # a forward tracer reached the program as a constant
-        self.program = jax.jit(jaxpr_as_fun(closed))
+        self.program = jax.jit(
+            jaxpr_as_fun(closed), compiler_options=COMPILED_PROGRAM_OPTIONS or None
+        )
         return self
 
     def __call__(self, values, residuals, cotangents):

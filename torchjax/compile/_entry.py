@@ -60,6 +60,7 @@ from torchjax.compile._vjp import VJPCall, VJPProgram
 from torchjax.device import _checks
 from torchjax.interop._jax_function import _VJP
 from torchjax.ops import layouts
+from torchjax.ops.xla_options import COMPILED_PROGRAM_OPTIONS
 from torchjax.tensor import random as _rng
 from torchjax.tensor._binding import bound
 from torchjax.tensor._fills import traced_fill
@@ -274,7 +275,9 @@ class Entry:
         self.n_res = n_res
         fun = fun_all if not n_res else (lambda *a: fun_all(*a)[:-n_res])
         self.donated = donate
-        self.compiled = jax.jit(fun, donate_argnums=donate)
+        self.compiled = jax.jit(
+            fun, donate_argnums=donate, compiler_options=COMPILED_PROGRAM_OPTIONS or None
+        )
         self.n_state = len(storages)
         self.vjp = VJPProgram.build(self, call, fun_all, saved, info["graph"])
         return self

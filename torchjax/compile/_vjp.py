@@ -12,8 +12,15 @@ import jax
 from torchjax._compat.jax import x64
 from torchjax.compile import _autograd
 from torchjax.compile._aliases import root
+from torchjax.ops.xla_options import COMPILED_PROGRAM_OPTIONS
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import make, wrap
+
+
+def _program(fn):
+    # Note [Excess precision in compiled programs] in torchjax/ops/xla_options.py
+    return jax.jit(fn, compiler_options=COMPILED_PROGRAM_OPTIONS or None)
+
 
 if TYPE_CHECKING:
     from torchjax.compile._call import Call
@@ -59,7 +66,7 @@ class VJPProgram:
                 grads = backward(values, residuals, cotangents)
                 return grads[:n_state], grads[n_state:]
 
-            self.fwd, self.bwd, self.absent = jax.jit(fwd), bwd, backward.absent
+            self.fwd, self.bwd, self.absent = _program(fwd), bwd, backward.absent
             return self
 
         if not any(entry.out_grad):
@@ -89,8 +96,8 @@ class VJPProgram:
             outs, pullback, aux = jax.vjp(g, ds, dd, has_aux=True)
             return outs, pullback, aux
 
-        self.fwd = jax.jit(fwd)
-        self.bwd = jax.jit(lambda pullback, cts: pullback(cts))
+        self.fwd = _program(fwd)
+        self.bwd = _program(lambda pullback, cts: pullback(cts))
         return self
 
     def state_inputs(self, walk):
