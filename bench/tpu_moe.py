@@ -14,10 +14,13 @@ weights. Rows per implementation, in one process (weights shared):
   512, median of 3 after two calls; its loss (the second implementation trains on from
   the first's weights);
 - ``tokens_equal``: whether both implementations gave the same greedy tokens.
+
+``TORCHJAX_BENCH_ROWS`` (``decode``, ``train``, comma-separated) runs only those rows.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -83,6 +86,10 @@ def _train(model, ids) -> dict:
     return row
 
 
+def _rows() -> list:
+    return os.environ.get("TORCHJAX_BENCH_ROWS", "decode,train").split(",")
+
+
 def moe(ctx) -> dict:
     import torch
     import transformers as tf
@@ -104,7 +111,7 @@ def moe(ctx) -> dict:
     out = {"parameters": params, "weights_GB": round(2 * params / 1e9, 2)}
     tokens = {}
     impls = ("grouped_mm", NAME)
-    for impl in impls:  # decode first: training changes the weights
+    for impl in impls if "decode" in _rows() else ():  # decode first: training changes weights
         model.set_experts_implementation(impl)
         out[impl] = row = {}
 
@@ -124,7 +131,7 @@ def moe(ctx) -> dict:
             row["decode_tok_s"] = round(new / _median_s(decode), 1)
         except Exception as e:  # noqa: BLE001 - reported, the rest runs
             row["decode_error"] = f"{type(e).__name__}: {e}"[:500]
-    for impl in impls:
+    for impl in impls if "train" in _rows() else ():
         model.set_experts_implementation(impl)
         _progress(f"{impl}: first train step")
         out[impl].update(_train(model, ids))
