@@ -151,7 +151,8 @@ _E4M3FN_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
 
 def astype(x, dtype):
     """The jax array ``x`` as ``dtype``; a bool made float or complex stays a number
-    (Note [A converted bool is not a select]); float8_e4m3fn saturates as on CPU."""
+    (Note [A converted bool is not a select]); float8_e4m3fn saturates as on CPU; a
+    complex made real keeps its real part."""
     if x.dtype == dtype:
         return x
     if dtype == _E4M3FN and (
@@ -160,6 +161,9 @@ def astype(x, dtype):
         x = jnp.clip(x, -_E4M3FN_MAX, _E4M3FN_MAX)
     elif dtype == _E4M3FN and jnp.issubdtype(x.dtype, jnp.unsignedinteger):
         x = jnp.minimum(x, _E4M3FN_MAX)
+    elif x.dtype.kind == "c" and np.dtype(dtype).kind != "c":
+        # torch's cast keeps the real part; jax's astype of complex to real is deprecated.
+        x = jnp.real(x)
     out = x.astype(dtype)
     if x.dtype == np.bool_ and jnp.issubdtype(dtype, jnp.inexact):
         out = lax.optimization_barrier(out)

@@ -32,7 +32,7 @@ import warnings
 import jax.numpy as jnp
 import torch
 
-from torchjax.ops import fused
+from torchjax.ops import fused, out_refusals
 from torchjax.ops.functional import device_error
 from torchjax.ops.promotion import astype
 from torchjax.ops.schema import out_names
@@ -153,8 +153,10 @@ def _to_meta(x, meta_like):
 
 def check_out_on_meta(func, args, kwargs, out_names, meta_like) -> bool:
     """Run ``func`` (an out= overload) on meta copies of its arguments: torch's own dtype
-    checks raise with torch's message. True when meta accepted the call, False when meta
-    cannot tell (no meta kernel, or one that needs data).
+    checks raise with torch's message (CPU's where a Python meta kernel words it
+    otherwise: Note [out= refusals in CPU's words] in torchjax/ops/out_refusals.py). True
+    when meta accepted the call (or CPU's kernel takes what meta refused), False when
+    meta cannot tell (no meta kernel, or one that needs data).
 
     The meta outs are empty tensors of the outs' dtypes: resizing those warns nothing
     (torch's resize warning is raised once, by our write; a C++ warning from this nested
@@ -179,6 +181,13 @@ def check_out_on_meta(func, args, kwargs, out_names, meta_like) -> bool:
         text = str(error)
         if "meta" in text.lower() or "data-dependent" in text:
             return False
+        if out_refusals.is_reference_text(text):
+            # Note [out= refusals in CPU's words]
+            cpu = out_refusals.cpu_answer(func, args, kwargs, out_names)
+            if cpu is out_refusals.ACCEPTS:
+                return True  # the dtypes are checked: CPU's kernel takes them
+            if cpu is not None:
+                raise out_refusals.in_cpus_words(cpu, func) from None
         raise RuntimeError(f"{text} (in aten::{func._opname}.{func._overloadname})") from None
     except (TypeError, ValueError, IndexError):
         return False
@@ -489,6 +498,11 @@ def out_handler(func, functional):
             integer = not values and r.dtype != torch.bool
             if exact and o.dtype != r.dtype and (len(outs) > 1 or integer):
                 raise exact_dtype_error(func, r.dtype, o.dtype)
+            if values and not meta_ok and not torch.can_cast(r.dtype, o.dtype):
+                # Note [out= refusals in CPU's words]
+                cpu = out_refusals.cpu_answer(func, args, kwargs, names)
+                if isinstance(cpu, Exception):
+                    raise out_refusals.in_cpus_words(cpu, func)
             write_into(func, o, r, check_cast=values and not meta_ok, resize=True)
         if list_out:
             return None
