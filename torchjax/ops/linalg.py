@@ -46,8 +46,11 @@ from jax import lax
 
 from torchjax._compat.torch import OpOverload, pytree
 from torchjax.device import _checks
+from torchjax.ops import layouts, writeback
 from torchjax.ops.registry import functional_handler, handler, lowering
 from torchjax.ops.schema import arg
+from torchjax.tensor._storage import contiguous_strides
+from torchjax.tensor._tensor import JaxTensor
 
 aten = torch.ops.aten
 
@@ -64,30 +67,82 @@ def _to_meta(x):
     return x
 
 
-def _checked(op, *, meta=True, use_A_T=None, post=None):
+def _checked(op, *, meta=True, use_A_T=None, post=None, column_major=(), out_as_result=True):
     """Register ``fn`` as the lowering of ``op.default`` behind torch's meta kernel (its
     input checks and error messages). ``out=`` overloads derive from it as usual.
     ``use_A_T`` names the matrix argument whose layout decides Note [LU of the transpose].
     ``post(result, args, kwargs)`` runs on the torch-level result: the registry may run
-    ``fn`` traced (Note [Compiled lowerings]), so checks that read values live there."""
+    ``fn`` traced (Note [Compiled lowerings]), so checks that read values live there.
+    Results take the strides CPU gives them (Note [LAPACK's column-major results]): the
+    meta kernel's, or column-major for the results at the indices in ``column_major``;
+    an out= tensor CPU resizes takes them too unless ``out_as_result`` is False (a CPU
+    kernel that resizes its out and copies the result into it)."""
 
     def deco(fn):
         func = op if isinstance(op, OpOverload) else op.default
         lowered = functional_handler(func, fn)
+        if out_as_result:
+            writeback.RESIZED_AS_RESULT.add(func._opname)
 
         @handler(func)
         def checked(args, kwargs):
+            metas = None
             if meta:
-                func(*pytree.tree_map(_to_meta, args), **pytree.tree_map(_to_meta, kwargs))
+                metas = func(*pytree.tree_map(_to_meta, args), **pytree.tree_map(_to_meta, kwargs))
             if use_A_T is not None:
                 a = args[0] if args else kwargs[use_A_T]
                 kwargs = {**kwargs, "use_A_T": a.is_contiguous() and not a.is_complex()}
             result = lowered(args, kwargs)
-            return result if post is None else post(result, args, kwargs)
+            if post is not None:
+                result = post(result, args, kwargs)
+            return _cpu_layout(result, metas, column_major)
 
         return fn
 
     return deco
+
+
+# Note [LAPACK's column-major results]
+# LAPACK works on column-major (Fortran-order) matrices, and ATen's CPU kernels allocate
+# their results that way so that LAPACK writes them in place: ``torch.linalg.inv(a)``
+# of a 4 x 4 ``a`` has strides (1, 4), a batch (3, 4, 4) has (16, 1, 4), as do Q and R of
+# ``linalg.qr``, U and Vh of ``linalg.svd``, eigenvectors, Cholesky and LU factors and
+# the solutions of the solvers (vectors, pivots, eigen- and singular values are
+# contiguous). Code sees it: ``.is_contiguous()`` is False, ``.view(-1)`` raises, and
+# ``x.mT`` is contiguous. Each op here takes the strides of its meta kernel's result,
+# which are CPU's, except where the meta kernel has none (``geqrf``, ``linalg_lstsq``) or
+# gives other ones (``_linalg_svd``'s Vh and ``linalg_eig``'s vectors, which CPU makes
+# column-major and meta row-major): those results are laid out column-major by rule
+# (ATen's ``batched_matrix_contiguous_strides``). The values are those computed; the
+# result reports the strides and its storage is the value in that memory order, made on
+# first read (ops/layouts.py's ``apply_layout``). An out= tensor that CPU resizes takes
+# the result's strides too (``RESIZED_AS_RESULT`` in ops/writeback.py).
+
+
+def _column_major(size) -> tuple | None:
+    """``layouts.strides_for``'s plan for a batch of column-major matrices of ``size``."""
+    if len(size) < 2:
+        return None
+    stride = list(contiguous_strides(size))
+    stride[-1], stride[-2] = max(size[-2], 1), 1
+    return layouts.strides_for(torch.empty_strided(size, stride, device="meta"))
+
+
+def _cpu_layout(result, metas, column_major):
+    """``result`` (the lowering's fresh results) at CPU's strides (see the Note)."""
+    many = isinstance(result, (list, tuple))
+    results = result if many else (result,)
+    if metas is None:
+        metas = (None,) * len(results)
+    elif not isinstance(metas, (list, tuple)):
+        metas = (metas,)
+    laid = []
+    for i, (r, m) in enumerate(zip(results, metas)):
+        if isinstance(r, JaxTensor):
+            plan = _column_major(r._size) if i in column_major else layouts.strides_for(m)
+            r = layouts.apply_layout(r, plan)
+        laid.append(r)
+    return type(result)(laid) if many else laid[0]
 
 
 # ---------------------------------------------------------------------------------------
@@ -462,7 +517,7 @@ def _cho_solve(factor, b, upper):
     return _tri(factor, y, lower=True, adjoint=True)
 
 
-@_checked(aten.cholesky_solve)
+@_checked(aten.cholesky_solve, out_as_result=False)
 def cholesky_solve(self, input2, upper=False):
     """aten::cholesky_solve - solve A X = self given A's Cholesky factor ``input2``.
     Shapes: batch dims broadcast. Reference: torch.cholesky_solve."""
@@ -492,7 +547,7 @@ def _linalg_eigh(A, UPLO="L", compute_v=True):
     return w, (v if compute_v else _empty(A.dtype))
 
 
-@_checked(aten.linalg_eig)
+@_checked(aten.linalg_eig, column_major=(1,))
 def linalg_eig(self):
     """aten::linalg_eig - eigen-decomposition of a general matrix; complex outputs, unit
     eigenvectors (LAPACK geev convention on both sides). Reference: torch.linalg.eig."""
@@ -510,7 +565,7 @@ def _require_svd_finite(A):
     _require_info(jnp.where(nan, -4, 0).astype(jnp.int32), "linalg.svd", A.ndim == 2, -4)
 
 
-@_checked(aten._linalg_svd)
+@_checked(aten._linalg_svd, column_major=(0, 2))
 def _linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
     """aten::_linalg_svd - A = U diag(S) Vh, S descending in the real dtype. Without
     ``compute_uv`` U and Vh are empty tensors, as torch. A matrix holding NaN raises

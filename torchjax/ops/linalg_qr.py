@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from torchjax.ops.linalg import _checked, _concrete, _empty, _matmul, _mH, _mT
-from torchjax.tensor._tensor import wrap
+from torchjax.ops import layouts
+from torchjax.ops.linalg import _checked, _column_major, _concrete, _empty, _matmul, _mH, _mT
+from torchjax.tensor._tensor import view_of, wrap
 
 aten = torch.ops.aten
 
@@ -30,7 +31,7 @@ def linalg_qr(A, mode="reduced"):
     return q, r
 
 
-@_checked(aten.geqrf, meta=False)
+@_checked(aten.geqrf, meta=False, column_major=(0,))
 def geqrf(self):
     """aten::geqrf - LAPACK geqrf: R and the Householder reflectors packed in one matrix,
     plus tau (*, min(m, n)). Reference: torch.geqrf."""
@@ -79,10 +80,26 @@ def _lstsq_post(result, args, kwargs):
     r = rank._value()
     if residuals.numel() and rank.numel() and _concrete(r) and not bool(jnp.all(r == n)):
         residuals = wrap(_empty(residuals._value().dtype), residuals._device_index)
+    m = args[0].shape[-2]
+    if m > n and x.dim() == args[0].dim() and x.numel():
+        x = _in_lapacks_buffer(x, m)
     return x, residuals, rank, s
 
 
-@_checked(aten.linalg_lstsq, meta=False, post=_lstsq_post)
+def _in_lapacks_buffer(x, m):
+    """``x`` (..., n, k) as CPU returns a solution of a tall system: the first n rows of
+    the column-major (..., m, k) buffer LAPACK solved in (strides (1, m) for a matrix;
+    Note [LAPACK's column-major results] in ops/linalg.py). The rows past n, which
+    LAPACK leaves holding residual terms, are zeros here; only ``as_strided`` or the
+    storage reaches them."""
+    arr = x._value()
+    pad = jnp.zeros(arr.shape[:-2] + (m - arr.shape[-2], arr.shape[-1]), arr.dtype)
+    full = wrap(jnp.concatenate([arr, pad], axis=-2), x._device_index)
+    full = layouts.apply_layout(full, _column_major(full._size))
+    return view_of(full, x._size, full._stride, 0)
+
+
+@_checked(aten.linalg_lstsq, meta=False, post=_lstsq_post, column_major=(0,))
 def linalg_lstsq(self, b, rcond=None, *, driver=None):
     """aten::linalg_lstsq - least-squares solution of A X = B, computed by SVD.
 

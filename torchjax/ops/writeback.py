@@ -349,6 +349,12 @@ def check_castable(func, result_dtype, out_dtype):
         )
 
 
+# Ops whose out= tensors, when resized, take the strides of the functional result
+# (Note [LAPACK's column-major results] in torchjax/ops/linalg.py); filled by the ops'
+# registration.
+RESIZED_AS_RESULT: set[str] = set()
+
+
 def write_into(func, dst: torch.Tensor, src: JaxTensor, *, check_cast=True, resize=False):
     """Write ``src`` into ``dst`` with torch's out=/in-place rules (cast, shape)."""
     if not isinstance(dst, JaxTensor):
@@ -373,8 +379,13 @@ def write_into(func, dst: torch.Tensor, src: JaxTensor, *, check_cast=True, resi
                     stacklevel=4,
                 )
             # In its storage, as CPU: a view's base sees the write. nonzero's CPU kernel
-            # lays a resized out= in Fortran order (strides (1, n)), as its own result.
-            stride = (1, arr.shape[0]) if func._opname == "nonzero" else None
+            # lays a resized out= in Fortran order (strides (1, n)), as its own result;
+            # the LAPACK ops theirs at their result's strides.
+            stride = None
+            if func._opname == "nonzero":
+                stride = (1, arr.shape[0])
+            elif func._opname in RESIZED_AS_RESULT:
+                stride = src._stride
             dst._resize(arr.shape, stride)
             dst._write(arr)
             return dst
