@@ -46,7 +46,7 @@ from jax import lax
 
 from torchjax._compat.torch import OpOverload, pytree
 from torchjax.device import _checks
-from torchjax.ops import layouts, writeback
+from torchjax.ops import layouts, out_refusals, writeback
 from torchjax.ops.registry import functional_handler, handler, lowering
 from torchjax.ops.schema import arg
 from torchjax.tensor._storage import contiguous_strides
@@ -76,7 +76,8 @@ def _checked(op, *, meta=True, use_A_T=None, post=None, column_major=(), out_as_
     Results take the strides CPU gives them (Note [LAPACK's column-major results]): the
     meta kernel's, or column-major for the results at the indices in ``column_major``;
     an out= tensor CPU resizes takes them too unless ``out_as_result`` is False (a CPU
-    kernel that resizes its out and copies the result into it)."""
+    kernel that resizes its out and copies the result into it). A call the meta kernel
+    refuses raises CPU's exception for it (Note [Linalg refusals in CPU's words])."""
 
     def deco(fn):
         func = op if isinstance(op, OpOverload) else op.default
@@ -88,11 +89,24 @@ def _checked(op, *, meta=True, use_A_T=None, post=None, column_major=(), out_as_
         def checked(args, kwargs):
             metas = None
             if meta:
-                metas = func(*pytree.tree_map(_to_meta, args), **pytree.tree_map(_to_meta, kwargs))
+                margs = pytree.tree_map(_to_meta, args)
+                mkwargs = pytree.tree_map(_to_meta, kwargs)
+                try:
+                    metas = func(*margs, **mkwargs)
+                except _CHECK_ERRORS:
+                    _raise_cpus_refusal(func, args, kwargs)
+                    raise
             if use_A_T is not None:
                 a = args[0] if args else kwargs[use_A_T]
                 kwargs = {**kwargs, "use_A_T": a.is_contiguous() and not a.is_complex()}
-            result = lowered(args, kwargs)
+            if meta:
+                result = lowered(args, kwargs)
+            else:
+                try:  # the lowering makes torch's checks, or JAX refuses what torch does
+                    result = lowered(args, kwargs)
+                except _CHECK_ERRORS:
+                    _raise_cpus_refusal(func, args, kwargs)
+                    raise
             if post is not None:
                 result = post(result, args, kwargs)
             return _cpu_layout(result, metas, column_major)
@@ -117,6 +131,27 @@ def _checked(op, *, meta=True, use_A_T=None, post=None, column_major=(), out_as_
 # result reports the strides and its storage is the value in that memory order, made on
 # first read (ops/layouts.py's ``apply_layout``). An out= tensor that CPU resizes takes
 # the result's strides too (``RESIZED_AS_RESULT`` in ops/writeback.py).
+
+
+# Note [Linalg refusals in CPU's words]
+# The meta kernels of the linalg ops are Python (torch/_meta_registrations.py), and their
+# checks word refusals their own way: "linalg.inv_ex: The input tensor must have at
+# least 2 dimensions, got 1" as an AssertionError, "Got torch.int64" for CPU's "Got
+# Long", where CPU's kernel raises RuntimeError("linalg.inv: The input tensor A must have
+# at least 2 dimensions."). So a call the meta kernel refuses is made again on CPU, on
+# zeros of the arguments' shapes and dtypes (ops/out_refusals.py's ``cpu_answer``; the
+# refusal path only), and CPU's exception is raised, the overload appended. A numerical
+# failure CPU meets on the zeros instead (LinAlgError: CPU accepted the call's shapes
+# and dtypes) or no CPU kernel leaves the meta kernel's refusal. The ops without a meta
+# kernel (geqrf, linalg_lstsq) do the same when their lowering fails.
+_CHECK_ERRORS = (RuntimeError, AssertionError, TypeError, ValueError, IndexError, KeyError)
+
+
+def _raise_cpus_refusal(func, args, kwargs) -> None:
+    """Raise CPU's exception for a call refused here, if CPU refuses it (see the Note)."""
+    cpu = out_refusals.cpu_answer(func, args, kwargs, ())
+    if isinstance(cpu, Exception) and not isinstance(cpu, torch.linalg.LinAlgError):
+        raise out_refusals.in_cpus_words(cpu, func) from None
 
 
 def _column_major(size) -> tuple | None:
