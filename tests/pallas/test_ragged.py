@@ -230,3 +230,37 @@ def test_xlas_parts_compose_with_the_kernels_in_half_precision(transpose_rhs, mo
     calls.clear()
     kernels.ragged_dot(f32(lhs), f32(rhs), sizes, transpose_rhs=transpose_rhs, interpret=True)
     assert not calls
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True], ids=["gkn", "gnk"])
+def test_rows_past_the_groups_stay_zero_under_xlas_parts(transpose_rhs, monkeypatch):
+    # Note [Rows past the groups under XLA's ragged dot]: on TPU lax.ragged_dot leaves the
+    # rows past sum(group_sizes) as memory held them. Here its forward fills them with
+    # 7s and its drhs would read them (the cotangent past the groups is nonzero): the
+    # op's output there is 0 and its gradients are the all-Pallas ones.
+    lhs, rhs, sizes, ct = _arrays(transpose_rhs)
+    lhs, rhs = lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16)
+    real = jax.lax.ragged_dot
+
+    def leaves_rows(lhs, rhs, group_sizes, **kw):
+        out = real(lhs, rhs, group_sizes, **kw)
+        rows = jnp.arange(out.shape[0])[:, None]
+        return jnp.where(rows < jnp.sum(group_sizes), out, jnp.asarray(7, out.dtype))
+
+    def run():
+        def loss(a, b):
+            out = kernels.ragged_dot(a, b, sizes, transpose_rhs=transpose_rhs, interpret=True)
+            return jnp.sum(out.astype(jnp.float32) * ct), out
+
+        return jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(lhs, rhs)
+
+    (_, want), want_grads = run()  # every part a Pallas kernel
+    monkeypatch.setattr(_ragged.lax, "ragged_dot", leaves_rows)
+    monkeypatch.setitem(_ragged.XLA_PARTS, "interpret", _ragged.XLA_PARTS["tpu"])
+    (_, got), got_grads = run()
+    assert np.any(np.asarray(ct)[sum(SIZES) :])  # a cotangent past the groups to ignore
+    assert not jnp.any(got[sum(SIZES) :])
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    assert jnp.allclose(f32(got), f32(want), atol=0.05, rtol=2e-2)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert jnp.allclose(f32(g), f32(w), atol=0.1, rtol=2e-2)
