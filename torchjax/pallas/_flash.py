@@ -180,7 +180,10 @@ def flash_attention(
     # A boolean mask becomes 0 / -inf, exact in bfloat16: half the bytes of float32 for
     # the tiles that read it (Note [Mask block map]).
     mask = additive_mask(mask, jnp.bfloat16)
-    wide = mask is not None and mask.dtype.itemsize > 2
+    # FLASH_UNMASKED's blocks were measured on 2-byte q/k/v; float32 ones take the table's
+    # (at 1024 blocks the float32 dk/dv kernel asked for 18 MiB of scoped VMEM on a v5e
+    # and failed to compile: Note [Flash blocks by input width] in _tiling.py).
+    wide = q.dtype.itemsize > 2 or (mask is not None and mask.dtype.itemsize > 2)
     blocks = _blocks(plat, q.shape[2], k.shape[2], block_q, block_k, q.shape[-1], wide)
     _check(q, k, v, mask, *blocks[:2])
     _check(q, k, v, mask, *blocks[2:])

@@ -114,6 +114,12 @@ STAT_LANES = {"tpu": 128, "interpret": 128, "gpu": 1}
 # 4.78 ms (jax's flash with segment ids 1.51 / 5.52). Head dims not listed, wider masks
 # (float32: a (1024, 1024) tile is 4 MiB, twice over in the pipeline) and other chips
 # take BLOCKS.
+#
+# Note [Flash blocks by input width]
+# These blocks hold for q, k and v of 2 bytes an element. With float32 inputs the
+# backward's (1024, 1024) dk/dv kernel asked Mosaic for 18.05 MiB of scoped VMEM at
+# (1, 8/2, 1024, 128) causal on a v5e (limit 16 MiB) and did not compile (the TPU tier's
+# float32 GQA check, where the table's blocks had passed): float32 calls take BLOCKS.
 FLASH_UNMASKED = {
     "tpu_v5e": {64: ((512, 512), (1024, 1024)), 128: ((1024, 1024), (1024, 1024))},
 }
