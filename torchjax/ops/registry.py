@@ -200,15 +200,18 @@ def functional_handler(
     deterministic=False,
     round_scalars=(),
     checked_scalars=(),
+    cpu_tensors=False,
 ):
     """The registry's functional handler for ``fn`` as a lowering of ``func``, for a
-    ``@handler`` that checks something at the torch level and then lowers as usual.
-    ``deterministic``: ``fn`` draws no random key though ``func`` is a random op (its
-    dropout-free path), so it may be compiled (Note [Compiled lowerings])."""
+    ``@handler`` that checks something at the torch level, or chooses among lowerings,
+    and then lowers as usual. ``deterministic``: ``fn`` draws no random key though
+    ``func`` is a random op (its dropout-free path), so it may be compiled (Note
+    [Compiled lowerings]); ``cpu_tensors`` as for ``lowering``."""
     entry = Lowering(
         fn,
         promote,
         tuple(promote_args) if promote_args else None,
+        cpu_tensors,
         deterministic=deterministic,
         round_scalars=tuple(round_scalars),
         checked_scalars=tuple(checked_scalars),
