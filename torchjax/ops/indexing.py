@@ -15,7 +15,9 @@ Data-dependent behaviour:
   is an output of the program, raised the same way after the call (Note [Device checks
   of compiled programs]); only where no Python runs after the program (a user's own
   ``jax.jit``) do jax's gather/scatter semantics apply unchecked: ``x[idx]`` clamps,
-  ``index_select``/``take`` fill NaN (jnp.take), scatters drop out-of-range updates.
+  ``index_select``/``take`` fill NaN (jnp.take), scatters drop out-of-range updates,
+  and ``index_copy``/``index_put`` at a run of positions clamp them (Note [Index writes
+  at a run of positions] in torchjax/ops/index_runs.py).
 - Bool masks in ``index``/``index_put``, ``masked_select``, ``nonzero`` and
   ``repeat_interleave`` (layout.py) have data-dependent output shapes: eager only; under
   jit they raise DataDependentError (Note [One error layer]; ``torch.where(mask, ...)``
@@ -34,7 +36,9 @@ import numpy as np
 import torch
 
 from torchjax.device import _checks
-from torchjax.ops.registry import handler, lowering, precheck
+from torchjax.ops import index_runs
+from torchjax.ops.registry import functional_handler, handler, lowering, precheck
+from torchjax.ops.schema import arg
 from torchjax.ops.view_ops import _dim
 from torchjax.tensor import dtypes
 from torchjax.tensor._tensor import JaxTensor
@@ -167,13 +171,38 @@ def index(self, indices):
     return self[_advanced_index(self, indices, "index.Tensor")]
 
 
-@lowering(aten.index_put.default, aten._index_put_impl.default, cpu_tensors=True)
 def index_put(self, indices, values, accumulate=False, unsafe=False):
     """aten::index_put - ``self[indices] = values`` (or ``+=`` when ``accumulate``).
 
     ``values`` broadcasts to the indexed shape and must have ``self``'s dtype (torch's
     check). Duplicate indices without accumulate: one of the writes wins, as in torch.
     """
+    _check_put_dtype(self, indices, values)
+    masked = _masked_put(self, indices, values, accumulate)
+    if masked is not None:
+        return masked
+    index = _advanced_index(self, indices, "index_put")
+    _check_put_shape(self, index, values)
+    return _update(self, index, values, "add" if accumulate else "set")
+
+
+def _index_put_run(self, indices, values, accumulate=False, unsafe=False):
+    """aten::index_put with one integer index, after leading full dims, known to name a
+    run of positions (``index_runs.known_run``), without ``accumulate``: a
+    dynamic-update-slice (Note [Index writes at a run of positions]). The same checks as
+    ``index_put``, in its order."""
+    _check_put_dtype(self, indices, values)
+    index = _advanced_index(self, indices, "index_put")
+    _check_put_shape(self, index, values)
+    d, idx = len(index) - 1, index[-1]
+    indexed = (*self.shape[:d], *idx.shape, *self.shape[d + 1 :])
+    update = jnp.broadcast_to(values, indexed).reshape(
+        (*self.shape[:d], idx.size, *self.shape[d + 1 :])
+    )
+    return index_runs.write_run(self, d, idx, update, negative=True)
+
+
+def _check_put_dtype(self, indices, values) -> None:
     if values.dtype != self.dtype:
         arrays = (self, values, *(i for i in indices if i is not None))
         if not any(isinstance(a, jax.core.Tracer) for a in arrays):
@@ -183,12 +212,37 @@ def index_put(self, indices, values, accumulate=False, unsafe=False):
             f"{dtypes.aten_type_name(self.dtype)} for the destination and "
             f"{dtypes.aten_type_name(values.dtype)} for the source. (in aten::index_put)"
         )
-    masked = _masked_put(self, indices, values, accumulate)
-    if masked is not None:
-        return masked
-    index = _advanced_index(self, indices, "index_put")
-    _check_put_shape(self, index, values)
-    return _update(self, index, values, "add" if accumulate else "set")
+
+
+def _put_at_run(self, indices, accumulate) -> bool:
+    """Whether ``index_put`` writes one run of positions (Note [Index writes at a run of
+    positions]): one integer index after leading full dims, no ``accumulate``."""
+    if accumulate or not indices:
+        return False
+    lead = 0
+    while lead < len(indices) and indices[lead] is None:
+        lead += 1
+    if lead != len(indices) - 1 or lead >= self.dim():
+        return False
+    return index_runs.known_run(indices[lead], self.shape[lead], negative=True)
+
+
+def _put_handler(func):
+    general = functional_handler(func, index_put, cpu_tensors=True)
+    at_run = functional_handler(func, _index_put_run, cpu_tensors=True)
+
+    def put(args, kwargs):
+        """aten::index_put - ``index_put``, or ``_index_put_run`` where the index names a
+        run of positions (Note [Index writes at a run of positions])."""
+        self, indices = arg(args, kwargs, 0, "self"), arg(args, kwargs, 1, "indices")
+        accumulate = arg(args, kwargs, 3, "accumulate", False)
+        return (at_run if _put_at_run(self, indices, accumulate) else general)(args, kwargs)
+
+    return put
+
+
+for _ov in (aten.index_put.default, aten._index_put_impl.default):
+    handler(_ov)(_put_handler(_ov))
 
 
 def _check_put_shape(self, index, values) -> None:
@@ -393,10 +447,25 @@ def index_add(self, dim, index, source, alpha=1):
     return _index_update(self, dim, index, source, "add", "index_add")
 
 
-@lowering(aten.index_copy.default, cpu_tensors=True)
 def index_copy(self, dim, index, source):
     """aten::index_copy - ``self[..., index[i], ...] = source[..., i, ...]``; ``source``
     of ``self``'s dtype, as CPU requires (its checks in its order, with its texts)."""
+    _check_index_copy(self, dim, index, source)
+    return _index_update(self, dim, index, source, "set", "index_copy")
+
+
+def _index_copy_run(self, dim, index, source):
+    """aten::index_copy where ``index`` names a run of positions (``index_runs.
+    known_run``): a dynamic-update-slice (Note [Index writes at a run of positions]).
+    The same checks as ``index_copy``, in its order."""
+    _check_index_copy(self, dim, index, source)
+    arr, d, index = _index_1d(self, dim, index, "index_copy")
+    shape = (*arr.shape[:d], index.size, *arr.shape[d + 1 :])
+    update = jnp.asarray(source).reshape(shape)
+    return index_runs.write_run(arr, d, index, update, negative=False).reshape(self.shape)
+
+
+def _check_index_copy(self, dim, index, source) -> None:
     if index.ndim >= 2:
         raise IndexError(f"index_copy_(): Index should have dimension 1 or 0 (got {index.ndim})")
     if source.ndim == 0 and index.size != 1:
@@ -438,7 +507,27 @@ def index_copy(self, dim, index, source):
             f"index_copy_(): Number of indices ({index.size}) should be equal to "
             f"source.size(dim) ({source.shape[d]})"
         )
-    return _index_update(self, dim, index, source, "set", "index_copy")
+
+
+_INDEX_COPY = functional_handler(aten.index_copy.default, index_copy, cpu_tensors=True)
+_INDEX_COPY_RUN = functional_handler(aten.index_copy.default, _index_copy_run, cpu_tensors=True)
+
+
+@handler(aten.index_copy.default)
+def index_copy_handler(args, kwargs):
+    """aten::index_copy - ``index_copy``, or ``_index_copy_run`` where the index names a
+    run of positions (Note [Index writes at a run of positions])."""
+    self, dim = arg(args, kwargs, 0, "self"), arg(args, kwargs, 1, "dim")
+    index = arg(args, kwargs, 2, "index")
+    rank = self.dim()
+    if rank == 0:
+        size = 1
+    elif isinstance(dim, int) and -rank <= dim < rank:
+        size = self.shape[dim]
+    else:
+        return _INDEX_COPY(args, kwargs)  # its error
+    run = index_runs.known_run(index, size, negative=False)
+    return (_INDEX_COPY_RUN if run else _INDEX_COPY)(args, kwargs)
 
 
 @lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, cpu_tensors=True)
