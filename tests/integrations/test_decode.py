@@ -16,6 +16,7 @@ import transformers  # noqa: E402
 
 import torchjax  # noqa: E402
 from examples import tiny_llama_generate as tl  # noqa: E402
+from tests._programs import lowered, scatters  # noqa: E402
 from tests.integrations.tiny_models import generate  # noqa: E402
 from torchjax.integrations.transformers import compile_generate  # noqa: E402
 
@@ -72,6 +73,20 @@ def test_greedy_with_eos_and_processors_matches_cpu(cpu, compiled, loop):
         assert torch.equal(_generate(compiled, **kwargs), expected), kwargs
         assert _calls(compiled) > before  # the decode programs ran
     assert _generate(cpu, **STATIC, eos_token_id=eos, max_new_tokens=24).shape[1] < plain.shape[1]
+
+
+def test_the_decode_step_writes_the_cache_and_the_token_without_a_scatter(llama_dir, cpu):
+    # Each decode step writes one position of every layer's keys and values (transformers'
+    # ``index_copy_`` at the traced cache position) and the chosen token into the buffer:
+    # each a dynamic-update-slice (Note [Index writes at a run of positions]). As
+    # scatters they were three in the step's program (one per write shape). Greedy tokens
+    # as CPU's.
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, device_map="tpu")
+    compile_generate(model.eval())
+    kwargs = dict(STATIC, do_sample=False, eos_token_id=None, max_new_tokens=8)
+    assert torch.equal(_generate(model, **kwargs), _generate(cpu, **kwargs))
+    (step,) = lowered(model.forward.decode_step)
+    assert "dynamic_update_slice" in step and scatters(step) == 0
 
 
 @pytest.mark.parametrize("n", [1, 2, 30])
