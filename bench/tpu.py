@@ -29,8 +29,8 @@
 - ``moe``: a MoE model that fits the chip, decoding and training with transformers'
   ``grouped_mm`` experts and with torchjax's ragged dot (bench/tpu_moe.py);
 - ``compiles``: XLA compile seconds of the Llama's and the MoE's prefill forward per
-  layer, of a Pallas kernel at 1 and 16 call sites, and of int64 ``cumsum``
-  (bench/tpu_compiles.py);
+  layer, of a Pallas kernel at 1 and 16 call sites, of int64 ``cumsum`` and of 32
+  KV-cache writes as scatters and as slice writes (bench/tpu_compiles.py);
 - ``eager``: plain eager, fused eager (``torchjax.fused()``) and ``torchjax.jit`` of the
   Llama's and the tiny Llama's forward and AdamW step, eager ``generate`` (plain and
   fused) and a chain of 400 small ops: first-call seconds, steady-state time, stats per

@@ -17,6 +17,11 @@ cache off for the section:
   kernel is compiled on its own;
 - ``cumsum``: an int64 and an int32 ``cumsum`` of (1, 128) and (1, 2048) (position ids:
   the int64 one took 2.9 s cold on the chip);
+- ``cache_writes``: the KV-cache writes of one forward of the Llama (2 per layer, 32;
+  caches of 256 positions), of one position (a decode step) and of 128 (the prefill), at
+  a traced position, compiled as a scatter and as a dynamic-update-slice in jax, and as
+  torchjax lowers ``index_copy_`` under ``torchjax.jit`` (Note [Index writes at a run of
+  positions]: one position is a slice write, 128 traced ones stay a scatter);
 - ``moe_parts``: each part of the MoE layer jitted alone on its shapes in the prefill
   (128 tokens x top 8 = 1024 token-expert pairs) and in decoding (8 pairs): router,
   sort, gather, group sizes, each expert product (``lax.ragged_dot``, the few-rows
@@ -27,7 +32,7 @@ cache off for the section:
 ``forward`` also times the MoE decode step (one token, ``seq`` 1) by layer count: its
 expert products take the gathered form there.
 
-``TORCHJAX_BENCH_ROWS`` (comma-separated part names: ``cumsum``, ``moe_parts``,
+``TORCHJAX_BENCH_ROWS`` (comma-separated part names: ``cumsum``, ``cache_writes``, ``moe_parts``,
 ``flash_sites``, ``forward``) runs only those parts; ``TORCHJAX_BENCH_VARIANTS``
 (comma-separated prefixes of ``forward``'s variant names, e.g. ``moe``) only those
 variants.
@@ -253,12 +258,69 @@ def cumsum(small: bool) -> dict:
     return out
 
 
+def cache_writes(small: bool) -> dict:
+    import jax.numpy as jnp
+    import torch
+    from jax import lax
+
+    import torchjax
+    from bench import tpu
+
+    cfg = tpu.llama_config(small)
+    layers, heads = cfg.num_hidden_layers, cfg.num_key_value_heads
+    shape = (1, heads, 256, cfg.hidden_size // cfg.num_attention_heads)
+    bf = jnp.bfloat16
+
+    def scatter(c, start, v):
+        idx = start + jnp.arange(v.shape[2])
+        return c.at[:, :, idx].set(v)
+
+    def slice_write(c, start, v):
+        return lax.dynamic_update_slice_in_dim(c, v, start, axis=2)
+
+    def in_jax(write, n):
+        caches = [jnp.zeros(shape, bf) for _ in range(2 * layers)]
+        v = jnp.ones((*shape[:2], n, shape[3]), bf)
+        fn = jax.jit(lambda cs, s, v: [write(c, s, v) for c in cs], donate_argnums=0)
+        return lambda: jax.block_until_ready(fn(caches, jnp.int64(3), v))
+
+    def in_torchjax(n):
+        with torch.device("tpu"):
+            caches = [torch.zeros(shape, dtype=torch.bfloat16) for _ in range(2 * layers)]
+            pos = torch.arange(3, 3 + n)
+            v = torch.ones((*shape[:2], n, shape[3]), dtype=torch.bfloat16)
+
+        @torchjax.jit
+        def step(caches, pos, v):
+            for c in caches:
+                c.index_copy_(2, pos, v)
+
+        def call():
+            step(caches, pos, v)
+            torch.tpu.synchronize()
+
+        return call
+
+    out = {}
+    _compiled(in_jax(slice_write, 2))  # the first compile of the section pays for setup
+    for n in (1, 128):
+        for name, call in (
+            ("jax scatter", in_jax(scatter, n)),
+            ("jax dynamic_update_slice", in_jax(slice_write, n)),
+            ("torchjax index_copy_", in_torchjax(n)),
+        ):
+            _progress(f"cache writes, {n} positions: {name}")
+            out[f"{2 * layers} writes of {n} positions: {name}"] = _compiled(call)
+    return out
+
+
 def compiles(ctx) -> dict:
     jax.monitoring.register_event_duration_secs_listener(_on)
     cache = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
     try:
-        parts = {"cumsum": cumsum, "moe_parts": moe_parts, "flash_sites": flash_sites}
+        parts = {"cumsum": cumsum, "cache_writes": cache_writes, "moe_parts": moe_parts}
+        parts["flash_sites"] = flash_sites
         parts["forward"] = forward
         only = os.environ.get("TORCHJAX_BENCH_ROWS")
         return {
