@@ -67,6 +67,13 @@ how it is undone.
   values on the device where it was not finite (Note [GradScaler steps in compiled
   programs]). Concrete values (eager, torch.compile's graph breaks) take torch's method.
   Same signature. Undo: torch's method put back.
+- ``torch.nn.Module.__call__`` (compile/_captured.py through _compat/torch_modules.py,
+  in force only while fused eager mode may be on in some thread; torch 2.13). In fused
+  eager mode the outermost call of a tpu module that repeats a signature runs as one
+  captured program instead of recording its ops one by one (Note [Captured module
+  calls]); every other call, and every call while no thread is in fused mode, goes to
+  torch's ``_wrapped_call_impl`` unchanged. Same signature. Undo: torch's function put
+  back, also whenever fused mode turns off in the last thread.
 - ``torch.nn.Module._apply`` and ``torch.__future__.get_swap_module_params_on_conversion``
   (device/_registration.py through _compat/torch.py; torch 2.13). Moving a module off
   tpu (``model.cpu()``) made a new Parameter per module, untying tied weights and
@@ -391,6 +398,14 @@ def replace_attrs(owner, new: dict, *, name: str, why: str, package: str, writte
         setattr(owner, attr, value)
     record(name, why=why, package=package, written_for=written_for, undo=undo)
     return originals
+
+
+def undo(name: str) -> None:
+    """Undo the recorded change ``name`` now (nothing if it is not in force)."""
+    with _LOCK:
+        patch = _INSTALLED.pop(name, None)
+    if patch is not None:
+        patch.undo()
 
 
 def installed() -> list[Patch]:

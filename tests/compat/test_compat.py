@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import torchjax  # noqa: F401
+import torchjax
 from torchjax._compat import torch as ct
 from torchjax._compat import torch_dynamo, torch_engine
 
@@ -922,3 +922,39 @@ def test_dynamo_frame_id_names_the_compiled_function():
     compiled(torch.ones(2))
     compiled(torch.ones(2, dtype=torch.float64))  # a dtype guard fails: a recompile
     assert len(ids) == 2 and ids[0] is not None and ids[0] == ids[1]
+
+
+def test_module_call_patch_is_set_and_undone():
+    from torchjax import _patches
+    from torchjax._compat import torch_modules
+
+    original = torch.nn.Module.__dict__["__call__"]
+    assert torch_modules.module_call() is original is torch.nn.Module._wrapped_call_impl
+    seen = []
+
+    def make(orig):
+        def __call__(self, *args, **kwargs):
+            seen.append(type(self).__name__)
+            return orig(self, *args, **kwargs)
+
+        return __call__
+
+    torch_modules.set_module_call(make)
+    try:
+        assert _patches.is_recorded("torch.nn.Module.__call__")
+        assert torch_modules.module_call() is original
+        assert torch.nn.Linear(2, 2)(torch.ones(1, 2)).shape == (1, 2)
+        assert seen == ["Linear"]
+    finally:
+        torch_modules.set_module_call(None)
+    assert torch.nn.Module.__dict__["__call__"] is original
+    assert not _patches.is_recorded("torch.nn.Module.__call__")
+
+
+def test_module_call_patch_is_in_force_only_in_fused_mode():
+    original = torch.nn.Module._wrapped_call_impl
+    assert torch.nn.Module.__dict__["__call__"] is original
+    with torchjax.fused():
+        assert torch.nn.Module.__dict__["__call__"] is not original
+        assert "torch.nn.Module.__call__" in [p.name for p in torchjax.patches()]
+    assert torch.nn.Module.__dict__["__call__"] is original

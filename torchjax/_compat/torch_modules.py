@@ -167,3 +167,44 @@ def install_module_moves(holds_device_params) -> None:
         package="torch",
         written_for="2.13",
     )
+
+
+def module_call():
+    """torch's ``nn.Module.__call__`` (``Module._wrapped_call_impl`` in torch 2.13: the
+    compiled-call check, then ``_call_impl`` with its hooks), unwrapped if wrapped."""
+    import torch.nn as nn
+
+    current = nn.Module.__dict__["__call__"]
+    return getattr(current, "_torchjax_original", current)
+
+
+def set_module_call(make) -> None:
+    """Make ``nn.Module.__call__`` ``make(original)`` (``make=None``: torch's own again).
+    Recorded in torchjax/_patches.py while in force (Note [Captured module calls] in
+    torchjax/compile/_captured.py); written for torch 2.13, where ``__call__`` is the
+    class attribute ``_wrapped_call_impl`` that every module without its own
+    ``__call__`` inherits."""
+    import torch.nn as nn
+
+    from torchjax import _patches
+
+    original = module_call()
+    if make is None:
+        if nn.Module.__dict__["__call__"] is not original:
+            _patches.undo("torch.nn.Module.__call__")
+        return
+    if nn.Module.__dict__["__call__"] is not original:
+        return  # in force already
+    new = make(original)
+    functools.update_wrapper(new, original)
+    new._torchjax_original = original
+    _patches.replace_attr(
+        nn.Module,
+        "__call__",
+        new,
+        name="torch.nn.Module.__call__",
+        why="a repeated tpu module call in fused eager mode runs as one captured "
+        "program (Note [Captured module calls])",
+        package="torch",
+        written_for="2.13",
+    )

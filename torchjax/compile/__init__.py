@@ -5,7 +5,13 @@ tracers inside tpu tensors; ``torch.compile(backend="tpu")`` runs Dynamo's FX gr
 same way.
 """
 
-from torchjax.compile import _default_backend, _func_transforms, _grad_scaler, _remat
+from torchjax.compile import (
+    _captured,
+    _default_backend,
+    _func_transforms,
+    _grad_scaler,
+    _remat,
+)
 from torchjax.compile._buckets import bucketed as bucketed
 from torchjax.compile._export import export as export
 from torchjax.compile._jit import DynamicShapesWarning as DynamicShapesWarning
@@ -25,6 +31,9 @@ _func_transforms.install()
 # A GradScaler step skips the optimizer on the device when traced (Note [GradScaler
 # steps in compiled programs] in _grad_scaler.py).
 _grad_scaler.install()
+# In fused eager mode a repeated tpu module call runs as one program (Note [Captured
+# module calls] in _captured.py): nn.Module.__call__ is patched while the mode may be on.
+_captured.install()
 
 
 def dynamo_stats() -> dict:

@@ -59,10 +59,11 @@ from torchjax.compile._stored import remember_stored, stored_refusal
 from torchjax.compile._vjp import VJPCall, VJPProgram
 from torchjax.device import _checks
 from torchjax.interop._jax_function import _VJP
-from torchjax.ops import layouts
-from torchjax.ops.xla_options import COMPILED_PROGRAM_OPTIONS
+from torchjax.ops import fused_nodes, layouts
+from torchjax.ops.xla_options import COMPILED_PROGRAM_OPTIONS, COMPILER_OPTIONS
 from torchjax.tensor import random as _rng
 from torchjax.tensor._binding import bound
+from torchjax.tensor._errors import TraceError
 from torchjax.tensor._fills import traced_fill
 from torchjax.tensor._storage import escapes_watched, restore_escapes, traced_fills
 from torchjax.tensor._tensor import JaxTensor, make, wrap
@@ -75,6 +76,8 @@ def _name(fn) -> str:
 
 class Entry:
     """One traced signature: the compiled program and how to unpack its outputs."""
+
+    pred = False  # a captured call's program: one more input (Note [Captured module calls])
 
     @classmethod
     def trace(cls, jitted, call: Call) -> Entry:
@@ -221,14 +224,24 @@ class Entry:
             _grad_scaler.made_watched() as scaler_made,
         ):
             try:
-                closed = jax.make_jaxpr(pure)(
-                    call.state_arrays, _RNG_AVAL, call.arrays, call.hypers.values
-                )
+                inputs = (call.state_arrays, _RNG_AVAL, call.arrays, call.hypers.values)
+                if jitted.captured:  # Note [Captured module calls] (_captured.py)
+                    closed = jax.make_jaxpr(_as_nodes(pure))(*inputs, _PRED_AVAL)
+                else:
+                    closed = jax.make_jaxpr(pure)(*inputs)
             finally:
                 restore_escapes(escaped)
                 lost = restore_grads(grads)
         if escaped:
             raise escaped_write(_name(jitted.fn), escaped[0][0])
+        if jitted.captured:  # Note [Captured module calls] (_captured.py)
+            outside = fused_nodes.float_ops_outside_nodes(closed.jaxpr)
+            if outside:
+                raise TraceError(
+                    f"{_name(jitted.fn)}: a captured call would compute {sorted(set(outside))} "
+                    "outside the ops' own programs, where XLA may round differently from "
+                    "eager; it runs op by op"
+                )
         if lost is not None:
             raise escaped_grad(_name(jitted.fn), lost)
         refused = stored_refusal(_name(jitted.fn), jitted.attributes, info["created"])
@@ -275,10 +288,17 @@ class Entry:
         self.n_res = n_res
         fun = fun_all if not n_res else (lambda *a: fun_all(*a)[:-n_res])
         self.donated = donate
+        self.n_state = len(storages)
+        self.pred = jitted.captured
+        if self.pred:
+            # Built as fused eager's segment programs are (no excess precision); no
+            # autograd graph: captured calls make none (Note [Captured module calls]).
+            self.compiled = jax.jit(fun, donate_argnums=donate, compiler_options=COMPILER_OPTIONS)
+            self.vjp = None
+            return self
         self.compiled = jax.jit(
             fun, donate_argnums=donate, compiler_options=COMPILED_PROGRAM_OPTIONS or None
         )
-        self.n_state = len(storages)
         self.vjp = VJPProgram.build(self, call, fun_all, saved, info["graph"])
         return self
 
@@ -312,6 +332,8 @@ class Entry:
         token = x64_enter()
         try:
             inputs = (*state, self.rng(), *call.arrays, *call.hypers.values)
+            if self.pred:
+                inputs = (*inputs, _TRUE)
             outs = self.compiled(*inputs)
         except ValueError:
             # Note [Inputs of a compiled call on other devices]
@@ -442,6 +464,20 @@ class _NonLeaf(torch.autograd.Function):
 # The RNG input's layout (Note [Compiled draws are eager's draws] in
 # torchjax/tensor/random.py); programs that draw nothing take it too (one signature).
 _RNG_AVAL = jax.ShapeDtypeStruct((3,), np.uint32)
+# The predicate input of a captured call's program (Note [Captured module calls]).
+_PRED_AVAL = jax.ShapeDtypeStruct((), np.bool_)
+_TRUE = np.bool_(True)
+
+
+def _as_nodes(pure):
+    """``pure`` with one more input, the predicate its ops are traced on as fused
+    eager's segment program runs them (torchjax/ops/fused_nodes.py)."""
+
+    def traced(state_arrays, rng, arrays, hypers, pred):
+        with fused_nodes.tracing(pred):
+            return pure(state_arrays, rng, arrays, hypers)
+
+    return traced
 
 
 def _layout(t) -> tuple:

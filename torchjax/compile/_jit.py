@@ -122,6 +122,9 @@ class Jitted:
             the state held them (see ``jit``'s ``donate``).
     """
 
+    # Note [Captured module calls] (_captured.py): programs traced as fused eager runs ops.
+    captured = False
+
     def __init__(self, fn, *, static_argnames=(), donate=True, warn_after=8):
         self.fn = fn
         self.static_argnames = frozenset(static_argnames)

@@ -22,6 +22,10 @@ path:
   ``print``, ``.tolist()``, the reads of pending device checks at a sync point);
 - ``host_ops``: ops run on the host because their inputs' values were there (Note
   [Integer ops on host values] in torchjax/ops/host_ops.py): no device program ran;
+- fused eager mode: ``fused_ops`` recorded, ``fused_segments`` run, ``fused_compiles``
+  (Note [Fused eager] in torchjax/ops/fused.py); ``captured_calls`` (module calls run as
+  one captured program), ``capture_traces`` and ``capture_refusals`` (signatures that
+  could not be captured: Note [Captured module calls] in torchjax/compile/_captured.py);
 - ``executables``: the process-wide budget of cached programs and what it holds
   (``entries``, ``bytes``, ``evictions``, ``budget_entries``, ``budget_bytes``: Note
   [Executable cache budget] in torchjax/_budget.py).
@@ -68,6 +72,20 @@ class _Fused:
 
 
 FUSED = _Fused()
+
+
+class _Captured:
+    """Captured module calls (Note [Captured module calls] in
+    torchjax/compile/_captured.py): calls run as one captured program, signatures
+    traced, signatures refused (they run op by op in fused mode)."""
+
+    __slots__ = ("calls", "traces", "refusals")
+
+    def __init__(self):
+        self.calls = self.traces = self.refusals = 0
+
+
+CAPTURED = _Captured()
 # Per-overload counters, filled by the tables of executables (torchjax/ops/executables.py).
 OP_COUNTERS: dict = {}
 
@@ -145,7 +163,7 @@ def stats() -> dict:
         # jax reports a load from the persistent cache as a compile too.
         "compiles": max(COUNTERS.compiles - COUNTERS.persistent_cache_hits, 0),
         "persistent_cache_hits": COUNTERS.persistent_cache_hits,
-        "executions": calls + op_by_op + FUSED.segments,
+        "executions": calls + op_by_op + FUSED.segments + CAPTURED.calls,
         "cache_hits": max(calls - traces, 0),
         "cache_misses": traces,
         "host_reads": COUNTERS.host_reads,
@@ -154,6 +172,9 @@ def stats() -> dict:
         "fused_ops": FUSED.ops,
         "fused_segments": FUSED.segments,
         "fused_compiles": FUSED.compiles,
+        "captured_calls": CAPTURED.calls,
+        "capture_traces": CAPTURED.traces,
+        "capture_refusals": CAPTURED.refusals,
         "ops": ops,
     }
 
@@ -166,6 +187,7 @@ def reset_stats() -> None:
     COUNTERS.host_reads = 0
     COUNTERS.host_ops = 0
     FUSED.ops = FUSED.segments = FUSED.compiles = 0
+    CAPTURED.calls = CAPTURED.traces = CAPTURED.refusals = 0
     _budget.reset_counters()
     for c in list(OP_COUNTERS.values()):
         c.calls = c.traces = c.keys = c.op_by_op = 0

@@ -61,6 +61,7 @@ import jax
 from torchjax import _budget
 from torchjax._compat.jax import trace_state_clean
 from torchjax.device._stats import cache_info_entry
+from torchjax.ops import fused_nodes
 from torchjax.ops.templates import signature
 from torchjax.ops.xla_options import COMPILER_OPTIONS
 from torchjax.tensor import _errors
@@ -125,6 +126,9 @@ def call(run, dyn):
         # model (torchjax.jit, compile_generate) paid that for every op.
         for d in dyn:
             if isinstance(d, jax.core.Tracer):
+                pred = fused_nodes.pred()
+                if pred is not None:  # Note [Captured module calls]
+                    return fused_nodes.node(run, dyn, pred)
                 return nested(run)(*dyn)
         out = _folded(run, dyn)
         if out is not None:

@@ -109,11 +109,22 @@ def _env_mode() -> bool:
     )
 
 
+def _env_capture() -> bool:
+    raw = os.environ.get("TORCHJAX_CAPTURE", "1")
+    if raw not in ("0", "1"):
+        raise ValueError(
+            f"torchjax: environment variable TORCHJAX_CAPTURE={raw!r} must be '1' (repeated "
+            "module calls in fused eager mode run as captured programs, the default) or '0'"
+        )
+    return raw == "1"
+
+
 class _Local(threading.local):
     # Class defaults: a thread that never set them reads these, not an AttributeError
     # (``getattr(local, name, None)`` on a missing name costs about 1 us).
     mode = None
     segment = None
+    capture = None
 
 
 _local = _Local()
@@ -123,12 +134,32 @@ _GLOBAL = [_env_mode()]
 # somewhere): the one check cached_compute.py makes on its hot path.
 ACTIVE = [_GLOBAL[0]]
 _open = [0]
+# Whether repeated module calls are captured in fused mode (Note [Captured module
+# calls] in torchjax/compile/_captured.py), where no fused(capture=...) block says.
+_CAPTURE = [_env_capture()]
 _open_lock = threading.Lock()
 _CHECKLESS = ()
 
 
+# Called with True when ACTIVE turns on and False when it turns off (captured module
+# calls install their patch only while fused mode may be on: Note [Captured module
+# calls] in torchjax/compile/_captured.py).
+_ON_ACTIVE: list = []
+
+
+def on_active(hook) -> None:
+    """Call ``hook(active)`` whenever ``ACTIVE[0]`` changes (and now, if it is on)."""
+    _ON_ACTIVE.append(hook)
+    if ACTIVE[0]:
+        hook(True)
+
+
 def _update_active() -> None:
-    ACTIVE[0] = _GLOBAL[0] or _open[0] > 0
+    active = _GLOBAL[0] or _open[0] > 0
+    if active != ACTIVE[0]:
+        ACTIVE[0] = active
+        for hook in _ON_ACTIVE:
+            hook(active)
 
 
 def recording() -> bool:
@@ -138,14 +169,22 @@ def recording() -> bool:
     return (_GLOBAL[0] if mode is None else mode) and not _checks._SYNC[0]
 
 
+def capturing() -> bool:
+    """Whether this thread records and captures repeated module calls (Note [Captured
+    module calls] in torchjax/compile/_captured.py)."""
+    capture = _local.capture
+    return recording() and (_CAPTURE[0] if capture is None else capture)
+
+
 def set_eager_mode(mode: str) -> None:
     """The process-wide eager mode: ``"fused"`` records ops and runs them as fused
     segments (Note [Fused eager] in torchjax/ops/fused.py), ``"eager"`` (the default)
     runs each op at once. A ``torchjax.fused()`` block overrides it in its thread."""
     if mode not in _MODES:
         raise ValueError(f"torchjax.set_eager_mode: mode must be 'eager' or 'fused', got {mode!r}")
-    _GLOBAL[0] = mode == "fused"
-    _update_active()
+    with _open_lock:
+        _GLOBAL[0] = mode == "fused"
+        _update_active()
     if not recording():
         flush_current()
 
@@ -156,13 +195,20 @@ def eager_mode() -> str:
 
 
 @contextlib.contextmanager
-def fused(enabled: bool = True):
+def fused(enabled: bool = True, *, capture: bool | None = None):
     """Fused eager mode in this thread for the block (``enabled=False``: plain eager).
 
     Ops are recorded and run as one compiled program per segment (Note [Fused eager]
-    in torchjax/ops/fused.py); results are the same as in eager. Nestable; on exit the
-    previous mode is back and, if that is eager, the recorded ops run."""
+    in torchjax/ops/fused.py); results are the same as in eager. A tpu module called
+    again with the same signature runs as one captured program (Note [Captured module
+    calls] in torchjax/compile/_captured.py); ``capture=False`` records such calls op by
+    op too (the default, None, keeps the enclosing setting: on, unless
+    ``TORCHJAX_CAPTURE=0``). Nestable; on exit the previous mode is back and, if that is
+    eager, the recorded ops run."""
     prev = _local.mode
+    prev_capture = _local.capture
+    if capture is not None:
+        _local.capture = bool(capture)
     enabled = bool(enabled)
     if not enabled:
         flush_current()
@@ -177,6 +223,7 @@ def fused(enabled: bool = True):
             yield
     finally:
         _local.mode = prev
+        _local.capture = prev_capture
         with _open_lock:
             _open[0] -= 1
             _update_active()

@@ -1,0 +1,234 @@
+"""Captured module calls: in fused eager mode a repeated tpu module call runs as one
+cached program, with no per-op Python.
+
+Note [Captured module calls]
+Fused eager mode records every op of a forward (Note [Fused eager] in
+torchjax/ops/fused.py); recording costs host time per op (__torch_dispatch__, the step
+lookup, the wrapping of each result), and a large model's forward is hundreds of ops. A
+module called again with the same signature runs the same ops, so in fused mode such a
+call runs as one program traced from the module, as ``torchjax.jit`` would run it:
+
+- Which calls. The outermost call of a tpu module (its first parameter, else its first
+  buffer, is on tpu) on a thread in fused mode: calls made while a captured call traces
+  or runs op by op are part of it, and a module that is not on tpu, or one whose call
+  needs an autograd graph (grad mode on and a parameter or tensor argument requiring
+  grad), or one made under a user's trace (``torchjax.jit``, ``jax.jit``: the trace is
+  one program already), runs as fused mode runs it, its inner calls included. The first call of a
+  signature runs op by op in fused mode (a call made once, a prefill, never pays a trace
+  and a compile); its second call traces, compiles and runs the program; later calls
+  run it. Modules that define their own ``__call__`` are not seen.
+- The signature is ``torchjax.jit``'s key (one ``Jitted`` per module, kept weakly:
+  Note [State of a jitted function] in torchjax/compile/_state.py): the module's state
+  storages, its config and plain attributes (Note [A module's plain attributes are
+  guards]), training flags, grad mode, torch's global modes, and the arguments'
+  structure, shapes, dtypes, devices and non-tensor values. Outputs come back as the
+  forward returns them (tuples, dicts, HF ``ModelOutput``); state the forward writes (a
+  ``StaticCache``'s ``index_copy_``, BatchNorm's running statistics) is written back,
+  its buffers donated under jit's rules (Note [Donation never takes the user's copy]).
+  As under ``torchjax.jit``, the forward's Python runs only when it is traced: side
+  effects on Python objects that are not guards (a counter in a list) happen once.
+- Numbers. A ``torchjax.jit`` trace of a tiny Llama forward differs from eager in the
+  last bit in float32 (XLA fuses a reduction with its producer, contracts a
+  multiply-add: Note [Fusion keeps eager's numbers] in torchjax/ops/fusion_cuts.py). So
+  a captured program is traced as fused mode's segment programs are built: every op
+  that reaches its cached executable under the trace is entered as that segment
+  program's node (torchjax/ops/fused_nodes.py): inlined when elementwise, as the branch
+  of a conditional on a predicate input (True at run time, unknown to XLA) when not,
+  its rewritable outputs leaving through an identity conditional; the program is
+  compiled with ``COMPILER_OPTIONS``. The tiny Llama forward, repeated calls and
+  StaticCache decode steps give eager's bits in float32 and bfloat16
+  (tests/compile/test_captured.py).
+- Grad. A call that needs an autograd graph is not captured (it records op by op,
+  backward included): captured programs make no graph, and their outputs require no
+  grad.
+- Fallback. A trace that fails (a host read or data-dependent branch in the forward,
+  a data-dependent output shape, a refusal of torchjax.jit's) marks the signature
+  uncapturable: that call and later ones with the signature run op by op in fused
+  mode, and eager's own result or error is what the user sees (the forward's Python
+  then ran twice for that call: once in the failed trace, whose tensor state is put
+  back, once for real). A guard change (an attribute, a config value, a new shape) is a
+  new signature: it runs op by op once, then traces. After ``MAX_SIGNATURES`` traced
+  signatures the module stops being captured, with a ``RetraceWarning`` naming what
+  changed last.
+- Threads. The patch of ``nn.Module.__call__`` is in force while fused mode may be on
+  in some thread (``fused.ACTIVE``), so ``import torchjax`` and code that never turns
+  fused mode on run torch's own ``__call__``; with it in force, a module call off fused
+  mode costs one list read, one thread-local read and a call. Which call is outermost
+  is per thread; tracing binds the module's storages per thread (Note [Bindings are
+  per thread]), so another thread calling the same module meanwhile runs on its real
+  arrays, and traces are serialised (``trace_lock``): a second thread missing the same
+  signature waits and runs the program the first traced.
+- Counters: ``torchjax.stats()`` ``captured_calls`` (calls run by a captured program),
+  ``capture_traces`` and ``capture_refusals``.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+
+import torch
+
+from torchjax._compat import torch_modules
+from torchjax._compat.jax import trace_state_clean
+from torchjax._compat.torch import pytree
+from torchjax.compile._jit import Jitted, RetraceWarning
+from torchjax.device import _stats
+from torchjax.ops import fused as _fused
+
+# Traced signatures per module before it stops being captured.
+MAX_SIGNATURES = 8
+# Signatures seen once kept per module (a DynamicCache decode: new shapes every token).
+MAX_SEEN = 256
+
+
+class _Local(threading.local):
+    inside = False  # a captured (or declined) outermost call is running on this thread
+
+
+_local = _Local()
+
+
+class _ModuleJitted(Jitted):
+    """The ``torchjax.jit`` of one module's calls, holding the module weakly (the
+    module's captures live in a weak dictionary keyed by the module)."""
+
+    captured = True
+
+    @property
+    def fn(self):
+        return self._ref()
+
+    @fn.setter
+    def fn(self, module):
+        self._ref = weakref.ref(module)
+
+
+class _Captures:
+    """What capturing knows about one module's calls."""
+
+    __slots__ = ("jitted", "seen", "refused", "off")
+
+    def __init__(self, module):
+        # No RetraceWarning of its own: MAX_SIGNATURES stops capturing first.
+        self.jitted = _ModuleJitted(module, warn_after=MAX_SIGNATURES + 1)
+        self.seen: set = set()  # signatures called once (run op by op)
+        self.refused: set = set()  # signatures whose trace failed
+        self.off = False
+
+
+_CAPTURES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def _make_call(original):
+    local = _local
+    active = _fused.ACTIVE
+    capturing = _fused.capturing
+
+    def __call__(self, *args, **kwargs):
+        if active[0] and not local.inside and capturing():
+            return _outermost(original, self, args, kwargs)
+        return original(self, *args, **kwargs)
+
+    return __call__
+
+
+def _set_patch(active: bool) -> None:
+    torch_modules.set_module_call(_make_call if active else None)
+
+
+def install() -> None:
+    """Patch ``nn.Module.__call__`` whenever fused mode may be on (from now on)."""
+    _fused.on_active(_set_patch)
+
+
+def _on_tpu(module) -> bool:
+    for t in module.parameters():
+        return t.device.type == "tpu"
+    for t in module.buffers():
+        return t.device.type == "tpu"
+    return False
+
+
+def _needs_grad(module, args, kwargs) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    if any(p.requires_grad for p in module.parameters()):
+        return True
+    return any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in pytree.tree_leaves((args, kwargs))
+    )
+
+
+# What a failed trace raises (Note [Captured module calls]): torchjax's TraceError and
+# refusals (RuntimeError), jax's tracer conversion errors (TypeError), a missing
+# lowering. Any of them, or the user's own error, is raised again, if at all, by the op
+# by op run that follows.
+_TRACE_FAILURES = (RuntimeError, TypeError, ValueError, NotImplementedError, IndexError)
+
+
+def _outermost(original, module, args, kwargs):
+    local = _local
+    local.inside = True
+    try:
+        if (
+            not trace_state_clean()  # under a user's trace (torchjax.jit, jax.jit)
+            or not _on_tpu(module)
+            or _needs_grad(module, args, kwargs)
+        ):
+            return original(module, *args, **kwargs)
+        caps = _CAPTURES.get(module)
+        if caps is None:
+            with _LOCK:
+                caps = _CAPTURES.get(module)
+                if caps is None:
+                    caps = _CAPTURES[module] = _Captures(module)
+        if caps.off:
+            return original(module, *args, **kwargs)
+        return _call(caps, original, module, args, kwargs)
+    finally:
+        local.inside = False
+
+
+def _call(caps, original, module, args, kwargs):
+    jitted = caps.jitted
+    try:
+        call, entry = jitted._lookup(args, dict(kwargs))
+        key = call.key
+        hash(key)
+    except TypeError:
+        # An argument torchjax.jit cannot key on (an unhashable static value).
+        return original(module, *args, **kwargs)
+    if entry is not None:
+        jitted.cache_hits += 1
+        _stats.CAPTURED.calls += 1
+        return jitted._run(call, entry, args, kwargs)
+    if key in caps.refused or key not in caps.seen:
+        if len(caps.seen) >= MAX_SEEN:  # signatures that never repeat (growing shapes)
+            caps.seen.clear()
+        caps.seen.add(key)
+        return original(module, *args, **kwargs)
+    if jitted.trace_count >= MAX_SIGNATURES:
+        caps.off = True
+        warnings.warn(
+            f"torchjax fused eager: {type(module).__name__} traced {jitted.trace_count} "
+            f"signatures of its calls (the last because {jitted.last_retrace_reason}); "
+            "its calls run op by op from now on. Keep shapes, dtypes and non-tensor "
+            "arguments fixed, or use torchjax.jit.",
+            RetraceWarning,
+            stacklevel=4,
+        )
+        return original(module, *args, **kwargs)
+    traces = jitted.trace_count
+    try:
+        out = jitted(*args, **kwargs)
+    except _TRACE_FAILURES:
+        caps.refused.add(key)
+        _stats.CAPTURED.refusals += 1
+        return original(module, *args, **kwargs)
+    if jitted.trace_count > traces:
+        _stats.CAPTURED.traces += jitted.trace_count - traces
+    _stats.CAPTURED.calls += 1
+    return out
