@@ -14,6 +14,12 @@ same op sequence again, every program compiled):
   (``torch.no_grad()``): three ops, one segment, so the per-call cost of entering
   ``torchjax.fused()`` and flushing is what the figure shows.
 
+The per-op table records every op (``torchjax.fused(capture=False)``). A second table
+times whole calls of the module workloads (llama, mlp): plain eager, fused with every op
+recorded, fused with the repeated call captured as one program (Note [Captured module
+calls] in torchjax/compile/_captured.py) and ``torchjax.jit`` of the module, in ms of
+host time per call (the same clock).
+
 Columns, per op (the op count is ``fused_ops`` of one run, the ops recorded): ``eager``
 the host time of plain eager (no blocking inside the timed region: dispatch is
 asynchronous), ``record`` the host time of the ops in ``torchjax.fused()`` minus the
@@ -102,6 +108,13 @@ def _llama_workload():
         with torch.no_grad():
             return model(input_ids=ids).logits
 
+    jitted = torchjax.jit(model)
+
+    def run_jit():
+        with torch.no_grad():
+            return jitted(input_ids=ids).logits
+
+    run.jit = run_jit
     return run
 
 
@@ -117,6 +130,13 @@ def _mlp_workload():
         with torch.no_grad():
             return model(x)
 
+    jitted = torchjax.jit(model)
+
+    def run_jit():
+        with torch.no_grad():
+            return jitted(x)
+
+    run.jit = run_jit
     return run
 
 
@@ -181,7 +201,7 @@ def _dispatches(run) -> int:
 
     JaxTensor.__torch_dispatch__ = classmethod(counting)
     try:
-        with torchjax.fused():
+        with torchjax.fused(capture=False):
             out = run()
     finally:
         JaxTensor.__torch_dispatch__ = raw
@@ -189,10 +209,10 @@ def _dispatches(run) -> int:
     return count[0]
 
 
-def _fused_run(run, timer):
+def _fused_run(run, timer, capture=False):
     timer.ns = 0
     t0 = CLOCK[0]()
-    with torchjax.fused():
+    with torchjax.fused(capture=capture):
         out = run()
     total = CLOCK[0]() - t0
     return out, total - timer.ns, timer.ns
@@ -235,6 +255,41 @@ def measure(name: str) -> dict:
         "flush": med(flush),
         "fused": med([r + f for r, f in zip(record, flush)]),
     }
+
+
+def _per_call(call) -> float:
+    """Median host time of ``call()`` in ms (warmed up; blocked on outside the timing)."""
+    for _ in range(WARMUP):
+        block_torch(call())
+    samples = []
+    for _ in range(RUNS):
+        t0 = CLOCK[0]()
+        out = call()
+        samples.append(CLOCK[0]() - t0)
+        block_torch(out)
+    return statistics.median(samples) / 1e6
+
+
+def measure_calls(name: str) -> dict | None:
+    """Per call of a module workload: plain eager, fused (ops recorded), captured (Note
+    [Captured module calls]) and torchjax.jit, in ms; None for a workload that is no
+    module call."""
+    run = WORKLOADS[name]()
+    if not hasattr(run, "jit"):
+        return None
+    timer = _FlushTimer()
+
+    def fused(capture):
+        return lambda: _fused_run(run, timer, capture)[0]
+
+    out = {"eager": _per_call(run), "fused": _per_call(fused(False))}
+    torchjax.reset_stats()
+    out["captured"] = _per_call(fused(True))
+    stats = torchjax.stats()
+    out["captured_calls"] = stats["captured_calls"]
+    out["capture_traces"] = stats["capture_traces"]
+    out["jit"] = _per_call(run.jit)
+    return out
 
 
 class _Bare(torch.Tensor):
@@ -357,6 +412,24 @@ def main() -> None:
             f"| {r['fused_compiles']} | {r['compiles']} | {r['jax traces']} "
             f"| {r['eager']:.1f} | {r['record']:.1f} "
             f"| {r['flush']:.1f} | {r['fused']:.1f} | {r['eager'] / r['fused']:.2f}x |"
+        )
+    print(
+        "\nPer module call (ms): fused records every op (``fused(capture=False)``), "
+        "captured runs the repeated call as one program (Note [Captured module calls])\n"
+    )
+    print(
+        "| workload | eager | fused | captured | torchjax.jit | captured calls / traces "
+        "| fused/captured | captured/jit |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name in names:
+        c = measure_calls(name)
+        if c is None:
+            continue
+        print(
+            f"| {name} | {c['eager']:.3f} | {c['fused']:.3f} | {c['captured']:.3f} "
+            f"| {c['jit']:.3f} | {c['captured_calls']} / {c['capture_traces']} "
+            f"| {c['fused'] / c['captured']:.1f}x | {c['captured'] / c['jit']:.2f}x |"
         )
     if "chain" in names:
         print(f"\nfloor (a do-nothing __torch_dispatch__ subclass, chain): {floor_us():.1f} us/op")

@@ -68,12 +68,12 @@ how it is undone.
   programs]). Concrete values (eager, torch.compile's graph breaks) take torch's method.
   Same signature. Undo: torch's method put back.
 - ``torch.nn.Module.__call__`` (compile/_captured.py through _compat/torch_modules.py,
-  in force only while fused eager mode may be on in some thread; torch 2.13). In fused
-  eager mode the outermost call of a tpu module that repeats a signature runs as one
-  captured program instead of recording its ops one by one (Note [Captured module
-  calls]); every other call, and every call while no thread is in fused mode, goes to
-  torch's ``_wrapped_call_impl`` unchanged. Same signature. Undo: torch's function put
-  back, also whenever fused mode turns off in the last thread.
+  made the first time fused eager mode turns on in the process, not at import; torch
+  2.13). In fused eager mode the outermost call of a tpu module that repeats a
+  signature runs as one captured program instead of recording its ops one by one (Note
+  [Captured module calls]); every other call, and every call while no thread is in
+  fused mode, goes to torch's ``_wrapped_call_impl`` unchanged. Same signature. Undo:
+  torch's function put back (not made again in the process).
 - ``torch.nn.Module._apply`` and ``torch.__future__.get_swap_module_params_on_conversion``
   (device/_registration.py through _compat/torch.py; torch 2.13). Moving a module off
   tpu (``model.cpu()``) made a new Parameter per module, untying tied weights and
@@ -298,6 +298,7 @@ This module imports nothing from torchjax, so every layer can record into it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import threading
 import warnings
@@ -325,8 +326,11 @@ _WARNED: set[tuple[str, str]] = set()
 _MISSING = object()
 
 
+@functools.lru_cache(maxsize=None)
 def _version(package: str) -> str | None:
-    """The installed release of distribution ``package`` (None when not installed)."""
+    """The installed release of distribution ``package`` (None when not installed).
+    Cached: reading package metadata takes milliseconds, and the patch of
+    ``nn.Module.__call__`` is recorded each time fused eager mode turns on."""
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:

@@ -925,36 +925,61 @@ def test_dynamo_frame_id_names_the_compiled_function():
 
 
 def test_module_call_patch_is_set_and_undone():
-    from torchjax import _patches
-    from torchjax._compat import torch_modules
+    from tests._child import run_python
 
-    original = torch.nn.Module.__dict__["__call__"]
-    assert torch_modules.module_call() is original is torch.nn.Module._wrapped_call_impl
-    seen = []
+    # In a child: the patch is process-wide, and made once per process.
+    out = run_python(
+        """
+        import torch
+        import torchjax
+        from torchjax import _patches
+        from torchjax._compat import torch_modules
 
-    def make(orig):
-        def __call__(self, *args, **kwargs):
-            seen.append(type(self).__name__)
-            return orig(self, *args, **kwargs)
+        original = torch.nn.Module.__dict__["__call__"]
+        assert torch_modules.module_call() is original is torch.nn.Module._wrapped_call_impl
+        seen = []
 
-        return __call__
+        def make(orig):
+            def __call__(self, *args, **kwargs):
+                seen.append(type(self).__name__)
+                return orig(self, *args, **kwargs)
 
-    torch_modules.set_module_call(make)
-    try:
+            return __call__
+
+        torch_modules.set_module_call(make)
         assert _patches.is_recorded("torch.nn.Module.__call__")
         assert torch_modules.module_call() is original
         assert torch.nn.Linear(2, 2)(torch.ones(1, 2)).shape == (1, 2)
         assert seen == ["Linear"]
-    finally:
         torch_modules.set_module_call(None)
-    assert torch.nn.Module.__dict__["__call__"] is original
-    assert not _patches.is_recorded("torch.nn.Module.__call__")
+        assert torch.nn.Module.__dict__["__call__"] is original
+        assert not _patches.is_recorded("torch.nn.Module.__call__")
+        print("ok")
+        """
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
 
 
-def test_module_call_patch_is_in_force_only_in_fused_mode():
-    original = torch.nn.Module._wrapped_call_impl
-    assert torch.nn.Module.__dict__["__call__"] is original
-    with torchjax.fused():
-        assert torch.nn.Module.__dict__["__call__"] is not original
-        assert "torch.nn.Module.__call__" in [p.name for p in torchjax.patches()]
-    assert torch.nn.Module.__dict__["__call__"] is original
+def test_module_call_patch_is_made_when_fused_mode_first_turns_on():
+    from tests._child import run_python
+
+    out = run_python(
+        """
+        import torch
+        import torchjax
+        original = torch.nn.Module._wrapped_call_impl
+        assert torch.nn.Module.__dict__["__call__"] is original  # import changes nothing
+        with torchjax.fused():
+            assert torch.nn.Module.__dict__["__call__"] is not original
+        names = [p.name for p in torchjax.patches()]
+        assert "torch.nn.Module.__call__" in names
+        torchjax.uninstall()
+        assert torch.nn.Module.__dict__["__call__"] is original
+        with torchjax.fused():
+            assert torch.nn.Module.__dict__["__call__"] is original  # not made again
+        print("ok")
+        """
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")

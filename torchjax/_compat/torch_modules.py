@@ -178,6 +178,9 @@ def module_call():
     return getattr(current, "_torchjax_original", current)
 
 
+_MADE: dict = {}  # (make, torch's __call__) -> the wrapper made (set again and again)
+
+
 def set_module_call(make) -> None:
     """Make ``nn.Module.__call__`` ``make(original)`` (``make=None``: torch's own again).
     Recorded in torchjax/_patches.py while in force (Note [Captured module calls] in
@@ -195,9 +198,12 @@ def set_module_call(make) -> None:
         return
     if nn.Module.__dict__["__call__"] is not original:
         return  # in force already
-    new = make(original)
-    functools.update_wrapper(new, original)
-    new._torchjax_original = original
+    new = _MADE.get((make, original))
+    if new is None:
+        new = make(original)
+        functools.update_wrapper(new, original)
+        new._torchjax_original = original
+        _MADE[make, original] = new
     _patches.replace_attr(
         nn.Module,
         "__call__",

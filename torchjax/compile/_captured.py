@@ -50,10 +50,13 @@ call runs as one program traced from the module, as ``torchjax.jit`` would run i
   new signature: it runs op by op once, then traces. After ``MAX_SIGNATURES`` traced
   signatures the module stops being captured, with a ``RetraceWarning`` naming what
   changed last.
-- Threads. The patch of ``nn.Module.__call__`` is in force while fused mode may be on
-  in some thread (``fused.ACTIVE``), so ``import torchjax`` and code that never turns
-  fused mode on run torch's own ``__call__``; with it in force, a module call off fused
-  mode costs one list read, one thread-local read and a call. Which call is outermost
+- The patch of ``nn.Module.__call__`` is made the first time fused mode turns on in
+  the process (``fused.ACTIVE``), so ``import torchjax`` and code that never turns
+  fused mode on run torch's own ``__call__``; once made, a module call while no thread
+  is in fused mode costs one more Python call and a list read, one in fused mode a
+  thread-local read too. (Made and undone at every ``fused()`` block instead, it cost
+  about 100 us per block: a class attribute of ``nn.Module`` set twice.)
+- Threads. Which call is outermost
   is per thread; tracing binds the module's storages per thread (Note [Bindings are
   per thread]), so another thread calling the same module meanwhile runs on its real
   arrays, and traces are serialised (``trace_lock``): a second thread missing the same
@@ -135,8 +138,16 @@ def _make_call(original):
     return __call__
 
 
+_PATCHED = [False]
+
+
 def _set_patch(active: bool) -> None:
-    torch_modules.set_module_call(_make_call if active else None)
+    # Once, the first time fused mode turns on (not undone when it turns off: setting a
+    # class attribute of nn.Module costs tens of microseconds with transformers' many
+    # subclasses, too much for every fused() block).
+    if active and not _PATCHED[0]:
+        _PATCHED[0] = True
+        torch_modules.set_module_call(_make_call)
 
 
 def install() -> None:
