@@ -1,11 +1,15 @@
-"""The ``eager`` section of bench/tpu.py: plain eager, fused eager and ``torchjax.jit`` on
-the chip.
+"""The ``eager`` section of bench/tpu.py: plain eager, fused eager (every op recorded, and
+with repeated module calls captured) and ``torchjax.jit`` on the chip.
 
 Plain eager runs every op as its own cached executable (one device call each); fused
-eager (``with torchjax.fused():``, Note [Fused eager] in torchjax/ops/fused.py) records
-the ops and runs each segment as one program; ``torchjax.jit`` traces the whole function
-into one program. On an accelerator a device call costs host latency that CPU JAX hides,
-so these rows say what each mode is worth where it matters. Rows:
+eager (``with torchjax.fused(capture=False):``, Note [Fused eager] in
+torchjax/ops/fused.py) records the ops and runs each segment as one program; captured
+(``with torchjax.fused():``, Note [Captured module calls] in
+torchjax/compile/_captured.py) runs a module call that repeats its signature as one
+program traced from the module (the first call of a signature records op by op, the
+second traces); ``torchjax.jit`` traces the whole function into one program. On an
+accelerator a device call costs host latency that CPU JAX hides, so these rows say what
+each mode is worth where it matters. Rows:
 
 - ``forward 1.1B``: the Llama of bench/tpu.py (``llama_config``) in bfloat16, prefill
   forward of (1, 128) token ids under ``torch.no_grad()``, the logits;
@@ -16,7 +20,8 @@ so these rows say what each mode is worth where it matters. Rows:
 - ``generate``: greedy ``generate(..., disable_compile=True)`` of the 1.1B model (the
   forward eager, op by op) with the cache torchjax gives that call (static: Note [A
   static cache for eager generate on tpu]) and with transformers' ``DynamicCache``
-  (``cache_implementation="dynamic"``: shapes grow every step), plain and fused; and the
+  (``cache_implementation="dynamic"``: shapes grow every step), plain, fused and
+  captured (each static-cache decode step repeats the previous one's signature); and the
   default compiled ``generate`` for scale. Tokens/s over ``new`` tokens, timed once after
   a warm-up generate of the same length; both stop at ``max_time`` seconds (a fused
   generate may compile a program per step), ``tokens`` says how far each got, and a
@@ -31,7 +36,8 @@ outputs, a train step on every live array with ``torch.tpu.synchronize()``), and
 ``compiles``, programs loaded from the persistent compilation cache instead
 (``cache_loads``: a compile in a process without that cache), ``executions`` of cached
 programs, ``host_reads``, fused ``segments``,
-``fused_compiles``). ``fused_equal_eager``: whether fused mode's outputs (forward: the
+``fused_compiles``, ``captured_calls``, ``capture_traces``). ``fused_equal_eager`` and
+``captured_equal_eager``: whether those modes' outputs (forward: the
 logits; train: the first step's loss and every updated weight; generate: the tokens) are
 bit for bit plain eager's, with the largest absolute difference; ``jit_max_abs_diff``
 the same for ``torchjax.jit`` (not expected to be 0: XLA fuses across ops). A row that
@@ -59,6 +65,7 @@ _STAT_KEYS = {
     "compiles": "compiles", "cache_loads": "persistent_cache_hits",
     "executions": "executions", "host_reads": "host_reads",
     "segments": "fused_segments", "fused_compiles": "fused_compiles",
+    "captured_calls": "captured_calls", "capture_traces": "capture_traces",
 }  # fmt: skip
 
 
@@ -126,13 +133,14 @@ def _diff(a, b) -> dict:
 
 
 def _compare(row: dict, outs: dict) -> None:
-    if "eager" in outs and "fused" in outs:
-        try:
-            d = _diff(outs["fused"], outs["eager"])
-            row["fused_equal_eager"] = d["equal"]
-            row["fused_max_abs_diff"] = d["max_abs_diff"]
-        except Exception as e:  # noqa: BLE001 - reported, the rest runs
-            row["compare_error"] = _error(e)
+    for mode in ("fused", "captured"):
+        if "eager" in outs and mode in outs:
+            try:
+                d = _diff(outs[mode], outs["eager"])
+                row[f"{mode}_equal_eager"] = d["equal"]
+                row[f"{mode}_max_abs_diff"] = d["max_abs_diff"]
+            except Exception as e:  # noqa: BLE001 - reported, the rest runs
+                row["compare_error"] = _error(e)
     if "eager" in outs and "jit" in outs:
         try:
             row["jit_max_abs_diff"] = _diff(outs["jit"], outs["eager"])["max_abs_diff"]
@@ -141,29 +149,35 @@ def _compare(row: dict, outs: dict) -> None:
 
 
 def _ratios(row: dict, unit: str = "median_ms") -> None:
-    got = {m: row[m][unit] for m in ("eager", "fused", "jit") if unit in row.get(m, {})}
-    if "fused" in got and "jit" in got:
-        row["fused/jit"] = round(got["fused"] / got["jit"], 2)
-    if "eager" in got and "fused" in got:
-        row["eager/fused"] = round(got["eager"] / got["fused"], 2)
+    modes = ("eager", "fused", "captured", "jit")
+    got = {m: row[m][unit] for m in modes if unit in row.get(m, {})}
+    for a, b in (("fused", "jit"), ("eager", "fused"), ("captured", "jit"), ("fused", "captured")):
+        if a in got and b in got:
+            row[f"{a}/{b}"] = round(got[a] / got[b], 2)
 
 
-def _three_modes(name: str, fn, runs: int = RUNS) -> dict:
-    """Rows of ``fn()`` (blocking on and returning its outputs) plain, fused and
-    ``torchjax.jit(fn)()``; each mode's failure is its own."""
+def _modes(name: str, fn, runs: int = RUNS, captured: bool = True) -> dict:
+    """Rows of ``fn()`` (blocking on and returning its outputs) plain, fused (every op
+    recorded: ``fused(capture=False)``), captured (fused with its repeated module call
+    run as one program: Note [Captured module calls]; ``captured``: ``fn`` makes one)
+    and ``torchjax.jit(fn)()``; each mode's failure is its own."""
     import torchjax
 
     jitted = torchjax.jit(fn)
 
-    def fused():
-        with torchjax.fused():
+    def fused(capture=False):
+        with torchjax.fused(capture=capture):
             out = fn()
         return out
 
     from bench.common import block_torch
 
+    calls = [("eager", fn), ("fused", fused)]
+    if captured:
+        calls.append(("captured", lambda: fused(True)))
+    calls.append(("jit", lambda: block_torch(jitted())))
     row, outs = {}, {}
-    for mode, call in (("eager", fn), ("fused", fused), ("jit", lambda: block_torch(jitted()))):
+    for mode, call in calls:
         _progress(f"{name}: {mode}")
         if _skipped():
             row[mode] = _skipped()
@@ -214,7 +228,7 @@ def forward(model, seq: int, name: str) -> dict:
         with torch.no_grad():
             return block_torch(model(ids).logits)
 
-    return {"tokens": list(ids.shape), **_three_modes(name, fn)}
+    return {"tokens": list(ids.shape), **_modes(name, fn)}
 
 
 def train(model, seq: int, name: str, runs: int = RUNS) -> dict:
@@ -289,14 +303,14 @@ def generate(model, new: int, max_time: float) -> dict:
     caches = {"static": {}, "dynamic": {"cache_implementation": "dynamic"}}
     for cache, extra in caches.items():
         outs = {}
-        for mode in ("eager", "fused"):
+        for mode in ("eager", "fused", "captured"):
             _progress(f"generate, {cache} cache: {mode}")
             key = f"{cache}, {mode}"
             if _skipped():
                 row[key] = _skipped()
                 continue
             try:
-                with torchjax.fused(mode == "fused"):
+                with torchjax.fused(mode != "eager", capture=mode == "captured"):
                     t0 = time.perf_counter()
                     out = gen(disable_compile=True, max_time=max_time, **extra)
                     first = time.perf_counter() - t0
@@ -317,10 +331,11 @@ def generate(model, new: int, max_time: float) -> dict:
                 row[key]["per_run"] = _per_run(before, torchjax.stats(), 1)
             except Exception as e:  # noqa: BLE001 - reported, the rest runs
                 row[key] = {"error": _error(e)}
-        if len(outs) == 2:
-            row[f"{cache}: fused_tokens_equal_eager"] = bool(
-                torch.equal(*(o.cpu() for o in outs.values()))
-            )
+        for mode in ("fused", "captured"):
+            if "eager" in outs and mode in outs:
+                row[f"{cache}: {mode}_tokens_equal_eager"] = bool(
+                    torch.equal(outs[mode].cpu(), outs["eager"].cpu())
+                )
     _progress("generate, compiled")
     if _skipped():
         row["compiled"] = _skipped()
@@ -350,10 +365,10 @@ def chain() -> dict:
     x = torch.randn(64, 64, generator=g).to("tpu")
     w = (1 + 0.01 * torch.randn(64, 64, generator=g)).to("tpu")
     b = (0.01 * torch.randn(64, 64, generator=g)).to("tpu")
-    row = _three_modes("chain", lambda: block_torch(_chain(x, w, b)), runs=20)
+    row = _modes("chain", lambda: block_torch(_chain(x, w, b)), runs=20, captured=False)
     ops = 2 * CHAIN_PAIRS
     row["ops"] = ops
-    for mode in ("eager", "fused", "jit"):
+    for mode in ("eager", "fused", "captured", "jit"):
         if "median_ms" in row.get(mode, {}):
             row[mode]["us_per_op"] = round(row[mode]["median_ms"] * 1e3 / ops, 2)
     return row

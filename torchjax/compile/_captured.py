@@ -67,6 +67,7 @@ call runs as one program traced from the module, as ``torchjax.jit`` would run i
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 import weakref
@@ -76,7 +77,9 @@ import torch
 from torchjax._compat import torch_modules
 from torchjax._compat.jax import trace_state_clean
 from torchjax._compat.torch import pytree
+from torchjax.compile._call import Ref
 from torchjax.compile._jit import Jitted, RetraceWarning
+from torchjax.compile._keys import value_key
 from torchjax.device import _stats
 from torchjax.ops import fused as _fused
 
@@ -95,7 +98,9 @@ _local = _Local()
 
 class _ModuleJitted(Jitted):
     """The ``torchjax.jit`` of one module's calls, holding the module weakly (the
-    module's captures live in a weak dictionary keyed by the module)."""
+    module's captures live in a weak dictionary keyed by the module), its calls keyed by
+    the layout of their state rather than its identity (Note [Captured calls are keyed
+    by layout])."""
 
     captured = True
 
@@ -106,6 +111,59 @@ class _ModuleJitted(Jitted):
     @fn.setter
     def fn(self, module):
         self._ref = weakref.ref(module)
+
+    def _lookup(self, args, kwargs):
+        call, _ = super()._lookup(args, kwargs)
+        _key_by_layout(call)
+        return call, self._entries.get(call.key)
+
+    def _trace(self, call):
+        entry = super()._trace(call)
+        entry.refs = []  # keyed by layout: alive whatever storages it was traced with
+        return entry
+
+
+# Note [Captured calls are keyed by layout]
+# torchjax.jit keys a call by the identity of its state storages and of its non-tensor
+# arguments (a Cache object is one). ``generate`` makes a new StaticCache per call, so
+# every generate traced its decode step again (and after MAX_SIGNATURES calls the model
+# was no longer captured), and each key held its cache alive. A captured call's key
+# takes instead the layout of its state: how many storages the walk found, each state
+# tensor's storage (by position in the walk), size, stride and offset, besides the
+# storages' shapes and dtypes already there; and a transformers Cache argument by its
+# class and the plain values (ints, floats, bools, strings, dtypes) of it and of its
+# layers. The program takes the state's arrays as inputs in walk order, so a call with
+# the same layout runs it correctly on other storages (a new cache, a parameter
+# replaced by one of the same shape); other non-tensor arguments stay keyed by identity.
+_PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device)
+
+
+def _key_by_layout(call) -> None:
+    index = {id(s): i for i, s in enumerate(call.storages)}
+    layout = tuple((index[id(t._storage)], t._size, t._stride, t._offset) for t in call.walk.every)
+    sig = list(call.sig)
+    sig[1] = tuple(_by_layout(v) for v in sig[1])
+    sig[5] = layout
+    call.sig = call.key = tuple(sig)
+
+
+def _by_layout(v):
+    obj = getattr(v, "obj", None) if type(v) is Ref else None
+    if obj is None or not _is_cache(obj):
+        return v
+    parts = [obj, *getattr(obj, "layers", ())]
+    return (
+        type(obj),
+        tuple(
+            tuple((k, value_key(x)) for k, x in vars(p).items() if isinstance(x, _PLAIN))
+            for p in parts
+        ),
+    )
+
+
+def _is_cache(obj) -> bool:
+    cache_utils = sys.modules.get("transformers.cache_utils")
+    return cache_utils is not None and isinstance(obj, cache_utils.Cache)
 
 
 class _Captures:
@@ -233,9 +291,11 @@ def _call(caps, original, module, args, kwargs):
         )
         return original(module, *args, **kwargs)
     traces = jitted.trace_count
+    saved = _attributes(call.static)
     try:
         out = jitted(*args, **kwargs)
     except _TRACE_FAILURES:
+        _put_back(saved)
         caps.refused.add(key)
         _stats.CAPTURED.refusals += 1
         return original(module, *args, **kwargs)
@@ -243,3 +303,30 @@ def _call(caps, original, module, args, kwargs):
         _stats.CAPTURED.traces += jitted.trace_count - traces
     _stats.CAPTURED.calls += 1
     return out
+
+
+# Note [Attributes a failed capture trace set]
+# A trace that fails has run part of the forward's Python: torchjax.jit puts back the
+# state's tensors (Note [State after a trace whose program does not run]), but not the
+# attributes the code assigned. A StaticCache's layers allocate their tensors at their
+# first update (``lazy_initialization``: ``self.keys = torch.zeros(...)``,
+# ``is_initialized = True``): a prefill whose trace failed left the cache initialized
+# with the trace's tensors, and the op-by-op run that followed wrote the wrong cache. So
+# the plain attributes (``__dict__``) of the call's non-module object arguments, and of
+# a Cache's layers, are saved before a capture trace and put back if it fails.
+def _attributes(static) -> list:
+    saved = []
+    for v in static:
+        obj = getattr(v, "obj", None) if type(v) is Ref else None
+        if obj is None or isinstance(obj, torch.nn.Module) or not hasattr(obj, "__dict__"):
+            continue
+        for o in (obj, *(getattr(obj, "layers", ()) if _is_cache(obj) else ())):
+            saved.append((o, dict(vars(o))))
+    return saved
+
+
+def _put_back(saved) -> None:
+    for o, attrs in saved:
+        d = vars(o)
+        d.clear()
+        d.update(attrs)

@@ -78,6 +78,7 @@ class Entry:
     """One traced signature: the compiled program and how to unpack its outputs."""
 
     pred = False  # a captured call's program: one more input (Note [Captured module calls])
+    out_args = ()  # Note [Arguments returned as outputs]
 
     @classmethod
     def trace(cls, jitted, call: Call) -> Entry:
@@ -258,6 +259,11 @@ class Entry:
         self.layouts = info["layouts"] if any(info["layouts"]) else None
         self.out_cls = info["out_cls"]
         self.out_static = [None if isinstance(x, JaxTensor) else x for x in out_flat]
+        # Note [Arguments returned as outputs]
+        args_at = {id(v.obj): j for j, v in enumerate(call.static) if isinstance(v, Ref)}
+        self.out_args = [
+            (i, args_at[id(x)]) for i, x in enumerate(self.out_static) if id(x) in args_at
+        ]
         self.written = info["written"]
         self.created = info["created"]
         self.args_written = info["args_written"]
@@ -393,6 +399,8 @@ class Entry:
         for j in self.new_leaves:
             tensors[j].requires_grad_()
         flat = list(self.out_static)
+        for i, j in self.out_args:  # Note [Arguments returned as outputs]
+            flat[i] = call.static[j].obj
         for i, t, cls in zip(self.out_pos, tensors, self.out_cls):
             if cls is not None:  # Note [User tensor subclasses under torchjax.jit]
                 t.__class__ = cls
@@ -432,6 +440,15 @@ class Entry:
 # every step after the first used the first step's bias correction. Its new value is
 # copied back into the CPU tensor after the call (a host read per written CPU argument;
 # ``capturable=True`` or ``fused=True`` optimizers keep their step on tpu and need none).
+
+
+# Note [Arguments returned as outputs]
+# A non-tensor argument the function returns (an HF forward returns the Cache object it
+# was passed, in ``past_key_values``) is a static output of the program: the object of
+# the call that was traced. A call keyed by layout (Note [Captured calls are keyed by
+# layout] in torchjax/compile/_captured.py) runs the program with another Cache, and
+# ``generate`` then continued with the traced call's cache. So such an output is this
+# call's argument at the same position.
 
 
 # Note [Strides of compiled outputs]
