@@ -247,6 +247,21 @@ def test_greedy_generate_tokens_equal_cpu_with_capture_on():
     assert counts == [(8, 1, 0), (9, 0, 0)]
 
 
+def test_dynamic_cache_steps_are_not_traced_across_generate_calls():
+    cpu = _tiny_llama()
+    kwargs = dict(max_new_tokens=6, do_sample=False, disable_compile=True)
+    want = cpu.generate(IDS, cache_implementation="dynamic", **kwargs)
+    model = _tiny_llama().to(TPU)
+    torchjax.reset_stats()
+    for _ in range(2):
+        with torchjax.fused():
+            got = model.generate(IDS.to(TPU), cache_implementation="dynamic", **kwargs)
+        assert torch.equal(got.cpu(), want)
+    # Every step has new shapes, and each generate a new DynamicCache, keyed by identity
+    # (Note [Captured calls are keyed by layout]): nothing repeats, nothing is traced.
+    assert _counts() == (0, 0, 0)
+
+
 def test_calls_that_need_an_autograd_graph_are_not_captured():
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3).to(TPU)

@@ -19,9 +19,10 @@ call runs as one program traced from the module, as ``torchjax.jit`` would run i
   run it. Modules that define their own ``__call__`` are not seen.
 - The signature is ``torchjax.jit``'s key (one ``Jitted`` per module, kept weakly:
   Note [State of a jitted function] in torchjax/compile/_state.py): the module's state
-  storages, its config and plain attributes (Note [A module's plain attributes are
-  guards]), training flags, grad mode, torch's global modes, and the arguments'
-  structure, shapes, dtypes, devices and non-tensor values. Outputs come back as the
+  (by layout, not identity: Note [Captured calls are keyed by layout]), its config and
+  plain attributes (Note [A module's plain attributes are guards]), training flags,
+  grad mode, torch's global modes, and the arguments' structure, shapes, dtypes,
+  devices and non-tensor values. Outputs come back as the
   forward returns them (tuples, dicts, HF ``ModelOutput``); state the forward writes (a
   ``StaticCache``'s ``index_copy_``, BatchNorm's running statistics) is written back,
   its buffers donated under jit's rules (Note [Donation never takes the user's copy]).
@@ -130,11 +131,15 @@ class _ModuleJitted(Jitted):
 # was no longer captured), and each key held its cache alive. A captured call's key
 # takes instead the layout of its state: how many storages the walk found, each state
 # tensor's storage (by position in the walk), size, stride and offset, besides the
-# storages' shapes and dtypes already there; and a transformers Cache argument by its
-# class and the plain values (ints, floats, bools, strings, dtypes) of it and of its
-# layers. The program takes the state's arrays as inputs in walk order, so a call with
-# the same layout runs it correctly on other storages (a new cache, a parameter
-# replaced by one of the same shape); other non-tensor arguments stay keyed by identity.
+# storages' shapes and dtypes already there; and a transformers Cache argument of fixed
+# size (``is_compileable``: StaticCache and its kin) by its class and the plain values
+# (ints, floats, bools, strings, dtypes) of it and of its layers. A DynamicCache stays
+# keyed by identity: its steps have new shapes every token, and matched across
+# ``generate`` calls every step of the second call would trace (and the module would
+# soon stop being captured). The program takes the state's arrays as inputs in walk
+# order, so a call with the same layout runs it correctly on other storages (a new
+# cache, a parameter replaced by one of the same shape); other non-tensor arguments
+# stay keyed by identity.
 _PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device)
 
 
@@ -149,8 +154,8 @@ def _key_by_layout(call) -> None:
 
 def _by_layout(v):
     obj = getattr(v, "obj", None) if type(v) is Ref else None
-    if obj is None or not _is_cache(obj):
-        return v
+    if obj is None or not _is_cache(obj) or not getattr(obj, "is_compileable", False):
+        return v  # a DynamicCache grows: keyed by identity, its steps never repeat
     parts = [obj, *getattr(obj, "layers", ())]
     return (
         type(obj),
