@@ -78,7 +78,7 @@ import torch
 from torchjax._compat import torch_modules
 from torchjax._compat.jax import trace_state_clean
 from torchjax._compat.torch import pytree
-from torchjax.compile._call import Ref
+from torchjax.compile._call import Call, Ref, flatten_args
 from torchjax.compile._jit import Jitted, RetraceWarning
 from torchjax.compile._keys import value_key
 from torchjax.device import _stats
@@ -114,9 +114,17 @@ class _ModuleJitted(Jitted):
         self._ref = weakref.ref(module)
 
     def _lookup(self, args, kwargs):
-        call, _ = super()._lookup(args, kwargs)
+        # Jitted._lookup with the key by layout (looked up by identity first, every
+        # call would miss and search the modules for new plain attributes).
+        flat, spec = flatten_args(args, kwargs)
+        call = Call(self, flat, spec, {}, (args, kwargs))
         _key_by_layout(call)
-        return call, self._entries.get(call.key)
+        entry = self._entries.get(call.key)
+        if entry is None and self._new_attributes(call.walk.modules):
+            call = Call(self, flat, spec, {}, (args, kwargs))  # with what they hold
+            _key_by_layout(call)
+            entry = self._entries.get(call.key)
+        return call, entry
 
     def _trace(self, call):
         entry = super()._trace(call)
