@@ -13,19 +13,19 @@ call runs as one program traced from the module, as ``torchjax.jit`` would run i
   or runs op by op are part of it, and a module that is not on tpu, or one whose call
   needs an autograd graph (grad mode on and a parameter or tensor argument requiring
   grad), or one made under a user's trace (``torchjax.jit``, ``jax.jit``: the trace is
-  one program already), runs as fused mode runs it, its inner calls included. The first call of a
-  signature runs op by op in fused mode (a call made once, a prefill, never pays a trace
-  and a compile); its second call traces, compiles and runs the program; later calls
-  run it. Modules that define their own ``__call__`` are not seen.
+  one program already), runs as fused mode runs it, its inner calls included. The first
+  call of a signature runs op by op in fused mode (a call made once, a prefill, never
+  pays a trace and a compile); its second call traces, compiles and runs the program;
+  later calls run it. Modules that define their own ``__call__`` are not seen.
 - The signature is ``torchjax.jit``'s key (one ``Jitted`` per module, kept weakly:
   Note [State of a jitted function] in torchjax/compile/_state.py): the module's state
   (by layout, not identity: Note [Captured calls are keyed by layout]), its config and
   plain attributes (Note [A module's plain attributes are guards]), training flags,
   grad mode, torch's global modes, and the arguments' structure, shapes, dtypes,
-  devices and non-tensor values. Outputs come back as the
-  forward returns them (tuples, dicts, HF ``ModelOutput``); state the forward writes (a
-  ``StaticCache``'s ``index_copy_``, BatchNorm's running statistics) is written back,
-  its buffers donated under jit's rules (Note [Donation never takes the user's copy]).
+  devices and non-tensor values. Outputs come back as the forward returns them (tuples,
+  dicts, HF ``ModelOutput``); state the forward writes (a ``StaticCache``'s
+  ``index_copy_``, a buffer's ``mul_().add_()``) is written back, its buffers donated
+  under jit's rules (Note [Donation never takes the user's copy]).
   As under ``torchjax.jit``, the forward's Python runs only when it is traced: side
   effects on Python objects that are not guards (a counter in a list) happen once.
 - Numbers. A ``torchjax.jit`` trace of a tiny Llama forward differs from eager in the
@@ -38,7 +38,11 @@ call runs as one program traced from the module, as ``torchjax.jit`` would run i
   its rewritable outputs leaving through an identity conditional; the program is
   compiled with ``COMPILER_OPTIONS``. The tiny Llama forward, repeated calls and
   StaticCache decode steps give eager's bits in float32 and bfloat16
-  (tests/compile/test_captured.py).
+  (tests/compile/test_captured.py). An op that runs off its cached executable (a
+  handler computing in jnp op by op, such as batch norm's; a lowering run op by op)
+  would be traced inline, where XLA fuses it with its neighbours: a trace whose jaxpr
+  computes float values outside the nodes (``fused_nodes.float_ops_outside_nodes``;
+  moves, conversions and exact operations such as max pass) is refused.
 - Grad. A call that needs an autograd graph is not captured (it records op by op,
   backward included): captured programs make no graph, and their outputs require no
   grad.
@@ -57,11 +61,11 @@ call runs as one program traced from the module, as ``torchjax.jit`` would run i
   is in fused mode costs one more Python call and a list read, one in fused mode a
   thread-local read too. (Made and undone at every ``fused()`` block instead, it cost
   about 100 us per block: a class attribute of ``nn.Module`` set twice.)
-- Threads. Which call is outermost
-  is per thread; tracing binds the module's storages per thread (Note [Bindings are
-  per thread]), so another thread calling the same module meanwhile runs on its real
-  arrays, and traces are serialised (``trace_lock``): a second thread missing the same
-  signature waits and runs the program the first traced.
+- Threads. Which call is outermost is per thread; tracing binds the module's storages
+  per thread (Note [Bindings are per thread]), so another thread calling the same
+  module meanwhile runs on its real arrays, and traces are serialised (``trace_lock``):
+  a second thread missing the same signature waits and runs the program the first
+  traced.
 - Counters: ``torchjax.stats()`` ``captured_calls`` (calls run by a captured program),
   ``capture_traces`` and ``capture_refusals``.
 """
