@@ -418,9 +418,19 @@ def installed() -> list[Patch]:
         return list(_INSTALLED.values())
 
 
+_UNINSTALLED = [False]
+
+
+def uninstalled() -> bool:
+    """Whether ``uninstall()`` ran: changes made on demand (``nn.Module.__call__`` in fused
+    eager mode) are not made again."""
+    return _UNINSTALLED[0]
+
+
 def uninstall() -> None:
     """Undo every recorded change, newest first. Every undo runs; the first error is
     raised after the others ran."""
+    _UNINSTALLED[0] = True
     with _LOCK:
         patches = list(_INSTALLED.values())[::-1]
         _INSTALLED.clear()

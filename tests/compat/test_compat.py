@@ -961,7 +961,7 @@ def test_module_call_patch_is_set_and_undone():
     assert out.stdout.strip().endswith("ok")
 
 
-def test_module_call_patch_is_made_when_fused_mode_first_turns_on():
+def test_module_call_patch_is_in_force_only_in_fused_mode():
     from tests._child import run_python
 
     out = run_python(
@@ -972,8 +972,13 @@ def test_module_call_patch_is_made_when_fused_mode_first_turns_on():
         assert torch.nn.Module.__dict__["__call__"] is original  # import changes nothing
         with torchjax.fused():
             assert torch.nn.Module.__dict__["__call__"] is not original
-        names = [p.name for p in torchjax.patches()]
-        assert "torch.nn.Module.__call__" in names
+            names = [p.name for p in torchjax.patches()]
+            assert "torch.nn.Module.__call__" in names
+        # undone when fused mode turns off: Dynamo does not inline torchjax's __call__
+        assert torch.nn.Module.__dict__["__call__"] is original
+        assert "torch.nn.Module.__call__" not in [p.name for p in torchjax.patches()]
+        with torchjax.fused():
+            assert torch.nn.Module.__dict__["__call__"] is not original
         torchjax.uninstall()
         assert torch.nn.Module.__dict__["__call__"] is original
         with torchjax.fused():

@@ -55,12 +55,15 @@ call runs as one program traced from the module, as ``torchjax.jit`` would run i
   new signature: it runs op by op once, then traces. After ``MAX_SIGNATURES`` traced
   signatures the module stops being captured, with a ``RetraceWarning`` naming what
   changed last.
-- The patch of ``nn.Module.__call__`` is made the first time fused mode turns on in
-  the process (``fused.ACTIVE``), so ``import torchjax`` and code that never turns
-  fused mode on run torch's own ``__call__``; once made, a module call while no thread
-  is in fused mode costs one more Python call and a list read, one in fused mode a
-  thread-local read too. (Made and undone at every ``fused()`` block instead, it cost
-  about 100 us per block: a class attribute of ``nn.Module`` set twice.)
+- The patch of ``nn.Module.__call__`` is in force only while fused mode is on in some
+  thread (``fused.ACTIVE``): ``import torchjax`` and code outside fused mode run torch's
+  own ``__call__``. Dynamo does not inline a ``__call__`` from torchjax's files, so
+  ``torch.compile`` of a module with submodules inside a ``fused()`` block graph-breaks
+  at each submodule call (and ``fullgraph=True`` refuses); outside fused mode it is
+  untouched (left in place after the first fused block, the patch broke every later
+  compile in the process). Making and undoing it costs tens of microseconds per
+  ``fused()`` block; a module call in fused mode costs one more Python call and a
+  thread-local read.
 - Threads. Which call is outermost is per thread; tracing binds the module's storages
   per thread (Note [Bindings are per thread]), so another thread calling the same
   module meanwhile runs on its real arrays, and traces are serialised (``trace_lock``):
@@ -79,6 +82,7 @@ import weakref
 
 import torch
 
+from torchjax import _patches
 from torchjax._compat import torch_modules
 from torchjax._compat.jax import trace_state_clean
 from torchjax._compat.torch import pytree
@@ -217,12 +221,16 @@ _PATCHED = [False]
 
 
 def _set_patch(active: bool) -> None:
-    # Once, the first time fused mode turns on (not undone when it turns off: setting a
-    # class attribute of nn.Module costs tens of microseconds with transformers' many
-    # subclasses, too much for every fused() block).
-    if active and not _PATCHED[0]:
-        _PATCHED[0] = True
-        torch_modules.set_module_call(_make_call)
+    # Made while fused mode is on anywhere, undone when it turns off: Dynamo refuses to
+    # inline a ``__call__`` from torchjax's files, so a patch left in place broke every
+    # later torch.compile of a module with submodules in the process (a graph break per
+    # call, an error under fullgraph). Setting the class attribute costs tens of
+    # microseconds per fused() block (transformers' many nn.Module subclasses).
+    if active and _patches.uninstalled():
+        return
+    if active != _PATCHED[0]:
+        _PATCHED[0] = active
+        torch_modules.set_module_call(_make_call if active else None)
 
 
 def install() -> None:
