@@ -46,11 +46,14 @@ from jax import lax
 
 from torchjax._compat.torch import OpOverload, pytree
 from torchjax.device import _checks
-from torchjax.ops import layouts, out_refusals, writeback
+from torchjax.ops import writeback
+from torchjax.ops.linalg_results import (
+    CHECK_ERRORS,
+    cpu_layout,
+    raise_cpus_refusal,
+)
 from torchjax.ops.registry import functional_handler, handler, lowering
 from torchjax.ops.schema import arg
-from torchjax.tensor._storage import contiguous_strides
-from torchjax.tensor._tensor import JaxTensor
 
 aten = torch.ops.aten
 
@@ -73,11 +76,13 @@ def _checked(op, *, meta=True, use_A_T=None, post=None, column_major=(), out_as_
     ``use_A_T`` names the matrix argument whose layout decides Note [LU of the transpose].
     ``post(result, args, kwargs)`` runs on the torch-level result: the registry may run
     ``fn`` traced (Note [Compiled lowerings]), so checks that read values live there.
-    Results take the strides CPU gives them (Note [LAPACK's column-major results]): the
-    meta kernel's, or column-major for the results at the indices in ``column_major``;
+    Results take the strides CPU gives them (Note [LAPACK's column-major results] in
+    ops/linalg_results.py): the meta kernel's, or column-major for the results at the
+    indices in ``column_major``;
     an out= tensor CPU resizes takes them too unless ``out_as_result`` is False (a CPU
     kernel that resizes its out and copies the result into it). A call the meta kernel
-    refuses raises CPU's exception for it (Note [Linalg refusals in CPU's words])."""
+    refuses raises CPU's exception for it (Note [Linalg refusals in CPU's words] in
+    ops/linalg_results.py)."""
 
     def deco(fn):
         func = op if isinstance(op, OpOverload) else op.default
@@ -93,8 +98,8 @@ def _checked(op, *, meta=True, use_A_T=None, post=None, column_major=(), out_as_
                 mkwargs = pytree.tree_map(_to_meta, kwargs)
                 try:
                     metas = func(*margs, **mkwargs)
-                except _CHECK_ERRORS:
-                    _raise_cpus_refusal(func, args, kwargs)
+                except CHECK_ERRORS:
+                    raise_cpus_refusal(func, args, kwargs)
                     raise
             if use_A_T is not None:
                 a = args[0] if args else kwargs[use_A_T]
@@ -104,80 +109,16 @@ def _checked(op, *, meta=True, use_A_T=None, post=None, column_major=(), out_as_
             else:
                 try:  # the lowering makes torch's checks, or JAX refuses what torch does
                     result = lowered(args, kwargs)
-                except _CHECK_ERRORS:
-                    _raise_cpus_refusal(func, args, kwargs)
+                except CHECK_ERRORS:
+                    raise_cpus_refusal(func, args, kwargs)
                     raise
             if post is not None:
                 result = post(result, args, kwargs)
-            return _cpu_layout(result, metas, column_major)
+            return cpu_layout(result, metas, column_major)
 
         return fn
 
     return deco
-
-
-# Note [LAPACK's column-major results]
-# LAPACK works on column-major (Fortran-order) matrices, and ATen's CPU kernels allocate
-# their results that way so that LAPACK writes them in place: ``torch.linalg.inv(a)``
-# of a 4 x 4 ``a`` has strides (1, 4), a batch (3, 4, 4) has (16, 1, 4), as do Q and R of
-# ``linalg.qr``, U and Vh of ``linalg.svd``, eigenvectors, Cholesky and LU factors and
-# the solutions of the solvers (vectors, pivots, eigen- and singular values are
-# contiguous). Code sees it: ``.is_contiguous()`` is False, ``.view(-1)`` raises, and
-# ``x.mT`` is contiguous. Each op here takes the strides of its meta kernel's result,
-# which are CPU's, except where the meta kernel has none (``geqrf``, ``linalg_lstsq``) or
-# gives other ones (``_linalg_svd``'s Vh and ``linalg_eig``'s vectors, which CPU makes
-# column-major and meta row-major): those results are laid out column-major by rule
-# (ATen's ``batched_matrix_contiguous_strides``). The values are those computed; the
-# result reports the strides and its storage is the value in that memory order, made on
-# first read (ops/layouts.py's ``apply_layout``). An out= tensor that CPU resizes takes
-# the result's strides too (``RESIZED_AS_RESULT`` in ops/writeback.py).
-
-
-# Note [Linalg refusals in CPU's words]
-# The meta kernels of the linalg ops are Python (torch/_meta_registrations.py), and their
-# checks word refusals their own way: "linalg.inv_ex: The input tensor must have at
-# least 2 dimensions, got 1" as an AssertionError, "Got torch.int64" for CPU's "Got
-# Long", where CPU's kernel raises RuntimeError("linalg.inv: The input tensor A must have
-# at least 2 dimensions."). So a call the meta kernel refuses is made again on CPU, on
-# zeros of the arguments' shapes and dtypes (ops/out_refusals.py's ``cpu_answer``; the
-# refusal path only), and CPU's exception is raised, the overload appended. A numerical
-# failure CPU meets on the zeros instead (LinAlgError: CPU accepted the call's shapes
-# and dtypes) or no CPU kernel leaves the meta kernel's refusal. The ops without a meta
-# kernel (geqrf, linalg_lstsq) do the same when their lowering fails.
-_CHECK_ERRORS = (RuntimeError, AssertionError, TypeError, ValueError, IndexError, KeyError)
-
-
-def _raise_cpus_refusal(func, args, kwargs) -> None:
-    """Raise CPU's exception for a call refused here, if CPU refuses it (see the Note)."""
-    cpu = out_refusals.cpu_answer(func, args, kwargs, ())
-    if isinstance(cpu, Exception) and not isinstance(cpu, torch.linalg.LinAlgError):
-        raise out_refusals.in_cpus_words(cpu, func) from None
-
-
-def _column_major(size) -> tuple | None:
-    """``layouts.strides_for``'s plan for a batch of column-major matrices of ``size``."""
-    if len(size) < 2:
-        return None
-    stride = list(contiguous_strides(size))
-    stride[-1], stride[-2] = max(size[-2], 1), 1
-    return layouts.strides_for(torch.empty_strided(size, stride, device="meta"))
-
-
-def _cpu_layout(result, metas, column_major):
-    """``result`` (the lowering's fresh results) at CPU's strides (see the Note)."""
-    many = isinstance(result, (list, tuple))
-    results = result if many else (result,)
-    if metas is None:
-        metas = (None,) * len(results)
-    elif not isinstance(metas, (list, tuple)):
-        metas = (metas,)
-    laid = []
-    for i, (r, m) in enumerate(zip(results, metas)):
-        if isinstance(r, JaxTensor):
-            plan = _column_major(r._size) if i in column_major else layouts.strides_for(m)
-            r = layouts.apply_layout(r, plan)
-        laid.append(r)
-    return type(result)(laid) if many else laid[0]
 
 
 # ---------------------------------------------------------------------------------------

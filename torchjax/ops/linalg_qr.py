@@ -11,7 +11,8 @@ import torch
 from jax import lax
 
 from torchjax.ops import layouts
-from torchjax.ops.linalg import _checked, _column_major, _concrete, _empty, _matmul, _mH, _mT
+from torchjax.ops.linalg import _checked, _concrete, _empty, _matmul, _mH, _mT
+from torchjax.ops.linalg_results import column_major_plan
 from torchjax.tensor._tensor import view_of, wrap
 
 aten = torch.ops.aten
@@ -89,13 +90,13 @@ def _lstsq_post(result, args, kwargs):
 def _in_lapacks_buffer(x, m):
     """``x`` (..., n, k) as CPU returns a solution of a tall system: the first n rows of
     the column-major (..., m, k) buffer LAPACK solved in (strides (1, m) for a matrix;
-    Note [LAPACK's column-major results] in ops/linalg.py). The rows past n, which
+    Note [LAPACK's column-major results] in ops/linalg_results.py). The rows past n, which
     LAPACK leaves holding residual terms, are zeros here; only ``as_strided`` or the
     storage reaches them."""
     arr = x._value()
     pad = jnp.zeros(arr.shape[:-2] + (m - arr.shape[-2], arr.shape[-1]), arr.dtype)
     full = wrap(jnp.concatenate([arr, pad], axis=-2), x._device_index)
-    full = layouts.apply_layout(full, _column_major(full._size))
+    full = layouts.apply_layout(full, column_major_plan(full._size))
     return view_of(full, x._size, full._stride, 0)
 
 

@@ -350,7 +350,7 @@ def check_castable(func, result_dtype, out_dtype):
 
 
 # Ops whose out= tensors, when resized, take the strides of the functional result
-# (Note [LAPACK's column-major results] in torchjax/ops/linalg.py); filled by the ops'
+# (Note [LAPACK's column-major results] in torchjax/ops/linalg_results.py); filled by the ops'
 # registration.
 RESIZED_AS_RESULT: set[str] = set()
 
