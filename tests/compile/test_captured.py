@@ -10,6 +10,7 @@ import torch
 import transformers as tf
 
 import torchjax
+from tests._models import IDS, tiny_llama
 from torchjax.compile import _captured
 from torchjax.ops import executables
 
@@ -27,22 +28,9 @@ def _counts():
     return s["captured_calls"], s["capture_traces"], s["capture_refusals"]
 
 
-def _tiny_llama():
-    torch.manual_seed(0)
-    config = tf.LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        pad_token_id=0,
-    )  # fmt: skip
-    return tf.LlamaForCausalLM(config).eval()
-
-
-IDS = torch.tensor([[1, 17, 42, 99, 5, 6, 7, 8]])
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_repeated_llama_forward_is_captured_with_eagers_bits(dtype):
-    model = _tiny_llama().to(TPU).to(dtype)
+    model = tiny_llama().to(TPU).to(dtype)
     ids = IDS.to(TPU)
     with torch.no_grad():
         eager = model(ids).logits.cpu()
@@ -117,7 +105,7 @@ def test_attribute_and_config_changes_retrace():
     assert all(torch.equal(t, eager3) for t in b)
     assert _counts() == (4, 2, 0)
 
-    llama = _tiny_llama().to(TPU)
+    llama = tiny_llama().to(TPU)
     ids = IDS.to(TPU)
     with torch.no_grad():
         want = llama(ids, output_hidden_states=True)
@@ -204,7 +192,7 @@ def _eager_and_fused(fn):
 
 
 def test_static_cache_decode_steps_write_the_cache_as_eager():
-    model = _tiny_llama().to(TPU)
+    model = tiny_llama().to(TPU)
 
     def decode():
         cache = tf.StaticCache(config=model.config, max_cache_len=16)
@@ -228,9 +216,9 @@ def test_static_cache_decode_steps_write_the_cache_as_eager():
 
 
 def test_greedy_generate_tokens_equal_cpu_with_capture_on():
-    cpu = _tiny_llama()
+    cpu = tiny_llama()
     want = cpu.generate(IDS, max_new_tokens=10, do_sample=False, disable_compile=True)
-    model = _tiny_llama().to(TPU)
+    model = tiny_llama().to(TPU)
     counts = []
     for _ in range(2):
         torchjax.reset_stats()
@@ -248,10 +236,10 @@ def test_greedy_generate_tokens_equal_cpu_with_capture_on():
 
 
 def test_dynamic_cache_steps_are_not_traced_across_generate_calls():
-    cpu = _tiny_llama()
+    cpu = tiny_llama()
     kwargs = dict(max_new_tokens=6, do_sample=False, disable_compile=True)
     want = cpu.generate(IDS, cache_implementation="dynamic", **kwargs)
-    model = _tiny_llama().to(TPU)
+    model = tiny_llama().to(TPU)
     torchjax.reset_stats()
     for _ in range(2):
         with torchjax.fused():
@@ -306,7 +294,7 @@ def test_too_many_signatures_stop_capturing_with_a_warning(monkeypatch):
 
 
 def test_threads_capture_the_same_module_without_seeing_each_other():
-    model = _tiny_llama().to(TPU)
+    model = tiny_llama().to(TPU)
     inputs = [IDS, IDS.flip(1)]
     with torch.no_grad():
         want = [model(ids.to(TPU)).logits.cpu() for ids in inputs]

@@ -6,10 +6,10 @@ import threading
 import jax
 import pytest
 import torch
-import transformers as tf
 
 import torchjax
 from tests._child import run_python
+from tests._models import IDS, tiny_llama
 from torchjax.device import _checks
 from torchjax.ops import executables
 from torchjax.ops import fused as F
@@ -220,22 +220,9 @@ def test_out_of_range_index_raises_at_the_next_sync_naming_the_op():
     assert _checks.pending() == 0
 
 
-def _tiny_llama():
-    torch.manual_seed(0)
-    config = tf.LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        pad_token_id=0,
-    )  # fmt: skip
-    return tf.LlamaForCausalLM(config).eval()
-
-
-IDS = torch.tensor([[1, 17, 42, 99, 5, 6, 7, 8]])
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tiny_llama_forward_is_bit_identical_and_cached(dtype):
-    model = _tiny_llama().to(TPU).to(dtype)
+    model = tiny_llama().to(TPU).to(dtype)
     ids = IDS.to(TPU)
     with torch.no_grad():
         eager = model(ids).logits.cpu()
@@ -256,7 +243,7 @@ def test_tiny_llama_forward_is_bit_identical_and_cached(dtype):
 
 
 def test_train_step_matches_eager():
-    cpu = _tiny_llama().train()
+    cpu = tiny_llama().train()
     labels = IDS.to(TPU)
 
     def step(model):

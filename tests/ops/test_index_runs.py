@@ -75,15 +75,22 @@ CASES = {
 }
 
 
+def _jitted_into_tpu_cache(write, *args):
+    """``write`` under torchjax.jit on a tpu copy of the cache: the cache after the call
+    and the jitted function (for its program)."""
+    jitted = torchjax.jit(write)
+    cache = _cache().to("tpu")
+    jitted(cache, *(a.to("tpu") for a in args))
+    return cache, jitted
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_writes_match_cpu_eager_and_jitted(name):
     write, n, as_slice = CASES[name]
     k = _keys(n)
     expected = write(_cache(), k)
     assert torch.equal(write(_cache().to("tpu"), k.to("tpu")).cpu(), expected)
-    jitted = torchjax.jit(write)
-    cache = _cache().to("tpu")
-    jitted(cache, k.to("tpu"))
+    cache, jitted = _jitted_into_tpu_cache(write, k)
     assert torch.equal(cache.cpu(), expected)
     found = _scatters(jitted)
     assert (found == 0) if as_slice else (found > 0), found
@@ -98,9 +105,7 @@ def test_positions_traced_as_arguments_keep_the_scatter_unless_one():
     for n, expected_scatters in ((1, 0), (3, 1)):
         pos, k = torch.arange(2, 2 + n), _keys(n)
         expected = _cache().index_copy_(2, pos, k)
-        jitted = torchjax.jit(write)
-        cache = _cache().to("tpu")
-        jitted(cache, pos.to("tpu"), k.to("tpu"))
+        cache, jitted = _jitted_into_tpu_cache(write, pos, k)
         assert torch.equal(cache.cpu(), expected)
         assert _scatters(jitted) == expected_scatters
 
@@ -112,9 +117,7 @@ def test_duplicate_positions_are_not_a_run_and_match_cpu():
     for write in (_copy(_on_cpu([3, 3])), _put(_on_cpu([3, 3]))):
         expected = write(_cache(), k)
         assert torch.equal(write(_cache().to("tpu"), k.to("tpu")).cpu(), expected)
-        jitted = torchjax.jit(write)
-        cache = _cache().to("tpu")
-        jitted(cache, k.to("tpu"))
+        cache, jitted = _jitted_into_tpu_cache(write, k)
         assert torch.equal(cache.cpu(), expected)
         assert _scatters(jitted) > 0
 
