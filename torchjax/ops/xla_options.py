@@ -6,6 +6,8 @@ No excess precision: half-type results are rounded after every op, as torch does
 (the half-type numerics in torchjax/ops/cached_compute.py's docstring).
 """
 
+import os
+
 COMPILER_OPTIONS = {"xla_allow_excess_precision": False}
 
 
@@ -18,8 +20,6 @@ COMPILER_OPTIONS = {"xla_allow_excess_precision": False}
 # ``TORCHJAX_COMPILED_EXCESS_PRECISION=0``, which builds those programs with eager's
 # options instead. Read at import.
 def _compiled_options() -> dict:
-    import os
-
     raw = os.environ.get("TORCHJAX_COMPILED_EXCESS_PRECISION", "1")
     if raw not in ("0", "1"):
         raise ValueError(f"torchjax: TORCHJAX_COMPILED_EXCESS_PRECISION={raw!r} must be '0' or '1'")
