@@ -11,9 +11,6 @@ so the difference between two rows is the cost of what they differ in:
 - ``torch_math_tpu``: the same call with the table's TPU entry forced, i.e. what a model
   runs on the chip now: ``torch.ops.torchjax.exact_attention``
   (torchjax/pallas/_sdpa_math.py), ``exact_qk`` generalised;
-- ``exact_split2``, ``exact_split3``: that op's jax function with the value product as
-  the sum of 2 or 3 bfloat16 pieces of the probabilities times v (Note [The value
-  product in pieces]); ``torch_math_tpu`` is the same with it at HIGHEST;
 - ``f32_highest``: torchjax's fused lowering ``sdpa_math`` on float32 copies (the math
   path's numbers: q and k scaled by sqrt(scale), float32 products at HIGHEST);
 - ``f32_default``: the same at DEFAULT precision (one bf16 pass per product);
@@ -21,11 +18,11 @@ so the difference between two rows is the cost of what they differ in:
   products are exact in float32), scaled afterwards; the mask from iota; the value
   product in float32 at HIGHEST (``exact_qk_high``: at HIGH, three bf16 passes);
 - ``bf16_probs``: as ``exact_qk`` but the probabilities rounded to bf16 for the value
-  product at DEFAULT (what XLA's attention computes);
+  product at DEFAULT (what XLA's attention computes); why the op keeps the value product
+  in float32 at HIGHEST: Note [The value product stays float32];
 - ``xla``: ``jax.nn.dot_product_attention``;
 - ``*_fwd_bwd``: forward and backward, ``jax.grad`` of the output's float32 sum with
-  respect to q, k and v, for ``exact_qk``, ``torch_math``, ``torch_math_tpu`` and the
-  two splits.
+  respect to q, k and v, for ``exact_qk``, ``torch_math`` and ``torch_math_tpu``.
 
 Each row: median ms of 10 calls after the first (3 for the rows of about half a second a
 call at 8192, ``_SLOW``), and the largest difference from the
@@ -56,7 +53,7 @@ from bench.tpu_kernels import grad_of_sum, timed  # noqa: E402
 SHAPES = [(1, 16, 2, 8192, 128), (4, 16, 16, 2048, 128)]
 SMALL = [(1, 4, 2, 512, 64)]
 #: Rows that took about 0.46 s a call at sequence 8192 (their backward more): 3 calls
-#: there leave time for the split rows at the same total.
+#: there keep the run short.
 _SLOW = ("torch_math", "f32_highest", "f32_default", "bf16_probs", "torch_math_fwd_bwd")
 _HI = jax.lax.Precision.HIGHEST
 
@@ -141,15 +138,6 @@ def _torch_math(choice="decompose"):
     return fn
 
 
-def _exact(value_product):
-    from torchjax.pallas import exact_attention
-
-    def fn(q, k, v):
-        return exact_attention(q, k, v, causal=True, value_product=value_product)
-
-    return fn
-
-
 def _fwd_bwd(fn):
     """Forward and backward: the gradients of the output's float32 sum."""
     return grad_of_sum(fn, (0, 1, 2))
@@ -159,8 +147,6 @@ def run(shapes, hlo_dir=None) -> dict:
     rows = {
         "torch_math": _torch_math(),
         "torch_math_tpu": _torch_math("exact"),
-        "exact_split2": _exact("split2"),
-        "exact_split3": _exact("split3"),
         "f32_highest": _f32(None),
         "f32_default": _f32("default"),
         "exact_qk": _formulation(jnp.bfloat16, "highest"),
@@ -170,8 +156,6 @@ def run(shapes, hlo_dir=None) -> dict:
         "exact_qk_fwd_bwd": _fwd_bwd(_formulation(jnp.bfloat16, "highest")),
         "torch_math_fwd_bwd": _fwd_bwd(_torch_math()),
         "torch_math_tpu_fwd_bwd": _fwd_bwd(_torch_math("exact")),
-        "exact_split2_fwd_bwd": _fwd_bwd(_exact("split2")),
-        "exact_split3_fwd_bwd": _fwd_bwd(_exact("split3")),
     }
     rng = np.random.default_rng(0)
     report = {}

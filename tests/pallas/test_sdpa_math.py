@@ -1,19 +1,16 @@
 """SDPA's math fallback by platform (Note [SDPA math by platform]): the TPU entry,
 ``torch.ops.torchjax.exact_attention``, run on CPU against CPU torch's
 ``F.scaled_dot_product_attention``, forward and gradients of q, k, v, in eager, under
-``torchjax.jit`` and under ``torch.compile(backend="tpu")``; the table and its overrides;
-the value product of bf16 inputs in pieces."""
+``torchjax.jit`` and under ``torch.compile(backend="tpu")``; the table and its overrides."""
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 import torchjax
 from torchjax import pallas as tp
-from torchjax.pallas import _sdpa, _sdpa_math
+from torchjax.pallas import _sdpa
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -190,60 +187,3 @@ def test_calls_the_op_does_not_take_keep_the_decomposition(why, monkeypatch):
         assert type(got) is type(want) and str(got).startswith(str(want)), (got, want)
     else:
         assert got.shape == want.shape and got.dtype == want.dtype
-
-
-def _jax_case(name):
-    """A case's bf16 inputs as jax arrays, and exact_attention's mask, causal and scale."""
-    (q, k, v), kw = _case(name, torch.bfloat16)
-    mask = kw.get("attn_mask")
-    if mask is not None:
-        mask = jnp.asarray(mask.numpy()) if mask.dtype == torch.bool else _to_jax(mask)
-    return (q, k, v), kw, (mask, kw.get("is_causal", False), kw.get("scale"))
-
-
-def _to_jax(t):
-    return jnp.asarray(t.float().numpy(), jnp.bfloat16)
-
-
-def _to_torch(a):
-    return torch.tensor(np.asarray(a.astype(jnp.float32))).to(torch.bfloat16)
-
-
-def _exact_vjp(args, flags, ct, value_product):
-    def f(q, k, v):
-        return _sdpa_math.exact_attention(q, k, v, *flags, value_product=value_product)
-
-    out, pull = jax.vjp(f, *(_to_jax(x) for x in args))
-    return [_to_torch(a) for a in (out, *pull(_to_jax(ct)))]
-
-
-@pytest.mark.parametrize("value_product", ["split2", "split3"])
-@pytest.mark.parametrize("name", list(CASES))
-def test_value_product_in_pieces_matches_cpu_torch_with_grads(name, value_product):
-    # Note [The value product in pieces]: bf16 outputs and gradients of q, k, v (through
-    # the split's own VJP) within the bf16 tolerances; split3 gives highest's exactly.
-    (q, k, v), kw, flags = _jax_case(name)
-    cpu = [x.clone().requires_grad_() for x in (q, k, v)]
-    want = F.scaled_dot_product_attention(*cpu, **kw)
-    ct = _randn(*want.shape, seed=5).to(torch.bfloat16)
-    want = [want.detach(), *torch.autograd.grad(want, cpu, ct)]
-    got = _exact_vjp((q, k, v), flags, ct, value_product)
-    for g, w, tol in zip(got, want, (_TOL, _GRAD_TOL, _GRAD_TOL, _GRAD_TOL)):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        torch.testing.assert_close(g, w, **tol[torch.bfloat16])
-    if value_product == "split3":
-        for g, h in zip(got, _exact_vjp((q, k, v), flags, ct, "highest")):
-            assert torch.equal(g, h)
-
-
-def test_value_product_choices():
-    assert _sdpa_math.BF16_VALUE_PRODUCT == "highest"  # until the chip says otherwise
-    (q, k, v), _, flags = _jax_case("gqa")
-    q, k, v = (_to_jax(x) for x in (q, k, v))
-    with pytest.raises(ValueError, match="value_product must be one of"):
-        _sdpa_math.exact_attention(q, k, v, *flags, value_product="split4")
-    with pytest.raises(ValueError, match="needs bfloat16 inputs .* got float32"):
-        f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-        _sdpa_math.exact_attention(*f32, *flags, value_product="split3")
-    # float32 inputs take "highest" by default whatever the bfloat16 choice is.
-    assert _sdpa_math.exact_attention(*f32, *flags).dtype == jnp.float32

@@ -24,20 +24,21 @@ formulations alone (bench/attention_math.py; bf16 q, k, v, causal, forward, jitt
     jax.nn.dot_product_attention (XLA)                    19.4                 4.0
 
 exact_qk's output was within 0.25-0.5 bf16 eps of the float32-HIGHEST result (the math
-path's numbers on CPU). Not yet measured on the chip: this op as SDPA routes to it
-(bench row ``torch_math_tpu``) and the backward (rows ``*_fwd_bwd``).
+path's numbers on CPU). exact_qk's backward is in Note [The value product stays
+float32]; not yet recorded from the chip: this op as SDPA routes to it (bench row
+``torch_math_tpu``).
 
 exact_qk, generalised, is :func:`exact_attention`: the score product on the inputs
 themselves, grouped heads by a reshape of q (no repeat of k and v), the scale applied to
 the scores, a causal mask from iota, the softmax in float32 with fully masked rows 0 (as
-``_safe_softmax``), the value product in float32 at HIGHEST. For bfloat16/float16 the
-score product takes the half inputs with float32 results (a product of two half values
-is exact in float32, so DEFAULT precision loses nothing) and the output is cast back
-once; for float32/float64 both products run at HIGHEST on the inputs. Its gradients are
-``jax.vjp`` of that function (torchjax.pallas.op, Note [Kernel op backward]); the
-transposed score products then run at the forward's precision, DEFAULT for half inputs
-(the float32 score cotangent rounded to the half type per pass, as a flash kernel's
-backward rounds it).
+``_safe_softmax``), the value product in float32 at HIGHEST (Note [The value product
+stays float32]). For bfloat16/float16 the score product takes the half inputs with
+float32 results (a product of two half values is exact in float32, so DEFAULT precision
+loses nothing) and the output is cast back once; for float32/float64 both products run
+at HIGHEST on the inputs. Its gradients are ``jax.vjp`` of that function
+(torchjax.pallas.op, Note [Kernel op backward]); the transposed score products then run
+at the forward's precision, DEFAULT for half inputs (the float32 score cotangent rounded
+to the half type per pass, as a flash kernel's backward rounds it).
 
 Numbers differ from torch's decomposition by rounding only (scale applied after the
 product rather than sqrt(scale) to each side; half inputs kept in float32 until the
@@ -50,48 +51,37 @@ eager (with or without grad, ahead of the fused eager math), ``torchjax.jit`` an
 ``torch.compile``. A mask that requires grad, mixed dtypes, shapes the math path would
 broadcast or refuse, empty sequences, and dropout keep the decomposition (and its errors).
 
-Note [The value product in pieces]
-At (4, 16/16, 2048, 128) exact_qk took 1.36x XLA's time (table above) and bf16_probs,
-the same with bf16 probabilities for the value product, 1.05x: the cost is the float32
-value product at HIGHEST (six bfloat16 passes on the MXU), though not in proportion to
-its passes (at HIGH, three passes, 5.34 ms against 5.40: the float32 operand itself may
-be what costs). For bfloat16 inputs v is exact in bfloat16, so p @ v at float32
-accuracy needs only p in pieces: p1 = bf16(p), p2 = bf16(p - p1), p3 = bf16(p - p1 - p2)
-hold p's 24 bits, and sum_i p_i @ v, each product of bfloat16 operands accumulated in
-float32 at DEFAULT precision (exact products), is p @ v to float32 rounding in three
-passes ("split3"), or with p off by at most 2**-16 of itself in two ("split2").
-:data:`BF16_VALUE_PRODUCT` names the one in force (:data:`VALUE_PRODUCTS`); float16 and
-float32 inputs keep HIGHEST (a float16 v is not exact in bfloat16).
+Note [The value product stays float32]
+At (4, 16/16, 2048, 128) exact_qk takes 1.36x XLA's time (5.43 ms against 4.00, below),
+against a 1.2x target. For bfloat16 inputs v is exact in bfloat16, so p @ v to float32
+rounding can be had as the sum of p's 3 bfloat16 pieces times v ("split3"; 2 pieces,
+"split2", leave p off by 2**-16 of itself), each a product of bfloat16 operands
+accumulated in float32 (with its own VJP), instead of one float32 product at HIGHEST
+(six bfloat16 passes). On CPU split3 gave HIGHEST's bf16 outputs and gradients on every
+test input. The chip decided against it (TPU v5e, jax 0.10.2, bench/attention_math.py;
+bf16, causal; ms, forward / forward and backward):
 
-The split has its own VJP: the output is bfloat16 (the op's dtype), so its cotangent g
-is too, and dp = g v^T is one exact product, dv = sum_i p_i^T g in as many as the
-forward. JAX's derivative of the pieces would round dp to bfloat16 (the transpose of a
-product of bfloat16 operands is cast to their dtype) and differed from HIGHEST's
-gradients in 31% of the elements below.
+    formulation                       (4,16/16,2048,128)   (1,16/2,8192,128) GQA
+    exact_qk (p @ v at HIGHEST)         5.43 / 14.77           20.32 / 60.91
+    exact_qk_high (at HIGH, 3 passes)   5.43
+    split2                              6.81 / 16.32           27.07 / 69.67
+    split3                              8.70 / 18.16           34.05 / 76.46
+    bf16_probs (p rounded to bf16)      4.18
+    xla (jax.nn.dot_product_attention)  4.00                   19.29
 
-Exactness on CPU (``python bench/attention_split_exactness.py``: 12 seeds of GQA,
-causal, bool and float masks, a scale, 1024 keys; 1,786,368 outputs, 9,942,528
-gradient elements; bf16 elements that differ):
-
-    value product   vs CPU torch: out   grads      vs float64 out   vs highest: out  grads
-    highest                   278,405   4,240,949             319                0      0
-    split3                    278,409   4,240,952             300               91    736
-    split2                    278,475   4,241,057           1,907            1,839  5,347
-
-The largest differences from CPU torch are the same for the three (0.84 bf16 eps of
-the output's largest magnitude, 1.92 of each gradient's). split3 is as close to the
-float64 result as highest (it differs from highest by float32 rounding: 1 output in
-20,000 rounds the other way) and gives highest's bf16 outputs and gradients exactly on
-every input of tests/pallas/test_sdpa_math.py; split2 rounds 6x as many outputs away
-from the float64 result and changes a few elements of those tests. Speed is the chip's
-to decide (bench/attention_math.py rows ``exact_split2``/``exact_split3`` and their
-``*_fwd_bwd``, against ``torch_math_tpu``): until it has, "highest" stays.
+The pieces were 1.25-1.6x slower forward and 1.1-1.2x forward and backward, and HIGH is
+no faster than HIGHEST: matmul passes are not what bounds this formulation. The likely
+bound is HBM traffic of the float32 probabilities: at (4, 16, 2048, 2048) p is 1.07 GB,
+about 2.6 ms to write and read at the v5e's 819 GB/s against about 1.3 ms for XLA's
+bfloat16 probabilities. bf16_probs closes that gap, but 2 bf16 eps off the float32
+result (CPU's values): exactness with CPU torch's bf16 math needs float32 probabilities.
+So the fallback keeps p @ v in float32 at HIGHEST, and the pieces were removed; closing
+the rest of the gap means not materialising p at all, which is the flash kernel's job.
 """
 
 from __future__ import annotations
 
 import contextvars
-import functools
 import os
 
 import jax
@@ -117,10 +107,6 @@ _SWITCH: contextvars.ContextVar = contextvars.ContextVar("torchjax_sdpa_math", d
 _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _HALF = (jnp.bfloat16, jnp.float16)
 _HIGHEST = jax.lax.Precision.HIGHEST
-#: bfloat16 inputs' value product (Note [The value product in pieces]): "highest" is
-#: p @ v in float32 at HIGHEST; "split2"/"split3" sum p's 2/3 bfloat16 pieces times v.
-BF16_VALUE_PRODUCT = "highest"
-VALUE_PRODUCTS = {"highest": 0, "split2": 2, "split3": 3}  # name -> pieces of p
 
 
 class ContextSwitch:
@@ -183,7 +169,7 @@ def exact_applies(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, enabl
     return True
 
 
-def exact_attention(q, k, v, mask=None, causal=False, scale=None, value_product=None):
+def exact_attention(q, k, v, mask=None, causal=False, scale=None):
     """softmax(q k^T * scale + mask) v without dropout (Note [SDPA math by platform]).
 
     Args:
@@ -194,17 +180,13 @@ def exact_attention(q, k, v, mask=None, causal=False, scale=None, value_product=
             (..., Hq, L, S).
         causal: attend to key j from query i where j <= i (top-left aligned, as torch).
         scale: the scores' factor; default 1 / sqrt(E).
-        value_product: for bfloat16 inputs, one of :data:`VALUE_PRODUCTS` (default
-            :data:`BF16_VALUE_PRODUCT`; Note [The value product in pieces]); other
-            dtypes take "highest" only.
 
     Returns:
         (..., Hq, L, Ev) in q's dtype; 0 on rows where every key is masked.
     """
     if q.ndim == 2:
-        out = exact_attention(q[None], k[None], v[None], mask, causal, scale, value_product)
+        out = exact_attention(q[None], k[None], v[None], mask, causal, scale)
         return out[0]
-    pieces = _value_pieces(value_product, q.dtype)
     scale = math_scale(scale, q.shape[-1])
     acc = jnp.float32 if q.dtype in _HALF else q.dtype
     qk_precision = None if q.dtype in _HALF else _HIGHEST  # half products are exact
@@ -225,66 +207,8 @@ def exact_attention(q, k, v, mask=None, causal=False, scale=None, value_product=
         m = _grouped(mask, q.ndim, kv_heads, group)
         s = jnp.where(m, s, -jnp.inf) if m.dtype == jnp.bool_ else s + m.astype(acc)
     p = _softmax_or_zero(s)
-    if pieces:
-        out = _split_product(p, v, pieces)
-    else:
-        out = jnp.einsum("...hgls,...hse->...hgle", p, v.astype(acc), precision=_HIGHEST)
+    out = jnp.einsum("...hgls,...hse->...hgle", p, v.astype(acc), precision=_HIGHEST)
     return out.reshape(*batch, heads, length, v.shape[-1]).astype(q.dtype)
-
-
-def _value_pieces(value_product, dtype) -> int:
-    """How many bfloat16 pieces of p the value product takes; 0 for one product at HIGHEST."""
-    if value_product is None:
-        value_product = BF16_VALUE_PRODUCT if dtype == jnp.bfloat16 else "highest"
-    if value_product not in VALUE_PRODUCTS:
-        raise ValueError(
-            f"exact_attention: value_product must be one of {tuple(VALUE_PRODUCTS)}, "
-            f"got {value_product!r}"
-        )
-    if VALUE_PRODUCTS[value_product] and dtype != jnp.bfloat16:
-        raise ValueError(
-            f"exact_attention: value_product={value_product!r} needs bfloat16 inputs (v "
-            f"must be exact in bfloat16), got {jnp.dtype(dtype).name}; use 'highest'"
-        )
-    return VALUE_PRODUCTS[value_product]
-
-
-def _pieces(p, n: int):
-    """p (float32) as ``n`` bfloat16 pieces, each the rounding of what the others left."""
-    out, rest = [], p
-    for i in range(n):
-        out.append(rest.astype(jnp.bfloat16))
-        if i + 1 < n:
-            rest = rest - out[-1].astype(p.dtype)
-    return out
-
-
-def _products(pieces, v, spec: str):
-    """The sum of the bfloat16 products ``einsum(spec, piece, v)``, accumulated in float32."""
-    terms = [jnp.einsum(spec, a, v, preferred_element_type=jnp.float32) for a in pieces]
-    return functools.reduce(jnp.add, terms)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _split_product(p, v, n: int):
-    """p @ v for float32 p (..., Hkv, G, L, S) and bfloat16 v (..., Hkv, S, Ev), as the
-    sum of ``n`` bfloat16 products (Note [The value product in pieces]); bfloat16 out."""
-    return _products(_pieces(p, n), v, "...hgls,...hse->...hgle").astype(v.dtype)
-
-
-def _split_fwd(p, v, n):
-    return _split_product(p, v, n), (p, v)
-
-
-def _split_bwd(n, saved, g):
-    # g is bfloat16, as the output: dp = g v^T is one exact product, dv sums n of them.
-    p, v = saved
-    dp = jnp.einsum("...hgle,...hse->...hgls", g, v, preferred_element_type=jnp.float32)
-    dv = _products(_pieces(p, n), g, "...hgls,...hgle->...hse")
-    return dp, dv.astype(v.dtype)
-
-
-_split_product.defvjp(_split_fwd, _split_bwd)
 
 
 def _grouped(mask, rank: int, kv_heads: int, group: int):
