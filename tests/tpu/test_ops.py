@@ -191,6 +191,29 @@ def test_dtypes_xla_tpu_emulates_keep_their_values(monkeypatch):
     assert torch.equal((outside.to("tpu") * 3).cpu(), want)
 
 
+def test_integer_scans_by_the_chips_form_keep_cpus_values():
+    # Note [Integer scans by platform]: integer cumsum/cumprod scan by
+    # lax.associative_scan on the chip. The inputs are made on the device: a small tensor
+    # copied from the host keeps host values, and its integer cumsum runs CPU's kernel
+    # (Note [Integer ops on host values]).
+    def scans(x, mask):
+        return [
+            x.cumsum(-1), x.cumprod(-1), x.cumsum(0, dtype=torch.int32),
+            x.cumprod(-1, dtype=torch.int8), mask.long().cumsum(-1), mask.cumprod(-1),
+            x.flip(-1).cumsum(-1),
+        ]  # fmt: skip
+
+    cpu = torch.arange(-1000, 1048).reshape(2, 1024) * (2**40 + 3)
+    dev = torch.arange(-1000, 1048, device="tpu").reshape(2, 1024) * (2**40 + 3)
+    torchjax.reset_stats()
+    for got in (scans(dev, dev % 3 != 0), torchjax.jit(scans)(dev, dev % 3 != 0)):
+        want = scans(cpu, cpu % 3 != 0)
+        assert len(got) == len(want) == 7
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and torch.equal(g.cpu(), w)
+    assert torchjax.stats()["host_ops"] == 0
+
+
 def test_rng_streams_reproduce_and_differ():
     torch.manual_seed(123)
     a = torch.rand(4096, device="tpu")

@@ -12,11 +12,8 @@ the platform the program is lowered for (Note [Integer scans by platform]).
 
 Note [Integer scans by platform]
 jax lowers ``lax.cumsum``/``lax.cumprod`` to a ``reduce_window`` on every platform,
-which XLA:TPU is slow to compile, 64-bit integers most (the chip emulates them).
-transformers' ``generate`` scans its int64 attention mask (``mask.long().cumsum(-1)``,
-the position ids) before the first token: in a cold first ``generate`` of a 1.1B Llama
-on a TPU v5e that one eager ``aten::cumsum`` took 3.5 s of XLA compile out of a 30.4 s
-start. Measured on the chip (jax 0.10.2, x64 on), one jitted op on a (1, n) array,
+which XLA:TPU compiles more slowly than ``lax.associative_scan``'s slices and adds.
+Measured on a TPU v5e (jax 0.10.2, x64 on), one jitted op on a (1, n) array,
 ``lax.cumsum`` against ``lax.associative_scan(jnp.add, a, axis=1)``:
 
     dtype    n      compile: cumsum  assoc_scan    run: cumsum  assoc_scan
@@ -27,19 +24,27 @@ start. Measured on the chip (jax 0.10.2, x64 on), one jitted op on a (1, n) arra
     float32  128             0.78 s      0.17 s       146.0 us    220.3 us
     float32  2048            0.28 s      0.33 s       171.2 us    191.0 us
 
+Every integer row compiles faster as an associative scan: by 0.4-0.6 s below the first
+row. The first row's 3.13 s may also hold the process's first XLA compile, if it ran
+first: a cold first ``generate`` of a 1.1B Llama on the chip spent 3.5 s of its 30.4 s
+start compiling the eager ``aten::cumsum`` of its position ids (transformers'
+``mask.long().cumsum(-1)``, int64), and "On the chip, main at 46129f5" in
+docs/performance.md found that op's 3.3 s there to be the process's first compile (an
+int64 cumsum alone took 0.26-0.84 s). So the saving to expect is some tenths of a second
+per integer scan program, not all of those seconds.
+
 Integer sums and products are exact modulo 2**bits (a ring), so any association gives
 the sequential loop's result, wrap-around included: an associative scan in the integer
 compute dtype equals torch's CPU kernel bit for bit. A float scan's result depends on
-the association, and float32 shows no compile win at 2048, so float and complex scans
-keep ``lax.cumsum``/``lax.cumprod`` everywhere. The integer choice trades run time for
-compile time: up to 57 us more a call (int64, 2048) against 0.4-2.6 s less compile, the
-better side for bookkeeping scans run a few times a program. cumprod was not measured:
-it takes the same form by the same reasoning (its lowering is the same reduce_window,
-with a product). The choice is made when the program is lowered
-(``lax.platform_dependent``: both forms are traced, XLA compiles one), from the table as
-it is when the op is traced; a platform the table does not name takes "lax". CI has no
-TPU: tests read the TPU lowering on CPU and run the TPU entry under the CPU key
-(tests/ops/test_cumulative.py).
+the association, and float32 at 2048 compiles no faster, so float and complex scans keep
+``lax.cumsum``/``lax.cumprod`` everywhere. The integer choice trades run time for
+compile time: up to 57 us more a call (int64, 2048), the better side for bookkeeping
+scans that run a few times a program. cumprod was not measured: it takes the same form
+by the same reasoning (its lowering is the same reduce_window, with a product). The
+choice is made when the program is lowered (``lax.platform_dependent``: both forms are
+traced, XLA compiles one), from the table as it is when the op is traced; a platform the
+table does not name takes "lax". CI has no TPU: tests read the TPU lowering on CPU and
+run the TPU entry under the CPU key (tests/ops/test_cumulative.py).
 """
 
 from __future__ import annotations
