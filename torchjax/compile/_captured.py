@@ -38,7 +38,9 @@ call runs as one program traced from the module, as ``torchjax.jit`` would run i
   its rewritable outputs leaving through an identity conditional; the program is
   compiled with ``COMPILER_OPTIONS``. The tiny Llama forward, repeated calls and
   StaticCache decode steps give eager's bits in float32 and bfloat16
-  (tests/compile/test_captured.py). An op that runs off its cached executable (a
+  (tests/compile/test_captured.py), with the attention kernel ops a TPU chooses too
+  (Note [A kernel op is an eager op] in torchjax/pallas/_op.py;
+  tests/compile/test_captured_kernels.py). An op that runs off its cached executable (a
   handler computing in jnp op by op, such as batch norm's; a lowering run op by op)
   would be traced inline, where XLA fuses it with its neighbours: a trace whose jaxpr
   computes float values outside the nodes (``fused_nodes.float_ops_outside_nodes``;

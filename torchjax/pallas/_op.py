@@ -10,13 +10,29 @@ Note [How a kernel op reaches jax]
 A tpu tensor is a wrapper subclass: the Python dispatch key sits above PrivateUse1, so
 every op on it, ``mylib::myop`` included, arrives in ``JaxTensor.__torch_dispatch__`` and
 from there in the op registry (torchjax/ops/registry.py). The tpu implementation is
-therefore a registry handler, not a ``PrivateUse1`` kernel: it unwraps the tensors
-(``to_jax``) and calls the function through ``torchjax.jax_function`` (one ``jax.jit``
-executable per signature of static arguments, cached). Under ``torchjax.jit`` the tensors
-hold tracers and the jitted function is inlined into the outer trace. Under
+therefore a registry handler, not a ``PrivateUse1`` kernel, which runs the function as
+the op's lowering (Note [A kernel op is an eager op]). Under ``torchjax.jit`` the
+tensors hold tracers and the function is inlined into the outer trace. Under
 ``torch.compile(backend="tpu")`` Dynamo traces with fake tensors, which reach the fake
 implementation; the captured FX graph calls ``torch.ops.mylib.myop`` on real (traced)
 tpu tensors, i.e. the same handler.
+
+Note [A kernel op is an eager op]
+A call that keeps no pullback (Note [Kernel op backward]) runs through the registry's
+compiled path with the function as the op's lowering (``functional_handler``, Note
+[Compiled lowerings] in torchjax/ops/cached_compute.py): one cached executable per
+static arguments and input signature, built with eager's ``COMPILER_OPTIONS``, a view
+argument read inside it. So fused eager mode records the op as it records an ATen op
+(Note [Fused eager] in torchjax/ops/fused.py), and a captured module call traces it as
+a node of its program (Note [Captured module calls] in torchjax/compile/_captured.py),
+behind the conditional that keeps any op that is not elementwise as its own executable
+computes it: eager's bits. Called through ``torchjax.jax_function`` (a ``jax.jit`` of
+its own), the op did neither: reading its inputs' arrays ran the recorded segment
+first, so every attention layer on TPU (the flash kernel in a prefill, the exact op or
+the decode kernel in a decode step) ended a segment, a 16-layer Llama forward running
+17 segments; and a captured call's trace held the function inline, outside every node
+(a ``custom_vjp_call`` computing floats), and was refused: on the chip no Llama call
+was captured.
 
 Note [Kernel op backward]
 Autograd is registered with ``torch.library.register_autograd``. A call through the
@@ -95,7 +111,7 @@ from torchjax._compat.torch import FunctionSchema, pytree
 from torchjax.device import _checks
 from torchjax.interop._convert import to_jax
 from torchjax.interop._jax_function import conj_vjp, jax_function
-from torchjax.ops.registry import handler
+from torchjax.ops.registry import functional_handler, handler
 from torchjax.pallas._no_derivative import no_derivative, no_derivative_error
 from torchjax.tensor._tensor import wrap
 from torchjax.tensor.dtypes import to_jax_dtype, to_torch_dtype
@@ -354,7 +370,9 @@ class KernelOp:
         self._names = [a.name for a in self.op._schema.arguments]
         self._tensors = _tensor_arg_names(self.op._schema)
         self._multi = len(self.op._schema.returns) > 1
-        self._call = jax_function(self._fn)
+        # Calls without a kept pullback run as the eager engine's ops run (Note [A
+        # kernel op is an eager op]).
+        self._compute = functional_handler(self.op, self._fn)
         self._vjp_calls: dict = {}
         torch.library.register_fake(self.qualname, fake or self._eval_shape_fake, lib=self._lib)
         handler(self.op)(self._tpu)
@@ -382,10 +400,7 @@ class KernelOp:
             out = self._forward_keeping_vjp(args, kwargs)
             if out is not None:
                 return out
-        # No torch autograd below the Autograd key: jax_function's own VJP path must
-        # stay off (register_autograd owns the backward).
-        with torch.no_grad():
-            out = self._call(*args, **kwargs)
+        out = self._compute(args, kwargs)
         return tuple(out) if self._multi else out
 
     def _same_device(self, args, kwargs):

@@ -1,0 +1,108 @@
+"""Captured module calls (Note [Captured module calls] in torchjax/compile/_captured.py)
+with the attention a TPU chooses, forced on CPU: the flash and decode kernels (Pallas,
+in interpret mode) and SDPA's exact math (Note [SDPA math by platform]) are kernel ops,
+which fused mode records and a captured call traces as nodes (Note [A kernel op is an
+eager op] in torchjax/pallas/_op.py): with eager's bits."""
+
+import contextlib
+import functools
+
+import pytest
+import torch
+import transformers as tf
+
+import torchjax
+from tests._models import KERNEL_IDS, tiny_llama
+from torchjax import pallas as tp
+from torchjax.ops import executables
+from torchjax.pallas import _decode_sdpa, _sdpa, _sdpa_math
+
+TPU = "tpu"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_executables():
+    executables.clear_caches()
+
+
+def _counts():
+    s = torchjax.stats()
+    return s["captured_calls"], s["capture_traces"], s["capture_refusals"]
+
+
+@contextlib.contextmanager
+def _tpu_attention():
+    # What jax's TPU backend selects by itself: the kernels on (``flash_enabled``'s
+    # auto), the exact op as SDPA's math fallback (``MATH_BY_PLATFORM["tpu"]``).
+    with tp.use_flash_attention(True), tp.use_math_attention("exact"):
+        yield
+
+
+def _traced(monkeypatch, module, name) -> list:
+    """Records each trace of the jax function ``module.name`` (a kernel op's body)."""
+    seen, fn = [], getattr(module, name)
+
+    @functools.wraps(fn)
+    def spy(*args, **kwargs):
+        seen.append(name)
+        return fn(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return seen
+
+
+_KERNELS = {"flash": (_sdpa, "_flash_attention"), "exact": (_sdpa_math, "exact_attention")}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kernel", ["flash", "exact"])
+def test_llama_forward_with_tpu_attention_is_captured_with_eagers_bits(monkeypatch, kernel, dtype):
+    traced = _traced(monkeypatch, *_KERNELS[kernel])
+    model = tiny_llama(hidden_size=64).to(TPU).to(dtype)
+    # 8 tokens: the flash kernel refuses them, the exact op takes them.
+    ids = (KERNEL_IDS if kernel == "flash" else KERNEL_IDS[:, :8]).to(TPU)
+    with _tpu_attention(), torch.no_grad():
+        eager = model(ids).logits.cpu()
+        assert traced  # SDPA took the kernel op
+        torchjax.reset_stats()
+        with torchjax.fused(capture=False):
+            recorded = model(ids).logits.cpu()
+        segments = torchjax.stats()["fused_segments"]
+        torchjax.reset_stats()
+        with torchjax.fused():
+            captured = [model(ids).logits.cpu() for _ in range(3)]
+    for out in [recorded, *captured]:
+        assert torch.equal(out, eager)
+    # First call op by op, second traced and run, third the program alone.
+    assert _counts() == (2, 1, 0)
+    # The kernel op is recorded: it ends no segment (it ended one per layer).
+    assert segments == 1
+
+
+def test_static_cache_decode_steps_with_the_decode_kernel_are_captured(monkeypatch):
+    traced = _traced(monkeypatch, _decode_sdpa, "_decode_attention")
+    model = tiny_llama(hidden_size=64).to(TPU)
+
+    def decode():
+        # 48 positions, a multiple of 16: the decode kernel takes every step.
+        cache = tf.StaticCache(config=model.config, max_cache_len=48)
+        logits = []
+        with _tpu_attention(), torch.no_grad():
+            out = model(KERNEL_IDS.to(TPU), cache=cache, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+            for step in range(5):
+                pos = torch.tensor([KERNEL_IDS.shape[1] + step]).to(TPU)
+                out = model(token, cache=cache, cache_position=pos, use_cache=True)
+                logits.append(out.logits.cpu())
+                token = out.logits[:, -1:].argmax(-1)
+        return logits + [layer.keys.cpu() for layer in cache.layers]
+
+    eager = decode()
+    assert traced
+    executables.clear_caches()
+    torchjax.reset_stats()
+    with torchjax.fused():
+        fused = decode()
+    for got, want in zip(fused, eager, strict=True):
+        assert torch.equal(got, want)
+    assert _counts() == (4, 1, 0)  # decode steps 2-5
