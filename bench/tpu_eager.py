@@ -36,11 +36,13 @@ outputs, a train step on every live array with ``torch.tpu.synchronize()``), and
 ``per_run``: ``torchjax.stats()`` over the timed calls divided by their number (XLA
 ``compiles``, programs loaded from the persistent compilation cache instead
 (``cache_loads``: a compile in a process without that cache), ``executions`` of cached
-programs, ``host_reads``, fused ``segments``,
-``fused_compiles``, ``captured_calls``, ``capture_traces``). ``fused_equal_eager`` and
-``captured_equal_eager``: whether those modes' outputs (forward: the
-logits; train: the first step's loss and every updated weight; generate: the tokens) are
-bit for bit plain eager's, with the largest absolute difference; ``jit_max_abs_diff``
+programs, ``host_reads``, fused ``segments``, ``fused_compiles``, ``captured_calls``,
+``capture_traces``, ``capture_refusals``), and ``warm_up``: the same counters over the
+warm-up calls together (a captured call traces, or is refused, at its second call, so
+the timed calls show only what came of it). ``fused_equal_eager`` and
+``captured_equal_eager``: whether those modes' outputs (forward: the logits; train: the
+first step's loss and every updated weight; generate: the tokens) are bit for bit plain
+eager's, with the largest absolute difference; ``jit_max_abs_diff``
 the same for ``torchjax.jit`` (not expected to be 0: XLA fuses across ops). A row that
 fails records its error and the rest run; a row is skipped once the section's time
 budget (``BUDGET_S``) is spent. Each row's JSON is printed to stderr when it finishes,
@@ -67,6 +69,7 @@ _STAT_KEYS = {
     "executions": "executions", "host_reads": "host_reads",
     "segments": "fused_segments", "fused_compiles": "fused_compiles",
     "captured_calls": "captured_calls", "capture_traces": "capture_traces",
+    "capture_refusals": "capture_refusals",
 }  # fmt: skip
 
 
@@ -92,12 +95,14 @@ def _timed(call, runs: int = RUNS, warm: bool = True) -> tuple[dict, object]:
     times: first seconds, median ms, stats per timed run; and the last output."""
     import torchjax
 
+    start = torchjax.stats()
     t0 = time.perf_counter()
     out = call()
     row = {"first_s": round(time.perf_counter() - t0, 2)}
     if warm:
         out = call()
     before = torchjax.stats()
+    row["warm_up"] = _per_run(start, before, 1)
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
@@ -312,6 +317,7 @@ def generate(model, new: int, max_time: float) -> dict:
                 continue
             try:
                 with torchjax.fused(mode != "eager", capture=mode == "captured"):
+                    start = torchjax.stats()
                     t0 = time.perf_counter()
                     out = gen(disable_compile=True, max_time=max_time, **extra)
                     first = time.perf_counter() - t0
@@ -335,6 +341,7 @@ def generate(model, new: int, max_time: float) -> dict:
                 row[key]["tokens"] = got
                 row[key]["tok_s"] = round(got / wall, 2)
                 row[key]["per_run"] = _per_run(before, torchjax.stats(), 1)
+                row[key]["warm_up"] = _per_run(start, before, 1)
             except Exception as e:  # noqa: BLE001 - reported, the rest runs
                 row[key] = {"error": _error(e)}
         for mode in ("fused", "captured"):
