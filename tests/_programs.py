@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import jax
-from jax.extend.core import jaxpr_as_fun
+from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
 
 
 def lowered(jitted) -> list[str]:
@@ -22,3 +22,25 @@ def lowered(jitted) -> list[str]:
 def scatters(text: str) -> int:
     """How many scatter operations ``text`` holds."""
     return len(re.findall(r"\"stablehlo\.scatter\"", text))
+
+
+def equations(jitted) -> list:
+    """Every equation of each program ``jitted`` traced, those of nested jaxprs (``jit``,
+    ``custom_vjp_call``, ``cond`` bodies) included, a Pallas kernel's body not."""
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            found.append(eqn)
+            if eqn.primitive.name == "pallas_call":
+                continue
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    if isinstance(sub, ClosedJaxpr):
+                        walk(sub.jaxpr)
+                    elif isinstance(sub, Jaxpr):
+                        walk(sub)
+
+    for entry in jitted._entries.values():
+        walk(entry.closed.jaxpr)
+    return found

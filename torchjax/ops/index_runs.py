@@ -41,11 +41,13 @@ scatter dropped the write, so an out-of-range position raises as eager raises, a
 where no Python runs after the program, does the clamped write land at the edge.
 
 Not recognised: a traced index computed as ``arange(n) + offset`` with a traced
-``offset``. That is the prefill's ``cache_position`` in a compiled ``generate``: the
-cache's ``cumulative_length`` is state of the program, not a constant. Nothing in the
-index's value says it is a run; knowing it would take the producing ops (a mark set by
-``add`` on its result, or the trace's equations), machinery out of proportion to the
-half second it would save (above), so the prefill's cache writes stay scatters.
+``offset``, as a prefill's ``cache_position`` is when the cache's ``cumulative_length``
+is state of the program. Nothing in the index's value says it is a run; knowing it would
+take the producing ops (a mark set by ``add`` on its result, or the trace's equations).
+A compiled ``generate``'s prefill into an empty cache traces with the length known
+instead (Note [The prefill of an empty cache] in
+torchjax/integrations/transformers/_cache_state.py), so its writes are slices; a
+prefill into a cache that holds tokens keeps the scatter.
 """
 
 from __future__ import annotations

@@ -117,6 +117,8 @@ from torchjax.integrations.transformers._cache_state import (
     _python_state,
     _replay,
     _static_cache,
+    empty_prefill,
+    known_empty,
     reset,
 )
 from torchjax.integrations.transformers._step_checks import check_room, position_rows, record_room
@@ -201,7 +203,8 @@ def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=N
         room = check_room(model, cache, args, kwargs, lengths)
         reuse_cross_cache(cache, crosses)
         pin_cache(cache, pinned)
-        guard = (_python_state(cache), _signature(args, kwargs))
+        # Note [The prefill of an empty cache] in _cache_state.py: its last entry.
+        guard = (_python_state(cache), _signature(args, kwargs), empty_prefill(room))
         out = jitted(*args, _torchjax_guard=guard, **kwargs)
         _replay(cache, forward.after[guard])
         record_room(lengths, room)
@@ -409,6 +412,8 @@ def _traced_forward(self, *args, _torchjax_guard, **kwargs):
     """What ``torchjax.jit`` traces: the class's forward, then a record of the Python state
     it left in the cache (replayed after every call of this executable)."""
     wrapper = vars(self)["forward"]
+    if _torchjax_guard[-1]:  # Note [The prefill of an empty cache] in _cache_state.py
+        known_empty(_static_cache(kwargs))
     out = wrapper.eager(*args, **kwargs)
     wrapper.after[_torchjax_guard] = _python_state(_static_cache(kwargs), values=True)
     return out

@@ -23,7 +23,8 @@ def check_room(model, cache, args, kwargs, lengths):
     The call's token ids are checked against the vocabulary then too (a prefill is
     always such a call): inside the program an out-of-range id would be clamped, not
     raised (Note [Device-side checks]).
-    Returns ``(decoder, length after the step)`` for ``record_room``, or None."""
+    Returns ``(decoder, length before the step, length after it)`` for ``record_room`` (and
+    ``empty_prefill``), or None."""
     from transformers.cache_utils import EncoderDecoderCache
 
     new = _new_tokens(args, kwargs)
@@ -45,7 +46,7 @@ def check_room(model, cache, args, kwargs, lengths):
             "is out of bounds. Pass a cache with max_cache_len >= prompt length + "
             'max_new_tokens, or let generate build it (cache_implementation="static")'
         )
-    return decoder, known + new
+    return decoder, known, known + new
 
 
 def position_rows(model) -> int | None:
@@ -87,7 +88,7 @@ def _check_positions(model, kwargs, end) -> None:
 def record_room(lengths, room) -> None:
     """After a compiled step: the length ``check_room`` counted, and the cache's mark."""
     if room is not None:
-        decoder, length = room
+        decoder, _, length = room
         lengths[decoder] = (length, _write_mark(decoder))
 
 
