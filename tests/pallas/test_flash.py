@@ -71,6 +71,18 @@ def test_kernel_bfloat16_accumulates_in_float32():
         assert jnp.allclose(g.astype(jnp.float32), r, atol=5e-2, rtol=5e-2)
 
 
+def test_a_boolean_mask_becomes_additive_without_float64():
+    # torchjax traces with JAX's x64 on: 0.0 and -inf as Python floats made the select a
+    # float64 (B, H, Sq, Sk) array, converted to bfloat16 after, at every masked call.
+    with jax.enable_x64(True):
+        jaxpr = jax.make_jaxpr(lambda m: _flash.additive_mask(m, jnp.bfloat16))(_mask(16, 32))
+        out = jax.eval_shape(lambda m: _flash.additive_mask(m, jnp.bfloat16), _mask(16, 32))
+    dtypes = {v.aval.dtype for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars}
+    assert jnp.dtype(jnp.float64) not in dtypes and out.dtype == jnp.bfloat16
+    added = _flash.additive_mask(jnp.asarray([[True, False]]), jnp.bfloat16)
+    assert added.tolist() == [[[[0.0, -np.inf]]]]
+
+
 def test_kernel_rejects_ragged_blocks():
     q, k, v = _qkv(24, 24)
     with pytest.raises(ValueError, match="multiples of block_q=16"):

@@ -134,7 +134,10 @@ def additive_mask(mask, dtype=_F32):
     if mask is None:
         return None
     if mask.dtype == jnp.bool_:
-        mask = jnp.where(mask, 0.0, -jnp.inf).astype(dtype)
+        # The two values in ``dtype`` itself: Python floats would select in float64 under
+        # JAX's x64 (on in every torchjax op), a float64 (B, H, L, S) array per call
+        # converted after, which a TPU emulates.
+        mask = jnp.where(mask, jnp.zeros((), dtype), jnp.full((), -jnp.inf, dtype))
     return mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
 
 
