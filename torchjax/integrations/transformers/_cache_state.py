@@ -69,11 +69,15 @@ _PLAIN = (type(None), bool, int, float, complex, str, torch.dtype, torch.device,
 # (``known_empty``): the value the tensor holds, now known while tracing, so
 # transformers' own empty-cache path runs: the prefill program holds the forward alone
 # plus a slice write per layer's keys and values at position 0 (a run of positions
-# known when traced). The guard is part of the program's key, so a prefill into a
-# cache that already holds tokens (a chunked prefill's later chunks, a generate
-# continuing from a passed cache) traces and runs as before, with traced positions (a
-# chunked prefill's first chunk traced apart from the rest before too: transformers
-# passes it other arguments, so this adds no trace there). Layers of
+# known when traced). On CPU (the model above) it now compiles 1.0-1.2x as long as the
+# forward alone, its optimized HLO the forward's plus the writes (7,245 ops against
+# 6,714; 8,664 before); the ops of the known length fold while tracing (Note [Values
+# made from constants inside a trace] in torchjax/ops/executables.py), three more
+# small programs in a process's first prefill. The guard is part of the program's key,
+# so a prefill into a cache that already holds tokens (a chunked prefill's later
+# chunks, a generate continuing from a passed cache) traces and runs as before, with
+# traced positions (a chunked prefill's first chunk traced apart from the rest before
+# too: transformers passes it other arguments, so this adds no trace there). Layers of
 # one cache move together (every step writes each of them), so the length read from
 # the first layer is every layer's, as ``check_room`` already assumes. A layer not yet
 # initialized keeps its length on the host until its first write moves it to the
