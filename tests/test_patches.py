@@ -65,6 +65,7 @@ def test_uninstall_restores_every_original():
             "default_device": PartialState.__dict__["default_device"],
             "save_rng": Trainer.__dict__["_save_rng_state"],
             "generate": GenerationMixin.__dict__["generate"],
+            "prepare_static": GenerationMixin.__dict__["_prepare_static_cache"],
             "load_rng": Trainer.__dict__["_load_rng_state"],
             "swap": torch.utils.swap_tensors,
             "torch_load": torch.load,
@@ -152,6 +153,9 @@ def test_uninstall_restores_every_original():
         assert GenerationMixin.generate is not before["generate"]
         assert inspect.signature(GenerationMixin.generate) == inspect.signature(
             before["generate"])
+        assert GenerationMixin._prepare_static_cache is not before["prepare_static"]
+        assert inspect.signature(GenerationMixin._prepare_static_cache) == inspect.signature(
+            before["prepare_static"])
         assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::_pin_memory", "CPU")
         assert trace_rules.SKIP_DIRS != skip_dirs
         assert inspect.signature(torch.nn.Module._apply) == inspect.signature(before["apply"])
@@ -182,6 +186,7 @@ def test_uninstall_restores_every_original():
             pass
         assert torchjax.patches() == []
         assert GenerationMixin.__dict__["generate"] is before["generate"]
+        assert GenerationMixin.__dict__["_prepare_static_cache"] is before["prepare_static"]
         assert dlpack.to_dlpack is before["dlpack"]
         assert torch.to_dlpack is before["torch_dlpack"]
         assert torch.utils.swap_tensors is before["swap"]

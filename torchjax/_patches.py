@@ -244,7 +244,11 @@ how it is undone.
   rather than transformers' per-token eager bookkeeping around a compiled forward (Note
   [transformers' auto-compile on tpu]); every other call, and every model off tpu, runs
   the original; same signature. ``TORCHJAX_AUTO_COMPILE_GENERATE=0`` turns the rule off.
-  Undo: the original put back (models compiled by it keep their ``compile_generate``).
+  ``GenerationMixin._prepare_static_cache`` is wrapped with it: within an eager generate
+  given the automatic static cache, the cache is made a length the attention kernels
+  take (Note [A static cache for eager generate on tpu]); every other call runs the
+  original; same signature. Undo: the originals put back (models compiled by it keep
+  their ``compile_generate``).
 - ``torch._dynamo backend 'tpu'`` (integrations/_dynamo_backend.py, right after
   ``torch._dynamo`` is imported; torch 2.13). torchjax's Dynamo backend registered under
   "tpu" with ``torch._dynamo.register_backend``, so ``torch.compile(backend="tpu")`` works

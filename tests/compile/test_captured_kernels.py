@@ -106,3 +106,24 @@ def test_static_cache_decode_steps_with_the_decode_kernel_are_captured(monkeypat
     for got, want in zip(fused, eager, strict=True):
         assert torch.equal(got, want)
     assert _counts() == (4, 1, 0)  # decode steps 2-5
+
+
+def test_eager_generate_decode_steps_with_the_decode_kernel_are_captured(monkeypatch):
+    # Eager generate's automatic static cache is sized for the kernels (Note [A static
+    # cache for eager generate on tpu]): 48 positions for a 32-token prompt and 16 new.
+    traced = _traced(monkeypatch, _decode_sdpa, "_decode_attention")
+    model = tiny_llama(hidden_size=64).to(TPU)
+    kwargs = dict(max_new_tokens=16, do_sample=False, disable_compile=True)
+    with _tpu_attention(), torch.no_grad():
+        eager = model.generate(KERNEL_IDS.to(TPU), **kwargs).cpu()
+        assert traced
+        executables.clear_caches()
+        del traced[:]
+        torchjax.reset_stats()
+        with torchjax.fused():
+            fused = model.generate(KERNEL_IDS.to(TPU), **kwargs).cpu()
+    assert traced  # the fused decode steps took the kernel too
+    assert eager.shape == (1, 48) and torch.equal(fused, eager)
+    # 15 decode steps: the first recorded op by op, the second traced and run, the rest
+    # the program alone.
+    assert _counts() == (14, 1, 0)

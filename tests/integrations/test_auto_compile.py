@@ -7,6 +7,7 @@ The tiny Llama of examples/tiny_llama_generate.py and its left-padded batch of t
 prompts, compared with the same checkpoint on CPU.
 """
 
+import functools
 import os
 import threading
 
@@ -18,9 +19,13 @@ import transformers  # noqa: E402
 
 import torchjax  # noqa: E402
 from examples import tiny_llama_generate as tl  # noqa: E402
+from tests._models import KERNEL_IDS, tiny_llama  # noqa: E402
 from tests.integrations import tiny_models  # noqa: E402
 from tests.integrations.tiny_models import generate  # noqa: E402
+from torchjax import pallas as tp  # noqa: E402
 from torchjax.integrations.transformers import compile_generate  # noqa: E402
+from torchjax.ops import executables  # noqa: E402
+from torchjax.pallas import _decode_sdpa, _sdpa_math  # noqa: E402
 
 GREEDY = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
 STATIC = dict(GREEDY, cache_implementation="static")
@@ -161,6 +166,34 @@ def test_eager_generate_asking_for_no_cache_gets_a_static_cache(cpu, llama_dir, 
     monkeypatch.setenv("TORCHJAX_AUTO_COMPILE_GENERATE", "0")
     assert torch.equal(_generate(model, **kwargs), _generate(cpu, **kwargs))
     assert len(made) == 1
+
+
+def test_eager_generates_static_cache_takes_the_decode_kernel(monkeypatch):
+    # Note [A static cache for eager generate on tpu]: transformers sizes the cache 47
+    # (32-token prompt, 16 new), which the decode kernel refuses; the automatic cache is
+    # made 48 long, so with the attention a TPU chooses (forced here) every decode step
+    # takes the kernel, not SDPA's math path. The extra position is masked: the tokens
+    # are CPU's and those of transformers' own 47-long static cache.
+    executables.clear_caches()  # the spies see traces: none left from earlier tests
+    traced = []
+    for module, name in ((_decode_sdpa, "_decode_attention"), (_sdpa_math, "exact_attention")):
+        fn = getattr(module, name)
+        monkeypatch.setattr(module, name, functools.partial(_spied, traced, name, fn))
+    kwargs = dict(max_new_tokens=16, do_sample=False, disable_compile=True)
+    want = tiny_llama(hidden_size=64).generate(KERNEL_IDS, **kwargs)
+    model = tiny_llama(hidden_size=64).to("tpu")
+    with tp.use_flash_attention(True), tp.use_math_attention("exact"), torch.no_grad():
+        got = model.generate(KERNEL_IDS.to("tpu"), **kwargs).cpu()
+        assert traced == ["_decode_attention"]
+        asked = model.generate(KERNEL_IDS.to("tpu"), cache_implementation="static", **kwargs)
+    assert "exact_attention" in traced  # transformers' own cache: the math path
+    assert model._previous_max_cache_length == 47  # transformers' record, unrounded
+    assert want.shape == (1, 48) and torch.equal(got, want) and torch.equal(asked.cpu(), want)
+
+
+def _spied(seen: list, name: str, fn, *args, **kwargs):
+    seen.append(name)
+    return fn(*args, **kwargs)
 
 
 def test_off_switch_keeps_transformers_loop(cpu, llama_dir, monkeypatch):

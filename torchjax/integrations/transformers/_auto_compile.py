@@ -42,7 +42,13 @@ previous Note would give a static cache (no cache asked for, none returned, a mo
 for it), the eager call gets ``cache_implementation="static"`` too: the forward's shapes
 stay the same from step to step and its programs are reused (319 compiles, 13 s). What
 still grows per step is transformers' own bookkeeping (the ids and mask ``cat``). The
-tokens are the dynamic cache's.
+tokens are the dynamic cache's. That cache is made ``kernel_length`` long, as
+compile_generate's (Note [A static cache sized for the attention kernels] in
+_generate.py): sized ``max_length - 1`` (47 for a 32-token prompt and 16 new tokens) it
+is a key length neither attention kernel takes, and every layer of every decode step
+ran SDPA's math path where the decode kernel serves it. ``GenerationMixin.
+_prepare_static_cache`` is wrapped for it: it rounds only within such a call
+(``_EAGER_SIZED``), with ``kernel_sized``, and runs as written otherwise.
 
 Not taken: models whose class overrides ``generate`` (they call it with their own
 preprocessing done; running it twice is not safe), calls with positional arguments past
@@ -55,6 +61,7 @@ own loop, and a call that asks for no cache decodes eagerly with a ``DynamicCach
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import os
 import sys
@@ -68,6 +75,9 @@ _TARGET_MODULE = "transformers.generation.utils"
 _NAME = "transformers GenerationMixin.generate"
 _ENV = "TORCHJAX_AUTO_COMPILE_GENERATE"
 _BACKENDS = ("tpu", "inductor")
+# Set while an eager generate that got the automatic static cache runs (Note [A static
+# cache for eager generate on tpu]): its cache is made kernel_length long.
+_EAGER_SIZED = contextvars.ContextVar("torchjax_eager_kernel_sized_cache", default=False)
 
 
 def plan(model, kwargs) -> dict | None:
@@ -131,23 +141,50 @@ def _wrap_generate(original):
                 _generate.compile_generate_as(self, rule=plan, warn_after=32)
                 return self.generate(*args, **kwargs)
             extra = eager_static(self, settings)
-            args, kwargs = _generate._with_settings(args, kwargs, extra)
+            if extra:
+                args, kwargs = _generate._with_settings(args, kwargs, extra)
+                token = _EAGER_SIZED.set(True)
+                try:
+                    return original(self, *args, **kwargs)
+                finally:
+                    _EAGER_SIZED.reset(token)
         return original(self, *args, **kwargs)
 
     return generate
 
 
+def _wrap_prepare_static_cache(original):
+    @functools.wraps(original)
+    def _prepare_static_cache(self, cache_implementation, batch_size, *args, **kwargs):
+        if not _EAGER_SIZED.get():
+            return original(self, cache_implementation, batch_size, *args, **kwargs)
+        # Note [A static cache for eager generate on tpu]
+        prepare = functools.partial(original, self)
+        return _generate.kernel_sized(
+            self, prepare, cache_implementation, batch_size, *args, **kwargs
+        )[0]
+
+    return _prepare_static_cache
+
+
 def install() -> None:
-    """Wrap ``GenerationMixin.generate`` (Note [transformers' auto-compile on tpu])."""
+    """Wrap ``GenerationMixin.generate`` (Note [transformers' auto-compile on tpu]) and
+    ``_prepare_static_cache`` (Note [A static cache for eager generate on tpu])."""
     if _patches.is_recorded(_NAME):
         return
     cls = sys.modules[_TARGET_MODULE].GenerationMixin
     _patches.replace_attrs(
         cls,
-        {"generate": _wrap_generate(cls.__dict__["generate"])},
+        {
+            "generate": _wrap_generate(cls.__dict__["generate"]),
+            "_prepare_static_cache": _wrap_prepare_static_cache(
+                cls.__dict__["_prepare_static_cache"]
+            ),
+        },
         name=_NAME,
         why="generate that transformers would auto-compile on tpu runs torchjax's decode "
-        "programs (compile_generate), not its per-token loop around a compiled forward",
+        "programs (compile_generate), not its per-token loop around a compiled forward; "
+        "an eager generate's automatic static cache is sized for the attention kernels",
         package="transformers",
         written_for=PATCHED_FOR,
     )

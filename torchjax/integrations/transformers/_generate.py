@@ -449,16 +449,13 @@ def _reuse_static_cache(model, prepare):
     def prepare_static_cache(cache_implementation, batch_size, *args, **kwargs):
         if _AS_WRITTEN.get():
             return prepare(cache_implementation, batch_size, *args, **kwargs)
-        asked = args[0] if args else kwargs["max_cache_len"]
-        previous = getattr(model, "_previous_max_cache_length", -1)
         if _KERNEL_SIZED.get():
-            # Note [A static cache sized for the attention kernels]
-            sized = kernel_length(max(asked, previous))
-            args, kwargs = _with_length(args, kwargs, sized)
-        cache = prepare(cache_implementation, batch_size, *args, **kwargs)
-        length = model._previous_max_cache_length
-        # transformers' own record of the longest cache asked for, not the rounded one.
-        model._previous_max_cache_length = max(asked, previous)
+            cache, length = kernel_sized(
+                model, prepare, cache_implementation, batch_size, *args, **kwargs
+            )
+        else:
+            cache = prepare(cache_implementation, batch_size, *args, **kwargs)
+            length = model._previous_max_cache_length
         # A cache made under inference_mode holds inference tensors, which a call outside
         # it may not write: such a call takes the new cache instead (and traces anew).
         inference = torch.is_inference_mode_enabled()
@@ -476,6 +473,20 @@ def _reuse_static_cache(model, prepare):
         return cache
 
     return prepare_static_cache
+
+
+def kernel_sized(model, prepare, cache_implementation, batch_size, *args, **kwargs) -> tuple:
+    """``prepare`` (transformers' ``_prepare_static_cache``, bound to ``model``) with the
+    cache made ``kernel_length`` long (Note [A static cache sized for the attention
+    kernels]); returns the cache and that length. transformers' record of the longest
+    cache asked for keeps the length it asked for, not the rounded one."""
+    asked = args[0] if args else kwargs["max_cache_len"]
+    previous = getattr(model, "_previous_max_cache_length", -1)
+    sized = kernel_length(max(asked, previous))
+    args, kwargs = _with_length(args, kwargs, sized)
+    cache = prepare(cache_implementation, batch_size, *args, **kwargs)
+    model._previous_max_cache_length = max(asked, previous)
+    return cache, sized
 
 
 def _with_length(args, kwargs, length: int) -> tuple:
@@ -499,7 +510,9 @@ def _with_length(args, kwargs, length: int) -> tuple:
 # are never written and never attended: the mask is built at the cache's length, and
 # causal masking hides every position after the query, so the tokens are the same.
 # transformers' ``_previous_max_cache_length`` keeps the length it asked for, so a
-# later call made as written sizes its cache as it would have.
+# later call made as written sizes its cache as it would have. ``kernel_sized`` does it,
+# for these caches and for the static cache an eager generate gets by default (Note [A
+# static cache for eager generate on tpu] in _auto_compile.py).
 _KERNEL_SIZED = contextvars.ContextVar("torchjax_kernel_sized_cache", default=False)
 
 
