@@ -443,6 +443,9 @@ def test_note_lists_every_recorded_patch():
 def test_untested_release_warns(monkeypatch):
     monkeypatch.setattr(_patches, "_INSTALLED", {})
     monkeypatch.setattr(_patches, "_WARNED", set())
+    # The process's own flag stays down: once raised, fused mode's captured calls are
+    # never made again in this process (a later test in it would capture nothing).
+    monkeypatch.setattr(_patches, "_UNINSTALLED", [False])
     monkeypatch.setattr(_patches, "_version", lambda package: "9.1.0")
     undone = []
     with pytest.warns(
