@@ -297,7 +297,7 @@ def kernels(ctx) -> dict:
 
 
 def _tokamax_ragged():
-    from torchjax.pallas._op import in_32bit_mode
+    from torchjax.pallas._jax_mode import in_32bit_mode
     from torchjax.pallas._tokamax import _tokamax
 
     return in_32bit_mode(_tokamax().ragged_dot)

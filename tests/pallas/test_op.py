@@ -251,7 +251,7 @@ def test_a_matmul_precision_reaches_a_custom_vjp_backward_traced_later():
     # tokamax's TPU attention takes no precision in its products: its wrapper enters
     # jax.default_matmul_precision, which must reach the forward and the backward that
     # an outer jax.vjp traces after the call returned (Note [Kernel matmul precision]).
-    from torchjax.pallas._op import in_32bit_mode
+    from torchjax.pallas._jax_mode import in_32bit_mode
 
     @jax.custom_vjp
     def product(a, b):

@@ -20,7 +20,8 @@ import functools
 
 import jax.numpy as jnp
 
-from torchjax.pallas._op import in_32bit_mode, op
+from torchjax.pallas._jax_mode import in_32bit_mode
+from torchjax.pallas._op import op
 from torchjax.pallas._tiling import precision_of
 
 
