@@ -131,6 +131,9 @@ def test_auto_compile_on_tpu_defaults_to_the_tpu_backend(cpu, tpu, monkeypatch):
     # call runs compile_generate's programs).
     monkeypatch.setenv("TORCHJAX_AUTO_COMPILE_GENERATE", "0")
     kwargs = dict(GREEDY, max_new_tokens=3, cache_implementation="static")
+    # Dynamo's cache is the process's: a Llama compiled the same way by an earlier test
+    # in this process (another instance, same shapes) would be reused, no graph built.
+    torch._dynamo.reset()
     before = torchjax.compile.dynamo_stats()
     assert torch.equal(_generate(tpu, **kwargs), _generate(cpu, **kwargs))
     assert tpu._last_compile_config.backend == "tpu"
