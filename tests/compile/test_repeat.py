@@ -49,6 +49,37 @@ def test_trace_runs_the_python_code_but_not_the_program():
     assert seen == [(3,)] and step.trace_count == 1
 
 
+def test_repeat_when_asks_after_the_trace_and_looks_the_call_up_once(monkeypatch):
+    from torchjax.compile import _jit
+
+    seen = []
+
+    @torchjax.jit
+    def step(x, n):
+        seen.append(tuple(x.shape))
+        x.mul_(2)
+        n.add_(1)
+
+    lookups = []
+    lookup = _jit.Jitted._lookup
+    monkeypatch.setattr(
+        _jit.Jitted, "_lookup", lambda self, a, k: lookups.append(1) or lookup(self, a, k)
+    )
+    x, n = torch.ones(3, device="tpu"), torch.zeros((), dtype=torch.long, device="tpu")
+    # A new signature: traced (Python ran) but, refused, not run.
+    assert not step.repeat(3, x, n, when=lambda: len(seen) == 2)
+    assert seen == [(3,)] and int(n) == 0 and torch.equal(x.cpu(), torch.ones(3))
+    # Traced before: asked at once, then run; one lookup of the call.
+    lookups.clear()
+    assert step.repeat(3, x, n, when=lambda: seen == [(3,)])
+    assert len(lookups) == 1 and int(n) == 3 and torch.equal(x.cpu(), torch.full((3,), 8.0))
+    assert step.trace_count == 1 and seen == [(3,)]
+    y = torch.ones(2, device="tpu")  # a new signature, accepted: traced once, then run
+    assert step.repeat(2, y, n, when=lambda: True)
+    assert seen == [(3,), (2,)] and step.trace_count == 2 and int(n) == 5
+    assert torch.equal(y.cpu(), torch.full((2,), 4.0))
+
+
 def test_repeat_stops_when_until_is_set():
     @torchjax.jit
     def step(x, stop):

@@ -187,25 +187,46 @@ class Jitted:
         ``repeat``'s loop only, where the step is never run on its own."""
         call, entry = self._lookup(args, kwargs)
         if entry is None:
-            before = Before(call)
-            try:
-                self._trace(call)
-            finally:
-                before.put_back()
+            self._trace_only(call)
 
-    def repeat(self, times: int, *args, until=None, **kwargs) -> None:
+    def _trace_only(self, call: Call) -> None:
+        """Trace ``call`` without running its program (Note [State after a trace whose
+        program does not run])."""
+        before = Before(call)
+        try:
+            self._trace(call)
+        finally:
+            before.put_back()
+
+    def repeat(self, times: int, *args, until=None, when=None, **kwargs) -> bool:
         """Run the function up to ``times`` times with these arguments as one program (a
         ``lax.while_loop`` over its trace), stopping early once the 0-d tensor argument
         ``until`` is nonzero. For steps that work in place: their writes to arguments and
         state carry from one iteration to the next and are written back at the end;
         outputs are dropped (Note [Repeating a traced step in one program] in
-        torchjax/compile/_repeat.py)."""
+        torchjax/compile/_repeat.py).
+
+        ``when``: a function of no arguments, asked once this call's signature is traced
+        (a signature not traced before is traced first as by ``trace``: its Python runs,
+        its program does not); the loop runs only if it returns True, so a caller can
+        look at what the trace did (the Python state it left) and decide, with one
+        lookup of the call on a signature traced before. Returns whether the loop ran."""
         call, entry = self._lookup(args, kwargs)
+        if when is not None:
+            if entry is None:
+                self._trace_only(call)
+                if not when():
+                    return False
+                # As a call made after ``trace``: keyed by what the trace left.
+                call, entry = self._lookup(args, {**kwargs, **call.static_kwargs})
+            elif not when():
+                return False
         if entry is not None:
             _repeat.run(entry, call, times, until)
-            return
+            return True
         with put_back_on_failure(call):  # Note [State after a trace whose program does not run]
             _repeat.run(self._trace(call), call, times, until)
+        return True
 
     def _lookup(self, args, kwargs):
         """This call's arguments and state, and its live cache entry (None: none yet)."""

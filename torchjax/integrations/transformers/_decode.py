@@ -27,10 +27,13 @@ program, or all of them one loop:
   Python state as it found it (static layers: their positions are tensors), every step
   runs as one program, ``decode_step.repeat`` (Note [Repeating a traced step in one
   program] in torchjax/compile/_repeat.py): a ``lax.while_loop`` that stops at the
-  maximum length or once every sequence has finished, then one host read of the length.
-  So a whole ``generate`` is three program calls whatever its length, and the step's
-  forward compiles once, inside the loop (run once on its own first, it compiled twice:
-  a third of a first call's compile time);
+  maximum length or once every sequence has finished, then one host read: the length at
+  which every sequence had finished (the loop stopped right after that step, so the
+  result's length is it or the maximum length). On a warm call the step's signature is
+  looked up once (``repeat(..., when=...)``), not once to trace and once to run. So a
+  whole ``generate`` is three program calls whatever its length, and the step's forward
+  compiles once, inside the loop (run once on its own first, it compiled twice: a third
+  of a first call's compile time);
 - with ``compile_generate(model, loop=False)``, or a cache whose Python state moves per
   token (guarded, so that would retrace per token), each token is one call of the step
   program, and the host reads the finish length every ``CHECK_EVERY`` (16) tokens, not
@@ -268,29 +271,32 @@ def device_sample(
             settings=settings,
         )
         del outputs
-        tokens, _, pos, _, _, done_at, stopped = state
+        tokens, _, _, _, _, done_at, stopped = state
         length = prompt + 1
         loop = wrapper.loop
         while length < max_length:
             guard = _python_state(cache)
             if loop:
                 before = _python_state(cache, values=True)
-                # Traced, not run: a step that leaves the cache's Python state as it
-                # found it runs only inside the loop, so its forward compiles once.
-                step.trace(*state, cache, None, settings=settings, _torchjax_guard=guard)
-                if wrapper.after[("decode", guard)] == before:
-                    # Nothing in the cache's Python state moves per token: every step
-                    # runs as one program, up to the end or until every sequence finished.
-                    step.repeat(
-                        max_length - length,
-                        *state,
-                        cache,
-                        None,
-                        settings=settings,
-                        _torchjax_guard=guard,
-                        until=stopped,
-                    )
-                    length = int(pos)
+                # Nothing in the cache's Python state moves per token: every step runs as
+                # one program, up to the end or until every sequence finished. A step
+                # not traced before is traced first, not run, so a step that leaves the
+                # cache's Python state as it found it runs only inside the loop, and its
+                # forward compiles once.
+                if step.repeat(
+                    max_length - length,
+                    *state,
+                    cache,
+                    None,
+                    settings=settings,
+                    _torchjax_guard=guard,
+                    until=stopped,
+                    when=lambda g=guard, b=before: wrapper.after[("decode", g)] == b,
+                ):
+                    # The loop ran to max_length, or stopped right after the step at
+                    # which the last sequence finished, which set done_at to the next
+                    # position: the length is min(done_at, max_length), read below.
+                    length = max_length
                     break
             step(*state, cache, None, settings=settings, _torchjax_guard=guard)
             _replay(cache, wrapper.after[("decode", guard)])
