@@ -64,6 +64,25 @@ def test_a_static_cache_resets_as_one_program():
     assert len(cache.layers) == LAYERS
 
 
+def test_a_reset_cache_knows_its_length_on_the_host():
+    # Note [A reset cache's length known on the host]: generate's reads of the length
+    # after the reset (past_length, the mask's q_offset == 0, the room check) and its ops
+    # on it need no device; the prefill's write then replaces the known zeros.
+    cache = _filled_static_cache()
+    reset(cache)
+    torchjax.reset_stats()
+    past = cache.get_seq_length()
+    assert isinstance(past, torch.Tensor) and past.device.type == "tpu"
+    assert int(past) == 0 and -(5 - past) == -5 and bool(past == 0)
+    assert [int(layer.cumulative_length) for layer in cache.layers] == [0] * LAYERS
+    stats = torchjax.stats()
+    assert stats["host_reads"] == 0 and stats["executions"] == 0 and stats["host_ops"] == 4
+    k = torch.ones((1, 2, 2, 8), device="tpu")
+    cache.update(k, k, 0, {"cache_position": torch.arange(2, device="tpu")})
+    assert int(cache.get_seq_length()) == 2  # written: read from the device
+    assert torchjax.stats()["host_reads"] > 0
+
+
 def test_a_dynamic_cache_resets_as_written():
     cache = cu.DynamicCache(config=_config())
     for i in range(LAYERS):

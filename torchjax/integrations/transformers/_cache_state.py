@@ -13,6 +13,8 @@ import functools
 import torch
 
 from torchjax.compile._jit import jit
+from torchjax.tensor import _shadows
+from torchjax.tensor._tensor import JaxTensor
 
 _CACHE_KWARGS = ("cache", "past_key_values")
 
@@ -183,9 +185,20 @@ def _replay(cache, after) -> None:
 # ones were made full-length) and keeps its length as a tensor, the reset writes
 # tensors only, with no Python state to move: it runs as one ``torchjax.jit`` program
 # (a program per cache object, which generate keeps). Any other layer resets as written.
+#
+# Note [A reset cache's length known on the host]
+# What the program leaves is known without reading it: transformers' base ``reset``
+# zeroes each layer's ``cumulative_length``. ``generate`` reads that length right after
+# (the prefill's ``past_length``, the SDPA mask's ``q_offset == 0``, compiled
+# generation's room check): three host reads, each waiting for the device, and the ops
+# on it (``rsub``, ``neg``, ``eq``) device programs. So when the cache and all its layers
+# reset with transformers' base methods, the zeros are kept as the lengths' host values
+# (Note [Host values of tensors made from host data] in torchjax/tensor/_shadows.py):
+# those reads and ops run on the host (Note [Integer ops on host values]). The values
+# are exact: the program just wrote these zeros; the prefill's write replaces them.
 def reset(cache) -> None:
-    """``cache.reset()``, as one program where that changes only tensors (see the Note)."""
-    from transformers.cache_utils import CacheLayerMixin, EncoderDecoderCache
+    """``cache.reset()``, as one program where that changes only tensors (see the Notes)."""
+    from transformers.cache_utils import Cache, CacheLayerMixin, EncoderDecoderCache
 
     objects = _cache_objects(cache)
     layers = [o for o in objects if o is not cache and not isinstance(o, EncoderDecoderCache)]
@@ -203,6 +216,11 @@ def reset(cache) -> None:
         cache.reset()
         return
     _reset_program()(cache)
+    if type(cache).reset is Cache.reset:  # Note [A reset cache's length known on the host]
+        for layer in layers:
+            length = layer.cumulative_length
+            if isinstance(length, JaxTensor) and length.numel() == 1:
+                _shadows.remember(length._storage, torch.zeros((), dtype=length.dtype))
 
 
 @functools.cache
