@@ -488,6 +488,20 @@ def test_put_host_is_an_explicit_transfer_for_transfer_guards():
             cj.put_host(host)
 
 
+def test_put_host_outside_mesh_puts_as_outside_any_mesh():
+    import jax
+
+    from torchjax._compat import jax as cj
+
+    host = np.arange(3, dtype=np.int32)
+    want = cj.put_host(host)
+    with torchjax.mesh((1,), ("x",)):
+        assert not jax.sharding.get_abstract_mesh().empty
+        got = cj.put_host(host, outside_mesh=True)
+    assert (got.committed, got.sharding) == (want.committed, want.sharding)
+    np.testing.assert_array_equal(np.asarray(got), host)
+
+
 def test_put_host_leaves_other_inputs_to_device_put():
 
     from torchjax._compat import jax as cj

@@ -94,3 +94,43 @@ def test_conversions_stay_on_the_device_they_name():
     assert moved.device.type == "cpu" and moved.dtype == torch.int32
     assert as_float.tolist() == [[0.0, 1.0], [2.0, 0.0]]
     assert _counts()[0] == 1
+
+
+def _on_host(t) -> bool:
+    from torchjax.tensor import _shadows
+
+    return isinstance(t._storage.lazy, _shadows.HostValues)
+
+
+def test_results_are_put_on_the_device_when_a_device_op_first_reads_them():
+    # Note [Host values put on the device when first read]: a chain of host ops and its
+    # reads never transfer; the first device op puts the values, placed as a copy would
+    # be, and the host values stay the shadow of that array.
+    mask = torch.tensor([[1, 1, 0, 1]]).to(TPU)
+    before = torch.tpu.memory_allocated()
+    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    assert _on_host(pos) and pos.tolist() == [[0, 1, 0, 2]]
+    assert torch.tpu.memory_allocated() > before  # counted from the start, as any tensor
+    torchjax.reset_stats()
+    scaled = pos * 2.5  # a float result: a device op, which puts pos
+    assert not _on_host(pos) and _counts() == (0, 1, 0)
+    arr = pos._value()
+    want = torch.tensor([[0, 1, 0, 2]]).to(TPU)._value()
+    assert (arr.dtype, arr.committed, arr.sharding) == (want.dtype, want.committed, want.sharding)
+    assert pos.tolist() == [[0, 1, 0, 2]] and _counts()[2] == 0  # still from the host
+    assert scaled.tolist() == [[0.0, 2.5, 0.0, 5.0]]
+    pos.add_(1)  # a write: the device holds the values now
+    torchjax.reset_stats()
+    assert pos.tolist() == [[1, 2, 1, 3]] and _counts()[2] == 1
+
+
+def test_results_under_a_mesh_are_put_at_once():
+    mask = torch.tensor([[1, 0, 1]]).to(TPU)
+    made_outside = mask.cumsum(-1)
+    with torchjax.mesh((1,), ("x",)):
+        inside = mask.cumsum(-1)
+        assert not _on_host(inside) and inside.tolist() == [[1, 1, 2]]
+        # Made outside, first read inside: placed as outside (on one device, uncommitted).
+        arr = (made_outside + 0.5)._value()
+        assert made_outside._value().sharding == mask._value().sharding
+    assert arr.tolist() == [[1.5, 1.5, 2.5]]

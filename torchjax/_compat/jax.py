@@ -242,13 +242,15 @@ def host_copy(arr: jax.Array) -> np.ndarray:
     return out
 
 
-def put_host(host, device=None) -> jax.Array:
+def put_host(host, device=None, *, outside_mesh: bool = False) -> jax.Array:
     """``jax.device_put(host, device)`` for a NumPy array and a jax device (or None: the
-    default device, uncommitted), through jax's own transfer call."""
+    default device, uncommitted), through jax's own transfer call. ``outside_mesh``: put
+    as outside any mesh context, whatever the context now (values made outside one and
+    put when first read: Note [Host values of tensors made from host data])."""
     if (
         host.__class__ is not np.ndarray
         or not (device is None or isinstance(device, jax.Device))
-        or not jax.sharding.get_abstract_mesh().empty
+        or not (outside_mesh or jax.sharding.get_abstract_mesh().empty)
     ):
         return jax.device_put(host, device)
     target = _pxla.get_default_device() if device is None else device

@@ -31,6 +31,7 @@ import torch
 from torchjax._compat.jax import trace_state_clean
 from torchjax._compat.torch import pytree
 from torchjax.device import _stats
+from torchjax.device._module import jax_device
 from torchjax.tensor import _shadows, _tensor
 
 aten = torch.ops.aten
@@ -83,7 +84,14 @@ def run(func, args, kwargs):
         storage = getattr(a, "_storage", None)
         if storage is not None and not _shadows.held_by(storage):
             return None
-    leaves, spec = pytree.tree_flatten((args, kwargs))
+    # Tensors only among the positional arguments (the common case) need no pytree.
+    flat = not any(isinstance(v, (list, tuple, torch.Tensor)) for v in kwargs.values()) and (
+        not any(isinstance(a, (list, tuple)) for a in args)
+    )
+    if flat:
+        leaves, spec = args, None
+    else:
+        leaves, spec = pytree.tree_flatten((args, kwargs))
     device = None
     host = []
     for x in leaves:
@@ -102,7 +110,10 @@ def run(func, args, kwargs):
             host.append(x)
     if device is None or not trace_state_clean():
         return None
-    cpu_args, cpu_kwargs = pytree.tree_unflatten(host, spec)
+    if flat:
+        cpu_args, cpu_kwargs = host, kwargs
+    else:
+        cpu_args, cpu_kwargs = pytree.tree_unflatten(host, spec)
     if func is aten._to_copy.default:
         cpu_kwargs = _same_device_copy(cpu_kwargs, device)
         if cpu_kwargs is None:
@@ -111,12 +122,28 @@ def run(func, args, kwargs):
         out = func(*cpu_args, **cpu_kwargs)
     except Exception:  # noqa: BLE001 - the device run raises the op's own error
         return None
+    if isinstance(out, torch.Tensor):
+        if out.dtype not in _EXACT:
+            return None
+        _stats.count_host_op()
+        return _onto(out, device)
     results, out_spec = pytree.tree_flatten(out)
     if any(isinstance(r, torch.Tensor) and r.dtype not in _EXACT for r in results):
         return None
     _stats.count_host_op()
-    moved = [r.to(device) if isinstance(r, torch.Tensor) else r for r in results]
+    moved = [_onto(r, device) if isinstance(r, torch.Tensor) else r for r in results]
     return pytree.tree_unflatten(moved, out_spec)
+
+
+def _onto(result: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The CPU ``result`` as a tpu tensor on ``device``: its values put there when a device
+    op first reads them (Note [Host values put on the device when first read] in
+    torchjax/tensor/_shadows.py), or copied now where that does not apply."""
+    index = device.index or 0
+    storage = _shadows.host_storage(result, jax_device(index))
+    if storage is None:
+        return result.to(device)
+    return _tensor.make(storage, tuple(result.shape), result.stride(), 0, result.dtype, index)
 
 
 def _same_device_copy(kwargs: dict, device) -> dict | None:

@@ -148,12 +148,13 @@ def _filled(shape, dtype, fill, device) -> jax.Array:
 # twice: eager ``generate`` of a model from ``from_pretrained(device_map="tpu")``
 # compiled its ``cat`` of the growing ids and its reads of the last token once per
 # placement, four programs per token where two do.
-def host_onto(host: np.ndarray, device) -> jax.Array:
+def host_onto(host: np.ndarray, device, *, outside_mesh: bool = False) -> jax.Array:
     """NumPy ``host`` on jax ``device`` as a tpu tensor's array (Note [Uncommitted arrays
-    on tpu:0]): uncommitted on tpu:0, committed to any other local device."""
+    on tpu:0]): uncommitted on tpu:0, committed to any other local device.
+    ``outside_mesh``: as ``put_host``'s."""
     if device == jax.devices()[0] or not _local(device):
-        return put_host(host)
-    return put_host(host, device)
+        return put_host(host, outside_mesh=outside_mesh)
+    return put_host(host, device, outside_mesh=outside_mesh)
 
 
 def _on_device(arr, device):

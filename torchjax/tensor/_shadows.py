@@ -18,13 +18,33 @@ read the device. The values are exact: the array was made from these very bytes.
 from a shadow is still a synchronisation point for deferred device checks (they raise
 first, as at any read), and it is not a device-to-host transfer, so
 ``torchjax.stats()["host_reads"]`` does not count it.
+
+Note [Host values put on the device when first read]
+The result of an op run on the host (Note [Integer ops on host values] in
+torchjax/ops/host_ops.py) was put on the device at once, as ``x.to("tpu")`` puts it:
+some 100 us of host time each on this CPU, most of such an op's cost, for values that
+mostly only the host reads next (transformers' ``isin(eos, pad).any()`` and
+``(mask == 1).all()``, the position ids' intermediates). Such a result, when small (up to
+``SHADOW_BYTES``), contiguous and made outside a mesh, is now a storage whose array is
+made on first read (Note [Storages filled on first read] in torchjax/tensor/_storage.py):
+its lazy value is ``HostValues``, the CPU values, which are its shadow meanwhile; the
+first device read puts them on the device as the copy would have (``host_onto``, placed
+as outside any mesh), and the shadow then stays tied to that array. A write replaces
+them as any write replaces an array. ``torch.tpu.memory_allocated()`` counts the bytes
+from the start (``nbytes_on``), as for other storages not made yet.
 """
 
 from __future__ import annotations
 
 import weakref
 
+import jax
 import torch
+
+from torchjax._compat.jax import x64_enter, x64_exit
+from torchjax.tensor._fills import host_onto
+from torchjax.tensor._storage import Storage, contiguous_strides, count_unmade
+from torchjax.tensor.dtypes import cpu_tensor_to_numpy, to_jax_dtype
 
 SHADOW_BYTES = 1024
 # Storage -> (weak reference to the jax array the values were written as, flat CPU
@@ -33,10 +53,65 @@ _SHADOWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _held(storage):
-    """``storage``'s array, or None when it has none made (a lazy storage)."""
-    if storage.lazy is not None:
+    """``storage``'s array; its ``HostValues`` while they are not put on the device; None
+    for another storage whose array is not made (a lazy storage)."""
+    lazy = storage.lazy
+    if lazy is None:
+        return storage.arr
+    return lazy if lazy.__class__ is HostValues else None
+
+
+class HostValues:
+    """The lazy value of a storage whose values only the host holds yet (Note [Host values
+    put on the device when first read]): ``values``, a contiguous CPU tensor of the
+    storage's shape, put on jax ``device`` when the array is first asked for."""
+
+    __slots__ = ("values", "device", "dtype", "storage", "__weakref__")
+
+    def __init__(self, values: torch.Tensor, device):
+        self.values, self.device = values, device
+        self.dtype = to_jax_dtype(values.dtype)
+        self.storage = None  # weak reference to the storage holding it
+
+    def resolve(self) -> jax.Array:
+        token = x64_enter()  # an int64 value stays 64-bit
+        try:
+            # Concrete even when first read inside a trace: the storage outlives it.
+            with jax.ensure_compile_time_eval():
+                arr = host_onto(cpu_tensor_to_numpy(self.values), self.device, outside_mesh=True)
+        finally:
+            x64_exit(token)
+        storage = self.storage()
+        if storage is not None and storage in _SHADOWS:  # the shadow of the array now
+            _SHADOWS[storage] = (weakref.ref(arr), self.values.reshape(-1))
+        return arr
+
+    def nbytes_on(self, device) -> int:
+        """Bytes the array will take on jax ``device`` (``unfilled_bytes``)."""
+        return self.values.numel() * self.values.element_size() if device == self.device else 0
+
+
+def host_storage(values: torch.Tensor, device) -> Storage | None:
+    """A storage of ``values`` (a CPU tensor), its array put on jax ``device`` when first
+    read, the values its shadow until then (Note [Host values put on the device when
+    first read]); None where that does not apply (large, not contiguous, under a mesh):
+    the caller copies as before."""
+    nbytes = values.numel() * values.element_size()
+    if (
+        nbytes > SHADOW_BYTES
+        or values.storage_offset() != 0
+        or values.stride() != contiguous_strides(tuple(values.shape))
+        or values.is_conj()
+        or values.is_neg()
+        or not jax.sharding.get_abstract_mesh().empty
+    ):
         return None
-    return storage.arr
+    lazy = HostValues(values.detach(), device)
+    storage = Storage.made_later(tuple(values.shape), lazy, values.numel())
+    lazy.storage = weakref.ref(storage)
+    count_unmade(storage)
+    _SHADOWS[storage] = (weakref.ref(lazy), lazy.values.reshape(-1))
+    return storage
 
 
 def remember(storage, values: torch.Tensor) -> None:
