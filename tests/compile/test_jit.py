@@ -314,6 +314,28 @@ def test_hashable_static_objects_are_keyed_by_value():
     assert f.trace_count == 2
 
 
+def test_keyed_static_values_are_one_leaf_keyed_once_and_say_what_changed():
+    # Note [Static values keyed once]: equal keys share a program, the typed key tells
+    # 1 from 1.0 and True, and a retrace names the item that changed.
+    from torchjax.compile import _call
+    from torchjax.compile._keys import Keyed
+
+    f = torchjax.jit(lambda x, *, guard: x * guard.value[1][0], warn_after=1)
+    x = torch.arange(3, device="tpu")
+    big = tuple(range(500))
+    assert len(_call.flatten_args((x,), {"guard": Keyed((big, (2,)))})[0]) == 2
+    assert f(x, guard=Keyed((big, (2,)))).tolist() == [0, 2, 4]
+    assert f(x, guard=Keyed((big, (2,)))).tolist() == [0, 2, 4]  # an equal new object
+    assert f.trace_count == 1
+    with pytest.warns(torchjax.RetraceWarning, match=r"changed from 2 to 2.0"):
+        out = f(x, guard=Keyed((big, (2.0,))))
+    assert out.dtype == torch.float32 and f.trace_count == 2
+    with pytest.warns(torchjax.RetraceWarning, match=r"changed from 2.0 to True"):
+        assert f(x, guard=Keyed((big, (True,)))).dtype == torch.int64
+    assert f.trace_count == 3
+    assert Keyed((1, [2])) == Keyed((1, [2])) and Keyed(1) != Keyed(True)
+
+
 class _MyTensor(torch.Tensor):
     pass
 

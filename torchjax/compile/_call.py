@@ -11,7 +11,7 @@ import torch
 from torchjax._compat.torch import pytree
 from torchjax.compile import _aliases, _attribute_guards, _hyper, _state
 from torchjax.compile._capturable import make_capturable
-from torchjax.compile._keys import value_key
+from torchjax.compile._keys import Keyed, first_difference, value_key
 from torchjax.tensor._tensor import JaxTensor, wrap
 
 _SCALARS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)
@@ -254,6 +254,8 @@ def describe_change(old, new) -> str:
             if name == "non-tensor arguments" and len(a) == len(b):
                 for x, y in zip(a, b):
                     if x != y:
+                        if type(x) is Keyed and type(y) is Keyed:  # the item that changed
+                            x, y = first_difference(x.value, y.value)
                         return f"a non-tensor argument changed from {x!r} to {y!r}"
             if name.startswith("state tensors"):
                 return (

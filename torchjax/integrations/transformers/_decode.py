@@ -63,6 +63,7 @@ import threading
 
 import torch
 
+from torchjax.compile._keys import Keyed
 from torchjax.integrations.transformers._cache_state import (
     _python_state,
     _replay,
@@ -235,13 +236,16 @@ def device_sample(
     eos = [c for c in stopping_criteria if type(c) is sc.EosTokenCriteria]
     eos_ids = tuple(sorted({i for c in eos for i in _values(c.eos_token_id)}))
     pad = generation_config._pad_token_tensor
-    settings = (
-        _spec(logits_processor),
-        _rules(logits_processor),
-        eos_ids,
-        None if pad is None or not eos_ids else _values(pad)[0],
-        bool(generation_config.do_sample),
-        tuple(sorted((k, v) for k, v in model_kwargs.items() if k not in _MODEL_KWARGS)),
+    # One static argument, keyed once (Note [Static values keyed once]).
+    settings = Keyed(
+        (
+            _spec(logits_processor),
+            _rules(logits_processor),
+            eos_ids,
+            None if pad is None or not eos_ids else _values(pad)[0],
+            bool(generation_config.do_sample),
+            tuple(sorted((k, v) for k, v in model_kwargs.items() if k not in _MODEL_KWARGS)),
+        )
     )
 
     outputs = self._prefill(input_ids, generation_config, model_kwargs)
@@ -275,7 +279,7 @@ def device_sample(
         length = prompt + 1
         loop = wrapper.loop
         while length < max_length:
-            guard = _python_state(cache)
+            guard = Keyed(_python_state(cache))
             if loop:
                 before = _python_state(cache, values=True)
                 # Nothing in the cache's Python state moves per token: every step runs as
@@ -371,7 +375,7 @@ def decode_step(
             attention_mask=mask,
             position_ids=positions,
             use_cache=True,
-            **dict(settings[-1]),
+            **dict(settings.value[-1]),
         )
         out = wrapper.eager(**inputs, return_dict=True)
         logits = out.logits[:, -1].to(torch.float32)
@@ -383,7 +387,7 @@ def decode_step(
 
 def _choose(settings, tokens, pos, logits, unfinished, done_at, stopped) -> None:
     """Processors, token choice, write at ``pos``, flags: transformers' ``_sample`` body."""
-    _, rules, eos_ids, pad, do_sample, _ = settings
+    _, rules, eos_ids, pad, do_sample, _ = settings.value
     scores = logits
     vocab = scores.shape[-1]
     for p, rule in zip(_LOCAL.processors, rules):

@@ -99,6 +99,7 @@ import weakref
 import torch
 
 from torchjax.compile._jit import Jitted, jit
+from torchjax.compile._keys import Keyed
 from torchjax.integrations.transformers import _decode
 from torchjax.integrations.transformers._as_written import (
     _AS_WRITTEN,
@@ -203,8 +204,9 @@ def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=N
         room = check_room(model, cache, args, kwargs, lengths)
         reuse_cross_cache(cache, crosses)
         pin_cache(cache, pinned)
-        # Note [The prefill of an empty cache] in _cache_state.py: its last entry.
-        guard = (_python_state(cache), _signature(args, kwargs), empty_prefill(room))
+        # One static argument, keyed once (Note [Static values keyed once]);
+        # its last entry: Note [The prefill of an empty cache] in _cache_state.py.
+        guard = Keyed((_python_state(cache), _signature(args, kwargs), empty_prefill(room)))
         out = jitted(*args, _torchjax_guard=guard, **kwargs)
         _replay(cache, forward.after[guard])
         record_room(lengths, room)
@@ -412,7 +414,7 @@ def _traced_forward(self, *args, _torchjax_guard, **kwargs):
     """What ``torchjax.jit`` traces: the class's forward, then a record of the Python state
     it left in the cache (replayed after every call of this executable)."""
     wrapper = vars(self)["forward"]
-    if _torchjax_guard[-1]:  # Note [The prefill of an empty cache] in _cache_state.py
+    if _torchjax_guard.value[-1]:  # Note [The prefill of an empty cache] in _cache_state.py
         known_empty(_static_cache(kwargs))
     out = wrapper.eager(*args, **kwargs)
     wrapper.after[_torchjax_guard] = _python_state(_static_cache(kwargs), values=True)
