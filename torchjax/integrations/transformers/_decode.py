@@ -231,7 +231,7 @@ def device_sample(
             **model_kwargs,
         )
 
-    batch, prompt = input_ids.shape
+    prompt = input_ids.shape[1]
     max_length = min(c.max_length for c in stopping_criteria if type(c) is sc.MaxLengthCriteria)
     eos = [c for c in stopping_criteria if type(c) is sc.EosTokenCriteria]
     eos_ids = tuple(sorted({i for c in eos for i in _values(c.eos_token_id)}))
@@ -259,18 +259,11 @@ def device_sample(
     step = wrapper.decode_step
     _LOCAL.processors = logits_processor
     try:
-        device = input_ids.device
         state = wrapper.first_token(
             input_ids,
             outputs.logits,
             model_kwargs.get("attention_mask"),
             model_kwargs.get("position_ids"),
-            # Made from host data here: made inside the trace they would be constants,
-            # and every op on constants alone a program of its own.
-            torch.tensor(prompt, dtype=torch.long, device=device),
-            torch.ones(batch, dtype=torch.long, device=device),
-            torch.tensor(size, dtype=torch.long, device=device),  # size: not yet
-            torch.zeros((), dtype=torch.long, device=device),
             room=room,
             settings=settings,
         )
@@ -312,17 +305,21 @@ def device_sample(
     return tokens[:, : min(int(done_at), length)].clone()
 
 
-def first_token(
-    input_ids, logits, mask, positions, pos, unfinished, done_at, stopped, *, room, settings
-):
+def first_token(input_ids, logits, mask, positions, *, room, settings):
     """What ``torchjax.jit`` traces after the prefill (Note [The step after the prefill]):
-    the decoding state, and the first new token chosen from the prefill's ``logits``
-    (``pos``, ``unfinished``, ``done_at``, ``stopped`` updated in place). Returns
-    ``(tokens, mask, pos, positions, unfinished, done_at, stopped)``."""
+    the decoding state, and the first new token chosen from the prefill's ``logits``.
+    Returns ``(tokens, mask, pos, positions, unfinished, done_at, stopped)``: the token
+    buffer, the next write position, the unfinished flags and the length at which every
+    sequence had finished (the buffer's size: not yet) with its flag ``stopped``."""
     batch, prompt = input_ids.shape
-    tokens = torch.full(
-        (batch, room + 1), logits.shape[-1], dtype=input_ids.dtype, device=input_ids.device
-    )
+    device = input_ids.device
+    tokens = torch.full((batch, room + 1), logits.shape[-1], dtype=input_ids.dtype, device=device)
+    # Made in the trace as fills of the program (Note [Fills of storages made inside a
+    # trace]), its outputs: no transfers of host values per call.
+    pos = torch.full((), prompt, dtype=torch.long, device=device)
+    unfinished = torch.ones(batch, dtype=torch.long, device=device)
+    done_at = torch.full((), room + 1, dtype=torch.long, device=device)
+    stopped = torch.zeros((), dtype=torch.long, device=device)
     tokens[:, :prompt] = input_ids
     if mask is not None:
         # Ones for the new tokens; cut to the cache's width when the prompt's mask and the
