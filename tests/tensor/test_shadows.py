@@ -81,3 +81,37 @@ def test_a_pending_device_check_raises_at_a_read_from_host_values():
     x[ids]  # an out-of-range index: a deferred device check, raised at the next sync
     with pytest.raises(IndexError):
         small.tolist()
+
+
+def _unmade(t) -> bool:
+    return isinstance(t._storage.lazy, _shadows.HostValues)
+
+
+def test_small_copies_are_put_on_the_device_when_a_device_op_first_reads_them():
+    # Note [Host values put on the device when first read]: a small copy into a new
+    # tensor waits on the host; the first device op puts it as the copy would have.
+    before = torch.tpu.memory_allocated()
+    ids = torch.tensor([[3, 1, 4]], device="tpu")
+    half = torch.tensor([0.5, 1.5]).to("tpu")
+    assert _unmade(ids) and _unmade(half)
+    assert torch.tpu.memory_allocated() - before == 3 * 8 + 2 * 4  # counted from the start
+    assert ids.tolist() == [[3, 1, 4]] and ids.detach().tolist() == [[3, 1, 4]]
+    assert _unmade(ids)  # reads and aliases leave it on the host
+    got = half * 2  # a device op
+    assert not _unmade(half) and got.tolist() == [1.0, 3.0]
+    want = torch.tensor([0.5, 1.5]).to("tpu")
+    want._storage.arr  # noqa: B018 - as a copy made its array
+    arr, ref = half._value(), want._value()
+    assert (arr.dtype, arr.committed, arr.sharding) == (ref.dtype, ref.committed, ref.sharding)
+    reads = _reads()
+    assert half.tolist() == [0.5, 1.5] and _reads() == reads  # still the shadow
+    # Not deferred: a large copy, a copy into a tensor whose array exists, a trace's.
+    assert not _unmade(torch.zeros(300).to("tpu"))
+    made = torch.zeros(2, device="tpu") + 1
+    made.copy_(torch.tensor([4.0, 5.0]))
+    assert not _unmade(made) and made.tolist() == [4.0, 5.0]
+    seen = []
+    torchjax.jit(lambda x: seen.append(_unmade(torch.tensor([1, 2], device="tpu"))) or x + 1)(
+        torch.ones(2, device="tpu")
+    )
+    assert seen == [False]

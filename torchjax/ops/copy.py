@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torchjax._compat.jax import host_copy, x64
+from torchjax._compat.jax import host_copy, trace_state_clean, x64
 from torchjax._compat.torch import awaits_legacy_bytes, call_composite_explicit, untyped_storage_of
 from torchjax._compat.torch_dynamo import active_fake_mode, active_proxy_mode
 from torchjax.device import _checks, _stats
@@ -31,6 +31,7 @@ from torchjax.tensor._memory_format import (
     restrided,
     result_strides,
 )
+from torchjax.tensor._shadows import HostValues
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor, view_of, wrap
 
@@ -86,15 +87,20 @@ def copy_(args, kwargs):
 
 
 def _copy_from_cpu(dst: JaxTensor, src: torch.Tensor) -> JaxTensor:
-    with x64(True):  # also when a legacy load runs it again, outside dispatch
-        out = write_into(aten.copy_.default, dst, wrap(cpu_to_jax(src)), check_cast=False)
     storage = dst._storage
-    if (
+    whole = (
         src.dtype == dst.dtype
         and tuple(src.shape) == dst._size
         and storage.covers(dst._size, dst._stride, dst._offset)
         and dst._stride == contiguous_strides(dst._size)
-    ):
+    )
+    # Note [Host values put on the device when first read] (torchjax/tensor/_shadows.py)
+    if whole and not fused.ACTIVE[0] and trace_state_clean() and _shadows.copy_later(storage, src):
+        dst._cache_version = -1
+        return dst
+    with x64(True):  # also when a legacy load runs it again, outside dispatch
+        out = write_into(aten.copy_.default, dst, wrap(cpu_to_jax(src)), check_cast=False)
+    if whole:
         _shadows.remember(storage, src)  # Note [Host values of tensors made from host data]
     return out
 
@@ -174,7 +180,10 @@ def alias(args, kwargs):
     self = args[0]
     if len(args) > 1:  # _unsafe_view(self, size): a view whose result torch treats as fresh
         return aten.view.default(self, args[1])
-    value = None if fused.pending_of(self) is not None else self._value()
+    # Not read where that would run a recorded segment (Note [Fused eager]) or put host
+    # values on the device (Note [Host values put on the device when first read]).
+    unread = fused.pending_of(self) is not None or self._storage.lazy.__class__ is HostValues
+    value = None if unread else self._value()
     return view_of(self, self._size, self._stride, self._offset, value=value)
 
 

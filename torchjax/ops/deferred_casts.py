@@ -73,6 +73,7 @@ from torchjax.ops import fused, promotion
 from torchjax.ops.fusion_cuts import elementwise
 from torchjax.ops.promotion import astype
 from torchjax.ops.templates import has_cast
+from torchjax.tensor._shadows import HostValues
 from torchjax.tensor._storage import Storage, contiguous_strides, count_unmade
 from torchjax.tensor._tensor import make
 
@@ -124,6 +125,8 @@ def defer(t, jdt, dtype, stride):
     storage, size = t._storage, t._size
     if stride != contiguous_strides(size):
         return None
+    if storage.lazy.__class__ is HostValues:
+        storage.arr  # noqa: B018 - put now (Note [Host values put on the device when first read])
     if t._cache_version == storage.version:
         src = t._cache
     elif (

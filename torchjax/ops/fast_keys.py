@@ -21,6 +21,7 @@ from torchjax.ops.templates import (
     static,
     static_entry,
 )
+from torchjax.tensor._shadows import HostValues
 from torchjax.tensor._storage import _plan, contiguous_strides
 from torchjax.tensor._tensor import JaxTensor
 
@@ -52,7 +53,7 @@ def tensors(seq, vals, masks: bool):
             size, stride, offset = y._size, y._stride, y._offset
             if not (storage.covers(size, stride, offset) and stride == contiguous_strides(size)):
                 return None
-            lazy = storage.lazy
+            lazy = _made(storage)
             if lazy is None:
                 arr = storage.arr
                 y._cache, y._cache_version = arr, storage.version
@@ -63,6 +64,17 @@ def tensors(seq, vals, masks: bool):
             vals.append(arr)
         parts.append((y.dtype, y._size))
     return (seq.__class__, tuple(parts))
+
+
+def _made(storage):
+    """``storage.lazy`` once host values waiting for a first device read are put (Note
+    [Host values put on the device when first read]): an op reading them reads the
+    array, on the fast path as any other."""
+    lazy = storage.lazy
+    if lazy.__class__ is HostValues:
+        storage.arr  # noqa: B018 - makes the array
+        return None
+    return lazy
 
 
 def key(args, tmpl, pidx):
@@ -132,7 +144,7 @@ def call_key(args, pidx, masks: bool, tidx=()):
                 sig.append(a._size)
                 vals.append(a._cache)
                 continue
-            lazy = storage.lazy
+            lazy = _made(storage)
             if lazy is None:
                 arr = storage.arr
             elif lazy.__class__ is _fused.Pending and _fused.recording():

@@ -24,14 +24,17 @@ The result of an op run on the host (Note [Integer ops on host values] in
 torchjax/ops/host_ops.py) was put on the device at once, as ``x.to("tpu")`` puts it:
 some 100 us of host time each on this CPU, most of such an op's cost, for values that
 mostly only the host reads next (transformers' ``isin(eos, pad).any()`` and
-``(mask == 1).all()``, the position ids' intermediates). Such a result, when small (up to
-``SHADOW_BYTES``), contiguous and made outside a mesh, is now a storage whose array is
-made on first read (Note [Storages filled on first read] in torchjax/tensor/_storage.py):
-its lazy value is ``HostValues``, the CPU values, which are its shadow meanwhile; the
-first device read puts them on the device as the copy would have (``host_onto``, placed
-as outside any mesh), and the shadow then stays tied to that array. A write replaces
-them as any write replaces an array. ``torch.tpu.memory_allocated()`` counts the bytes
-from the start (``nbytes_on``), as for other storages not made yet.
+``(mask == 1).all()``, the position ids' intermediates), and so were the special token
+ids ``generate`` makes with ``torch.tensor(id, device=...)``, which only such ops read.
+Such a result, and a copy from CPU into a whole new tensor (``torch.tensor(data,
+device="tpu")``, ``x.to("tpu")``), when small (up to ``SHADOW_BYTES``), dense and made
+outside a mesh, is now a storage whose array is made on first read (Note [Storages
+filled on first read] in torchjax/tensor/_storage.py): its lazy value is
+``HostValues``, the CPU values, which are its shadow meanwhile; the first device read
+puts them on the device as the copy would have (``host_onto``, placed as outside any
+mesh), and the shadow then stays tied to that array. A write replaces them as any write
+replaces an array. ``torch.tpu.memory_allocated()`` counts the bytes from the start
+(``nbytes_on``), as for other storages not made yet.
 """
 
 from __future__ import annotations
@@ -91,27 +94,58 @@ class HostValues:
         return self.values.numel() * self.values.element_size() if device == self.device else 0
 
 
+def _deferrable(values: torch.Tensor) -> bool:
+    """Whether ``values`` (a CPU tensor) may wait on the host for a first device read:
+    small, dense in storage order, no math bits, made outside a mesh."""
+    return (
+        values.numel() * values.element_size() <= SHADOW_BYTES
+        and values.storage_offset() == 0
+        and values.stride() == contiguous_strides(tuple(values.shape))
+        and not values.is_conj()
+        and not values.is_neg()
+        and jax.sharding.get_abstract_mesh().empty
+    )
+
+
+def _hold(storage, lazy: HostValues) -> None:
+    lazy.storage = weakref.ref(storage)
+    _SHADOWS[storage] = (weakref.ref(lazy), lazy.values.reshape(-1))
+
+
 def host_storage(values: torch.Tensor, device) -> Storage | None:
-    """A storage of ``values`` (a CPU tensor), its array put on jax ``device`` when first
-    read, the values its shadow until then (Note [Host values put on the device when
-    first read]); None where that does not apply (large, not contiguous, under a mesh):
-    the caller copies as before."""
-    nbytes = values.numel() * values.element_size()
-    if (
-        nbytes > SHADOW_BYTES
-        or values.storage_offset() != 0
-        or values.stride() != contiguous_strides(tuple(values.shape))
-        or values.is_conj()
-        or values.is_neg()
-        or not jax.sharding.get_abstract_mesh().empty
-    ):
+    """A storage of ``values`` (a CPU tensor nothing else holds), its array put on jax
+    ``device`` when first read, the values its shadow until then (Note [Host values put
+    on the device when first read]); None where that does not apply (large, not
+    contiguous, under a mesh): the caller copies as before."""
+    if not _deferrable(values):
         return None
     lazy = HostValues(values.detach(), device)
     storage = Storage.made_later(tuple(values.shape), lazy, values.numel())
-    lazy.storage = weakref.ref(storage)
     count_unmade(storage)
-    _SHADOWS[storage] = (weakref.ref(lazy), lazy.values.reshape(-1))
+    _hold(storage, lazy)
     return storage
+
+
+def copy_later(storage, values: torch.Tensor) -> bool:
+    """Copy ``values`` (a CPU tensor of ``storage``'s shape and dtype) into ``storage``, a
+    storage whose array is not made yet and whose fill nothing read (a new tensor's), as
+    host values put on its device when first read (see the Note); False where that does
+    not apply: the caller copies now."""
+    lazy = storage.lazy
+    if (
+        lazy.__class__ is not list
+        or storage.__class__ is not Storage
+        or tuple(values.shape) != storage.shape
+        or not _deferrable(values)
+    ):
+        return False
+    held = HostValues(values.detach().clone(), lazy[2])
+    if held.dtype != lazy[1]:
+        return False
+    storage.lazy = held  # counted by unfilled_bytes as the fill was (``nbytes_on``)
+    storage.version += 1
+    _hold(storage, held)
+    return True
 
 
 def remember(storage, values: torch.Tensor) -> None:
