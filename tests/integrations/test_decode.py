@@ -163,6 +163,28 @@ def test_one_program_per_token_or_one_loop(cpu, compiled, loop):
     assert counts[40][2] - counts[8][2] == (0 if loop else 4)
 
 
+def test_a_warm_generate_runs_no_eager_device_program_and_reads_once(cpu, compiled):
+    # What a warm call does on the host besides its programs, for an unpadded prompt:
+    # transformers' setup ops run on the host values of the ids, the mask, the special
+    # tokens and the reset cache's lengths (Note [A reset cache's length known on the
+    # host] in _cache_state.py), so no eager op runs on the device and nothing is read
+    # before the loop; after it, one read of the finish length (with the programs'
+    # pending device checks), then the result's .cpu(). Before: 3 eager device programs
+    # and 7 reads.
+    one = {k: v[1:] for k, v in tl.prompts().items()}
+    kwargs = dict(STATIC, do_sample=False, eos_token_id=2, max_new_tokens=12)
+    for _ in range(2):
+        _generate(compiled, one, **kwargs)
+    torchjax.reset_stats()
+    got = _generate(compiled, one, **kwargs)
+    stats = torchjax.stats()
+    assert compiled.forward.last_fallback is None
+    assert stats["executions"] == 0 and stats["compiles"] == 0
+    assert stats["host_reads"] <= 3
+    assert stats["host_ops"] > 0  # the setup ran, on the host
+    assert torch.equal(got, _generate(cpu, one, **kwargs))
+
+
 def test_sampling_is_seeded_and_draws_from_the_filtered_distribution(cpu, compiled, loop):
     kwargs = dict(STATIC, do_sample=True, top_k=4, top_p=0.9, temperature=0.8, max_new_tokens=12)
     torch.manual_seed(0)

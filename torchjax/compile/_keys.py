@@ -30,7 +30,7 @@ def value_key(v):
     if t in (bool, int):
         return (t, v)
     if t in (tuple, list):
-        return (t, tuple(value_key(x) for x in v))
+        return (t, tuple(map(value_key, v)))
     if t is dict:
         return (dict, tuple((k, value_key(x)) for k, x in v.items()))
     return v

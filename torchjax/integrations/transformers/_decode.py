@@ -59,6 +59,7 @@ with the same settings reuses the programs.
 
 from __future__ import annotations
 
+import inspect
 import threading
 
 import torch
@@ -303,6 +304,10 @@ def device_sample(
     finally:
         _LOCAL.processors = None
     return tokens[:, : min(int(done_at), length)].clone()
+
+
+# generate reads its decoding method's signature every call: computed once.
+device_sample.__signature__ = inspect.signature(device_sample)
 
 
 def first_token(input_ids, logits, mask, positions, *, room, settings):

@@ -92,6 +92,7 @@ import collections
 import contextvars
 import copy
 import functools
+import inspect
 import threading
 import types
 import weakref
@@ -214,6 +215,9 @@ def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=N
 
     forward.jitted = jitted
     forward.eager = eager_forward
+    # transformers' generate asks for the forward's signature several times a call; the
+    # class's forward's, as ``inspect.signature`` finds it through ``__wrapped__``, once.
+    forward.__signature__ = inspect.signature(eager_forward)
     forward.after = {}  # guard -> the cache's Python state the traced call left
     # Greedy and sampled decoding: one program per token (Note [Decode steps as one
     # program] in torchjax/integrations/transformers/_decode.py).
