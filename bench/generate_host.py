@@ -17,11 +17,17 @@ doing, each part exclusive of the parts inside it:
   and writing their results back;
 - ``other``: everything else: transformers' Python, torchjax's generate glue.
 
-With the counts of eager ops and host reads per call (where each comes from: the
-caller outside torch and torchjax), and cProfile's top functions by own time for one
-call. Compare the wall with bench/tpu.py's pure-JAX loop on the same chip.
+With the main thread's CPU time per call (``time.thread_time``: the host's own work,
+the waits for the device left out; steadier than the wall on a busy machine), the
+counts of eager ops and host reads per call (where each comes from: the caller outside
+torch and torchjax), and cProfile's top functions by own time for one call. Compare the
+wall with bench/tpu.py's pure-JAX loop on the same chip.
 
-Run:  python bench/generate_host.py [--small] [--batch 1] [--runs 5]
+``--layers N`` gives the model N layers (the 1.1B has 16): with ``--small``, the host's
+per-layer work (state walks, the cache's Python state) at the chip model's depth
+without its compute, on CPU.
+
+Run:  python bench/generate_host.py [--small] [--layers N] [--batch 1] [--runs 5]
 """
 
 from __future__ import annotations
@@ -109,6 +115,7 @@ def _caller() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--small", action="store_true")
+    parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
@@ -122,6 +129,8 @@ def main() -> None:
 
     torch.manual_seed(0)
     cfg = llama_config(args.small)
+    if args.layers is not None:
+        cfg.num_hidden_layers = args.layers
     model = tf.LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16).eval().to("tpu")
     ids = _prompt(args.batch, 128, cfg.vocab_size).to("tpu")
     new = 128
@@ -149,13 +158,14 @@ def main() -> None:
 
     import torchjax
 
-    walls = []
+    walls, cpus = [], []
     torchjax.reset_stats()
     for _ in range(args.runs):
         split.on = True
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         _generate(model, ids, new)
         walls.append(time.perf_counter() - t0)
+        cpus.append(time.thread_time() - c0)
         split.on = False
     runs = args.runs
     wall = sum(walls) / runs * 1e3
@@ -166,6 +176,7 @@ def main() -> None:
     for k, v in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"  {k:14s} {v:8.2f} ms  ({split.count[k] / runs:.0f} per call)")
     print(f"  {'other':14s} {wall - sum(parts.values()):8.2f} ms")
+    print(f"  main-thread CPU {sum(cpus) / runs * 1e3:.2f} ms per call")
     # Note [Integer ops on host values]: eager ops run on the host, no device program.
     print(
         f"  of the eager ops, run on the host: {torchjax.stats()['host_ops'] / runs:.0f} per call"
