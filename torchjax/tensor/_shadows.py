@@ -96,9 +96,11 @@ class HostValues:
 
 def _deferrable(values: torch.Tensor) -> bool:
     """Whether ``values`` (a CPU tensor) may wait on the host for a first device read:
-    small, dense in storage order, no math bits, made outside a mesh."""
+    small, dense in storage order, no math bits, within NumPy's 64 dimensions, made outside
+    a mesh."""
     return (
         values.numel() * values.element_size() <= SHADOW_BYTES
+        and values.dim() <= 64
         and values.storage_offset() == 0
         and values.stride() == contiguous_strides(tuple(values.shape))
         and not values.is_conj()
