@@ -3,6 +3,8 @@
 that reads values when they are known (transformers' mask shortcuts) does so as in eager;
 values from the program's inputs, and large values, stay computations of the program."""
 
+import json
+
 import jax
 import pytest
 import torch
@@ -10,6 +12,7 @@ import transformers as tf
 
 import torchjax
 from examples import tiny_llama_generate as tl
+from tests._child import run_python
 
 
 def _is_tracer(t: torch.Tensor) -> bool:
@@ -92,3 +95,66 @@ def test_a_concrete_write_into_a_tensor_outside_the_state_is_refused():
         with pytest.raises(RuntimeError, match="register_buffer"):
             torchjax.jit(fn)(torch.ones(2, device="tpu"))
         assert hidden.t.cpu().tolist() == [0.0, 0.0]
+
+
+def test_views_read_before_an_op_inside_a_trace_stay_concrete():
+    # Once an overload has seen a few signatures of a key that reads views, it reads its
+    # views first, through each view's read program (Note [Views in keys whose shapes
+    # vary]); inside a trace that read was staged. After eager ``diff`` of expanded
+    # position ids of a few lengths, a traced Llama's position ids' ``diff`` was a
+    # tracer, so transformers passed SDPA a (B, 1, S, S) mask and repeated the key/value
+    # heads, depending on what had run before in the process. A fresh process: the
+    # overloads' counts are this code's.
+    out = run_python(
+        """
+        import json
+
+        import jax
+        import torch
+        import transformers as tf
+
+        import torchjax
+        from examples import tiny_llama_generate as tl
+        from torchjax._compat.jax import trace_state_clean
+        from torchjax.ops.view_signatures import MAX_VIEW_SIGNATURES
+        from torchjax.tensor import _view_plans
+
+        for n in range(3, 5 + MAX_VIEW_SIGNATURES):
+            p = torch.arange(n, device="tpu").unsqueeze(0).expand(2, n)
+            torch.diff(p, prepend=p[:, :1] - 1, dim=-1)
+
+        reads, calls = [], []
+        read_array = _view_plans._Plan.read_array
+
+        def spy_read(self, arr, offset=None):
+            out = read_array(self, arr, offset)
+            if not (trace_state_clean() or isinstance(arr, jax.core.Tracer)):
+                reads.append(isinstance(out, jax.core.Tracer))
+            return out
+
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def spy_sdpa(q, k, v, attn_mask=None, is_causal=False, **kw):
+            calls.append([attn_mask is None, is_causal, kw.get("enable_gqa", False), k.shape[1]])
+            return sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
+
+        torch.manual_seed(0)
+        cpu = tf.LlamaForCausalLM(tl.tiny_llama_config()).eval()
+        model = tf.LlamaForCausalLM(tl.tiny_llama_config()).eval()
+        model.load_state_dict(cpu.state_dict())
+        model.to("tpu")
+        ids = torch.randint(0, 128, (2, 16))
+        with torch.no_grad():
+            want = cpu(ids, use_cache=False).logits
+        _view_plans._Plan.read_array = spy_read
+        torch.nn.functional.scaled_dot_product_attention = spy_sdpa
+        got = torchjax.jit(lambda ids: model(ids, use_cache=False).logits)(ids.to("tpu"))
+        torch.testing.assert_close(got.cpu(), want, atol=2e-5, rtol=1e-4)
+        print(json.dumps({"reads": reads, "calls": calls}))
+        """
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    # The position ids' views were read before the op, inside the trace: the case ran.
+    assert seen["reads"] and not any(seen["reads"]), seen
+    assert seen["calls"] == [[True, True, True, 2]] * 2, seen

@@ -49,6 +49,15 @@ fold (``FOLD_ELEMENTS`` in every argument together and in every result): a large
 into it (XLA keeps a program's constants for the executable's life). Values are the
 executable's either way; a result that would be too large is staged as before. Not under
 a mesh, where an eager call would place its result by the mesh.
+
+A view of a concrete array read before the op (``Plan.read_array`` in
+torchjax/tensor/_view_plans.py) folds by the same rule. An op reads its views inside its
+own program, folded with it, until the overload has seen many view layouts or signatures
+(``MAX_VIEW_KEYS``, ``MAX_VIEW_SIGNATURES`` in torchjax/ops/cached_compute.py); after that
+it reads them first, through the view's read program, which a trace staged: the position
+ids' ``diff`` of a model traced after other code had used ``diff`` on enough shapes was a
+tracer, and transformers passed SDPA a mask and repeated heads, depending on what ran
+before in the process.
 """
 
 from __future__ import annotations
@@ -66,6 +75,11 @@ from torchjax.ops.templates import signature
 from torchjax.ops.xla_options import COMPILER_OPTIONS
 from torchjax.tensor import _errors
 
+# Arguments (together) and each result of an op evaluated inside a trace because its
+# arguments are concrete, at most this many elements (Note [Values made from constants
+# inside a trace]); defined with the view reads, which fold by the same bound.
+from torchjax.tensor._view_plans import FOLD_ELEMENTS
+
 # Keys of one overload that differ only in float static arguments (torch.optim's
 # ``addcdiv_(..., value=-step_size)``): after this many, such calls run op by op
 # instead of compiling each new value.
@@ -81,10 +95,6 @@ CONCRETE_ERRORS = (
     jax.errors.TracerBoolConversionError,
 )
 
-# Arguments (together) and each result of an op evaluated inside a trace because its
-# arguments are concrete, at most this many elements (Note [Values made from constants
-# inside a trace]).
-FOLD_ELEMENTS = 1 << 16
 
 # Every owner of a table (anything with ``func`` and ``clear()``), for clear_caches.
 _OWNERS: weakref.WeakSet = weakref.WeakSet()

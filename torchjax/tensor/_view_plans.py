@@ -15,6 +15,12 @@ import numpy as np
 from jax import lax
 
 from torchjax import _budget
+from torchjax._compat.jax import trace_state_clean
+
+# Elements up to which a value made from concrete arrays inside a trace is computed there
+# and then (Note [Values made from constants inside a trace] in torchjax/ops/executables.py,
+# which folds ops by the same bound): a view read here is one such value.
+FOLD_ELEMENTS = 1 << 16
 
 
 def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
@@ -223,6 +229,24 @@ class _Plan:
     def read_array(self, arr, offset=None):
         """The view's values from the storage array ``arr`` (the storage's shape).
         ``offset``: this plan's layout read at that offset (a ``dynamic`` plan)."""
+        if not trace_state_clean() and self._folds(arr):
+            # Concrete inside a trace, as the op reading the view in its own program
+            # would give (Note [Values made from constants inside a trace]).
+            with jax.ensure_compile_time_eval():
+                return self._read_array(arr, offset)
+        return self._read_array(arr, offset)
+
+    def _folds(self, arr) -> bool:
+        """Whether a read of concrete ``arr`` inside a trace is computed now: small
+        (``FOLD_ELEMENTS``) and outside a mesh, as an op from constants is."""
+        return (
+            not isinstance(arr, jax.core.Tracer)
+            and arr.size <= FOLD_ELEMENTS
+            and math.prod(self.size) <= FOLD_ELEMENTS
+            and jax.sharding.get_abstract_mesh().empty
+        )
+
+    def _read_array(self, arr, offset):
         if offset is not None:
             return _offset_reader(self._layout)(arr, np.int32(offset))
         read = self._read
