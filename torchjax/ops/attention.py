@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torchjax._compat.jax import constant_value, x64_enter, x64_exit
+from torchjax._compat.jax import constant_value, trace_state_clean, x64_enter, x64_exit
 from torchjax._compat.torch_checkpoint import checkpoint_region
 from torchjax.ops.attention_checks import cpu_flash_selected, math_scale
 from torchjax.ops.norm import _check_dim, _opmath
@@ -201,7 +201,9 @@ def shapes_fit(query, key, value, attn_mask, enable_gqa) -> bool:
 # spent 343 ms per step in attention against 193 ms with ``is_causal``). Inside a trace
 # the mask is a traced value, but one the program computes from constants alone, so its
 # value is known while tracing. SDPA evaluates such a mask (the equations that make it,
-# as one small program: ``_compat.jax.constant_value``) and, when it is exactly torch's
+# as one small program: ``_compat.jax.constant_value``; a mask whose ops were evaluated
+# while tracing is a concrete value already, Note [Values made from constants inside a
+# trace] in torchjax/ops/executables.py) and, when it is exactly torch's
 # causal mask (True on and below the diagonal of every (L, S) slice; a float mask 0
 # there and -inf above), calls the kernels with ``is_causal=True`` and no mask; a mask
 # that masks nothing becomes None. Both are the same computation: the same scores
@@ -260,18 +262,26 @@ def _decide(query, key, attn_mask) -> str:
     if seen is not None and seen[0]() is attn_mask and seen[1:3] == (storage, storage.version):
         return seen[3]
     arr = attn_mask._value()
-    if not isinstance(arr, jax.core.Tracer) or arr.size > KNOWN_MASK_ELEMENTS:
+    if arr.size > KNOWN_MASK_ELEMENTS:
         return "mask"
-    verdict = _verdict(arr, query.size(-2), key.size(-2))
+    if isinstance(arr, jax.core.Tracer):
+        value = constant_value(arr)
+    elif trace_state_clean():
+        return "mask"  # eager: a host read per call
+    else:
+        # Made from constants and read while tracing: known already (Note [Values made
+        # from constants inside a trace] in torchjax/ops/executables.py).
+        value = arr
+    verdict = _verdict(value, query.size(-2), key.size(-2))
     key_id = id(attn_mask)
     ref = weakref.ref(attn_mask, lambda _: _VERDICTS.pop(key_id, None))
     _VERDICTS[key_id] = (ref, storage, storage.version, verdict)
     return verdict
 
 
-def _verdict(arr, length: int, source: int) -> str:
-    """ "causal", "all" (masks nothing) or "mask" for a traced mask read at (..., L, S)."""
-    value = constant_value(arr)
+def _verdict(value, length: int, source: int) -> str:
+    """ "causal", "all" (masks nothing) or "mask" for a mask's known ``value`` (None:
+    not known) read at (..., L, S)."""
     if value is None:
         return "mask"
     host = np.asarray(value)
