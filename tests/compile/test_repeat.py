@@ -113,3 +113,34 @@ def test_repeat_draws_new_random_values_each_iteration_and_replays_under_seed():
     torch.manual_seed(0)
     assert torch.equal(draw(), first)
     assert not torch.equal(draw(), first)
+
+
+def test_programs_are_named_after_the_traced_function():
+    """jax names a program, its compile events and a profile's rows after the function it
+    jits: a torchjax.jit program carries the traced function's name, not one shared name."""
+    import jax
+
+    compiled = []
+
+    def listen(event, duration, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(kw.get("fun_name"))
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+
+        @torchjax.jit
+        def scale_step(x):
+            x.mul_(3)
+
+        lin = torch.nn.Linear(4, 4).to("tpu")
+        x = torch.ones(2, 4, device="tpu")
+        scale_step(x)
+        scale_step.repeat(2, x)
+        torchjax.jit(lin)(x).sum().backward()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    step = "test_programs_are_named_after_the_traced_function.<locals>.scale_step"
+    assert f"jit({step})" in compiled and f"jit({step}_repeated)" in compiled, compiled
+    assert "jit(Linear)" in compiled and "jit(Linear_backward)" in compiled, compiled
+    assert "jit(jaxpr_as_fun)" not in compiled

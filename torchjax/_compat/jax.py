@@ -196,6 +196,18 @@ def constant_value(x, max_equations: int = 512):
     return out
 
 
+def named(fun, name: str):
+    """``fun`` under ``name``: jax names a program (its HLO module, its compile events'
+    ``fun_name``, a profile's rows) after the function it jits, and ``jaxpr_as_fun`` gives
+    every traced program the same name."""
+
+    def program(*args):
+        return fun(*args)
+
+    program.__name__ = program.__qualname__ = name
+    return program
+
+
 # Arrays up to this size are read in place: the host copy jax keeps on them is small.
 _READ_IN_PLACE_BYTES = 1 << 16
 

@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import torch
 from jax.extend.core import jaxpr_as_fun
 
-from torchjax._compat.jax import trace_of, x64
+from torchjax._compat.jax import named, trace_of, x64
 from torchjax.compile._func_transforms import suspendable
 from torchjax.ops import layouts
 from torchjax.ops.xla_options import COMPILED_PROGRAM_OPTIONS
@@ -258,9 +258,9 @@ class Backward:
     so a formula reading them directly (a recomputing checkpoint) sees the call's."""
 
     @classmethod
-    def trace(cls, saved, outputs, inputs, storages, values, residual_avals):
-        """The backward program, or None where the graph cannot be replayed outside its
-        forward trace."""
+    def trace(cls, saved, outputs, inputs, storages, values, residual_avals, name):
+        """The backward program (named ``name``), or None where the graph cannot be
+        replayed outside its forward trace."""
         kept = [k for k, s in enumerate(storages) if s is not None]
 
         def backward(values, residuals, cotangents):
@@ -307,7 +307,7 @@ class Backward:
         if any(isinstance(c, jax.core.Tracer) for c in closed.consts):
             return None  # a forward tracer reached the program as a constant
         self.program = jax.jit(
-            jaxpr_as_fun(closed), compiler_options=COMPILED_PROGRAM_OPTIONS or None
+            named(jaxpr_as_fun(closed), name), compiler_options=COMPILED_PROGRAM_OPTIONS or None
         )
         return self
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from jax.extend.core import jaxpr_as_fun
 
-from torchjax._compat.jax import trace_of, x64, x64_enter, x64_exit
+from torchjax._compat.jax import named, trace_of, x64, x64_enter, x64_exit
 from torchjax._compat.torch import (
     pytree,
     saved_tensors_hooks_enabled,
@@ -79,6 +79,7 @@ class Entry:
 
     pred = False  # a captured call's program: one more input (Note [Captured module calls])
     out_args = ()  # Note [Arguments returned as outputs]
+    name = "program"  # the traced function's, which jax names the program after
 
     @classmethod
     def trace(cls, jitted, call: Call) -> Entry:
@@ -292,7 +293,8 @@ class Entry:
         fun_all = jaxpr_as_fun(closed)
         n_res = info["n_res"]
         self.n_res = n_res
-        fun = fun_all if not n_res else (lambda *a: fun_all(*a)[:-n_res])
+        self.name = _name(jitted.fn)
+        fun = named(fun_all if not n_res else (lambda *a: fun_all(*a)[:-n_res]), self.name)
         self.donated = donate
         self.n_state = len(storages)
         self.pred = jitted.captured

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import jaxpr_as_fun
 
-from torchjax._compat.jax import x64_enter, x64_exit
+from torchjax._compat.jax import named, x64_enter, x64_exit
 from torchjax.device import _checks
 from torchjax.tensor import random as _rng
 
@@ -132,7 +132,7 @@ def _program(entry, stop):
 
     # Nothing is donated: inside the loop XLA updates the carry in place, so the written
     # state costs one copy per repeat() call, not per iteration.
-    return jax.jit(loop)
+    return jax.jit(named(loop, f"{entry.name}_repeated"))
 
 
 def _no_failure():

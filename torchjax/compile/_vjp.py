@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import jax
 
-from torchjax._compat.jax import x64
+from torchjax._compat.jax import named, x64
 from torchjax.compile import _autograd
 from torchjax.compile._aliases import root
 from torchjax.ops.xla_options import COMPILED_PROGRAM_OPTIONS
@@ -17,9 +17,9 @@ from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import make, wrap
 
 
-def _program(fn):
+def _program(fn, name: str):
     # Note [Excess precision in compiled programs] in torchjax/ops/xla_options.py
-    return jax.jit(fn, compiler_options=COMPILED_PROGRAM_OPTIONS or None)
+    return jax.jit(named(fn, name), compiler_options=COMPILED_PROGRAM_OPTIONS or None)
 
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class VJPProgram:
                 grads = backward(values, residuals, cotangents)
                 return grads[:n_state], grads[n_state:]
 
-            self.fwd, self.bwd, self.absent = _program(fwd), bwd, backward.absent
+            self.fwd, self.bwd, self.absent = _program(fwd, entry.name), bwd, backward.absent
             return self
 
         if not any(entry.out_grad):
@@ -96,8 +96,8 @@ class VJPProgram:
             outs, pullback, aux = jax.vjp(g, ds, dd, has_aux=True)
             return outs, pullback, aux
 
-        self.fwd = _program(fwd)
-        self.bwd = _program(lambda pullback, cts: pullback(cts))
+        self.fwd = _program(fwd, entry.name)
+        self.bwd = _program(lambda pullback, cts: pullback(cts), f"{entry.name}_backward")
         return self
 
     def state_inputs(self, walk):
@@ -158,6 +158,7 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
         [*call.storages, *args],
         [*call.state_arrays, *call.arrays],
         residual_avals,
+        f"{entry.name}_backward",
     )
     if backward is not None:
         backward.rebased = rebased
