@@ -162,8 +162,9 @@ def _fresh():
 @pytest.fixture
 def tpu_int_scans(monkeypatch):
     """The TPU entry of INT_SCAN_BY_PLATFORM under this backend's key; yields the list of
-    scans it traced ("sum"/"prod"). Tensors keep no host values: a small integer cumsum
-    would run CPU's kernel instead (Note [Integer ops on host values])."""
+    scans it traced ("sum"/"prod"). Tensors keep no host values, neither remembered nor
+    waiting to be put: a small integer cumsum would run CPU's kernel instead (Note
+    [Integer ops on host values])."""
     form = cumulative.INT_SCAN_BY_PLATFORM["tpu"]
     traced = []
     for kind, fn in cumulative._INT_SCANS[form].items():
@@ -171,6 +172,7 @@ def tpu_int_scans(monkeypatch):
         monkeypatch.setitem(cumulative._INT_SCANS[form], kind, spy)
     monkeypatch.setattr(cumulative, "INT_SCAN_BY_PLATFORM", {jax.default_backend(): form})
     monkeypatch.setattr(_shadows, "remember", lambda storage, values: None)
+    monkeypatch.setattr(_shadows, "_deferrable", lambda values: False)
     _fresh()  # the form is chosen when the op is traced: trace anew
     torchjax.reset_stats()
     yield traced
