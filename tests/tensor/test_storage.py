@@ -161,3 +161,23 @@ def test_in_place_op_through_overlapping_rows_refuses_and_leaves_the_tensor():
     with pytest.raises(RuntimeError, match="share memory has no defined result"):
         x.as_strided((3, 4), (2, 1)).add_(100)
     assert x.tolist() == list(map(float, range(10)))
+
+
+def test_view_reads_inside_a_trace_are_static_slices():
+    # Note [View offsets inside a trace]: rotary's rotate_half of a transposed
+    # projection (views of a traced storage read at offsets 0 and half) is slices, no
+    # padded dynamic window, and matches CPU.
+    import torchjax
+    from tests._programs import equations
+
+    def rotate(h):
+        q = h.view(1, 8, 2, 16).transpose(1, 2)
+        return torch.cat((-q[..., 8:], q[..., :8]), dim=-1) * 2
+
+    h = torch.randn(8, 32)
+    fn = torchjax.jit(rotate)
+    got = fn(h.to("tpu"))
+    torch.testing.assert_close(got.cpu(), rotate(h))
+    names = [e.primitive.name for e in equations(fn)]
+    assert "slice" in names
+    assert "pad" not in names and "dynamic_slice" not in names, names

@@ -335,8 +335,13 @@ class CompiledCompute:
                 return ARRAY
             # A view not read yet (Note [Lazy views]): the read joins this executable,
             # its offset an argument where it can be (Note [View offsets as arguments]).
-            dyn.append(_array(storage))
-            if _plan(storage.numel, size, stride, offset).dynamic:
+            arr = _array(storage)
+            dyn.append(arr)
+            # Inside a trace the offset stays a constant of the read (Note [View offsets
+            # inside a trace] in torchjax/tensor/_view_plans.py).
+            if _plan(storage.numel, size, stride, offset).dynamic and not isinstance(
+                arr, jax.core.Tracer
+            ):
                 dyn.append(np.int32(offset))
                 # Keyed by the layout alone (Note [Views of a growing storage] in
                 # torchjax/ops/view_signatures.py).

@@ -251,7 +251,8 @@ class Storage:
         if self.covers(size, stride, offset) and stride == contiguous_strides(size):
             return self.arr
         plan = _plan(self.numel, size, stride, offset)
-        return plan.read_array(self.arr, offset if plan.dynamic else None)
+        arr = self.arr
+        return plan.read_array(arr, offset if plan.dynamic and not _traced(arr) else None)
 
     def write(self, size, stride, offset, value: jax.Array) -> None:
         """Store ``value`` (shape ``size``, storage dtype) at the strided view."""
@@ -284,7 +285,8 @@ class Storage:
             self.arr = _keep_placement(value, self.arr)
         else:
             plan = _plan(self.numel, size, stride, offset)
-            new = plan.write_array(self.arr, value, offset if plan.dynamic else None)
+            dynamic = plan.dynamic and not _traced(self.arr)
+            new = plan.write_array(self.arr, value, offset if dynamic else None)
             self.arr = _keep_placement(new, self.arr)
         self.version += 1
 
@@ -391,6 +393,11 @@ def unfilled_bytes(device) -> int:
 # silently gather a sharded tensor onto every device. So a write into a NamedSharding
 # storage puts the result back on that sharding. Tracers (torchjax.jit) have no
 # ``sharding`` attribute: layouts inside a program are XLA's business.
+def _traced(arr) -> bool:
+    """Whether ``arr`` is a value of a trace (Note [View offsets inside a trace])."""
+    return isinstance(arr, jax.core.Tracer)
+
+
 def _keep_placement(new: jax.Array, old: jax.Array) -> jax.Array:
     sharding = getattr(old, "sharding", None)
     if type(sharding) is NamedSharding and getattr(new, "sharding", sharding) != sharding:

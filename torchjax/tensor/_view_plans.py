@@ -116,6 +116,25 @@ class _SlicePlan:
         self.real_size = tuple(size[d] for d in sorted(order))
         self.expand = any(stride[d] == 0 and size[d] != 1 for d in range(len(size)))
         self.keep_shape = tuple(size[d] if d in set(order) else 1 for d in range(len(size)))
+        self.grid = self._grid(storage_numel, n, s, offset) if self.pad else None
+
+    @staticmethod
+    def _grid(numel, n, s, offset):
+        """(grid shape, start, limit) reading the view as a slice of the whole storage
+        reshaped by the view's strides, where the storage is a whole number of the largest
+        stride and the view crosses no row of that grid; else None (Note [View offsets
+        inside a trace]: a window running past the storage's end needs no padding then)."""
+        if not n or numel % s[0]:
+            return None
+        shape = (numel // s[0], *(s[i - 1] // s[i] for i in range(1, len(s))), s[-1])
+        start, rest = [], offset
+        for size in (*s, 1):
+            start.append(rest // size)
+            rest %= size
+        limit = tuple(b + k for b, k in zip(start, (*n, 1)))
+        if any(lim > dim for lim, dim in zip(limit, shape)):
+            return None
+        return shape, tuple(start), limit
 
     def _window(self, flat, offset=None):
         if offset is not None:  # Note [View offsets as arguments]
@@ -127,7 +146,11 @@ class _SlicePlan:
         return lax.slice(flat, (self.offset,), (self.offset + self.span,)).reshape(self.shape)
 
     def read(self, flat, offset=None):
-        part = self._window(flat, offset)[self.index]
+        if offset is None and self.grid is not None:
+            shape, start, limit = self.grid
+            part = lax.slice(flat.reshape(shape), start, limit)[..., 0]
+        else:
+            part = self._window(flat, offset)[self.index]
         part = jnp.transpose(part, self.perm) if self.perm != tuple(range(len(self.perm))) else part
         part = part.reshape(self.keep_shape)
         return jnp.broadcast_to(part, self.size) if self.expand else part
@@ -305,6 +328,17 @@ def _plan(storage_numel, size, stride, offset) -> _Plan:
 # the pad into the slice). Writes take the offset the same way (``x[i] = row`` in a loop
 # is one program per layout, not one per ``i``): dynamic_update_slice of the window read
 # at the offset, into the storage padded by the same ``tail``, then cut back.
+# Note [View offsets inside a trace]
+# Inside a trace (``torchjax.jit``, the Dynamo backend) the offset of a view of a traced
+# storage is a constant of the read, not an argument: the program is traced once per
+# signature, so nothing is shared by making it one, and as an argument it reached XLA as
+# a constant fed through ``dynamic_slice`` of the storage padded by ``tail`` (the clamp
+# guard above), which XLA does not fold back to a slice: in a Llama's compiled forward
+# each rotary ``rotate_half`` (``-x[..., half:]``, ``cat``) kept a pad of the whole
+# projection, a dynamic slice and its index arithmetic per read, four pads a layer. A
+# static read is a ``lax.slice`` of the storage; where its window would run past the
+# storage's end (``x[..., half:]`` of a row-major block) it is a slice of the storage
+# reshaped by the view's strides (``_SlicePlan._grid``), still no pad.
 def layout_plan(storage_numel, size, stride) -> _Plan:
     """The read plan of a layout at any offset (built at offset 0: the kind, window
     shape and permutation do not depend on the offset)."""
