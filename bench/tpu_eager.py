@@ -45,8 +45,9 @@ first step's loss and every updated weight; generate: the tokens) are bit for bi
 eager's, with the largest absolute difference; ``jit_max_abs_diff``
 the same for ``torchjax.jit`` (not expected to be 0: XLA fuses across ops). A row that
 fails records its error and the rest run; a row is skipped once the section's time
-budget (``BUDGET_S``) is spent. Each row's JSON is printed to stderr when it finishes,
-so a run stopped by an outer time limit keeps the rows it measured.
+budget (``BUDGET_S``) is spent. Each mode's JSON is printed to stderr as soon as that
+mode finishes, and each row's (with its comparisons and ratios) when the row does, so a
+run stopped by an outer time limit keeps the modes and rows it measured.
 ``TORCHJAX_BENCH_ROWS`` (comma-separated row names) runs only those rows.
 
 Run:  python -m bench.tpu --sections eager   (``--small``: small models, off the chip)
@@ -75,6 +76,12 @@ _STAT_KEYS = {
 
 def _progress(what: str) -> None:
     print(f"eager: {what} ({time.strftime('%H:%M:%S')})", file=sys.stderr, flush=True)
+
+
+def _done(name: str, mode: str, result: dict) -> None:
+    """Print ``mode``'s result of row ``name`` now: a row stopped mid-way by an outer
+    time limit keeps its finished modes."""
+    _progress(f"{name}: {mode} done: {json.dumps(result)}")
 
 
 def _skipped() -> dict | None:
@@ -192,6 +199,7 @@ def _modes(name: str, fn, runs: int = RUNS, captured: bool = True) -> dict:
             row[mode], outs[mode] = _timed(call, runs)
         except Exception as e:  # noqa: BLE001 - reported, the rest runs
             row[mode] = {"error": _error(e)}
+        _done(name, mode, row[mode])
     _compare(row, outs)
     _ratios(row)
     return row
@@ -280,6 +288,7 @@ def train(model, seq: int, name: str, runs: int = RUNS) -> dict:
             row[mode]["loss_last_step"] = round(last.item(), 5)
         except Exception as e:  # noqa: BLE001 - reported, the rest runs
             row[mode] = {"error": _error(e)}
+        _done(name, mode, row[mode])
         opt = run = call = None  # this mode's optimizer state, freed before the next mode's
         gc.collect()
     _compare(row, outs)
@@ -344,6 +353,9 @@ def generate(model, new: int, max_time: float) -> dict:
                 row[key]["warm_up"] = _per_run(start, before, 1)
             except Exception as e:  # noqa: BLE001 - reported, the rest runs
                 row[key] = {"error": _error(e)}
+            finally:  # also after a warm-up that stopped short (``continue``)
+                if key in row:
+                    _done("generate", key, row[key])
         for mode in ("fused", "captured"):
             if "eager" in outs and mode in outs:
                 row[f"{cache}: {mode}_tokens_equal_eager"] = bool(
@@ -365,6 +377,7 @@ def generate(model, new: int, max_time: float) -> dict:
         }
     except Exception as e:  # noqa: BLE001 - reported, the rest runs
         row["compiled"] = {"error": _error(e)}
+    _done("generate", "compiled", row["compiled"])
     return row
 
 
