@@ -171,6 +171,33 @@ def test_copies_keep_cpus_strides_at_size_1_dims_and_stay_recorded():
     assert _fused_counts()[1] == 1  # no read of a restrided value ran the segment early
 
 
+_VIEWS = {
+    "slice": lambda y: y[1:],
+    "transpose": lambda y: y.t(),
+    "expand": lambda y: y[:1].expand(3, 6),
+}
+
+
+@pytest.mark.parametrize("view", sorted(_VIEWS))
+def test_detached_views_of_recorded_values_stay_recorded(view):
+    # Backward detaches views of saved activations (a transposed weight's grad): the
+    # alias only seeds a read cache, so reading the view there ran the segment early.
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+
+    def step(x):
+        v = _VIEWS[view](x * 2).detach()
+        return [v, v * 3, torch.ops.aten.alias(v) + 1]
+
+    want = step(x)
+    with torchjax.fused():
+        torchjax.reset_stats()
+        got = step(x.to(TPU))
+        assert torchjax.stats()["fused_segments"] == 0  # no read ran the segment early
+    assert [g.stride() for g in got] == [w.stride() for w in want]
+    _same(want, [g.cpu() for g in got])
+    assert _fused_counts()[1] == 1
+
+
 @pytest.mark.parametrize("max_nodes", [1, 2, 3, 5])
 def test_view_reads_survive_a_segment_full_in_the_middle_of_an_op(monkeypatch, max_nodes):
     # ``cat([cache, view])`` past MAX_VIEW_SIGNATURES records the view's read first; a

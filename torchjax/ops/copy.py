@@ -181,8 +181,12 @@ def alias(args, kwargs):
     if len(args) > 1:  # _unsafe_view(self, size): a view whose result torch treats as fresh
         return aten.view.default(self, args[1])
     # Not read where that would run a recorded segment (Note [Fused eager]) or put host
-    # values on the device (Note [Host values put on the device when first read]).
-    unread = fused.pending_of(self) is not None or self._storage.lazy.__class__ is HostValues
+    # values on the device (Note [Host values put on the device when first read]). The
+    # value only seeds the alias's read cache: a view of a recorded value (a transposed
+    # activation that autograd detaches in backward) is read later, through a recorded
+    # view read, so the segment goes on.
+    lazy = self._storage.lazy.__class__
+    unread = lazy is HostValues or (lazy is fused.Pending and fused.recording())
     value = None if unread else self._value()
     return view_of(self, self._size, self._stride, self._offset, value=value)
 
