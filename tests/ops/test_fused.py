@@ -198,6 +198,35 @@ def test_detached_views_of_recorded_values_stay_recorded(view):
     assert _fused_counts()[1] == 1
 
 
+_PERMUTED = {
+    "clone of a transpose": lambda y: y.transpose(1, 2).clone(),
+    "cast of a transpose": lambda y: y.transpose(0, 3).to(torch.float32),
+    "copy of a permute": lambda y: y.permute(2, 0, 3, 1).to(copy=True),
+    "channels last": lambda y: y.contiguous(memory_format=torch.channels_last),
+}
+
+
+@pytest.mark.parametrize("copy", sorted(_PERMUTED))
+def test_copies_at_a_permuted_layout_of_recorded_values_stay_recorded(copy):
+    # SDPA and backward copy transposed activations keeping their layout
+    # (preserve_format): the data in memory order is one recorded view read.
+    x = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+
+    def step(x):
+        c = _PERMUTED[copy](x * 2)
+        return [c, c + 1, c.sum(0)]
+
+    want = step(x)
+    assert not want[0].is_contiguous()  # a layout other than row-major
+    with torchjax.fused():
+        torchjax.reset_stats()
+        got = step(x.to(TPU))
+        assert torchjax.stats()["fused_segments"] == 0  # no read ran the segment early
+    assert [g.stride() for g in got] == [w.stride() for w in want]
+    _same(want, [g.cpu() for g in got])
+    assert _fused_counts()[1] == 1
+
+
 @pytest.mark.parametrize("max_nodes", [1, 2, 3, 5])
 def test_view_reads_survive_a_segment_full_in_the_middle_of_an_op(monkeypatch, max_nodes):
     # ``cat([cache, view])`` past MAX_VIEW_SIGNATURES records the view's read first; a

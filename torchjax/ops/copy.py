@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,13 +29,15 @@ from torchjax.tensor._addresses import root_of, storage_view
 from torchjax.tensor._host_storage import host_view, is_host_backed
 from torchjax.tensor._memory_format import (
     in_row_major_order,
+    is_dense_permutation,
     laid_out,
+    memory_order,
     restrided,
     result_strides,
 )
 from torchjax.tensor._shadows import HostValues
 from torchjax.tensor._storage import Storage, contiguous_strides
-from torchjax.tensor._tensor import JaxTensor, view_of, wrap
+from torchjax.tensor._tensor import JaxTensor, make, view_of, wrap
 
 aten = torch.ops.aten
 
@@ -166,12 +170,34 @@ def _to_copy(args, kwargs):
         return arr
 
     if not contiguous:
+        if same_device and fused.ACTIVE[0]:
+            recorded = _laid_out_recorded(self, stride, jdt)
+            if recorded is not None:
+                return recorded
         return laid_out(self, stride, convert, index)
     if index == self._device_index and dtype != self.dtype:
         deferred = deferred_casts.defer(self, jdt, dtype, stride)
         if deferred is not None:  # Note [Conversions read by their consumers]
             return deferred
     return restrided(wrap(convert(self._value()), index), stride)
+
+
+def _laid_out_recorded(t, stride, jdt=None):
+    """``laid_out(t, stride)`` (cast to ``jdt`` if given) recorded in this thread's
+    segment, or None where ``t`` is not a recorded value of a recording thread: its data
+    in memory order is the view of ``t`` with its dimensions permuted, one recorded view
+    read (a copy of a transposed activation, as SDPA and backward make, goes on in the
+    segment instead of running it; Note [Fused eager])."""
+    size = t._size
+    if math.prod(size) == 0 or not is_dense_permutation(size, stride):
+        return None
+    order = memory_order(size, stride)
+    permuted = tuple(size[d] for d in order), tuple(t._stride[d] for d in order)
+    pending = fused_reads.record_read(view_of(t, *permuted, t._offset), jdt)
+    if pending is None:
+        return None
+    physical = fused.wrap(pending, t._device_index)
+    return make(physical._storage, size, tuple(stride), 0, physical.dtype, t._device_index)
 
 
 @handler(aten.detach.default, aten.alias.default, aten._unsafe_view.default)
@@ -217,6 +243,10 @@ def clone(args, kwargs):
     self = args[0]
     stride = result_strides(self._size, self._stride, kwargs.get("memory_format"))
     if stride != contiguous_strides(self._size) and not in_row_major_order(self._size, stride):
+        if fused.ACTIVE[0]:
+            recorded = _laid_out_recorded(self, stride)
+            if recorded is not None:
+                return recorded
         return laid_out(self, stride)
     if fused.ACTIVE[0]:
         pending = fused_reads.record_read(self)  # recorded (Note [Fused eager])
