@@ -227,6 +227,34 @@ def test_copies_at_a_permuted_layout_of_recorded_values_stay_recorded(copy):
     assert _fused_counts()[1] == 1
 
 
+def test_cross_entropy_on_recorded_targets_stays_recorded_and_checks_them():
+    # A language model's loss: shifted labels (a view), an ignored position; the target
+    # check is recorded with the loss, not made by reading the targets.
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 5, 7, generator=g)
+    labels = torch.randint(0, 7, (2, 5), generator=g)
+    labels[0, 2] = -100
+
+    def loss(x, labels):
+        # transformers' ForCausalLMLoss: the target is a view of a recorded copy.
+        padded = torch.nn.functional.pad(labels, (0, 1), value=-100)
+        shifted = padded[..., 1:].contiguous().view(-1)
+        return torch.nn.functional.cross_entropy((x * 2).reshape(-1, 7), shifted)
+
+    want = loss(x.to(TPU), labels.to(TPU)).cpu()  # eager's bits (CPU's within an ulp)
+    torch.testing.assert_close(want, loss(x, labels))
+    with torchjax.fused():
+        torchjax.reset_stats()
+        got = loss(x.to(TPU), labels.to(TPU))
+        assert torchjax.stats()["fused_segments"] == 0  # no read ran the segment early
+    _same(want, got.cpu())
+    labels[1, 3] = 9
+    with pytest.raises(IndexError, match=r"Target 9 is out of bounds"):
+        with torchjax.fused():
+            loss(x.to(TPU), labels.to(TPU))
+            torch.tpu.synchronize()
+
+
 @pytest.mark.parametrize("max_nodes", [1, 2, 3, 5])
 def test_view_reads_survive_a_segment_full_in_the_middle_of_an_op(monkeypatch, max_nodes):
     # ``cat([cache, view])`` past MAX_VIEW_SIGNATURES records the view's read first; a

@@ -14,6 +14,8 @@ torch refuses (targets out of range, CTC lengths that do not fit, probabilities 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +23,8 @@ import torch
 from jax import lax
 
 from torchjax._compat.torch import decomposition_table
+from torchjax.device import _checks
+from torchjax.ops import executables, fused, fused_reads
 from torchjax.ops.indexing import require_in_range
 from torchjax.ops.loss_checks import (
     check_ctc_lengths,
@@ -350,7 +354,19 @@ def _nll_target_check(decomposed, kernel):
         ignore = args[4] if len(args) > 4 else kwargs.get("ignore_index", -100)
         if isinstance(target, JaxTensor) and target.numel():
             classes = self.shape[1] if self.dim() >= 2 else self.shape[0]
-            t = target._value()
+            _check_targets(target, int(ignore), int(classes))
+        return decomposed(*args, **kwargs)
+
+    return run
+
+
+@functools.lru_cache(maxsize=64)
+def _target_check(ignore: int, classes: int):
+    """The executable checking every target but ``ignore`` is in [0, ``classes``): no
+    outputs but its device check (Note [Device-side checks])."""
+
+    def run(t):
+        with _checks.collecting() as collected:
             require_in_range(
                 jnp.where(t == ignore, 0, t),
                 0,
@@ -358,9 +374,25 @@ def _nll_target_check(decomposed, kernel):
                 IndexError,
                 "Target {value} is out of bounds. (in aten::nll_loss_forward)",
             )
-        return decomposed(*args, **kwargs)
+        return (), _checks.outputs(collected)
 
-    return run
+    return executables.build(run, "nll_loss_target_check")
+
+
+def _check_targets(target, ignore: int, classes: int) -> None:
+    """nll_loss's target check as one executable; in fused eager mode recorded with the
+    ops around it, so a loss on a recorded target (a language model's shifted labels)
+    does not run the forward's segment (Note [Fused eager])."""
+    run = _target_check(ignore, classes)
+    if fused.ACTIVE[0]:
+        pending = fused_reads.record_read(target)
+        if pending is not None:
+            dyn = [pending]
+            if fused.record(run, dyn) is not fused.NOT_RECORDED:
+                return
+            _checks.finish(executables.call(run, dyn))  # under a trace: resolved
+            return
+    _checks.finish(executables.call(run, [target._value()]))
 
 
 for _nll, _kernel in (
