@@ -16,7 +16,9 @@ each mode is worth where it matters. Rows:
 - ``forward tiny``: bench/models.py's tiny Llama, forward of (1, 32);
 - ``train tiny``, ``train 1.1B``: one AdamW step (forward with ``labels``, backward,
   ``opt.step()``, ``opt.zero_grad()``; lr 1e-4) of each model in bfloat16 on (1, 128)
-  token ids; every mode starts from the same weights and a new optimizer;
+  token ids, plain, fused, captured (a forward that makes an autograd graph is not
+  captured, so it records as fused does) and jitted; every mode starts from the same
+  weights and a new optimizer;
 - ``generate``: greedy ``generate(..., disable_compile=True)`` of the 1.1B model (the
   forward eager, op by op) with the cache torchjax gives that call (static: Note [A
   static cache for eager generate on tpu]) and with transformers' ``DynamicCache``
@@ -257,7 +259,7 @@ def train(model, seq: int, name: str, runs: int = RUNS) -> dict:
     start = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     ids = _ids(model.config.vocab_size, seq, seed=1)
     row, outs = {"tokens": list(ids.shape)}, {}
-    for mode in ("eager", "fused", "jit"):
+    for mode in ("eager", "fused", "captured", "jit"):
         _progress(f"{name}: {mode}")
         if _skipped():
             row[mode] = _skipped()
@@ -269,7 +271,7 @@ def train(model, seq: int, name: str, runs: int = RUNS) -> dict:
         run = torchjax.jit(step) if mode == "jit" else step
 
         def call(run=run, mode=mode):
-            with torchjax.fused(mode == "fused"):
+            with torchjax.fused(mode in ("fused", "captured"), capture=mode == "captured"):
                 loss = run(ids)
             torch.tpu.synchronize()  # every live array: the loss and every update
             return loss
