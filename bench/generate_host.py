@@ -27,6 +27,13 @@ wall with bench/tpu.py's pure-JAX loop on the same chip.
 per-layer work (state walks, the cache's Python state) at the chip model's depth
 without its compute, on CPU.
 
+Before those, over as many calls with nothing else timed, the medians of two phases of a
+call, in wall and main-thread CPU time: the ``prelude``, from entering ``model.generate``
+to the prefill program's dispatch (transformers' setup and torchjax's glue, the cache
+reset's program among them: host time the device does not overlap), and ``after the
+loop``, from the end of the last program call or host read to ``generate``'s return;
+then cProfile's top functions of one call's prelude, by cumulative time.
+
 Run:  python bench/generate_host.py [--small] [--layers N] [--batch 1] [--runs 5]
 """
 
@@ -105,6 +112,64 @@ class Split:
         return fn
 
 
+class Phases:
+    """Wraps ``model.generate``, its compiled forward's program call (the prefill) and the
+    program calls and host reads, to time a call's prelude and what follows its last
+    program call or host read."""
+
+    def __init__(self, model, program_calls):
+        self.on = False
+        self.prelude, self.after = [], []  # (wall, main-thread CPU) per call
+        self.profile = None  # a cProfile.Profile run over the next call's prelude
+        self.first = self.last = None
+        generate, jitted = model.generate, model.forward.jitted
+
+        def prefill(*args, **kwargs):
+            if self.profile is not None:
+                self.profile.disable()
+                self.profile = None
+            if self.first is None:
+                self.first = _now()
+            return type(jitted)._run(jitted, *args, **kwargs)
+
+        def timed(*args, **kwargs):
+            if self.profile is not None:
+                self.profile.enable()
+            if not self.on:
+                return generate(*args, **kwargs)
+            self.first = self.last = None
+            enter = _now()
+            out = generate(*args, **kwargs)
+            self.prelude.append([b - a for a, b in zip(enter, self.first)])
+            self.after.append([b - a for a, b in zip(self.last, _now())])
+            return out
+
+        for owner, name in program_calls:
+            setattr(owner, name, self._ends(getattr(owner, name)))
+        jitted._run = prefill
+        model.generate = timed
+
+    def _ends(self, fn):
+        def ends(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.last = _now()
+
+        return ends
+
+    def report(self) -> None:
+        for name, xs in (("prelude", self.prelude), ("after the loop", self.after)):
+            wall, cpu = (sorted(x) for x in zip(*xs))
+            mid = len(wall) // 2
+            print(f"  {name:14s} wall {wall[mid] * 1e3:6.2f} ms (min {wall[0] * 1e3:.2f}), "
+                  f"main-thread CPU {cpu[mid] * 1e3:.2f} ms")  # fmt: skip
+
+
+def _now() -> tuple:
+    return time.perf_counter(), time.thread_time()
+
+
 def _caller() -> str:
     for f in reversed(traceback.extract_stack()[:-2]):
         if not any(p in f.filename for p in _OWN):
@@ -124,7 +189,6 @@ def main() -> None:
     from jax._src import core as jcore
 
     from torchjax.compile import _call, _jit, _repeat
-    from torchjax.ops import copy as tj_copy
     from torchjax.tensor._tensor import JaxTensor
 
     torch.manual_seed(0)
@@ -136,6 +200,16 @@ def main() -> None:
     new = 128
     for _ in range(2):
         _generate(model, ids, new)
+
+    # The phases first, with nothing else timed.
+    from torchjax.ops import copy as tj_copy
+
+    calls = [(tj_copy, "to_host"), (_jit.Jitted, "_run"), (_repeat, "run")]
+    phases = Phases(model, calls)
+    phases.on = True
+    for _ in range(args.runs):
+        _generate(model, ids, new)
+    phases.on = False
 
     split = Split()
     dispatch = JaxTensor.__dict__["__torch_dispatch__"].__func__
@@ -177,6 +251,7 @@ def main() -> None:
         print(f"  {k:14s} {v:8.2f} ms  ({split.count[k] / runs:.0f} per call)")
     print(f"  {'other':14s} {wall - sum(parts.values()):8.2f} ms")
     print(f"  main-thread CPU {sum(cpus) / runs * 1e3:.2f} ms per call")
+    phases.report()
     # Note [Integer ops on host values]: eager ops run on the host, no device program.
     print(
         f"  of the eager ops, run on the host: {torchjax.stats()['host_ops'] / runs:.0f} per call"
@@ -193,6 +268,12 @@ def main() -> None:
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
     print("\ncProfile of one call, by own time:\n" + out.getvalue()[-6000:])
+
+    phases.profile = prof = cProfile.Profile()
+    _generate(model, ids, new)
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(40)
+    print("\ncProfile of one call's prelude, by cumulative time:\n" + out.getvalue()[-8000:])
 
 
 if __name__ == "__main__":
