@@ -374,3 +374,64 @@ def test_new_keys_from_two_threads():
     for t in threads:
         t.join()
     assert errors == []
+
+
+def _carried_checks(jitted) -> int:
+    """How many checks the program of ``jitted`` carries (the fold's inputs, or one)."""
+    from tests._programs import equations
+
+    for eqn in equations(jitted):
+        if eqn.params.get("name") == "_first_failure":
+            return len(eqn.invars) // 4
+    (entry,) = jitted._entries.values()
+    return entry.n_checks // 4
+
+
+def _cache_writes(k, v, pos, x, y):
+    # A static cache's writes: each layer's keys and values at the same position, the
+    # second layer at a position of its own (equal in value, another array).
+    k[0].index_copy_(0, pos, x)
+    v[0].index_copy_(0, pos, y)
+    other = pos + 0
+    k[1].index_copy_(0, other, x)
+    v[1].index_copy_(0, other, y)
+    return k.sum() + v.sum()
+
+
+@torch.no_grad()  # as in generation (with grad on, each op reads ``pos`` anew)
+def test_a_trace_carries_one_range_check_per_distinct_index():
+    # Note [Device checks of compiled programs]: the writes at ``pos`` check it once,
+    # those at ``other`` once (4 before: one per write, folded).
+    args = [torch.zeros(2, 4, 3), torch.zeros(2, 4, 3), torch.tensor([2])]
+    args += [torch.ones(1, 3), torch.full((1, 3), 2.0)]
+    expected = _cache_writes(*[a.clone() for a in args])
+    jitted = torchjax.jit(_cache_writes)
+    on_tpu = [a.to(TPU) for a in args]
+    assert torch.equal(jitted(*on_tpu).cpu(), expected)
+    assert torch.equal(on_tpu[0].cpu(), torch.zeros(2, 4, 3).index_fill_(1, torch.tensor([2]), 1))
+    assert _carried_checks(jitted) == 2
+    # Each distinct index is still checked: out of range, the first write's error.
+    for pos in (4, -1):
+        bad = [a.to(TPU) for a in args]
+        bad[2] = torch.tensor([pos], device=TPU)
+        assert _eager_error(_cache_writes, *[a.clone() for a in bad])[0] is IndexError
+        jitted(*bad)
+        with pytest.raises(IndexError, match=f"index {pos} is out of bounds for dimension 0"):
+            torch.tpu.synchronize()
+    assert jitted.trace_count == 1
+
+
+def _known_writes(k, v, x, y):
+    # A prefill into an empty static cache: each write's positions made afresh, known
+    # while tracing and equal.
+    k.index_copy_(0, torch.arange(2, device=k.device), x)
+    v.index_copy_(0, torch.arange(2, device=v.device), y)
+    return k.sum() + v.sum()
+
+
+def test_equal_known_indices_are_checked_once():
+    args = [torch.zeros(4, 3), torch.zeros(4, 3), torch.ones(2, 3), torch.full((2, 3), 2.0)]
+    expected = _known_writes(*[a.clone() for a in args])
+    jitted = torchjax.jit(_known_writes)
+    assert torch.equal(jitted(*[a.to(TPU) for a in args]).cpu(), expected)
+    assert _carried_checks(jitted) == 1

@@ -115,6 +115,23 @@ checks dropped, within noise; a near-empty program paid about 5 us a call (four 
 outputs, one queue entry); a first call compiled 30 to 200 ms longer (the checks'
 reductions are no longer dead code).
 
+One check per distinct input. A lowering may say what its check is a function of:
+``require(..., depends=(static, arrays))`` states that the flag and the values are
+determined by the check's code, the hashable ``static`` and ``arrays`` (a range check:
+its bounds and the index array). Within one traced program a check equal to one already
+carried (same code and static part; each array the same value of the outer trace, by
+identity, or a small constant of equal contents) is dropped: if it failed, the earlier
+one failed first, with the same values and text, so the first failure in program order
+is unchanged. An eager op's executable carries these keys with its check outputs, its
+arrays as positions of its inputs, so that its calls inside a trace are told apart by
+the arguments each gets. A static cache's writes are why: each layer's key and value
+writes check the same position against the same size (the prefill of an empty cache:
+every layer's positions, constants made afresh per layer), one check per write where
+one per position suffices. Under grad mode an op reads an argument that does not
+require grad through a fresh ``stop_gradient`` (Note [Stopped gradients in compiled
+programs]): there each op's index is another array, and nothing is dropped. Eager
+calls queue every check as before (each is a program of its own).
+
 Not carried: checks made inside a nested transformation of the trace (a ``lax.scan``
 or ``jax.vjp`` a lowering runs itself: their tracers belong to another trace), checks
 of the compiled backward program (it repeats the forward's index checks), programs
@@ -212,6 +229,7 @@ class Collector:
         self.codes: list = []
         self.bads: list = []
         self.values: list = []
+        self.depends: list = []
 
 
 def collecting(strict: bool = True):
@@ -261,12 +279,14 @@ def _split(value):
     return jnp.zeros((2,), jnp.int64), floats, True
 
 
-def require(bad, value, exc, template, *, deferred: bool = True) -> None:
+def require(bad, value, exc, template, *, deferred: bool = True, depends=None) -> None:
     """Report ``exc(message)`` if the device scalar ``bad`` is True (Note [Device-side
     checks]). ``bad``/``value`` may be jax arrays or numpy values; ``value`` a scalar or
     a pair; ``template`` a string with ``{value}`` (``{value2}``: the pair's second) or a
     function of the values returning the message. ``deferred=False``: a check every
-    torch backend makes at the op, raised there (the audit in the Note)."""
+    torch backend makes at the op, raised there (the audit in the Note). ``depends``:
+    ``(static, arrays)`` that determine ``bad`` and ``value`` with the code (Note
+    [Device checks of compiled programs], one check per distinct input), or None."""
     collector = getattr(_local, "collector", None)
     with jax.enable_x64(True):
         bad = jnp.asarray(bad, jnp.bool_).reshape(())
@@ -276,21 +296,23 @@ def require(bad, value, exc, template, *, deferred: bool = True) -> None:
         collector.codes.append(code)
         collector.bads.append(bad)
         collector.values.append((ival, fval))
+        collector.depends.append(depends)
         return
-    _report([(bad, ival, fval, code)])
+    _report([(bad, ival, fval, code)], [depends])
 
 
 def _traced(entry) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in entry[:3])
 
 
-def _report(entries) -> None:
+def _report(entries, depends=None) -> None:
     """Checks ``[(bad, int values, float values, code)]`` made by an op: carried by the
     program being traced on this thread (Note [Device checks of compiled programs]), or
-    queued; raised now where one is made at the op."""
+    queued; raised now where one is made at the op. ``depends``: each entry's
+    ``(static, arrays)`` or None (``require``'s)."""
     sink = getattr(_local, "sink", None)
     if sink is not None:
-        sink.take(entries, at_op([e[3] for e in entries]))
+        sink.take(entries, at_op([e[3] for e in entries]), depends)
         return
     if _traced(entries[0]) or _traced(entries[-1]):
         return  # a trace that carries no checks (Note [Device checks of compiled programs])
@@ -310,9 +332,9 @@ def add_pending(entries) -> None:
         _fold()
 
 
-def add_collected(codes, bads, values) -> None:
+def add_collected(codes, bads, values, depends=None) -> None:
     """Report the check outputs of one executable call (``codes`` from its trace)."""
-    _report([(b, iv, fv, c) for c, b, (iv, fv) in zip(codes, bads, values)])
+    _report([(b, iv, fv, c) for c, b, (iv, fv) in zip(codes, bads, values)], depends)
 
 
 @jax.jit
@@ -408,34 +430,56 @@ class Outputs:
     """The device checks of an executable, returned beside its result: codes fixed by
     its trace (pytree metadata), flags and values as outputs."""
 
-    __slots__ = ("codes", "bads", "values")
+    __slots__ = ("codes", "bads", "values", "keys")
 
-    def __init__(self, codes, bads, values):
+    def __init__(self, codes, bads, values, keys=None):
         self.codes, self.bads, self.values = codes, list(bads), list(values)
+        # Per check: (static, positions of the executable's inputs) it depends on, or None.
+        self.keys = keys
 
 
 jax.tree_util.register_pytree_node(
     Outputs,
-    lambda c: ((c.bads, c.values), c.codes),
-    lambda codes, children: Outputs(codes, *children),
+    lambda c: ((c.bads, c.values), (c.codes, c.keys)),
+    lambda aux, children: Outputs(aux[0], *children, aux[1]),
 )
 
 
-def outputs(collected):
+def _positions(depends, inputs):
+    """``depends`` (``(static, arrays)`` or None) with its arrays as positions in
+    ``inputs``, or None where one of them is not an input as given."""
+    if depends is None or inputs is None:
+        return None
+    static, arrays = depends
+    at = {id(x): i for i, x in enumerate(inputs)}
+    positions = tuple(at.get(id(a)) for a in arrays)
+    return None if None in positions else (static, positions)
+
+
+def outputs(collected, inputs=None):
     """The check outputs of a traced computation: ``Outputs``, or None when it made no
     check (most ops: None is an empty pytree, unflattened without a Python call on
-    every eager op)."""
+    every eager op). ``inputs``: the computation's arguments, for the keys of the checks
+    that say what they depend on (Note [Device checks of compiled programs])."""
     if not collected.codes:
         return None
-    return Outputs(tuple(collected.codes), collected.bads, collected.values)
+    keys = tuple(_positions(d, inputs) for d in collected.depends)
+    keys = keys if any(k is not None for k in keys) else None
+    return Outputs(tuple(collected.codes), collected.bads, collected.values, keys)
 
 
-def finish(result):
+def finish(result, inputs=None):
     """The result of an executable's ``(result, Outputs or None)``, its checks reported
-    (queued, carried by the program being traced, or raised now)."""
+    (queued, carried by the program being traced, or raised now). ``inputs``: the
+    arguments the executable was called with (its checks' keys name their positions)."""
     out, checks = result
     if checks is not None:
-        add_collected(checks.codes, checks.bads, checks.values)
+        depends = None
+        if checks.keys is not None and inputs is not None:
+            depends = [
+                None if k is None else (k[0], tuple(inputs[i] for i in k[1])) for k in checks.keys
+            ]
+        add_collected(checks.codes, checks.bads, checks.values, depends)
     return out
 
 
@@ -449,11 +493,19 @@ class Carried:
         self.trace = trace
         self.entries: list = []
         self.at_op = False
+        # (code, static, ids of arrays) -> the arrays (held: their ids stay theirs).
+        self.seen: dict = {}
 
-    def take(self, entries, at_op: bool) -> None:
+    def take(self, entries, at_op: bool, depends=None) -> None:
         trace = self.trace
-        for e in entries:
+        for k, e in enumerate(entries):
             if all(trace_of(x) in (None, trace) for x in e[:3]):
+                d = None if depends is None else depends[k]
+                if d is not None:
+                    key = (e[3], d[0], tuple(_identity(a) for a in d[1]))
+                    if key in self.seen:
+                        continue  # an equal check is carried already, earlier
+                    self.seen[key] = d[1]
                 self.entries.append(e)
                 self.at_op = self.at_op or at_op
 
@@ -475,6 +527,20 @@ class Carried:
             with jax.enable_x64(True):
                 return [jnp.asarray(bad), ival, fval, jnp.asarray(code, jnp.int32)]
         return list(_folded(self.entries))
+
+
+# Concrete arrays up to this many elements are told apart by value, not identity.
+_BY_VALUE = 4096
+
+
+def _identity(array):
+    """What tells ``array`` apart in a check's key: a tracer by identity, a small
+    concrete array by value (a prefill's known positions are made afresh per layer,
+    equal; read to the host once, while tracing), others by identity."""
+    if isinstance(array, jax.core.Tracer) or getattr(array, "size", _BY_VALUE + 1) > _BY_VALUE:
+        return id(array)
+    value = np.asarray(array)
+    return (value.shape, value.dtype.str, value.tobytes())
 
 
 def carried(trace) -> Carried:

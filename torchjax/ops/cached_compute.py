@@ -405,7 +405,7 @@ class CompiledCompute:
                     # A new shape whose trace needs values: _call forgets the key.
                     return self._call(args, kwargs)
                 self.info.calls += 1
-                return _checks.finish(out)
+                return _checks.finish(out, vals)
         return self._call(args, kwargs)
 
     def _op_by_op(self, args, kwargs, reserved=None):
@@ -581,7 +581,7 @@ class CompiledCompute:
         self.info.calls += 1
         if run.nbytes is None:
             self._measure(run, dyn)
-        out = _checks.finish(out)
+        out = _checks.finish(out, dyn)
         return out if drawn is None else _seeded.cut(out, args[0]._size)
 
     def _new_key(self, key, tmpl, kwtmpl, psig):
@@ -673,6 +673,6 @@ class CompiledCompute:
                         out = compute(dyn)
                 else:
                     out = compute(dyn)
-            return out, _checks.outputs(collected)
+            return out, _checks.outputs(collected, dyn)
 
         return executables.build(run, f"{self.func._opname}_{self.func._overloadname}")

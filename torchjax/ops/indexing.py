@@ -66,7 +66,9 @@ def require_in_range(idx, lo, hi, exc, template, *, deferred: bool = True) -> No
     if idx.size == 0:
         return
     bad, value = _outside(jnp.asarray(idx), lo, hi)
-    _checks.require(bad, value, exc, template, deferred=deferred)
+    # A function of the bounds and the index alone: one check per distinct index within
+    # a trace (Note [Device checks of compiled programs]).
+    _checks.require(bad, value, exc, template, deferred=deferred, depends=((lo, hi), (idx,)))
 
 
 def _check_range(idx, n, op, dim, exc=IndexError, negative=True):
