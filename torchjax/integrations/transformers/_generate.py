@@ -113,6 +113,7 @@ from torchjax.integrations.transformers._cache_identity import (
     pin_cache,
     reuse_cross_cache,
 )
+from torchjax.integrations.transformers._cache_plans import Plans, plannable
 from torchjax.integrations.transformers._cache_state import (
     _CACHE_KWARGS,
     _frozen,
@@ -450,11 +451,26 @@ def _reuse_static_cache(model, prepare):
     # layout's cache is dropped (its executables hold it weakly), so a caller that varies
     # batch sizes and lengths does not keep a cache per pair.
     caches = collections.OrderedDict()
+    plans = Plans() if plannable(model, prepare) else None
 
     @functools.wraps(prepare)
     def prepare_static_cache(cache_implementation, batch_size, *args, **kwargs):
         if _AS_WRITTEN.get():
             return prepare(cache_implementation, batch_size, *args, **kwargs)
+        inference = torch.is_inference_mode_enabled()
+        plan = None
+        if plans is not None:  # Note [A kept cache found without building one]
+            asked = args[0] if args else kwargs["max_cache_len"]
+            chunk = args[1] if len(args) > 1 else kwargs.get("prefill_chunk_size")
+            built, _, previous = plans.lengths(model, asked, _KERNEL_SIZED.get())
+            plan = plans.plan(model, cache_implementation, batch_size, built, chunk)
+            key = plans.key(model, plan) if plan is not None else None
+            old = caches.get(key) if key is not None else None
+            if old is not None and not (made_in_inference_mode(old) and not inference):
+                model._previous_max_cache_length = previous
+                reset(old)  # Note [A static cache reset as one program]
+                caches.move_to_end(key)
+                return old
         if _KERNEL_SIZED.get():
             cache, length = kernel_sized(
                 model, prepare, cache_implementation, batch_size, *args, **kwargs
@@ -464,9 +480,10 @@ def _reuse_static_cache(model, prepare):
             length = model._previous_max_cache_length
         # A cache made under inference_mode holds inference tensors, which a call outside
         # it may not write: such a call takes the new cache instead (and traces anew).
-        inference = torch.is_inference_mode_enabled()
         _unslide(cache, length)
         key = (cache_implementation, batch_size, model.dtype, model.device, layout(cache))
+        if plan is not None:
+            plans.record(model, plan, key)
         old = caches.pop(key, None)
         if old is not None and not (made_in_inference_mode(old) and not inference):
             reset(old)  # Note [A static cache reset as one program]
