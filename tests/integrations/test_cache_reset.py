@@ -52,9 +52,12 @@ def test_a_static_cache_resets_as_one_program():
         k = torch.ones((1, 2, 2, 8), device="tpu")
         cache.update(k, k, i, {"cache_position": torch.arange(2, device="tpu")})
     eager, calls = torchjax.stats()["executions"], _reset_program().cache_hits
+    traces = _reset_program().trace_count
     reset(cache)
-    # One call of the cached program and no eager op (as written: 3 * LAYERS ops).
-    assert _reset_program().cache_hits == calls + 1
+    # No eager op (as written: 3 * LAYERS ops), and not even the reset program: its
+    # storages are zeroed by one jax program (Note [A static cache reset as its storages
+    # zeroed]).
+    assert _reset_program().cache_hits == calls and _reset_program().trace_count == traces
     assert torchjax.stats()["executions"] == eager
     assert _zeroed(cache)
     # The same tensor objects, zeroed in place, as reset() leaves them.
@@ -62,6 +65,67 @@ def test_a_static_cache_resets_as_one_program():
         layer.keys is k and layer.values is v for layer, (k, v) in zip(cache.layers, tensors)
     )
     assert len(cache.layers) == LAYERS
+
+
+def _pair():
+    """The same filled cache on CPU and on tpu."""
+    tpu = _filled_static_cache()
+    cpu = cu.StaticCache(config=_config(), max_cache_len=16)
+    cpu.early_initialization(1, 2, 8, torch.float32, torch.device("cpu"))
+    for a, b in zip(cpu.layers, tpu.layers):
+        for name in ("keys", "values", "cumulative_length"):
+            getattr(a, name).copy_(getattr(b, name).cpu())
+    return cpu, tpu
+
+
+def _assert_same(cpu, tpu):
+    for a, b in zip(cpu.layers, tpu.layers, strict=True):
+        for name in ("keys", "values", "cumulative_length"):
+            x, y = getattr(a, name), getattr(b, name)
+            torch.testing.assert_close(y.cpu(), x, rtol=0, atol=0)
+            assert y.shape == x.shape and y.stride() == x.stride() and y.dtype == x.dtype
+
+
+def test_a_changed_cache_resets_as_on_cpu():
+    # The zeroing of whole storages checks the cache's tensors at every reset: replaced
+    # ones, views into a larger storage, storages shared between layers or with an array
+    # the user holds reset as cache.reset() does on CPU.
+    cpu, tpu = _pair()
+    traces = _reset_program().trace_count
+    reset(tpu), cpu.reset()
+    _assert_same(cpu, tpu)
+    assert _reset_program().trace_count == traces  # zeroed as storages
+    checked = 0
+    for change in range(4):
+        for c in (cpu, tpu):
+            device = c.layers[0].keys.device
+            fill = torch.arange(2 * 16 * 8, dtype=torch.float32).reshape(1, 2, 16, 8) + change
+            if change == 0:  # a new tensor (a new storage) in place of layer 0's keys
+                c.layers[0].keys = fill.to(device)
+            elif change == 1:  # layer 1's keys a view into a larger storage
+                big = torch.cat([fill, fill + 1], dim=0).to(device)
+                c.layers[1].keys = big[1:]
+            elif change == 2:  # layers 0 and 2 share one values tensor
+                c.layers[2].values = c.layers[0].values
+                c.layers[0].values.copy_(fill.to(device))
+            else:  # plain again, and layer 0's keys held by the user as a jax array
+                c.layers[1].keys = fill.to(device).clone()
+                c.layers[2].values = fill.to(device) * 2
+                c.layers[0].keys.copy_(fill.to(device))
+            for layer in c.layers:
+                layer.cumulative_length.fill_(change + 3)
+        held = torchjax.to_jax(tpu.layers[0].keys) if change == 3 else None
+        _assert_same(cpu, tpu)
+        program = _reset_program()
+        calls = program.trace_count + program.cache_hits
+        reset(tpu), cpu.reset()
+        _assert_same(cpu, tpu)
+        # Changes 1 and 2 (a view, a shared storage) take the program; 0 and 3 do not.
+        assert program.trace_count + program.cache_hits - calls == (change in (1, 2))
+        if held is not None:  # the user's array kept its values (copied, not donated)
+            assert float(held.sum()) == float(fill.sum())
+        checked += 1
+    assert checked == 4
 
 
 def test_a_reset_cache_knows_its_length_on_the_host():

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import functools
 
+import jax
+import jax.numpy as jnp
 import torch
 
+from torchjax._compat.jax import x64_enter, x64_exit
+from torchjax.compile import _donate
 from torchjax.compile._jit import jit
 from torchjax.tensor import _shadows
+from torchjax.tensor._storage import Storage
 from torchjax.tensor._tensor import JaxTensor
 
 _CACHE_KWARGS = ("cache", "past_key_values")
@@ -215,12 +220,69 @@ def reset(cache) -> None:
     if not plain:
         cache.reset()
         return
-    _reset_program()(cache)
-    if type(cache).reset is Cache.reset:  # Note [A reset cache's length known on the host]
+    base = type(cache).reset is Cache.reset
+    if not (base and _zeroed_in_place(layers)):
+        _reset_program()(cache)
+    if base:  # Note [A reset cache's length known on the host]
         for layer in layers:
             length = layer.cumulative_length
             if isinstance(length, JaxTensor) and length.numel() == 1:
                 _shadows.remember(length._storage, torch.zeros((), dtype=length.dtype))
+
+
+# Note [A static cache reset as its storages zeroed]
+# transformers' base resets (``Cache.reset`` calls each layer's; ``CacheLayerMixin.reset``
+# zeroes its ``keys``, ``values`` and tensor ``cumulative_length``) write zeros over
+# three tensors a layer. Where each is a plain JaxTensor over the whole of its own
+# storage (offset 0, contiguous, every element), that is each storage's array replaced
+# by zeros of its shape and dtype: one jax program over the arrays, donated as the
+# reset program donates them (Note [Donation never takes the user's copy]), the zeros
+# written back as its write-back does (``Storage.replace``). It skips what the reset
+# program's call does per call and that this program does not need: the state walk
+# of the cache, its key, the program's outputs laid out as tensors (~0.3 ms of the
+# ~0.6 ms a 16-layer reset took on CPU). A tensor that is not such (a view, a storage
+# shared by two of them, one on several devices,
+# requiring grad, an inference tensor outside inference mode, which ``zero_`` refuses)
+# resets through the program, as before.
+def _zeroed_in_place(layers) -> bool:
+    """Zero the layers' keys, values and lengths as whole storages (Note [A static cache
+    reset as its storages zeroed]); False, having changed no value, where that is not
+    what ``zero_`` of each would do. A storage whose array is made on first read gets
+    it made here, as the reset program's call reads it."""
+    tensors = [t for layer in layers for t in (layer.keys, layer.values, layer.cumulative_length)]
+    inference = torch.is_inference_mode_enabled()
+    storages, seen = [], set()
+    for t in tensors:
+        s = t._storage
+        if (
+            type(t) is not JaxTensor
+            or type(s) is not Storage
+            or id(s) in seen
+            or t.requires_grad
+            or (t.is_inference() and not inference)
+            or t.storage_offset() != 0
+            or t.numel() != s.numel
+            or not t.is_contiguous()
+            or len(s.arr.sharding.device_set) != 1
+        ):
+            return False
+        seen.add(id(s))
+        storages.append(s)
+    arrays, _ = _donate.unshared([s.arr for s in storages], range(len(storages)), tensors)
+    token = x64_enter()
+    try:
+        zeros = _zeros(arrays)
+    finally:
+        x64_exit(token)
+    del arrays
+    for s, z in zip(storages, zeros):
+        s.replace(z)
+    return True
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _zeros(arrays):
+    return [jnp.zeros_like(a) for a in arrays]
 
 
 @functools.cache
