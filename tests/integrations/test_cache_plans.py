@@ -105,3 +105,8 @@ def test_a_changed_config_builds_again(llama_dir, cpu, monkeypatch):
     assert len(made) == 3
     assert torch.equal(generate(model, batch, **kwargs), expected)
     assert len(made) == 3 and len(seen) == 4 and all(c is seen[0] for c in seen)
+    # A value without a plain == (a tensor of several elements): every call builds.
+    model.config.tjx_marker = torch.ones(2)
+    for calls in (1, 2):
+        assert torch.equal(generate(model, batch, **kwargs), expected)
+        assert len(made) == 3 + calls and all(c is seen[0] for c in seen)

@@ -86,7 +86,13 @@ class Plans:
     def key(self, model, plan):
         """The reuse key a build under ``plan`` gave, if the config is unchanged since."""
         found = self._plans.get(plan)
-        if found is None or vars(model.config) != found[0]:
+        if found is None:
+            return None
+        try:
+            same = vars(model.config) == found[0]
+        except (ValueError, RuntimeError, TypeError):  # a value without a plain == (an array)
+            same = False
+        if not same:
             return None
         self._plans.move_to_end(plan)
         return found[1]
