@@ -58,6 +58,9 @@ CALLS = {
         X[None].to(d), [2, 2], out=_empty(d)
     ),
     "gelu": lambda d: torch._C._nn.gelu(X.to(d), out=_empty(d)),
+    # Their meta functions accept an out CPU's kernel refuses.
+    "angle": lambda d: torch.angle(X.to(d), out=_empty(d)),
+    "angle_of_complex": lambda d: torch.angle(Z.to(d), out=_empty(d)),
 }
 
 

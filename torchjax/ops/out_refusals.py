@@ -22,7 +22,9 @@ out dtype before they read data or resize the outs, so the zeros raise what the 
 values would. Where CPU runs the call (a kernel that accepts what its meta function
 refuses: ``mean`` of complex into a real out writes the real part, as CPU's copy does),
 the result is written with that cast; where CPU has no kernel for it, the check's own
-refusal stands.
+refusal stands. CPU is asked too where the meta function accepted an out the result
+cannot be cast to safely: some meta functions take what their CPU kernel refuses
+(``angle`` of a float or complex tensor into an integer out).
 """
 
 from __future__ import annotations
