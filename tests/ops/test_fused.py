@@ -178,6 +178,18 @@ _VIEWS = {
 }
 
 
+def _recorded_in_one_segment(step, x, want):
+    """``step(x)`` in fused mode reads nothing early (no segment runs inside it), runs as
+    one segment, and gives ``want``'s strides and values bit for bit."""
+    with torchjax.fused():
+        torchjax.reset_stats()
+        got = step(x.to(TPU))
+        assert torchjax.stats()["fused_segments"] == 0  # no read ran the segment early
+    assert [g.stride() for g in got] == [w.stride() for w in want]
+    _same(want, [g.cpu() for g in got])
+    assert _fused_counts()[1] == 1
+
+
 @pytest.mark.parametrize("view", sorted(_VIEWS))
 def test_detached_views_of_recorded_values_stay_recorded(view):
     # Backward detaches views of saved activations (a transposed weight's grad): the
@@ -189,13 +201,7 @@ def test_detached_views_of_recorded_values_stay_recorded(view):
         return [v, v * 3, torch.ops.aten.alias(v) + 1]
 
     want = step(x)
-    with torchjax.fused():
-        torchjax.reset_stats()
-        got = step(x.to(TPU))
-        assert torchjax.stats()["fused_segments"] == 0  # no read ran the segment early
-    assert [g.stride() for g in got] == [w.stride() for w in want]
-    _same(want, [g.cpu() for g in got])
-    assert _fused_counts()[1] == 1
+    _recorded_in_one_segment(step, x, want)
 
 
 _PERMUTED = {
@@ -218,13 +224,7 @@ def test_copies_at_a_permuted_layout_of_recorded_values_stay_recorded(copy):
 
     want = step(x)
     assert not want[0].is_contiguous()  # a layout other than row-major
-    with torchjax.fused():
-        torchjax.reset_stats()
-        got = step(x.to(TPU))
-        assert torchjax.stats()["fused_segments"] == 0  # no read ran the segment early
-    assert [g.stride() for g in got] == [w.stride() for w in want]
-    _same(want, [g.cpu() for g in got])
-    assert _fused_counts()[1] == 1
+    _recorded_in_one_segment(step, x, want)
 
 
 def test_cross_entropy_on_recorded_targets_stays_recorded_and_checks_them():
