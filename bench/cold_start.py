@@ -13,7 +13,7 @@ events, the seconds spent in jax tracing, in lowering to MLIR and in XLA's backe
 Python (torch dispatch, transformers' loop) and running the programs. torchjax's own
 counters add its compiled programs and op-level traces.
 
-Run:  python bench/cold_start.py [--small] [--new N]
+Run:  python bench/cold_start.py [--small] [--new N] [--only torchjax|jax]
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def _checkpoint(path: str, small: bool) -> int:
     return _child(_CHECKPOINT, path, "small" if small else "full", "0")["params"]
 
 
-def run(small: bool, new: int) -> dict:
+def run(small: bool, new: int, only: tuple = ("torchjax", "jax")) -> dict:
     rows = {}
     with tempfile.TemporaryDirectory(prefix="torchjax-cold-") as tmp:
         ckpt = os.path.join(tmp, "ckpt")
@@ -181,11 +181,14 @@ def run(small: bool, new: int) -> dict:
         params = _checkpoint(ckpt, small)
         rows["checkpoint"] = {"params": params, "write_s": round(time.perf_counter() - t0, 1)}
         for name, code in (("torchjax", _TORCHJAX), ("jax", _JAX)):
+            if name not in only:
+                continue
             cache = os.path.join(tmp, f"cache-{name}")
             os.makedirs(cache)
             rows[name] = {which: _child(code, ckpt, new, cache) for which in ("cold", "warm")}
-    tj, jx = rows["torchjax"]["cold"]["tokens"], rows["jax"]["cold"]["tokens"]
-    rows["tokens_equal_jax"] = tj == jx[: len(tj)]
+    if len(only) == 2:
+        tj, jx = rows["torchjax"]["cold"]["tokens"], rows["jax"]["cold"]["tokens"]
+        rows["tokens_equal_jax"] = tj == jx[: len(tj)]
     return rows
 
 
@@ -195,7 +198,8 @@ def report(rows: dict) -> str:
         "| rest | torchjax programs | second call |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name in ("torchjax", "jax"):
+    names = [name for name in ("torchjax", "jax") if name in rows]
+    for name in names:
         for which in ("cold", "warm"):
             r = rows[name][which]
             p = r["phases"]
@@ -206,8 +210,9 @@ def report(rows: dict) -> str:
                 f"{p['compile']['s']} ({p['compile']['n']}) | {rest:.1f} s | "
                 f"{r.get('programs', '-')} | {r['second_s']:.2f} s |"
             )
-    lines.append(f"\ntokens equal to the pure-JAX model's: {rows['tokens_equal_jax']}")
-    for name in ("torchjax", "jax"):
+    if "tokens_equal_jax" in rows:
+        lines.append(f"\ntokens equal to the pure-JAX model's: {rows['tokens_equal_jax']}")
+    for name in names:
         top = ", ".join(f"{n} {s} s" for n, s in rows[name]["cold"]["top_programs"])
         lines.append(f"{name}, cold: the longest XLA compiles: {top}")
     return "\n".join(lines)
@@ -218,10 +223,13 @@ def main() -> None:
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument(
+        "--only", choices=("torchjax", "jax"), help="run one side (e.g. to compare a setting)"
+    )
     args = parser.parse_args()
     # The header after the children: it asks jax for its devices, which opens the chip,
     # and a chip has one holder.
-    rows = run(args.small, args.new)
+    rows = run(args.small, args.new, (args.only,) if args.only else ("torchjax", "jax"))
     print(header("cold start of generate: where the time goes"))
     print(report(rows))
     if args.json:
