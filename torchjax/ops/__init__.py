@@ -18,6 +18,7 @@ from torchjax.ops import foreach as _foreach  # noqa: F401
 from torchjax.ops import fused_optim as _fused_optim  # noqa: F401
 from torchjax.ops import histogram as _histogram  # noqa: F401
 from torchjax.ops import host_ops as _host_ops  # noqa: F401
+from torchjax.ops import index_along_dim as _index_along_dim  # noqa: F401
 from torchjax.ops import indexing as _indexing  # noqa: F401
 from torchjax.ops import linalg as _linalg  # noqa: F401
 from torchjax.ops import linalg_ldl as _linalg_ldl  # noqa: F401

@@ -18,9 +18,9 @@ turns a scatter of one index into a dynamic-update-slice: on CPU nothing moves.
 
 So ``index_copy`` and ``index_put`` (one integer index after leading full dims, no
 ``accumulate``) choose their lowering per call, at the torch level before the program is
-traced (their ``@handler``s in torchjax/ops/indexing.py), between the scatter and
-``write_run`` here, when the index is *known* to name one run of consecutive positions
-in ascending order:
+traced (their ``@handler``s in torchjax/ops/index_along_dim.py and
+torchjax/ops/indexing.py), between the scatter and ``write_run`` here, when the index is
+*known* to name one run of consecutive positions in ascending order:
 
 - one element: known from its shape alone, whatever its value, traced or not (every
   decode step's write: its position is traced inside the loop);
