@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torchjax
+from tests._models import tiny_llama
 from torchjax.device import _checks
 
 TPU = "tpu"
@@ -279,17 +280,6 @@ class _Tiny(nn.Module):
         return self.head(self.layer(self.emb(ids)))
 
 
-def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval().to(TPU)
-
-
 def _decode_step(model, ids, past):
     # One greedy step with the KV cache: the next token stays on the device.
     out = model(ids, past_key_values=past, use_cache=True)
@@ -302,8 +292,8 @@ def test_transformer_forward_decode_step_and_train_step_read_nothing_back():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 50, (2, 8)).to(TPU)
     target = torch.randint(0, 50, (2, 8)).to(TPU)
-    llama = _tiny_llama()
-    prompt = torch.randint(1, 64, (1, 6)).to(TPU)
+    llama = tiny_llama().to(TPU)
+    prompt = torch.randint(1, 128, (1, 6)).to(TPU)  # within its vocabulary
 
     def step():
         loss = F.cross_entropy(model(ids).reshape(-1, 50), target.reshape(-1))

@@ -26,6 +26,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 import examples
 import torchjax
+from tests._models import tiny_llama
 from tests.integrations import tiny_models
 
 # One absolute path: kernels caches a loaded variant by its path, and a second import of
@@ -95,12 +96,6 @@ def hub_rmsnorm():
     del LlamaRMSNorm.kernel_layer_name, LlamaRMSNorm.kernel_condition
 
 
-def _tiny_llama():
-    cfg = tf.LlamaConfig(**tiny_models._DECODER, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    return tf.LlamaForCausalLM(cfg).eval()
-
-
 def _kernelize(model, mode):
     mapping = {"RMSNorm": {"tpu": LocalLayerRepository(repo_path=REPO, layer_name="RMSNorm")}}
     with use_kernel_mapping(mapping):
@@ -128,7 +123,7 @@ def no_jax_cache_clears():
 def test_kernelize_swaps_llama_rmsnorm_in_eager_jit_and_compile(
     kernel, hub_rmsnorm, no_jax_cache_clears
 ):
-    model = _tiny_llama()
+    model = tiny_llama()  # SDPA attention, transformers' default
     g = torch.Generator().manual_seed(0)
     ids = {n: torch.randint(3, 128, (1, n), generator=g) for n in (6, 7, 8)}
     with torch.no_grad():
