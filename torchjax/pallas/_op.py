@@ -99,18 +99,6 @@ def interpret_default() -> bool:
     return jax.default_backend() not in ("tpu", "gpu", "cuda", "rocm")
 
 
-def compiler_params():
-    """Pallas compiler parameters for jax's default backend: on GPU, Triton's (jax 0.10
-    lowers a ``pallas_call`` without parameters through Mosaic GPU, which has no
-    ``dot_general`` for these kernels' lane-level code); elsewhere None (Mosaic on TPU,
-    nothing in interpret mode)."""
-    if jax.default_backend() in ("gpu", "cuda", "rocm"):
-        from jax.experimental.pallas import triton as pltriton
-
-        return pltriton.CompilerParams()
-    return None
-
-
 def op(
     name: str,
     *,
