@@ -11,21 +11,14 @@ import transformers as tf
 
 import torchjax
 from tests._models import IDS, tiny_llama
+from tests.compile._capture_stats import capture_counts
 from torchjax.compile import _captured
 from torchjax.ops import executables
 
 TPU = "tpu"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_executables():
-    # Both modes of a test start from empty caches (as in tests/ops/test_fused.py).
-    executables.clear_caches()
-
-
-def _counts():
-    s = torchjax.stats()
-    return s["captured_calls"], s["capture_traces"], s["capture_refusals"]
+pytestmark = pytest.mark.usefixtures("fresh_executables")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -39,7 +32,7 @@ def test_repeated_llama_forward_is_captured_with_eagers_bits(dtype):
         with torchjax.fused():
             for _ in range(4):
                 outs.append(model(ids).logits.cpu())
-                counts.append((*_counts(), torchjax.stats()["fused_ops"]))
+                counts.append((*capture_counts(), torchjax.stats()["fused_ops"]))
     for out in outs:
         assert torch.equal(out, eager)
     # First call op by op, second traced and run, then the program alone.
@@ -74,7 +67,7 @@ def test_data_dependent_branch_falls_back_op_by_op():
     for got, w in zip(outs, want):
         torch.testing.assert_close(got, w)
     # The second call tried once and refused; the rest ran op by op without trying.
-    assert _counts() == (0, 0, 1)
+    assert capture_counts() == (0, 0, 1)
 
 
 class _Scaled(torch.nn.Module):
@@ -103,7 +96,7 @@ def test_attribute_and_config_changes_retrace():
             b = [model(x).cpu() for _ in range(3)]
     assert all(torch.equal(t, eager2) for t in a)
     assert all(torch.equal(t, eager3) for t in b)
-    assert _counts() == (4, 2, 0)
+    assert capture_counts() == (4, 2, 0)
 
     llama = tiny_llama().to(TPU)
     ids = IDS.to(TPU)
@@ -123,7 +116,7 @@ def test_attribute_and_config_changes_retrace():
     assert torch.equal(got.logits.cpu(), want.logits.cpu())
     for g, w in zip(got_config.hidden_states, want_config.hidden_states):
         assert torch.equal(g.cpu(), w.cpu())
-    assert _counts() == (2, 2, 0)
+    assert capture_counts() == (2, 2, 0)
 
 
 def test_batchnorm_buffers_written_as_in_eager():
@@ -145,7 +138,7 @@ def test_batchnorm_buffers_written_as_in_eager():
     assert fused[-1].item() == 4  # num_batches_tracked
     # Batch norm runs off the compiled path (a handler computing it op by op, in
     # training and in eval mode): both signatures are refused and record op by op.
-    assert _counts() == (0, 0, 2)
+    assert capture_counts() == (0, 0, 2)
 
 
 class _Running(torch.nn.Module):
@@ -178,7 +171,7 @@ def test_buffers_written_in_place_are_written_back_as_in_eager():
     for got, want in zip(fused, eager):
         assert torch.equal(got, want)
     assert fused[-1].item() == 5
-    assert _counts() == (4, 1, 0)
+    assert capture_counts() == (4, 1, 0)
 
 
 def _eager_and_fused(fn):
@@ -211,7 +204,7 @@ def test_static_cache_decode_steps_write_the_cache_as_eager():
     (eager_logits, eager_keys), (logits, keys) = _eager_and_fused(decode)
     for a, b in zip(logits + keys, eager_logits + eager_keys):
         assert torch.equal(a, b)
-    calls, traces, refusals = _counts()
+    calls, traces, refusals = capture_counts()
     assert (calls, traces, refusals) == (4, 1, 0)  # decode steps 2-5
 
 
@@ -227,7 +220,7 @@ def test_greedy_generate_tokens_equal_cpu_with_capture_on():
                 IDS.to(TPU), max_new_tokens=10, do_sample=False, disable_compile=True
             )
         assert torch.equal(got.cpu(), want)
-        counts.append(_counts())
+        counts.append(capture_counts())
     # A static cache (Note [A static cache for eager generate on tpu]): decode steps repeat.
     # The first generate records its first decode step and traces the second; the next
     # generate, with a new StaticCache of the same layout, runs every decode step
@@ -247,7 +240,7 @@ def test_dynamic_cache_steps_are_not_traced_across_generate_calls():
         assert torch.equal(got.cpu(), want)
     # Every step has new shapes, and each generate a new DynamicCache, keyed by identity
     # (Note [Captured calls are keyed by layout]): nothing repeats, nothing is traced.
-    assert _counts() == (0, 0, 0)
+    assert capture_counts() == (0, 0, 0)
 
 
 def test_calls_that_need_an_autograd_graph_are_not_captured():
@@ -258,7 +251,7 @@ def test_calls_that_need_an_autograd_graph_are_not_captured():
     with torchjax.fused():
         for _ in range(3):
             model(x).sum().backward()
-    assert _counts() == (0, 0, 0)
+    assert capture_counts() == (0, 0, 0)
     cpu = torch.nn.Linear(4, 3)
     cpu.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
     for _ in range(3):
@@ -276,7 +269,7 @@ def test_capture_false_and_plain_eager_record_or_run_op_by_op():
         with torchjax.fused(capture=False):
             for _ in range(3):
                 model(x)
-    assert _counts() == (0, 0, 0)
+    assert capture_counts() == (0, 0, 0)
 
 
 def test_too_many_signatures_stop_capturing_with_a_warning(monkeypatch):
@@ -288,7 +281,7 @@ def test_too_many_signatures_stop_capturing_with_a_warning(monkeypatch):
         for rows in (1, 1, 2, 2, 3, 3, 3):
             out = model(torch.ones(rows, 4).to(TPU))
             assert out.shape == (rows, 3)
-    assert _counts() == (2, 2, 0)
+    assert capture_counts() == (2, 2, 0)
     msgs = [str(w.message) for w in caught if issubclass(w.category, torchjax.RetraceWarning)]
     assert len(msgs) == 1 and "Linear traced 2 signatures" in msgs[0]
 
@@ -318,5 +311,5 @@ def test_threads_capture_the_same_module_without_seeing_each_other():
         for out in got[i]:
             assert torch.equal(out, want[i])
     # One signature (same shapes): traced once, by whichever thread got there first.
-    calls, traces, refusals = _counts()
+    calls, traces, refusals = capture_counts()
     assert traces == 1 and refusals == 0 and calls >= 5

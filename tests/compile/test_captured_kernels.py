@@ -13,6 +13,7 @@ import transformers as tf
 
 import torchjax
 from tests._models import KERNEL_IDS, tiny_llama
+from tests.compile._capture_stats import capture_counts
 from torchjax import pallas as tp
 from torchjax.ops import executables
 from torchjax.pallas import _decode_sdpa, _sdpa, _sdpa_math
@@ -20,14 +21,7 @@ from torchjax.pallas import _decode_sdpa, _sdpa, _sdpa_math
 TPU = "tpu"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_executables():
-    executables.clear_caches()
-
-
-def _counts():
-    s = torchjax.stats()
-    return s["captured_calls"], s["capture_traces"], s["capture_refusals"]
+pytestmark = pytest.mark.usefixtures("fresh_executables")
 
 
 @contextlib.contextmanager
@@ -74,7 +68,7 @@ def test_llama_forward_with_tpu_attention_is_captured_with_eagers_bits(monkeypat
     for out in [recorded, *captured]:
         assert torch.equal(out, eager)
     # First call op by op, second traced and run, third the program alone.
-    assert _counts() == (2, 1, 0)
+    assert capture_counts() == (2, 1, 0)
     # The kernel op is recorded: it ends no segment (it ended one per layer).
     assert segments == 1
 
@@ -105,7 +99,7 @@ def test_static_cache_decode_steps_with_the_decode_kernel_are_captured(monkeypat
         fused = decode()
     for got, want in zip(fused, eager, strict=True):
         assert torch.equal(got, want)
-    assert _counts() == (4, 1, 0)  # decode steps 2-5
+    assert capture_counts() == (4, 1, 0)  # decode steps 2-5
 
 
 def test_eager_generate_decode_steps_with_the_decode_kernel_are_captured(monkeypatch):
@@ -126,4 +120,4 @@ def test_eager_generate_decode_steps_with_the_decode_kernel_are_captured(monkeyp
     assert eager.shape == (1, 48) and torch.equal(fused, eager)
     # 15 decode steps: the first recorded op by op, the second traced and run, the rest
     # the program alone.
-    assert _counts() == (14, 1, 0)
+    assert capture_counts() == (14, 1, 0)
