@@ -50,7 +50,11 @@ fails records its error and the rest run; a row is skipped once the section's ti
 budget (``BUDGET_S``) is spent. Each mode's JSON is printed to stderr as soon as that
 mode finishes, and each row's (with its comparisons and ratios) when the row does, so a
 run stopped by an outer time limit keeps the modes and rows it measured.
-``TORCHJAX_BENCH_ROWS`` (comma-separated row names) runs only those rows.
+``TORCHJAX_BENCH_ROWS`` (comma-separated row names) runs only those rows;
+``TORCHJAX_BENCH_MODES`` (comma-separated: ``eager``, ``fused``, ``captured``, ``jit``, and
+for generate ``static``/``dynamic``, ``jit`` meaning its compiled run) only those modes;
+``TORCHJAX_BENCH_MAX_TIME`` sets generate's ``max_time`` (20 s; the chip's first fused or
+captured generate compiles for longer) and ``TORCHJAX_BENCH_BUDGET_S`` the section's.
 
 Run:  python -m bench.tpu --sections eager   (``--small``: small models, off the chip)
 """
@@ -65,7 +69,10 @@ import sys
 import time
 
 RUNS = 5
-BUDGET_S = 330  # no row or mode starts after this (one in flight finishes)
+# no row or mode starts after this (one in flight finishes)
+BUDGET_S = float(os.environ.get("TORCHJAX_BENCH_BUDGET_S", 330))
+MAX_TIME = float(os.environ.get("TORCHJAX_BENCH_MAX_TIME", 20))
+_MODES = {m.strip() for m in os.environ.get("TORCHJAX_BENCH_MODES", "").split(",") if m.strip()}
 _DEADLINE = [float("inf")]
 _STAT_KEYS = {
     "compiles": "compiles", "cache_loads": "persistent_cache_hits",
@@ -89,6 +96,18 @@ def _done(name: str, mode: str, result: dict) -> None:
 def _skipped() -> dict | None:
     left = _DEADLINE[0] - time.perf_counter()
     return {"skipped": f"section budget ({BUDGET_S} s) spent"} if left < 0 else None
+
+
+def _wanted(*modes: str) -> bool:
+    """Whether ``TORCHJAX_BENCH_MODES`` (unset: all) asks for a mode: each of ``modes``
+    that belongs to a family named there (``static``/``dynamic`` caches; the rest) must
+    be named."""
+    caches = {"static", "dynamic"}
+    for m in modes:
+        family = caches if m in caches else _MODES - caches
+        if _MODES & family and m not in _MODES:
+            return False
+    return True
 
 
 def _error(e: BaseException) -> str:
@@ -193,6 +212,8 @@ def _modes(name: str, fn, runs: int = RUNS, captured: bool = True) -> dict:
     calls.append(("jit", lambda: block_torch(jitted())))
     row, outs = {}, {}
     for mode, call in calls:
+        if not _wanted(mode):
+            continue
         _progress(f"{name}: {mode}")
         if _skipped():
             row[mode] = _skipped()
@@ -321,6 +342,8 @@ def generate(model, new: int, max_time: float) -> dict:
     for cache, extra in caches.items():
         outs = {}
         for mode in ("eager", "fused", "captured"):
+            if not _wanted(cache, mode):
+                continue
             _progress(f"generate, {cache} cache: {mode}")
             key = f"{cache}, {mode}"
             if _skipped():
@@ -363,6 +386,8 @@ def generate(model, new: int, max_time: float) -> dict:
                 row[f"{cache}: {mode}_tokens_equal_eager"] = bool(
                     torch.equal(outs[mode].cpu(), outs["eager"].cpu())
                 )
+    if not _wanted("jit"):
+        return row
     _progress("generate, compiled")
     if _skipped():
         row["compiled"] = _skipped()
@@ -422,7 +447,7 @@ def eager(ctx) -> dict:
         "forward 1.1B bf16": lambda: forward(model(), seq, "forward 1.1B"),
         "train tiny bf16": lambda: train(_tiny().to(torch.bfloat16), seq, "train tiny"),
         "train 1.1B bf16": lambda: train(model(), seq, "train 1.1B"),
-        "generate 1.1B bf16": lambda: generate(model(), 4 if ctx.small else 16, 20),
+        "generate 1.1B bf16": lambda: generate(model(), 4 if ctx.small else 16, MAX_TIME),
     }
     only = os.environ.get("TORCHJAX_BENCH_ROWS")
     for name, row in rows.items():
