@@ -281,6 +281,8 @@ def train(model, seq: int, name: str, runs: int = RUNS) -> dict:
     ids = _ids(model.config.vocab_size, seq, seed=1)
     row, outs = {"tokens": list(ids.shape)}, {}
     for mode in ("eager", "fused", "captured", "jit"):
+        if not _wanted(mode):
+            continue
         _progress(f"{name}: {mode}")
         if _skipped():
             row[mode] = _skipped()
