@@ -363,6 +363,24 @@ def test_half_alpha_rounds_as_cpus_vector_loop(op, dtype):
     assert checked == 4
 
 
+@pytest.mark.parametrize("op", [torch.add, torch.sub, torch.rsub, torch.Tensor.add_])
+def test_float32_alpha_is_one_fma_as_cpu(op):
+    # Note [A scaled add rounds once]: CPU's float32 kernels round self + alpha * other
+    # once; the suite compiles at optimisation level 0, where XLA contracts nothing, so
+    # this fails unless the lowering states the FMA. A Python-number other too, and an
+    # alpha that changes every call (a value of the program).
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(4096, generator=g) for _ in range(2))
+    checked = 0
+    for alpha in [0.1, -0.3, 2.5, 1e-3]:
+        want = op(a.clone(), b, alpha=alpha)
+        assert torch.equal(op(a.to("tpu"), b.to("tpu"), alpha=alpha).cpu(), want), alpha
+        if op is not torch.Tensor.add_:
+            assert torch.equal(op(a.to("tpu"), 0.7, alpha=alpha).cpu(), op(a, 0.7, alpha=alpha))
+        checked += 1
+    assert checked == 4
+
+
 _INT_VALUES = {
     torch.uint8: [0, 1, 6, 128, 255],
     torch.int8: [-128, -127, -5, -1, 0, 1, 2, 5, 6, 127],

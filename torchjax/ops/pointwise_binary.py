@@ -127,6 +127,44 @@ def mul_values(a, b):
     return lax.bitwise_and(a, b) if a.dtype == jnp.bool_ else lax.mul(a, b)
 
 
+def fma(x, y, z):
+    """``x * y + z`` rounded once, as CPU's vectorised loops compute it with an FMA: on
+    CPU through float64 (the float32 product is exact there), elsewhere as XLA fuses it.
+    float64 has no wider type: XLA:CPU contracts its multiply-add inside one program
+    when LLVM optimises, not at optimisation level 0 nor primitive by primitive."""
+
+    def exact(x, y, z):
+        wide = jnp.float64
+        return (x.astype(wide) * y.astype(wide) + z.astype(wide)).astype(x.dtype)
+
+    return lax.platform_dependent(x, y, z, cpu=exact, default=lambda x, y, z: x * y + z)
+
+
+# Note [A scaled add rounds once]
+# CPU's float32 add and sub kernels compute ``self + alpha * other`` (sub: ``-alpha``)
+# with one FMA (``vec::fmadd``), one rounding. XLA contracts that multiply and add into
+# an FMA only where LLVM optimises (not at optimisation level 0, the suite's), so a
+# float32 computation with an ``alpha`` states it (``fma``): SGD's ``p.add_(grad,
+# alpha=-lr)``, weight decay's ``grad.add(p, alpha=wd)`` and the foreach forms of both
+# give CPU's bits at every level. Half-precision inputs compute in float32 with alpha
+# rounded to their type first (Note [Half-precision inputs are rounded first] in
+# torchjax/ops/promotion.py): their products are exact in float32, FMA or not. float64
+# has no wider type to state it with.
+def _scaled_add(self, other, alpha, negate):
+    """``self + alpha * other`` (``- alpha`` when ``negate``) in one rounding where the
+    computation is float32 and alpha is not 1 (Note [A scaled add rounds once]); None
+    elsewhere."""
+    if other.dtype != jnp.float32 or self.dtype != jnp.float32 or isinstance(alpha, bool):
+        return None
+    if isinstance(alpha, jax.Array):  # a traced Python float (Note [Traced Python floats])
+        scale = alpha.astype(jnp.float32)
+    elif alpha == 1:
+        return None
+    else:
+        scale = np.asarray(alpha, dtype=np.float32)
+    return fma(*bcast(other, -scale if negate else scale, self))
+
+
 # add / sub / rsub: promotion over self and other; alpha read as CPU's kernels read it.
 _ALPHA_POLICY = dict(
     promote=Kind.DEFAULT,
@@ -140,13 +178,19 @@ _ALPHA_POLICY = dict(
 def add(self, other, alpha=1):
     """aten::add - ``self + alpha * other``. Shapes: broadcast. Dtypes: torch's DEFAULT
     promotion (f16/bf16 in f32); bool + bool is logical or. alpha checked as torch does
-    (no float alpha for ints, bool alpha only for bool). Reference: torch.add."""
-    return add_values(self, scale_by("add", other, alpha))
+    (no float alpha for ints, bool alpha only for bool); float32 with an alpha in one
+    rounding (Note [A scaled add rounds once]). Reference: torch.add."""
+    out = _scaled_add(self, other, alpha, negate=False)
+    return add_values(self, scale_by("add", other, alpha)) if out is None else out
 
 
 def sub(self, other, alpha=1):
     """aten::sub - ``self - alpha * other``; a bool operand is refused before (``_sub_check``).
-    Reference: torch.sub."""
+    float32 with an alpha in one rounding (Note [A scaled add rounds once]). Reference:
+    torch.sub."""
+    out = _scaled_add(self, other, alpha, negate=True)
+    if out is not None:
+        return out
     if kind_of(other) == "complex":
         return add_values(self, scale_by("sub", other, _negated(other, alpha)))
     return lax2(lax.sub)(self, scale_by("sub", other, alpha))
@@ -261,7 +305,11 @@ def sub_handler(args, kwargs, _ops=(aten.sub.Tensor, aten.sub.Scalar)):
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar, **_ALPHA_POLICY)
 def rsub(self, other, alpha=1):
     """aten::rsub - ``other - alpha * self``; a bool operand is refused before
-    (``_sub_check``). Reference: torch.rsub."""
+    (``_sub_check``); float32 with an alpha in one rounding (Note [A scaled add rounds
+    once]). Reference: torch.rsub."""
+    out = _scaled_add(other, self, alpha, negate=True)
+    if out is not None:
+        return out
     if kind_of(self) == "complex":
         return add_values(other, scale_by("rsub", self, _negated(self, alpha)))
     return lax2(lax.sub)(other, scale_by("rsub", self, alpha))

@@ -12,13 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from jax import lax
 
 from torchjax.ops import writeback
 from torchjax.ops.pointwise_binary import (
     add_values,
     bcast,
     exact_div,
+    fma,
     integral,
     kind_of,
     mul_values,
@@ -83,19 +83,6 @@ def addcmul(self, tensor1, tensor2, *, value=1):
     if kind_of(self) == "float" and jnp.result_type(self, scaled, tensor2) == jnp.float32:
         return fma(*bcast(scaled, tensor2, self))
     return add_values(self, mul_values(scaled, tensor2))
-
-
-def fma(x, y, z):
-    """``x * y + z`` rounded once, as CPU's vectorised loops compute it with an FMA: on
-    CPU through float64 (the float32 product is exact there), elsewhere as XLA fuses it.
-    float64 has no wider type: XLA:CPU contracts its multiply-add inside one program
-    when LLVM optimises, not at optimisation level 0 nor primitive by primitive."""
-
-    def exact(x, y, z):
-        wide = jnp.float64
-        return (x.astype(wide) * y.astype(wide) + z.astype(wide)).astype(x.dtype)
-
-    return lax.platform_dependent(x, y, z, cpu=exact, default=lambda x, y, z: x * y + z)
 
 
 _ADDCDIV_INTEGER = (
