@@ -351,3 +351,64 @@ def test_number_lists_that_do_not_fit_raise_as_cpu(name, dtype):
             return type(e), str(e).split(" (in aten::")[0]
 
     assert outcome(TPU) == outcome("cpu")
+
+
+def _chain(xs, ys, big, scale):
+    """Functional and in-place foreach ops on values the previous ones made, a view of
+    one in a list, a 0-d tensor argument and a norm."""
+    a = torch._foreach_mul(xs, 2.0)
+    torch._foreach_add_(a, ys, alpha=0.5)
+    torch._foreach_mul_(a, scale)
+    b = torch._foreach_addcmul(a, [big[0], big[1]], ys, value=0.25)
+    torch._foreach_sqrt_(b)
+    return a + b + torch._foreach_norm(b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_foreach_ops_are_one_recorded_node_each_in_fused_eager(dtype):
+    # Note [Recorded foreach ops]: values recorded before (a foreach result, the rows of
+    # a recorded tensor) enter unread, each call is one node, the chain one program,
+    # with plain eager's bits (and CPU's but for float32 sqrt's last bit, which CPU does
+    # not round correctly: docs/numerics.md).
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(2, 64, generator=g).abs().to(dtype) for _ in range(2)]
+    ys = [torch.randn(2, 64, generator=g).abs().to(dtype) for _ in range(2)]
+    big = torch.randn(2, 2, 64, generator=g).abs().to(dtype)
+    scale = torch.tensor(3.0, dtype=dtype)
+    want = _chain(xs, ys, big * 2, scale)
+    txs, tys, tbig = [x.to(TPU) for x in xs], [y.to(TPU) for y in ys], big.to(TPU)
+    counted, eager = [], None
+    for fused in (False, True, True):  # eager; fused builds the program; fused again
+        torch.tpu.synchronize()
+        before = torchjax.stats()
+        with torchjax.fused(fused):
+            got = _chain(txs, tys, tbig * 2, scale.to(TPU))
+        got = [t.cpu() for t in got]
+        after = torchjax.stats()
+        counted.append({k: after[k] - before[k] for k in ("fused_ops", "fused_segments")})
+        ops = {k: v for k, v in after["ops"].items() if k.startswith("aten::_foreach_")}
+        assert all(v["op_by_op"] == before["ops"].get(k, v)["op_by_op"] for k, v in ops.items())
+        if eager is None:
+            eager = got
+            for gt, w in zip(got, want, strict=True):
+                torch.testing.assert_close(gt, w, rtol=2e-7, atol=0)
+        for gt, e in zip(got, eager, strict=True):
+            assert torch.equal(gt, e)
+    # 6 foreach ops, the ``tbig * 2`` they read rows of and 2 reads of those rows.
+    assert counted[-1] == {"fused_ops": 9, "fused_segments": 1}
+
+
+def test_recorded_inplace_foreach_writes_views_too():
+    # Whole tensors take their pending values; views of other tensors are written as a
+    # recorded in-place single op's are: the segment runs, and every value is kept.
+    g = torch.Generator().manual_seed(0)
+    u, v, w = (torch.randn(3, 64, generator=g) for _ in range(3))
+    others = [torch.randn(64, generator=g) for _ in range(3)]
+    want = [u.clone(), v.clone(), w.clone()]
+    torch._foreach_add_([want[0][1], want[1], want[2][2]], others, alpha=0.5)
+    tu, tv, tw = (t.to(TPU) for t in (u, v, w))
+    with torchjax.fused():
+        tu, tv, tw = tu * 1, tv * 1, tw * 1  # recorded values
+        torch._foreach_add_([tu[1], tv, tw[2]], [o.to(TPU) for o in others], alpha=0.5)
+    for got, w_ in zip((tu, tv, tw), want, strict=True):
+        assert torch.equal(got.cpu(), w_)

@@ -24,7 +24,10 @@ import numpy as np
 import torch
 
 from torchjax._compat.torch import all_op_schemas
-from torchjax.ops import executables, traced_scalars
+from torchjax.device import _checks
+from torchjax.ops import executables, fused_reads, traced_scalars
+from torchjax.ops import fused as _fused
+from torchjax.ops.functional import cpu_to_jax
 from torchjax.ops.pointwise_binary import exact_div
 from torchjax.ops.pointwise_ternary import fma
 from torchjax.ops.promotion import promoted_by_key
@@ -306,8 +309,25 @@ def _foreach_handler(func):
 #   kernel) raises ``NeedsValue`` while tracing, and the overload takes its single floats
 #   as static values from then on, each a key (op by op after ``MAX_FLOAT_VARIANTS``, as
 #   for single ops: Note [Python floats as values of an op's program]).
-# ints, bools and floats of other lists stay static. Integer/bool lists, CPU tensors and
-# ``.out`` overloads take the eager path.
+# ints, bools and floats of other lists stay static. A single 0-d floating tensor
+# (``_foreach_mul_.Tensor``'s ``other``: clip_grad_norm_'s clip coefficient) is an array
+# argument, a tensor again inside. Integer/bool lists, CPU tensors in the lists and
+# ``.out`` overloads take the eager path, each per-element op on its own (counted as
+# ``op_by_op`` of the overload in ``torchjax.stats()["ops"]``).
+#
+# Note [Recorded foreach ops]
+# In fused eager mode (Note [Fused eager] in torchjax/ops/fused.py) a compiled foreach
+# call is recorded as one node of the thread's segment, whatever the lists' length, as a
+# single op's executable is: the same executable, its function replayed inside the
+# segment's program. List elements whose values are recorded (gradients from backward,
+# the state a previous foreach op wrote) enter as their ``Pending`` values (a view of one
+# through a recorded read), not read, so the segment goes on; the results are tensors
+# holding pending values, and an in-place op writes them into its tensors as a recorded
+# in-place single op does (``fused.write``; a view of another tensor through
+# ``writeback.write_into``, which runs the segment). torch.optim's foreach AdamW step is
+# then 8 nodes whatever the number of parameters, where its single-tensor loop recorded
+# 8 per parameter. Calls under a user's trace are not recorded (Note [Nothing is
+# recorded under a trace]): the executable runs inlined.
 
 _FLOATING = frozenset(
     {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128}
@@ -330,7 +350,9 @@ class _CompiledForeach:
         self.table = executables.Executables(func)
         self.info = self.table.info
         # Set once a trace needed a single float's number: static floats from then on.
-        self.floats_static = False
+        # A norm's order selects its computation (linalg_vector_norm reads it as a
+        # number, which a traced float is not): static from the start.
+        self.floats_static = base in ("norm", "powsum")
         self.keys: set = set()
         self.eager_keys: set = set()
         executables.register(self)
@@ -340,14 +362,21 @@ class _CompiledForeach:
             self.table.clear()
             self.keys, self.eager_keys = set(), set()
 
+    def _op_by_op(self, args, kwargs):
+        """The per-element run (counted: ``op_by_op`` of ``torchjax.stats()["ops"]``)."""
+        self.info.op_by_op += 1
+        return self.eager(args, kwargs)
+
     def __call__(self, args, kwargs):
         bound, kw = self.bind(args, kwargs)
         lead = bound.get(self.lead)
         if not lead or (self.orders and any(t.is_complex() for t in lead)):
             # Complex maximum/minimum: torch's error depends on the overload the
             # per-element op takes (clamp for numbers), which eager keeps.
-            return self.eager(args, kwargs)
+            return self._op_by_op(args, kwargs)
         n = len(lead)
+        # Note [Recorded foreach ops]
+        recording = _fused.ACTIVE[0] and _fused.recording()
         dyn, tmpl = [], []
         traced_floats = not self.floats_static and all(
             t is None or t.dtype in _REAL_FLOATING for t in lead
@@ -362,17 +391,17 @@ class _CompiledForeach:
                 if k in self.numbers and self.check_number is not None:
                     for t, x in zip(lead, v):
                         self.check_number(x, t.dtype)
-                entry = self._list_entry(v, n, dyn)
+                entry = self._list_entry(v, n, dyn, recording)
             elif isinstance(v, torch.Tensor):
-                entry = None
+                entry = _one_tensor_entry(v, dyn, recording)
             else:
                 entry = static(v)
             if entry is None:
-                return self.eager(args, kwargs)
+                return self._op_by_op(args, kwargs)
             tmpl.append(entry)
         if self.inplace and _aliased(lead, [bound.get(k) for k in self.listed if k != self.lead]):
             # Sequential semantics: element i may read what element j < i wrote.
-            return self.eager(args, kwargs)
+            return self._op_by_op(args, kwargs)
         kwtmpl = []
         for k, v in kw.items():  # after the positional ones in ``dyn``
             if type(v) is float and traced_floats:
@@ -386,13 +415,20 @@ class _CompiledForeach:
             run_key = (key, signature(dyn))
             run = self.table.get(run_key)
         except TypeError:  # an unhashable argument
-            return self.eager(args, kwargs)
+            return self._op_by_op(args, kwargs)
         if run is None:
             run = self._new_run(key, run_key, tuple(bound))
             if run is None:
-                return self.eager(args, kwargs)
+                return self._op_by_op(args, kwargs)
+        index = lead[0]._device_index
         try:
-            results = executables.call(run, dyn)
+            if recording:
+                # One node of this thread's segment for the whole lists (Note [Recorded
+                # foreach ops]).
+                results = _fused.record(run, dyn)
+                if results is not _fused.NOT_RECORDED:
+                    return self._recorded(lead, results, index)
+            results = _checks.finish(executables.call(run, dyn))
         except traced_scalars.NeedsValue:
             # A per-element op needs a single float's number: static floats from now on.
             self._forget(key, remember=False)
@@ -401,13 +437,26 @@ class _CompiledForeach:
         except executables.CONCRETE_ERRORS:
             # A per-element lowering reads values (raised while tracing): op by op.
             self._forget(key, remember=not _traced(dyn))
-            return self.eager(args, kwargs)
+            return self._op_by_op(args, kwargs)
         self.info.calls += 1
         if not self.inplace:
-            index = lead[0]._device_index
             return [wrap(r, index) for r in results]
         for t, r in zip(lead, results):
             t._write(r)
+        return None
+
+    def _recorded(self, lead, results, index):
+        """The results of a recorded call: new tensors holding the pending values, or
+        (in-place) the pending values written into ``lead``: a whole tensor takes its
+        pending value; the others (a view) are written as a recorded single op's result
+        is (``writeback.write_into``: the segment runs), once every value is held by a
+        tensor, so the run computes them all."""
+        if not self.inplace:
+            return [_fused.wrap(p, index) for p in results]
+        rest = [(t, p) for t, p in zip(lead, results) if not _fused.write(t, p)]
+        outs = [(t, _fused.wrap(p, index)) for t, p in rest]
+        for t, out in outs:
+            write_into(self.func, t, out, check_cast=False)
         return None
 
     def _new_run(self, key, run_key, names):
@@ -437,12 +486,12 @@ class _CompiledForeach:
                 self.eager_keys.add(key)
                 self.info.eager_keys += 1
 
-    def _list_entry(self, v, n, dyn):
+    def _list_entry(self, v, n, dyn, recording):
         """The template entry of a list argument (None: take the eager path)."""
         if isinstance(v, torch.Tensor):  # addcmul/addcdiv ``scalars``: one value per element
             if not isinstance(v, JaxTensor) or v.dtype not in _FLOATING or v.numel() != n:
                 return None
-            dyn.append(v._value())
+            dyn.append(_value(v, recording))
             return ARRAY
         if len(v) != n:
             return None  # the eager path raises torch's length error
@@ -452,7 +501,7 @@ class _CompiledForeach:
                 t.__class__ is JaxTensor and t.dtype in _FLOATING for t in v if t is not None
             ):
                 return None
-            dyn.extend(t._value() for t in v if t is not None)
+            dyn.extend(_value(t, recording) for t in v if t is not None)
             return Seq(SEQ, list, tuple(_NONE if t is None else ARRAY for t in v))
         if all(type(x) in (float, int) for x in v):
             dyn.extend(np.asarray(x, np.float64 if type(x) is float else np.int64) for x in v)
@@ -472,7 +521,9 @@ class _CompiledForeach:
             lists = {}
             for k, entry in zip(names, tmpl):
                 value = rebuild(entry, it)
-                if k not in listed:
+                if entry == _ONE_TENSOR:
+                    lists[k] = wrap(value[0])
+                elif k not in listed:
                     # ARRAY outside the lists: a single float made a value.
                     lists[k] = traced_scalars.traced(value) if entry is ARRAY else value
                 elif entry is ARRAY:  # a tensor holding one value per element
@@ -501,12 +552,41 @@ class _CompiledForeach:
                 else:
                     results.append(per_element(*pos, **kw))
             out = lists[lead] if inplace else results
-            return [t._value() for t in out]
+            return [t._value() for t in out], None  # (results, device checks)
 
         return executables.build(traced, f"{self.func._opname}_{self.func._overloadname}")
 
 
 _NONE = static(None)
+# A tensor argument that is not a list (``_foreach_mul_.Tensor``'s ``other``: clip_grad_norm_'s
+# clip coefficient): the next executable argument, a tensor again inside the trace.
+_ONE_TENSOR = Seq(SEQ, tuple, (ARRAY,))
+
+
+def _value(t, recording):
+    """The array of list element ``t``; while this thread records, its recorded value
+    (or a recorded read of a view of one) instead of running the segment to read it
+    (Note [Recorded foreach ops])."""
+    if recording:
+        p = fused_reads.record_read(t)
+        if p is not None:
+            return p
+    return t._value()
+
+
+def _one_tensor_entry(t, dyn, recording):
+    """The template entry of a single tensor argument: a 0-d floating tpu tensor (or a
+    0-d CPU one, which every per-element op accepts beside tpu tensors) is an argument
+    of the executable; anything else takes the eager path (None), with its errors."""
+    if t.dim() != 0 or t.dtype not in _FLOATING:
+        return None
+    if isinstance(t, JaxTensor):
+        dyn.append(_value(t, recording))
+    elif t.device.type == "cpu":
+        dyn.append(cpu_to_jax(t))
+    else:
+        return None
+    return _ONE_TENSOR
 
 
 def _number(a):
