@@ -99,6 +99,10 @@ def test_uninstall_restores_every_original():
         dynamo_backends = dict(dynamo_registry._COMPILER_FNS)
         from torch._dynamo.variables.optimizer import OptimizerVariable
         set_capturable = OptimizerVariable.__dict__["_set_capturable"]
+        from torch.optim import optimizer as optim_optimizer
+        from torch.utils import _foreach_utils
+        foreach_types = (list(optim_optimizer._foreach_supported_types),
+                         list(_foreach_utils._foreach_supported_types))
         import io
         buf = io.BytesIO()
         torch.save({"w": torch.arange(3.0)}, buf)
@@ -124,6 +128,11 @@ def test_uninstall_restores_every_original():
         names = [p.name for p in torchjax.patches()]
         print("names", names)
         assert dlpack.to_dlpack is not before["dlpack"]
+        from torchjax.tensor._tensor import JaxTensor
+        assert optim_optimizer._foreach_supported_types == [*foreach_types[0], JaxTensor]
+        assert _foreach_utils._foreach_supported_types == [*foreach_types[1], JaxTensor]
+        assert optim_optimizer._default_to_fused_or_foreach(
+            list(m.parameters()), False) == (False, True)
         assert _backend() == TPU() and sys.modules["torch.backends.tpu"] is torch.backends.tpu
         import inspect
         assert torch.load is not before["torch_load"]
@@ -192,6 +201,10 @@ def test_uninstall_restores_every_original():
         assert torch.utils.swap_tensors is before["swap"]
         assert torch.autograd.graph._engine_run_backward is before["run_backward"]
         assert torch.autograd._engine_run_backward is before["run_backward"]
+        assert (list(optim_optimizer._foreach_supported_types),
+                list(_foreach_utils._foreach_supported_types)) == foreach_types
+        assert optim_optimizer._default_to_fused_or_foreach(
+            list(m.parameters()), False) == (False, False)
         assert bcf.__dict__["apply"] is before["bcf_apply"]
         assert bcf.__dict__["apply_boxed"] is before["bcf_apply_boxed"]
         frame = torch.utils.checkpoint._CheckpointFrame
@@ -288,6 +301,7 @@ def test_uninstall_restores_every_original():
         "torch.nested.nested_tensor",
         "torch.nested.as_nested_tensor",
         "DataLoader worker start",
+        "torch foreach tensor types",
         "torch.accelerator memory functions and synchronize",
         "Dynamo skip rules for torchjax",
         "FakeTensorMode.may_turn_const",

@@ -124,6 +124,15 @@ how it is undone.
   Asked about tpu, each answers with ``torch.tpu``'s function of the same meaning (Note
   [torch.accelerator on tpu]); same signatures. Undo: the originals put back in
   ``torch.accelerator`` and ``torch.accelerator.memory``.
+- ``torch foreach tensor types`` (device/_optim_foreach.py through
+  _compat/torch_optim.py; torch 2.13). ``JaxTensor`` appended to
+  ``torch.optim.optimizer._foreach_supported_types`` and
+  ``torch.utils._foreach_utils._foreach_supported_types``, as torch's DTensor appends
+  itself: optimizers built with ``foreach=None`` (the default) and ``clip_grad_norm_`` /
+  ``clip_grad_value_`` take their foreach path for tpu tensors, as for CUDA's, instead of
+  a loop of a dozen ops per parameter (Note [tpu parameters take torch.optim's foreach
+  path]). ``fused=True`` stays opt-in; CPU tensors' types are unchanged, so their path
+  is too. Undo: ``JaxTensor`` taken out of the lists it was added to.
 - ``DataLoader worker start`` (device/_dataloader.py through _compat/torch.py; torch
   2.13). ``_MultiProcessingDataLoaderIter.__init__`` wrapped: JAX's "os.fork() was
   called" warning is ignored while it starts the workers, which run CPU code only (Note

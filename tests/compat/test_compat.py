@@ -1002,3 +1002,22 @@ def test_module_call_patch_is_in_force_only_in_fused_mode():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def test_foreach_type_lists_gate_torchs_foreach_defaults(monkeypatch):
+    from torch.optim import optimizer
+    from torch.utils import _foreach_utils
+
+    from torchjax._compat.torch_optim import foreach_type_lists
+
+    optim_types, util_types = foreach_type_lists()
+    assert optim_types is optimizer._foreach_supported_types
+    assert util_types is _foreach_utils._foreach_supported_types
+    p = torch.zeros(2, device="tpu")
+    assert optimizer._default_to_fused_or_foreach([p], False) == (False, True)
+    assert _foreach_utils._has_foreach_support([p], p.device)
+    # Without torchjax's entry: torch's own answer for a tensor subclass.
+    monkeypatch.setattr(optimizer, "_foreach_supported_types", [torch.Tensor, torch.nn.Parameter])
+    monkeypatch.setattr(_foreach_utils, "_foreach_supported_types", [torch.Tensor])
+    assert optimizer._default_to_fused_or_foreach([p], False) == (False, False)
+    assert not _foreach_utils._has_foreach_support([p], p.device)

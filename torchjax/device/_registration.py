@@ -28,6 +28,7 @@ from torchjax.device import (
     _fork,
     _layouts,
     _module,
+    _optim_foreach,
     _pinned,
     _serialization,
 )
@@ -68,6 +69,7 @@ def _register() -> None:
     _fork.register()
     _serialization.register()
     _accelerator.register()
+    _optim_foreach.register()
     _backward_errors.install_saved_hooks_guard()
     _grad_devices.install()
     _engine_queues.register()
