@@ -301,8 +301,9 @@ def _foreach_handler(func):
 #   in the computation dtype here: what their lowering computes for float tensors
 #   (``value * x`` is exact when value is 1, so skipping that shortcut changes nothing).
 # - a single Python ``float`` (AdamW's ``1 - lr * weight_decay``, ``lerp``'s ``1 - beta1``
-#   and SGD's ``alpha=-lr``, each new every step under a schedule) is a float64 0-d value
-#   too, when every list tensor is real floating: the traced function hands the
+#   and SGD's ``alpha=-lr``, each new every step under a schedule), or a traced one (a
+#   ``torch.SymFloat`` of a torch.compile graph), is a float64 0-d value too, when every
+#   list tensor is real floating: the traced function hands the
 #   per-element ops a ``torch.SymFloat`` over it (Note [Traced Python floats] in
 #   torchjax/ops/traced_scalars.py), which promotes and computes as the Python float
 #   does. A per-element op that needs the number itself (``pow``'s exponent selects a
@@ -394,6 +395,8 @@ class _CompiledForeach:
                 entry = self._list_entry(v, n, dyn, recording)
             elif isinstance(v, torch.Tensor):
                 entry = _one_tensor_entry(v, dyn, recording)
+            elif v.__class__ is torch.SymFloat:
+                entry = _traced_float_entry(v, dyn, traced_floats)
             else:
                 entry = static(v)
             if entry is None:
@@ -407,6 +410,11 @@ class _CompiledForeach:
             if type(v) is float and traced_floats:
                 dyn.append(np.asarray(v, np.float64))
                 kwtmpl.append((k, ARRAY))
+            elif v.__class__ is torch.SymFloat:
+                entry = _traced_float_entry(v, dyn, traced_floats)
+                if entry is None:
+                    return self._op_by_op(args, kwargs)
+                kwtmpl.append((k, entry))
             else:
                 kwtmpl.append((k, static(v)))
         kwtmpl = tuple(kwtmpl)
@@ -572,6 +580,17 @@ def _value(t, recording):
         if p is not None:
             return p
     return t._value()
+
+
+def _traced_float_entry(v, dyn, traced_floats):
+    """The template entry of a traced Python float (a ``torch.SymFloat`` of a compiled
+    graph, Note [Traced Python floats]): a value of the program, as a single float is,
+    given to the per-element ops as the same SymFloat; where single floats are static,
+    None (each per-element op takes it, inside the trace)."""
+    if not traced_floats:
+        return None
+    dyn.append(traced_scalars.value_of(v))
+    return ARRAY
 
 
 def _one_tensor_entry(t, dyn, recording):
