@@ -9,7 +9,11 @@ tpu:3 under a mesh of devices 0-1, or sharded on one mesh and used under another
 refused by jax with a message that prints the whole program (tens of KB of jaxpr). The
 call raises ``ValueError`` (jax's type) naming the tensor instead: its parameter or
 buffer name, or its optimizer state entry, its devices, the mesh's, and the fix (place
-it on the mesh with ``torchjax.sharding.shard_``).
+it on the mesh with ``torchjax.sharding.shard_``). Such an input can also fail the
+trace before jax sees it (torch.optim's foreach step refuses a parameter whose gradient
+the trace computed on the mesh's devices, ``_group_tensors_by_device_and_dtype``): an
+error while tracing is replaced by the same ``ValueError`` when an input is placed so
+(``trace_error``), the trace's own error chained to it.
 """
 
 from __future__ import annotations
@@ -86,3 +90,10 @@ def incompatible_devices(fn_name: str, call, inputs) -> ValueError | None:
         "the mesh replicates it (or give it its PartitionSpec), or .to() the other "
         "tensors' device without a mesh."
     )
+
+
+def trace_error(fn_name: str, call) -> ValueError | None:
+    """``incompatible_devices`` for a call whose trace failed: its state and tensor
+    arguments in the program's order (the random key and the hyperparameters, made by
+    torchjax and never committed elsewhere, left out)."""
+    return incompatible_devices(fn_name, call, (*call.state_arrays, None, *call.arrays))

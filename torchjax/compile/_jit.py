@@ -48,6 +48,7 @@ from torchjax.compile._call import (
     describe_change,
     flatten_args,
 )
+from torchjax.compile._devices import trace_error
 from torchjax.compile._entry import Entry, _name
 from torchjax.compile._host_rng import HOST_DRAWS
 from torchjax.compile._refusals import (
@@ -273,7 +274,14 @@ class Jitted:
                         stacklevel=3,
                     )
             self._last_sig = call.sig
-            entry = Entry.trace(self, call)
+            try:
+                entry = Entry.trace(self, call)
+            except (RuntimeError, ValueError) as e:
+                # Note [Inputs of a compiled call on other devices]
+                err = trace_error(_name(self.fn), call)
+                if err is None:
+                    raise
+                raise err from e
             call.key_after_trace()  # Note [A module's plain attributes are guards]
             self._last_sig = call.sig
             if entry.lr_assigned:  # Note [Learning rates assigned while tracing]
