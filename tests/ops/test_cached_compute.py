@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import torchjax
-from torchjax.ops import cached_compute, executables
+from torchjax._compat.jax import x64
+from torchjax.ops import cached_compute, executables, fused_nodes
+from torchjax.tensor._tensor import wrap
 
 aten = torch.ops.aten
 TPU = "tpu"
@@ -456,6 +458,34 @@ def test_views_of_many_layouts_stop_adding_keys():
     keys, _, eager = _info(aten.tanh.default)
     assert keys - keys0 <= cached_compute.MAX_VIEW_KEYS + 1
     assert eager == eager0
+
+
+def _view_limits(func):
+    """(view keys counted, input signatures counted) of ``func``'s compiled paths."""
+    owners = [o for o in list(executables._OWNERS) if hasattr(o, "view_keys") and o.func == func]
+    assert owners
+    return (
+        sum(o.view_keys for o in owners),
+        sum(len(v) for o in owners for v in o.view_signatures.seen.values()),
+    )
+
+
+@pytest.mark.parametrize("captured", [False, True])
+def test_views_keyed_in_a_captured_trace_are_not_counted(captured):
+    # Note [Captured traces leave the view limits alone] (torchjax/ops/fused_nodes.py):
+    # the ops of a captured call's trace take the decisions eager's counts give and add
+    # nothing to them; another trace (torchjax.jit) counts as eager does.
+    def read(arr, pred):
+        with fused_nodes.tracing(pred if captured else None):
+            return torch.tanh(wrap(arr)[:, 1:3])._value()
+
+    torch.tanh(torch.ones(2).to(TPU))  # its compiled path made (no view)
+    before = _view_limits(aten.tanh.default)
+    with x64(True):
+        jaxpr = jax.make_jaxpr(read)(jnp.ones((4, 6)), np.bool_(True))
+    assert "tanh" in str(jaxpr)
+    added = 0 if captured else 1
+    assert _view_limits(aten.tanh.default) == (before[0] + added, before[1] + added)
 
 
 def test_a_view_beside_a_growing_argument_shares_the_plain_executables():

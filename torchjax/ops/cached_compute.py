@@ -123,7 +123,7 @@ from torchjax import _budget
 from torchjax._compat.jax import plain_eager
 from torchjax.device import _checks
 from torchjax.device._stats import cache_info, cache_info_entry  # noqa: F401 (public here)
-from torchjax.ops import _seeded, executables, fast_keys, promotion, view_signatures
+from torchjax.ops import _seeded, executables, fast_keys, fused_nodes, promotion, view_signatures
 from torchjax.ops import fused as _fused
 from torchjax.ops import fused_reads as _fused_reads
 from torchjax.ops.deferred_casts import Cast, Consumers
@@ -604,7 +604,10 @@ class CompiledCompute:
                 promotion.promoted_by_key(self.kind, psig) if self.kind is not None else None
             )
             self.info.keys += 1
-            if any(has_view(e) for e in tmpl) or any(has_view(e) for _, e in kwtmpl):
+            # Note [Captured traces leave the view limits alone] (fused_nodes.py)
+            if fused_nodes.pred() is None and (
+                any(has_view(e) for e in tmpl) or any(has_view(e) for _, e in kwtmpl)
+            ):
                 self.view_keys += 1
             return dts
 

@@ -60,6 +60,19 @@ def node(run, dyn, pred):
     return out, chk
 
 
+# Note [Captured traces leave the view limits alone]
+# An op reads a view inside its executable (a transpose fused into the dot) until its
+# overload has seen ``MAX_VIEW_KEYS`` view layouts, or a key ``MAX_VIEW_SIGNATURES``
+# input signatures (torchjax/ops/cached_compute.py, view_signatures.py); past that, a new
+# key reads its views first. The two give different bits where the consumer is a dot
+# (XLA contracts a transposed operand in another order). A captured trace keys some
+# views differently from eager (a tracer's storage is whole where eager's pending value
+# was a view of it): counted, those keys used up the limit in the middle of a tiny
+# Llama's train step, so later ops of the trace read first where eager, and fused eager,
+# had read inside, and every gradient after them differed in the last bits. So while a
+# captured call traces (``pred()`` set), its new keys are decided by the counts eager
+# left and add nothing to them: the trace takes eager's decisions, and leaves the ones
+# eager makes later as they would be without it.
 SCOPE = "torchjax_node"
 # Primitives whose float results do not depend on what XLA fuses them with: they move,
 # select or convert elements (a conversion rounds once, the same way everywhere), or

@@ -35,6 +35,7 @@ lengths.
 
 from __future__ import annotations
 
+from torchjax.ops import fused_nodes
 from torchjax.ops.templates import has_view, layout_masked
 
 # Input signatures of one key (its views' layouts masked) that reads a view inside: the
@@ -66,10 +67,12 @@ class ViewSignatures:
             key[3],
         )
         with self.lock:
-            seen = self.seen.setdefault(family, set())
+            seen = self.seen.get(family, ())
             if sig in seen:
                 return False
             if len(seen) >= MAX_VIEW_SIGNATURES:
                 return True
-            seen.add(sig)
+            # Note [Captured traces leave the view limits alone] in torchjax/ops/fused_nodes.py
+            if fused_nodes.pred() is None:
+                self.seen.setdefault(family, set()).add(sig)
             return False
