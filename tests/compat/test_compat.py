@@ -825,6 +825,13 @@ def test_trace_of_names_a_tracers_trace():
     assert cj.trace_of(jnp.ones(2)) is None
 
 
+def test_saved_tensors_hooks_active_follows_the_hooks_context():
+    assert not ct.saved_tensors_hooks_active()
+    with torch.autograd.graph.save_on_cpu():
+        assert ct.saved_tensors_hooks_active()
+    assert not ct.saved_tensors_hooks_active()
+
+
 def test_saved_tensors_hooks_enabled_follows_the_disable_context():
     assert ct.saved_tensors_hooks_enabled()
     with torch.autograd.graph.disable_saved_tensors_hooks("not here"):

@@ -488,3 +488,27 @@ def test_writing_an_output_the_backward_did_not_save_keeps_cpus_gradient(compile
     y.sum().backward(retain_graph=True)
     y.sum().backward()
     torch.testing.assert_close(x.grad.cpu(), 2 * torch.tensor([1.0, 2.0]).exp())
+
+
+@pytest.mark.parametrize("compiler", sorted(_COMPILERS))
+def test_writing_a_parameter_the_backward_saved_raises_as_eager(compiler):
+    # Note [Outputs the backward saved]: a Linear's backward saves its weight (through
+    # ``t()``), not its bias.
+    results = []
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3).to(device)
+        f = model if device == "cpu" else _COMPILERS[compiler](model)
+        x = torch.ones(2, 4, device=device, requires_grad=True)
+        loss = f(x).sum()
+        with torch.no_grad():
+            model.weight.mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+        loss = f(x).sum()
+        with torch.no_grad():
+            model.bias.add_(1)
+        loss.backward()
+        results.append([x.grad.cpu(), model.weight.grad.cpu()])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want)

@@ -243,22 +243,6 @@ def test_dynamic_cache_steps_are_not_traced_across_generate_calls():
     assert capture_counts() == (0, 0, 0)
 
 
-def test_calls_that_need_an_autograd_graph_are_not_captured():
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 3).to(TPU)
-    x = torch.randn(2, 4).to(TPU)
-    torchjax.reset_stats()
-    with torchjax.fused():
-        for _ in range(3):
-            model(x).sum().backward()
-    assert capture_counts() == (0, 0, 0)
-    cpu = torch.nn.Linear(4, 3)
-    cpu.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
-    for _ in range(3):
-        cpu(x.cpu()).sum().backward()
-    torch.testing.assert_close(model.weight.grad.cpu(), cpu.weight.grad)
-
-
 def test_capture_false_and_plain_eager_record_or_run_op_by_op():
     model = torch.nn.Linear(4, 3).to(TPU)
     x = torch.randn(2, 4).to(TPU)

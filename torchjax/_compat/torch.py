@@ -493,6 +493,12 @@ def saved_tensors_hooks_enabled() -> bool:
     return torch._C._autograd._saved_tensors_hooks_is_enabled()
 
 
+def saved_tensors_hooks_active() -> bool:
+    """Whether a ``saved_tensors_hooks`` context (a user's, ``save_on_cpu``, non-reentrant
+    checkpointing) is open here. torch._C, private."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
 @contextlib.contextmanager
 def saved_tensors_hooks_state_kept():
     """Puts torch's process-wide saved-tensor-hooks switch back as it was on exit, also

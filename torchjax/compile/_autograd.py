@@ -27,9 +27,12 @@ x.exp(); y.add_(1)``) makes the backward raise, since the gradient would read th
 written values. A compiled call returns new tensors over the program's outputs, and
 its backward reads residuals of its own, so the write went unnoticed and the backward
 silently gave the gradient of the values before the write. The trace records which
-outputs a saved tensor shares storage with (``outputs_saved``), and the call saves
+outputs a saved tensor shares storage with (``saved_among``), and the call saves
 those outputs on its autograd node, whose backward unpacks them: torch's version check
-then raises the same error as eager, naming the compiled call's node.
+then raises the same error as eager, naming the compiled call's node. So for the state
+and arguments the graph saved (a Linear's weight, through its ``t()``): a parameter
+written in place between the forward and ``backward()`` (``p.mul_(2)`` under
+``no_grad``) raises as in eager, where the backward read the values of the call.
 
 The backward is traced as ``backward()`` accumulating into the leaves (``grad(inputs=)``
 would refuse reentrant activation checkpointing), each leaf's ``.grad`` and hooks set
@@ -59,13 +62,14 @@ import weakref
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax.extend.core import jaxpr_as_fun
 
 from torchjax._compat.jax import named, trace_of, x64
 from torchjax.compile._func_transforms import suspendable
-from torchjax.ops import layouts
-from torchjax.ops.xla_options import COMPILED_PROGRAM_OPTIONS
+from torchjax.ops import fused_nodes, layouts
+from torchjax.ops.xla_options import COMPILED_PROGRAM_OPTIONS, COMPILER_OPTIONS
 from torchjax.tensor import _backward_errors
 from torchjax.tensor import random as _rng
 from torchjax.tensor._binding import bound
@@ -122,18 +126,18 @@ class Saved:
             replay[h] = out
         return out
 
-    def outputs_saved(self, outputs, root) -> list[int]:
-        """Positions of ``outputs`` (traced tensors the function returns) whose storage
-        (``root``) a saved tensor of the graph views: in eager an in-place write to one
-        of them before the backward bumps a saved tensor's version, and the backward
-        raises (Note [Outputs the backward saved])."""
+    def saved_among(self, tensors, root) -> list[int]:
+        """Positions of ``tensors`` (traced tensors the function returns, or its state
+        and arguments) whose storage (``root``) a saved tensor of the graph views: in
+        eager an in-place write to one of them before the backward bumps a saved
+        tensor's version, and the backward raises (Note [Outputs the backward saved])."""
         storages = set()
         for ref in self._handles:
             h = ref()
             if h is not None and isinstance(h.tensor, JaxTensor):
                 storages.add(id(root(h.tensor)))
         return [
-            j for j, t in enumerate(outputs) if isinstance(t, JaxTensor) and id(root(t)) in storages
+            j for j, t in enumerate(tensors) if isinstance(t, JaxTensor) and id(root(t)) in storages
         ]
 
     def residuals(self, trace) -> list:
@@ -202,7 +206,7 @@ def cover(storage, tensors):
 
 
 @contextlib.contextmanager
-def _accumulating(leaves):
+def accumulating(leaves):
     """Within the block, ``leaves`` start with no ``.grad`` and their hooks do not run;
     yields a list that holds the gradients accumulated in the block once it ends. Their
     own ``.grad`` and hooks are restored after."""
@@ -258,12 +262,16 @@ class Backward:
     so a formula reading them directly (a recomputing checkpoint) sees the call's."""
 
     @classmethod
-    def trace(cls, saved, outputs, inputs, storages, values, residual_avals, name):
+    def trace(cls, saved, outputs, inputs, storages, values, residual_avals, name, nodes=False):
         """The backward program (named ``name``), or None where the graph cannot be
-        replayed outside its forward trace."""
+        replayed outside its forward trace. ``nodes``: a captured call's backward
+        (Note [Captured calls that need a graph] in torchjax/compile/_captured.py):
+        traced with its ops as fused eager's nodes, on one more input (the predicate),
+        and compiled as fused eager's segments are; None where an op would compute a
+        float outside a node."""
         kept = [k for k, s in enumerate(storages) if s is not None]
 
-        def backward(values, residuals, cotangents):
+        def backward(values, residuals, cotangents, pred=None):
             grads_out = []
             for (_, t, storage, _), ct in zip(outputs, cotangents):
                 if storage is None:
@@ -275,10 +283,11 @@ class Backward:
             old = _rng.set_traced_stream(_NoDraws())
             try:
                 with (
+                    fused_nodes.tracing(pred) if nodes else contextlib.nullcontext(),
                     saved.replaying(residuals),
                     bound([storages[k] for k in kept], [values[k] for k in kept]),
                     torch.autograd.set_multithreading_enabled(False),
-                    _accumulating(inputs) as grads,
+                    accumulating(inputs) as grads,
                 ):
                     # backward(), not grad(inputs=...): reentrant activation
                     # checkpointing refuses the latter.
@@ -296,22 +305,33 @@ class Backward:
         self.positions = [o[0] for o in outputs]
         self.error = self.program = None
         self.absent = [False] * len(inputs)
+        self.nodes = nodes
+        pred = (_PRED_AVAL,) if nodes else ()
         try:
             with x64(True), traced_fills():
-                closed = jax.make_jaxpr(backward)(values, residual_avals, cts)
+                closed = jax.make_jaxpr(backward)(values, residual_avals, cts, *pred)
         except (jax.errors.UnexpectedTracerError, LeakedTracerError, _Unreplayable):
             return None
         except Exception as e:  # noqa: BLE001 - raised at backward(), as eager does
+            if nodes:
+                return None  # op by op, the call's backward raises it as eager does
             self.error = e
             return self
         if any(isinstance(c, jax.core.Tracer) for c in closed.consts):
             return None  # a forward tracer reached the program as a constant
-        self.program = jax.jit(
-            named(jaxpr_as_fun(closed), name), compiler_options=COMPILED_PROGRAM_OPTIONS or None
-        )
+        if nodes and fused_nodes.float_ops_outside_nodes(closed.jaxpr):
+            return None
+        options = COMPILER_OPTIONS if nodes else COMPILED_PROGRAM_OPTIONS or None
+        self.program = jax.jit(named(jaxpr_as_fun(closed), name), compiler_options=options)
         return self
 
     def __call__(self, values, residuals, cotangents):
         if self.error is not None:
             raise self.error
-        return self.program(*values, *residuals, *(cotangents[j] for j in self.positions))
+        pred = (_TRUE,) if self.nodes else ()
+        return self.program(*values, *residuals, *(cotangents[j] for j in self.positions), *pred)
+
+
+# The predicate input of a captured call's backward (Note [Captured module calls]).
+_PRED_AVAL = jax.ShapeDtypeStruct((), np.bool_)
+_TRUE = np.bool_(True)

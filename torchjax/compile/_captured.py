@@ -10,13 +10,13 @@ call runs as one program traced from the module, as ``torchjax.jit`` would run i
 
 - Which calls. The outermost call of a tpu module (its first parameter, else its first
   buffer, is on tpu) on a thread in fused mode: calls made while a captured call traces
-  or runs op by op are part of it, and a module that is not on tpu, or one whose call
-  needs an autograd graph (grad mode on and a parameter or tensor argument requiring
-  grad), or one made under a user's trace (``torchjax.jit``, ``jax.jit``: the trace is
-  one program already), runs as fused mode runs it, its inner calls included. The first
-  call of a signature runs op by op in fused mode (a call made once, a prefill, never
-  pays a trace and a compile); its second call traces, compiles and runs the program;
-  later calls run it. Modules that define their own ``__call__`` are not seen.
+  or runs op by op are part of it, and a module that is not on tpu, or one made under a
+  user's trace (``torchjax.jit``, ``jax.jit``: the trace is one program already), or
+  one that needs an autograd graph under a user's ``saved_tensors_hooks`` (Note
+  [Captured calls that need a graph]), runs as fused mode runs it, its inner calls
+  included. The first call of a signature runs op by op in fused mode (a call made
+  once, a prefill, never pays a trace and a compile); its second call traces, compiles
+  and runs the program; later calls run it. Modules that define their own ``__call__`` are not seen.
 - The signature is ``torchjax.jit``'s key (one ``Jitted`` per module, kept weakly:
   Note [State of a jitted function] in torchjax/compile/_state.py): the module's state
   (by layout, not identity: Note [Captured calls are keyed by layout]), its config and
@@ -45,9 +45,9 @@ call runs as one program traced from the module, as ``torchjax.jit`` would run i
   would be traced inline, where XLA fuses it with its neighbours: a trace whose jaxpr
   computes float values outside the nodes (``fused_nodes.float_ops_outside_nodes``;
   moves, conversions and exact operations such as max pass) is refused.
-- Grad. A call that needs an autograd graph is not captured (it records op by op,
-  backward included): captured programs make no graph, and their outputs require no
-  grad.
+- Grad. A call that needs an autograd graph (grad mode on, a parameter or tensor
+  argument requiring grad: a train step's forward) is captured too, its backward one
+  more program: Note [Captured calls that need a graph].
 - Fallback. A trace that fails (a host read or data-dependent branch in the forward,
   a data-dependent output shape, a refusal of torchjax.jit's) marks the signature
   uncapturable: that call and later ones with the signature run op by op in fused
@@ -72,7 +72,40 @@ call runs as one program traced from the module, as ``torchjax.jit`` would run i
   a second thread missing the same signature waits and runs the program the first
   traced.
 - Counters: ``torchjax.stats()`` ``captured_calls`` (calls run by a captured program),
-  ``capture_traces`` and ``capture_refusals``.
+  ``capture_traces`` and ``capture_refusals`` (signatures refused: a failed trace, or a
+  backward asked for a graph).
+
+Note [Captured calls that need a graph]
+Left op by op, a train step's forward and backward are hundreds of recorded ops, each
+paying host time (a tiny Llama AdamW step in fused mode took several times
+``torchjax.jit``'s: docs/performance.md). So a call that needs a graph runs
+``torchjax.jit``'s differentiable path (Note [The compiled VJP is torch's autograd] in
+torchjax/compile/_autograd.py): traced with grad mode on, torch records the call's
+graph over the trace; the forward
+program also returns the values the graph saved; right after the forward, torch's own
+backward of that graph (``backward()`` over the saved values) is traced into a second
+program. Both are built as the forward alone is (every op a fused eager node, one
+predicate input, ``COMPILER_OPTIONS``), so a call's outputs carry one autograd node and
+``backward()`` runs one program, its gradients accumulated into ``.grad`` by the engine
+as eager's are: the loss, every gradient and an AdamW or SGD step give eager's bits in
+float32 and bfloat16 (tests/compile/test_captured_grad.py; Note [Captured traces leave
+the view limits alone] in torchjax/ops/fused_nodes.py). What the path carries from jit:
+hooks on parameters run once, when the engine hands them the program's gradients;
+``retain_graph`` works and a second backward without it raises torch's error;
+tensor arguments requiring grad (leaves or not) get theirs; a parameter or argument
+the graph saved and written in place before ``backward()`` raises torch's version error
+(Note [Outputs the backward saved]); two calls before one backward accumulate as two
+eager calls do; which parameters require grad (frozen layers) is part of the signature.
+
+Refused (the signature runs op by op, counted in ``capture_refusals``), so a captured
+gradient is never computed another way than eager's: a backward torch's graph cannot
+give as nodes, where ``torchjax.jit`` would take ``jax.vjp`` of the forward (an
+intermediate kept on ``ctx``, a kernel's pullback, a random draw in the backward, a
+saved-tensor hook refused), one whose trace raised, or one computing a float outside the
+nodes; and a signature whose backward was asked for a graph (Note [Double backward of a
+captured call] in torchjax/compile/_captured_grad.py). A call made under a user's
+``saved_tensors_hooks`` (``save_on_cpu``) runs op by op without a refusal: the hooks
+must see the call's saved tensors, which a captured call keeps inside its programs.
 """
 
 from __future__ import annotations
@@ -84,11 +117,12 @@ import weakref
 
 import torch
 
-from torchjax import _patches
+from torchjax import _budget, _patches
 from torchjax._compat import torch_modules
 from torchjax._compat.jax import trace_state_clean
-from torchjax._compat.torch import pytree
+from torchjax._compat.torch import pytree, saved_tensors_hooks_active
 from torchjax.compile._call import Call, Ref, flatten_args
+from torchjax.compile._captured_grad import CapturedVJPCall
 from torchjax.compile._jit import Jitted, RetraceWarning
 from torchjax.compile._keys import value_key
 from torchjax.device import _stats
@@ -114,6 +148,28 @@ class _ModuleJitted(Jitted):
     by layout])."""
 
     captured = True
+    vjp_call = CapturedVJPCall
+
+    def refuse(self, key) -> None:
+        """Run signature ``key`` op by op from now on (its backward was asked for a
+        graph: Note [Double backward of a captured call])."""
+        if key in self.refused:
+            return
+        self.refused.add(key)
+        _stats.CAPTURED.refusals += 1
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            _budget.forget(entry)
+
+    def op_by_op(self, args, kwargs):
+        """The module called as fused eager runs it, nothing inside it captured (Note
+        [Double backward of a captured call] in torchjax/compile/_captured_grad.py)."""
+        inside = _local.inside
+        _local.inside = True
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            _local.inside = inside
 
     @property
     def fn(self):
@@ -198,7 +254,8 @@ class _Captures:
         # No RetraceWarning of its own: MAX_SIGNATURES stops capturing first.
         self.jitted = _ModuleJitted(module, warn_after=MAX_SIGNATURES + 1)
         self.seen: set = set()  # signatures called once (run op by op)
-        self.refused: set = set()  # signatures whose trace failed
+        # Signatures whose trace failed, or whose backward was asked for a graph.
+        self.refused = self.jitted.refused = set()
         self.off = False
 
 
@@ -272,7 +329,9 @@ def _outermost(original, module, args, kwargs):
         if (
             not trace_state_clean()  # under a user's trace (torchjax.jit, jax.jit)
             or not _on_tpu(module)
-            or _needs_grad(module, args, kwargs)
+            # Note [Captured calls that need a graph]: a user's saved-tensor hooks see
+            # the saved tensors of an op by op call only.
+            or (saved_tensors_hooks_active() and _needs_grad(module, args, kwargs))
         ):
             return original(module, *args, **kwargs)
         caps = _CAPTURES.get(module)
@@ -305,7 +364,10 @@ def _call(caps, original, module, args, kwargs):
         if len(caps.seen) >= MAX_SEEN:  # signatures that never repeat (growing shapes)
             caps.seen.clear()
         caps.seen.add(key)
-        return original(module, *args, **kwargs)
+        out = original(module, *args, **kwargs)
+        if key not in caps.refused and torch.is_grad_enabled():
+            _watch_double_backward(jitted, key, out)
+        return out
     if jitted.trace_count >= MAX_SIGNATURES:
         caps.off = True
         warnings.warn(
@@ -330,6 +392,24 @@ def _call(caps, original, module, args, kwargs):
         _stats.CAPTURED.traces += jitted.trace_count - traces
     _stats.CAPTURED.calls += 1
     return out
+
+
+def _watch_double_backward(jitted, key, out) -> None:
+    """Refuse signature ``key`` if the graph of ``out`` (its op by op call's outputs) is
+    differentiated with ``create_graph=True`` (Note [Double backward of a captured
+    call] in torchjax/compile/_captured_grad.py)."""
+    ref = weakref.ref(jitted)
+
+    def prehook(grad_outputs):
+        if torch.is_grad_enabled():  # the engine runs a create_graph pass with it on
+            j = ref()
+            if j is not None:
+                j.refuse(key)
+
+    for t in pytree.tree_leaves(out):
+        fn = t.grad_fn if isinstance(t, torch.Tensor) else None
+        if fn is not None:
+            fn.register_prehook(prehook)
 
 
 # Note [Attributes a failed capture trace set]

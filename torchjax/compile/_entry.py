@@ -56,7 +56,7 @@ from torchjax.compile._refusals import (
 )
 from torchjax.compile._stop_gradient import stopping
 from torchjax.compile._stored import remember_stored, stored_refusal
-from torchjax.compile._vjp import VJPCall, VJPProgram
+from torchjax.compile._vjp import VJPProgram
 from torchjax.device import _checks
 from torchjax.interop._jax_function import _VJP
 from torchjax.ops import fused_nodes, layouts
@@ -200,7 +200,12 @@ class Entry:
                 info["written"], info["created"] = written, created
                 info["args_written"] = args_written
                 info["rng"] = stream
-                info["saved_outputs"] = [] if saved is None else saved.outputs_saved(outs, root)
+                # Note [Outputs the backward saved]: outputs, state and arguments.
+                info["saved_outputs"] = _saved_among(saved, outs)
+                info["saved_inputs"] = (
+                    frozenset(_saved_among(saved, call.walk.every)),
+                    frozenset(_saved_among(saved, wrapped)),
+                )
                 residuals = [] if saved is None else saved.residuals(trace_of(rng))
                 info["n_res"] = len(residuals)
                 info["graph"] = (outs, bases, leaves, wrapped, arrays)
@@ -254,6 +259,7 @@ class Entry:
         self.containers = info["containers"]
         self.out_grad = info["out_grad"]
         self.saved_outputs = info["saved_outputs"]
+        self.saved_state, self.saved_args = info["saved_inputs"]
         self.new_leaves = info["new_leaves"]
         self.retains = info["retains"]
         self.constant = frozenset(j for j, grad in enumerate(self.out_grad) if not grad)
@@ -298,16 +304,16 @@ class Entry:
         self.donated = donate
         self.n_state = len(storages)
         self.pred = jitted.captured
-        if self.pred:
-            # Built as fused eager's segment programs are (no excess precision); no
-            # autograd graph: captured calls make none (Note [Captured module calls]).
-            self.compiled = jax.jit(fun, donate_argnums=donate, compiler_options=COMPILER_OPTIONS)
-            self.vjp = None
-            return self
-        self.compiled = jax.jit(
-            fun, donate_argnums=donate, compiler_options=COMPILED_PROGRAM_OPTIONS or None
+        # A captured call's programs are built as fused eager's segment programs are
+        # (no excess precision): Note [Captured module calls].
+        options = COMPILER_OPTIONS if self.pred else COMPILED_PROGRAM_OPTIONS or None
+        self.compiled = jax.jit(fun, donate_argnums=donate, compiler_options=options)
+        # A captured call without grad mode makes no graph (Note [Captured calls that
+        # need a graph] in torchjax/compile/_captured.py).
+        needs_vjp = call.grad_mode or not self.pred
+        self.vjp = (
+            VJPProgram.build(self, call, fun_all, saved, info["graph"]) if needs_vjp else None
         )
-        self.vjp = VJPProgram.build(self, call, fun_all, saved, info["graph"])
         return self
 
     def alive(self) -> bool:
@@ -416,7 +422,7 @@ class Entry:
         program = self.vjp
         state = program.state_inputs(call.walk)
         dyn = [call.tensors[k] for k in program.diff_dyn]
-        outs = _VJP.apply(VJPCall(self, call), *state, *dyn)
+        outs = _VJP.apply(call.jitted.vjp_call(self, call), *state, *dyn)
         n = self.n_out
         for k, new in zip(program.rebased, outs[n:]):
             # Note [Arguments written in place get the program's history]
@@ -497,6 +503,10 @@ def _as_nodes(pure):
             return pure(state_arrays, rng, arrays, hypers)
 
     return traced
+
+
+def _saved_among(saved, tensors) -> list[int]:
+    return [] if saved is None else saved.saved_among(tensors, root)
 
 
 def _layout(t) -> tuple:

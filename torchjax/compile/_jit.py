@@ -57,6 +57,7 @@ from torchjax.compile._refusals import (
     RETAINED,
 )
 from torchjax.compile._rollback import Before, put_back_on_failure
+from torchjax.compile._vjp import VJPCall
 from torchjax.tensor._binding import trace_lock
 
 
@@ -125,6 +126,8 @@ class Jitted:
 
     # Note [Captured module calls] (_captured.py): programs traced as fused eager runs ops.
     captured = False
+    # What runs one differentiable call through torch's autograd (_VJP).
+    vjp_call = VJPCall
 
     def __init__(self, fn, *, static_argnames=(), donate=True, warn_after=8):
         self.fn = fn

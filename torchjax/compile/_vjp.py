@@ -8,18 +8,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import jax
+import numpy as np
 
 from torchjax._compat.jax import named, x64
 from torchjax.compile import _autograd
 from torchjax.compile._aliases import root
-from torchjax.ops.xla_options import COMPILED_PROGRAM_OPTIONS
+from torchjax.ops.xla_options import COMPILED_PROGRAM_OPTIONS, COMPILER_OPTIONS
+from torchjax.tensor._errors import TraceError
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import make, wrap
 
 
-def _program(fn, name: str):
-    # Note [Excess precision in compiled programs] in torchjax/ops/xla_options.py
-    return jax.jit(named(fn, name), compiler_options=COMPILED_PROGRAM_OPTIONS or None)
+def _program(fn, name: str, captured: bool = False):
+    # Note [Excess precision in compiled programs] in torchjax/ops/xla_options.py; a
+    # captured call's are built as fused eager's segments (Note [Captured module calls]).
+    options = COMPILER_OPTIONS if captured else COMPILED_PROGRAM_OPTIONS or None
+    return jax.jit(named(fn, name), compiler_options=options)
 
 
 if TYPE_CHECKING:
@@ -35,7 +39,12 @@ class VJPProgram:
     The backward is torch's autograd graph recorded while tracing (Note [The compiled
     VJP is torch's autograd]; ``pullback`` is the saved tensors' values) or, where that
     graph cannot be replayed, ``jax.vjp`` of the forward (``pullback`` is jax's, holding
-    its residuals)."""
+    its residuals).
+
+    A captured call's (``entry.pred``: Note [Captured calls that need a graph] in
+    torchjax/compile/_captured.py) takes the predicate input in both programs, its
+    backward's ops traced as nodes; where torch's graph cannot give its backward so,
+    ``build`` raises ``TraceError`` (the signature runs op by op), never ``jax.vjp``."""
 
     @classmethod
     def build(cls, entry: Entry, call: Call, fun, saved, graph):
@@ -46,8 +55,14 @@ class VJPProgram:
             return None
         self = cls()
         n_out, n_res = entry.n_out, entry.n_res
-        backward = _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn)
+        captured = entry.pred
+        backward = _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn, captured)
         self.from_torch = backward is not None
+        if captured and backward is None:
+            raise TraceError(
+                f"{entry.name}: a captured call's backward cannot be built from torch's "
+                "autograd graph as fused eager's nodes; it runs op by op"
+            )
         self.rebased = []
         if backward is not None:
             # Every parameter's own gradient, several viewing one storage included.
@@ -57,8 +72,8 @@ class VJPProgram:
             self.rebased = [entry.args_written[m] for m in backward.rebased]
             rebased = [entry.arg_write_output(m) for m in backward.rebased]
 
-            def fwd(state, rng, dyn, hypers):
-                res = fun(*state, rng, *dyn, *hypers)
+            def fwd(state, rng, dyn, hypers, *pred):
+                res = fun(*state, rng, *dyn, *hypers, *pred)
                 end = len(res) - n_res
                 return res[:n_out] + [res[i] for i in rebased], res[end:], res[n_out:end]
 
@@ -66,7 +81,8 @@ class VJPProgram:
                 grads = backward(values, residuals, cotangents)
                 return grads[:n_state], grads[n_state:]
 
-            self.fwd, self.bwd, self.absent = _program(fwd, entry.name), bwd, backward.absent
+            self.fwd, self.bwd = _program(fwd, entry.name, captured), bwd
+            self.absent = backward.absent
             return self
 
         if not any(entry.out_grad):
@@ -106,9 +122,9 @@ class VJPProgram:
         return [tensors[i] for i in self.diff_state]
 
 
-def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
+def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn, nodes):
     """The backward program made of torch's graph of the trace, or None (Note [The
-    compiled VJP is torch's autograd])."""
+    compiled VJP is torch's autograd]); ``nodes``: a captured call's."""
     outs, bases, leaves, wrapped, arg_tracers = graph
     if saved is None:
         return None
@@ -159,6 +175,7 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
         [*call.state_arrays, *call.arrays],
         residual_avals,
         f"{entry.name}_backward",
+        nodes,
     )
     if backward is not None:
         backward.rebased = rebased
@@ -174,6 +191,9 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn):
 # the argument is ``copy_``-ed from it under autograd: its history becomes the call's,
 # whose backward takes the write's traced graph back to the argument's old value. The
 # ``jax.vjp`` fallback does not do this.
+
+
+_TRUE = np.bool_(True)  # a captured call's predicate (Note [Captured module calls])
 
 
 def differentiable(t) -> bool:
@@ -208,6 +228,22 @@ class VJPCall:
         (Note [Outputs the backward saved] in torchjax/compile/_autograd.py)."""
         return self.entry.saved_outputs
 
+    def saved_inputs(self):
+        """Positions of the inputs (state, then arguments) a saved tensor of the traced
+        graph shares storage with (Note [Outputs the backward saved]); not arguments
+        the call writes itself, whose write after the call takes its history (Note
+        [Arguments written in place get the program's history])."""
+        entry, program = self.entry, self.entry.vjp
+        if not program.from_torch:
+            return []
+        n = len(program.diff_state)
+        written = set(entry.args_written)
+        return [j for j, i in enumerate(program.diff_state) if i in entry.saved_state] + [
+            n + j
+            for j, k in enumerate(program.diff_dyn)
+            if k in entry.saved_args and k not in written
+        ]
+
     def wrap_outputs(self, outs):
         return self.entry.laid_out([wrap(o) for o in outs])
 
@@ -216,9 +252,10 @@ class VJPCall:
         # torch's backward reads the call's state and arguments (Note [The compiled VJP
         # is torch's autograd]); the pullback is the saved tensors' values alone.
         self.values = [*call.state_arrays, *call.arrays]
+        pred = (_TRUE,) if entry.pred else ()
         with x64(True):
             outs, pullback, aux = entry.vjp.fwd(
-                call.state_arrays, entry.rng(), call.arrays, call.hypers.values
+                call.state_arrays, entry.rng(), call.arrays, call.hypers.values, *pred
             )
         entry.write_back(call, aux)
         entry.report_checks(aux)

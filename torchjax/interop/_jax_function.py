@@ -193,11 +193,14 @@ class _VJP(torch.autograd.Function):
         results = tuple(wrap_outputs(outs) if wrap_outputs else (wrap(o) for o in outs))
         saved_outputs = getattr(call, "saved_outputs", None)
         kept = [results[j] for j in saved_outputs()] if saved_outputs else []
+        saved_inputs = getattr(call, "saved_inputs", None)
+        kept += [tensors[k] for k in saved_inputs()] if saved_inputs else []
         ctx.checks_saved = ctx.frees or bool(kept)
         if ctx.checks_saved:
             # A tensor of its own marks the pullback (the inputs may be written after the
-            # call); outputs the traced graph saved are saved as eager saves them, so a
-            # write to one before backward() raises (Note [Outputs the backward saved]).
+            # call); outputs and inputs the traced graph saved are saved as eager saves
+            # them, so a write to one before backward() raises (Note [Outputs the
+            # backward saved]).
             ctx.save_for_backward(torch.empty(0), *kept)
         constant = getattr(call, "constant_outputs", None)
         constant = constant() if constant else ()
@@ -214,6 +217,14 @@ class _VJP(torch.autograd.Function):
     def backward(ctx, *grads):
         if ctx.checks_saved:
             ctx.saved_tensors  # noqa: B018 - raises after the graph was freed or a write
+        with_graph = getattr(ctx.call, "grads_with_graph", None)
+        if with_graph is not None and torch.is_grad_enabled():
+            # create_graph=True of a captured module call: Note [Double backward of a
+            # captured call] in torchjax/compile/_captured_grad.py.
+            grads_in = [None] * ctx.n_inputs
+            for k, g in zip(ctx.call.diff, with_graph(grads)):
+                grads_in[k] = g
+            return (None, *grads_in)
         cts = []
         for g, (shape, dtype) in zip(grads, ctx.avals):
             if not jnp.issubdtype(dtype, jnp.inexact):

@@ -3,7 +3,7 @@
 function inlined where it is elementwise, behind a conditional XLA cannot see through
 where it is not, its rewritable outputs cut out (Note [Fusion keeps eager's numbers] in
 torchjax/ops/fusion_cuts.py). Used by ``executables.call`` while this thread traces a
-captured call.
+captured call, its forward or its backward (Note [Captured calls that need a graph]).
 """
 
 from __future__ import annotations
