@@ -16,8 +16,9 @@ each mode is worth where it matters. Rows:
 - ``forward tiny``: bench/models.py's tiny Llama, forward of (1, 32);
 - ``train tiny``, ``train 1.1B``: one AdamW step (forward with ``labels``, backward,
   ``opt.step()``, ``opt.zero_grad()``; lr 1e-4) of each model in bfloat16 on (1, 128)
-  token ids, plain, fused, captured (a forward that makes an autograd graph is not
-  captured, so it records as fused does) and jitted; every mode starts from the same
+  token ids, plain, fused, captured (from the second step the forward is one captured
+  program and ``backward()`` one more: Note [Captured calls that need a graph]; the
+  optimizer's step records as fused does) and jitted; every mode starts from the same
   weights and a new optimizer;
 - ``generate``: greedy ``generate(..., disable_compile=True)`` of the 1.1B model (the
   forward eager, op by op) with the cache torchjax gives that call (static: Note [A
