@@ -15,7 +15,7 @@ own, a large share of a train step's host time. ``torch.nn.utils.clip_grad_norm_
 
 ``JaxTensor`` joins both lists (``install_foreach_type`` in torchjax/_compat/torch_optim.py),
 as torch's own ``DTensor`` does. A ``_foreach_*`` op on tpu lists is one executable (Note
-[Compiled foreach] in torchjax/ops/foreach.py), or one recorded node in fused eager. The
+[Compiled foreach] in torchjax/ops/foreach_compiled.py), or one recorded node in fused eager. The
 numbers are CPU's default (single-tensor) ones for every optimizer whose foreach and
 single-tensor paths agree on CPU; where they differ on CPU too, tpu gives CPU's
 ``foreach=True`` numbers, as CUDA does (tests/device/test_optim_foreach.py). Explicit

@@ -1,6 +1,6 @@
 """The XLA compiler options of every executable torchjax compiles for eager ops: the
 per-op executables (ops/cached_compute.py, kernel ops of torchjax/pallas/_op.py among
-them), fused segments (ops/fused.py) and foreach groups (ops/foreach.py).
+them), fused segments (ops/fused.py) and foreach groups (ops/foreach_compiled.py).
 
 No excess precision: half-type results are rounded after every op, as torch does
 (the half-type numerics in torchjax/ops/cached_compute.py's docstring).
