@@ -25,9 +25,12 @@ OPTIMIZERS = {
 TOLERANCE = {
     torch.float64: dict(rtol=0, atol=1e-14),
     torch.float32: dict(rtol=0, atol=4e-7),
-    # capturable Adam divides by bias corrections rounded to bfloat16 (as on CUDA),
-    # eager CPU multiplies by a Python float: one bfloat16 step apart at most
-    torch.bfloat16: dict(rtol=2**-8, atol=2**-9),
+    # the compiled step is torch's capturable foreach one (the default on tpu, as on
+    # CUDA): it divides by bias corrections rounded to bfloat16 and rounds its decays'
+    # numbers to bfloat16 (in-place foreach mul_), where eager CPU's single-tensor loop
+    # multiplies by Python floats: up to three bfloat16 steps apart after STEPS steps
+    # (one with the single-tensor loop compiled)
+    torch.bfloat16: dict(rtol=2**-6, atol=2**-9),
 }
 
 
