@@ -23,7 +23,10 @@ path:
 - ``host_ops``: ops run on the host because their inputs' values were there (Note
   [Integer ops on host values] in torchjax/ops/host_ops.py): no device program ran;
 - fused eager mode: ``fused_ops`` recorded, ``fused_segments`` run, ``fused_compiles``
-  (Note [Fused eager] in torchjax/ops/fused.py); ``captured_calls`` (module calls run as
+  (Note [Fused eager] in torchjax/ops/fused.py), ``fused_op_by_op`` (segments run op by
+  op: Note [A segment that fails as one program runs op by op] in
+  torchjax/ops/fused_run.py), ``fused_donations`` (segment inputs donated: Note [Fused
+  segments donate their dead inputs]); ``captured_calls`` (module calls run as
   one captured program), ``capture_traces`` and ``capture_refusals`` (signatures that
   could not be captured: Note [Captured module calls] in torchjax/compile/_captured.py);
 - ``executables``: the process-wide budget of cached programs and what it holds
@@ -63,12 +66,14 @@ COUNTERS = _Counters()
 
 class _Fused:
     """Fused eager mode (Note [Fused eager] in torchjax/ops/fused.py): ops recorded,
-    segments run (one XLA execution each), segment programs traced."""
+    segments run (one XLA execution each), segment programs traced, segments run op by
+    op (Note [A segment that fails as one program runs op by op] in
+    torchjax/ops/fused_run.py)."""
 
-    __slots__ = ("ops", "segments", "compiles")
+    __slots__ = ("ops", "segments", "compiles", "op_by_op", "donations")
 
     def __init__(self):
-        self.ops = self.segments = self.compiles = 0
+        self.ops = self.segments = self.compiles = self.op_by_op = self.donations = 0
 
 
 FUSED = _Fused()
@@ -172,6 +177,8 @@ def stats() -> dict:
         "fused_ops": FUSED.ops,
         "fused_segments": FUSED.segments,
         "fused_compiles": FUSED.compiles,
+        "fused_op_by_op": FUSED.op_by_op,
+        "fused_donations": FUSED.donations,
         "captured_calls": CAPTURED.calls,
         "capture_traces": CAPTURED.traces,
         "capture_refusals": CAPTURED.refusals,
@@ -186,7 +193,7 @@ def reset_stats() -> None:
     COUNTERS.persistent_cache_hits = 0
     COUNTERS.host_reads = 0
     COUNTERS.host_ops = 0
-    FUSED.ops = FUSED.segments = FUSED.compiles = 0
+    FUSED.ops = FUSED.segments = FUSED.compiles = FUSED.op_by_op = FUSED.donations = 0
     CAPTURED.calls = CAPTURED.traces = CAPTURED.refusals = 0
     _budget.reset_counters()
     for c in list(OP_COUNTERS.values()):

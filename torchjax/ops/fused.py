@@ -74,19 +74,16 @@ import threading
 import weakref
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import torch
-from jax import lax, tree_util
+from jax import tree_util
 
-from torchjax import _budget
-from torchjax._compat.jax import trace_state_clean, x64
+from torchjax._compat.jax import trace_state_clean
 from torchjax._compat.torch import graph_task_id as _graph_task_id
 from torchjax._compat.torch import queue_engine_callback
 from torchjax.device import _checks, _stats
 from torchjax.ops import fused_replay as replay
+from torchjax.ops import fused_run as run_segment
 from torchjax.ops.fusion_cuts import cut_outputs, elementwise
-from torchjax.ops.xla_options import COMPILER_OPTIONS
 from torchjax.tensor import dtypes
 from torchjax.tensor._storage import Storage, contiguous_strides
 from torchjax.tensor._tensor import make
@@ -236,13 +233,14 @@ class Pending:
     storages in ``storages`` whose ``lazy`` is this object). ``ref``: ``-1 - j`` for the
     segment's ``j``-th output; ``out``: its ``fused_replay.Out`` (aval, shape, dtype)."""
 
-    __slots__ = ("segment", "ref", "out", "aval", "shape", "dtype", "storages", "value")
+    __slots__ = ("segment", "ref", "out", "aval", "shape", "dtype", "storages", "value", "error")
 
     def __init__(self, segment, ref, out):
         self.segment, self.ref, self.out = segment, ref, out
         self.aval, self.shape, self.dtype = out.aval, out.shape, out.dtype
         self.storages: list = []
         self.value = None
+        self.error = None  # why its segment failed (Note [A segment that fails as one ...])
 
     @property
     def weak_type(self) -> bool:
@@ -260,6 +258,8 @@ class Pending:
         if self.value is None:
             if self.segment is not None:
                 flush(self.segment)
+            if self.error is not None:
+                raise run_segment.lost_error(self.error) from self.error
             if self.value is None:
                 raise AssertionError(
                     "torchjax fused eager: a pending value was not kept by its segment"
@@ -479,10 +479,6 @@ def _resolve_all(dyn) -> None:
                 dyn[i] = d.resolve()
 
 
-# (last step, live outputs) -> segment program (Note [Replaying a recorded sequence])
-_PROGRAMS: dict = {}
-
-
 def flush(seg) -> None:
     """Run ``seg`` as one program; fill the storages still holding its outputs and
     queue its device checks (Note [Fused eager])."""
@@ -497,78 +493,23 @@ def flush(seg) -> None:
             for p in seg.outs:
                 p.segment = None
             return
-        key = (step, tuple([p.ref for p in live]))
-        program = _budget.cached(_PROGRAMS, key, lambda: _program(replay.nodes(step), key[1]))
-        # x64 on, as in dispatch: the nodes were traced so (a flush may come from
-        # outside an op: a sync point, a thread).
-        with x64(True):
-            if trace_state_clean():
-                values, checks = program(_TRUE, *seg.inputs)
-            else:
-                values, checks = _concretely(program, seg.inputs)
+        refs = tuple([p.ref for p in live])
+        # The segment's list of its inputs is theirs alone from here: the reference
+        # counts of the donation read it (Note [Fused segments donate their dead inputs]).
+        inputs, runs = seg.inputs, seg.runs
+        seg.inputs, seg.input_ids, seg.runs = [], {}, []
+        try:
+            values, checks = run_segment.run(step, live, refs, inputs, runs)
+        except BaseException as e:
+            run_segment.lost(seg.outs, e)
+            raise
         _stats.FUSED.segments += 1
         for p, v in zip(live, values):
             p.fill(v)
         for p in seg.outs:
             p.segment = None
-        seg.inputs, seg.input_ids, seg.runs = [], {}, []
     for codes, (bads, vals) in zip(step.checked, checks):
         _checks.add_collected(codes, bads, vals)
-
-
-def _concretely(program, inputs):
-    """``program`` run on ``inputs`` inside a user's trace (a pending value read there):
-    its compiled executable, called directly, gives concrete arrays, which the storages
-    outlive the trace with. Not ``jax.ensure_compile_time_eval()``: a jitted function
-    traced under it takes ``lax.platform_dependent``'s default branch, not the CPU one
-    (the CPU division and Adam lowerings would lose their exact rounding)."""
-    return program.lower(_TRUE, *inputs).compile()(_TRUE, *inputs)
-
-
-def _program(nodes, live):
-    # Alive: the segment holds their executables until it has run.
-    fns = [n[0]() for n in nodes]
-    wiring = [n[1] for n in nodes]
-    checked = [bool(n[2]) for n in nodes]
-    isolated = [n[3] for n in nodes]
-    cuts = [n[4] for n in nodes]
-
-    def segment(pred, *inputs):
-        _stats.FUSED.compiles += 1
-        outs, checks = [], []  # outs: every node's outputs in order (Pending.ref)
-        for fn, refs, has_checks, iso, cut in zip(fns, wiring, checked, isolated, cuts):
-            args = [inputs[r >> 1] if r >= 0 else outs[-1 - r] for r in refs]
-            out, chk = _isolated(fn, pred, args) if iso else fn(*args)
-            leaves = tree_util.tree_leaves(out)
-            if cut:  # Note [Fusion keeps eager's numbers] (ops/fusion_cuts.py)
-                kept = _isolated(_identity, pred, [leaves[k] for k in cut])
-                for k, v in zip(cut, kept):
-                    leaves[k] = v
-            outs += leaves
-            if has_checks:
-                checks.append((chk.bads, chk.values))
-        return [outs[-1 - r] for r in live], checks
-
-    return jax.jit(segment, compiler_options=COMPILER_OPTIONS)
-
-
-_TRUE = np.bool_(True)
-
-
-def _identity(*args):
-    return list(args)
-
-
-def _isolated(fn, pred, args):
-    """``fn(*args)`` as the branch of a conditional XLA cannot see through (its
-    predicate is an argument of the program): Note [Fusion keeps eager's numbers] in
-    torchjax/ops/fusion_cuts.py."""
-    shapes = jax.eval_shape(fn, *args)
-
-    def zeros(*_):
-        return tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-    return lax.cond(pred, fn, zeros, *args)
 
 
 def is_pending(x) -> bool:

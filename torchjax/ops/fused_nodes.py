@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax import tree_util
 
 from torchjax.ops import fused as _fused
+from torchjax.ops import fused_run
 
 
 class _Local(threading.local):
@@ -44,16 +45,16 @@ def tracing(pred):
 
 def node(run, dyn, pred):
     """``run(*dyn)`` (its outputs and checks) traced as fused eager's segment program
-    replays the op (``fused._program``): the same jaxpr around the same function, its
+    replays the op (``fused_run.build``): the same jaxpr around the same function, its
     equations under the name scope ``SCOPE``."""
     specs = [d.aval if isinstance(d, jax.core.Tracer) else d for d in dyn]
     _, _, _, isolated, cut = _fused._shapes(run, specs)
     fn = run.__wrapped__
     with jax.named_scope(SCOPE):
-        out, chk = _fused._isolated(fn, pred, list(dyn)) if isolated else fn(*dyn)
+        out, chk = fused_run.isolated_call(fn, pred, list(dyn)) if isolated else fn(*dyn)
         if cut:
             leaves, tree = tree_util.tree_flatten(out)
-            kept = _fused._isolated(_fused._identity, pred, [leaves[k] for k in cut])
+            kept = fused_run.isolated_call(fused_run.identity, pred, [leaves[k] for k in cut])
             for k, v in zip(cut, kept):
                 leaves[k] = v
             out = tree_util.tree_unflatten(tree, leaves)

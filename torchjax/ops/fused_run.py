@@ -1,0 +1,254 @@
+"""How a fused segment's program runs: dead inputs donated, op by op where it fails.
+
+Note [Fused segments donate their dead inputs]
+A segment's inputs are the arrays its ops read. Many are dead once it runs: the old value
+of a storage the segment writes in place (a parameter, an optimizer moment: ``write``
+in torchjax/ops/fused.py drops the storage's array when it records the write), a
+gradient dropped by ``zero_grad()`` before the flush. Without donation XLA holds the
+old and the new value of each at once, so a fused AdamW step over the whole model (one
+recorded node per foreach call: Note [Recorded foreach ops]) needs the parameters,
+gradients and both moments twice over, which is more than the chip has for a 1.1B
+model. So at the flush an input is donated when nothing but the segment holds it
+(Python's reference count: a storage, a tensor's read cache, an array taken with
+``torchjax.to_jax``, a clone sharing it all count; a spurious holder costs only a
+missed donation, never a deleted buffer: Note [Donation never takes the user's copy]
+in torchjax/compile/_donate.py) and a live output of the segment has its shape and
+dtype (jax aliases a donated buffer only to such an output; others would only warn).
+Only single-device arrays are donated (an output's sharding need not match a sharded
+input's). The donated positions are part of the program's key: a training loop keeps
+one pattern, so one program. Under a user's trace (a pending value read there) nothing
+is donated.
+
+Note [A segment that fails as one program runs op by op]
+Fusing a segment must never make a step fail that plain eager runs: a segment program
+can need more device memory than its ops one by one (XLA keeps the intermediates of
+the nodes it may not fuse through: Note [Fusion keeps eager's numbers] in
+torchjax/ops/fusion_cuts.py). When the program fails for device memory
+(``RESOURCE_EXHAUSTED``, at its compile or its run) and no donated input was consumed,
+the segment runs op by op instead: each node's own executable, as plain eager runs it,
+each intermediate dropped after its last reader. Its key is remembered, so later
+flushes of the same segment go op by op at once (``torchjax.stats()["fused_op_by_op"]``
+counts such segments), and a ``ResourceWarning`` says so once per key. Any other
+failure, or one op by op, is raised at the flush; the values the segment did not
+compute are lost, and reading one raises a ``RuntimeError`` naming the failure (not a
+stale value), while the segment's inputs are released at once.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax, tree_util
+
+from torchjax import _budget
+from torchjax._compat.jax import trace_state_clean, x64
+from torchjax.device import _stats
+from torchjax.ops import executables
+from torchjax.ops import fused_replay as replay
+from torchjax.ops.xla_options import COMPILER_OPTIONS
+
+# (last step, live outputs, donated inputs) -> segment program (Note [Replaying a
+# recorded sequence] in torchjax/ops/fused_replay.py)
+_PROGRAMS: dict = {}
+
+# Keys of segments that run op by op (bounded: cleared when full).
+_OP_BY_OP: dict = {}
+_MAX_OP_BY_OP = 1024
+
+
+def _refs(arrays, i) -> int:
+    return sys.getrefcount(arrays[i])
+
+
+def _list_only_refs() -> int:
+    # The count of an array held by the segment's input list alone, measured through
+    # the same code path (the number an interpreter reports varies by version).
+    return _refs([object()], 0)
+
+
+_LIST_ONLY = _list_only_refs()
+
+
+def dead_inputs(inputs: list, live: list) -> tuple:
+    """The positions in ``inputs`` (the segment's only list of them) of the arrays to
+    donate (Note [Fused segments donate their dead inputs])."""
+    wanted = None
+    out = []
+    for i in range(len(inputs)):
+        if _refs(inputs, i) != _LIST_ONLY:
+            continue
+        a = inputs[i]
+        if not isinstance(a, jax.Array) or len(a.sharding.device_set) != 1:
+            continue
+        if wanted is None:
+            wanted = {}
+            for p in live:
+                k = (p.shape, p.dtype)
+                wanted[k] = wanted.get(k, 0) + 1
+        k = (tuple(a.shape), a.dtype)
+        n = wanted.get(k, 0)
+        if n:
+            wanted[k] = n - 1
+            out.append(i)
+    return tuple(out)
+
+
+def too_big(key) -> bool:
+    """Whether segment ``key`` runs op by op (its program did not fit)."""
+    return key in _OP_BY_OP
+
+
+def fits_op_by_op(error: BaseException, inputs: list, donated_at: tuple) -> bool:
+    """Whether a segment whose program raised ``error`` may run op by op: a device
+    memory failure that consumed none of the donated inputs."""
+    if "RESOURCE_EXHAUSTED" not in str(error)[:2000]:
+        return False
+    return not any(inputs[i].is_deleted() for i in donated_at)
+
+
+def remember(key, n_nodes: int, error: BaseException) -> None:
+    if len(_OP_BY_OP) >= _MAX_OP_BY_OP:
+        _OP_BY_OP.clear()
+    _OP_BY_OP[key] = True
+    warnings.warn(
+        f"torchjax fused eager: a recorded segment of {n_nodes} ops does not fit in device "
+        f"memory as one program ({str(error).splitlines()[0][:200]}); it runs op by op, "
+        "as plain eager does. Fewer ops between host reads, or torchjax.jit with donated "
+        "state, fuse such a step.",
+        ResourceWarning,
+        stacklevel=3,
+    )
+
+
+def op_by_op(runs: list, nodes: list, inputs: list, live_refs: tuple):
+    """The segment's nodes run one by one with their own executables (``runs``, in
+    recording order), as plain eager runs them: (values of ``live_refs``, the check
+    outputs of the nodes that make checks), as the segment program returns them."""
+    live = set(live_refs)
+    last = {}
+    for k, node in enumerate(nodes):
+        for r in node[1]:
+            if r < 0:
+                last[r] = k
+    values: dict = {}
+    checks = []
+    ref = -1
+    for k, (run, node) in enumerate(zip(runs, nodes)):
+        args = [inputs[r >> 1] if r >= 0 else values[r] for r in node[1]]
+        out, chk = executables.call(run, args)
+        for v in tree_util.tree_leaves(out):
+            values[ref] = v
+            ref -= 1
+        if node[2]:
+            checks.append((chk.bads, chk.values))
+        for r in node[1]:
+            if r < 0 and last.get(r) == k and r not in live:
+                values.pop(r, None)
+    return [values[r] for r in live_refs], checks
+
+
+def lost(outs: list, error: BaseException) -> None:
+    """Mark the segment's uncomputed values as lost to ``error``."""
+    for p in outs:
+        if p.value is None:
+            p.error = error
+        p.segment = None
+
+
+def lost_error(error: BaseException) -> RuntimeError:
+    return RuntimeError(
+        "torchjax fused eager: this tensor's value was never computed: the recorded "
+        f"segment that makes it failed ({type(error).__name__}: "
+        f"{str(error).splitlines()[0][:300] if str(error) else ''}). Compute it again."
+    )
+
+
+def run(step, live, refs, inputs, runs):
+    """The segment's live values and check outputs: its program, with its dead inputs
+    donated, or its ops one by one where the program does not fit (Notes [Fused
+    segments donate their dead inputs], [A segment that fails as one program runs op by
+    op])"""
+    clean = trace_state_clean()
+    donated = dead_inputs(inputs, live) if clean else ()
+    key = (step, refs, donated)
+    # x64 on, as in dispatch: the nodes were traced so (a flush may come from outside an
+    # op: a sync point, a thread).
+    with x64(True):
+        if clean and too_big(key):
+            _stats.FUSED.op_by_op += 1
+            return op_by_op(runs, replay.nodes(step), inputs, refs)
+        program = _budget.cached(_PROGRAMS, key, lambda: build(replay.nodes(step), refs, donated))
+        if not clean:
+            return _concretely(program, inputs)
+        try:
+            out = program(_TRUE, *inputs)
+            _stats.FUSED.donations += len(donated)
+            return out
+        except jax.errors.JaxRuntimeError as e:
+            if not fits_op_by_op(e, inputs, donated):
+                raise
+            nodes = replay.nodes(step)
+            remember(key, len(nodes), e)
+            _stats.FUSED.op_by_op += 1
+            return op_by_op(runs, nodes, inputs, refs)
+
+
+def _concretely(program, inputs):
+    """``program`` run on ``inputs`` inside a user's trace (a pending value read there):
+    its compiled executable, called directly, gives concrete arrays, which the storages
+    outlive the trace with. Not ``jax.ensure_compile_time_eval()``: a jitted function
+    traced under it takes ``lax.platform_dependent``'s default branch, not the CPU one
+    (the CPU division and Adam lowerings would lose their exact rounding)."""
+    return program.lower(_TRUE, *inputs).compile()(_TRUE, *inputs)
+
+
+def build(nodes, live, donated=()):
+    # Alive: the segment holds their executables until it has run.
+    fns = [n[0]() for n in nodes]
+    wiring = [n[1] for n in nodes]
+    checked = [bool(n[2]) for n in nodes]
+    isolated = [n[3] for n in nodes]
+    cuts = [n[4] for n in nodes]
+
+    def segment(pred, *inputs):
+        _stats.FUSED.compiles += 1
+        outs, checks = [], []  # outs: every node's outputs in order (Pending.ref)
+        for fn, refs, has_checks, iso, cut in zip(fns, wiring, checked, isolated, cuts):
+            args = [inputs[r >> 1] if r >= 0 else outs[-1 - r] for r in refs]
+            out, chk = isolated_call(fn, pred, args) if iso else fn(*args)
+            leaves = tree_util.tree_leaves(out)
+            if cut:  # Note [Fusion keeps eager's numbers] (ops/fusion_cuts.py)
+                kept = isolated_call(identity, pred, [leaves[k] for k in cut])
+                for k, v in zip(cut, kept):
+                    leaves[k] = v
+            outs += leaves
+            if has_checks:
+                checks.append((chk.bads, chk.values))
+        return [outs[-1 - r] for r in live], checks
+
+    # Position 0 is the predicate.
+    donate = tuple([i + 1 for i in donated])
+    return jax.jit(segment, compiler_options=COMPILER_OPTIONS, donate_argnums=donate)
+
+
+_TRUE = np.bool_(True)
+
+
+def identity(*args):
+    return list(args)
+
+
+def isolated_call(fn, pred, args):
+    """``fn(*args)`` as the branch of a conditional XLA cannot see through (its
+    predicate is an argument of the program): Note [Fusion keeps eager's numbers] in
+    torchjax/ops/fusion_cuts.py."""
+    shapes = jax.eval_shape(fn, *args)
+
+    def zeros(*_):
+        return tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    return lax.cond(pred, fn, zeros, *args)
