@@ -73,6 +73,79 @@ def test_llama_forward_with_tpu_attention_is_captured_with_eagers_bits(monkeypat
     assert segments == 1
 
 
+def _train_steps(model, loss_of, capture, steps=3):
+    """``steps`` AdamW steps of ``model`` on the loss ``loss_of(model)`` in fused eager
+    (capture on or off): per step the loss, every gradient and the parameters after it;
+    and the capture counts."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    out = []
+    torchjax.reset_stats()
+    for _ in range(steps):
+        with torchjax.fused(capture=capture):
+            loss = loss_of(model)
+            loss.backward()
+            grads = [p.grad.cpu() for p in model.parameters()]
+            opt.step()
+            opt.zero_grad()
+        out.append((loss.detach().cpu(), grads, [p.detach().cpu() for p in model.parameters()]))
+    return out, capture_counts()
+
+
+def _assert_equal_steps(got, want):
+    assert len(got) == len(want) > 0
+    for (loss, grads, params), (wloss, wgrads, wparams) in zip(got, want, strict=True):
+        assert torch.equal(loss, wloss)
+        assert len(grads) == len(wgrads) > 0
+        for g, w in zip(grads + params, wgrads + wparams, strict=True):
+            assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kernel", ["flash", "exact"])
+def test_llama_train_steps_with_tpu_attention_are_captured_with_fused_bits(
+    monkeypatch, kernel, dtype
+):
+    # Note [Kernel op backward]: the kernel op's backward is an eager op, traced as a
+    # node of the captured backward (it ran inline, and every such step was refused).
+    traced = _traced(monkeypatch, *_KERNELS[kernel])
+    ids = (KERNEL_IDS if kernel == "flash" else KERNEL_IDS[:, :8]).to(TPU)
+    runs = []
+    with _tpu_attention():
+        for capture in (False, True):
+            model = tiny_llama(hidden_size=64).to(TPU).to(dtype).train()
+            runs.append(_train_steps(model, lambda m: m(ids, labels=ids).loss, capture))
+    assert traced  # SDPA took the kernel op
+    (want, _), (got, counts) = runs
+    _assert_equal_steps(got, want)
+    # Step 1 op by op, step 2 traced and run, step 3 the programs alone; none refused.
+    assert counts == (2, 1, 0)
+    assert torchjax.stats()["capture_refusal_reasons"] == {}
+
+
+class _Experts(torch.nn.Module):
+    """Two experts' weights through the ragged dot kernel (a MoE layer's shape)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(2, 16, 16) * 0.1)
+        self.register_buffer("sizes", torch.tensor([8, 8]))
+
+    def forward(self, x):
+        return tp.ragged_dot(x, self.w, self.sizes).tanh()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ragged_dot_train_steps_are_captured_with_fused_bits(dtype):
+    x = torch.randn(16, 16, generator=torch.Generator().manual_seed(0)).to(TPU).to(dtype)
+    (want, _), (got, counts) = [
+        _train_steps(_Experts().to(TPU).to(dtype), lambda m: m(x).pow(2).mean(), capture)
+        for capture in (False, True)
+    ]
+    _assert_equal_steps(got, want)
+    assert counts == (2, 1, 0)
+
+
 def test_static_cache_decode_steps_with_the_decode_kernel_are_captured(monkeypatch):
     traced = _traced(monkeypatch, _decode_sdpa, "_decode_attention")
     model = tiny_llama(hidden_size=64).to(TPU)

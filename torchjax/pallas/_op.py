@@ -50,13 +50,21 @@ because below the Autograd key the implementation cannot tell autograd's call (g
 disabled inside the ``autograd.Function``) from a ``torch.no_grad()`` call on
 parameters that require grad, where keeping residuals would only cost memory.
 Where no pullback is kept (``torch.ops.mylib.myop`` called directly; inputs are
-tracers, under ``torchjax.jit``; fake tensors in Dynamo's pass) the backward is a
-second op, ``mylib::myop_backward``, whose tpu implementation is ``jax.vjp`` of the
-function at the saved inputs applied to the output cotangents: it recomputes the
-forward, which keeps the op's schema that of the user's function. Inside
-``torch.compile``/``torchjax.jit`` training the whole program is differentiated by
-``jax.vjp`` instead (see torchjax/compile/_dynamo.py), so the function's own
-``custom_vjp`` runs with its residuals and nothing is recomputed.
+tracers: under ``torchjax.jit``, ``torch.compile`` and in a captured module call; fake
+tensors in Dynamo's pass) the backward is a second op, ``mylib::myop_backward``, whose
+tpu implementation is ``jax.vjp`` of the function at the saved inputs applied to the
+output cotangents: it recomputes the forward, which keeps the op's schema that of the
+user's function. It runs as the forward does (Note [A kernel op is an eager op]):
+through the registry's compiled path, so fused eager mode records it and a captured
+call's backward traces it as a node. Run through ``torchjax.jax_function`` (a
+``jax.jit`` of its own) it was inlined outside every node, so a captured call whose
+backward held it (a train step whose SDPA took the flash kernel or the exact op, as on
+TPU) was refused and ran op by op (Note [Captured calls that need a graph] in
+torchjax/compile/_captured.py). The kernel is deterministic, so the recomputed forward
+gives the kept pullback's residuals: a tiny Llama's captured AdamW steps equal fused
+eager's op by op steps (which keep the pullback) bit for bit
+(tests/compile/test_captured_kernels.py), for one more run of the forward kernel per
+call in the backward program.
 
 Note [Complex cotangents]
 torch and JAX pull gradients back through complex values by conjugate conventions: for a
@@ -83,7 +91,7 @@ import torch
 from torchjax._compat.jax import x64
 from torchjax._compat.torch import FunctionSchema, pytree
 from torchjax.interop._convert import to_jax
-from torchjax.interop._jax_function import conj_vjp, jax_function
+from torchjax.interop._jax_function import conj_vjp
 from torchjax.ops.registry import functional_handler, handler
 from torchjax.pallas._jax_mode import in_32bit_mode
 from torchjax.pallas._no_derivative import no_derivative, no_derivative_error
@@ -439,11 +447,8 @@ class KernelOp:
             # gradient" (integer or absent inputs), mapped to None in ``_backward``.
             return [d_in.get(n, jnp.zeros((0,), jnp.float32)) for n in tensors]
 
-        bcall = jax_function(vjp)
-
-        def tpu_backward(args, kwargs):
-            with torch.no_grad():
-                return list(bcall(*args, **kwargs))
+        # An eager op, as the forward's plain call (Note [Kernel op backward]).
+        tpu_backward = functional_handler(self.backward_op, vjp)
 
         def fake_backward(*args, **kwargs):
             bound, grads = _bind_backward(names, args, kwargs)
