@@ -42,11 +42,13 @@ outputs, a train step on every live array with ``torch.tpu.synchronize()``), and
 programs, ``host_reads``, fused ``segments``, ``fused_compiles``, ``captured_calls``,
 ``capture_traces``, ``capture_refusals``), and ``warm_up``: the same counters over the
 warm-up calls together (a captured call traces, or is refused, at its second call, so
-the timed calls show only what came of it). ``fused_equal_eager`` and
-``captured_equal_eager``: whether those modes' outputs (forward: the logits; train: the
-first step's loss and every updated weight; generate: the tokens) are bit for bit plain
-eager's, with the largest absolute difference; ``jit_max_abs_diff``
-the same for ``torchjax.jit`` (not expected to be 0: XLA fuses across ops). A row that
+the timed calls show only what came of it); ``capture_refusal_reasons``, where a
+signature was refused, says why (``torchjax.stats()``'s, per module class).
+``fused_equal_eager`` and ``captured_equal_eager``: whether those modes' outputs
+(forward: the logits; train: the first step's loss and every updated weight; generate:
+the tokens) are bit for bit plain eager's, with the largest absolute difference;
+``jit_max_abs_diff`` the same for ``torchjax.jit`` (not expected to be 0: XLA fuses
+across ops). A row that
 fails records its error and the rest run; a row is skipped once the section's time
 budget (``BUDGET_S``) is spent. Each mode's JSON is printed to stderr as soon as that
 mode finishes, and each row's (with its comparisons and ratios) when the row does, so a
@@ -138,8 +140,19 @@ def _timed(call, runs: int = RUNS, warm: bool = True) -> tuple[dict, object]:
         out = call()
         times.append(time.perf_counter() - t0)
     row["median_ms"] = round(statistics.median(times) * 1e3, 3)
-    row["per_run"] = _per_run(before, torchjax.stats(), runs)
+    after = torchjax.stats()
+    row["per_run"] = _per_run(before, after, runs)
+    reasons = _new_reasons(start, after)
+    if reasons:
+        row["capture_refusal_reasons"] = reasons
     return row, out
+
+
+def _new_reasons(before: dict, after: dict) -> dict:
+    """Why signatures were refused between two ``torchjax.stats()`` (per module class
+    name, the latest reason; Note [Captured module calls])."""
+    old = before["capture_refusal_reasons"]
+    return {k: v[:600] for k, v in after["capture_refusal_reasons"].items() if old.get(k) != v}
 
 
 def _flat(x) -> list:
@@ -377,8 +390,12 @@ def generate(model, new: int, max_time: float) -> dict:
                     outs[mode] = out
                 row[key]["tokens"] = got
                 row[key]["tok_s"] = round(got / wall, 2)
-                row[key]["per_run"] = _per_run(before, torchjax.stats(), 1)
+                after = torchjax.stats()
+                row[key]["per_run"] = _per_run(before, after, 1)
                 row[key]["warm_up"] = _per_run(start, before, 1)
+                reasons = _new_reasons(start, after)
+                if reasons:
+                    row[key]["capture_refusal_reasons"] = reasons
             except Exception as e:  # noqa: BLE001 - reported, the rest runs
                 row[key] = {"error": _error(e)}
             finally:  # also after a warm-up that stopped short (``continue``)

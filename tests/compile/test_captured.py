@@ -68,6 +68,29 @@ def test_data_dependent_branch_falls_back_op_by_op():
         torch.testing.assert_close(got, w)
     # The second call tried once and refused; the rest ran op by op without trying.
     assert capture_counts() == (0, 0, 1)
+    (reason,) = torchjax.stats()["capture_refusal_reasons"].values()
+    assert reason.startswith("DataDependentError: ") and "reads a tensor's value" in reason
+
+
+def test_a_refusal_keeps_its_reason_per_module_until_reset():
+    # Note [Captured module calls]: a refusal is silent; stats() says why.
+    torch.manual_seed(0)
+    branchy, bn = _Branchy().to(TPU), torch.nn.Sequential(torch.nn.BatchNorm1d(4)).to(TPU)
+    x = torch.randn(3, 4).to(TPU)
+    torchjax.reset_stats()
+    assert torchjax.stats()["capture_refusal_reasons"] == {}
+    with torch.no_grad(), torchjax.fused():
+        for _ in range(2):
+            branchy(x)
+            bn(x)
+    reasons = torchjax.stats()["capture_refusal_reasons"]
+    assert capture_counts() == (0, 0, 2) and sorted(reasons) == ["Sequential", "_Branchy"]
+    assert reasons["_Branchy"].startswith("DataDependentError: aten::_local_scalar_dense")
+    # Batch norm's handler computes off the compiled path: the operations are named.
+    assert reasons["Sequential"].startswith("TraceError: Sequential: a captured call would ")
+    assert "outside the ops' own programs" in reasons["Sequential"]
+    torchjax.reset_stats()
+    assert torchjax.stats()["capture_refusal_reasons"] == {}
 
 
 class _Scaled(torch.nn.Module):

@@ -278,6 +278,9 @@ def test_a_call_differentiated_with_create_graph_is_not_captured():
     # asked for a graph, so the signature is refused and runs op by op: eager's bits.
     want, got, counts = _both(lambda model, i: _penalty(model, X.to(TPU)))
     assert counts == (0, 0, 1)
+    assert torchjax.stats()["capture_refusal_reasons"] == {
+        "Sequential": "Sequential: its backward was asked for a graph (create_graph=True)"
+    }
     _assert_same(got, want)
 
 
@@ -335,6 +338,14 @@ def test_a_backward_torchs_graph_cannot_give_as_nodes_is_refused():
         grads.append(_grads(model))
         # torchjax.jit's VJP would be jax.vjp of the forward: refused, op by op.
         assert capture_counts() == ((0, 0, 1) if capture else (0, 0, 0))
+        reasons = torchjax.stats()["capture_refusal_reasons"]
+        assert list(reasons) == (["_Kept"] if capture else [])
+    # The reason names what the graph met: ctx.y, a value of the forward trace.
+    assert reasons["_Kept"] == (
+        "TraceError: _Kept: a captured call's backward cannot be built from torch's autograd "
+        "graph as fused eager's nodes (a value of the forward trace reached its backward as "
+        "a constant); it runs op by op"
+    )
     _assert_same(grads[1], grads[0])
 
 

@@ -240,11 +240,12 @@ class _NoDraws:
     activation checkpointing) could not give the forward's values."""
 
     def next(self):
-        raise _Unreplayable("a random draw in the backward of a compiled program")
+        raise Unreplayable("a random draw in the backward of a compiled program")
 
 
-class _Unreplayable(TraceError):
-    pass
+class Unreplayable(TraceError):
+    """Torch's graph of a traced forward cannot give its backward program; the message
+    says why (``VJPProgram.build`` then takes ``jax.vjp``, or refuses a captured call)."""
 
 
 class Backward:
@@ -263,12 +264,12 @@ class Backward:
 
     @classmethod
     def trace(cls, saved, outputs, inputs, storages, values, residual_avals, name, nodes=False):
-        """The backward program (named ``name``), or None where the graph cannot be
-        replayed outside its forward trace. ``nodes``: a captured call's backward
-        (Note [Captured calls that need a graph] in torchjax/compile/_captured.py):
-        traced with its ops as fused eager's nodes, on one more input (the predicate),
-        and compiled as fused eager's segments are; None where an op would compute a
-        float outside a node."""
+        """The backward program (named ``name``); raises ``Unreplayable`` where the
+        graph cannot be replayed outside its forward trace. ``nodes``: a captured
+        call's backward (Note [Captured calls that need a graph] in
+        torchjax/compile/_captured.py): traced with its ops as fused eager's nodes, on
+        one more input (the predicate), and compiled as fused eager's segments are;
+        ``Unreplayable`` where an op would compute a float outside a node."""
         kept = [k for k, s in enumerate(storages) if s is not None]
 
         def backward(values, residuals, cotangents, pred=None):
@@ -310,17 +311,28 @@ class Backward:
         try:
             with x64(True), traced_fills():
                 closed = jax.make_jaxpr(backward)(values, residual_avals, cts, *pred)
-        except (jax.errors.UnexpectedTracerError, LeakedTracerError, _Unreplayable):
-            return None
+        except Unreplayable:
+            raise
+        except (jax.errors.UnexpectedTracerError, LeakedTracerError) as e:
+            raise Unreplayable(
+                f"its backward reached a value of the forward trace ({_first_line(e)})"
+            ) from e
         except Exception as e:  # noqa: BLE001 - raised at backward(), as eager does
             if nodes:
-                return None  # op by op, the call's backward raises it as eager does
+                # Op by op, the call's backward raises it as eager does.
+                raise Unreplayable(
+                    f"tracing its backward raised {type(e).__name__}: {_first_line(e)}"
+                ) from e
             self.error = e
             return self
         if any(isinstance(c, jax.core.Tracer) for c in closed.consts):
-            return None  # a forward tracer reached the program as a constant
-        if nodes and fused_nodes.float_ops_outside_nodes(closed.jaxpr):
-            return None
+            raise Unreplayable("a value of the forward trace reached its backward as a constant")
+        outside = fused_nodes.float_ops_outside_nodes(closed.jaxpr) if nodes else None
+        if outside:
+            raise Unreplayable(
+                f"its backward would compute {sorted(set(outside))} outside the ops' own "
+                "programs, where XLA may round differently from eager"
+            )
         options = COMPILER_OPTIONS if nodes else COMPILED_PROGRAM_OPTIONS or None
         self.program = jax.jit(named(jaxpr_as_fun(closed), name), compiler_options=options)
         return self
@@ -330,6 +342,10 @@ class Backward:
             raise self.error
         pred = (_TRUE,) if self.nodes else ()
         return self.program(*values, *residuals, *(cotangents[j] for j in self.positions), *pred)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0]
 
 
 # The predicate input of a captured call's backward (Note [Captured module calls]).

@@ -73,7 +73,12 @@ call runs as one program traced from the module, as ``torchjax.jit`` would run i
   traced.
 - Counters: ``torchjax.stats()`` ``captured_calls`` (calls run by a captured program),
   ``capture_traces`` and ``capture_refusals`` (signatures refused: a failed trace, or a
-  backward asked for a graph).
+  backward asked for a graph). A refusal is silent (the call runs op by op, with
+  eager's result), so ``capture_refusal_reasons`` keeps why: per module class name, the
+  latest refusal's exception as ``"TraceError: <message>"``, whose message names what
+  the trace met (the float operations a forward or a backward would compute outside
+  the nodes, the error its trace raised), or that its backward was asked for a graph.
+  Reset with the counters by ``torchjax.reset_stats()``.
 
 Note [Captured calls that need a graph]
 Left op by op, a train step's forward and backward are hundreds of recorded ops, each
@@ -97,15 +102,20 @@ the graph saved and written in place before ``backward()`` raises torch's versio
 (Note [Outputs the backward saved]); two calls before one backward accumulate as two
 eager calls do; which parameters require grad (frozen layers) is part of the signature.
 
-Refused (the signature runs op by op, counted in ``capture_refusals``), so a captured
-gradient is never computed another way than eager's: a backward torch's graph cannot
-give as nodes, where ``torchjax.jit`` would take ``jax.vjp`` of the forward (an
-intermediate kept on ``ctx``, a kernel's pullback, a random draw in the backward, a
-saved-tensor hook refused), one whose trace raised, or one computing a float outside the
-nodes; and a signature whose backward was asked for a graph (Note [Double backward of a
-captured call] in torchjax/compile/_captured_grad.py). A call made under a user's
-``saved_tensors_hooks`` (``save_on_cpu``) runs op by op without a refusal: the hooks
-must see the call's saved tensors, which a captured call keeps inside its programs.
+Refused (the signature runs op by op, counted in ``capture_refusals``, the reason kept
+in ``capture_refusal_reasons``: Note [Captured module calls]), so a captured gradient
+is never computed another way than eager's: a backward torch's graph cannot give as
+nodes, where ``torchjax.jit`` would take ``jax.vjp`` of the forward (an intermediate
+kept on ``ctx``, a ``torchjax.jax_function``'s pullback, a random draw in the
+backward, a saved-tensor hook refused), one whose trace raised, or one computing a
+float outside the nodes; and a signature whose backward was asked for a graph (Note
+[Double backward of a captured call] in torchjax/compile/_captured_grad.py). A kernel
+op's backward (the flash kernel's, SDPA's exact op's, ``ragged_dot``'s) is an eager op
+like its forward, traced as a node (Note [Kernel op backward] in
+torchjax/pallas/_op.py): with the attention a TPU chooses, a train step is captured.
+A call made under a user's ``saved_tensors_hooks`` (``save_on_cpu``) runs op by op
+without a refusal: the hooks must see the call's saved tensors, which a captured call
+keeps inside its programs.
 """
 
 from __future__ import annotations
@@ -156,7 +166,10 @@ class _ModuleJitted(Jitted):
         if key in self.refused:
             return
         self.refused.add(key)
-        _stats.CAPTURED.refusals += 1
+        name = self.module_name
+        _stats.CAPTURED.refused(
+            name, f"{name}: its backward was asked for a graph (create_graph=True)"
+        )
         entry = self._entries.pop(key, None)
         if entry is not None:
             _budget.forget(entry)
@@ -178,6 +191,7 @@ class _ModuleJitted(Jitted):
     @fn.setter
     def fn(self, module):
         self._ref = weakref.ref(module)
+        self.module_name = type(module).__name__
 
     def _lookup(self, args, kwargs):
         # Jitted._lookup with the key by layout (looked up by identity first, every
@@ -383,10 +397,10 @@ def _call(caps, original, module, args, kwargs):
     saved = _attributes(call.static)
     try:
         out = jitted(*args, **kwargs)
-    except _TRACE_FAILURES:
+    except _TRACE_FAILURES as e:
         _put_back(saved)
         caps.refused.add(key)
-        _stats.CAPTURED.refusals += 1
+        _stats.CAPTURED.refused(jitted.module_name, f"{type(e).__name__}: {e}")
         return original(module, *args, **kwargs)
     if jitted.trace_count > traces:
         _stats.CAPTURED.traces += jitted.trace_count - traces

@@ -56,13 +56,16 @@ class VJPProgram:
         self = cls()
         n_out, n_res = entry.n_out, entry.n_res
         captured = entry.pred
-        backward = _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn, captured)
+        try:
+            backward = _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn, captured)
+        except _autograd.Unreplayable as e:
+            if captured:
+                raise TraceError(
+                    f"{entry.name}: a captured call's backward cannot be built from torch's "
+                    f"autograd graph as fused eager's nodes ({e}); it runs op by op"
+                ) from e
+            backward = None
         self.from_torch = backward is not None
-        if captured and backward is None:
-            raise TraceError(
-                f"{entry.name}: a captured call's backward cannot be built from torch's "
-                "autograd graph as fused eager's nodes; it runs op by op"
-            )
         self.rebased = []
         if backward is not None:
             # Every parameter's own gradient, several viewing one storage included.
@@ -123,11 +126,12 @@ class VJPProgram:
 
 
 def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn, nodes):
-    """The backward program made of torch's graph of the trace, or None (Note [The
-    compiled VJP is torch's autograd]); ``nodes``: a captured call's."""
+    """The backward program made of torch's graph of the trace (Note [The compiled VJP
+    is torch's autograd]); ``nodes``: a captured call's. Raises
+    ``_autograd.Unreplayable`` saying why where the graph cannot give it."""
     outs, bases, leaves, wrapped, arg_tracers = graph
     if saved is None:
-        return None
+        raise _autograd.Unreplayable("its graph's saved tensors were not recorded")
     aliases, avals = entry.aliases, entry.closed.out_avals
     outputs = []
     for j, t in enumerate(outs):
@@ -141,7 +145,9 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn, nodes):
             continue
         whole = _autograd.cover(storage, viewing)
         if whole is None or not whole.requires_grad:
-            return None
+            raise _autograd.Unreplayable(
+                "outputs share the storage of an intermediate no traced tensor covers whole"
+            )
         outputs.append((len(outs) + b, whole, storage, avals[len(outs) + b]))
     # Note [Arguments written in place get the program's history]: their new values
     # follow the outputs.
@@ -157,12 +163,12 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn, nodes):
         k = entry.args_written[m]
         outputs.append((entry.n_out + i, wrapped[k], None, avals[entry.arg_write_output(m)]))
     if not outputs:
-        return None
+        raise _autograd.Unreplayable("no output has a gradient through its graph")
     state = [call.walk.every[i] for i in diff_leaves]
     if any(t.grad_fn is not None for t in state):
         # A non-leaf the function closes over: torch's backward would run on into the
         # eager graph before the call. jax.vjp's gradient reaches it through the call.
-        return None
+        raise _autograd.Unreplayable("its state holds a tensor that is not a leaf")
     inputs = state + [leaves[k] for k in diff_dyn]
     residual_avals = avals[len(avals) - entry.n_res :]
     # An argument's storage is bound where its array is the argument's own.
@@ -177,8 +183,7 @@ def _torch_backward(entry, call, saved, graph, diff_leaves, diff_dyn, nodes):
         f"{entry.name}_backward",
         nodes,
     )
-    if backward is not None:
-        backward.rebased = rebased
+    backward.rebased = rebased
     return backward
 
 

@@ -28,7 +28,9 @@ path:
   torchjax/ops/fused_run.py), ``fused_donations`` (segment inputs donated: Note [Fused
   segments donate their dead inputs]); ``captured_calls`` (module calls run as
   one captured program), ``capture_traces`` and ``capture_refusals`` (signatures that
-  could not be captured: Note [Captured module calls] in torchjax/compile/_captured.py);
+  could not be captured: Note [Captured module calls] in torchjax/compile/_captured.py),
+  with ``capture_refusal_reasons``: per module class name, why its latest refused
+  signature was refused (the failed trace's exception, ``"TraceError: ..."``);
 - ``executables``: the process-wide budget of cached programs and what it holds
   (``entries``, ``bytes``, ``evictions``, ``budget_entries``, ``budget_bytes``: Note
   [Executable cache budget] in torchjax/_budget.py).
@@ -84,10 +86,18 @@ class _Captured:
     torchjax/compile/_captured.py): calls run as one captured program, signatures
     traced, signatures refused (they run op by op in fused mode)."""
 
-    __slots__ = ("calls", "traces", "refusals")
+    __slots__ = ("calls", "traces", "refusals", "reasons")
 
     def __init__(self):
         self.calls = self.traces = self.refusals = 0
+        # module class name -> why its latest refused signature was refused
+        self.reasons: dict = {}
+
+    def refused(self, name: str, reason: str) -> None:
+        """Count a signature refused of the calls of a module of class ``name``, keeping
+        ``reason``."""
+        self.refusals += 1
+        self.reasons[name] = reason
 
 
 CAPTURED = _Captured()
@@ -182,6 +192,7 @@ def stats() -> dict:
         "captured_calls": CAPTURED.calls,
         "capture_traces": CAPTURED.traces,
         "capture_refusals": CAPTURED.refusals,
+        "capture_refusal_reasons": dict(CAPTURED.reasons),
         "ops": ops,
     }
 
@@ -195,6 +206,7 @@ def reset_stats() -> None:
     COUNTERS.host_ops = 0
     FUSED.ops = FUSED.segments = FUSED.compiles = FUSED.op_by_op = FUSED.donations = 0
     CAPTURED.calls = CAPTURED.traces = CAPTURED.refusals = 0
+    CAPTURED.reasons = {}
     _budget.reset_counters()
     for c in list(OP_COUNTERS.values()):
         c.calls = c.traces = c.keys = c.op_by_op = 0
