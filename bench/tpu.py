@@ -23,7 +23,8 @@
 - ``decode``: greedy ``generate`` of 128 tokens after a 128-token prompt at batch 1 and 32
   in bfloat16 (the default path: a static cache, compiled steps, the kernels on) against
   the pure-JAX model's whole loop in one ``jax.jit`` and the HBM roofline (every weight and
-  the filled cache read once per step at 819 GB/s);
+  the filled cache read once per step at 819 GB/s); ``TORCHJAX_BENCH_DECODE_BATCHES``
+  (comma-separated) runs only those batch sizes;
 - ``attention``, ``kernels``: the flash, decode and ragged-dot kernels against jax's own
   TPU kernels, XLA and the roofline (bench/tpu_kernels.py says what each row runs);
 - ``moe``: a MoE model that fits the chip, decoding and training with transformers'
@@ -257,7 +258,8 @@ def decode(ctx) -> dict:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     prompt, new = 128, (16 if ctx.small else 128)
     rows = {}
-    for batch in (1, 32):
+    batches = os.environ.get("TORCHJAX_BENCH_DECODE_BATCHES", "1,32")
+    for batch in [int(b) for b in batches.split(",") if b.strip()]:
         ids = _prompt(batch, prompt, cfg.vocab_size, seed=2)
         t0 = time.perf_counter()
         _generate(model, ids.to("tpu"), new)
