@@ -129,25 +129,32 @@ def op_by_op(runs: list, nodes: list, inputs: list, live_refs: tuple):
     recording order), as plain eager runs them: (values of ``live_refs``, the check
     outputs of the nodes that make checks), as the segment program returns them."""
     live = set(live_refs)
-    last = {}
+    last = {}  # wiring ref -> the last node reading it
     for k, node in enumerate(nodes):
         for r in node[1]:
-            if r < 0:
-                last[r] = k
+            last[r if r < 0 else r >> 1 << 1] = k
     values: dict = {}
     checks = []
     ref = -1
     for k, (run, node) in enumerate(zip(runs, nodes)):
         args = [inputs[r >> 1] if r >= 0 else values[r] for r in node[1]]
         out, chk = executables.call(run, args)
+        del args
         for v in tree_util.tree_leaves(out):
             values[ref] = v
             ref -= 1
+        out = None
         if node[2]:
             checks.append((chk.bads, chk.values))
+        # As plain eager frees them: an input or intermediate is dropped after its last
+        # reader (the list of inputs is the segment's own), so an in-place update's old
+        # value goes as its new one is made.
         for r in node[1]:
-            if r < 0 and last.get(r) == k and r not in live:
-                values.pop(r, None)
+            if r < 0:
+                if last.get(r) == k and r not in live:
+                    values.pop(r, None)
+            elif last.get(r >> 1 << 1) == k:
+                inputs[r >> 1] = None
     return [values[r] for r in live_refs], checks
 
 
