@@ -74,6 +74,13 @@ how it is undone.
   [Captured module calls]); every other call, and every call while no thread is in
   fused mode, goes to torch's ``_wrapped_call_impl`` unchanged. Same signature. Undo:
   torch's function put back (not made again in the process).
+- ``torch.optim global optimizer step hooks`` (compile/_captured_optim.py through
+  _compat/torch_optim.py, registered while fused eager mode is on in some thread and
+  removed when it turns off, not at import; torch 2.13). A pre-hook and a post-hook on
+  every ``Optimizer.step``: in fused eager mode a step on tpu parameters that repeats its
+  signature runs as one captured program (Note [Captured optimizer steps]); every other
+  step, and every step while no thread is in fused mode, runs as torch runs it. Undo:
+  both hooks removed.
 - ``torch.nn.Module._apply`` and ``torch.__future__.get_swap_module_params_on_conversion``
   (device/_registration.py through _compat/torch.py; torch 2.13). Moving a module off
   tpu (``model.cpu()``) made a new Parameter per module, untying tied weights and

@@ -353,7 +353,9 @@ def _step_counts(opt, model, fused):
         p.grad = torch.full_like(p, 0.5)
     torch.tpu.synchronize()
     before = torchjax.stats()
-    with torchjax.fused(fused):
+    # Recorded, not captured (a repeated captured step records nothing: Note [Captured
+    # optimizer steps], tests/compile/test_captured_optim.py).
+    with torchjax.fused(fused, capture=False):
         opt.step()
     torch.tpu.synchronize()
     after = torchjax.stats()

@@ -37,3 +37,42 @@ def install_foreach_type(cls, why: str) -> None:
                 types.remove(cls)
 
     _patches.record(_NAME, why=why, package="torch", written_for="2.13", undo=undo)
+
+
+_HOOKS_NAME = "torch.optim global optimizer step hooks"
+
+
+def set_step_hooks(pre, post) -> None:
+    """Register ``pre`` and ``post`` as torch.optim's global optimizer step pre- and
+    post-hooks (``register_optimizer_step_pre_hook``: called as ``hook(optimizer, args,
+    kwargs)`` around every ``Optimizer.step``, in registration order), recorded while in
+    force (Note [Process-wide changes]); ``pre=None`` removes them. Written for torch 2.13,
+    whose ``Optimizer.profile_hook_step`` runs the global pre-hooks before an optimizer's
+    own and its global post-hooks after an optimizer's own."""
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    from torchjax import _patches
+
+    if pre is None:
+        if _patches.is_recorded(_HOOKS_NAME):
+            _patches.undo(_HOOKS_NAME)
+        return
+    if _patches.is_recorded(_HOOKS_NAME):
+        return
+    handles = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+
+    def undo():
+        for h in handles:
+            h.remove()
+
+    _patches.record(
+        _HOOKS_NAME,
+        why="in fused eager mode a repeated optimizer step on tpu parameters runs as one "
+        "captured program (Note [Captured optimizer steps])",
+        package="torch",
+        written_for="2.13",
+        undo=undo,
+    )

@@ -7,6 +7,7 @@ same way.
 
 from torchjax.compile import (
     _captured,
+    _captured_optim,
     _default_backend,
     _func_transforms,
     _grad_scaler,
@@ -34,6 +35,9 @@ _grad_scaler.install()
 # In fused eager mode a repeated tpu module call runs as one program (Note [Captured
 # module calls] in _captured.py): nn.Module.__call__ is patched while the mode may be on.
 _captured.install()
+# ... and a repeated optimizer step as one program (Note [Captured optimizer steps] in
+# _captured_optim.py): torch.optim's global step hooks are registered while it may be on.
+_captured_optim.install()
 
 
 def dynamo_stats() -> dict:

@@ -13,7 +13,8 @@ path:
   compile), ``keys`` (executables built) and ``op_by_op`` calls (the lowering run
   primitive by primitive: several jax dispatches each);
 - ``executions``: calls through cached executables (one XLA execution each) plus
-  op-by-op calls (at least one each); ``cache_hits`` = calls - traces, ``cache_misses``
+  op-by-op calls (at least one each), fused segments, captured calls and steps;
+  ``cache_hits`` = calls - traces, ``cache_misses``
   = traces;
 - ``persistent_cache_hits``: executables JAX loaded from its persistent compilation
   cache instead of compiling (Note [Persistent compilation cache]); jax reports each
@@ -31,6 +32,9 @@ path:
   could not be captured: Note [Captured module calls] in torchjax/compile/_captured.py),
   with ``capture_refusal_reasons``: per module class name, why its latest refused
   signature was refused (the failed trace's exception, ``"TraceError: ..."``);
+  ``captured_steps`` (optimizer steps run as one captured program) and
+  ``captured_step_refusals`` (Note [Captured optimizer steps] in
+  torchjax/compile/_captured_optim.py);
 - ``executables``: the process-wide budget of cached programs and what it holds
   (``entries``, ``bytes``, ``evictions``, ``budget_entries``, ``budget_bytes``: Note
   [Executable cache budget] in torchjax/_budget.py).
@@ -84,14 +88,17 @@ FUSED = _Fused()
 class _Captured:
     """Captured module calls (Note [Captured module calls] in
     torchjax/compile/_captured.py): calls run as one captured program, signatures
-    traced, signatures refused (they run op by op in fused mode)."""
+    traced, signatures refused (they run op by op in fused mode); optimizer steps run
+    as one captured program and optimizer signatures refused (Note [Captured optimizer
+    steps] in torchjax/compile/_captured_optim.py)."""
 
-    __slots__ = ("calls", "traces", "refusals", "reasons")
+    __slots__ = ("calls", "traces", "refusals", "reasons", "steps", "step_refusals")
 
     def __init__(self):
         self.calls = self.traces = self.refusals = 0
         # module class name -> why its latest refused signature was refused
         self.reasons: dict = {}
+        self.steps = self.step_refusals = 0
 
     def refused(self, name: str, reason: str) -> None:
         """Count a signature refused of the calls of a module of class ``name``, keeping
@@ -178,7 +185,7 @@ def stats() -> dict:
         # jax reports a load from the persistent cache as a compile too.
         "compiles": max(COUNTERS.compiles - COUNTERS.persistent_cache_hits, 0),
         "persistent_cache_hits": COUNTERS.persistent_cache_hits,
-        "executions": calls + op_by_op + FUSED.segments + CAPTURED.calls,
+        "executions": calls + op_by_op + FUSED.segments + CAPTURED.calls + CAPTURED.steps,
         "cache_hits": max(calls - traces, 0),
         "cache_misses": traces,
         "host_reads": COUNTERS.host_reads,
@@ -193,6 +200,8 @@ def stats() -> dict:
         "capture_traces": CAPTURED.traces,
         "capture_refusals": CAPTURED.refusals,
         "capture_refusal_reasons": dict(CAPTURED.reasons),
+        "captured_steps": CAPTURED.steps,
+        "captured_step_refusals": CAPTURED.step_refusals,
         "ops": ops,
     }
 
@@ -207,6 +216,7 @@ def reset_stats() -> None:
     FUSED.ops = FUSED.segments = FUSED.compiles = FUSED.op_by_op = FUSED.donations = 0
     CAPTURED.calls = CAPTURED.traces = CAPTURED.refusals = 0
     CAPTURED.reasons = {}
+    CAPTURED.steps = CAPTURED.step_refusals = 0
     _budget.reset_counters()
     for c in list(OP_COUNTERS.values()):
         c.calls = c.traces = c.keys = c.op_by_op = 0

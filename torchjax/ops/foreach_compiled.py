@@ -7,6 +7,8 @@ torchjax/ops/foreach.py matches each overload's schema and hands float tensor li
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,12 +82,26 @@ aten = torch.ops.aten
 # ``writeback.write_into``, which runs the segment). torch.optim's foreach AdamW step is
 # then 8 nodes whatever the number of parameters, where its single-tensor loop recorded
 # 8 per parameter. Calls under a user's trace are not recorded (Note [Nothing is
-# recorded under a trace]): the executable runs inlined.
+# recorded under a trace]): the executable runs inlined. With captured calls on, a
+# repeated optimizer step records none of them: its calls are taped and the step runs as
+# one program (Note [Captured optimizer steps] in torchjax/compile/_captured_optim.py).
 
 _FLOATING = frozenset(
     {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128}
 )
 _REAL_FLOATING = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+class _Tape(threading.local):
+    # The optimizer step this thread is capturing, if any: it sees every compiled
+    # foreach call first (Note [Captured optimizer steps] in
+    # torchjax/compile/_captured_optim.py).
+    current = None
+
+
+TAPE = _Tape()
+# The overloads whose calls go through a CompiledForeach.
+COMPILED: set = set()
 
 
 class CompiledForeach:
@@ -109,6 +125,7 @@ class CompiledForeach:
         self.keys: set = set()
         self.eager_keys: set = set()
         executables.register(self)
+        COMPILED.add(func)
 
     def clear(self):
         with self.table.lock:
@@ -121,6 +138,16 @@ class CompiledForeach:
         return self.eager(args, kwargs)
 
     def __call__(self, args, kwargs):
+        tape = TAPE.current
+        if tape is not None:
+            # An optimizer step being captured on this thread (Note [Captured optimizer
+            # steps] in torchjax/compile/_captured_optim.py).
+            return tape.call(self, args, kwargs)
+        return self.run(args, kwargs)
+
+    def run(self, args, kwargs):
+        """The call through the overload's executables (recorded in fused eager mode),
+        or element by element."""
         bound, kw = self.bind(args, kwargs)
         lead = bound.get(self.lead)
         if not lead or (self.orders and any(t.is_complex() for t in lead)):
@@ -193,7 +220,7 @@ class CompiledForeach:
             # A per-element op needs a single float's number: static floats from now on.
             self._forget(key, remember=False)
             self.floats_static = True
-            return self(args, kwargs)
+            return self.run(args, kwargs)
         except executables.CONCRETE_ERRORS:
             # A per-element lowering reads values (raised while tracing): op by op.
             self._forget(key, remember=not _traced(dyn))

@@ -314,6 +314,12 @@ def _segment() -> _Segment:
     return seg
 
 
+def current_segment():
+    """This thread's segment if it is open (recording), else None."""
+    seg = _local.segment
+    return None if seg is None or seg.closed else seg
+
+
 def flush_current() -> None:
     """Run this thread's segment, if it holds recorded ops."""
     seg = _local.segment
@@ -510,6 +516,33 @@ def flush(seg) -> None:
             p.segment = None
     for codes, (bads, vals) in zip(step.checked, checks):
         _checks.add_collected(codes, bads, vals)
+
+
+def close_with(seg, live, run) -> bool:
+    """Run ``seg`` as ``run(inputs)`` does instead of its own program: given the
+    segment's inputs (its only list of them), ``run`` returns the values of ``live`` (its
+    ``Pending`` outputs still referenced, every one of them) and the device checks of its
+    nodes, as the segment program would (a captured optimizer step: Note [Captured
+    optimizer steps] in torchjax/compile/_captured_optim.py). False, and nothing run,
+    when the segment has run already."""
+    with seg.lock:
+        if seg.closed:
+            return False
+        seg.closed = True
+        inputs = seg.inputs
+        seg.inputs, seg.input_ids, seg.runs = [], {}, []
+        try:
+            values, checks = run(inputs)
+        except BaseException as e:
+            run_segment.lost(seg.outs, e)
+            raise
+        for p, v in zip(live, values):
+            p.fill(v)
+        for p in seg.outs:
+            p.segment = None
+    for codes, (bads, vals) in zip(seg.step.checked, checks):
+        _checks.add_collected(codes, bads, vals)
+    return True
 
 
 def is_pending(x) -> bool:

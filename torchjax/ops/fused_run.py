@@ -214,7 +214,21 @@ def _concretely(program, inputs):
 
 
 def build(nodes, live, donated=()):
-    # Alive: the segment holds their executables until it has run.
+    body = segment_function(nodes, live)
+
+    def segment(pred, *inputs):
+        _stats.FUSED.compiles += 1
+        return body(pred, *inputs)
+
+    # Position 0 is the predicate.
+    donate = tuple([i + 1 for i in donated])
+    return jax.jit(segment, compiler_options=COMPILER_OPTIONS, donate_argnums=donate)
+
+
+def segment_function(nodes, live):
+    """The traceable function of a segment program: ``(pred, *inputs)`` to the outputs
+    at ``live`` (``Pending.ref`` values) and the nodes' device checks. Its nodes'
+    functions are resolved now: callers hold their executables until this returns."""
     fns = [n[0]() for n in nodes]
     wiring = [n[1] for n in nodes]
     checked = [bool(n[2]) for n in nodes]
@@ -222,7 +236,6 @@ def build(nodes, live, donated=()):
     cuts = [n[4] for n in nodes]
 
     def segment(pred, *inputs):
-        _stats.FUSED.compiles += 1
         outs, checks = [], []  # outs: every node's outputs in order (Pending.ref)
         for fn, refs, has_checks, iso, cut in zip(fns, wiring, checked, isolated, cuts):
             args = [inputs[r >> 1] if r >= 0 else outs[-1 - r] for r in refs]
@@ -237,12 +250,12 @@ def build(nodes, live, donated=()):
                 checks.append((chk.bads, chk.values))
         return [outs[-1 - r] for r in live], checks
 
-    # Position 0 is the predicate.
-    donate = tuple([i + 1 for i in donated])
-    return jax.jit(segment, compiler_options=COMPILER_OPTIONS, donate_argnums=donate)
+    return segment
 
 
 _TRUE = np.bool_(True)
+# The predicate argument of a program built of segment nodes (True at run time).
+PRED = _TRUE
 
 
 def identity(*args):
