@@ -4,6 +4,7 @@ one program, eager's bits, no program made per step, and every way out of it eag
 
 import threading
 
+import jax
 import pytest
 import torch
 from torch.optim import optimizer as torch_optimizer
@@ -11,6 +12,7 @@ from torch.optim import optimizer as torch_optimizer
 import torchjax
 from tests._models import IDS, tiny_llama
 from torchjax._compat.torch_optim import _HOOKS_NAME
+from torchjax.compile import _captured_optim, _step_tape
 
 TPU = "tpu"
 optim = torch.optim
@@ -301,3 +303,63 @@ def test_the_hooks_are_registered_only_while_fused_mode_is_on():
     with torchjax.fused():
         assert _HOOKS_NAME in names() and len(hooks) == 1
     assert _HOOKS_NAME not in names() and len(hooks) == 0
+
+
+def _learned(opt):
+    (learned,) = _captured_optim._CAPTURES[opt].entries.values()
+    return learned
+
+
+def test_a_replayed_step_donates_what_it_writes_and_nothing_held_elsewhere():
+    # The parameters and both moments are written in place: their old arrays are dead
+    # and donated (Note [Fused segments donate their dead inputs]), except one the user
+    # still holds, which keeps its values.
+    make = lambda ps: optim.AdamW(ps, lr=1e-2)  # noqa: E731
+    held = {}
+
+    def hold(opt, i):
+        if i == 3:
+            p = opt.param_groups[0]["params"][0]
+            held["old"] = (torchjax.to_jax(p), p.detach().cpu())
+            held["opt"] = opt
+
+    want, _ = _mlp_steps(torch.float32, False, make)
+    got, counts = _mlp_steps(torch.float32, True, make, each=hold)
+    _assert_same(got, want)
+    assert counts["captured_steps"] == 4
+    learned = _learned(held["opt"])
+    assert len(learned.donatable) == 18  # 6 parameters and 2 moments each
+    assert learned.donatable in learned.jitted  # every one donated
+    assert len(learned.jitted) == 2  # and all but the held one, at step 3
+    arr, values = held["old"]
+    assert not arr.is_deleted() and torch.equal(torch.from_numpy(jax.device_get(arr)), values)
+
+
+@pytest.mark.parametrize("fails_from", [1, 2], ids=["learned", "replayed"])
+def test_a_step_out_of_device_memory_runs_as_recorded_calls(monkeypatch, fails_from):
+    # The learned program does not fit (at the learned step, or at the first replayed
+    # one): the step runs as fused mode runs it, with eager's values, and its signature
+    # is refused.
+    program = _step_tape.Learned.program
+    calls = []
+
+    def failing(self, donated):
+        real = program(self, donated)
+
+        def run(*args):
+            calls.append(1)
+            if len(calls) >= fails_from:
+                raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Ran out of memory")
+            return real(*args)
+
+        return run
+
+    monkeypatch.setattr(_step_tape.Learned, "program", failing)
+    make = lambda ps: optim.AdamW(ps, lr=1e-2)  # noqa: E731
+    want, _ = _mlp_steps(torch.bfloat16, False, make)
+    got, counts = _mlp_steps(torch.bfloat16, True, make)
+    _assert_same(got, want)
+    assert len(calls) == fails_from
+    assert counts["captured_steps"] == fails_from - 1
+    # A learned step whose program does not fit is never stored: no refusal counted.
+    assert counts["captured_step_refusals"] == fails_from - 1

@@ -43,7 +43,14 @@ So a step that repeats its signature is replayed instead:
   (torchjax/ops/fused.py ``segment_function``: every node as fused mode replays it, so
   eager's bits) on the arrays and the two vectors, its outputs written into the
   deferred storages. A step is one dispatch and one transfer of host numbers; counted
-  in ``torchjax.stats()["captured_steps"]``.
+  in ``torchjax.stats()["captured_steps"]``. The old values of what it writes (the
+  parameters, the moments) are donated where nothing else holds them, as a fused
+  segment's dead inputs are (Note [Fused segments donate their dead inputs] in
+  torchjax/ops/fused_run.py): a 1.1B model's step would otherwise hold them twice. A
+  program that does not fit in device memory (and consumed nothing) takes the fallback
+  below: the calls run as recorded ones, whose segment may run op by op (Note [A
+  segment that fails as one program runs op by op]); at the learned step the recorded
+  segment runs as fused mode runs it, and the signature is refused.
 - Fallback. The calls taped so far run as recorded foreach calls, in order, on the
   arrays the deferred storages held, and their placeholders take the results, whenever
   the step does something else: a foreach call that differs (a branch taken on a

@@ -36,38 +36,48 @@ class Learned:
     call, its results' (size, stride, dtype, device index); None in place), ``arrays``
     (the walk positions whose arrays are the program's array inputs), ``srcs`` (per
     input of the segment: (0 array, 1 float, 2 int), index), ``outputs`` (the walk
-    positions it writes, in the program's output order), ``checked`` (device-check codes
-    of its nodes), ``body`` (the segment function), ``runs`` (the executables its nodes
-    replay, held) and ``jitted`` (the program, while the budget keeps it)."""
+    positions it writes, in the program's output order), ``donatable`` (the positions in
+    ``arrays`` of the values it writes), ``step``/``live``/``checked`` (the recorded
+    segment's last step, its outputs' refs, its nodes' device-check codes), ``body`` (the
+    segment function), ``runs`` (the executables its nodes replay, held) and ``jitted``
+    (its programs by donated positions, while the budget keeps them)."""
 
-    __slots__ = ("calls", "metas", "arrays", "srcs", "outputs", "checked", "body", "runs")
-    __slots__ += ("jitted", "__weakref__")
+    __slots__ = ("calls", "metas", "arrays", "srcs", "outputs", "donatable", "step", "live")
+    __slots__ += ("checked", "body", "runs", "jitted", "__weakref__")
 
-    def program(self):
-        prog = self.jitted
+    def program(self, donated: tuple):
+        prog = self.jitted.get(donated)
         if prog is not None:
             _budget.hit(prog)
             return prog
-        body, srcs = self.body, self.srcs
+        body, srcs, n = self.body, self.srcs, len(self.arrays)
+        kept = [i for i in range(n) if i not in donated]
 
-        def optimizer_step(pred, arrays, floats, ints):
+        def optimizer_step(pred, given, others, floats, ints):
+            # ``given``: the donated arrays (argument 1), ``others`` the rest, in order.
+            arrays = [None] * n
+            for i, a in zip(donated, given):
+                arrays[i] = a
+            for i, a in zip(kept, others):
+                arrays[i] = a
             vectors = (arrays, floats, ints)
             return body(pred, *[vectors[kind][i] for kind, i in srcs])
 
-        prog = self.jitted = jax.jit(optimizer_step, compiler_options=COMPILER_OPTIONS)
+        prog = jax.jit(optimizer_step, compiler_options=COMPILER_OPTIONS, donate_argnums=(1,))
+        self.jitted[donated] = prog
         ref = weakref.ref(self)
 
         def evict():
             learned = ref()
-            if learned is not None and learned.jitted is prog:
-                learned.jitted = None
+            if learned is not None and learned.jitted.get(donated) is prog:
+                del learned.jitted[donated]
 
         _budget.admit(prog, evict)
         return prog
 
     def forget(self) -> None:
-        if self.jitted is not None:
-            _budget.forget(self.jitted)
+        for prog in list(self.jitted.values()):
+            _budget.forget(prog)
 
 
 class _Deferred:
@@ -173,15 +183,19 @@ class Tape:
             self.arrays = arrays
         else:
             learned = self.learned
-            arrays = self.arrays = [walk[i]._value() for i in learned.arrays]
+            # Whole tensors (the signature): their storages' arrays, not read through the
+            # tensors, whose read caches would hold them (no donation).
+            arrays = self.arrays = [walk[i]._storage.arr for i in learned.arrays]
             if any(map(_sharded, arrays)):
                 return False
             for i in learned.outputs:
-                s = walk[i]._storage
+                t = walk[i]
+                s = t._storage
                 m = _Deferred(self, s, s.arr)
                 s.lazy = m  # before the array goes: a reader sees one of them
                 del s.arr
                 s.version += 1
+                t._cache, t._cache_version = None, -1
                 self.markers.append((s, m))
         _foreach.TAPE.current = self
         _tensor.HOOK.fn = _watch
@@ -326,7 +340,7 @@ class Tape:
             or seg.step.depth != len(self.calls)
         ):
             return None
-        srcs, arrays, values, counts = [], [], [], [0, 0, 0]
+        srcs, arrays, counts = [], [], [0, 0, 0]
         numbers = (None, self.floats, self.ints)
         for d in seg.inputs:
             if d.__class__ is np.ndarray:
@@ -342,7 +356,6 @@ class Tape:
                 if i is None:
                     return None
                 arrays.append(i)
-                values.append(d)
             srcs.append((kind, k))
             counts[kind] += 1
         if counts[1] != len(self.floats) or counts[2] != len(self.ints):
@@ -360,11 +373,12 @@ class Tape:
         learned = Learned()
         learned.calls, learned.metas = tuple(self.calls), tuple(self.metas)
         learned.arrays, learned.srcs, learned.outputs = tuple(arrays), tuple(srcs), tuple(outputs)
-        learned.checked = seg.step.checked
+        learned.donatable = tuple(j for j, i in enumerate(arrays) if i in self.written)
+        learned.step, learned.live, learned.checked = seg.step, tuple(live), seg.step.checked
         learned.runs = list(seg.runs)
         learned.body = fused_run.segment_function(fused_replay.nodes(seg.step), live)
-        learned.jitted = None
-        self.arrays, self.pending = values, pending
+        learned.jitted = {}
+        self.pending = pending
         return learned
 
     # -- replaying -------------------------------------------------------------------
@@ -406,9 +420,13 @@ class Tape:
             self.end()
             # The recorded step runs as the learned program: the program the later steps
             # run is compiled now, in place of the segment's.
-            run = functools.partial(self._call, learned.program())
-            if _fused.close_with(self.seg, self.pending, run):
+            fits = [True]
+            run = functools.partial(self._run_learned, learned, fits)
+            if _fused.close_with(self.seg, self.pending, run) and fits[0]:
                 _stats.CAPTURED.steps += 1
+            if not fits[0]:  # its later steps would not fit either
+                self.caps.refuse(self.key)
+                return None
             return learned
         with self.lock:
             refs = list(map(weakref.ref, self.results))
@@ -422,17 +440,40 @@ class Tape:
         self.end()
         return None
 
-    def _call(self, program, inputs=None):
+    def _execute(self, learned, arrays):
+        """The learned program on ``arrays`` (the list holding them; each written one
+        held by one more reference, the deferred value's or the segment's) and this
+        step's numbers: (values, checks), or None where it did not fit in device memory
+        and consumed nothing. A written array held by nothing else is donated (Note
+        [Fused segments donate their dead inputs] in torchjax/ops/fused_run.py)."""
+        donated = tuple(
+            i
+            for i in learned.donatable
+            if fused_run.held_only_by(arrays, i, 1) and len(arrays[i].sharding.device_set) == 1
+        )
+        program = learned.program(donated)
+        given = [arrays[i] for i in donated]
+        others = [a for i, a in enumerate(arrays) if i not in donated]
         floats = np.asarray(self.floats, np.float64)
         ints = np.asarray(self.ints, np.int64)
-        with x64(True):
-            return program(fused_run.PRED, self.arrays, floats, ints)
+        try:
+            with x64(True):
+                return program(fused_run.PRED, given, others, floats, ints)
+        except jax.errors.JaxRuntimeError as e:
+            if not fused_run.fits_op_by_op(e, arrays, donated):
+                raise
+            return None
 
     def _run(self) -> None:
         self.end()  # a first call traces the nodes, whose ops are not the step's
         learned = self.learned
-        values, checks = self._call(learned.program())
+        out = self._execute(learned, self.arrays)
+        if out is None:  # not in device memory: the calls run as recorded ones
+            self._materialise()
+            return
+        values, checks = out
         for (s, m), v in zip(self.markers, values):
+            m.arr = None
             if s.lazy is m:
                 s.arr = v
                 s.lazy = None
@@ -441,6 +482,16 @@ class Tape:
         _stats.CAPTURED.steps += 1
         for codes, (bads, vals) in zip(learned.checked, checks):
             _checks.add_collected(codes, bads, vals)
+
+    def _run_learned(self, learned, fits, inputs):
+        # ``inputs``: the recorded segment's, its only list of them.
+        arrays = [inputs[j] for j, (kind, _) in enumerate(learned.srcs) if kind == 0]
+        out = self._execute(learned, arrays)
+        if out is None:  # the segment as fused mode runs it (op by op if need be)
+            fits[0] = False
+            del arrays
+            return fused_run.run(learned.step, self.pending, learned.live, inputs, learned.runs)
+        return out
 
     def materialise(self) -> None:
         with self.lock:

@@ -540,6 +540,9 @@ def close_with(seg, live, run) -> bool:
             p.fill(v)
         for p in seg.outs:
             p.segment = None
+        # Held by this thread until it records again (a captured step records nothing):
+        # its values would stay referenced, and the next step could not donate them.
+        seg.outs = []
     for codes, (bads, vals) in zip(seg.step.checked, checks):
         _checks.add_collected(codes, bads, vals)
     return True

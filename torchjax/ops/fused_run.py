@@ -73,6 +73,12 @@ def _list_only_refs() -> int:
 _LIST_ONLY = _list_only_refs()
 
 
+def held_only_by(arrays: list, i: int, others: int = 0) -> bool:
+    """Whether ``arrays[i]`` is held by the list ``arrays`` and ``others`` more references
+    alone (Note [Fused segments donate their dead inputs])."""
+    return _refs(arrays, i) == _LIST_ONLY + others
+
+
 def dead_inputs(inputs: list, live: list) -> tuple:
     """The positions in ``inputs`` (the segment's only list of them) of the arrays to
     donate (Note [Fused segments donate their dead inputs])."""
