@@ -156,3 +156,66 @@ def test_a_dynamic_cache_resets_as_written():
     # DynamicLayer.reset drops its tensors (Python state a program could not move).
     assert all(layer.keys is None and not layer.is_initialized for layer in cache.layers)
     assert cache.get_seq_length() == 0
+
+
+def _arrays(cache) -> list:
+    return [
+        torchjax.to_jax(getattr(layer, name))
+        for layer in cache.layers
+        for name in ("keys", "values", "cumulative_length")
+    ]
+
+
+def test_a_reset_cache_left_as_it_was_is_not_zeroed_again():
+    # Note [A kept cache zeroed behind the decode loop]: a second reset of a cache its
+    # first reset zeroed, nothing written since, leaves the very arrays of zeros (no
+    # program), with the lengths still known on the host; any change since makes it
+    # reset as written, as on CPU.
+    cpu, tpu = _pair()
+    reset(tpu), cpu.reset()
+    zeros = _arrays(tpu)
+    reset(tpu)
+    assert all(a is b for a, b in zip(_arrays(tpu), zeros, strict=True))
+    torchjax.reset_stats()
+    assert int(tpu.get_seq_length()) == 0 and torchjax.stats()["host_reads"] == 0
+    _assert_same(cpu, tpu)
+
+    def write(c):  # a step's write at positions 0..1 of every layer
+        for i in range(LAYERS):
+            k = torch.full((1, 2, 2, 8), 3.0, device=c.layers[0].keys.device)
+            c.update(k, k, i, {"cache_position": torch.arange(2, device=k.device)})
+
+    def new_keys(c):  # a new tensor in place of layer 1's keys
+        c.layers[1].keys = torch.ones_like(c.layers[1].keys)
+
+    def new_storage(c):  # layer 2's values given another storage through .data
+        c.layers[2].values.data = torch.full_like(c.layers[2].values, 2.0)
+
+    def new_layer(c):  # a new layer object in place of layer 0, filled
+        layer = type(c.layers[0])(max_cache_len=16)
+        k = torch.ones((1, 2, 1, 8), device=c.layers[1].keys.device)
+        layer.lazy_initialization(k, k)
+        layer.update(k, k, {"cache_position": torch.arange(1, device=k.device)})
+        c.layers[0] = layer
+
+    def length(c):  # only the lengths written
+        for layer in c.layers:
+            layer.cumulative_length.fill_(5)
+
+    def dtype(c):  # layer 0's keys replaced by float16 ones
+        c.layers[0].keys = torch.ones_like(c.layers[0].keys, dtype=torch.float16)
+
+    checked = 0
+    for change in (write, new_keys, new_storage, new_layer, length, dtype):
+        change(cpu), change(tpu)
+        _assert_same(cpu, tpu)
+        before = _arrays(tpu)
+        reset(tpu), cpu.reset()
+        _assert_same(cpu, tpu)
+        assert torchjax.to_jax(tpu.layers[0].keys) is not before[0]  # zeroed anew
+        assert int(tpu.get_seq_length()) == 0
+        zeros = _arrays(tpu)
+        reset(tpu)  # and left alone again
+        assert all(a is b for a, b in zip(_arrays(tpu), zeros, strict=True)), change
+        checked += 1
+    assert checked == 6

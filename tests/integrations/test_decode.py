@@ -307,3 +307,51 @@ def test_a_cache_made_for_generate_is_sized_for_the_kernels(cpu, llama_dir):
         out = model.generate(**batch, **kwargs, return_dict_in_generate=True)
     assert torch.equal(out.sequences.cpu(), _generate(cpu, **kwargs))
     assert [layer.max_cache_len for layer in made[1].layers] == [18, 18]
+
+
+def _holds_nothing(cache) -> bool:
+    return all(
+        int(layer.cumulative_length) == 0
+        and not bool(layer.keys.any())
+        and not bool(layer.values.any())
+        for layer in cache.layers
+    )
+
+
+def test_the_kept_cache_is_zeroed_behind_the_decode_loop(cpu, llama_dir, loop):
+    # Note [A kept cache zeroed behind the decode loop] in _cache_state.py: once the
+    # decode is dispatched, the kept cache is reset for the next call, so the next call's
+    # reset has nothing to do; its buffers are still donated, not copied, by the next
+    # prefill. A cache the caller passes, or gets back, keeps what the call wrote.
+    from transformers import cache_utils as cu
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, device_map="tpu")
+    compile_generate(model.eval(), loop=loop)
+    made, prepare = [], model._prepare_static_cache
+    model._prepare_static_cache = lambda *a, **kw: made.append(prepare(*a, **kw)) or made[-1]
+    kwargs = dict(STATIC, do_sample=False, eos_token_id=None, max_new_tokens=8)
+    expected = _generate(cpu, **kwargs)
+    for n in range(3):
+        assert torch.equal(_generate(model, **kwargs), expected)
+        assert model.forward.last_fallback is None
+        assert made[n] is made[0] and _holds_nothing(made[0])
+    assert model.forward.jitted.donation_copies == 0
+    # Passed in: written by the call, as on CPU, not zeroed after it.
+    batch = tl.prompts()
+    length = batch["input_ids"].shape[1] + 8 - 1  # the last token is never fed back
+    caches = {}
+    passed = dict(kwargs)
+    del passed["cache_implementation"]
+    for m in (cpu, model):
+        caches[m] = cu.StaticCache(config=m.config, max_cache_len=32)
+        assert torch.equal(_generate(m, **passed, past_key_values=caches[m]), expected)
+    assert model.forward.last_fallback is None and len(made) == 3
+    for a, b in zip(caches[cpu].layers, caches[model].layers, strict=True):
+        assert int(b.cumulative_length) == int(a.cumulative_length) == length
+        torch.testing.assert_close(b.keys.cpu(), a.keys, rtol=1e-4, atol=1e-4)
+    # Returned (return_dict_in_generate: transformers' loop): kept, as written.
+    tpu_batch = {k: v.to("tpu") for k, v in batch.items()}
+    with torch.no_grad():
+        out = model.generate(**tpu_batch, **kwargs, return_dict_in_generate=True)
+    assert torch.equal(out.sequences.cpu(), expected)
+    assert int(out.past_key_values.get_seq_length()) == length

@@ -8,7 +8,9 @@ torchjax/integrations/transformers/_decode.py).
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +20,7 @@ from torchjax._compat.jax import x64_enter, x64_exit
 from torchjax.compile import _donate
 from torchjax.compile._jit import jit
 from torchjax.tensor import _shadows
-from torchjax.tensor._storage import Storage
+from torchjax.tensor._storage import _ARR, Storage
 from torchjax.tensor._tensor import JaxTensor
 
 _CACHE_KWARGS = ("cache", "past_key_values")
@@ -202,9 +204,14 @@ def _replay(cache, after) -> None:
 # those reads and ops run on the host (Note [Integer ops on host values]). The values
 # are exact: the program just wrote these zeros; the prefill's write replaces them.
 def reset(cache) -> None:
-    """``cache.reset()``, as one program where that changes only tensors (see the Notes)."""
+    """``cache.reset()``, as one program where that changes only tensors (see the Notes);
+    nothing where the zeros of an earlier reset are still what it holds (Note [A kept
+    cache zeroed behind the decode loop])."""
     from transformers.cache_utils import Cache, CacheLayerMixin, EncoderDecoderCache
 
+    if _still_zeroed(cache):
+        return
+    _ZEROED.pop(cache, None)
     objects = _cache_objects(cache)
     layers = [o for o in objects if o is not cache and not isinstance(o, EncoderDecoderCache)]
     plain = (
@@ -221,13 +228,16 @@ def reset(cache) -> None:
         cache.reset()
         return
     base = type(cache).reset is Cache.reset
-    if not (base and _zeroed_in_place(layers)):
+    zeros = _zeroed_in_place(layers) if base else None
+    if zeros is None:
         _reset_program()(cache)
     if base:  # Note [A reset cache's length known on the host]
         for layer in layers:
             length = layer.cumulative_length
             if isinstance(length, JaxTensor) and length.numel() == 1:
                 _shadows.remember(length._storage, torch.zeros((), dtype=length.dtype))
+    if zeros is not None:
+        _ZEROED[cache] = (type(cache), _weak_layers(layers), zeros)
 
 
 # Note [A static cache reset as its storages zeroed]
@@ -244,11 +254,12 @@ def reset(cache) -> None:
 # shared by two of them, one on several devices,
 # requiring grad, an inference tensor outside inference mode, which ``zero_`` refuses)
 # resets through the program, as before.
-def _zeroed_in_place(layers) -> bool:
+def _zeroed_in_place(layers) -> tuple | None:
     """Zero the layers' keys, values and lengths as whole storages (Note [A static cache
-    reset as its storages zeroed]); False, having changed no value, where that is not
-    what ``zero_`` of each would do. A storage whose array is made on first read gets
-    it made here, as the reset program's call reads it."""
+    reset as its storages zeroed]); returns weak references to each tensor, its storage
+    and its zeros, or None, having changed no value, where that is not what ``zero_`` of
+    each would do. A storage whose array is made on first read gets it made here, as the
+    reset program's call reads it."""
     tensors = [t for layer in layers for t in (layer.keys, layer.values, layer.cumulative_length)]
     inference = torch.is_inference_mode_enabled()
     storages, seen = [], set()
@@ -265,7 +276,7 @@ def _zeroed_in_place(layers) -> bool:
             or not t.is_contiguous()
             or len(s.arr.sharding.device_set) != 1
         ):
-            return False
+            return None
         seen.add(id(s))
         storages.append(s)
     arrays, _ = _donate.unshared([s.arr for s in storages], range(len(storages)), tensors)
@@ -277,7 +288,73 @@ def _zeroed_in_place(layers) -> bool:
     del arrays
     for s, z in zip(storages, zeros):
         s.replace(z)
+    # Weak references: a strong one to the zeros would count as a holder of the buffer
+    # and have the next call copy it before donating it (Note [Donation never takes the
+    # user's copy]); to the tensors, it would keep one the cache dropped.
+    return tuple(
+        (weakref.ref(t), weakref.ref(s), weakref.ref(_ARR.__get__(s)))
+        for t, s in zip(tensors, storages)
+    )
+
+
+# Note [A kept cache zeroed behind the decode loop]
+# A static cache that compiled generation keeps for reuse (Note [Compiled generation with
+# a static cache] in _generate.py) was reset at the start of the next ``generate``: host
+# work in its prelude, before the prefill, with the device idle (some 0.4-0.8 ms on a
+# 16-layer model on CPU, and a program call of 48 donated buffers). A kept cache that
+# ``generate`` made or reused for a call whose decoding ran in the decode programs
+# (Note [Decode steps as one program] in _decode.py) is reached by nothing else once
+# the call returns (its result is the tokens, not the cache), so its reset is dispatched
+# right after the decode loop, while the device runs the loop: ``zero_ahead``. The
+# reset at the next ``generate`` then finds the zeros still there and does nothing:
+# every layer is the layer of that reset (its type, its keys, values and length the
+# same tensors over the same storages), and each storage holds the very array of zeros
+# the reset wrote (jax arrays are immutable: any write gives a storage a new one), so
+# ``cache.reset()`` would change no value; the lengths' zeros known on the host (Note
+# [A reset cache's length known on the host]) are tied to those arrays too. Only a
+# reset by zeroed storages (Note [A static cache reset as its storages zeroed]) is
+# remembered. The cache's values between the two calls are zeros instead of the last
+# call's keys and values, which nothing reads: a cache that reaches the caller (passed
+# in, or returned with ``return_dict_in_generate``) is never zeroed ahead.
+_ZEROED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> its zeroing
+# The kept caches ``generate`` made or reused for the current call (a list, set by the
+# compiled generate for the call; None outside one).
+PREPARED = contextvars.ContextVar("torchjax_prepared_caches", default=None)
+
+
+def _weak_layers(layers) -> tuple:
+    return tuple((weakref.ref(layer), type(layer)) for layer in layers)
+
+
+def _still_zeroed(cache) -> bool:
+    """Whether ``cache`` holds exactly what its last reset by zeroed storages left (Note [A
+    kept cache zeroed behind the decode loop])."""
+    done = _ZEROED.get(cache)
+    if done is None:
+        return False
+    kind, layers, zeros = done
+    if type(cache) is not kind or len(cache.layers) != len(layers):
+        return False
+    tensors = []
+    for layer, (was, cls) in zip(cache.layers, layers):
+        if layer is not was() or type(layer) is not cls:
+            return False
+        tensors += (getattr(layer, name, None) for name in ("keys", "values", "cumulative_length"))
+    for t, (was, storage, held) in zip(tensors, zeros):
+        if t is not was():
+            return False
+        s = t._storage
+        if s is not storage() or s.lazy is not None or _ARR.__get__(s) is not held():
+            return False
     return True
+
+
+def zero_ahead(cache) -> None:
+    """Reset ``cache``, a kept cache made or reused for this ``generate`` call, after its
+    decoding was dispatched (Note [A kept cache zeroed behind the decode loop])."""
+    prepared = PREPARED.get()
+    if prepared is not None and any(c is cache for c in prepared):
+        reset(cache)
 
 
 @functools.partial(jax.jit, donate_argnums=0)

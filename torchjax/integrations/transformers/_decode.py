@@ -70,6 +70,7 @@ from torchjax.integrations.transformers._cache_state import (
     _replay,
     _static_cache,
     cache_room,
+    zero_ahead,
 )
 from torchjax.ops.copy import to_cpu
 from torchjax.tensor._tensor import JaxTensor
@@ -303,6 +304,7 @@ def device_sample(
                 break
     finally:
         _LOCAL.processors = None
+    zero_ahead(cache)  # Note [A kept cache zeroed behind the decode loop] in _cache_state.py
     return tokens[:, : min(int(done_at), length)].clone()
 
 

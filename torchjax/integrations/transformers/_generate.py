@@ -30,9 +30,10 @@ identity stable, which torchjax.jit needs and torch.compile does not:
   torch.compile guards on shapes, but torchjax.jit binds state by storage identity, so
   a new cache object would mean new traces on every call. As a consequence, a cache
   returned by one ``generate`` call (``return_dict_in_generate=True``) is overwritten by
-  the next compiled call with the same layout. The caches of the last ``KEEP_LAYOUTS``
-  (4) layouts are kept; an older one is dropped, and a call with its layout again traces
-  anew.
+  the next compiled call with the same layout (and zeroed after that call's decoding:
+  Note [A kept cache zeroed behind the decode loop] in _cache_state.py). The caches of
+  the last ``KEEP_LAYOUTS`` (4) layouts are kept; an older one is dropped, and a call
+  with its layout again traces anew.
 - Beam search reorders the cache between steps (``layer.keys =
   layer.keys.index_select(0, beam_idx)``): new tensors, new storages, which would be
   new state and a new trace per step. Before each compiled call the wrapper copies such
@@ -116,6 +117,7 @@ from torchjax.integrations.transformers._cache_identity import (
 from torchjax.integrations.transformers._cache_plans import Plans, plannable
 from torchjax.integrations.transformers._cache_state import (
     _CACHE_KWARGS,
+    PREPARED,
     _frozen,
     _python_state,
     _replay,
@@ -399,6 +401,7 @@ def _device_generate(generate):
         # Note [A static cache sized for the attention kernels]
         returned = generation_setting(model, call_settings(args, kwargs), "return_dict_in_generate")
         token = _KERNEL_SIZED.set(not returned)
+        prepared = PREPARED.set([])  # Note [A kept cache zeroed behind the decode loop]
         try:
             with wrapper.lock:
                 if wrapper.rule is None:  # compile_generate asked for by the user
@@ -408,6 +411,7 @@ def _device_generate(generate):
                 except TraceError as error:
                     failed = error
         finally:
+            PREPARED.reset(prepared)
             _KERNEL_SIZED.reset(token)
         refuse_auto_compile(model, wrapper, failed)
         return as_written(generate, *called, eager=True)
@@ -457,6 +461,13 @@ def _reuse_static_cache(model, prepare):
     def prepare_static_cache(cache_implementation, batch_size, *args, **kwargs):
         if _AS_WRITTEN.get():
             return prepare(cache_implementation, batch_size, *args, **kwargs)
+        cache = _kept_cache(cache_implementation, batch_size, *args, **kwargs)
+        prepared = PREPARED.get()
+        if prepared is not None:  # Note [A kept cache zeroed behind the decode loop]
+            prepared.append(cache)
+        return cache
+
+    def _kept_cache(cache_implementation, batch_size, *args, **kwargs):
         inference = torch.is_inference_mode_enabled()
         plan = None
         if plans is not None:  # Note [A kept cache found without building one]
