@@ -319,10 +319,11 @@ def _holds_nothing(cache) -> bool:
 
 
 def test_the_kept_cache_is_zeroed_behind_the_decode_loop(cpu, llama_dir, loop):
-    # Note [A kept cache zeroed behind the decode loop] in _cache_state.py: once the
-    # decode is dispatched, the kept cache is reset for the next call, so the next call's
-    # reset has nothing to do; its buffers are still donated, not copied, by the next
-    # prefill. A cache the caller passes, or gets back, keeps what the call wrote.
+    # Note [Work behind the decode loop]: once the decode is dispatched, the kept cache
+    # is reset for the next call (Note [A kept cache zeroed behind the decode loop] in
+    # _cache_state.py), so the next call's reset has nothing to do; its buffers are still
+    # donated, not copied, by the next prefill. A cache the caller passes, or gets back,
+    # keeps what the call wrote.
     from transformers import cache_utils as cu
 
     model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, device_map="tpu")
@@ -355,3 +356,27 @@ def test_the_kept_cache_is_zeroed_behind_the_decode_loop(cpu, llama_dir, loop):
         out = model.generate(**tpu_batch, **kwargs, return_dict_in_generate=True)
     assert torch.equal(out.sequences.cpu(), expected)
     assert int(out.past_key_values.get_seq_length()) == length
+
+
+def test_the_result_is_a_copy_as_on_cpu(cpu, compiled, loop):
+    # The result taken before the finish length is read (Note [Work behind the decode
+    # loop]) when every row ran to max_length, cut after the read when they all finished
+    # early: CPU's tokens, shape and strides either way, and memory of its own.
+    plain = _generate(cpu, **STATIC, do_sample=False, eos_token_id=None, max_new_tokens=24)
+    early = [int(_new(plain)[0, 2]), int(_new(plain)[1, 1])]  # both rows stop early
+    batch = {k: v.to("tpu") for k, v in tl.prompts().items()}
+    checked = 0
+    for eos in (None, early):
+        kwargs = dict(STATIC, do_sample=False, eos_token_id=eos, max_new_tokens=24)
+        expected = _generate(cpu, **kwargs)
+        with torch.no_grad():
+            first = compiled.generate(**batch, **kwargs)
+            second = compiled.generate(**batch, **kwargs)
+        assert compiled.forward.last_fallback is None
+        for got in (first, second):
+            assert torch.equal(got.cpu(), expected)
+            assert got.stride() == expected.stride() and got.storage_offset() == 0
+        first.fill_(-1)  # its own memory
+        assert torch.equal(second.cpu(), expected)
+        checked += 1
+    assert checked == 2 and early[0] != early[1]
