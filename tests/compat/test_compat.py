@@ -1028,3 +1028,36 @@ def test_foreach_type_lists_gate_torchs_foreach_defaults(monkeypatch):
     monkeypatch.setattr(_foreach_utils, "_foreach_supported_types", [torch.Tensor])
     assert optimizer._default_to_fused_or_foreach([p], False) == (False, False)
     assert not _foreach_utils._has_foreach_support([p], p.device)
+
+
+def test_calls_run_no_hooks_is_torchs_fast_path():
+    # torchjax/_compat/torch_modules.py: whether calling a module runs its forward alone
+    # (Note [A module walked once within a block] in torchjax/compile/_state.py).
+    from torchjax._compat.torch_modules import calls_run_no_hooks
+
+    m = torch.nn.Linear(2, 2)
+    assert calls_run_no_hooks(m)
+    checked = 0
+    for register in (
+        lambda: m.register_forward_hook(lambda *a: None),
+        lambda: m.register_forward_pre_hook(lambda *a: None),
+        lambda: m.register_full_backward_hook(lambda *a: None),
+        lambda: torch.nn.modules.module.register_module_forward_hook(lambda *a: None),
+        lambda: torch.nn.modules.module.register_module_forward_pre_hook(lambda *a: None),
+    ):
+        handle = register()
+        try:
+            assert not calls_run_no_hooks(m)
+        finally:
+            handle.remove()
+        assert calls_run_no_hooks(m)
+        checked += 1
+    assert checked == 5
+
+    class Own(torch.nn.Linear):
+        def __call__(self, *args, **kwargs):
+            return super().__call__(*args, **kwargs)
+
+    assert not calls_run_no_hooks(Own(2, 2))
+    m.compile()  # its calls go through torch.compile
+    assert not calls_run_no_hooks(m)

@@ -380,3 +380,41 @@ def test_the_result_is_a_copy_as_on_cpu(cpu, compiled, loop):
         assert torch.equal(second.cpu(), expected)
         checked += 1
     assert checked == 2 and early[0] != early[1]
+
+
+def test_the_model_is_walked_once_per_generate(cpu, llama_dir, monkeypatch):
+    # Note [A module walked once within a block] in torchjax/compile/_state.py: a warm
+    # generate walks the model's modules for the prefill's call and the decode loop's
+    # call takes that walk; with a forward hook on the model (code between the two
+    # calls: here one that replaces the head's weight after the prefill, on CPU too) the
+    # loop walks the model again and runs with the new weight, as CPU does.
+    from torchjax.compile import _state
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, device_map="tpu")
+    compile_generate(model.eval())
+    kwargs = dict(STATIC, do_sample=False, eos_token_id=None, max_new_tokens=8)
+    expected = _generate(cpu, **kwargs)
+    for _ in range(2):
+        assert torch.equal(_generate(model, **kwargs), expected)
+    walked, walk = [], _state.StateWalk._add_module
+    monkeypatch.setattr(
+        _state.StateWalk, "_add_module", lambda w, m: walked.append(m) or walk(w, m)
+    )
+    assert torch.equal(_generate(model, **kwargs), expected)
+    assert model.forward.last_fallback is None
+    assert walked == [model]
+
+    def negate_head_once(module, args, out):
+        if not getattr(module, "negated", False):
+            module.negated = True
+            module.lm_head.weight = torch.nn.Parameter(-module.lm_head.weight.detach())
+
+    got = {}
+    for m in (cpu, model):
+        handle = m.register_forward_hook(negate_head_once)
+        try:
+            got[m] = _generate(m, **kwargs)
+        finally:
+            handle.remove()
+    assert model.forward.last_fallback is None
+    assert torch.equal(got[model], got[cpu]) and not torch.equal(got[cpu], expected)

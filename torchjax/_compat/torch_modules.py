@@ -214,3 +214,27 @@ def set_module_call(make) -> None:
         package="torch",
         written_for="2.13",
     )
+
+
+def calls_run_no_hooks(module) -> bool:
+    """Whether calling ``module`` runs its ``forward`` and nothing else: torch's own
+    ``nn.Module.__call__`` (not replaced, not a module compiled with ``module.compile()``)
+    and no hook of the module's or global ones, the condition of ``_call_impl``'s fast
+    path in torch 2.13."""
+    from torch.nn.modules import module as m
+
+    return (
+        type(module).__call__ is module_call() is m.Module._wrapped_call_impl
+        and type(module)._call_impl is m.Module._call_impl
+        and getattr(module, "_compiled_call_impl", None) is None
+        and not (
+            module._backward_hooks
+            or module._backward_pre_hooks
+            or module._forward_hooks
+            or module._forward_pre_hooks
+            or m._global_backward_pre_hooks
+            or m._global_backward_hooks
+            or m._global_forward_hooks
+            or m._global_forward_pre_hooks
+        )
+    )

@@ -131,6 +131,7 @@ from torchjax import _budget, _patches
 from torchjax._compat import torch_modules
 from torchjax._compat.jax import trace_state_clean
 from torchjax._compat.torch import pytree, saved_tensors_hooks_active
+from torchjax.compile import _state
 from torchjax.compile._call import Call, Ref, flatten_args
 from torchjax.compile._captured_grad import CapturedVJPCall
 from torchjax.compile._jit import Jitted, RetraceWarning
@@ -179,6 +180,7 @@ class _ModuleJitted(Jitted):
         [Double backward of a captured call] in torchjax/compile/_captured_grad.py)."""
         inside = _local.inside
         _local.inside = True
+        _state.python_ran()  # Note [A module walked once within a block] in _state.py
         try:
             return self.fn(*args, **kwargs)
         finally:

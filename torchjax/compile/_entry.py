@@ -83,6 +83,7 @@ class Entry:
 
     @classmethod
     def trace(cls, jitted, call: Call) -> Entry:
+        _state.python_ran()  # Note [A module walked once within a block] in _state.py
         self = cls()
         storages = call.storages
         info = {}

@@ -174,10 +174,12 @@ class Jitted:
             if not entry.runs_eagerly(call):
                 return self._run(call, entry, args, kwargs)
             before.put_back()  # eager Python runs from the state before the trace
+        _state.python_ran()  # Note [A module walked once within a block]
         return self.fn(*args, **kwargs, **call.static_kwargs)
 
     def _run(self, call: Call, entry: Entry, args, kwargs):
         if entry.runs_eagerly(call):
+            _state.python_ran()  # Note [A module walked once within a block]
             return self.fn(*args, **kwargs, **call.static_kwargs)
         if entry.vjp is not None and call.grad_mode:
             return entry.run_differentiable(call)

@@ -59,12 +59,15 @@ with the same settings reuses the programs.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 
 import torch
 
+from torchjax._compat.torch_modules import calls_run_no_hooks
 from torchjax.compile._keys import Keyed
+from torchjax.compile._state import shared_walks
 from torchjax.integrations.transformers._cache_state import (
     _python_state,
     _replay,
@@ -203,7 +206,7 @@ def device_sample(
     """generate's decoding method for models under ``compile_generate`` (see the Note):
     greedy / sampled decoding with each token one program, else transformers' own."""
     from transformers.generation import stopping_criteria as sc
-    from transformers.generation.utils import GENERATION_MODES_MAPPING
+    from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMixin
 
     why = None if streamer is None and not synced_gpus else "a streamer or synced_gpus"
     why = why or fallback_reason(
@@ -233,7 +236,6 @@ def device_sample(
             **model_kwargs,
         )
 
-    prompt = input_ids.shape[1]
     max_length = min(c.max_length for c in stopping_criteria if type(c) is sc.MaxLengthCriteria)
     eos = [c for c in stopping_criteria if type(c) is sc.EosTokenCriteria]
     eos_ids = tuple(sorted({i for c in eos for i in _values(c.eos_token_id)}))
@@ -250,6 +252,26 @@ def device_sample(
         )
     )
 
+    # Note [A module walked once within a block] in torchjax/compile/_state.py: between
+    # the prefill's call and the loop's, only torchjax's glue and transformers' own
+    # bookkeeping run, and calling the model runs its forward alone.
+    quiet = calls_run_no_hooks(self) and type(self)._prefill is GenerationMixin._prefill
+    with shared_walks() if quiet else contextlib.nullcontext():
+        cache, tokens, done_at, length = _decode(
+            self, input_ids, generation_config, model_kwargs, logits_processor, settings, max_length
+        )
+    # Note [Work behind the decode loop]
+    whole = tokens[:, :length].clone() if length == max_length else None
+    zero_ahead(cache)  # Note [A kept cache zeroed behind the decode loop] in _cache_state.py
+    end = min(int(done_at), length)
+    return whole if end == length and whole is not None else tokens[:, :end].clone()
+
+
+def _decode(self, input_ids, generation_config, model_kwargs, processors, settings, max_length):
+    """The prefill, the first token and the decode steps of ``device_sample``; returns the
+    cache, the token buffer, the finish length (a tensor) and the length reached."""
+    wrapper = vars(self)["forward"]
+    prompt = input_ids.shape[1]
     outputs = self._prefill(input_ids, generation_config, model_kwargs)
     cache = outputs.get("cache")
     cache = model_kwargs["cache"] if cache is None else cache
@@ -259,7 +281,7 @@ def device_sample(
     room = cache_room(cache)
     size = room + 1
     step = wrapper.decode_step
-    _LOCAL.processors = logits_processor
+    _LOCAL.processors = processors
     try:
         state = wrapper.first_token(
             input_ids,
@@ -304,11 +326,7 @@ def device_sample(
                 break
     finally:
         _LOCAL.processors = None
-    # Note [Work behind the decode loop]
-    whole = tokens[:, :length].clone() if length == max_length else None
-    zero_ahead(cache)  # Note [A kept cache zeroed behind the decode loop] in _cache_state.py
-    end = min(int(done_at), length)
-    return whole if end == length and whole is not None else tokens[:, :end].clone()
+    return cache, tokens, done_at, length
 
 
 # Note [Work behind the decode loop]
