@@ -27,12 +27,15 @@ wall with bench/tpu.py's pure-JAX loop on the same chip.
 per-layer work (state walks, the cache's Python state) at the chip model's depth
 without its compute, on CPU.
 
-Before those, over as many calls with nothing else timed, the medians of two phases of a
-call, in wall and main-thread CPU time: the ``prelude``, from entering ``model.generate``
-to the prefill program's dispatch (transformers' setup and torchjax's glue, the cache
-reset's program among them: host time the device does not overlap), and ``after the
-loop``, from the end of the last program call or host read to ``generate``'s return;
-then cProfile's top functions of one call's prelude, by cumulative time.
+Before those, over as many calls with nothing else timed, the medians of three phases of
+a call, in wall and main-thread CPU time: the ``prelude``, from entering
+``model.generate`` to the prefill program's dispatch (transformers' setup and
+torchjax's glue: host time the device does not overlap), ``between``, from the prefill
+program's dispatch to the decode loop's (the prefill's and the first token's program
+calls and the loop's call setup: host time the device overlaps only while it runs the
+prefill), and ``after the loop``, from the end of the last program call or host read to
+``generate``'s return; then cProfile's top functions of one call's prelude, by
+cumulative time.
 
 Run:  python bench/generate_host.py [--small] [--layers N] [--batch 1] [--runs 5]
 """
@@ -113,15 +116,16 @@ class Split:
 
 
 class Phases:
-    """Wraps ``model.generate``, its compiled forward's program call (the prefill) and the
-    program calls and host reads, to time a call's prelude and what follows its last
-    program call or host read."""
+    """Wraps ``model.generate``, its compiled forward's program call (the prefill), the
+    decode loop's program call (``loop``: owner and name) and the program calls and host
+    reads, to time a call's prelude, the host time from the prefill's program call to the
+    loop's, and what follows its last program call or host read."""
 
-    def __init__(self, model, program_calls):
+    def __init__(self, model, program_calls, loop):
         self.on = False
-        self.prelude, self.after = [], []  # (wall, main-thread CPU) per call
+        self.prelude, self.between, self.after = [], [], []  # (wall, main-thread CPU) per call
         self.profile = None  # a cProfile.Profile run over the next call's prelude
-        self.first = self.last = None
+        self.first = self.last = self.loop = None
         generate, jitted = model.generate, model.forward.jitted
 
         def prefill(*args, **kwargs):
@@ -137,15 +141,24 @@ class Phases:
                 self.profile.enable()
             if not self.on:
                 return generate(*args, **kwargs)
-            self.first = self.last = None
+            self.first = self.last = self.loop = None
             enter = _now()
             out = generate(*args, **kwargs)
             self.prelude.append([b - a for a, b in zip(enter, self.first)])
+            self.between.append([b - a for a, b in zip(self.first, self.loop)])
             self.after.append([b - a for a, b in zip(self.last, _now())])
             return out
 
         for owner, name in program_calls:
             setattr(owner, name, self._ends(getattr(owner, name)))
+        run_loop = getattr(*loop)
+
+        def loop_call(*args, **kwargs):
+            if self.loop is None:
+                self.loop = _now()
+            return run_loop(*args, **kwargs)
+
+        setattr(*loop, loop_call)
         jitted._run = prefill
         model.generate = timed
 
@@ -159,7 +172,8 @@ class Phases:
         return ends
 
     def report(self) -> None:
-        for name, xs in (("prelude", self.prelude), ("after the loop", self.after)):
+        phases = ("prelude", self.prelude), ("between", self.between)
+        for name, xs in (*phases, ("after the loop", self.after)):
             wall, cpu = (sorted(x) for x in zip(*xs))
             mid = len(wall) // 2
             print(f"  {name:14s} wall {wall[mid] * 1e3:6.2f} ms (min {wall[0] * 1e3:.2f}), "
@@ -205,7 +219,7 @@ def main() -> None:
     from torchjax.ops import copy as tj_copy
 
     calls = [(tj_copy, "to_host"), (_jit.Jitted, "_run"), (_repeat, "run")]
-    phases = Phases(model, calls)
+    phases = Phases(model, calls, loop=(_repeat, "run"))
     phases.on = True
     for _ in range(args.runs):
         _generate(model, ids, new)
