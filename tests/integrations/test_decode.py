@@ -410,11 +410,12 @@ def test_the_model_is_walked_once_per_generate(cpu, llama_dir, monkeypatch):
             module.lm_head.weight = torch.nn.Parameter(-module.lm_head.weight.detach())
 
     got = {}
-    for m in (cpu, model):
+    own_cpu = transformers.AutoModelForCausalLM.from_pretrained(llama_dir).eval()  # changed
+    for m in (own_cpu, model):
         handle = m.register_forward_hook(negate_head_once)
         try:
             got[m] = _generate(m, **kwargs)
         finally:
             handle.remove()
     assert model.forward.last_fallback is None
-    assert torch.equal(got[model], got[cpu]) and not torch.equal(got[cpu], expected)
+    assert torch.equal(got[model], got[own_cpu]) and not torch.equal(got[own_cpu], expected)
