@@ -17,9 +17,9 @@ each mode is worth where it matters. Rows:
 - ``train tiny``, ``train 1.1B``: one AdamW step (forward with ``labels``, backward,
   ``opt.step()``, ``opt.zero_grad()``; lr 1e-4) of each model in bfloat16 on (1, 128)
   token ids, plain, fused, captured (from the second step the forward is one captured
-  program and ``backward()`` one more: Note [Captured calls that need a graph]; the
-  optimizer's step records as fused does) and jitted; every mode starts from the same
-  weights and a new optimizer;
+  program and ``backward()`` one more: Note [Captured calls that need a graph]; from the
+  second step ``opt.step()`` is one more: Note [Captured optimizer steps]) and jitted;
+  every mode starts from the same weights and a new optimizer;
 - ``generate``: greedy ``generate(..., disable_compile=True)`` of the 1.1B model (the
   forward eager, op by op) with the cache torchjax gives that call (static: Note [A
   static cache for eager generate on tpu]) and with transformers' ``DynamicCache``
@@ -39,8 +39,9 @@ outputs, a train step on every live array with ``torch.tpu.synchronize()``), and
 ``per_run``: ``torchjax.stats()`` over the timed calls divided by their number (XLA
 ``compiles``, programs loaded from the persistent compilation cache instead
 (``cache_loads``: a compile in a process without that cache), ``executions`` of cached
-programs, ``host_reads``, fused ``segments``, ``fused_compiles``, ``captured_calls``,
-``capture_traces``, ``capture_refusals``), and ``warm_up``: the same counters over the
+programs, ``host_reads``, fused ``segments``, ``fused_compiles``, ``fused_ops``
+recorded, ``captured_calls``, ``capture_traces``, ``capture_refusals``,
+``captured_steps``), and ``warm_up``: the same counters over the
 warm-up calls together (a captured call traces, or is refused, at its second call, so
 the timed calls show only what came of it); ``capture_refusal_reasons``, where a
 signature was refused, says why (``torchjax.stats()``'s, per module class).
@@ -82,7 +83,8 @@ _STAT_KEYS = {
     "executions": "executions", "host_reads": "host_reads",
     "segments": "fused_segments", "fused_compiles": "fused_compiles",
     "captured_calls": "captured_calls", "capture_traces": "capture_traces",
-    "capture_refusals": "capture_refusals",
+    "capture_refusals": "capture_refusals", "captured_steps": "captured_steps",
+    "fused_ops": "fused_ops",
 }  # fmt: skip
 
 
