@@ -144,3 +144,133 @@ def test_programs_are_named_after_the_traced_function():
     assert f"jit({step})" in compiled and f"jit({step}_repeated)" in compiled, compiled
     assert "jit(Linear)" in compiled and "jit(Linear_backward)" in compiled, compiled
     assert "jit(jaxpr_as_fun)" not in compiled
+
+
+def _start(buf, i, stop, seed, noise):
+    """A first call: the state ``_count`` carries, written in place (and ``noise``, which
+    the step only reads: the seed, plus a draw times zero)."""
+    buf.fill_(0)
+    buf[0] = seed.sum()
+    i.fill_(1)
+    stop.zero_()
+    noise.copy_(seed + torch.rand(2, device="tpu") * 0)
+
+
+def _count(buf, i, stop, noise):
+    buf.index_copy_(0, i.reshape(1), buf.gather(0, (i - 1).reshape(1)) + 1 + noise[:1])
+    i.add_(1)
+    stop.copy_(i >= 4)
+
+
+def _tensors(n=6):
+    return (
+        torch.full((n,), -1.0, device="tpu"),
+        torch.zeros((), dtype=torch.long, device="tpu"),
+        torch.zeros((), dtype=torch.bool, device="tpu"),
+    )
+
+
+def test_a_first_call_runs_in_the_loops_program(monkeypatch):
+    """Note [A first call in the loop's program]: ``repeat(..., first=...)`` makes the call
+    once before the loop, inside the loop's program once both are traced (no program call
+    of its own), with what the two calls made one after the other give: values, the RNG
+    draws and the state the RNG is left in, the first call counted as a cache hit."""
+    from torchjax.compile import _entry, _repeat
+
+    start, step = torchjax.jit(_start), torchjax.jit(_count)
+    seed = torch.tensor([2.0, 3.0], device="tpu")
+
+    def run(fused):
+        buf, i, stop = _tensors()
+        noise = torch.zeros(2, device="tpu")
+        if fused:
+            ran = step.repeat(
+                8, buf, i, stop, noise, until=stop, first=(start, (buf, i, stop, seed, noise), {})
+            )
+        else:
+            start(buf, i, stop, seed, noise)
+            ran = step.repeat(8, buf, i, stop, noise, until=stop)
+        assert ran
+        return buf.cpu(), int(i), bool(stop), noise.cpu(), torch.tpu.get_rng_state()
+
+    torch.manual_seed(0)
+    apart = run(fused=False)
+    assert apart[0].tolist() == [5, 8, 11, 14, 0, 0] and apart[1:3] == (4, True)
+    calls, alone = [], []
+    monkeypatch.setattr(
+        _entry.Entry, "run", lambda self, c, run=_entry.Entry.run: calls.append(1) or run(self, c)
+    )
+    monkeypatch.setattr(
+        _repeat.First,
+        "run_alone",
+        lambda self, r=_repeat.First.run_alone: alone.append(1) or r(self),
+    )
+    checked = 0
+    for _ in range(2):
+        hits = start.cache_hits
+        torch.manual_seed(0)
+        fused = run(fused=True)
+        for a, b in zip(fused, apart, strict=True):
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+        assert start.cache_hits == hits + 1 and start.trace_count == 1 and step.trace_count == 1
+        checked += 1
+    assert checked == 2 and calls == [] and alone == []
+
+
+def test_a_first_call_runs_on_its_own_where_it_cannot_join(monkeypatch):
+    """The first call runs as a call of its own, before the loop, where it writes state, or
+    writes memory that the step takes as another tensor, or the step is not traced yet,
+    or ``when`` turns the loop down (then it runs and the loop does not); the values are
+    those of the two calls made one after the other."""
+    from torchjax.compile import _repeat
+
+    alone = []
+    monkeypatch.setattr(
+        _repeat.First,
+        "run_alone",
+        lambda self, r=_repeat.First.run_alone: alone.append(1) or r(self),
+    )
+    seed = torch.tensor([2.0, 3.0], device="tpu")
+    kept = torch.zeros(2, device="tpu")
+
+    def writes_state(buf, i, stop, seed, noise):
+        _start(buf, i, stop, seed, noise)
+        kept.add_(1)
+
+    def writes_a_view(buf, i, stop, seed, noise):
+        _start(buf, i, stop, seed, noise)
+
+    checked = 0
+    for name, first_fn in (("state", writes_state), ("view", writes_a_view), ("new", _start)):
+        start, step = torchjax.jit(first_fn), torchjax.jit(_count)
+        for n in range(2 if name != "new" else 1):  # traced, then warm (the new one: cold)
+            buf, i, stop = _tensors()
+            noise = torch.zeros(2, device="tpu")
+            step_noise = noise[1:] if name == "view" else noise  # a view of its memory
+            alone.clear()
+            ran = step.repeat(
+                8,
+                buf,
+                i,
+                stop,
+                step_noise,
+                until=stop,
+                first=(start, (buf, i, stop, seed, noise), {}),
+            )
+            assert ran and alone == [1], (name, n)
+            want = [5, 9, 13, 17] if name == "view" else [5, 8, 11, 14]  # noise[1] or [0]
+            assert buf.cpu().tolist() == [*want, 0, 0] and int(i) == 4
+        checked += 1
+    assert checked == 3 and kept.cpu().tolist() == [2.0, 2.0]
+    # when= turns the loop down: the first call is made all the same, the loop is not.
+    start, step = torchjax.jit(_start), torchjax.jit(_count)
+    buf, i, stop = _tensors()
+    noise = torch.zeros(2, device="tpu")
+    args = (buf, i, stop, noise)
+    step.repeat(8, *args, until=stop, first=(start, (buf, i, stop, seed, noise), {}))  # traced
+    alone.clear()
+    buf.fill_(-1)
+    assert not step.repeat(
+        8, *args, until=stop, when=lambda: False, first=(start, (buf, i, stop, seed, noise), {})
+    )
+    assert alone == [1] and buf.cpu().tolist() == [5, 0, 0, 0, 0, 0] and int(i) == 1

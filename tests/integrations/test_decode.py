@@ -419,3 +419,36 @@ def test_the_model_is_walked_once_per_generate(cpu, llama_dir, monkeypatch):
             handle.remove()
     assert model.forward.last_fallback is None
     assert torch.equal(got[model], got[own_cpu]) and not torch.equal(got[own_cpu], expected)
+
+
+def test_a_warm_generate_is_two_program_calls(cpu, compiled, monkeypatch):
+    # Note [The step after the prefill]: on a warm call the first token's bookkeeping runs
+    # inside the decode loop's program (Note [A first call in the loop's program] in
+    # torchjax/compile/_repeat.py), into the decoding state kept for the layout; the
+    # prefill is the only other program call. One new token (no decode step), and a
+    # layout whose state is made in inference mode, then used outside it: tokens as CPU's.
+    from torchjax.compile import _entry, _repeat
+
+    kwargs = dict(STATIC, do_sample=False, eos_token_id=None, max_new_tokens=10)
+    expected = _generate(cpu, **kwargs)
+    for _ in range(2):
+        assert torch.equal(_generate(compiled, **kwargs), expected)
+    runs, loops = [], []
+    monkeypatch.setattr(
+        _entry.Entry, "run", lambda self, c, run=_entry.Entry.run: runs.append(1) or run(self, c)
+    )
+    monkeypatch.setattr(_repeat, "run", lambda *a, run=_repeat.run: loops.append(a[-1]) or run(*a))
+    first = compiled.forward.first_token
+    hits, traces = first.cache_hits, first.trace_count
+    assert torch.equal(_generate(compiled, **kwargs), expected)
+    assert runs == [1] and len(loops) == 1 and loops[0] is not None  # the prefill; the loop
+    assert first.cache_hits == hits + 1 and first.trace_count == traces
+    monkeypatch.undo()
+    one = dict(kwargs, max_new_tokens=1)
+    assert torch.equal(_generate(compiled, **one), _generate(cpu, **one))
+    row = {k: v[1:] for k, v in tl.prompts().items()}  # a new layout: made in inference mode
+    row_expected = _generate(cpu, row, **kwargs)
+    with torch.inference_mode():
+        assert torch.equal(_generate(compiled, row, **kwargs), row_expected)
+    for _ in range(2):
+        assert torch.equal(_generate(compiled, row, **kwargs), row_expected)

@@ -84,8 +84,9 @@ def test_compile_generate_traces_the_prefill_and_one_decode_step(llama_dir, cpu)
     # A second call reuses the cache (sized for the longest call so far, so a shorter
     # call has the same layout), made before the first prefill (Note [A static cache
     # initialized before its first step]): nothing traces again; the token buffer spans
-    # the cache, so the first token's program is a cache hit too, and the loop's step is
-    # found traced.
+    # the cache, so the first token's program is a cache hit too (run inside the loop's
+    # program: Note [A first call in the loop's program]), and the loop's step is found
+    # traced.
     short = dict(kwargs, max_new_tokens=8)
     assert torch.equal(_generate(model, batch, **short), expected[:, :15])
     assert (jitted.trace_count, jitted.cache_hits) == (1, 1)

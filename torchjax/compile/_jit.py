@@ -204,7 +204,7 @@ class Jitted:
         finally:
             before.put_back()
 
-    def repeat(self, times: int, *args, until=None, when=None, **kwargs) -> bool:
+    def repeat(self, times: int, *args, until=None, when=None, first=None, **kwargs) -> bool:
         """Run the function up to ``times`` times with these arguments as one program (a
         ``lax.while_loop`` over its trace), stopping early once the 0-d tensor argument
         ``until`` is nonzero. For steps that work in place: their writes to arguments and
@@ -216,8 +216,19 @@ class Jitted:
         (a signature not traced before is traced first as by ``trace``: its Python runs,
         its program does not); the loop runs only if it returns True, so a caller can
         look at what the trace did (the Python state it left) and decide, with one
-        lookup of the call on a signature traced before. Returns whether the loop ran."""
+        lookup of the call on a signature traced before. Returns whether the loop ran.
+
+        ``first``: ``(f, args, kwargs)``, a call of another torchjax.jit function ``f``
+        made once before the loop, whether the loop runs or not (its result dropped):
+        inside the loop's program where it can, its writes to the step's arguments then
+        the loop's starting values (Note [A first call in the loop's program] in
+        torchjax/compile/_repeat.py), else on its own, first."""
+        before = _repeat.First(*first) if first is not None else None
         call, entry = self._lookup(args, kwargs)
+        if before is not None and (entry is None or not before.joins(call)):
+            before.run_alone()
+            before = None
+            call, entry = self._lookup(args, {**kwargs, **call.static_kwargs})
         if when is not None:
             if entry is None:
                 self._trace_only(call)
@@ -226,9 +237,11 @@ class Jitted:
                 # As a call made after ``trace``: keyed by what the trace left.
                 call, entry = self._lookup(args, {**kwargs, **call.static_kwargs})
             elif not when():
+                if before is not None:
+                    before.run_alone()
                 return False
         if entry is not None:
-            _repeat.run(entry, call, times, until)
+            _repeat.run(entry, call, times, until, before)
             return True
         with put_back_on_failure(call):  # Note [State after a trace whose program does not run]
             _repeat.run(self._trace(call), call, times, until)

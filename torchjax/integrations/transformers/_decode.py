@@ -20,9 +20,9 @@ program, or all of them one loop:
   logits processors, picks the token (argmax, or ``multinomial`` from torchjax's RNG),
   writes it and updates the flags, all in place (written back);
 - the prompt runs through transformers' own ``_prefill`` (the compiled prefill of
-  Note [Compiled generation with a static cache]); the state above is made and the first
-  token chosen, by the same selection code, in a second program (Note [The step after
-  the prefill]);
+  Note [Compiled generation with a static cache]); the state above is written and the
+  first token chosen, by the same selection code, by a second traced function (Note [The
+  step after the prefill]), which on a warm call runs inside the loop's program;
 - the decode step is traced first, without running; when its trace leaves the cache's
   Python state as it found it (static layers: their positions are tensors), every step
   runs as one program, ``decode_step.repeat`` (Note [Repeating a traced step in one
@@ -31,7 +31,9 @@ program, or all of them one loop:
   which every sequence had finished (the loop stopped right after that step, so the
   result's length is it or the maximum length). On a warm call the step's signature is
   looked up once (``repeat(..., when=...)``), not once to trace and once to run. So a
-  whole ``generate`` is three program calls whatever its length, and the step's forward
+  whole warm ``generate`` is two program calls whatever its length (the prefill, then
+  the first token and the loop: Note [A first call in the loop's program] in
+  torchjax/compile/_repeat.py; three on a first call), and the step's forward
   compiles once, inside the loop (run once on its own first, it compiled twice: a third
   of a first call's compile time);
 - with ``compile_generate(model, loop=False)``, or a cache whose Python state moves per
@@ -283,14 +285,11 @@ def _decode(self, input_ids, generation_config, model_kwargs, processors, settin
     step = wrapper.decode_step
     _LOCAL.processors = processors
     try:
-        state = wrapper.first_token(
-            input_ids,
-            outputs.logits,
-            model_kwargs.get("attention_mask"),
-            model_kwargs.get("position_ids"),
-            room=room,
-            settings=settings,
-        )
+        mask, positions = model_kwargs.get("attention_mask"), model_kwargs.get("position_ids")
+        state = decode_state(wrapper, input_ids, mask, positions, room)
+        # Note [The step after the prefill]: made once, before the first step.
+        first = (wrapper.first_token, (*state, input_ids, outputs.logits, mask, positions))
+        first += ({"settings": settings},)
         del outputs
         tokens, _, _, _, _, done_at, stopped = state
         length = prompt + 1
@@ -304,7 +303,7 @@ def _decode(self, input_ids, generation_config, model_kwargs, processors, settin
                 # not traced before is traced first, not run, so a step that leaves the
                 # cache's Python state as it found it runs only inside the loop, and its
                 # forward compiles once.
-                if step.repeat(
+                ran = step.repeat(
                     max_length - length,
                     *state,
                     cache,
@@ -313,17 +312,25 @@ def _decode(self, input_ids, generation_config, model_kwargs, processors, settin
                     _torchjax_guard=guard,
                     until=stopped,
                     when=lambda g=guard, b=before: wrapper.after[("decode", g)] == b,
-                ):
+                    first=first,
+                )
+                first = None  # made, in the loop's program or on its own
+                if ran:
                     # The loop ran to max_length, or stopped right after the step at
                     # which the last sequence finished, which set done_at to the next
                     # position: the length is min(done_at, max_length), read below.
                     length = max_length
                     break
+            if first is not None:
+                first[0](*first[1], **first[2])
+                first = None
             step(*state, cache, None, settings=settings, _torchjax_guard=guard)
             _replay(cache, wrapper.after[("decode", guard)])
             length += 1
             if (length - prompt) % CHECK_EVERY == 0 and int(done_at) < size:
                 break
+        if first is not None:  # one new token: no decode step
+            first[0](*first[1], **first[2])
     finally:
         _LOCAL.processors = None
     return cache, tokens, done_at, length
@@ -345,32 +352,73 @@ def _decode(self, input_ids, generation_config, model_kwargs, processors, settin
 device_sample.__signature__ = inspect.signature(device_sample)
 
 
-def first_token(input_ids, logits, mask, positions, *, room, settings):
+def first_token(
+    tokens, mask, pos, positions, unfinished, done_at, stopped, input_ids, logits, prompt_mask,
+    prompt_positions, *, settings,
+):  # fmt: skip
     """What ``torchjax.jit`` traces after the prefill (Note [The step after the prefill]):
-    the decoding state, and the first new token chosen from the prefill's ``logits``.
-    Returns ``(tokens, mask, pos, positions, unfinished, done_at, stopped)``: the token
-    buffer, the next write position, the unfinished flags and the length at which every
-    sequence had finished (the buffer's size: not yet) with its flag ``stopped``."""
+    the decoding state written into the tensors the decode step carries (``decode_state``:
+    the token buffer, the mask over the cache, the next write position, the next position
+    ids, the unfinished flags, and the length at which every sequence had finished, the
+    buffer's size while not yet, with its flag ``stopped``), and the first new token
+    chosen from the prefill's ``logits``; in place."""
     batch, prompt = input_ids.shape
-    device = input_ids.device
-    tokens = torch.full((batch, room + 1), logits.shape[-1], dtype=input_ids.dtype, device=device)
-    # Made in the trace as fills of the program (Note [Fills of storages made inside a
-    # trace]), its outputs: no transfers of host values per call.
-    pos = torch.full((), prompt, dtype=torch.long, device=device)
-    unfinished = torch.ones(batch, dtype=torch.long, device=device)
-    done_at = torch.full((), room + 1, dtype=torch.long, device=device)
-    stopped = torch.zeros((), dtype=torch.long, device=device)
+    room = tokens.shape[1] - 1
+    # Fills in the program: no transfers of host values per call.
+    tokens.fill_(logits.shape[-1])
     tokens[:, :prompt] = input_ids
+    pos.fill_(prompt)
+    unfinished.fill_(1)
+    done_at.fill_(room + 1)
+    stopped.zero_()
     if mask is not None:
         # Ones for the new tokens; cut to the cache's width when the prompt's mask and the
         # first new token pass it (one new token: the mask is never read).
-        ones = mask.new_ones((batch, max(room - mask.shape[1], 1)))
-        mask = torch.cat([mask, ones], dim=-1)[:, :room].clone()
+        ones = prompt_mask.new_ones((batch, max(room - prompt_mask.shape[1], 1)))
+        mask.copy_(torch.cat([prompt_mask, ones], dim=-1)[:, :room])
     if positions is not None:
-        positions = positions[..., -1:] + 1  # the first new token's, as generate's update
+        # the first new token's, as generate's update
+        positions.copy_(prompt_positions[..., -1:] + 1)
     scores = logits[:, -1].to(torch.float32)
     _choose(settings, tokens, pos, scores, unfinished, done_at, stopped)
-    return tokens, mask, pos, positions, unfinished, done_at, stopped
+
+
+def decode_state(wrapper, input_ids, mask, positions, room: int) -> tuple:
+    """The tensors the decode step carries, ``first_token``'s first seven arguments,
+    kept per layout on the compiled forward ``wrapper`` (Note [The step after the
+    prefill]): ``(tokens, mask, pos, positions, unfinished, done_at, stopped)``, the
+    mask and position ids None where the call has none."""
+    batch, device = input_ids.shape[0], input_ids.device
+    # Written only by programs (an inference tensor's too, whatever the mode).
+    key = (
+        batch, room, input_ids.dtype, device,
+        None if mask is None else mask.dtype,
+        None if positions is None else (tuple(positions.shape[:-1]), positions.dtype),
+    )  # fmt: skip
+    states = wrapper.states
+    state = states.pop(key, None)
+    if state is None:
+
+        def made(shape, dtype):
+            return torch.empty(shape, dtype=dtype, device=device)
+
+        long = torch.long
+        state = (
+            made((batch, room + 1), input_ids.dtype),
+            None if mask is None else made((batch, room), mask.dtype),
+            made((), long),
+            None if positions is None else made((*positions.shape[:-1], 1), positions.dtype),
+            made((batch,), long),
+            made((), long),
+            made((), long),
+        )
+    states[key] = state  # the latest last
+    while len(states) > KEEP_STATES:
+        del states[next(iter(states))]
+    return state
+
+
+KEEP_STATES = 4  # decoding states kept per model (its static caches: KEEP_LAYOUTS)
 
 
 # Note [The step after the prefill]
@@ -383,7 +431,12 @@ def first_token(input_ids, logits, mask, positions, *, room, settings):
 # ``torchjax.jit``, keyed by the shapes, the cache's length and the settings, so a later
 # call of the same shapes reuses it. It reads the inputs transformers' update reads
 # (only ``attention_mask`` and ``position_ids`` reach here: Note [Decode steps as one
-# program]) and computes what the update and the first step computed.
+# program]) and computes what the update and the first step computed. It writes the
+# state in place, into tensors kept between calls of one layout (``decode_state``), so
+# that on a warm call it runs inside the decode loop's program, before the loop (Note [A
+# first call in the loop's program] in torchjax/compile/_repeat.py): one program call
+# fewer between the prefill and the loop. The result is a copy out of the token buffer,
+# so what a call returns never shares memory with the next call's state.
 
 
 def decode_step(

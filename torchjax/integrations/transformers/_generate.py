@@ -228,6 +228,7 @@ def compile_generate_as(model, *, warn_after: int = 8, loop: bool = True, rule=N
     # The bookkeeping after the prefill and the first token's choice (Note [The step
     # after the prefill] in _decode.py).
     forward.first_token = jit(_decode.first_token, warn_after=warn_after)
+    forward.states = {}  # the decoding states kept, by layout (_decode.decode_state)
     forward.loop = loop
     forward.rule = rule
     forward.lock = threading.RLock()  # held by a compiled generate call (shared caches)
