@@ -19,28 +19,9 @@ buffers, and nothing is copied (``Jitted.donation_copies`` counts copies).
 
 from __future__ import annotations
 
-import sys
-
 import jax
 
-
-def _refs(arrays, i) -> int:
-    return sys.getrefcount(arrays[i])
-
-
-class _Holder:
-    __slots__ = ("arr",)
-
-
-def _owned_refs() -> int:
-    # References of a buffer held only by its Storage and the argument list, measured
-    # through the same code path (the count an interpreter reports varies by version).
-    holder, arrays = _Holder(), [object()]
-    holder.arr = arrays[0]
-    return _refs(arrays, 0)
-
-
-_OWNED = _owned_refs()
+from torchjax.ops.fused_run import held_only_by
 
 
 def unshared(state_arrays, donated, tensors):
@@ -49,8 +30,10 @@ def unshared(state_arrays, donated, tensors):
     Returns (arrays, number of copies)."""
     out, copies = state_arrays, 0
     for i in donated:
-        extra = _refs(state_arrays, i) - _OWNED - (tensors[i]._cache is state_arrays[i])
-        if extra > 0:
+        # Held by its Storage (and its tensor's read cache, which is its own) and the
+        # argument list alone: donated as it is.
+        owned = 1 + (tensors[i]._cache is state_arrays[i])
+        if not held_only_by(state_arrays, i, owned):
             if copies == 0:
                 out = list(state_arrays)
             out[i] = _copy(state_arrays[i])

@@ -84,7 +84,7 @@ def dead_inputs(inputs: list, live: list) -> tuple:
     wanted = None
     out = []
     for i in range(len(inputs)):
-        if _refs(inputs, i) != _LIST_ONLY:
+        if not held_only_by(inputs, i):
             continue
         a = inputs[i]
         if not isinstance(a, jax.Array) or len(a.sharding.device_set) != 1:
