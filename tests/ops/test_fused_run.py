@@ -139,3 +139,83 @@ def test_a_failed_segment_raises_and_its_values_are_refused_not_stale(monkeypatc
         x.cpu()
     # w was only read: its value is intact.
     torch.testing.assert_close(w.cpu(), torch.full((64,), 1.25), rtol=0, atol=0)
+
+
+def _recorded_programs(monkeypatch):
+    """The segment programs built from now on, each with the arguments of its calls."""
+    seen = []
+    real = fused_run.build
+
+    def build(nodes, live, donated=()):
+        program = real(nodes, live, donated)
+
+        def run(*args):
+            seen.append((program, args, donated))
+            return program(*args)
+
+        return run
+
+    monkeypatch.setattr(fused_run, "build", build)
+    return seen
+
+
+def test_each_donated_input_aliases_its_own_new_value(monkeypatch):
+    # ``a`` is read before ``b``, and b's new value is made before a's. jax gives each
+    # output the first donated input of its shape and dtype left, so outputs in the
+    # order made would alias a's buffer with b's new value, and XLA would copy whole
+    # tensors to keep the old values it still reads.
+    seen = _recorded_programs(monkeypatch)
+    n = 1 << 16
+    a, b = torch.arange(float(n)).to(TPU), torch.ones(n).to(TPU)
+    want_a, want_b = torch.arange(float(n)) * 2 + 1, torch.ones(n) + 2
+    with torchjax.fused():  # adds only: no output leaves through a fusion cut
+        m = a + b
+        b.add_(2)
+        a.add_(m)
+        del m
+    torch.tpu.synchronize()
+    torch.testing.assert_close(a.cpu(), want_a, rtol=0, atol=0)
+    torch.testing.assert_close(b.cpu(), want_b, rtol=0, atol=0)
+    ((program, args, donated),) = seen
+    assert len(donated) == 2
+    memory = program.lower(*args).compile().memory_analysis()
+    assert memory.alias_size_in_bytes == 2 * 4 * n
+    assert memory.temp_size_in_bytes <= 4 * n  # at most one tensor copied (b, read twice)
+
+
+def _adamw_steps(params, fused, capture, steps=4):
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    for step in range(steps):
+        torch.manual_seed(step)
+        for p in params:
+            p.grad = torch.randn(p.shape, dtype=p.dtype).to(TPU)
+        with torchjax.fused(fused, capture=capture):
+            opt.step()
+        torch.tpu.synchronize()
+    return [p.detach().cpu() for p in params]
+
+
+def test_a_fused_adamw_step_updates_its_lists_in_place(monkeypatch):
+    # Each moment and parameter aliases its own new value, and lerp's and addcmul's
+    # nodes fuse (Note [Platform branches fuse]): beside its arguments the program
+    # holds the denominators (sqrt's list and the division's, isolated), no more.
+    seen = _recorded_programs(monkeypatch)
+    n, size = 6, 1 << 14
+
+    def params():
+        torch.manual_seed(0)
+        return [
+            torch.nn.Parameter(torch.randn(size, dtype=torch.bfloat16).to(TPU)) for _ in range(n)
+        ]
+
+    want = _adamw_steps(params(), False, False)
+    got = _adamw_steps(params(), True, False)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+    assert seen
+    lists = n * size * 2
+    for program, args, donated in seen:
+        assert donated
+        memory = program.lower(*args).compile().memory_analysis()
+        assert memory.alias_size_in_bytes == 3 * lists  # parameters, both moments
+        assert memory.temp_size_in_bytes <= 2 * lists + 4096

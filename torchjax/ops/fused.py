@@ -231,9 +231,12 @@ def fused(enabled: bool = True, *, capture: bool | None = None):
 class Pending:
     """An output of an op recorded in ``segment``, not computed yet (the value of the
     storages in ``storages`` whose ``lazy`` is this object). ``ref``: ``-1 - j`` for the
-    segment's ``j``-th output; ``out``: its ``fused_replay.Out`` (aval, shape, dtype)."""
+    segment's ``j``-th output; ``out``: its ``fused_replay.Out`` (aval, shape, dtype);
+    ``replaces``: the position among the segment's inputs of the array it replaced in a
+    storage (Note [Fused segments donate their dead inputs])."""
 
     __slots__ = ("segment", "ref", "out", "aval", "shape", "dtype", "storages", "value", "error")
+    __slots__ += ("replaces",)
 
     def __init__(self, segment, ref, out):
         self.segment, self.ref, self.out = segment, ref, out
@@ -241,6 +244,7 @@ class Pending:
         self.storages: list = []
         self.value = None
         self.error = None  # why its segment failed (Note [A segment that fails as one ...])
+        self.replaces = None
 
     @property
     def weak_type(self) -> bool:
@@ -518,36 +522,6 @@ def flush(seg) -> None:
         _checks.add_collected(codes, bads, vals)
 
 
-def close_with(seg, live, run) -> bool:
-    """Run ``seg`` as ``run(inputs)`` does instead of its own program: given the
-    segment's inputs (its only list of them), ``run`` returns the values of ``live`` (its
-    ``Pending`` outputs still referenced, every one of them) and the device checks of its
-    nodes, as the segment program would (a captured optimizer step: Note [Captured
-    optimizer steps] in torchjax/compile/_captured_optim.py). False, and nothing run,
-    when the segment has run already."""
-    with seg.lock:
-        if seg.closed:
-            return False
-        seg.closed = True
-        inputs = seg.inputs
-        seg.inputs, seg.input_ids, seg.runs = [], {}, []
-        try:
-            values, checks = run(inputs)
-        except BaseException as e:
-            run_segment.lost(seg.outs, e)
-            raise
-        for p, v in zip(live, values):
-            p.fill(v)
-        for p in seg.outs:
-            p.segment = None
-        # Held by this thread until it records again (a captured step records nothing):
-        # its values would stay referenced, and the next step could not donate them.
-        seg.outs = []
-    for codes, (bads, vals) in zip(seg.step.checked, checks):
-        _checks.add_collected(codes, bads, vals)
-    return True
-
-
 def is_pending(x) -> bool:
     return x.__class__ is Pending
 
@@ -597,10 +571,15 @@ def write(dst, p: Pending) -> bool:
     if lazy is None:
         if type(getattr(s.arr, "sharding", None)).__name__ == "NamedSharding":
             return False  # Note [Writes keep the placement]: write eagerly
+        i = p.segment.input_ids.get(id(s.arr))
+        if i is not None and p.replaces is None:
+            p.replaces = i >> 1
         s.lazy = p  # before the array goes: a reader in another thread sees one of them
         del s.arr
     elif lazy.__class__ is not Pending:
         return False
+    elif lazy.segment is p.segment and p.replaces is None:
+        p.replaces = lazy.replaces  # the array a value written before replaced
     s.lazy = p
     p.storages.append(weakref.ref(s))
     s.version += 1

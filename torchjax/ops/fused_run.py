@@ -14,10 +14,19 @@ model. So at the flush an input is donated when nothing but the segment holds it
 missed donation, never a deleted buffer: Note [Donation never takes the user's copy]
 in torchjax/compile/_donate.py) and a live output of the segment has its shape and
 dtype (jax aliases a donated buffer only to such an output; others would only warn).
-Only single-device arrays are donated (an output's sharding need not match a sharded
-input's). The donated positions are part of the program's key: a training loop keeps
-one pattern, so one program. Under a user's trace (a pending value read there) nothing
-is donated.
+Each donated input must alias its own new value: jax gives each output, in order, the
+first donated input of its shape and dtype left, and outputs in the order they were
+recorded gave a parameter's buffer another parameter's new value, so XLA copied whole
+tensors to keep the old values it still read (a fused AdamW step held three lists of
+temporaries so, on CPU as XLA reports it). So a recorded write remembers which input
+array it replaced in its storage (``Pending.replaces``, passed on when a later write
+replaces a value written before), and the program returns those new values first, in
+the order of their inputs, the other outputs after; a dead input no output replaces is
+donated only after every replaced one of its shape and dtype, to an output left. Only
+single-device arrays are donated (an output's sharding need not match a sharded
+input's). The donated positions and the output order are part of the program's key: a
+training loop keeps one pattern, so one program. Under a user's trace (a pending value
+read there) nothing is donated.
 
 Note [A segment that fails as one program runs op by op]
 Fusing a segment must never make a step fail that plain eager runs: a segment program
@@ -46,7 +55,7 @@ from jax import lax, tree_util
 
 from torchjax import _budget
 from torchjax._compat.jax import trace_state_clean, x64
-from torchjax.device import _stats
+from torchjax.device import _checks, _stats
 from torchjax.ops import fused_replay as replay
 from torchjax.ops.xla_options import COMPILER_OPTIONS
 
@@ -79,27 +88,47 @@ def held_only_by(arrays: list, i: int, others: int = 0) -> bool:
 
 
 def dead_inputs(inputs: list, live: list) -> tuple:
-    """The positions in ``inputs`` (the segment's only list of them) of the arrays to
-    donate (Note [Fused segments donate their dead inputs])."""
-    wanted = None
-    out = []
+    """(donated, order): the positions in ``inputs`` (the segment's only list of them)
+    of the arrays to donate, and the order of the program's outputs (positions in
+    ``live``) that aliases each with the value replacing it (Note [Fused segments donate
+    their dead inputs])."""
+    paired: dict = {}  # input position -> position in live of the value replacing it
+    dead = []
     for i in range(len(inputs)):
         if not held_only_by(inputs, i):
             continue
         a = inputs[i]
-        if not isinstance(a, jax.Array) or len(a.sharding.device_set) != 1:
-            continue
-        if wanted is None:
-            wanted = {}
-            for p in live:
-                k = (p.shape, p.dtype)
-                wanted[k] = wanted.get(k, 0) + 1
-        k = (tuple(a.shape), a.dtype)
-        n = wanted.get(k, 0)
-        if n:
-            wanted[k] = n - 1
-            out.append(i)
-    return tuple(out)
+        if isinstance(a, jax.Array) and len(a.sharding.device_set) == 1:
+            dead.append(i)
+    if not dead:
+        return (), None
+    aval = {i: (tuple(inputs[i].shape), inputs[i].dtype) for i in dead}
+    for k, p in enumerate(live):
+        i = p.replaces
+        if i is not None and i not in paired and aval.get(i) == (tuple(p.shape), p.dtype):
+            paired[i] = k
+    # The other dead inputs alias the unpaired outputs of their shape and dtype; only those
+    # after every paired input of it, so jax's matching (each output takes the first
+    # donated input of its aval left) still gives every paired output its own.
+    last: dict = {}
+    for i in paired:
+        last[aval[i]] = max(last.get(aval[i], -1), i)
+    spare: dict = {}
+    taken = set(paired.values())
+    for k, p in enumerate(live):
+        if k not in taken:
+            key = (tuple(p.shape), p.dtype)
+            spare[key] = spare.get(key, 0) + 1
+    donated = []
+    for i in dead:
+        if i in paired:
+            donated.append(i)
+        elif i > last.get(aval[i], -1) and spare.get(aval[i], 0):
+            spare[aval[i]] -= 1
+            donated.append(i)
+    order = [paired[i] for i in sorted(paired)]
+    order += [k for k in range(len(live)) if k not in taken]
+    return tuple(donated), (None if order == sorted(order) else tuple(order))
 
 
 def too_big(key) -> bool:
@@ -186,21 +215,22 @@ def run(step, live, refs, inputs, runs):
     segments donate their dead inputs], [A segment that fails as one program runs op by
     op])"""
     clean = trace_state_clean()
-    donated = dead_inputs(inputs, live) if clean else ()
-    key = (step, refs, donated)
+    donated, order = dead_inputs(inputs, live) if clean else ((), None)
+    out_refs = refs if order is None else tuple([refs[k] for k in order])
+    key = (step, out_refs, donated)
     # x64 on, as in dispatch: the nodes were traced so (a flush may come from outside an
     # op: a sync point, a thread).
     with x64(True):
         if clean and too_big(key):
             _stats.FUSED.op_by_op += 1
             return op_by_op(runs, replay.nodes(step), inputs, refs)
-        program = _budget.cached(_PROGRAMS, key, lambda: build(replay.nodes(step), refs, donated))
+        program = _budget.cached(
+            _PROGRAMS, key, lambda: build(replay.nodes(step), out_refs, donated)
+        )
         if not clean:
             return _concretely(program, inputs)
         try:
-            out = program(_TRUE, *inputs)
-            _stats.FUSED.donations += len(donated)
-            return out
+            values, checks = program(_TRUE, *inputs)
         except jax.errors.JaxRuntimeError as e:
             if not fits_op_by_op(e, inputs, donated):
                 raise
@@ -208,6 +238,48 @@ def run(step, live, refs, inputs, runs):
             remember(key, len(nodes), e)
             _stats.FUSED.op_by_op += 1
             return op_by_op(runs, nodes, inputs, refs)
+        _stats.FUSED.donations += len(donated)
+        if order is not None:
+            values = _unordered(values, order)
+        return values, checks
+
+
+def _unordered(values, order):
+    """``values`` made in ``order`` (positions in the live list), back in the list's."""
+    out = [None] * len(values)
+    for v, k in zip(values, order):
+        out[k] = v
+    return out
+
+
+def close_with(seg, live, run) -> bool:
+    """Run ``seg`` as ``run(inputs)`` does instead of its own program: given the
+    segment's inputs (its only list of them), ``run`` returns the values of ``live`` (its
+    ``Pending`` outputs still referenced, every one of them) and the device checks of its
+    nodes, as the segment program would (a captured optimizer step: Note [Captured
+    optimizer steps] in torchjax/compile/_captured_optim.py). False, and nothing run,
+    when the segment has run already."""
+    with seg.lock:
+        if seg.closed:
+            return False
+        seg.closed = True
+        inputs = seg.inputs
+        seg.inputs, seg.input_ids, seg.runs = [], {}, []
+        try:
+            values, checks = run(inputs)
+        except BaseException as e:
+            lost(seg.outs, e)
+            raise
+        for p, v in zip(live, values):
+            p.fill(v)
+        for p in seg.outs:
+            p.segment = None
+        # Held by this thread until it records again (a captured step records nothing):
+        # its values would stay referenced, and the next step could not donate them.
+        seg.outs = []
+    for codes, (bads, vals) in zip(seg.step.checked, checks):
+        _checks.add_collected(codes, bads, vals)
+    return True
 
 
 def _concretely(program, inputs):
