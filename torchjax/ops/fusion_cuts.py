@@ -31,11 +31,13 @@ def _rewritable(jaxpr, var) -> bool:
             return True
         if name in _MOVES:
             return any(_rewritable(jaxpr, v) for v in eqn.invars if hasattr(v, "count"))
+        k = [i for i, o in enumerate(eqn.outvars) if o is var][0]
         for p in eqn.params.values():
             inner = getattr(p, "jaxpr", None)
             if inner is not None and hasattr(inner, "eqns"):
-                k = [i for i, o in enumerate(eqn.outvars) if o is var][0]
                 return _rewritable(inner, inner.outvars[k])
+            if name == "cond" and isinstance(p, tuple):  # any branch (a platform's)
+                return any(_rewritable(b.jaxpr, b.jaxpr.outvars[k]) for b in p)
         return False
     return False
 
@@ -74,6 +76,14 @@ def _rewritable(jaxpr, var) -> bool:
 # reductions are. Chains of adds, compares, selects, casts and the listed functions
 # still fuse (a tiny Llama forward: bit-identical to eager in float32
 # and bfloat16 with these cuts; without them 1.2e-7 apart).
+# Note [Platform branches fuse]
+# A lowering that keeps eager's rounding on one platform (``lax.platform_dependent``:
+# lerp's and addcmul's exact CPU forms) is a ``cond`` on ``platform_index``, which
+# lowering resolves to the compiling platform's branch: no conditional is left for XLA.
+# Such a node is elementwise when every branch is, and its outputs are cut when any
+# branch computes them with a rewritable primitive. Isolating it instead ran it as a
+# conditional over whole lists: a fused AdamW step's lerp and addcmul nodes each kept a
+# list of moments in a buffer of their own, copied into the output after.
 _ELEMENTWISE = frozenset(
     (
         "abs add and bitcast_convert_type broadcast_in_dim ceil clamp clz complex "
@@ -88,8 +98,15 @@ _ELEMENTWISE = frozenset(
 
 
 def elementwise(jaxpr) -> bool:
+    chosen = None  # the variables holding a platform's index
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name not in _ELEMENTWISE:
+        name = eqn.primitive.name
+        if name == "platform_index":
+            chosen = (chosen or set()) | {id(v) for v in eqn.outvars}
+            continue
+        if name == "cond" and chosen and id(eqn.invars[0]) in chosen:
+            pass  # Note [Platform branches fuse]: its branches are checked below
+        elif name not in _ELEMENTWISE:
             return False
         for v in eqn.params.values():
             for sub in v if isinstance(v, (tuple, list)) else (v,):
