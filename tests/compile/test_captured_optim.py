@@ -363,3 +363,47 @@ def test_a_step_out_of_device_memory_runs_as_recorded_calls(monkeypatch, fails_f
     assert counts["captured_steps"] == fails_from - 1
     # A learned step whose program does not fit is never stored: no refusal counted.
     assert counts["captured_step_refusals"] == fails_from - 1
+
+
+def test_a_replayed_step_updates_its_lists_in_place(monkeypatch):
+    # The program's outputs are ordered as its donated inputs, so each parameter and
+    # moment aliases its own new value (jax pairs a donated input with the first output
+    # of its shape and dtype left): beside its arguments the program holds the
+    # denominators (sqrt's list and the division's), no copies of the state.
+    seen = []
+    program = _step_tape.Learned.program
+
+    def recording(self, donated):
+        real = program(self, donated)
+
+        def run(*args):
+            seen.append((real, args, donated))
+            return real(*args)
+
+        return run
+
+    monkeypatch.setattr(_step_tape.Learned, "program", recording)
+    n, size = 6, 1 << 14
+
+    def steps(fused):
+        torch.manual_seed(0)
+        ps = [torch.nn.Parameter(torch.randn(size, dtype=torch.bfloat16).to(TPU)) for _ in range(n)]
+        opt = optim.AdamW(ps, lr=1e-3, weight_decay=0.01)
+        for step in range(5):
+            torch.manual_seed(step)
+            for p in ps:
+                p.grad = torch.randn(size, dtype=torch.bfloat16).to(TPU)
+            with torchjax.fused(fused):
+                opt.step()
+            torch.tpu.synchronize()
+        return [[p.detach().cpu() for p in ps]]
+
+    want = steps(False)
+    _assert_same(steps(True), want)
+    assert seen
+    lists = n * size * 2
+    for real, args, donated in seen:
+        assert len(donated) == 3 * n
+        memory = real.lower(*args).compile().memory_analysis()
+        assert memory.alias_size_in_bytes == 3 * lists
+        assert memory.temp_size_in_bytes <= 2 * lists + 4096

@@ -31,7 +31,7 @@ So a step that repeats its signature is replayed instead:
   the recorded node took them) and checked against the segment (one node per call,
   every input a walked tensor's array or one of those numbers, every value the program
   returns held by a walked tensor the step wrote), then run as the learned program
-  (``fused.close_with``: compiled now, in place of the segment's program). A step that
+  (``fused_run.close_with``: compiled now, in place of the segment's program). A step that
   creates the state is not learned (its factory ops are foreign), so an optimizer's
   second step is the first learned and its third the first replayed; at most
   ``MAX_SIGNATURES`` are learned per optimizer.
@@ -46,7 +46,9 @@ So a step that repeats its signature is replayed instead:
   in ``torchjax.stats()["captured_steps"]``. The old values of what it writes (the
   parameters, the moments) are donated where nothing else holds them, as a fused
   segment's dead inputs are (Note [Fused segments donate their dead inputs] in
-  torchjax/ops/fused_run.py): a 1.1B model's step would otherwise hold them twice. A
+  torchjax/ops/fused_run.py), the program's outputs ordered as its donated inputs so
+  that each aliases its own new value: a 1.1B model's step would otherwise hold them
+  twice. A
   program that does not fit in device memory (and consumed nothing) takes the fallback
   below: the calls run as recorded ones, whose segment may run op by op (Note [A
   segment that fails as one program runs op by op]); at the learned step the recorded

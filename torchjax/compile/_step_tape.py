@@ -39,11 +39,12 @@ class Learned:
     positions it writes, in the program's output order), ``donatable`` (the positions in
     ``arrays`` of the values it writes), ``step``/``live``/``checked`` (the recorded
     segment's last step, its outputs' refs, its nodes' device-check codes), ``body`` (the
-    segment function), ``runs`` (the executables its nodes replay, held) and ``jitted``
-    (its programs by donated positions, while the budget keeps them)."""
+    segment function), ``runs`` (the executables its nodes replay, held), ``jitted``
+    (its programs by donated positions, while the budget keeps them) and ``orders``
+    (by donated positions, the order of each program's outputs: ``order``)."""
 
     __slots__ = ("calls", "metas", "arrays", "srcs", "outputs", "donatable", "step", "live")
-    __slots__ += ("checked", "body", "runs", "jitted", "__weakref__")
+    __slots__ += ("checked", "body", "runs", "jitted", "orders", "__weakref__")
 
     def program(self, donated: tuple):
         prog = self.jitted.get(donated)
@@ -52,6 +53,7 @@ class Learned:
             return prog
         body, srcs, n = self.body, self.srcs, len(self.arrays)
         kept = [i for i in range(n) if i not in donated]
+        order = self.order(donated)
 
         def optimizer_step(pred, given, others, floats, ints):
             # ``given``: the donated arrays (argument 1), ``others`` the rest, in order.
@@ -61,7 +63,8 @@ class Learned:
             for i, a in zip(kept, others):
                 arrays[i] = a
             vectors = (arrays, floats, ints)
-            return body(pred, *[vectors[kind][i] for kind, i in srcs])
+            values, checks = body(pred, *[vectors[kind][i] for kind, i in srcs])
+            return [values[k] for k in order], checks
 
         prog = jax.jit(optimizer_step, compiler_options=COMPILER_OPTIONS, donate_argnums=(1,))
         self.jitted[donated] = prog
@@ -74,6 +77,21 @@ class Learned:
 
         _budget.admit(prog, evict)
         return prog
+
+    def order(self, donated: tuple) -> list:
+        """The program's outputs (positions in ``outputs``): the new value of each donated
+        array first, in the donated order, so jax aliases each donated buffer with its own
+        new value (it gives an output the first donated input of its shape and dtype
+        left: Note [Fused segments donate their dead inputs] in
+        torchjax/ops/fused_run.py); then the others."""
+        order = self.orders.get(donated)
+        if order is None:
+            at = {i: k for k, i in enumerate(self.outputs)}
+            first = [at[self.arrays[j]] for j in donated]
+            taken = set(first)
+            order = first + [k for k in range(len(self.outputs)) if k not in taken]
+            self.orders[donated] = order
+        return order
 
     def forget(self) -> None:
         for prog in list(self.jitted.values()):
@@ -377,7 +395,7 @@ class Tape:
         learned.step, learned.live, learned.checked = seg.step, tuple(live), seg.step.checked
         learned.runs = list(seg.runs)
         learned.body = fused_run.segment_function(fused_replay.nodes(seg.step), live)
-        learned.jitted = {}
+        learned.jitted, learned.orders = {}, {}
         self.pending = pending
         return learned
 
@@ -422,7 +440,7 @@ class Tape:
             # run is compiled now, in place of the segment's.
             fits = [True]
             run = functools.partial(self._run_learned, learned, fits)
-            if _fused.close_with(self.seg, self.pending, run) and fits[0]:
+            if fused_run.close_with(self.seg, self.pending, run) and fits[0]:
                 _stats.CAPTURED.steps += 1
             if not fits[0]:  # its later steps would not fit either
                 self.caps.refuse(self.key)
@@ -458,11 +476,15 @@ class Tape:
         ints = np.asarray(self.ints, np.int64)
         try:
             with x64(True):
-                return program(fused_run.PRED, given, others, floats, ints)
+                values, checks = program(fused_run.PRED, given, others, floats, ints)
         except jax.errors.JaxRuntimeError as e:
             if not fused_run.fits_op_by_op(e, arrays, donated):
                 raise
             return None
+        out = [None] * len(values)
+        for k, v in zip(learned.order(donated), values):
+            out[k] = v
+        return out, checks
 
     def _run(self) -> None:
         self.end()  # a first call traces the nodes, whose ops are not the step's
