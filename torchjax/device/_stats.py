@@ -23,6 +23,8 @@ path:
   ``print``, ``.tolist()``, the reads of pending device checks at a sync point);
 - ``host_ops``: ops run on the host because their inputs' values were there (Note
   [Integer ops on host values] in torchjax/ops/host_ops.py): no device program ran;
+- ``foreach_donations``: old values of in-place foreach calls given to XLA (Note
+  [In-place foreach calls donate their old values] in torchjax/ops/foreach_donate.py);
 - fused eager mode: ``fused_ops`` recorded, ``fused_segments`` run, ``fused_compiles``
   (Note [Fused eager] in torchjax/ops/fused.py), ``fused_op_by_op`` (segments run op by
   op: Note [A segment that fails as one program runs op by op] in
@@ -58,13 +60,14 @@ _PERSISTENT_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 class _Counters:
-    __slots__ = ("compiles", "persistent_cache_hits", "host_reads", "host_ops")
+    __slots__ = ("compiles", "persistent_cache_hits", "host_reads", "host_ops", "donations")
 
     def __init__(self):
         self.compiles = 0
         self.persistent_cache_hits = 0
         self.host_reads = 0
         self.host_ops = 0
+        self.donations = 0
 
 
 COUNTERS = _Counters()
@@ -190,6 +193,7 @@ def stats() -> dict:
         "cache_misses": traces,
         "host_reads": COUNTERS.host_reads,
         "host_ops": COUNTERS.host_ops,
+        "foreach_donations": COUNTERS.donations,
         "executables": _budget.cache_budget(),
         "fused_ops": FUSED.ops,
         "fused_segments": FUSED.segments,
@@ -213,6 +217,7 @@ def reset_stats() -> None:
     COUNTERS.persistent_cache_hits = 0
     COUNTERS.host_reads = 0
     COUNTERS.host_ops = 0
+    COUNTERS.donations = 0
     FUSED.ops = FUSED.segments = FUSED.compiles = FUSED.op_by_op = FUSED.donations = 0
     CAPTURED.calls = CAPTURED.traces = CAPTURED.refusals = 0
     CAPTURED.reasons = {}

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from torchjax.device import _checks
-from torchjax.ops import executables, fused_reads, traced_scalars
+from torchjax.ops import executables, foreach_donate, fused_reads, fused_run, traced_scalars
 from torchjax.ops import fused as _fused
 from torchjax.ops.functional import cpu_to_jax
 from torchjax.ops.pointwise_binary import exact_div
@@ -155,6 +155,7 @@ class CompiledForeach:
             # per-element op takes (clamp for numbers), which eager keeps.
             return self._op_by_op(args, kwargs)
         n = len(lead)
+        lead_at = None
         # Note [Recorded foreach ops]
         recording = _fused.ACTIVE[0] and _fused.recording()
         dyn, tmpl = [], []
@@ -171,6 +172,8 @@ class CompiledForeach:
                 if k in self.numbers and self.check_number is not None:
                     for t, x in zip(lead, v):
                         self.check_number(x, t.dtype)
+                if k == self.lead:
+                    lead_at = len(dyn)
                 entry = self._list_entry(v, n, dyn, recording)
             elif isinstance(v, torch.Tensor):
                 entry = _one_tensor_entry(v, dyn, recording)
@@ -215,7 +218,19 @@ class CompiledForeach:
                 results = _fused.record(run, dyn)
                 if results is not _fused.NOT_RECORDED:
                     return self._recorded(lead, results, index)
-            results = _checks.finish(executables.call(run, dyn))
+            donated = ()
+            if self.inplace and lead_at is not None:
+                # Note [In-place foreach calls donate their old values]
+                donated = foreach_donate.positions(lead, dyn, lead_at)
+            if donated:
+                results = _checks.finish(foreach_donate.call(run, dyn, donated))
+            else:
+                results = _checks.finish(executables.call(run, dyn))
+        except jax.errors.JaxRuntimeError as e:
+            if not fused_run.fits_op_by_op(e, dyn, donated):
+                raise
+            self._forget(key, remember=True)  # element by element from now on
+            return self._op_by_op(args, kwargs)
         except traced_scalars.NeedsValue:
             # A per-element op needs a single float's number: static floats from now on.
             self._forget(key, remember=False)
