@@ -181,3 +181,35 @@ def test_view_reads_inside_a_trace_are_static_slices():
     names = [e.primitive.name for e in equations(fn)]
     assert "slice" in names
     assert "pad" not in names and "dynamic_slice" not in names, names
+
+
+def test_writes_inside_a_trace_never_ask_a_tracer_for_its_placement(monkeypatch):
+    # Asking a tracer for ``sharding`` or ``devices()`` raises an error whose message jax
+    # builds by walking the whole trace so far: a write of a traced train step asking
+    # made tracing quadratic in the program's length (Note [Writes keep the placement]).
+    import torchjax
+    from jax._src.interpreters import partial_eval
+
+    walks = []
+    real = partial_eval.DynamicJaxprTracer._origin_msg
+
+    def origin_msg(self):
+        walks.append(1)
+        return real(self)
+
+    monkeypatch.setattr(partial_eval.DynamicJaxprTracer, "_origin_msg", origin_msg)
+
+    def step(state, x):
+        state.mul_(0.5).add_(x)  # whole writes
+        state[1:3].add_(x[1:3])  # a strided one
+        y = x.double()  # a float64 tensor's metadata (the emulated float64 warning)
+        state.index_copy_(0, torch.tensor([0]).to(state.device), y[:1].float())
+        return state.sum()
+
+    state, x = torch.ones(4).to("tpu"), torch.arange(4.0).to("tpu")
+    want_state, want_x = torch.ones(4), torch.arange(4.0)
+    got = torchjax.jit(step)(state, x)
+    want = step(want_state, want_x)
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+    torch.testing.assert_close(state.cpu(), want_state, rtol=0, atol=0)
+    assert walks == []

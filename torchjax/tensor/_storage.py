@@ -392,13 +392,19 @@ def unfilled_bytes(device) -> int:
 # replicates it, and a KV-cache slice assignment or an optimizer's in-place update would
 # silently gather a sharded tensor onto every device. So a write into a NamedSharding
 # storage puts the result back on that sharding. Tracers (torchjax.jit) have no
-# ``sharding`` attribute: layouts inside a program are XLA's business.
+# ``sharding`` attribute: layouts inside a program are XLA's business. They are checked
+# for first: asking a tracer for its ``sharding`` raises an AttributeError whose message
+# jax builds by walking the whole trace so far for the value's origin, and with every
+# write of a traced train step asking, a 16-layer Llama's trace spent most of its time
+# there (quadratic in the program's length).
 def _traced(arr) -> bool:
     """Whether ``arr`` is a value of a trace (Note [View offsets inside a trace])."""
     return isinstance(arr, jax.core.Tracer)
 
 
 def _keep_placement(new: jax.Array, old: jax.Array) -> jax.Array:
+    if isinstance(old, jax.core.Tracer) or isinstance(new, jax.core.Tracer):
+        return new
     sharding = getattr(old, "sharding", None)
     if type(sharding) is NamedSharding and getattr(new, "sharding", sharding) != sharding:
         return jax.device_put(new, sharding)

@@ -7,6 +7,7 @@ Note [x64 without touching the user's JAX] in torchjax/_compat/jax.py).
 
 from __future__ import annotations
 
+import jax
 import ml_dtypes
 import numpy as np
 import torch
@@ -233,8 +234,8 @@ def note_emulated_float64(arr, dtype) -> None:
     """Warn once per process and platform when ``arr`` (float64 or complex128) lives on
     a platform of EMULATED_FLOAT64 (Note [float64 on TPU]). Called where a tensor's
     metadata is first computed for its (shape, dtype), so never on the hot path."""
-    if dtype not in (np.float64, np.complex128):
-        return
+    if dtype not in (np.float64, np.complex128) or isinstance(arr, jax.core.Tracer):
+        return  # a tracer has no devices (asking builds an error message: a trace walk)
     try:
         platform = next(iter(arr.devices())).platform
     except Exception:  # a tracer or an array without devices: nothing to say yet
