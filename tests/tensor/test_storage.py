@@ -4,7 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from jax._src.interpreters import partial_eval
 
+import torchjax
 from torchjax._compat.jax import x64
 from torchjax.tensor._storage import Storage, _plan, contiguous_strides
 
@@ -187,9 +189,6 @@ def test_writes_inside_a_trace_never_ask_a_tracer_for_its_placement(monkeypatch)
     # Asking a tracer for ``sharding`` or ``devices()`` raises an error whose message jax
     # builds by walking the whole trace so far: a write of a traced train step asking
     # made tracing quadratic in the program's length (Note [Writes keep the placement]).
-    import torchjax
-    from jax._src.interpreters import partial_eval
-
     walks = []
     real = partial_eval.DynamicJaxprTracer._origin_msg
 
