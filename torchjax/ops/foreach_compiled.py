@@ -223,7 +223,14 @@ class CompiledForeach:
                 # Note [In-place foreach calls donate their old values]
                 donated = foreach_donate.positions(lead, dyn, lead_at)
             if donated:
-                results = _checks.finish(foreach_donate.call(run, dyn, donated))
+                results, checks = foreach_donate.call(run, dyn, donated)
+                # The new values go into the tensors before any check can raise: the
+                # old ones are gone.
+                for t, r in zip(lead, results):
+                    t._write(r)
+                self.info.calls += 1
+                _checks.finish((None, checks))
+                return None
             else:
                 results = _checks.finish(executables.call(run, dyn))
         except jax.errors.JaxRuntimeError as e:
