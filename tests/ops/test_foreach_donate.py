@@ -2,6 +2,8 @@
 [In-place foreach calls donate their old values] in torchjax/ops/foreach_donate.py):
 every old value nothing else holds, or none; values as on CPU either way."""
 
+import warnings
+
 import jax
 import pytest
 import torch
@@ -151,8 +153,12 @@ def test_a_call_out_of_device_memory_runs_element_by_element(monkeypatch):
     monkeypatch.setattr(foreach_donate, "call", failing)
     cpu, tpu = _lists()
     info = lambda: torchjax.stats()["ops"].get("aten::_foreach_add_.Scalar", {})  # noqa: E731
-    for _ in range(2):
+    with pytest.warns(ResourceWarning, match="does not fit in device memory"):
         torch._foreach_add_(tpu, 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: later calls go element by element quietly
+        torch._foreach_add_(tpu, 1.0)
+    for _ in range(2):
         torch._foreach_add_(cpu, 1.0)
     _assert_equal(tpu, cpu)
     assert len(calls) == 1

@@ -8,6 +8,7 @@ torchjax/ops/foreach.py matches each overload's schema and hands float tensor li
 from __future__ import annotations
 
 import threading
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -237,6 +238,13 @@ class CompiledForeach:
             if not fused_run.fits_op_by_op(e, dyn, donated):
                 raise
             self._forget(key, remember=True)  # element by element from now on
+            warnings.warn(
+                f"torchjax: {self.func} over {n} tensors does not fit in device memory as "
+                f"one program ({str(e).splitlines()[0][:200]}); it runs tensor by tensor "
+                "from now on.",
+                ResourceWarning,
+                stacklevel=2,
+            )
             return self._op_by_op(args, kwargs)
         except traced_scalars.NeedsValue:
             # A per-element op needs a single float's number: static floats from now on.

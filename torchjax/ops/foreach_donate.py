@@ -20,8 +20,8 @@ element's buffer with another element's new value (a copy, not a wrong value, bu
 memory again). Only whole single-device arrays are donated. The donating executable is
 a second ``jax.jit`` of the same function, kept on the first (it goes with it); a
 training loop's calls all donate, so only it compiles. A call whose program does not fit
-in device memory, having consumed nothing, runs element by element from then on (as a
-fused segment does: Note [A segment that fails as one program runs op by op] in
+in device memory, having consumed nothing, runs element by element from then on, with a
+``ResourceWarning`` once (as a fused segment does: Note [A segment that fails as one program runs op by op] in
 torchjax/ops/fused_run.py).
 """
 
