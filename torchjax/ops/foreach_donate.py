@@ -21,8 +21,8 @@ memory again). Only whole single-device arrays are donated. The donating executa
 a second ``jax.jit`` of the same function, kept on the first (it goes with it); a
 training loop's calls all donate, so only it compiles. A call whose program does not fit
 in device memory, having consumed nothing, runs element by element from then on, with a
-``ResourceWarning`` once (as a fused segment does: Note [A segment that fails as one program runs op by op] in
-torchjax/ops/fused_run.py).
+``ResourceWarning`` once, as a fused segment does (Note [A segment that fails as one
+program runs op by op] in torchjax/ops/fused_run.py).
 """
 
 from __future__ import annotations
