@@ -172,3 +172,37 @@ def test_fused_steps_are_entries_of_the_overloads_table():
     assert cache_info(adamw).calls == 0
     opt.step()
     assert (cache_info(adamw).keys, cache_info(adamw).traces) == (1, 1)
+
+
+def _duplicated_steps(opt_cls, kwargs, device):
+    # A parameter group naming ``p`` twice (torch.optim warns and keeps both): CPU's fused
+    # kernel updates it twice, the second time from the first's result.
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(64).to(device))
+    q = torch.nn.Parameter(torch.randn(64).to(device))
+    with pytest.warns(UserWarning, match="duplicate parameters"):
+        opt = opt_cls([p, q, p], fused=True, **kwargs)
+    for step in range(3):
+        torch.manual_seed(step)
+        p.grad, q.grad = torch.randn(64).to(device), torch.randn(64).to(device)
+        opt.step()
+    return [t.detach().cpu() for t in (p, q)]
+
+
+@pytest.mark.parametrize(
+    "opt_cls,kwargs",
+    [
+        (torch.optim.AdamW, dict(lr=0.1, weight_decay=0.1)),
+        (torch.optim.Adam, dict(lr=0.1, amsgrad=True)),
+        (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
+        (torch.optim.SGD, dict(lr=0.1)),
+    ],
+    ids=["adamw", "adam-amsgrad", "sgd-momentum", "sgd"],
+)
+def test_a_parameter_listed_twice_is_updated_twice_as_on_cpu(opt_cls, kwargs):
+    # Note [A fused step over shared tensors runs tensor by tensor]
+    got = _duplicated_steps(opt_cls, kwargs, TPU)
+    want = _duplicated_steps(opt_cls, kwargs, "cpu")
+    assert len(got) == len(want) == 2
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)

@@ -172,6 +172,13 @@ def _fused_adam_handler(func, adamw: bool):
         result = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs)
         if not params:
             return None if inplace else result
+        if _shared_across_elements(result):
+            # Note [A fused step over shared tensors runs tensor by tensor]
+            for i in range(len(params)):
+                amsgrad_i = [max_exp_avg_sqs[i]] if max_exp_avg_sqs else []
+                one = ([params[i]], [grads[i]], [exp_avgs[i]], [exp_avg_sqs[i]], amsgrad_i)
+                run(one + ([state_steps[i]],), kwargs)
+            return None if inplace else result
         lr = kwargs["lr"]
         if isinstance(lr, torch.Tensor):
             lr = _host_value(lr)
@@ -272,6 +279,12 @@ def _fused_sgd_handler(func):
         result = (params, grads, bufs)
         if not params:
             return None if inplace else result
+        if _shared_across_elements(result):
+            # Note [A fused step over shared tensors runs tensor by tensor]
+            for i in range(len(params)):
+                one = ([params[i]], [grads[i]], [bufs[i]] if bufs else [])
+                run(one, kwargs)
+            return None if inplace else result
         lr = kwargs["lr"]
         if isinstance(lr, torch.Tensor):
             lr = _host_value(lr)
@@ -299,6 +312,25 @@ def _fused_sgd_handler(func):
         return None if inplace else result
 
     return run
+
+
+# Note [A fused step over shared tensors runs tensor by tensor]
+# CPU's fused Adam, AdamW and SGD kernels update their lists' tensors one after another,
+# so a tensor listed twice (a parameter group naming a parameter twice, which torch.optim
+# only warns about) is updated twice, the second time from the first's result, and a
+# tensor that is another element's gradient reads that element's update. One program
+# over the lists reads every old value first: the duplicate got one update, silently.
+# So when a tensor's storage appears at two positions of the lists, the step runs as one
+# call per position, in order. (The functional overloads clone every list first: nothing
+# is shared there, and each element is updated from the old values, as on CPU.)
+def _shared_across_elements(lists) -> bool:
+    owner: dict = {}
+    for ts in lists:
+        for i, t in enumerate(ts):
+            s = getattr(t, "_storage", None)
+            if s is not None and owner.setdefault(id(s), i) != i:
+                return True
+    return False
 
 
 def _host_value(t: torch.Tensor):
