@@ -186,3 +186,39 @@ def test_adamw_in_plain_eager_donates_its_state_with_the_same_bits(monkeypatch):
     # CPU torch's float32 sqrt (MKL's vector math) is not correctly rounded: the last bit.
     for a, b in zip(got, _adamw("cpu"), strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize(
+    "alias",
+    [
+        lambda a: jax.device_put(a, jax.devices()[0]),  # a new object over a's buffer
+        lambda a: jax.numpy.from_dlpack(a),
+    ],
+    ids=["device_put", "dlpack"],
+)
+def test_an_array_user_jax_code_holds_under_another_name_is_not_donated(alias):
+    # Note [Arrays shared with JAX code are not donated]: a reference count sees the
+    # objects, not the buffer they share.
+    cpu, tpu = _lists()
+    held = alias(torchjax.to_jax(tpu[1]))  # the array to_jax gave is dropped
+    old = cpu[1].clone()
+    before = _donations()
+    torch._foreach_add_(tpu, 1.0)
+    torch._foreach_add_(cpu, 1.0)
+    _assert_equal(tpu, cpu)
+    assert _donations() == before
+    torch.testing.assert_close(torch.from_numpy(jax.device_get(held).copy()), old, rtol=0, atol=0)
+    # The next values are torchjax's own: donated again.
+    torch._foreach_add_(tpu, 1.0)
+    assert _donations() - before == len(tpu)
+
+
+def test_a_tensor_made_from_a_jax_array_never_donates_it():
+    a = jax.numpy.arange(8.0)
+    t = torchjax.from_jax(jax.device_put(a, jax.devices()[0]))
+    del_me = [t]
+    before = _donations()
+    torch._foreach_mul_(del_me, 2.0)
+    assert _donations() == before
+    assert not a.is_deleted()
+    torch.testing.assert_close(t.cpu(), torch.arange(8.0) * 2, rtol=0, atol=0)

@@ -11,7 +11,9 @@ gives them their own memory. So before each call every buffer to be donated is c
 for holders besides its own Storage and the call's argument list (Python's reference
 count: another Storage, a tensor's read cache, an array taken with ``torchjax.to_jax``);
 a held buffer is copied first and the copy donated, so the holder keeps its values and
-the state still updates in place. A cached read of the state tensor itself does not
+the state still updates in place. So is an array user JAX code may hold under another
+name (Note [Arrays shared with JAX code are not donated] in
+torchjax/tensor/_shared_arrays.py). A cached read of the state tensor itself does not
 count (it is dropped at the write back). The count is conservative: a spurious holder
 costs one copy, never a deleted buffer. In a training loop nothing else holds the
 buffers, and nothing is copied (``Jitted.donation_copies`` counts copies).
@@ -22,6 +24,7 @@ from __future__ import annotations
 import jax
 
 from torchjax.ops.fused_run import held_only_by
+from torchjax.tensor._shared_arrays import shared
 
 
 def unshared(state_arrays, donated, tensors):
@@ -33,7 +36,7 @@ def unshared(state_arrays, donated, tensors):
         # Held by its Storage (and its tensor's read cache, which is its own) and the
         # argument list alone: donated as it is.
         owned = 1 + (tensors[i]._cache is state_arrays[i])
-        if not held_only_by(state_arrays, i, owned):
+        if not held_only_by(state_arrays, i, owned) or shared(state_arrays[i]):
             if copies == 0:
                 out = list(state_arrays)
             out[i] = _copy(state_arrays[i])

@@ -21,6 +21,7 @@ from torchjax.ops import fused as _fused
 from torchjax.ops import fused_replay, fused_run
 from torchjax.ops.xla_options import COMPILER_OPTIONS
 from torchjax.tensor import _tensor
+from torchjax.tensor._shared_arrays import shared
 from torchjax.tensor._storage import Storage
 from torchjax.tensor._tensor import make
 
@@ -467,7 +468,9 @@ class Tape:
         donated = tuple(
             i
             for i in learned.donatable
-            if fused_run.held_only_by(arrays, i, 1) and len(arrays[i].sharding.device_set) == 1
+            if fused_run.held_only_by(arrays, i, 1)
+            and len(arrays[i].sharding.device_set) == 1
+            and not shared(arrays[i])
         )
         program = learned.program(donated)
         given = [arrays[i] for i in donated]

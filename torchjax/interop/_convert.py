@@ -13,6 +13,7 @@ import jax
 import torch
 
 from torchjax._compat.torch import pytree
+from torchjax.tensor._shared_arrays import remember
 from torchjax.tensor._tensor import JaxTensor, wrap
 
 
@@ -29,6 +30,14 @@ def to_jax(t: torch.Tensor) -> jax.Array:
     Raises:
         TypeError: ``t`` is not a torch.Tensor.
     """
+    # The caller may keep it under another name: never donated (Note [Arrays shared
+    # with JAX code are not donated]).
+    return remember(array_of(t))
+
+
+def array_of(t: torch.Tensor) -> jax.Array:
+    """``to_jax`` for torchjax's own calls into JAX functions, which hold the array only
+    while they run: not remembered as shared."""
     if isinstance(t, JaxTensor):
         return t._value()
     if isinstance(t, torch.Tensor):
@@ -47,7 +56,7 @@ def from_jax(arr: jax.Array) -> JaxTensor:
     """
     if not isinstance(arr, jax.Array):
         raise TypeError(f"torchjax.from_jax expects a jax.Array, got {type(arr).__name__}")
-    return wrap(arr)
+    return wrap(remember(arr))
 
 
 def tree_to_jax(tree):

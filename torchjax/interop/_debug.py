@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import torch
 
-from torchjax.interop._convert import to_jax
+from torchjax.interop._convert import array_of as to_jax
 
 
 def debug_print(fmt: str, *args, **kwargs) -> None:

@@ -66,7 +66,7 @@ class FlaxModule(torch.nn.Module):
         """The NNX module with the current (torch-trained) parameter values."""
         from flax import nnx
 
-        from torchjax.interop._convert import to_jax
+        from torchjax.interop._convert import array_of as to_jax
 
         leaves = [to_jax(self._parameters[n].detach()) for n in self._names]
         return nnx.merge(self._graphdef, self._treedef.unflatten(leaves), self._rest)

@@ -34,7 +34,7 @@ import torch
 
 from torchjax._compat.torch import backward_keeps_graph, delayed_error, pytree
 from torchjax.device import _checks
-from torchjax.interop._convert import to_jax
+from torchjax.interop._convert import array_of as to_jax
 from torchjax.tensor._tensor import JaxTensor, wrap
 
 

@@ -13,7 +13,9 @@ every one of them is held by nothing but its own storage (and its tensor's read 
 and the call's argument list: the reference count of Note [Donation never takes the
 user's copy] in torchjax/compile/_donate.py; a clone sharing the array, a view's read
 cache, an array taken with ``torchjax.to_jax`` or a list naming one tensor twice all
-count, and then nothing is donated (``torchjax.stats()["foreach_donations"]`` counts
+count, as does an array user JAX code may hold under another name (Note [Arrays shared
+with JAX code are not donated] in torchjax/tensor/_shared_arrays.py), and then nothing
+is donated (``torchjax.stats()["foreach_donations"]`` counts
 the arrays given). All or none: jax gives each output the first
 donated input of its shape and dtype left, so donating part of the list could alias an
 element's buffer with another element's new value (a copy, not a wrong value, but the
@@ -33,6 +35,7 @@ from torchjax._compat.jax import trace_state_clean
 from torchjax.device import _stats
 from torchjax.ops.fused_run import held_only_by
 from torchjax.ops.xla_options import COMPILER_OPTIONS
+from torchjax.tensor._shared_arrays import shared
 from torchjax.tensor._storage import Storage
 
 
@@ -46,7 +49,7 @@ def positions(lead: list, dyn: list, at: int) -> tuple:
         s = t._storage
         if s.__class__ is not Storage or s.lazy is not None or s.arr is not dyn[j]:
             return ()
-        if not held_only_by(dyn, j, 1 + (t._cache is dyn[j])):
+        if not held_only_by(dyn, j, 1 + (t._cache is dyn[j])) or shared(dyn[j]):
             return ()
         if len(dyn[j].sharding.device_set) != 1:
             return ()

@@ -58,6 +58,7 @@ from torchjax._compat.jax import trace_state_clean, x64
 from torchjax.device import _checks, _stats
 from torchjax.ops import fused_replay as replay
 from torchjax.ops.xla_options import COMPILER_OPTIONS
+from torchjax.tensor._shared_arrays import shared
 
 # (last step, live outputs, donated inputs) -> segment program (Note [Replaying a
 # recorded sequence] in torchjax/ops/fused_replay.py)
@@ -98,7 +99,7 @@ def dead_inputs(inputs: list, live: list) -> tuple:
         if not held_only_by(inputs, i):
             continue
         a = inputs[i]
-        if isinstance(a, jax.Array) and len(a.sharding.device_set) == 1:
+        if isinstance(a, jax.Array) and len(a.sharding.device_set) == 1 and not shared(a):
             dead.append(i)
     if not dead:
         return (), None

@@ -38,6 +38,7 @@ from torchjax.tensor import (
     dtypes,
 )
 from torchjax.tensor._reinterpret import Interpretation, interpret
+from torchjax.tensor._shared_arrays import remember
 from torchjax.tensor._storage import Storage, contiguous_strides
 
 DEVICE_TYPE = "tpu"
@@ -124,7 +125,7 @@ class JaxTensor(torch.Tensor):
         skips data-dependent shortcuts (reading a padding mask's values) when it returns
         a tracer, i.e. under torchjax.jit.
         """
-        return self._value()
+        return remember(self._value())  # Note [Arrays shared with JAX code are not donated]
 
     def _value(self) -> jax.Array:
         storage = self._storage
@@ -191,7 +192,7 @@ class JaxTensor(torch.Tensor):
     # or GPU arrays to a GPU consumer), so torch.from_dlpack(t) and
     # jax.dlpack.from_dlpack(t) work; torch's C++ export knows no data behind a wrapper.
     def __dlpack__(self, *args, **kwargs):
-        return self._value().__dlpack__(*args, **kwargs)
+        return remember(self._value()).__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self):
         return self._value().__dlpack_device__()
