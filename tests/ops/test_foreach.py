@@ -412,3 +412,17 @@ def test_recorded_inplace_foreach_writes_views_too():
         torch._foreach_add_([tu[1], tv, tw[2]], [o.to(TPU) for o in others], alpha=0.5)
     for got, w_ in zip((tu, tv, tw), want, strict=True):
         assert torch.equal(got.cpu(), w_)
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["own-element", "other-element"])
+def test_an_in_place_call_whose_scalar_tensor_views_an_element_raises_as_cpu(which):
+    # ``_foreach_mul_(lead, lead[k][0])``: CPU multiplies element by element and refuses
+    # the element whose memory the scalar is in; one program over the list read the
+    # scalar once and wrote every element.
+    errors = []
+    for dev in ("cpu", TPU):
+        lead = [torch.tensor([2.0, 3.0]).to(dev), torch.tensor([1.0, 1.0]).to(dev)]
+        with pytest.raises(RuntimeError, match="single memory location") as e:
+            torch._foreach_mul_(lead, lead[which][0])
+        errors.append(str(e.value).split(" (in aten")[0])
+    assert errors[0] == errors[1]

@@ -185,7 +185,7 @@ class CompiledForeach:
             if entry is None:
                 return self._op_by_op(args, kwargs)
             tmpl.append(entry)
-        if self.inplace and _aliased(lead, [bound.get(k) for k in self.listed if k != self.lead]):
+        if self.inplace and _aliased(lead, [v for k, v in bound.items() if k != self.lead]):
             # Sequential semantics: element i may read what element j < i wrote.
             return self._op_by_op(args, kwargs)
         kwtmpl = []
@@ -459,6 +459,13 @@ def _aliased(lead, lists) -> bool:
         if owner.setdefault(id(t._storage), i) != i:
             return True
     for ts in lists:
+        if isinstance(ts, JaxTensor):
+            # A single tensor (``_foreach_mul_.Tensor``'s scalar) in a written tensor's
+            # memory: eager raises torch's overlap error at that element, or reads the
+            # value an earlier element wrote.
+            if id(ts._storage) in owner:
+                return True
+            continue
         if not isinstance(ts, (list, tuple)):
             continue
         for i, t in enumerate(ts):
