@@ -9,12 +9,14 @@ torchjax/compile/_donate.py). A reference count sees Python objects, not buffers
 JAX can give two Array objects one buffer: ``jax.device_put(a, device)`` of an array
 already there returns a new object over ``a``'s buffer, and DLPack hands a buffer to
 other libraries without a copy. So an array a tensor gives to user code
-(``torchjax.to_jax``, ``Tensor.jax()``, ``__dlpack__``) or takes from it
-(``torchjax.from_jax``) is remembered here, weakly, and no donation takes it: the step
+(``torchjax.to_jax``, ``__dlpack__``) or takes from it (``torchjax.from_jax``) is
+remembered here, weakly, and no donation takes it: the step
 that writes its tensor makes a new buffer, as without donation, and the tensor's next
 array (made by torchjax) is donated again. Within torchjax arrays reach JAX functions
 (``torchjax.call_jax``, flax modules) through the unremembered path: those calls hold
-them only while they run.
+them only while they run. ``Tensor.jax()`` does not remember either: transformers calls
+it on the tensors it checks for tracing (a static cache's every call), and remembering
+those made a compiled generate copy its cache before each donation.
 """
 
 from __future__ import annotations

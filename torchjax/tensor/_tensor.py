@@ -125,7 +125,7 @@ class JaxTensor(torch.Tensor):
         skips data-dependent shortcuts (reading a padding mask's values) when it returns
         a tracer, i.e. under torchjax.jit.
         """
-        return remember(self._value())  # Note [Arrays shared with JAX code are not donated]
+        return self._value()
 
     def _value(self) -> jax.Array:
         storage = self._storage
