@@ -21,7 +21,6 @@ from torchjax.ops import fused as _fused
 from torchjax.ops import fused_replay, fused_run
 from torchjax.ops.xla_options import COMPILER_OPTIONS
 from torchjax.tensor import _tensor
-from torchjax.tensor._shared_arrays import shared
 from torchjax.tensor._storage import Storage
 from torchjax.tensor._tensor import make
 
@@ -465,13 +464,7 @@ class Tape:
         step's numbers: (values, checks), or None where it did not fit in device memory
         and consumed nothing. A written array held by nothing else is donated (Note
         [Fused segments donate their dead inputs] in torchjax/ops/fused_run.py)."""
-        donated = tuple(
-            i
-            for i in learned.donatable
-            if fused_run.held_only_by(arrays, i, 1)
-            and len(arrays[i].sharding.device_set) == 1
-            and not shared(arrays[i])
-        )
+        donated = tuple(i for i in learned.donatable if fused_run.donatable(arrays, i, 1))
         program = learned.program(donated)
         given = [arrays[i] for i in donated]
         others = [a for i, a in enumerate(arrays) if i not in donated]
@@ -484,10 +477,7 @@ class Tape:
             if not fused_run.fits_op_by_op(e, arrays, donated):
                 raise
             return None
-        out = [None] * len(values)
-        for k, v in zip(learned.order(donated), values):
-            out[k] = v
-        return out, checks
+        return fused_run.unordered(values, learned.order(donated)), checks
 
     def _run(self) -> None:
         self.end()  # a first call traces the nodes, whose ops are not the step's

@@ -232,8 +232,7 @@ class CompiledForeach:
                 self.info.calls += 1
                 _checks.finish((None, checks))
                 return None
-            else:
-                results = _checks.finish(executables.call(run, dyn))
+            results = _checks.finish(executables.call(run, dyn))
         except jax.errors.JaxRuntimeError as e:
             if not fused_run.fits_op_by_op(e, dyn, donated):
                 raise

@@ -33,9 +33,8 @@ import jax
 
 from torchjax._compat.jax import trace_state_clean
 from torchjax.device import _stats
-from torchjax.ops.fused_run import held_only_by
+from torchjax.ops.fused_run import donatable
 from torchjax.ops.xla_options import COMPILER_OPTIONS
-from torchjax.tensor._shared_arrays import shared
 from torchjax.tensor._storage import Storage
 
 
@@ -49,9 +48,7 @@ def positions(lead: list, dyn: list, at: int) -> tuple:
         s = t._storage
         if s.__class__ is not Storage or s.lazy is not None or s.arr is not dyn[j]:
             return ()
-        if not held_only_by(dyn, j, 1 + (t._cache is dyn[j])) or shared(dyn[j]):
-            return ()
-        if len(dyn[j].sharding.device_set) != 1:
+        if not donatable(dyn, j, 1 + (t._cache is dyn[j])):
             return ()
     return tuple(range(at, at + len(lead)))
 

@@ -88,19 +88,24 @@ def held_only_by(arrays: list, i: int, others: int = 0) -> bool:
     return _refs(arrays, i) == _LIST_ONLY + others
 
 
+def donatable(arrays: list, i: int, others: int = 0) -> bool:
+    """Whether ``arrays[i]`` may be given to XLA: held by the list and ``others`` more
+    references alone, a single-device array, and not shared with user JAX code (Notes
+    [Fused segments donate their dead inputs], [Arrays shared with JAX code are not
+    donated])."""
+    if not held_only_by(arrays, i, others):
+        return False
+    a = arrays[i]
+    return isinstance(a, jax.Array) and len(a.sharding.device_set) == 1 and not shared(a)
+
+
 def dead_inputs(inputs: list, live: list) -> tuple:
     """(donated, order): the positions in ``inputs`` (the segment's only list of them)
     of the arrays to donate, and the order of the program's outputs (positions in
     ``live``) that aliases each with the value replacing it (Note [Fused segments donate
     their dead inputs])."""
     paired: dict = {}  # input position -> position in live of the value replacing it
-    dead = []
-    for i in range(len(inputs)):
-        if not held_only_by(inputs, i):
-            continue
-        a = inputs[i]
-        if isinstance(a, jax.Array) and len(a.sharding.device_set) == 1 and not shared(a):
-            dead.append(i)
+    dead = [i for i in range(len(inputs)) if donatable(inputs, i)]
     if not dead:
         return (), None
     aval = {i: (tuple(inputs[i].shape), inputs[i].dtype) for i in dead}
@@ -241,11 +246,11 @@ def run(step, live, refs, inputs, runs):
             return op_by_op(runs, nodes, inputs, refs)
         _stats.FUSED.donations += len(donated)
         if order is not None:
-            values = _unordered(values, order)
+            values = unordered(values, order)
         return values, checks
 
 
-def _unordered(values, order):
+def unordered(values, order):
     """``values`` made in ``order`` (positions in the live list), back in the list's."""
     out = [None] * len(values)
     for v, k in zip(values, order):

@@ -13,7 +13,7 @@ other libraries without a copy. So an array a tensor gives to user code
 remembered here, weakly, and no donation takes it: the step
 that writes its tensor makes a new buffer, as without donation, and the tensor's next
 array (made by torchjax) is donated again. Within torchjax arrays reach JAX functions
-(``torchjax.call_jax``, flax modules) through the unremembered path: those calls hold
+(``torchjax.jax_function``, flax modules) through the unremembered path: those calls hold
 them only while they run. ``Tensor.jax()`` does not remember either: transformers calls
 it on the tensors it checks for tracing (a static cache's every call), and remembering
 those made a compiled generate copy its cache before each donation.
